@@ -1,0 +1,118 @@
+#include "core/communicator.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace seqpar {
+
+int comm_group::index_of(int global) const {
+  auto it = std::find(ranks.begin(), ranks.end(), global);
+  return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+}
+
+void comm_recorder::add(comm_record r) {
+  std::lock_guard lock(mu_);
+  recs_.push_back(std::move(r));
+}
+
+std::vector<comm_record> comm_recorder::records() const {
+  std::lock_guard lock(mu_);
+  auto out = recs_;
+  // Each rank's own calls keep their issue order; ranks are listed one after another.
+  std::stable_sort(out.begin(), out.end(),
+                   [](const comm_record& a, const comm_record& b) { return a.rank < b.rank; });
+  return out;
+}
+
+void comm_recorder::clear() {
+  std::lock_guard lock(mu_);
+  recs_.clear();
+}
+
+comm_record communicator::base_record(const comm_group& g, const char* op, dtype t,
+                                      const op_info& info) {
+  info_ = &info;
+  if (g.index_of(rank()) < 0)
+    fail<error>("rank {} called {} on group '{}' it is not a member of", rank(), op, g.name);
+  comm_record r;
+  r.rank = rank();
+  r.group = g.name;
+  r.seq = seq_[g.name]++;
+  r.op = op;
+  r.type = t;
+  r.tag = info.tag;
+  r.in_shape = info.in_shape;
+  r.out_shape = info.out_shape;
+  return r;
+}
+
+void communicator::all_to_all(const comm_group& g, const void* send,
+                              std::span<const std::int64_t> send_counts, void* recv,
+                              std::span<const std::int64_t> recv_counts, dtype t,
+                              const op_info& info) {
+  auto r = base_record(g, "all_to_all", t, info);
+  if (static_cast<int>(send_counts.size()) != g.size() ||
+      static_cast<int>(recv_counts.size()) != g.size())
+    fail<error>("all_to_all on '{}' ({}): {} send and {} recv counts for a group of {}", g.name,
+                info.tag, send_counts.size(), recv_counts.size(), g.size());
+  r.in_splits.assign(send_counts.begin(), send_counts.end());
+  r.out_splits.assign(recv_counts.begin(), recv_counts.end());
+  if (recorder_) recorder_->add(r);
+  do_all_to_all(g, send, send_counts, recv, recv_counts, t);
+}
+
+void communicator::all_gather(const comm_group& g, const void* send, std::int64_t count,
+                              void* recv, dtype t, const op_info& info) {
+  auto r = base_record(g, "all_gather", t, info);
+  if (recorder_) recorder_->add(r);
+  do_all_gather(g, send, count, recv, t);
+}
+
+void communicator::reduce_scatter(const comm_group& g, const void* send, void* recv,
+                                  std::int64_t count, dtype t, const op_info& info) {
+  auto r = base_record(g, "reduce_scatter", t, info);
+  if (recorder_) recorder_->add(r);
+  do_reduce_scatter(g, send, recv, count, t);
+}
+
+void communicator::all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t,
+                              const op_info& info) {
+  auto r = base_record(g, "all_reduce", t, info);
+  if (recorder_) recorder_->add(r);
+  do_all_reduce(g, buf, count, t);
+}
+
+void communicator::send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t,
+                             const op_info& info) {
+  info_ = &info;
+  if (g.index_of(rank()) < 0)
+    fail<error>("rank {} called send_recv on group '{}' it is not a member of", rank(), g.name);
+  if (recorder_) {
+    for (const auto& op : ops) {
+      if (op.peer < 0 || op.peer >= g.size())
+        fail<error>("send_recv on '{}' ({}): peer index {} outside a group of {}", g.name,
+                    info.tag, op.peer, g.size());
+      comm_record r;
+      r.kind = "p2p";
+      r.rank = rank();
+      r.group = g.name;
+      r.seq = seq_[g.name]++;
+      r.op = op.dir == p2p_op::kind::send ? "send" : "recv";
+      r.type = t;
+      r.peer = g.ranks[op.peer];
+      r.shape = op.shape.empty() ? std::vector<std::int64_t>{op.count} : op.shape;
+      r.tag = info.tag;
+      recorder_->add(std::move(r));
+    }
+  }
+  do_send_recv(g, ops, t);
+}
+
+void communicator::barrier(const comm_group& g, const op_info& info) {
+  auto r = base_record(g, "barrier", dtype::f32, info);
+  if (recorder_) recorder_->add(r);
+  do_barrier(g);
+}
+
+}  // namespace seqpar

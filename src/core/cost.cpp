@@ -1,0 +1,58 @@
+#include "core/cost.hpp"
+
+#include "core/ulysses_plan.hpp"
+
+namespace seqpar {
+
+layer_cost attention_layer_cost(const scenario& s, const collated_batch& cb, dtype t) {
+  layer_cost c;
+  const auto b = static_cast<std::int64_t>(dtype_size(t));
+  const int U = s.ulysses, R = s.ring;
+  const int hkv = repeated_kv_heads(s.kv_heads, U);
+  auto a2a = [&](std::string tag, int heads, bool fwd) {
+    a2a_geometry g{cb.chunk, 1, heads, s.head_dim, U};
+    collective_cost x{std::move(tag), "all_to_all", "ulysses", 1, 0, 0};
+    x.bytes_per_link = g.block() * b;
+    x.bytes_sent = (U - 1) * g.block() * b;
+    (fwd ? c.forward_bytes : c.backward_bytes) += x.bytes_sent;
+    c.items.push_back(std::move(x));
+  };
+  if (U > 1) {
+    a2a("attn.q.fwd", s.heads, true);
+    a2a("attn.kv.fwd", 2 * hkv, true);
+    a2a("attn.out.fwd", s.heads, true);
+    a2a("attn.out.bwd", s.heads, false);
+    a2a("attn.q.bwd", s.heads, false);
+    a2a("attn.kv.bwd", 2 * hkv, false);
+  }
+  if (R > 1) {
+    // After the Ulysses all-to-all a ring rank holds N/R tokens of Hkv'/U KV heads.
+    const std::int64_t kv_block = cb.padded_length / R * 2 * (hkv / U) * s.head_dim * b;
+    collective_cost f{"attn.ring.kv.fwd", "send_recv", "ring", R - 1, (R - 1) * kv_block,
+                      (R - 1) * kv_block};
+    c.forward_bytes += f.bytes_sent;
+    c.items.push_back(f);
+    if (s.ring_backward == "allgather") {
+      collective_cost g{"attn.ring.kv.bwd", "all_gather", "ring", 1, (R - 1) * kv_block, kv_block};
+      collective_cost rs{"attn.ring.dkv.bwd", "reduce_scatter", "ring", 1, (R - 1) * kv_block,
+                         kv_block};
+      c.backward_bytes += g.bytes_sent + rs.bytes_sent;
+      c.items.push_back(g);
+      c.items.push_back(rs);
+    } else {
+      collective_cost g{"attn.ring.kv.bwd", "send_recv", "ring", R - 1, (R - 1) * kv_block,
+                        (R - 1) * kv_block};
+      collective_cost d{"attn.ring.dkv.bwd", "send_recv", "ring", R, R * kv_block, R * kv_block};
+      c.backward_bytes += g.bytes_sent + d.bytes_sent;
+      c.items.push_back(g);
+      c.items.push_back(d);
+    }
+  }
+  return c;
+}
+
+double attention_flops(std::int64_t causal_pairs, int heads, int head_dim) {
+  return 4.0 * static_cast<double>(causal_pairs) * heads * head_dim;
+}
+
+}  // namespace seqpar

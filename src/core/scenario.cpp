@@ -1,0 +1,173 @@
+#include "core/scenario.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace seqpar {
+
+profile parse_profile(std::string_view s) {
+  if (s == "xorl") return profile::xorl;
+  if (s == "veomni") return profile::veomni;
+  fail<config_error>("profile '{}' is unknown; use xorl or veomni", s);
+}
+
+std::string_view profile_name(profile p) { return p == profile::xorl ? "xorl" : "veomni"; }
+
+std::int64_t scenario::total_tokens() const {
+  std::int64_t n = 0;
+  for (auto d : docs) n += d;
+  return n;
+}
+
+std::string join_set(const std::vector<int>& v) { return fmt::format("{{{}}}", fmt::join(v, ",")); }
+
+static bool ulysses_fits(int u, int heads, int kv_heads) {
+  if (u < 1 || heads % u != 0) return false;
+  return u > kv_heads ? u % kv_heads == 0 : kv_heads % u == 0;
+}
+
+std::vector<int> valid_ulysses_sizes(int heads, int kv_heads) {
+  std::vector<int> out;
+  for (int u = 1; u <= heads; ++u)
+    if (ulysses_fits(u, heads, kv_heads)) out.push_back(u);
+  return out;
+}
+
+static std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+static void require_positive(const char* what, std::int64_t v, std::int64_t max) {
+  if (v < 1 || v > max)
+    fail<config_error>("{}={} is out of range; use a value in [1, {}]", what, v, max);
+}
+
+void validate(const scenario& s) {
+  require_positive("ulysses", s.ulysses, 1024);
+  require_positive("ring", s.ring, 1024);
+  require_positive("heads", s.heads, 4096);
+  require_positive("kv_heads", s.kv_heads, 4096);
+  require_positive("head_dim", s.head_dim, 1024);
+  require_positive("hidden", s.hidden, 1 << 16);
+  require_positive("intermediate", s.intermediate, 1 << 17);
+  require_positive("layers", s.layers, 64);
+  if (s.vocab < 2 || s.vocab > (1 << 20))
+    fail<config_error>("vocab={} is out of range; use a value in [2, {}]", s.vocab, 1 << 20);
+  if (s.heads % s.kv_heads != 0)
+    fail<config_error>(
+        "num_heads={} is not a multiple of num_kv_heads={} (GQA shares one KV head per group of "
+        "Q heads); use kv_heads in {}",
+        s.heads, s.kv_heads, join_set(divisors(s.heads)));
+  if (s.heads % s.ulysses != 0)
+    fail<config_error>("num_heads={} is not divisible by ulysses={}; use ulysses in {}", s.heads,
+                       s.ulysses, join_set(valid_ulysses_sizes(s.heads, s.kv_heads)));
+  if (s.ulysses > s.kv_heads && s.ulysses % s.kv_heads != 0)
+    fail<config_error>(
+        "ulysses={} > num_kv_heads={} needs ulysses % num_kv_heads == 0 so every rank gets a whole "
+        "repeated KV head (repeat_kv); use ulysses in {}",
+        s.ulysses, s.kv_heads, join_set(valid_ulysses_sizes(s.heads, s.kv_heads)));
+  if (s.ulysses <= s.kv_heads && s.kv_heads % s.ulysses != 0)
+    fail<config_error>(
+        "num_kv_heads={} is not divisible by ulysses={} (each rank must hold whole KV heads; xorl "
+        "fails deep inside a reshape here); use ulysses in {}",
+        s.kv_heads, s.ulysses, join_set(valid_ulysses_sizes(s.heads, s.kv_heads)));
+  if (s.profile == profile::veomni && s.ring > 1)
+    fail<config_error>(
+        "profile veomni does not support ring attention (ring={}; VeOmni raises when the cp size "
+        "> 1); use --ring 1 or --profile xorl",
+        s.ring);
+  if (s.ring_backward != "allgather" && s.ring_backward != "ring")
+    fail<config_error>("ring_backward '{}' is unknown; use allgather or ring", s.ring_backward);
+  if (s.cp_fsdp_mode != "all" && s.cp_fsdp_mode != "ulysses_only" &&
+      s.cp_fsdp_mode != "ring_only" && s.cp_fsdp_mode != "none")
+    fail<config_error>("cp_fsdp_mode '{}' is unknown; use all, ulysses_only, ring_only or none",
+                       s.cp_fsdp_mode);
+  if (!(s.ignore_fraction >= 0.0 && s.ignore_fraction < 1.0))
+    fail<config_error>("ignore_fraction={} is out of range; use a value in [0, 1)",
+                       s.ignore_fraction);
+  if (s.docs.empty()) fail<layout_error>("no documents; give at least one length with --docs");
+  std::int64_t start = 0;
+  for (std::size_t i = 0; i < s.docs.size(); ++i) {
+    if (s.docs[i] < 1 || s.docs[i] > (1 << 24))
+      fail<layout_error>("document {} has length {}; lengths must be in [1, {}]", i, s.docs[i],
+                         1 << 24);
+    if (s.ring > 1 && s.zigzag && s.docs[i] % (2 * s.ring) != 0) {
+      std::int64_t n = 2 * s.ring;
+      fail<layout_error>(
+          "document {} (tokens {}..{}) has length {}, not divisible by 2*ring={} (zigzag cuts "
+          "every document into 2*ring chunks); pad it to {} or use ring in {}",
+          i, start, start + s.docs[i] - 1, s.docs[i], n, (s.docs[i] + n - 1) / n * n,
+          [&] {
+            std::vector<int> ok;
+            for (int r = 1; r <= 16; ++r) {
+              bool all = true;
+              for (auto d : s.docs) all = all && (r == 1 || d % (2 * r) == 0);
+              if (all) ok.push_back(r);
+            }
+            return join_set(ok);
+          }());
+    }
+    start += s.docs[i];
+  }
+  if (start > (std::int64_t{1} << 26))
+    fail<layout_error>("{} tokens in total is more than the supported {}", start,
+                       std::int64_t{1} << 26);
+}
+
+std::vector<std::int64_t> position_ids_from_docs(const std::vector<std::int64_t>& docs) {
+  std::vector<std::int64_t> pos;
+  for (auto d : docs)
+    for (std::int64_t i = 0; i < d; ++i) pos.push_back(i);
+  return pos;
+}
+
+const std::vector<scenario>& builtin_scenarios() {
+  static const std::vector<scenario> all = [] {
+    std::vector<scenario> v;
+    auto add = [&](std::string name, int u, int r, int hq, int hkv, int d, int hidden,
+                   std::vector<std::int64_t> docs) {
+      scenario s;
+      s.name = std::move(name);
+      s.ulysses = u;
+      s.ring = r;
+      s.heads = hq;
+      s.kv_heads = hkv;
+      s.head_dim = d;
+      s.hidden = hidden;
+      s.intermediate = 2 * hidden;
+      s.docs = std::move(docs);
+      v.push_back(s);
+    };
+    // GQA with KV repeat (U=4 > Hkv=2), padding (53 tokens → 56), three documents.
+    add("default", 4, 1, 8, 2, 16, 64, {24, 16, 13});
+    // Qwen3-8B: 32 Q heads / 8 KV heads / dim 128 (heads scaled 1/2, dim 1/8, sequence tiny).
+    add("qwen3-8b", 4, 1, 16, 4, 16, 64, {40, 23, 1, 30});
+    // Llama-3-8B: 32/8 heads, dim 128 → 16/4 heads, dim 8; U=8 repeats each KV head twice.
+    add("llama3-8b", 8, 1, 16, 4, 8, 48, {17, 33, 9});
+    // Qwen2.5-7B: 28 Q heads / 4 KV heads → 14/2 heads, U=7 (7 > 2 is not a multiple: use 2).
+    add("qwen2.5-7b", 2, 1, 14, 2, 8, 56, {5, 31, 12});
+    // Mistral-7B with MHA-like U=Hkv: 32/8 → 8/8.
+    add("mha-8", 8, 1, 8, 8, 8, 32, {64, 7});
+    return v;
+  }();
+  return all;
+}
+
+const scenario& builtin_scenario(std::string_view name) {
+  for (const auto& s : builtin_scenarios())
+    if (s.name == name) return s;
+  std::vector<std::string> names;
+  for (const auto& s : builtin_scenarios()) names.push_back(s.name);
+  fail<config_error>("scenario '{}' is unknown; use one of {}", name, fmt::join(names, ", "));
+}
+
+scenario default_scenario() { return builtin_scenario("default"); }
+
+}  // namespace seqpar

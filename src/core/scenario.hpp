@@ -1,0 +1,59 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace seqpar {
+
+/// Which framework's collation and loss semantics to reproduce (SEMANTICS.md §1, §5).
+enum class profile { xorl, veomni };
+profile parse_profile(std::string_view s);
+std::string_view profile_name(profile p);
+
+/// One SP training step to simulate: parallel sizes, attention shapes, model sizes and the
+/// documents packed into the single row. Sizes are global (pre-sharding).
+struct scenario {
+  std::string name = "custom";
+  seqpar::profile profile = seqpar::profile::xorl;
+  int ulysses = 1;  ///< U: Ulysses group size
+  int ring = 1;     ///< R: ring attention group size; cp = U·R
+  int heads = 8;    ///< Hq
+  int kv_heads = 2;  ///< Hkv (GQA when < heads)
+  int head_dim = 16;
+  int hidden = 64;
+  int intermediate = 128;  ///< SwiGLU width
+  int layers = 1;
+  int vocab = 96;
+  std::vector<std::int64_t> docs = {24, 16, 13};  ///< document lengths packed in the row
+  std::uint64_t seed = 1;
+  bool zigzag = true;              ///< ring layout: zigzag (xorl) or contiguous
+  std::string ring_backward = "allgather";  ///< allgather (xorl) | ring
+  std::string cp_fsdp_mode = "all";         ///< all | ulysses_only | ring_only | none
+  double ignore_fraction = 0.15;  ///< share of labels set to -100 (in runs) by the generator
+  std::int64_t pad_token_id = 0;
+
+  int cp() const { return ulysses * ring; }
+  std::int64_t total_tokens() const;
+};
+
+/// Checks every rule of SEMANTICS.md §1–3 and §6 up front; throws config_error / layout_error
+/// naming the rule, the values and a fix.
+void validate(const scenario& s);
+
+/// The U values that these heads accept (Hq % U == 0 and the KV rule), for error messages.
+std::vector<int> valid_ulysses_sizes(int heads, int kv_heads);
+
+/// Position ids of documents packed back to back: each document counts 0..len-1.
+std::vector<std::int64_t> position_ids_from_docs(const std::vector<std::int64_t>& docs);
+
+/// Built-in scenarios named after real models' attention shapes, scaled down in sequence.
+const std::vector<scenario>& builtin_scenarios();
+const scenario& builtin_scenario(std::string_view name);
+/// The scenario `seqpar check` runs with no flags.
+scenario default_scenario();
+
+/// Comma-joined list, e.g. "{1,2,4}", for messages.
+std::string join_set(const std::vector<int>& v);
+
+}  // namespace seqpar

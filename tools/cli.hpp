@@ -1,0 +1,23 @@
+#pragma once
+// Shared plumbing of the seqpar subcommands: each cmd_*.cpp adds its CLI11 subcommand and
+// returns the action to run when that subcommand was chosen. Actions return the exit code
+// (0 ok, 1 a check found a difference); invalid input is a thrown seqpar::error → exit 2.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace seqpar::cli {
+
+using action = std::function<int()>;
+
+action add_collate(CLI::App& app);
+action add_plan(CLI::App& app);
+action add_mesh(CLI::App& app);
+action add_check(CLI::App& app);
+
+/// Writes `text` to `path` atomically (temp file + rename): a failed run never leaves a
+/// partial output file. "-" writes to stdout.
+void write_output(const std::string& path, const std::string& text);
+
+}  // namespace seqpar::cli

@@ -1,0 +1,164 @@
+// seqpar plan: shapes, tokens, heads, ring schedule, balance and bytes per rank.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "core/cost.hpp"
+#include "core/layout.hpp"
+#include "core/ring_schedule.hpp"
+#include "core/ulysses_plan.hpp"
+#include "scenario_flags.hpp"
+
+namespace seqpar::cli {
+
+namespace {
+
+using shape = std::vector<std::int64_t>;
+
+struct stage {
+  std::string name;
+  shape dims;
+};
+
+std::vector<stage> stages_of(const scenario& s, const collated_batch& cb) {
+  const std::int64_t c = cb.chunk, U = s.ulysses, D = s.head_dim;
+  const std::int64_t hkv = repeated_kv_heads(s.kv_heads, s.ulysses);
+  std::vector<stage> st = {{"input_ids", {c}},
+                           {"hidden", {c, s.hidden}},
+                           {"q.local", {c, s.heads, D}},
+                           {"kv.local", {c, s.kv_heads, 2, D}}};
+  if (hkv != s.kv_heads) st.push_back({"kv.repeated", {c, hkv, 2, D}});
+  st.push_back({"q.heads_sharded", {c * U, s.heads / U, D}});
+  st.push_back({"kv.heads_sharded", {c * U, 2 * hkv / U, D}});
+  st.push_back({"attn.out", {c * U, s.heads / U, D}});
+  st.push_back({"attn.lse", {c * U, s.heads / U}});
+  st.push_back({"attn.out.seq_sharded", {c, s.heads, D}});
+  st.push_back({"logits", {c, s.vocab}});
+  return st;
+}
+
+nlohmann::json balance_json(const balance& b) {
+  return {{"work", b.work}, {"ratio", std::isfinite(b.ratio) ? nlohmann::json(b.ratio) : nlohmann::json("inf")}};
+}
+
+nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
+  nlohmann::json ranks = nlohmann::json::array();
+  const auto cu = attention_cu_seqlens(cb);
+  for (int k = 0; k < s.cp(); ++k) {
+    const int u = k % s.ulysses, r = k / s.ulysses;
+    nlohmann::json sched = nlohmann::json::array();
+    for (const auto& st : ring_schedule(r, s.ring, s.zigzag))
+      sched.push_back(
+          {{"step", st.step}, {"kv_src", st.kv_src}, {"section", section_name(st.section)}});
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& st : stages_of(s, cb)) stages.push_back({{"stage", st.name}, {"shape", st.dims}});
+    ranks.push_back({{"cp_rank", k},
+                     {"ulysses_rank", u},
+                     {"ring_rank", r},
+                     {"tokens", rank_tokens(cb, k)},
+                     {"q_heads", q_heads_of(u, s.heads, s.ulysses)},
+                     {"kv_heads", kv_heads_of(u, s.kv_heads, s.ulysses)},
+                     {"ring_schedule", sched},
+                     {"stages", stages},
+                     {"attention_work", causal_work(ring_rank_tokens(cb, r), cu) *
+                                            (s.heads / s.ulysses)}});
+  }
+  const auto cost = attention_layer_cost(s, cb, dtype::f32);
+  nlohmann::json items = nlohmann::json::array();
+  for (const auto& c : cost.items)
+    items.push_back({{"tag", c.tag},
+                     {"op", c.op},
+                     {"group", c.group},
+                     {"calls", c.calls},
+                     {"bytes_sent", c.bytes_sent},
+                     {"bytes_per_link", c.bytes_per_link}});
+  return {{"scenario", scenario_to_json(s)},
+          {"original_length", cb.original_length},
+          {"padded_length", cb.padded_length},
+          {"tokens_per_rank", cb.chunk},
+          {"cu_seqlens", cu},
+          {"ranks", ranks},
+          {"balance", {{"layout", s.zigzag && s.ring > 1 ? "zigzag" : "contiguous"},
+                       {"zigzag", balance_json(ring_balance(cb))},
+                       {"contiguous", balance_json(contiguous_balance(cb))}}},
+          {"bytes_per_layer", {{"dtype", "float32"},
+                               {"forward", cost.forward_bytes},
+                               {"backward", cost.backward_bytes},
+                               {"collectives", items}}}};
+}
+
+std::string ranges_of(const std::vector<std::int64_t>& t) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < t.size()) {
+    std::size_t j = i;
+    while (j + 1 < t.size() && t[j + 1] == t[j] + 1) ++j;
+    out += (out.empty() ? "" : " ") +
+           (i == j ? fmt::format("{}", t[i]) : fmt::format("{}-{}", t[i], t[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string plan_text(const scenario& s, const collated_batch& cb) {
+  std::string o;
+  o += fmt::format("scenario {}: profile {}, ulysses {} × ring {} = cp {}, heads {}/{} kv, dim {}\n",
+                   s.name, profile_name(s.profile), s.ulysses, s.ring, s.cp(), s.heads, s.kv_heads,
+                   s.head_dim);
+  o += fmt::format("documents {} → {} tokens, padded to {} ({} per rank); cu_seqlens {}\n\n",
+                   fmt::join(s.docs, ","), cb.original_length, cb.padded_length, cb.chunk,
+                   fmt::join(attention_cu_seqlens(cb), ","));
+  o += fmt::format("{:>4} {:>3} {:>3}  {:<28} {:<14} {:<10} {}\n", "cp", "u", "r", "tokens (global)",
+                   "q heads", "kv heads", "ring schedule (src:section)");
+  for (int k = 0; k < s.cp(); ++k) {
+    const int u = k % s.ulysses, r = k / s.ulysses;
+    std::vector<std::string> sched;
+    for (const auto& st : ring_schedule(r, s.ring, s.zigzag))
+      sched.push_back(fmt::format("{}:{}", st.kv_src, section_name(st.section)));
+    o += fmt::format("{:>4} {:>3} {:>3}  {:<28} {:<14} {:<10} {}\n", k, u, r,
+                     ranges_of(rank_tokens(cb, k)), fmt::format("{}", fmt::join(q_heads_of(u, s.heads, s.ulysses), ",")),
+                     fmt::format("{}", fmt::join(kv_heads_of(u, s.kv_heads, s.ulysses), ",")),
+                     fmt::join(sched, " "));
+  }
+  o += "\nshapes per rank:\n";
+  for (const auto& st : stages_of(s, cb))
+    o += fmt::format("  {:<22} [{}]\n", st.name, fmt::join(st.dims, ", "));
+  auto zz = ring_balance(cb), ct = contiguous_balance(cb);
+  o += fmt::format("\ncausal attention work per ring rank (q·k pairs):\n  {:<10} {}  max/min {:.3f}\n  "
+                   "{:<10} {}  max/min {:.3f}\n",
+                   s.ring > 1 && s.zigzag ? "zigzag" : "layout", fmt::join(zz.work, " "), zz.ratio,
+                   "contiguous", fmt::join(ct.work, " "), ct.ratio);
+  const auto cost = attention_layer_cost(s, cb, dtype::f32);
+  o += "\nbytes per rank per attention layer (float32):\n";
+  for (const auto& c : cost.items)
+    o += fmt::format("  {:<20} {:<14} {:<8} ×{:<3} sent {:>10}  per link {:>10}\n", c.tag, c.op,
+                     c.group, c.calls, c.bytes_sent, c.bytes_per_link);
+  o += fmt::format("  forward {} B, backward {} B\n", cost.forward_bytes, cost.backward_bytes);
+  return o;
+}
+
+}  // namespace
+
+action add_plan(CLI::App& app) {
+  auto flags = std::make_shared<scenario_flags>();
+  auto json = std::make_shared<bool>(false);
+  auto* sub = app.add_subcommand(
+      "plan",
+      "Show how a scenario is laid out: per rank the tokens, heads, shapes per stage, the ring "
+      "schedule, causal work balance and bytes per collective.\n"
+      "Example: seqpar plan --ulysses 2 --ring 2 --heads 8 --kv-heads 2 --docs 16,8 --json");
+  flags->add_to(*sub);
+  sub->add_flag("--json", *json, "machine-readable output");
+  return [flags, json] {
+    const scenario s = flags->resolve();
+    collate_options opt{s.profile, s.ulysses, s.ring, s.pad_token_id};
+    auto cb = collate(make_batch(s), opt);
+    for (const auto& w : cb.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
+    write_output("-", *json ? plan_json(s, cb).dump() + "\n" : plan_text(s, cb));
+    return 0;
+  };
+}
+
+}  // namespace seqpar::cli

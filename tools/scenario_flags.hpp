@@ -1,0 +1,39 @@
+#pragma once
+// The scenario flags shared by plan, check, record, validate (DESIGN.md "Scenario flags").
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+
+#include "core/scenario.hpp"
+
+namespace seqpar::cli {
+
+class scenario_flags {
+ public:
+  /// Registers --ulysses --ring --heads --kv-heads --head-dim --hidden --layers --vocab --docs
+  /// --profile --seed --scenario --config (+ --no-zigzag, --ring-backward, --cp-fsdp-mode).
+  void add_to(CLI::App& app);
+  /// Built-in (or --scenario) scenario, then --config, then explicit flags; validated.
+  scenario resolve() const;
+
+ private:
+  std::string scenario_name_, config_, docs_, profile_, ring_backward_, cp_fsdp_mode_;
+  std::optional<int> ulysses_, ring_, heads_, kv_heads_, head_dim_, hidden_, intermediate_,
+      layers_, vocab_;
+  std::optional<std::uint64_t> seed_;
+  bool no_zigzag_ = false;
+};
+
+/// The scenario as JSON (the "scenario" object of check's output and of trace meta).
+nlohmann::json scenario_to_json(const scenario& s);
+/// Reads a scenario from JSON (keys as scenario_to_json writes them; all optional over `base`).
+scenario scenario_from_json(const nlohmann::json& j, scenario base);
+/// The command line that reproduces a scenario (`seqpar check …`).
+std::string scenario_command(const scenario& s, const std::string& subcommand = "check");
+
+/// Reads a whole file; throws seqpar::error naming the path when it cannot.
+std::string read_file(const std::string& path);
+
+}  // namespace seqpar::cli

@@ -1,0 +1,78 @@
+// seqpar: simulate and verify sequence parallelism. Thin: parse arguments, call the library.
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <vector>
+
+#include "cli.hpp"
+#include "core/error.hpp"
+
+namespace seqpar::cli {
+
+void write_output(const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return;
+  }
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path tmp = target;
+  tmp += ".seqpar-tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail<error>("cannot write '{}': the directory does not exist or is not writable", path);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.close();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      fail<error>("cannot write '{}': write failed (disk full?)", path);
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    fail<error>("cannot write '{}': {}", path, ec.message());
+  }
+}
+
+}  // namespace seqpar::cli
+
+int main(int argc, char** argv) {
+  using namespace seqpar;
+  CLI::App app{
+      "seqpar: simulate and verify sequence parallelism (Ulysses, ring, zigzag, hybrid).\n"
+      "Exit codes: 0 ok, 1 a check found a difference, 2 invalid input."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "seqpar 0.1.0");
+  std::map<CLI::App*, cli::action> actions;
+  auto add = [&](cli::action (*adder)(CLI::App&)) {
+    auto before = app.get_subcommands({});
+    auto act = adder(app);
+    auto after = app.get_subcommands({});
+    actions[after.back()] = std::move(act);
+  };
+  add(cli::add_collate);
+  add(cli::add_plan);
+  add(cli::add_mesh);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    for (auto* sub : app.get_subcommands()) return actions.at(sub)();
+    return 2;
+  } catch (const seqpar::error& e) {
+    fmt::print(stderr, "seqpar: error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "seqpar: internal error: {}\n", e.what());
+    return 3;
+  }
+}
