@@ -24,8 +24,8 @@ struct mesh_args {
 
 // The kinds printed and written to JSON, in that order (cp is the same as sp and is omitted).
 constexpr group_kind shown_kinds[] = {
-    group_kind::pp,      group_kind::dp_replicate, group_kind::dp_shard, group_kind::ring,
-    group_kind::ulysses, group_kind::tp,           group_kind::sp,       group_kind::dp,
+    group_kind::pp,      group_kind::dp_replicate, group_kind::dp_shard,    group_kind::ring,
+    group_kind::ulysses, group_kind::tp,           group_kind::sp,          group_kind::dp,
     group_kind::fsdp,    group_kind::loss,         group_kind::sp_grad_sync};
 
 constexpr std::size_t max_groups_shown = 8;
@@ -82,9 +82,9 @@ std::string table(const device_mesh& mesh) {
   s += fmt::format("dims (outer → inner): {}\n", fmt::join(dims, "  "));
   s += fmt::format("cp_size {}  dp_size {}  fsdp_size {}\n\n", mesh.cp_size(), mesh.dp_size(),
                    mesh.fsdp_size());
-  s += fmt::format("{:<13} {:<34} {}\n", "kind", "spans", "groups");
+  s += fmt::format("{:<13} {:<36} {}\n", "kind", "spans", "groups");
   for (group_kind k : shown_kinds)
-    s += fmt::format("{:<13} {:<34} {}\n", name(k), spans_text(mesh, k), describe_groups(mesh, k));
+    s += fmt::format("{:<13} {:<36} {}\n", name(k), spans_text(mesh, k), describe_groups(mesh, k));
   if (mesh.world_size() <= 64) {
     s += fmt::format("\n{:>4} {:>3} {:>12} {:>8} {:>4} {:>7} {:>3} {:>7}\n", "rank", "pp",
                      "dp_replicate", "dp_shard", "ring", "ulysses", "tp", "cp_rank");

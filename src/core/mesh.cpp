@@ -11,8 +11,7 @@ namespace seqpar {
 
 namespace {
 
-constexpr std::array<std::string_view, 4> mode_names = {"all", "ulysses_only", "ring_only",
-                                                        "none"};
+constexpr std::array<std::string_view, 4> mode_names = {"all", "ulysses_only", "ring_only", "none"};
 constexpr std::array<std::string_view, 2> profile_names = {"xorl", "veomni"};
 constexpr std::array<std::string_view, mesh_dim_count> dim_names = {
     "pp", "dp_replicate", "dp_shard", "ring", "ulysses", "tp"};
@@ -58,13 +57,16 @@ group_kind parse_group_kind(std::string_view text) {
   if (text == "ringattn") return group_kind::ring;
   if (text == "dp_shard_sp") return group_kind::fsdp;
   if (text == "dp_sp") return group_kind::loss;
-  fail<config_error>("group kind '{}' is not valid; use one of {} (or ringattn, dp_shard_sp, dp_sp)",
-                     text, fmt::join(kind_names, ", "));
+  fail<config_error>(
+      "group kind '{}' is not valid; use one of {} (or ringattn, dp_shard_sp, dp_sp)", text,
+      fmt::join(kind_names, ", "));
 }
 
 std::string_view name(group_kind kind) { return kind_names.at(static_cast<std::size_t>(kind)); }
 
-std::string group_name(group_kind kind, int index) { return fmt::format("{}{}", name(kind), index); }
+std::string group_name(group_kind kind, int index) {
+  return fmt::format("{}{}", name(kind), index);
+}
 
 int mesh_config::size(mesh_dim dim) const {
   switch (dim) {
@@ -84,25 +86,27 @@ void validate_mesh(const mesh_config& cfg) {
   for (mesh_dim d : all_mesh_dims) {
     int s = cfg.size(d);
     if (s < 1)
-      fail<config_error>("mesh size {}={} is invalid: every dimension needs at least 1 rank; use "
-                         "{} 1 (or more)",
-                         name(d), s, dim_flags[static_cast<std::size_t>(d)]);
+      fail<config_error>(
+          "mesh size {}={} is invalid: every dimension needs at least 1 rank; use "
+          "{} 1 (or more)",
+          name(d), s, dim_flags[static_cast<std::size_t>(d)]);
   }
   std::int64_t world = 1;
   for (mesh_dim d : all_mesh_dims) {
     world *= cfg.size(d);
     if (world > max_world)
-      fail<config_error>("mesh world size pp·dp_replicate·dp_shard·ring·ulysses·tp = "
-                         "{}·{}·{}·{}·{}·{} exceeds {} ranks; use smaller sizes",
-                         cfg.pp, cfg.dp_replicate, cfg.dp_shard, cfg.ring, cfg.ulysses, cfg.tp,
-                         max_world);
+      fail<config_error>(
+          "mesh world size pp·dp_replicate·dp_shard·ring·ulysses·tp = "
+          "{}·{}·{}·{}·{}·{} exceeds {} ranks; use smaller sizes",
+          cfg.pp, cfg.dp_replicate, cfg.dp_shard, cfg.ring, cfg.ulysses, cfg.tp, max_world);
   }
   // VeOmni's ParallelState has no cp_fsdp_mode: include_sp_in_fsdp=False raises
   // NotImplementedError, so SP is always folded into FSDP.
   if (cfg.profile == mesh_profile::veomni && cfg.mode != cp_fsdp_mode::all)
-    fail<config_error>("cp_fsdp_mode {} is not available with profile veomni (VeOmni always folds "
-                       "SP into FSDP); use --cp-fsdp-mode all or --profile xorl",
-                       name(cfg.mode));
+    fail<config_error>(
+        "cp_fsdp_mode {} is not available with profile veomni (VeOmni always folds "
+        "SP into FSDP); use --cp-fsdp-mode all or --profile xorl",
+        name(cfg.mode));
 }
 
 int mesh_coords::operator[](mesh_dim dim) const {
@@ -166,8 +170,7 @@ int device_mesh::rank_of(const mesh_coords& c) const {
 }
 
 bool device_mesh::spans(group_kind kind, mesh_dim d) const {
-  const bool ring_in_fsdp =
-      cfg_.mode == cp_fsdp_mode::all || cfg_.mode == cp_fsdp_mode::ring_only;
+  const bool ring_in_fsdp = cfg_.mode == cp_fsdp_mode::all || cfg_.mode == cp_fsdp_mode::ring_only;
   const bool ulysses_in_fsdp =
       cfg_.mode == cp_fsdp_mode::all || cfg_.mode == cp_fsdp_mode::ulysses_only;
   const bool is_sp = d == mesh_dim::ring || d == mesh_dim::ulysses;

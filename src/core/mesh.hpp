@@ -41,13 +41,23 @@ std::string_view name(mesh_dim dim);
 ///   sp_grad_sync = the SP dims not in fsdp (all: none, ulysses_only: ring, ring_only: ulysses,
 ///   none: ring × ulysses) — and no group at all when that is a single rank, as xorl returns None.
 enum class group_kind {
-  pp, dp_replicate, dp_shard, ring, ulysses, tp,
-  dp, sp, cp, fsdp, loss, sp_grad_sync
+  pp,
+  dp_replicate,
+  dp_shard,
+  ring,
+  ulysses,
+  tp,
+  dp,
+  sp,
+  cp,
+  fsdp,
+  loss,
+  sp_grad_sync
 };
 inline constexpr std::array<group_kind, 12> all_group_kinds = {
-    group_kind::pp,   group_kind::dp_replicate, group_kind::dp_shard, group_kind::ring,
-    group_kind::ulysses, group_kind::tp,     group_kind::dp,       group_kind::sp,
-    group_kind::cp,   group_kind::fsdp,      group_kind::loss,     group_kind::sp_grad_sync};
+    group_kind::pp,      group_kind::dp_replicate, group_kind::dp_shard, group_kind::ring,
+    group_kind::ulysses, group_kind::tp,           group_kind::dp,       group_kind::sp,
+    group_kind::cp,      group_kind::fsdp,         group_kind::loss,     group_kind::sp_grad_sync};
 
 /// Dim names, aliases, and "ringattn" (= ring) / "dp_shard_sp" (= fsdp) / "dp_sp" (= loss).
 group_kind parse_group_kind(std::string_view text);
