@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# seqpar set-up: installs what is missing (Debian packages), configures and builds.
+#   ./setup.sh           set up and build (idempotent; seconds when everything is present)
+#   ./setup.sh run       … then run the main job: seqpar check on its built-in default
+#   ./setup.sh test      … then run every test suite, and the ASan+UBSan build of the
+#                        unit, property and equivalence suites
+set -euo pipefail
+cd "$(dirname "$0")"
+
+packages=(meson ninja-build pkg-config g++ cmake libeigen3-dev libfmt-dev libgtest-dev
+          librapidcheck-dev libmpich-dev mpich nlohmann-json3-dev libcli11-dev clang
+          libclang-rt-14-dev python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+jobs=$(nproc 2>/dev/null || echo 2)
+configure() {  # dir, extra meson args…
+  local dir=$1
+  shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "$@" >/dev/null
+  fi
+  ninja -C "$dir" -j "$jobs" >/dev/null
+}
+configure build
+
+case "${1:-}" in
+  "") echo "setup: built build/tools/seqpar" ;;
+  run)
+    shift
+    exec ./build/tools/seqpar check "$@"
+    ;;
+  test)
+    meson test -C build --print-errorlogs --num-processes "$jobs"
+    # Sanitizers: the CPU reference is the oracle, so it must be free of UB and leaks.
+    configure build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dgpu=disabled
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      meson test -C build-asan --print-errorlogs --num-processes "$jobs" \
+      --suite unit --suite property --suite equivalence
+    ;;
+  *)
+    echo "usage: ./setup.sh [run|test]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,154 @@
+#include "core/ulysses.hpp"
+
+#include <fmt/ranges.h>
+
+#include <numeric>
+
+#include "core/mutations.hpp"
+
+namespace seqpar {
+
+void local_attention::forward(const tensor& q, const tensor& k, const tensor& v, tensor& out,
+                              tensor& lse, const std::string&) {
+  c_.attention_forward(q, k, v, docs_, out, lse);
+}
+
+void local_attention::backward(const tensor& q, const tensor& k, const tensor& v,
+                               const tensor& out, const tensor& lse, const tensor& dout,
+                               tensor& dq, tensor& dk, tensor& dv, const std::string&) {
+  c_.attention_backward(q, k, v, out, lse, dout, docs_, dq, dk, dv);
+}
+
+namespace {
+
+void check_local(const tensor& x, const char* name, std::int64_t s, int heads, int d) {
+  if (x.shape != shape_t{s, heads, d})
+    fail<shape_error>("ulysses: {} has shape [{}], expected [{}, {}, {}] (tokens, heads, head_dim)",
+                      name, fmt::join(x.shape, ","), s, heads, d);
+}
+
+/// Sequence-sharded `[S/U, H, D]` → heads-sharded `[S, H/U, D]` (gather sequence, scatter heads).
+tensor gather_seq_scatter_heads(communicator& comm, compute& c, const comm_group& g,
+                                const tensor& x, const std::string& tag) {
+  const int U = g.size();
+  const a2a_geometry geo{x.shape[0], 1, static_cast<int>(x.shape[1]),
+                         static_cast<int>(x.shape[2]), U};
+  tensor wire = c.empty(x.type, {geo.numel_local()});
+  c.pack_for_heads(geo, x, wire);
+  tensor full = c.empty(x.type, {U * geo.s_local, geo.heads_local(), geo.head_dim});
+  const auto counts = ulysses_counts(geo);
+  comm.all_to_all(g, wire.data, counts.send_counts, full.data, counts.recv_counts, x.type,
+                  {tag, x.shape, full.shape});
+  if (mutations().a2a_off_by_one && U > 1) {
+    // Bug model: the block received from peer p is taken as peer p+1's.
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(full.shape[0]));
+    for (std::int64_t i = 0; i < full.shape[0]; ++i)
+      rows[static_cast<std::size_t>(i)] = (i + geo.s_local) % full.shape[0];
+    full = c.gather_rows(full, rows);
+  }
+  return full;
+}
+
+/// Heads-sharded `[S, H/U, D]` → sequence-sharded `[S/U, H, D]` (gather heads, scatter sequence).
+tensor gather_heads_scatter_seq(communicator& comm, compute& c, const comm_group& g,
+                                const tensor& x, const std::string& tag) {
+  const int U = g.size();
+  const a2a_geometry geo{x.shape[0] / U, 1, static_cast<int>(x.shape[1]) * U,
+                         static_cast<int>(x.shape[2]), U};
+  tensor wire = c.empty(x.type, {geo.numel_local()});
+  const auto counts = ulysses_counts(geo);
+  const shape_t local{geo.s_local, geo.heads, geo.head_dim};
+  comm.all_to_all(g, x.data, counts.send_counts, wire.data, counts.recv_counts, x.type,
+                  {tag, x.shape, local});
+  tensor out = c.empty(x.type, local);
+  c.unpack_to_seq(geo, wire, out);
+  return out;
+}
+
+tensor repeat_kv(compute& c, const tensor& x, int rep) {
+  if (rep == 1) return x;
+  if (!mutations().kv_repeat_blockwise) return c.repeat_heads(x, rep);
+  // Bug model: tile the heads ([k0,k1,k0,k1]) instead of repeat_interleave ([k0,k0,k1,k1]).
+  const auto S = x.shape[0];
+  const auto H = x.shape[1];
+  tensor inter = c.repeat_heads(x, rep);  // [S, H·rep, D], head e = original e / rep
+  tensor flat = inter.reshaped({S * H * rep, x.shape[2]});
+  std::vector<std::int64_t> rows;
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t e = 0; e < H * rep; ++e) rows.push_back((s * H + e % H) * rep);
+  return c.gather_rows(flat, rows).reshaped(inter.shape);
+}
+
+tensor sum_repeated_kv(compute& c, const tensor& dx, int rep) {
+  if (rep == 1) return dx;
+  return c.sum_repeated_heads(dx, rep);
+}
+
+}  // namespace
+
+tensor ulysses_forward(communicator& comm, compute& c, const ulysses_config& cfg,
+                       inner_attention& inner, const tensor& q, const tensor& k, const tensor& v,
+                       ulysses_saved& saved, const std::string& tag) {
+  const int U = cfg.group.size();
+  const std::int64_t s_local = q.shape.empty() ? 0 : q.shape[0];
+  check_local(q, "q", s_local, cfg.heads, cfg.head_dim);
+  check_local(k, "k", s_local, cfg.kv_heads, cfg.head_dim);
+  check_local(v, "v", s_local, cfg.kv_heads, cfg.head_dim);
+  const int rep = kv_repeat_factor(cfg.kv_heads, U);
+  const tensor k_rep = repeat_kv(c, k, rep);
+  const tensor v_rep = repeat_kv(c, v, rep);
+
+  saved.q = gather_seq_scatter_heads(comm, c, cfg.group, q, tag + ".q.fwd");
+  const int hk_local = static_cast<int>(k_rep.shape[1]) / U;
+  if (cfg.fused_kv) {
+    tensor kv = c.stack_kv(k_rep, v_rep).reshaped({s_local, 2 * k_rep.shape[1], cfg.head_dim});
+    tensor kv_full = gather_seq_scatter_heads(comm, c, cfg.group, kv, tag + ".kv.fwd");
+    saved.k = c.empty(q.type, {kv_full.shape[0], hk_local, cfg.head_dim});
+    saved.v = c.empty(q.type, saved.k.shape);
+    c.unstack_kv(kv_full.reshaped({kv_full.shape[0], hk_local, 2, cfg.head_dim}), saved.k,
+                 saved.v);
+  } else {
+    saved.k = gather_seq_scatter_heads(comm, c, cfg.group, k_rep, tag + ".k.fwd");
+    saved.v = gather_seq_scatter_heads(comm, c, cfg.group, v_rep, tag + ".v.fwd");
+  }
+  saved.out = c.empty(q.type, saved.q.shape);
+  saved.lse = c.empty(q.type, {saved.q.shape[0], saved.q.shape[1]});
+  inner.forward(saved.q, saved.k, saved.v, saved.out, saved.lse, tag);
+  return gather_heads_scatter_seq(comm, c, cfg.group, saved.out, tag + ".out.fwd");
+}
+
+qkv_grads ulysses_backward(communicator& comm, compute& c, const ulysses_config& cfg,
+                           inner_attention& inner, const ulysses_saved& saved,
+                           const tensor& dout, const std::string& tag) {
+  const int U = cfg.group.size();
+  check_local(dout, "dout", saved.q.shape[0] / U, cfg.heads, cfg.head_dim);
+  const tensor dout_full = gather_seq_scatter_heads(comm, c, cfg.group, dout, tag + ".out.bwd");
+  tensor dq = c.empty(saved.q.type, saved.q.shape);
+  tensor dk = c.empty(saved.k.type, saved.k.shape);
+  tensor dv = c.empty(saved.v.type, saved.v.shape);
+  inner.backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dout_full, dq, dk, dv, tag);
+
+  const int rep = kv_repeat_factor(cfg.kv_heads, U);
+  qkv_grads g;
+  g.dq = gather_heads_scatter_seq(comm, c, cfg.group, dq, tag + ".q.bwd");
+  tensor dk_rep, dv_rep;
+  if (cfg.fused_kv) {
+    const std::int64_t S = dk.shape[0];
+    const int hk_local = static_cast<int>(dk.shape[1]);
+    tensor dkv = c.stack_kv(dk, dv).reshaped({S, 2 * hk_local, cfg.head_dim});
+    tensor local = gather_heads_scatter_seq(comm, c, cfg.group, dkv, tag + ".kv.bwd");
+    const std::int64_t s_local = local.shape[0];
+    const int hk = hk_local * U;
+    dk_rep = c.empty(dk.type, {s_local, hk, cfg.head_dim});
+    dv_rep = c.empty(dk.type, dk_rep.shape);
+    c.unstack_kv(local.reshaped({s_local, hk, 2, cfg.head_dim}), dk_rep, dv_rep);
+  } else {
+    dk_rep = gather_heads_scatter_seq(comm, c, cfg.group, dk, tag + ".k.bwd");
+    dv_rep = gather_heads_scatter_seq(comm, c, cfg.group, dv, tag + ".v.bwd");
+  }
+  g.dk = sum_repeated_kv(c, dk_rep, rep);
+  g.dv = sum_repeated_kv(c, dv_rep, rep);
+  return g;
+}
+
+}  // namespace seqpar
