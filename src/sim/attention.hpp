@@ -1,0 +1,444 @@
+#pragma once
+// CPU reference attention kernels: a naive oracle that materialises the score matrix, and a tiled
+// FlashAttention-2 style kernel (online softmax, O(S) memory) for realistic sizes. Both work on one
+// packed row of variable-length documents (cu_seqlens), with bottom-right causal masking and GQA.
+//
+// Error model (tiled and naive alike, accumulation in T with max-subtraction). Each score
+// s = scale·q·k is a length-d dot product, so |fl(s) - s| ≲ sqrt(d)·eps·|scale|·|q|·|k|; an error δ
+// in s becomes a relative error δ in exp(s - m). The output row is a softmax-weighted mean of up to
+// lk value rows; the sums (l = Σp, Σ p·v, and the tile rescalings by exp(m_old - m_new)) add a
+// random-walk rounding error ~ sqrt(lk)·eps. Hence, with max|s| the largest score magnitude,
+//   |out - exact| ≲ c·eps·(sqrt(lk) + sqrt(d)·max|s|)·max|v|,   |lse - exact| ≲ c·eps·(same +
+//   |lse|)
+// with c a small constant (≈ 1–4 in practice); gradients are sums of lk such terms and obey the
+// same form relative to their magnitude. For f32 (eps ≈ 6e-8) at lk = 16K this is ~1e-5 relative;
+// for f64 only the summation order differs between the kernels (~1e-15 relative).
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace seqpar::sim {
+
+/// Varlen attention arguments: one packed row. q: [sq, hq, d], k/v: [sk, hkv, d], row-major.
+/// Documents: cu_q/cu_k have n_docs+1 int32 entries (start at 0, non-decreasing); doc i is
+/// q rows [cu_q[i], cu_q[i+1]) vs k rows [cu_k[i], cu_k[i+1]). Rows outside every doc
+/// (past cu_q[n_docs]) get out = 0, lse = -inf, and zero gradients.
+/// causal: bottom-right aligned like flash-attn >= 2.1: q row i (local index in its doc, doc q
+/// length lq, k length lk) may see k row j iff j <= i + (lk - lq). A q row that sees nothing
+/// gets out = 0, lse = -inf. GQA: q head h uses kv head h / (hq / hkv) (hq % hkv == 0).
+template <class T>
+struct attention_args {
+  const T* q;
+  const T* k;
+  const T* v;
+  std::int64_t sq, sk;
+  int hq, hkv, d;
+  const std::int32_t* cu_q;
+  const std::int32_t* cu_k;
+  int n_docs;
+  double scale;  // usually 1/sqrt(d)
+  bool causal;
+};
+
+/// Tile sizes of the tiled kernels: q rows per tile and k rows per tile (both >= 1). The defaults
+/// were picked by bench/attention_bench on one core; results do not depend on them beyond rounding.
+struct attention_tiles {
+  int q = 64;
+  int k = 128;
+};
+
+namespace detail {
+
+template <class T>
+using row_matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using row_vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+/// A [rows, d] slice of one head of a [s, h, d] tensor: row stride h·d.
+template <class T>
+using head_map = Eigen::Map<row_matrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class T>
+using const_head_map = Eigen::Map<const row_matrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+template <class T>
+T neg_inf() {
+  return -std::numeric_limits<T>::infinity();
+}
+
+/// Checks everything the kernels index with; names the offending values.
+template <class T>
+void validate(const attention_args<T>& a, const char* who) {
+  if (a.hq <= 0 || a.hkv <= 0 || a.d <= 0) {
+    fail<shape_error>("{}: heads and head dim must be positive, got hq={} hkv={} d={}", who, a.hq,
+                      a.hkv, a.d);
+  }
+  if (a.hq % a.hkv != 0) {
+    fail<shape_error>("{}: hq={} is not divisible by hkv={}; use hkv dividing hq", who, a.hq,
+                      a.hkv);
+  }
+  if (a.sq < 0 || a.sk < 0 || a.n_docs < 0) {
+    fail<shape_error>("{}: sizes must be non-negative, got sq={} sk={} n_docs={}", who, a.sq, a.sk,
+                      a.n_docs);
+  }
+  if (a.cu_q == nullptr || a.cu_k == nullptr) {
+    fail<shape_error>("{}: cu_q and cu_k must hold n_docs+1={} entries, got a null pointer", who,
+                      a.n_docs + 1);
+  }
+  if (!std::isfinite(a.scale)) {
+    fail<shape_error>("{}: scale must be finite, got {}", who, a.scale);
+  }
+  const auto check_cu = [&](const std::int32_t* cu, std::int64_t s, const char* name,
+                            const char* len) {
+    if (cu[0] != 0) fail<shape_error>("{}: {}[0] must be 0, got {}", who, name, cu[0]);
+    for (int i = 0; i < a.n_docs; ++i) {
+      if (cu[i + 1] < cu[i]) {
+        fail<shape_error>("{}: {} must be non-decreasing, got {}[{}]={} > {}[{}]={}", who, name,
+                          name, i, cu[i], name, i + 1, cu[i + 1]);
+      }
+    }
+    if (cu[a.n_docs] > s) {
+      fail<shape_error>("{}: {}[n_docs={}]={} exceeds {}={}", who, name, a.n_docs, cu[a.n_docs],
+                        len, s);
+    }
+  };
+  check_cu(a.cu_q, a.sq, "cu_q", "sq");
+  check_cu(a.cu_k, a.sk, "cu_k", "sk");
+  const bool need_q = a.cu_q[a.n_docs] > 0, need_k = a.cu_k[a.n_docs] > 0;
+  if ((need_q && a.q == nullptr) || (need_k && (a.k == nullptr || a.v == nullptr))) {
+    fail<shape_error>("{}: q, k, v must not be null for sq={} sk={}", who, a.sq, a.sk);
+  }
+}
+
+/// Last k row (exclusive, local to the doc) that any of q rows [i0, i1) may see.
+inline std::int64_t causal_k_end(bool causal, std::int64_t i1, std::int64_t lq, std::int64_t lk) {
+  if (!causal) return lk;
+  return std::clamp<std::int64_t>(i1 + (lk - lq), 0, lk);
+}
+
+/// Sets s(r, c) = -inf where k row j0+c is invisible to q row i0+r (j > i + off).
+template <class Block>
+void mask_causal(Block&& s, std::int64_t i0, std::int64_t j0, std::int64_t off) {
+  using T = typename std::decay_t<Block>::Scalar;
+  const std::int64_t cols = s.cols();
+  for (std::int64_t r = 0; r < s.rows(); ++r) {
+    const std::int64_t first_hidden = std::max<std::int64_t>(i0 + r + off - j0 + 1, 0);
+    if (first_hidden < cols) s.row(r).tail(cols - first_hidden).setConstant(neg_inf<T>());
+  }
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------------------------------------------
+// Naive oracle.
+
+/// out: [sq, hq, d]; lse: [sq, hq] natural-log logsumexp of the scaled scores of each row.
+/// Materialises the [lq, lk] score matrix of each (doc, head): for small sizes and tests only.
+template <class T>
+void attention_forward_naive(const attention_args<T>& a, T* out, T* lse) {
+  detail::validate(a, "attention_forward_naive");
+  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv, group = a.hq / a.hkv;
+  std::fill(out, out + a.sq * hq * d, T(0));
+  std::fill(lse, lse + a.sq * hq, detail::neg_inf<T>());
+  std::vector<T> s;
+  for (int doc = 0; doc < a.n_docs; ++doc) {
+    const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
+    const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
+    const std::int64_t off = lk - lq;
+    s.resize(static_cast<std::size_t>(lq * lk));
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const std::int64_t g = h / group;
+      for (std::int64_t i = 0; i < lq; ++i) {
+        const T* qi = a.q + ((q0 + i) * hq + h) * d;
+        T m = detail::neg_inf<T>();
+        for (std::int64_t j = 0; j < lk; ++j) {
+          T& sij = s[i * lk + j];
+          if (a.causal && j > i + off) {
+            sij = detail::neg_inf<T>();
+            continue;
+          }
+          const T* kj = a.k + ((k0 + j) * hkv + g) * d;
+          T dot = 0;
+          for (std::int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
+          sij = static_cast<T>(a.scale) * dot;
+          m = std::max(m, sij);
+        }
+        if (m == detail::neg_inf<T>()) continue;  // sees nothing: out 0, lse -inf
+        T l = 0;
+        T* oi = out + ((q0 + i) * hq + h) * d;
+        for (std::int64_t j = 0; j < lk; ++j) {
+          const T p = std::exp(s[i * lk + j] - m);
+          l += p;
+          const T* vj = a.v + ((k0 + j) * hkv + g) * d;
+          for (std::int64_t c = 0; c < d; ++c) oi[c] += p * vj[c];
+        }
+        for (std::int64_t c = 0; c < d; ++c) oi[c] /= l;
+        lse[(q0 + i) * hq + h] = m + std::log(l);
+      }
+    }
+  }
+}
+
+/// Gradients given out, lse and dout. dq: [sq,hq,d]; dk, dv: [sk,hkv,d] (GQA heads accumulate);
+/// OVERWRITES dq, dk, dv. Uses P = exp(scale·q·k - lse) and D = rowsum(dout ∘ out) with the lse
+/// and out given, not recomputed: with the merged lse/out of several key blocks (ring attention)
+/// the result is this key block's share of the gradients (dq sums over blocks).
+template <class T>
+void attention_backward_naive(const attention_args<T>& a, const T* out, const T* lse, const T* dout,
+                              T* dq, T* dk, T* dv) {
+  detail::validate(a, "attention_backward_naive");
+  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv, group = a.hq / a.hkv;
+  const T scale = static_cast<T>(a.scale);
+  std::fill(dq, dq + a.sq * hq * d, T(0));
+  std::fill(dk, dk + a.sk * hkv * d, T(0));
+  std::fill(dv, dv + a.sk * hkv * d, T(0));
+  std::vector<T> p;
+  for (int doc = 0; doc < a.n_docs; ++doc) {
+    const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
+    const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
+    const std::int64_t off = lk - lq;
+    p.resize(static_cast<std::size_t>(lq * lk));
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const std::int64_t g = h / group;
+      // P = exp(S - lse): the softmax probabilities of the forward pass.
+      for (std::int64_t i = 0; i < lq; ++i) {
+        const T* qi = a.q + ((q0 + i) * hq + h) * d;
+        const T lse_i = lse[(q0 + i) * hq + h];
+        for (std::int64_t j = 0; j < lk; ++j) {
+          T& pij = p[i * lk + j];
+          pij = 0;
+          if ((a.causal && j > i + off) || lse_i == detail::neg_inf<T>()) continue;
+          const T* kj = a.k + ((k0 + j) * hkv + g) * d;
+          T dot = 0;
+          for (std::int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
+          pij = std::exp(scale * dot - lse_i);
+        }
+      }
+      for (std::int64_t i = 0; i < lq; ++i) {
+        const std::int64_t row = (q0 + i) * hq + h;
+        const T* qi = a.q + row * d;
+        const T* oi = out + row * d;
+        const T* doi = dout + row * d;
+        T* dqi = dq + row * d;
+        T big_d = 0;  // D_i = rowsum(dout ∘ out) = Σ_j P_ij·(dout_i · v_j)
+        for (std::int64_t c = 0; c < d; ++c) big_d += doi[c] * oi[c];
+        for (std::int64_t j = 0; j < lk; ++j) {
+          const T pij = p[i * lk + j];
+          if (pij == T(0)) continue;
+          const std::int64_t krow = ((k0 + j) * hkv + g) * d;
+          const T* kj = a.k + krow;
+          const T* vj = a.v + krow;
+          T dp = 0;
+          for (std::int64_t c = 0; c < d; ++c) dp += doi[c] * vj[c];
+          const T ds = pij * (dp - big_d);  // dS = P ∘ (dP - D), softmax backward
+          for (std::int64_t c = 0; c < d; ++c) {
+            dqi[c] += scale * ds * kj[c];
+            dk[krow + c] += scale * ds * qi[c];
+            dv[krow + c] += pij * doi[c];
+          }
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Tiled FlashAttention-2 style kernels.
+
+/// Tiled forward, same contract as attention_forward_naive. Per (doc, q head, q tile) it keeps a
+/// running row max m, running sum l and unnormalised output O, and for each visible k tile:
+/// S = (scale·Q)·Kᵀ, m' = max(m, rowmax S), P = exp(S - m'), l = e^(m-m')·l + rowsum P,
+/// O = e^(m-m')·O + P·V; finally out = O/l, lse = m + log l. k tiles entirely above the causal
+/// diagonal are skipped. Extra memory: O(tiles.q·(d + tiles.k)), never O(S²).
+template <class T>
+void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_tiles tiles) {
+  using namespace detail;
+  validate(a, "attention_forward");
+  if (tiles.q < 1 || tiles.k < 1) {
+    fail<shape_error>("attention_forward: tile sizes must be >= 1, got q={} k={}", tiles.q,
+                      tiles.k);
+  }
+  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv, group = a.hq / a.hkv;
+  const std::int64_t q_stride = hq * d, kv_stride = hkv * d;
+  const T scale = static_cast<T>(a.scale);
+  std::fill(out, out + a.sq * hq * d, T(0));
+  std::fill(lse, lse + a.sq * hq, neg_inf<T>());
+
+  row_matrix<T> qs(tiles.q, d), s(tiles.q, tiles.k), o(tiles.q, d);
+  row_vector<T> m(tiles.q), l(tiles.q), m_new(tiles.q), shift(tiles.q), alpha(tiles.q);
+  for (int doc = 0; doc < a.n_docs; ++doc) {
+    const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
+    const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
+    const std::int64_t off = lk - lq;
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const std::int64_t g = h / group;
+      for (std::int64_t i0 = 0; i0 < lq; i0 += tiles.q) {
+        const std::int64_t rows = std::min<std::int64_t>(tiles.q, lq - i0);
+        const std::int64_t k_end = causal_k_end(a.causal, i0 + rows, lq, lk);
+        if (k_end == 0) continue;  // the whole tile sees nothing: out 0, lse -inf already
+        auto q_tile = qs.topRows(rows);
+        q_tile.noalias() = scale * const_head_map<T>(a.q + ((q0 + i0) * hq + h) * d, rows, d,
+                                                     Eigen::OuterStride<>(q_stride));
+        auto o_tile = o.topRows(rows);
+        o_tile.setZero();
+        m.head(rows).setConstant(neg_inf<T>());
+        l.head(rows).setZero();
+        for (std::int64_t j0 = 0; j0 < k_end; j0 += tiles.k) {
+          const std::int64_t cols = std::min<std::int64_t>(tiles.k, k_end - j0);
+          const const_head_map<T> k_tile(a.k + ((k0 + j0) * hkv + g) * d, cols, d,
+                                         Eigen::OuterStride<>(kv_stride));
+          const const_head_map<T> v_tile(a.v + ((k0 + j0) * hkv + g) * d, cols, d,
+                                         Eigen::OuterStride<>(kv_stride));
+          auto s_tile = s.topLeftCorner(rows, cols);
+          s_tile.noalias() = q_tile * k_tile.transpose();
+          // Partially visible tile: the last k row is past the diagonal of the first q row.
+          if (a.causal && j0 + cols - 1 > i0 + off) mask_causal(s_tile, i0, j0, off);
+          m_new.head(rows) = m.head(rows).cwiseMax(s_tile.rowwise().maxCoeff());
+          for (std::int64_t r = 0; r < rows; ++r) {
+            // A row that has seen nothing yet keeps m = -inf; shift by 0 so exp(-inf) = 0, no NaN.
+            const bool empty = m_new(r) == neg_inf<T>();
+            shift(r) = empty ? T(0) : m_new(r);
+            alpha(r) = empty ? T(1) : std::exp(m(r) - m_new(r));
+          }
+          s_tile = (s_tile.array().colwise() - shift.head(rows).array()).exp().matrix();
+          l.head(rows) = alpha.head(rows).cwiseProduct(l.head(rows)) + s_tile.rowwise().sum();
+          o_tile.array().colwise() *= alpha.head(rows).array();
+          o_tile.noalias() += s_tile * v_tile;
+          m.head(rows) = m_new.head(rows);
+        }
+        for (std::int64_t r = 0; r < rows; ++r) {
+          if (l(r) == T(0)) continue;  // row saw no key (causal, lk < lq): out 0, lse -inf
+          const std::int64_t row = (q0 + i0 + r) * hq + h;
+          head_map<T>(out + row * d, 1, d, Eigen::OuterStride<>(d)) = o_tile.row(r) / l(r);
+          lse[row] = m(r) + std::log(l(r));
+        }
+      }
+    }
+  }
+}
+
+/// Tiled forward with the default tiles.
+template <class T>
+void attention_forward(const attention_args<T>& a, T* out, T* lse) {
+  attention_forward(a, out, lse, attention_tiles{});
+}
+
+/// Tiled backward (FlashAttention-2 recomputation), same contract as attention_backward_naive:
+/// OVERWRITES dq, dk, dv; uses the given lse and out. Per (doc, q head, q tile):
+/// D = rowsum(dO ∘ O); per visible k tile: P = exp((scale·Q)·Kᵀ - lse), dV += Pᵀ·dO,
+/// dP = dO·Vᵀ, dS = P ∘ (dP - D), dQ += scale·dS·K, dK += dSᵀ·(scale·Q). dK and dV accumulate
+/// straight into the outputs (single thread, fixed order: bitwise deterministic).
+/// Extra memory: O(tiles.q·(d + tiles.k)).
+template <class T>
+void attention_backward(const attention_args<T>& a, const T* out, const T* lse, const T* dout,
+                        T* dq, T* dk, T* dv, attention_tiles tiles) {
+  using namespace detail;
+  validate(a, "attention_backward");
+  if (tiles.q < 1 || tiles.k < 1) {
+    fail<shape_error>("attention_backward: tile sizes must be >= 1, got q={} k={}", tiles.q,
+                      tiles.k);
+  }
+  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv, group = a.hq / a.hkv;
+  const std::int64_t q_stride = hq * d, kv_stride = hkv * d;
+  const T scale = static_cast<T>(a.scale);
+  std::fill(dq, dq + a.sq * hq * d, T(0));
+  std::fill(dk, dk + a.sk * hkv * d, T(0));
+  std::fill(dv, dv + a.sk * hkv * d, T(0));
+
+  row_matrix<T> qs(tiles.q, d), dq_acc(tiles.q, d), p(tiles.q, tiles.k), dp(tiles.q, tiles.k);
+  row_vector<T> big_d(tiles.q), shift(tiles.q);
+  for (int doc = 0; doc < a.n_docs; ++doc) {
+    const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
+    const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
+    const std::int64_t off = lk - lq;
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const std::int64_t g = h / group;
+      for (std::int64_t i0 = 0; i0 < lq; i0 += tiles.q) {
+        const std::int64_t rows = std::min<std::int64_t>(tiles.q, lq - i0);
+        const std::int64_t k_end = causal_k_end(a.causal, i0 + rows, lq, lk);
+        if (k_end == 0) continue;
+        const std::int64_t first = (q0 + i0) * hq + h;  // (row, head) index of the tile's row 0
+        const Eigen::OuterStride<> qo_stride(q_stride);
+        auto q_tile = qs.topRows(rows);
+        q_tile.noalias() = scale * const_head_map<T>(a.q + first * d, rows, d, qo_stride);
+        const const_head_map<T> do_tile(dout + first * d, rows, d, qo_stride);
+        const const_head_map<T> o_tile(out + first * d, rows, d, qo_stride);
+        big_d.head(rows) = do_tile.cwiseProduct(o_tile).rowwise().sum();
+        for (std::int64_t r = 0; r < rows; ++r) {
+          // A row with lse = -inf saw nothing; shifting by +inf makes every P exactly 0.
+          const T lse_r = lse[first + r * hq];
+          shift(r) = lse_r == neg_inf<T>() ? std::numeric_limits<T>::infinity() : lse_r;
+        }
+        auto dq_tile = dq_acc.topRows(rows);
+        dq_tile.setZero();
+        for (std::int64_t j0 = 0; j0 < k_end; j0 += tiles.k) {
+          const std::int64_t cols = std::min<std::int64_t>(tiles.k, k_end - j0);
+          const std::int64_t kfirst = ((k0 + j0) * hkv + g) * d;
+          const Eigen::OuterStride<> kv(kv_stride);
+          const const_head_map<T> k_tile(a.k + kfirst, cols, d, kv);
+          const const_head_map<T> v_tile(a.v + kfirst, cols, d, kv);
+          head_map<T> dk_tile(dk + kfirst, cols, d, kv);
+          head_map<T> dv_tile(dv + kfirst, cols, d, kv);
+          auto p_tile = p.topLeftCorner(rows, cols);
+          auto dp_tile = dp.topLeftCorner(rows, cols);
+          p_tile.noalias() = q_tile * k_tile.transpose();
+          if (a.causal && j0 + cols - 1 > i0 + off) mask_causal(p_tile, i0, j0, off);
+          p_tile = (p_tile.array().colwise() - shift.head(rows).array()).exp().matrix();
+          dv_tile.noalias() += p_tile.transpose() * do_tile;
+          dp_tile.noalias() = do_tile * v_tile.transpose();
+          dp_tile = p_tile.cwiseProduct(
+              (dp_tile.array().colwise() - big_d.head(rows).array()).matrix());  // dS
+          dq_tile.noalias() += dp_tile * k_tile;
+          dk_tile.noalias() += dp_tile.transpose() * q_tile;
+        }
+        head_map<T>(dq + first * d, rows, d, qo_stride) = scale * dq_tile;
+      }
+    }
+  }
+}
+
+/// Tiled backward with the default tiles.
+template <class T>
+void attention_backward(const attention_args<T>& a, const T* out, const T* lse, const T* dout,
+                        T* dq, T* dk, T* dv) {
+  attention_backward(a, out, lse, dout, dq, dk, dv, attention_tiles{});
+}
+
+// ------------------------------------------------------------------------------------------------
+// Merging partial results over disjoint key sets.
+
+/// Folds (out_new, lse_new) into (out_acc, lse_acc) in place; out: [rows, h, d], lse: [rows, h].
+/// With two partial attentions over disjoint key sets A and B of the same query rows,
+/// lse = log(e^lse_A + e^lse_B) and out = (e^lse_A·out_A + e^lse_B·out_B)/e^lse. Written with
+/// d = lse_new - lse_acc and softplus(x) = log(1 + e^x) (SEMANTICS.md §4):
+///   out = out_acc·exp(-softplus(d)) + out_new·exp(-softplus(-d)),  lse = lse_acc + softplus(d),
+/// which never overflows. A side with lse = -inf (saw no key) contributes nothing: the other side
+/// is kept exactly, and two -inf sides stay (out_acc, -inf). No NaN for non-NaN input.
+template <class T>
+void lse_merge(T* out_acc, T* lse_acc, const T* out_new, const T* lse_new, std::int64_t rows, int h,
+               int d) {
+  if (rows < 0 || h <= 0 || d <= 0) {
+    fail<shape_error>("lse_merge: need rows >= 0, h > 0, d > 0, got rows={} h={} d={}", rows, h, d);
+  }
+  const auto softplus = [](T x) { return std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x))); };
+  for (std::int64_t i = 0; i < rows * h; ++i) {
+    const T la = lse_acc[i], ln = lse_new[i];
+    T* oa = out_acc + i * d;
+    const T* on = out_new + i * d;
+    if (ln == detail::neg_inf<T>()) continue;
+    if (la == detail::neg_inf<T>()) {
+      std::copy(on, on + d, oa);
+      lse_acc[i] = ln;
+      continue;
+    }
+    const T diff = ln - la;
+    const T w_acc = std::exp(-softplus(diff)), w_new = std::exp(-softplus(-diff));
+    for (int c = 0; c < d; ++c) oa[c] = oa[c] * w_acc + on[c] * w_new;
+    lse_acc[i] = la + softplus(diff);
+  }
+}
+
+}  // namespace seqpar::sim
