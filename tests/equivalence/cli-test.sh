@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# CLI contracts: exit codes (0 ok, 1 difference, 2 invalid input), one clear message naming the
+# constraint, and no partial output file. Usage: cli-test.sh path/to/seqpar
+set -u
+seqpar=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+
+# expect CODE "words in stderr/stdout" -- seqpar args…
+expect() {
+  local code=$1 words=$2
+  shift 3
+  local out rc
+  out=$("$seqpar" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$code" ] || [[ "$out" != *"$words"* ]]; then
+    echo "FAIL: seqpar $* → exit $rc (want $code), output lacks '$words':"
+    echo "$out" | head -5 | sed 's/^/    /'
+    failures=$((failures + 1))
+  else
+    passes=$((passes + 1))
+  fi
+  if [ "$code" -eq 2 ] && [[ "$out" == *"internal error"* || "$out" == *"terminate"* ]]; then
+    echo "FAIL: seqpar $* crashed instead of a clear message"
+    failures=$((failures + 1))
+  fi
+}
+
+# Invalid scenarios: every rule names the values and a fix.
+expect 2 "num_heads=30 is not divisible by ulysses=8; use ulysses in {1,2,3,5,6,10,15,30}" -- plan --heads 30 --kv-heads 30 --ulysses 8
+expect 2 "ulysses=6 > num_kv_heads=4 needs ulysses % num_kv_heads == 0" -- plan --heads 12 --kv-heads 4 --ulysses 6
+expect 2 "num_kv_heads=6 is not divisible by ulysses=4" -- plan --heads 12 --kv-heads 6 --ulysses 4
+expect 2 "not a multiple of num_kv_heads=3" -- plan --heads 8 --kv-heads 3 --ulysses 1
+expect 2 "has length 7, not divisible by 2*ring=4" -- plan --ulysses 1 --ring 2 --docs 8,7
+expect 2 "pad it to 8" -- plan --ulysses 1 --ring 2 --docs 8,7
+expect 2 "profile veomni does not support ring attention" -- plan --profile veomni --ulysses 2 --ring 2 --docs 8
+expect 2 "ulysses=0 is out of range" -- plan --ulysses 0
+expect 2 "'x' is not an integer" -- plan --docs 8,x
+expect 2 "document 1 has length 0" -- plan --ulysses 1 --docs 8,0
+expect 2 "scenario 'nope' is unknown; use one of default" -- plan --scenario nope
+expect 2 "profile 'megatron' is unknown" -- plan --profile megatron
+expect 2 "cp_fsdp_mode 'half' is unknown" -- plan --cp-fsdp-mode half
+expect 2 "cannot read '$tmp/missing.json'" -- plan --config "$tmp/missing.json"
+echo '{"ulysses": 2,' > "$tmp/bad.json"
+expect 2 "is not valid JSON" -- plan --config "$tmp/bad.json"
+echo '{"ulyses": 2}' > "$tmp/typo.json"
+expect 2 "scenario key 'ulyses' is unknown" -- plan --config "$tmp/typo.json"
+echo '{"ulysses": "two"}' > "$tmp/type.json"
+expect 2 "scenario key 'ulysses' has the wrong type" -- plan --config "$tmp/type.json"
+expect 2 "" -- plan --no-such-flag
+expect 2 "" -- frobnicate
+
+# Invalid batches.
+expect 2 "cannot read" -- collate --batch "$tmp/none.json"
+echo '{"input_ids":[1,2,3],"labels":[2,3],"position_ids":[0,1,2]}' > "$tmp/short.json"
+expect 2 "'labels' has 2 entries but input_ids has 3" -- collate --batch "$tmp/short.json"
+echo '{"input_ids":[1,2,3],"labels":[1,2,3],"position_ids":[0,1,2]}' > "$tmp/unshifted.json"
+expect 2 "labels are not shifted" -- collate --batch "$tmp/unshifted.json"
+echo '{"input_ids":[1,2,3],"labels":[2,3,-100],"position_ids":[0,1,2.5]}' > "$tmp/float.json"
+expect 2 "position_ids[2] = 2.5 is not an integer" -- collate --batch "$tmp/float.json"
+echo '{"input_ids":[1,2,3],"labels":[2,3,-100]}' > "$tmp/nopos.json"
+expect 2 "the batch has no 'position_ids'" -- collate --batch "$tmp/nopos.json"
+echo '{"input_ids":[1,2,3,4,5,6,7,8],"labels":[2,3,4,-100,6,7,8,-100],"position_ids":[3,4,5,6,0,1,2,3]}' > "$tmp/cont.json"
+expect 2 "silently drops the 4 token(s)" -- collate --ring 2 --batch "$tmp/cont.json"
+expect 2 "" -- collate --ulysses 2
+
+# No partial output file: a failing run leaves nothing behind.
+expect 2 "labels are not shifted" -- collate --batch "$tmp/unshifted.json" --out "$tmp/out.json"
+[ ! -e "$tmp/out.json" ] || { echo "FAIL: partial output left at $tmp/out.json"; failures=$((failures + 1)); }
+echo '{"input_ids":[1,2,3,4,5],"labels":[2,3,4,5,-100],"position_ids":[0,1,2,3,4]}' > "$tmp/ok.json"
+expect 2 "cannot write" -- collate --batch "$tmp/ok.json" --out "$tmp/no/such/dir/out.json"
+expect 0 "" -- collate --ulysses 2 --batch "$tmp/ok.json" --json --out "$tmp/good.json"
+grep -q '"padded_length":6' "$tmp/good.json" || { echo "FAIL: collate --out wrote no result"; failures=$((failures + 1)); }
+ls "$tmp" | grep -q seqpar-tmp && { echo "FAIL: temp file left behind"; failures=$((failures + 1)); }
+
+# Working commands and their contracts.
+expect 0 '"cu_seqlens":[0,5,6]' -- collate --ulysses 2 --batch "$tmp/ok.json" --json
+expect 0 "tail_padding_length" -- collate --profile veomni --ulysses 2 --batch "$tmp/ok.json" --json
+expect 0 '"q_heads":[0,1]' -- plan --json
+expect 0 '"ring_schedule":[{"kv_src":0,"section":"diagonal","step":0},{"kv_src":3,"section":"upper","step":1}' -- plan --ulysses 1 --ring 4 --heads 4 --kv-heads 4 --docs 16 --json
+expect 0 "max/min" -- plan --ulysses 2 --ring 2 --docs 16,8
+expect 0 "fsdp_size" -- mesh --ring 2 --ulysses 4 --dp-shard 2 --cp-fsdp-mode ulysses_only
+for sub in collate plan mesh; do
+  expect 0 "Example" -- "$sub" --help
+done
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]
