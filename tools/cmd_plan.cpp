@@ -153,8 +153,7 @@ action add_plan(CLI::App& app) {
   sub->add_flag("--json", *json, "machine-readable output");
   return [flags, json] {
     const scenario s = flags->resolve();
-    collate_options opt{s.profile, s.ulysses, s.ring, s.pad_token_id};
-    auto cb = collate(make_batch(s), opt);
+    auto cb = collate(make_batch(s), options_of(s));
     for (const auto& w : cb.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
     write_output("-", *json ? plan_json(s, cb).dump() + "\n" : plan_text(s, cb));
     return 0;

@@ -31,6 +31,9 @@ struct collate_options {
   int ulysses = 1;
   int ring = 1;
   std::int64_t pad_token_id = 0;
+  /// xorl with ring > 1 zigzags; false gives the contiguous ring layout (seqpar's extension
+  /// for comparison: documents need no 2R alignment, cu_seqlens are not ring-scaled).
+  bool zigzag = true;
 };
 
 /// The full result: per-rank batches plus the layout facts the algorithms need.
@@ -54,6 +57,9 @@ struct collated_batch {
 /// zigzag, slicing, cu_seqlens). Throws layout_error where the framework raises, and where it
 /// would silently lose data (a row not starting at position 0).
 collated_batch collate(const packed_batch& batch, const collate_options& opt);
+
+/// The collation a scenario implies.
+collate_options options_of(const scenario& s);
 
 /// Builds the packed row of a scenario: token ids, labels (xorl: already shifted per document
 /// upstream; veomni: unshifted, labels[0] = -100 for every document after the first),

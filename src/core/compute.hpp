@@ -42,6 +42,10 @@ class compute {
 
   /// Rows of a `[S, …]` tensor: out[i] = x[rows[i]].
   virtual tensor gather_rows(const tensor& x, std::span<const std::int64_t> rows) = 0;
+  /// dst[rows[i]] = x[i] (other rows untouched).
+  virtual void scatter_rows(tensor& dst, const tensor& x, std::span<const std::int64_t> rows) = 0;
+  /// Every element set to `value` (e.g. -inf for an empty LSE).
+  virtual void fill(tensor& x, double value) = 0;
   /// acc[rows[i]] += x[i].
   virtual void scatter_add_rows(tensor& acc, const tensor& x,
                                 std::span<const std::int64_t> rows) = 0;

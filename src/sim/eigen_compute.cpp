@@ -143,6 +143,29 @@ tensor eigen_compute::gather_rows(const tensor& x, std::span<const std::int64_t>
   return out;
 }
 
+void eigen_compute::scatter_rows(tensor& dst, const tensor& x,
+                                 std::span<const std::int64_t> rows) {
+  const auto rb = row_size(dst) * static_cast<std::int64_t>(dtype_size(dst.type));
+  if (row_size(x) != row_size(dst) || x.shape[0] != static_cast<std::int64_t>(rows.size()) ||
+      x.type != dst.type)
+    fail<shape_error>("scatter_rows: {} rows of {} into rows of {}", x.shape[0], row_size(x),
+                      row_size(dst));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= dst.shape[0])
+      fail<shape_error>("scatter_rows: row {} outside a tensor of {} rows", rows[i], dst.shape[0]);
+    std::memcpy(static_cast<std::byte*>(dst.data) + rows[i] * rb,
+                static_cast<const std::byte*>(x.data) + static_cast<std::int64_t>(i) * rb,
+                static_cast<std::size_t>(rb));
+  }
+}
+
+void eigen_compute::fill(tensor& x, double value) {
+  by_float(x.type, [&]<class T>() {
+    T* p = x.as<T>();
+    std::fill(p, p + x.numel(), static_cast<T>(value));
+  });
+}
+
 void eigen_compute::scatter_add_rows(tensor& acc, const tensor& x,
                                      std::span<const std::int64_t> rows) {
   const auto rs = row_size(acc);

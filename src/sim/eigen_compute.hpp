@@ -20,6 +20,8 @@ class eigen_compute final : public compute {
   tensor stack_kv(const tensor& k, const tensor& v) override;
   void unstack_kv(const tensor& kv, tensor& k, tensor& v) override;
   tensor gather_rows(const tensor& x, std::span<const std::int64_t> rows) override;
+  void scatter_rows(tensor& dst, const tensor& x, std::span<const std::int64_t> rows) override;
+  void fill(tensor& x, double value) override;
   void scatter_add_rows(tensor& acc, const tensor& x, std::span<const std::int64_t> rows) override;
   void add(tensor& acc, const tensor& x) override;
   tensor clone(const tensor& x) override;

@@ -26,7 +26,7 @@ using seqpar::gens::command_of;
 using seqpar::gens::layout_scenario;
 
 collated_batch collate_scenario(const scenario& s) {
-  return collate(make_batch(s), collate_options{s.profile, s.ulysses, s.ring, s.pad_token_id});
+  return collate(make_batch(s), options_of(s));
 }
 
 RC_GTEST_PROP(layout, zigzag_restore_inverts_reorder, ()) {

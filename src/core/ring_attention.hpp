@@ -1,0 +1,47 @@
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/communicator.hpp"
+#include "core/compute.hpp"
+#include "core/ulysses.hpp"
+
+namespace seqpar {
+
+/// How dK, dV get back to their owners (SEMANTICS.md §4).
+enum class ring_backward_kind {
+  allgather,  ///< xorl: all-gather K,V, replay the sections, reduce-scatter dK,dV (SUM)
+  ring,       ///< rotate dK,dV around the ring together with the K,V blocks
+};
+
+/// How the forward sees remote K,V.
+enum class ring_forward_kind {
+  p2p,        ///< ring attention: R−1 exchanges with r+1 / r−1, online-softmax merge
+  allgather,  ///< llama3-style: all-gather K,V once, causal attention against the prefix
+};
+
+/// One ring group's view of the gathered sequence (after any Ulysses all-to-all).
+struct ring_setup {
+  comm_group group;  ///< ring group, in ring-rank order
+  bool zigzag = true;
+  ring_backward_kind backward = ring_backward_kind::allgather;
+  ring_forward_kind forward = ring_forward_kind::p2p;
+  /// cu_seqlens of the whole padded row, unscaled (xorl: from the original position ids, so
+  /// they end at the unpadded length). Zigzag: every document length divisible by 2R.
+  std::vector<std::int32_t> cu_global;
+  std::int64_t padded_length = 0;  ///< N; each ring rank holds N/R rows
+  double scale = 1.0;
+  /// The collator's full, zigzagged position ids (used only by the cu-from-zigzagged-ids
+  /// mutation, which models that bug).
+  std::vector<std::int64_t> zigzag_position_ids;
+};
+
+/// Ring attention over `setup.group`, written once over communicator + compute: per step the
+/// local block attention with LSE on the section of SEMANTICS.md §4 (zigzag: diagonal / lower /
+/// upper per document halves; contiguous: causal / full / skip by block position), merged with
+/// the softplus form. p2p tags `<tag>.ring.fwd.step{i}`; backward `<tag>.ring.kv.bwd` +
+/// `<tag>.ring.dkv.bwd` (allgather) or `<tag>.ring.bwd.step{i}` (ring).
+std::unique_ptr<inner_attention> make_ring_attention(communicator& comm, compute& c,
+                                                     const ring_setup& setup);
+
+}  // namespace seqpar

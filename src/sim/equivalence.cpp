@@ -1,0 +1,252 @@
+#include "sim/equivalence.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "core/collate.hpp"
+#include "core/cu_seqlens.hpp"
+#include "core/error.hpp"
+#include "core/layout.hpp"
+#include "core/mesh.hpp"
+#include "core/ulysses.hpp"
+#include "sim/eigen_compute.hpp"
+#include "sim/inproc_comm.hpp"
+#include "sim/model.hpp"
+#include "sim/sp_setup.hpp"
+
+namespace seqpar::sim {
+
+double tolerance_for(const scenario& s, dtype t, std::string* model) {
+  if (t == dtype::f64) {
+    if (model)
+      *model = "float64: SP and non-SP differ only in summation order, so they agree to ~1e-10 "
+               "relative";
+    return 1e-10;
+  }
+  // float32 against the float64 oracle. Rounding errors of a length-K reduction grow like
+  // sqrt(K)·eps (random-walk model), K = the longest reduction in the step (attention over a
+  // document, hidden, intermediate or vocabulary width); each residual sub-layer and the head
+  // can amplify them by the conditioning of softmax and RMSNorm (taken as 8 per stage).
+  const double eps = std::numeric_limits<float>::epsilon();
+  std::int64_t k = std::max<std::int64_t>({s.hidden, s.intermediate, s.vocab, s.heads * s.head_dim});
+  for (auto d : s.docs) k = std::max(k, d);
+  const int stages = 2 * s.layers + 2;
+  const double tol = 8.0 * eps * std::sqrt(static_cast<double>(k)) * stages;
+  if (model)
+    *model = fmt::format(
+        "float32 vs the float64 oracle: 8·eps·sqrt(K)·(2·layers+2) with eps = 2^-23, K = {} "
+        "(longest reduction), {} stages → {:.2e}",
+        k, stages, tol);
+  return tol;
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Normwise comparison of two equally long sequences of values.
+compared_tensor compare(std::string name, const std::vector<double>& got,
+                        const std::vector<double>& want, double tol) {
+  compared_tensor c;
+  c.tensor = std::move(name);
+  c.numel = static_cast<std::int64_t>(want.size());
+  c.tolerance = tol;
+  if (got.size() != want.size()) {
+    c.max_abs = c.max_rel = std::numeric_limits<double>::infinity();
+    c.note = fmt::format("{} values, expected {}", got.size(), want.size());
+    return c;
+  }
+  double ref = 0;
+  bool finite = true;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(got[i] - want[i]);
+    finite = finite && std::isfinite(got[i]);
+    c.max_abs = std::max(c.max_abs, std::isfinite(d) ? d : std::numeric_limits<double>::infinity());
+    ref = std::max(ref, std::abs(want[i]));
+  }
+  c.max_rel = ref > 0 ? c.max_abs / ref : c.max_abs;
+  c.pass = finite && c.max_rel <= tol;
+  if (!finite) c.note = "non-finite values";
+  return c;
+}
+
+template <class M>
+std::vector<double> values_of(const M& m) {
+  std::vector<double> v;
+  v.reserve(static_cast<std::size_t>(m.size()));
+  for (Eigen::Index i = 0; i < m.rows(); ++i)
+    for (Eigen::Index j = 0; j < m.cols(); ++j) v.push_back(static_cast<double>(m(i, j)));
+  return v;
+}
+
+/// Rows of per-rank matrices placed at their global token index, real tokens only.
+template <class T>
+std::vector<double> gather_tokens(const collated_batch& cb, const std::vector<mat<T>>& per_rank) {
+  const auto L = cb.original_length;
+  const auto cols = per_rank.front().cols();
+  std::vector<double> out(static_cast<std::size_t>(L * cols), std::numeric_limits<double>::quiet_NaN());
+  for (std::size_t k = 0; k < per_rank.size(); ++k) {
+    const auto tokens = rank_tokens(cb, static_cast<int>(k));
+    for (std::size_t j = 0; j < tokens.size(); ++j) {
+      if (tokens[j] >= L) continue;
+      for (Eigen::Index c = 0; c < cols; ++c)
+        out[static_cast<std::size_t>(tokens[j] * cols + c)] =
+            static_cast<double>(per_rank[k](static_cast<Eigen::Index>(j), c));
+    }
+  }
+  return out;
+}
+
+/// The non-SP step: one rank, the unpadded row as training without SP sees it.
+step_output<double> run_reference(const scenario& s, const packed_batch& b,
+                                  const model_params<double>& p, bool naive) {
+  step_output<double> out;
+  run_ranks(1, [&](communicator& comm) {
+    eigen_compute comp(naive);
+    rank_tokens_input in;
+    in.input_ids = b.input_ids;
+    in.labels = b.labels;
+    if (s.profile == profile::veomni) {  // the shift VeOmni's collator applies to the whole row
+      std::rotate(in.labels.begin(), in.labels.begin() + 1, in.labels.end());
+      in.labels.back() = ignore_index;
+    }
+    in.positions = b.position_ids;
+    const auto cu = cu_seqlens_from_position_ids(b.position_ids);
+    sp_env env = single_rank_env(comm, comp, s, cu);
+    out = train_step(p, s, in, env);
+  });
+  return out;
+}
+
+template <class T>
+std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
+                                   const model_params<T>& p, const check_options& opt) {
+  std::vector<step_output<T>> outs(static_cast<std::size_t>(s.cp()));
+  run_ranks(
+      s.cp(),
+      [&](communicator& comm) {
+        eigen_compute comp(opt.naive_attention);
+        const int k = comm.rank();
+        std::optional<faulty_communicator> faulty;
+        communicator* link = &comm;
+        if (opt.fault.kind != fault_kind::none) link = &faulty.emplace(comm, opt.fault);
+        if (opt.recorder) link->set_recorder(opt.recorder);
+        sp_env env = cp_rank_env(*link, comp, s, cb);
+        outs[static_cast<std::size_t>(k)] = train_step(p, s, rank_input(s, cb, k), env);
+      });
+  return outs;
+}
+
+/// Layout invariants of the collated batch the SP run used.
+std::vector<compared_tensor> layout_rows(const scenario& s, const collated_batch& cb) {
+  std::vector<compared_tensor> rows;
+  compared_tensor held;
+  held.tensor = "layout.tokens_held_once";
+  held.numel = cb.padded_length;
+  std::vector<int> seen(static_cast<std::size_t>(cb.padded_length), 0);
+  for (int k = 0; k < static_cast<int>(cb.ranks.size()); ++k)
+    for (auto t : rank_tokens(cb, k)) ++seen[static_cast<std::size_t>(t)];
+  std::int64_t bad = 0;
+  for (int c : seen) bad += c != 1;
+  held.max_abs = held.max_rel = static_cast<double>(bad);
+  held.pass = bad == 0;
+  if (bad) held.note = fmt::format("{} padded tokens held by no rank or by several", bad);
+  rows.push_back(held);
+
+  // Attention coverage: tokens of the gathered sequence outside every document. xorl with
+  // ring > 1 leaves the SP padding uncovered by design (collate warns); elsewhere none.
+  const auto& cu = cb.ranks.front().cu_seqlens;
+  const std::int64_t uncovered = cb.padded_length - (cu.back() - cu.front());
+  const std::int64_t expected =
+      s.profile == profile::xorl && s.ring > 1 ? cb.padded_length - cb.original_length : 0;
+  compared_tensor cov;
+  cov.tensor = "layout.uncovered_tokens";
+  cov.numel = cb.padded_length;
+  cov.max_abs = cov.max_rel = static_cast<double>(std::abs(uncovered - expected));
+  cov.pass = uncovered == expected;
+  cov.note = fmt::format("{} tokens outside cu_seqlens, expected {}", uncovered, expected);
+  rows.push_back(cov);
+  return rows;
+}
+
+template <class T>
+check_report run_typed(const scenario& s, const check_options& opt) {
+  check_report rep;
+  rep.scen = s;
+  rep.type = opt.type;
+  rep.tolerance = tolerance_for(s, opt.type, &rep.error_model);
+  auto say = [&](std::string_view line) {
+    if (opt.progress) opt.progress(line);
+  };
+  const packed_batch batch = make_batch(s);
+  const collated_batch cb =
+      collate(batch, options_of(s));
+  rep.warnings = cb.warnings;
+  const auto p64 = model_params<double>::init(s);
+
+  say(fmt::format("non-SP reference: {} tokens on one rank (float64)", cb.original_length));
+  auto t0 = std::chrono::steady_clock::now();
+  const auto ref = run_reference(s, batch, p64, opt.naive_attention);
+  rep.reference_seconds = seconds_since(t0);
+
+  say(fmt::format("SP step: {} ranks (ulysses {} × ring {}), {} tokens each ({})", s.cp(),
+                  s.ulysses, s.ring, cb.chunk, dtype_name(opt.type)));
+  t0 = std::chrono::steady_clock::now();
+  const auto p = p64.template cast<T>();
+  const auto outs = run_sp<T>(s, cb, p, opt);
+  rep.sp_seconds = seconds_since(t0);
+
+  const double tol = rep.tolerance;
+  double worst_loss = 0;
+  for (const auto& o : outs) worst_loss = std::max(worst_loss, std::abs(o.loss - ref.loss));
+  compared_tensor loss = compare("loss", {ref.loss + worst_loss}, {ref.loss}, tol);
+  loss.note = fmt::format("reference {:.12g} over {} valid tokens", ref.loss, ref.valid_tokens);
+  if (outs.front().valid_tokens != ref.valid_tokens) {
+    loss.pass = false;
+    loss.note = fmt::format("SP counted {} valid tokens, reference {}", outs.front().valid_tokens,
+                            ref.valid_tokens);
+  }
+  rep.rows.push_back(loss);
+
+  std::vector<mat<T>> logits, embed;
+  for (const auto& o : outs) {
+    logits.push_back(o.logits);
+    embed.push_back(o.embed_out_grad);
+  }
+  rep.rows.push_back(compare("logits", gather_tokens(cb, logits), values_of(ref.logits), tol));
+  rep.rows.push_back(
+      compare("embedding.output.grad", gather_tokens(cb, embed), values_of(ref.embed_out_grad), tol));
+  for (std::size_t i = 0; i < ref.grads.values.size(); ++i) {
+    compared_tensor worst;
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      auto c = compare("grad." + ref.grads.names[i], values_of(outs[k].grads.values[i]),
+                       values_of(ref.grads.values[i]), tol);
+      if (k == 0 || c.max_rel > worst.max_rel || !c.pass) {
+        if (!c.pass && c.note.empty()) c.note = fmt::format("worst on cp rank {}", k);
+        if (k == 0 || worst.pass) worst = c;
+      }
+    }
+    rep.rows.push_back(worst);
+  }
+  for (auto& r : layout_rows(s, cb)) rep.rows.push_back(std::move(r));
+  rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
+  return rep;
+}
+
+}  // namespace
+
+check_report run_check(const scenario& s, const check_options& opt) {
+  validate(s);
+  if (opt.type == dtype::f64) return run_typed<double>(s, opt);
+  if (opt.type == dtype::f32) return run_typed<float>(s, opt);
+  fail<config_error>("the CPU reference checks float64 or float32, not {}; use --dtype f64|f32",
+                     dtype_name(opt.type));
+}
+
+}  // namespace seqpar::sim

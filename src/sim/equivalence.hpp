@@ -1,0 +1,57 @@
+#pragma once
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/communicator.hpp"
+#include "core/dtype.hpp"
+#include "core/scenario.hpp"
+#include "sim/faulty_comm.hpp"
+
+namespace seqpar::sim {
+
+/// One compared tensor of `seqpar check`. Errors are normwise: max_abs = max|sp − ref|,
+/// max_rel = max_abs / max|ref| (elementwise ratios are meaningless where ref ≈ 0).
+struct compared_tensor {
+  std::string tensor;
+  std::int64_t numel = 0;
+  double max_abs = 0;
+  double max_rel = 0;
+  double tolerance = 0;
+  bool pass = false;
+  std::string note;  ///< e.g. why a layout row failed
+};
+
+struct check_options {
+  dtype type = dtype::f64;       ///< SP run precision; the reference is always float64
+  bool naive_attention = false;  ///< the materialising oracle kernels instead of the tiled ones
+  /// Called with a short line at each stage of a run (for progress output).
+  std::function<void(std::string_view)> progress;
+  comm_recorder* recorder = nullptr;  ///< records every collective of the SP run
+  /// Corrupt one transport call of the SP run (tests of the checker itself).
+  fault_spec fault;
+};
+
+struct check_report {
+  scenario scen;
+  dtype type = dtype::f64;
+  std::vector<compared_tensor> rows;
+  std::vector<std::string> warnings;  ///< from collation (data intact but unsafe)
+  bool pass = false;
+  double tolerance = 0;  ///< the relative tolerance used for numeric rows
+  std::string error_model;  ///< how the tolerance was derived
+  double sp_seconds = 0, reference_seconds = 0;
+};
+
+/// The relative tolerance for a scenario and precision, and the model behind it.
+/// float64: 1e-10 (only summation order differs). float32: see error_model in the report.
+double tolerance_for(const scenario& s, dtype t, std::string* model = nullptr);
+
+/// One training step of `s`, SP (cp = U·R ranks emulated as threads, the batch collated by the
+/// core) and non-SP (one rank, the unpadded row: what training without SP computes), compared:
+/// loss, logits (gathered and unpadded), embedding-output gradients per token, every
+/// parameter gradient (on every rank after the gradient sync), and the layout invariants.
+check_report run_check(const scenario& s, const check_options& opt = {});
+
+}  // namespace seqpar::sim

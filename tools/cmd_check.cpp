@@ -1,0 +1,121 @@
+// seqpar check: one training step SP vs non-SP, compared tensor by tensor (the main job).
+#include <fmt/format.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "core/error.hpp"
+#include "scenario_flags.hpp"
+#include "sim/equivalence.hpp"
+
+namespace seqpar::cli {
+
+namespace {
+
+struct check_args {
+  scenario_flags flags;
+  std::string backend = "sim", dtype_name = "f64";
+  bool json = false, quiet = false, naive = false;
+};
+
+dtype parse_dtype(const std::string& s) {
+  if (s == "f64" || s == "float64") return dtype::f64;
+  if (s == "f32" || s == "float32") return dtype::f32;
+  fail<config_error>("--dtype '{}' is unknown; the CPU reference runs f64 or f32", s);
+}
+
+std::string fmt_num(double x) {
+  if (!std::isfinite(x)) return "inf";
+  return fmt::format("{:.3e}", x);
+}
+
+nlohmann::json report_json(const sim::check_report& r) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : r.rows) {
+    nlohmann::json j = {{"tensor", row.tensor},
+                        {"numel", row.numel},
+                        {"max_abs", std::isfinite(row.max_abs) ? nlohmann::json(row.max_abs) : nlohmann::json("inf")},
+                        {"max_rel", std::isfinite(row.max_rel) ? nlohmann::json(row.max_rel) : nlohmann::json("inf")},
+                        {"tolerance", row.tolerance},
+                        {"pass", row.pass}};
+    if (!row.note.empty()) j["note"] = row.note;
+    rows.push_back(std::move(j));
+  }
+  return {{"pass", r.pass},
+          {"dtype", r.type == dtype::f64 ? "f64" : "f32"},
+          {"backend", "sim"},
+          {"scenario", scenario_to_json(r.scen)},
+          {"tolerance", r.tolerance},
+          {"error_model", r.error_model},
+          {"warnings", r.warnings},
+          {"seconds", {{"sp", r.sp_seconds}, {"reference", r.reference_seconds}}},
+          {"rows", rows}};
+}
+
+std::string report_text(const sim::check_report& r) {
+  const auto& s = r.scen;
+  std::string o = fmt::format(
+      "seqpar check  scenario {}  profile {}  ulysses {} × ring {}{}  heads {}/{} kv  dim {}  "
+      "layers {}  docs {}  {}\n\n",
+      s.name, profile_name(s.profile), s.ulysses, s.ring,
+      s.ring > 1 ? (s.zigzag ? " zigzag" : " contiguous") : "", s.heads, s.kv_heads, s.head_dim,
+      s.layers, fmt::join(s.docs, ","), r.type == dtype::f64 ? "float64" : "float32");
+  o += fmt::format("{:<28} {:>9} {:>11} {:>11} {:>11}  {}\n", "tensor", "numel", "max abs",
+                   "max rel", "tolerance", "result");
+  int passed = 0;
+  for (const auto& row : r.rows) {
+    passed += row.pass;
+    o += fmt::format("{:<28} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.tensor, row.numel,
+                     fmt_num(row.max_abs), fmt_num(row.max_rel), fmt_num(row.tolerance),
+                     row.pass ? "PASS" : "FAIL",
+                     row.note.empty() || (row.pass && row.tensor != "loss") ? "" : "  (" + row.note + ")");
+  }
+  o += fmt::format("\n{}: {} of {} tensors within tolerance ({}); SP {:.2f} s, reference {:.2f} s\n",
+                   r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model, r.sp_seconds,
+                   r.reference_seconds);
+  if (!r.pass) o += fmt::format("reproduce: {}\n", scenario_command(r.scen));
+  return o;
+}
+
+}  // namespace
+
+action add_check(CLI::App& app) {
+  auto a = std::make_shared<check_args>();
+  auto* sub = app.add_subcommand(
+      "check",
+      "Run one training step with sequence parallelism (ranks emulated on the CPU) and without, "
+      "and compare loss, logits, every gradient. Exit 0 all pass, 1 any difference.\n"
+      "Example: seqpar check --ulysses 4 --heads 8 --kv-heads 2 --docs 24,16,13 --dtype f64");
+  a->flags.add_to(*sub);
+  sub->add_option("--backend", a->backend, "sim (CPU reference); mpi and gpu: see README")
+      ->capture_default_str();
+  sub->add_option("--dtype", a->dtype_name, "f64 | f32 (SP run; the reference is float64)")
+      ->capture_default_str();
+  sub->add_flag("--json", a->json, "machine-readable report");
+  sub->add_flag("--quiet,-q", a->quiet, "no progress lines on stderr");
+  sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
+  return [a] {
+    const scenario s = a->flags.resolve();
+    if (a->backend != "sim")
+      fail<config_error>(
+          "--backend {} is not available in this build; use --backend sim (the MPI and GPU "
+          "backends are not finished, see README)",
+          a->backend);
+    sim::check_options opt;
+    opt.type = parse_dtype(a->dtype_name);
+    opt.naive_attention = a->naive;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!a->quiet)
+      opt.progress = [t0](std::string_view line) {
+        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
+      };
+    const auto rep = sim::run_check(s, opt);
+    for (const auto& w : rep.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
+    write_output("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
+    return rep.pass ? 0 : 1;
+  };
+}
+
+}  // namespace seqpar::cli
