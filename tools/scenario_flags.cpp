@@ -20,7 +20,7 @@ std::string read_file(const std::string& path) {
 
 void scenario_flags::add_to(CLI::App& app) {
   app.add_option("--scenario", scenario_name_,
-                 "built-in scenario: default, qwen3-8b, llama3-8b, qwen2.5-7b, mha-8");
+                 "built-in scenario: default, ulysses, ring, qwen3-8b, llama3-8b, qwen2.5-7b, mha-8");
   app.add_option("--config", config_, "scenario JSON file (keys as in check --json 'scenario')");
   app.add_option("--ulysses,-u", ulysses_, "Ulysses group size U");
   app.add_option("--ring,-r", ring_, "ring attention group size R (cp = U*R)");

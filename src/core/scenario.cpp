@@ -145,8 +145,13 @@ const std::vector<scenario>& builtin_scenarios() {
       s.docs = std::move(docs);
       v.push_back(s);
     };
-    // GQA with KV repeat (U=4 > Hkv=2), padding (53 tokens → 56), three documents.
-    add("default", 4, 1, 8, 2, 16, 64, {24, 16, 13});
+    // Hybrid Ulysses 2 × ring 2 with zigzag, GQA with KV repeat (U=2 > Hkv=1), padding
+    // (52 tokens → 56; xorl leaves the pad uncovered by cu_seqlens), three documents.
+    add("default", 2, 2, 8, 1, 16, 64, {24, 16, 12});
+    // Pure Ulysses with KV repeat (U=4 > Hkv=2) and padding (53 → 56).
+    add("ulysses", 4, 1, 8, 2, 16, 64, {24, 16, 13});
+    // Pure ring, zigzag over 4 ranks.
+    add("ring", 1, 4, 4, 2, 16, 48, {32, 16, 8});
     // Qwen3-8B: 32 Q heads / 8 KV heads / dim 128 (heads scaled 1/2, dim 1/8, sequence tiny).
     add("qwen3-8b", 4, 1, 16, 4, 16, 64, {40, 23, 1, 30});
     // Llama-3-8B: 32/8 heads, dim 128 → 16/4 heads, dim 8; U=8 repeats each KV head twice.

@@ -78,11 +78,21 @@ ls "$tmp" | grep -q seqpar-tmp && { echo "FAIL: temp file left behind"; failures
 # Working commands and their contracts.
 expect 0 '"cu_seqlens":[0,5,6]' -- collate --ulysses 2 --batch "$tmp/ok.json" --json
 expect 0 "tail_padding_length" -- collate --profile veomni --ulysses 2 --batch "$tmp/ok.json" --json
-expect 0 '"q_heads":[0,1]' -- plan --json
+expect 0 '"q_heads":[0,1]' -- plan --scenario ulysses --json
 expect 0 '"ring_schedule":[{"kv_src":0,"section":"diagonal","step":0},{"kv_src":3,"section":"upper","step":1}' -- plan --ulysses 1 --ring 4 --heads 4 --kv-heads 4 --docs 16 --json
 expect 0 "max/min" -- plan --ulysses 2 --ring 2 --docs 16,8
 expect 0 "fsdp_size" -- mesh --ring 2 --ulysses 4 --dp-shard 2 --cp-fsdp-mode ulysses_only
-for sub in collate plan mesh; do
+# The main job and its contract.
+expect 0 "PASS: 17 of 17" -- check -q
+for sc in default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8; do
+  expect 0 "PASS" -- check -q --scenario "$sc"
+done
+expect 0 '"pass":true' -- check -q --scenario ring --json --dtype f32
+expect 0 '"rows":[{"max_abs"' -- check -q --json
+expect 2 "--dtype 'f16' is unknown" -- check --dtype f16
+expect 2 "--backend gpu is not available" -- check --backend gpu
+expect 2 "num_heads=8 is not divisible by ulysses=3" -- check --ulysses 3
+for sub in check collate plan mesh; do
   expect 0 "Example" -- "$sub" --help
 done
 

@@ -64,3 +64,75 @@ inline rc::Gen<scenario> layout_scenario(int max_u = 4, int max_r = 3, int min_u
 std::string command_of(const scenario& s, const char* sub = "plan");
 
 }  // namespace seqpar::gens
+
+namespace seqpar::gens {
+
+/// Model and data knobs shared by the equivalence generators: head_dim, widths, layers,
+/// profile-independent data (documents, ignored-label share, seed).
+inline rc::Gen<scenario> with_model(scenario s, int max_doc, int doc_unit) {
+  return rc::gen::map(
+      rc::gen::tuple(rc::gen::inRange(1, 65), rc::gen::inRange(1, 3),
+                     rc::gen::container<std::vector<int>>(rc::gen::inRange(1, max_doc + 1)),
+                     rc::gen::inRange(0, 60), rc::gen::inRange<std::uint64_t>(1, 100000),
+                     rc::gen::inRange(2, 5)),
+      [base = s, doc_unit](const std::tuple<int, int, std::vector<int>, int, std::uint64_t, int>& t) {
+        scenario s = base;
+        s.head_dim = std::get<0>(t);
+        s.layers = std::get<1>(t);
+        s.docs.clear();
+        for (int d : std::get<2>(t)) s.docs.push_back(static_cast<std::int64_t>(d) * doc_unit);
+        if (s.docs.size() > 6) s.docs.resize(6);
+        if (s.docs.empty()) s.docs.push_back(doc_unit);
+        s.ignore_fraction = std::get<3>(t) / 100.0;
+        s.seed = std::get<4>(t);
+        s.hidden = 8 * std::get<5>(t);
+        s.intermediate = 12 * std::get<5>(t);
+        s.vocab = 17 + 3 * std::get<5>(t);
+        return s;
+      });
+}
+
+/// Ulysses-only scenarios (issue: CPU reference): U ∈ 1..8, Hq multiple of U, Hkv with
+/// Hkv % U == 0 or U % Hkv == 0, head_dim 1..64, 1..6 documents of any length (1-token
+/// documents, totals that need padding), labels with -100 runs, both profiles, 1..2 layers.
+inline rc::Gen<scenario> ulysses_check_scenario() {
+  return rc::gen::mapcat(rc::gen::inRange(1, 9), [](int U) {
+    return rc::gen::mapcat(rc::gen::tuple(heads_for(U), rc::gen::arbitrary<bool>()),
+                           [U](const std::tuple<std::pair<int, int>, bool>& hp) {
+                             scenario s;
+                             s.name = "generated";
+                             s.ulysses = U;
+                             s.heads = std::get<0>(hp).first;
+                             s.kv_heads = std::get<0>(hp).second;
+                             s.profile = std::get<1>(hp) ? profile::veomni : profile::xorl;
+                             return with_model(s, 12, 1);
+                           });
+  });
+}
+
+/// Ring and hybrid scenarios (issue: ring attention): R ∈ 1..4, U ∈ 1..4, zigzag on/off
+/// (documents aligned to 2R under zigzag), GQA, both backward variants, every cp_fsdp_mode.
+inline rc::Gen<scenario> ring_check_scenario() {
+  return rc::gen::mapcat(rc::gen::tuple(rc::gen::inRange(1, 5), rc::gen::inRange(1, 5)),
+                         [](const std::tuple<int, int>& ur) {
+    const int U = std::get<0>(ur), R = std::get<1>(ur);
+    return rc::gen::mapcat(
+        rc::gen::tuple(heads_for(U), rc::gen::arbitrary<bool>(), rc::gen::arbitrary<bool>(),
+                       rc::gen::inRange(0, 4)),
+        [U, R](const std::tuple<std::pair<int, int>, bool, bool, int>& t) {
+          scenario s;
+          s.name = "generated";
+          s.ulysses = U;
+          s.ring = R;
+          s.heads = std::get<0>(t).first;
+          s.kv_heads = std::get<0>(t).second;
+          s.zigzag = std::get<1>(t);
+          s.ring_backward = std::get<2>(t) ? "ring" : "allgather";
+          static const char* modes[] = {"all", "ulysses_only", "ring_only", "none"};
+          s.cp_fsdp_mode = modes[std::get<3>(t)];
+          return with_model(s, s.zigzag ? 4 : 12, s.zigzag && R > 1 ? 2 * R : 1);
+        });
+  });
+}
+
+}  // namespace seqpar::gens

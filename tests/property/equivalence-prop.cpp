@@ -1,0 +1,48 @@
+// SP ≡ non-SP, forward and backward, over generated scenarios (float64, ≤ 1e-10 relative).
+// A counterexample shrinks to a small scenario and prints it as a ready `seqpar check` command.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "generators.hpp"
+#include "scenario_flags.hpp"
+#include "sim/equivalence.hpp"
+
+namespace seqpar::gens {
+std::string command_of(const scenario& s, const char* sub) { return cli::scenario_command(s, sub); }
+}  // namespace seqpar::gens
+
+namespace {
+
+using namespace seqpar;
+
+void assert_equivalent(const scenario& s, dtype t) {
+  RC_LOG() << "reproduce: " << gens::command_of(s, "check")
+           << (t == dtype::f32 ? " --dtype f32" : "") << "\n";
+  sim::check_options opt;
+  opt.type = t;
+  const auto rep = sim::run_check(s, opt);
+  for (const auto& row : rep.rows)
+    if (!row.pass)
+      RC_LOG() << row.tensor << ": max_rel " << row.max_rel << " > " << row.tolerance << " "
+               << row.note << "\n";
+  RC_ASSERT(rep.pass);
+}
+
+RC_GTEST_PROP(equivalence, ulysses_step_equals_non_sp_in_f64, ()) {
+  const auto s = *gens::ulysses_check_scenario();
+  RC_TAG(s.ulysses, profile_name(s.profile));
+  assert_equivalent(s, dtype::f64);
+}
+
+RC_GTEST_PROP(equivalence, ring_and_hybrid_step_equals_non_sp_in_f64, ()) {
+  const auto s = *gens::ring_check_scenario();
+  RC_TAG(s.ring, s.zigzag ? "zigzag" : "contiguous", s.ring_backward);
+  assert_equivalent(s, dtype::f64);
+}
+
+RC_GTEST_PROP(equivalence, f32_step_is_within_the_error_model, ()) {
+  const auto s = *gens::ring_check_scenario();
+  assert_equivalent(s, dtype::f32);
+}
+
+}  // namespace
