@@ -1,0 +1,552 @@
+#include "sim/model.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.hpp"
+#include "core/mutations.hpp"
+#include "core/rng.hpp"
+
+namespace seqpar::sim {
+
+// ------------------------------------------------------------------------------------------------
+// Parameters.
+
+namespace {
+
+struct param_spec {
+  std::string name;
+  std::int64_t rows, cols;
+  enum class kind { embed, proj, norm } k;
+};
+
+std::vector<param_spec> param_specs(const scenario& s) {
+  using k = param_spec::kind;
+  const std::int64_t h = s.hidden, qd = std::int64_t{s.heads} * s.head_dim,
+                     kvd = std::int64_t{s.kv_heads} * s.head_dim, f = s.intermediate,
+                     v = s.vocab;
+  std::vector<param_spec> out{{"embed", v, h, k::embed}};
+  for (int l = 0; l < s.layers; ++l) {
+    const auto n = [&](const char* what) { return fmt::format("L{}.{}", l, what); };
+    out.push_back({n("attn_norm"), 1, h, k::norm});
+    out.push_back({n("wq"), h, qd, k::proj});
+    out.push_back({n("wk"), h, kvd, k::proj});
+    out.push_back({n("wv"), h, kvd, k::proj});
+    out.push_back({n("wo"), qd, h, k::proj});
+    out.push_back({n("mlp_norm"), 1, h, k::norm});
+    out.push_back({n("w_gate"), h, f, k::proj});
+    out.push_back({n("w_up"), h, f, k::proj});
+    out.push_back({n("w_down"), f, h, k::proj});
+  }
+  out.push_back({"final_norm", 1, h, k::norm});
+  out.push_back({"lm_head", h, v, k::proj});
+  return out;
+}
+
+void check_model_sizes(const scenario& s) {
+  if (s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.hidden <= 0 ||
+      s.intermediate <= 0 || s.layers < 0 || s.vocab <= 0)
+    fail<config_error>(
+        "model: sizes must be positive, got heads={} kv_heads={} head_dim={} hidden={} "
+        "intermediate={} layers={} vocab={}",
+        s.heads, s.kv_heads, s.head_dim, s.hidden, s.intermediate, s.layers, s.vocab);
+  if (s.heads % s.kv_heads != 0)
+    fail<config_error>("model: heads={} is not divisible by kv_heads={}; use kv_heads dividing heads",
+                       s.heads, s.kv_heads);
+  if (s.head_dim % 2 != 0)
+    fail<config_error>("model: head_dim={} is odd; RoPE (rotate-half) needs an even head_dim",
+                       s.head_dim);
+}
+
+}  // namespace
+
+template <class T>
+model_params<T> model_params<T>::init(const scenario& s) {
+  check_model_sizes(s);
+  model_params out;
+  const auto specs = param_specs(s);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& sp = specs[i];
+    mat<T> m(sp.rows, sp.cols);
+    const double scale =
+        sp.k == param_spec::kind::proj ? 1.0 / std::sqrt(static_cast<double>(sp.rows)) : 1.0;
+    for (std::int64_t e = 0; e < m.size(); ++e) {
+      const double u = uniform_pm1(s.seed, i, static_cast<std::uint64_t>(e));
+      const double val = sp.k == param_spec::kind::norm ? 1.0 + 0.1 * u : scale * u;
+      m.data()[e] = static_cast<T>(val);
+    }
+    out.names.push_back(sp.name);
+    out.values.push_back(std::move(m));
+  }
+  return out;
+}
+
+template <class T>
+model_params<T> model_params<T>::zeros_like() const {
+  model_params out;
+  out.names = names;
+  for (const auto& v : values) out.values.push_back(mat<T>::Zero(v.rows(), v.cols()));
+  return out;
+}
+
+template <class T>
+const mat<T>& model_params<T>::operator[](std::string_view name) const {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return values[i];
+  fail<config_error>("model: no parameter named '{}'; known: {}", name, fmt::join(names, ", "));
+}
+
+template <class T>
+mat<T>& model_params<T>::operator[](std::string_view name) {
+  return const_cast<mat<T>&>(std::as_const(*this)[name]);
+}
+
+template <class T>
+std::int64_t model_params<T>::numel() const {
+  std::int64_t n = 0;
+  for (const auto& v : values) n += v.size();
+  return n;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Ops.
+
+namespace ops {
+
+template <class T>
+mat<T> linear_fwd(const mat<T>& x, const mat<T>& w) {
+  if (x.cols() != w.rows())
+    fail<shape_error>("linear: x has {} columns but w has {} rows", x.cols(), w.rows());
+  mat<T> y = x * w;
+  return y;
+}
+
+template <class T>
+mat<T> linear_bwd(const mat<T>& x, const mat<T>& w, const mat<T>& dy, mat<T>& dw) {
+  dw.noalias() += x.transpose() * dy;
+  mat<T> dx = dy * w.transpose();
+  return dx;
+}
+
+template <class T>
+mat<T> rms_norm_fwd(const mat<T>& x, const mat<T>& w, col<T>& r) {
+  if (w.rows() != 1 || w.cols() != x.cols())
+    fail<shape_error>("rms_norm: weight is [{}, {}], expected [1, {}]", w.rows(), w.cols(),
+                      x.cols());
+  const auto n = x.rows();
+  const T h = static_cast<T>(x.cols());
+  r.resize(n);
+  mat<T> y(n, x.cols());
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const T ms = x.row(i).squaredNorm() / h;
+    r(i) = T(1) / std::sqrt(ms + static_cast<T>(rms_norm_eps));
+    y.row(i) = (x.row(i) * r(i)).cwiseProduct(w.row(0));
+  }
+  return y;
+}
+
+template <class T>
+mat<T> rms_norm_bwd(const mat<T>& x, const mat<T>& w, const col<T>& r, const mat<T>& dy,
+                    mat<T>& dw) {
+  const auto n = x.rows();
+  const T h = static_cast<T>(x.cols());
+  mat<T> dx(n, x.cols());
+  for (Eigen::Index i = 0; i < n; ++i) {
+    dw.row(0) += dy.row(i).cwiseProduct(x.row(i)) * r(i);
+    const Eigen::Matrix<T, 1, Eigen::Dynamic> g = dy.row(i).cwiseProduct(w.row(0));
+    // d r / d x_j = −r³·x_j/h, so dx = r·g − x·r³·(g·x)/h.
+    const T gx = g.dot(x.row(i));
+    dx.row(i) = r(i) * g - x.row(i) * (r(i) * r(i) * r(i) * gx / h);
+  }
+  return dx;
+}
+
+namespace {
+
+/// Rotates every head of x by +angle (sign = 1) or −angle (sign = −1).
+template <class T>
+mat<T> rotate(const mat<T>& x, int heads, int head_dim, std::span<const std::int64_t> positions,
+              double theta, int sign, const char* who) {
+  if (head_dim % 2 != 0 || x.cols() != std::int64_t{heads} * head_dim ||
+      static_cast<std::size_t>(x.rows()) != positions.size())
+    fail<shape_error>("{}: x is [{}, {}] with {} positions; expected [tokens, heads·head_dim = "
+                      "{}·{}], one position per token and an even head_dim",
+                      who, x.rows(), x.cols(), positions.size(), heads, head_dim);
+  const int half = head_dim / 2;
+  std::vector<double> inv_freq(static_cast<std::size_t>(half));
+  for (int i = 0; i < half; ++i)
+    inv_freq[static_cast<std::size_t>(i)] = std::pow(theta, -2.0 * i / head_dim);
+  mat<T> y(x.rows(), x.cols());
+  std::vector<T> c(static_cast<std::size_t>(half)), s(static_cast<std::size_t>(half));
+  for (Eigen::Index t = 0; t < x.rows(); ++t) {
+    const double pos = static_cast<double>(positions[static_cast<std::size_t>(t)]);
+    for (int i = 0; i < half; ++i) {
+      const double a = pos * inv_freq[static_cast<std::size_t>(i)];
+      c[static_cast<std::size_t>(i)] = static_cast<T>(std::cos(a));
+      s[static_cast<std::size_t>(i)] = static_cast<T>(sign * std::sin(a));
+    }
+    const T* xr = x.row(t).data();
+    T* yr = y.row(t).data();
+    for (int h = 0; h < heads; ++h) {
+      const T* xh = xr + h * head_dim;
+      T* yh = yr + h * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const T ci = c[static_cast<std::size_t>(i)], si = s[static_cast<std::size_t>(i)];
+        yh[i] = xh[i] * ci - xh[i + half] * si;
+        yh[i + half] = xh[i + half] * ci + xh[i] * si;
+      }
+    }
+  }
+  return y;
+}
+
+template <class T>
+T sigmoid(T g) {
+  return T(1) / (T(1) + std::exp(-g));
+}
+
+void check_labels(std::span<const std::int64_t> labels, Eigen::Index rows, Eigen::Index vocab,
+                  const char* who) {
+  if (static_cast<std::size_t>(rows) != labels.size())
+    fail<shape_error>("{}: {} logit rows but {} labels", who, rows, labels.size());
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] != ignore_label && (labels[i] < 0 || labels[i] >= vocab))
+      fail<shape_error>("{}: label {} at token {} is outside [0, vocab={}) and is not -100", who,
+                        labels[i], i, vocab);
+}
+
+}  // namespace
+
+template <class T>
+mat<T> rope_fwd(const mat<T>& x, int heads, int head_dim, std::span<const std::int64_t> positions,
+                double theta) {
+  return rotate(x, heads, head_dim, positions, theta, +1, "rope");
+}
+
+template <class T>
+mat<T> rope_bwd(const mat<T>& dy, int heads, int head_dim,
+                std::span<const std::int64_t> positions, double theta) {
+  return rotate(dy, heads, head_dim, positions, theta, -1, "rope backward");
+}
+
+template <class T>
+mat<T> swiglu_fwd(const mat<T>& g, const mat<T>& u) {
+  if (g.rows() != u.rows() || g.cols() != u.cols())
+    fail<shape_error>("swiglu: gate [{}, {}] and up [{}, {}] differ", g.rows(), g.cols(), u.rows(),
+                      u.cols());
+  mat<T> y(g.rows(), g.cols());
+  for (Eigen::Index e = 0; e < g.size(); ++e) {
+    const T a = g.data()[e];
+    y.data()[e] = a * sigmoid(a) * u.data()[e];
+  }
+  return y;
+}
+
+template <class T>
+void swiglu_bwd(const mat<T>& g, const mat<T>& u, const mat<T>& dy, mat<T>& dg, mat<T>& du) {
+  dg.resize(g.rows(), g.cols());
+  du.resize(g.rows(), g.cols());
+  for (Eigen::Index e = 0; e < g.size(); ++e) {
+    const T a = g.data()[e], sg = sigmoid(a);
+    du.data()[e] = dy.data()[e] * a * sg;
+    dg.data()[e] = dy.data()[e] * u.data()[e] * sg * (T(1) + a * (T(1) - sg));
+  }
+}
+
+template <class T>
+double cross_entropy_fwd(const mat<T>& logits, std::span<const std::int64_t> labels,
+                         std::int64_t& valid) {
+  check_labels(labels, logits.rows(), logits.cols(), "cross_entropy");
+  double sum = 0;
+  valid = 0;
+  for (Eigen::Index i = 0; i < logits.rows(); ++i) {
+    const auto y = labels[static_cast<std::size_t>(i)];
+    if (y == ignore_label) continue;
+    const T m = logits.row(i).maxCoeff();
+    const T lse = m + std::log((logits.row(i).array() - m).exp().sum());
+    sum += static_cast<double>(lse - logits(i, y));
+    ++valid;
+  }
+  return sum;
+}
+
+template <class T>
+mat<T> cross_entropy_bwd(const mat<T>& logits, std::span<const std::int64_t> labels, double coef) {
+  check_labels(labels, logits.rows(), logits.cols(), "cross_entropy backward");
+  mat<T> d = mat<T>::Zero(logits.rows(), logits.cols());
+  const T c = static_cast<T>(coef);
+  for (Eigen::Index i = 0; i < logits.rows(); ++i) {
+    const auto y = labels[static_cast<std::size_t>(i)];
+    if (y == ignore_label) continue;
+    const T m = logits.row(i).maxCoeff();
+    const auto e = (logits.row(i).array() - m).exp().eval();
+    const T z = e.sum();
+    d.row(i) = (e / z * c).matrix();
+    d(i, y) -= c;
+  }
+  return d;
+}
+
+template <class T>
+mat<T> embedding_fwd(const mat<T>& table, std::span<const std::int64_t> ids) {
+  mat<T> y(static_cast<Eigen::Index>(ids.size()), table.cols());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= table.rows())
+      fail<shape_error>("embedding: input id {} at token {} is outside [0, vocab={})", ids[i], i,
+                        table.rows());
+    y.row(static_cast<Eigen::Index>(i)) = table.row(ids[i]);
+  }
+  return y;
+}
+
+template <class T>
+void embedding_bwd(const mat<T>& dy, std::span<const std::int64_t> ids, mat<T>& dtable) {
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    dtable.row(ids[i]) += dy.row(static_cast<Eigen::Index>(i));
+}
+
+}  // namespace ops
+
+// ------------------------------------------------------------------------------------------------
+// The training step.
+
+namespace {
+
+/// [n, heads·d] host matrix → backend tensor [n, heads, d] (exact for f32/f64).
+template <class T>
+tensor to_tensor(compute& c, const mat<T>& m, int heads, int d) {
+  const std::vector<double> v(m.data(), m.data() + m.size());
+  return c.from_host(dtype_of<T>(), {m.rows(), heads, d}, v);
+}
+
+template <class T>
+mat<T> from_tensor(compute& c, const tensor& t, Eigen::Index rows, Eigen::Index cols) {
+  if (t.numel() != rows * cols)
+    fail<shape_error>("model: attention returned {} elements, expected [{}, {}]", t.numel(), rows,
+                      cols);
+  const auto v = c.to_host(t);
+  mat<T> m(rows, cols);
+  for (Eigen::Index e = 0; e < m.size(); ++e) m.data()[e] = static_cast<T>(v[static_cast<std::size_t>(e)]);
+  return m;
+}
+
+void check_member(const communicator& comm, const comm_group& g, const char* what) {
+  if (g.index_of(comm.rank()) < 0)
+    fail<config_error>("model: rank {} is not in its {} group '{}' [{}]", comm.rank(), what, g.name,
+                       fmt::join(g.ranks, ","));
+}
+
+/// What the forward keeps of one layer for the backward.
+template <class T>
+struct layer_cache {
+  mat<T> x_in, attn_normed, attn_out, x_mid, mlp_normed, gate, up, act;
+  col<T> r_attn, r_mlp;
+  ulysses_saved saved;
+};
+
+}  // namespace
+
+template <class T>
+step_output<T> train_step(const model_params<T>& p, const scenario& s,
+                          const rank_tokens_input& in, sp_env& env) {
+  check_model_sizes(s);
+  if (env.comm == nullptr || env.comp == nullptr || !env.make_inner)
+    fail<config_error>("model: sp_env needs comm, comp and make_inner (got comm={}, comp={}, "
+                       "make_inner={})",
+                       env.comm != nullptr, env.comp != nullptr, static_cast<bool>(env.make_inner));
+  const auto n = static_cast<Eigen::Index>(in.input_ids.size());
+  if (in.labels.size() != in.input_ids.size() || in.positions.size() != in.input_ids.size())
+    fail<shape_error>("model: {} input_ids, {} labels and {} positions; one of each per token",
+                      in.input_ids.size(), in.labels.size(), in.positions.size());
+  const auto specs = param_specs(s);
+  if (p.values.size() != specs.size())
+    fail<config_error>("model: {} parameters given, the scenario needs {}", p.values.size(),
+                       specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (p.names[i] != specs[i].name || p.values[i].rows() != specs[i].rows ||
+        p.values[i].cols() != specs[i].cols)
+      fail<config_error>("model: parameter {} is '{}' [{}, {}], the scenario needs '{}' [{}, {}]",
+                         i, p.names[i], p.values[i].rows(), p.values[i].cols(), specs[i].name,
+                         specs[i].rows, specs[i].cols);
+
+  communicator& comm = *env.comm;
+  compute& comp = *env.comp;
+  ulysses_config ucfg = env.ulysses;
+  if (ucfg.heads == 0) ucfg.heads = s.heads;
+  if (ucfg.kv_heads == 0) ucfg.kv_heads = s.kv_heads;
+  if (ucfg.head_dim == 0) ucfg.head_dim = s.head_dim;
+  if (ucfg.heads != s.heads || ucfg.kv_heads != s.kv_heads || ucfg.head_dim != s.head_dim)
+    fail<config_error>("model: ulysses config heads={} kv_heads={} head_dim={} differ from the "
+                       "scenario's {} {} {}",
+                       ucfg.heads, ucfg.kv_heads, ucfg.head_dim, s.heads, s.kv_heads, s.head_dim);
+  check_member(comm, ucfg.group, "ulysses");
+  check_member(comm, env.loss_group, "loss");
+  check_member(comm, env.fsdp_group, "fsdp");
+  if (env.sp_grad_sync_group) check_member(comm, *env.sp_grad_sync_group, "sp_grad_sync");
+
+  const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
+  const std::span<const std::int64_t> ids(in.input_ids), labels(in.labels), pos(in.positions);
+  auto inner = env.make_inner(comp);
+  if (!inner) fail<config_error>("model: make_inner returned no attention");
+
+  step_output<T> out;
+  out.grads = p.zeros_like();
+  auto& gr = out.grads;
+  const auto L = [](int l, const char* what) { return fmt::format("L{}.{}", l, what); };
+
+  // Forward.
+  mat<T> x = ops::embedding_fwd(p["embed"], ids);
+  std::vector<layer_cache<T>> caches(static_cast<std::size_t>(s.layers));
+  for (int l = 0; l < s.layers; ++l) {
+    auto& c = caches[static_cast<std::size_t>(l)];
+    c.x_in = x;
+    c.attn_normed = ops::rms_norm_fwd(x, p[L(l, "attn_norm")], c.r_attn);
+    const mat<T> q = ops::rope_fwd(ops::linear_fwd(c.attn_normed, p[L(l, "wq")]), H, D, pos);
+    const mat<T> k = ops::rope_fwd(ops::linear_fwd(c.attn_normed, p[L(l, "wk")]), Hkv, D, pos);
+    const mat<T> v = ops::linear_fwd(c.attn_normed, p[L(l, "wv")]);
+    const tensor o = ulysses_forward(comm, comp, ucfg, *inner, to_tensor(comp, q, H, D),
+                                     to_tensor(comp, k, Hkv, D), to_tensor(comp, v, Hkv, D),
+                                     c.saved, L(l, "attn"));
+    c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
+    c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "wo")]);
+    c.mlp_normed = ops::rms_norm_fwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp);
+    c.gate = ops::linear_fwd(c.mlp_normed, p[L(l, "w_gate")]);
+    c.up = ops::linear_fwd(c.mlp_normed, p[L(l, "w_up")]);
+    c.act = ops::swiglu_fwd(c.gate, c.up);
+    x = c.x_mid + ops::linear_fwd(c.act, p[L(l, "w_down")]);
+  }
+  col<T> r_final;
+  const mat<T> final_normed = ops::rms_norm_fwd(x, p["final_norm"], r_final);
+  out.logits = ops::linear_fwd(final_normed, p["lm_head"]);
+
+  // Loss (SEMANTICS.md §5).
+  std::int64_t n_local = 0;
+  const double ce_sum = ops::cross_entropy_fwd(out.logits, labels, n_local);
+  const bool reduce_loss = env.loss_group.size() > 1;
+  std::int64_t n_global = n_local;
+  if (reduce_loss)
+    comm.all_reduce(env.loss_group, &n_global, 1, dtype::i64, {"loss.valid_tokens", {1}, {1}});
+  out.valid_tokens = n_global;
+  const double denom = static_cast<double>(std::max<std::int64_t>(n_global, 1));
+  double contribution = 0, coef = 0;
+  if (env.profile == seqpar::profile::xorl) {
+    contribution = ce_sum;
+    coef = 1.0 / denom;
+  } else {
+    // VeOmni ReduceLoss: ℓ = s/n (0 without valid tokens); L = Σ ℓ·n / max(N, 1);
+    // ∂L/∂ℓ = P·n/max(N, 1) and ∂ℓ/∂logits = (softmax − onehot)/n.
+    const double ell = n_local > 0 ? ce_sum / static_cast<double>(n_local) : 0.0;
+    contribution = ell * static_cast<double>(n_local);
+    const double P = static_cast<double>(env.loss_group.size());
+    const double dl_dell = P * static_cast<double>(n_local) / denom;
+    coef = n_local > 0 ? dl_dell / static_cast<double>(n_local) : 0.0;
+  }
+  double loss_sum = contribution;
+  if (reduce_loss)
+    comm.all_reduce(env.loss_group, &loss_sum, 1, dtype::f64, {"loss.sum", {1}, {1}});
+  out.loss = loss_sum / denom;
+
+  // Backward.
+  const mat<T> dlogits = ops::cross_entropy_bwd(out.logits, labels, coef);
+  mat<T> dx = ops::rms_norm_bwd(x, p["final_norm"], r_final,
+                                ops::linear_bwd(final_normed, p["lm_head"], dlogits, gr["lm_head"]),
+                                gr["final_norm"]);
+  for (int l = s.layers - 1; l >= 0; --l) {
+    auto& c = caches[static_cast<std::size_t>(l)];
+    // MLP: x = x_mid + swiglu(m·w_gate, m·w_up)·w_down, m = rms_norm(x_mid).
+    const mat<T> dact = ops::linear_bwd(c.act, p[L(l, "w_down")], dx, gr[L(l, "w_down")]);
+    mat<T> dgate, dup;
+    ops::swiglu_bwd(c.gate, c.up, dact, dgate, dup);
+    mat<T> dm = ops::linear_bwd(c.mlp_normed, p[L(l, "w_gate")], dgate, gr[L(l, "w_gate")]);
+    dm += ops::linear_bwd(c.mlp_normed, p[L(l, "w_up")], dup, gr[L(l, "w_up")]);
+    const mat<T> dx_mid =
+        dx + ops::rms_norm_bwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp, dm, gr[L(l, "mlp_norm")]);
+    // Attention: x_mid = x_in + attn(rope(a·wq), rope(a·wk), a·wv)·wo, a = rms_norm(x_in).
+    const mat<T> dattn = ops::linear_bwd(c.attn_out, p[L(l, "wo")], dx_mid, gr[L(l, "wo")]);
+    const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved,
+                                         to_tensor(comp, dattn, H, D), L(l, "attn"));
+    c.saved = {};
+    const mat<T> dq = ops::rope_bwd(from_tensor<T>(comp, g.dq, n, std::int64_t{H} * D), H, D, pos);
+    const mat<T> dk =
+        ops::rope_bwd(from_tensor<T>(comp, g.dk, n, std::int64_t{Hkv} * D), Hkv, D, pos);
+    const mat<T> dv = from_tensor<T>(comp, g.dv, n, std::int64_t{Hkv} * D);
+    mat<T> da = ops::linear_bwd(c.attn_normed, p[L(l, "wq")], dq, gr[L(l, "wq")]);
+    da += ops::linear_bwd(c.attn_normed, p[L(l, "wk")], dk, gr[L(l, "wk")]);
+    da += ops::linear_bwd(c.attn_normed, p[L(l, "wv")], dv, gr[L(l, "wv")]);
+    dx = dx_mid +
+         ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
+  }
+  ops::embedding_bwd(dx, ids, gr["embed"]);
+  out.embed_out_grad = std::move(dx);
+  if (env.profile == seqpar::profile::veomni && env.loss_group.size() > 1)
+    out.embed_out_grad /= static_cast<T>(env.loss_group.size());  // undo the ∂L/∂ℓ factor P
+
+  // Gradient sync: one flat buffer per reduction, parameters in their fixed order.
+  const std::int64_t total = gr.numel();
+  std::vector<T> flat(static_cast<std::size_t>(total));
+  {
+    std::size_t off = 0;
+    for (const auto& v : gr.values) {
+      std::copy(v.data(), v.data() + v.size(), flat.begin() + static_cast<std::ptrdiff_t>(off));
+      off += static_cast<std::size_t>(v.size());
+    }
+  }
+  const bool avg_bug = mutations().grad_sync_avg;
+  const auto reduce = [&](const comm_group& g, double divide, const char* tag) {
+    if (g.size() > 1) comm.all_reduce(g, flat.data(), total, dtype_of<T>(), {tag, {total}, {total}});
+    const double d = avg_bug ? static_cast<double>(g.size()) : divide;
+    if (d != 1.0) {
+      const T inv = static_cast<T>(d);
+      for (auto& e : flat) e /= inv;
+    }
+  };
+  reduce(env.fsdp_group, env.fsdp_divide, "grad.fsdp");
+  if (env.sp_grad_sync_group) reduce(*env.sp_grad_sync_group, 1.0, "grad.sp_sync");
+  {
+    std::size_t off = 0;
+    for (auto& v : gr.values) {
+      std::copy(flat.begin() + static_cast<std::ptrdiff_t>(off),
+                flat.begin() + static_cast<std::ptrdiff_t>(off + static_cast<std::size_t>(v.size())),
+                v.data());
+      off += static_cast<std::size_t>(v.size());
+    }
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Explicit instantiations.
+
+#define SEQPAR_MODEL_INSTANTIATE(T)                                                              \
+  template struct model_params<T>;                                                               \
+  template step_output<T> train_step<T>(const model_params<T>&, const scenario&,                 \
+                                        const rank_tokens_input&, sp_env&);                      \
+  template mat<T> ops::linear_fwd<T>(const mat<T>&, const mat<T>&);                              \
+  template mat<T> ops::linear_bwd<T>(const mat<T>&, const mat<T>&, const mat<T>&, mat<T>&);      \
+  template mat<T> ops::rms_norm_fwd<T>(const mat<T>&, const mat<T>&, col<T>&);                   \
+  template mat<T> ops::rms_norm_bwd<T>(const mat<T>&, const mat<T>&, const col<T>&,              \
+                                       const mat<T>&, mat<T>&);                                  \
+  template mat<T> ops::rope_fwd<T>(const mat<T>&, int, int, std::span<const std::int64_t>,       \
+                                   double);                                                      \
+  template mat<T> ops::rope_bwd<T>(const mat<T>&, int, int, std::span<const std::int64_t>,       \
+                                   double);                                                      \
+  template mat<T> ops::swiglu_fwd<T>(const mat<T>&, const mat<T>&);                              \
+  template void ops::swiglu_bwd<T>(const mat<T>&, const mat<T>&, const mat<T>&, mat<T>&,         \
+                                   mat<T>&);                                                     \
+  template double ops::cross_entropy_fwd<T>(const mat<T>&, std::span<const std::int64_t>,        \
+                                            std::int64_t&);                                      \
+  template mat<T> ops::cross_entropy_bwd<T>(const mat<T>&, std::span<const std::int64_t>,        \
+                                            double);                                             \
+  template mat<T> ops::embedding_fwd<T>(const mat<T>&, std::span<const std::int64_t>);           \
+  template void ops::embedding_bwd<T>(const mat<T>&, std::span<const std::int64_t>, mat<T>&);
+
+SEQPAR_MODEL_INSTANTIATE(double)
+SEQPAR_MODEL_INSTANTIATE(float)
+
+#undef SEQPAR_MODEL_INSTANTIATE
+
+}  // namespace seqpar::sim

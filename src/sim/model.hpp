@@ -1,0 +1,182 @@
+#pragma once
+// The reference decoder of the CPU simulator: a Llama-style decoder (RMSNorm, RoPE, GQA attention
+// through Ulysses, SwiGLU MLP, untied LM head, cross-entropy) whose forward and backward are written
+// by hand, templated on the scalar (double, float). One training step runs on one rank's tokens and
+// reaches the other ranks only through the Ulysses attention, the loss reduction and the gradient
+// sync, so an SP step and a non-SP step are the same code with different groups.
+#include <Eigen/Core>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/communicator.hpp"
+#include "core/compute.hpp"
+#include "core/scenario.hpp"
+#include "core/ulysses.hpp"
+
+namespace seqpar::sim {
+
+template <class T>
+using mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+
+/// The label that contributes nothing to the loss (PyTorch's ignore_index).
+inline constexpr std::int64_t ignore_label = -100;
+/// RMSNorm epsilon and RoPE base of every layer.
+inline constexpr double rms_norm_eps = 1e-6;
+inline constexpr double rope_theta = 10000.0;
+
+/// Every parameter of the decoder, in a fixed order with names:
+/// "embed" [vocab, hidden]; per layer l: "L{l}.attn_norm" [1, hidden], "L{l}.wq" [hidden,
+/// heads*head_dim], "L{l}.wk" [hidden, kv_heads*head_dim], "L{l}.wv" [hidden, kv_heads*head_dim],
+/// "L{l}.wo" [heads*head_dim, hidden], "L{l}.mlp_norm" [1, hidden], "L{l}.w_gate" [hidden,
+/// intermediate], "L{l}.w_up" [hidden, intermediate], "L{l}.w_down" [intermediate, hidden];
+/// "final_norm" [1, hidden]; "lm_head" [hidden, vocab]. Projections are [in, out] (y = x·W).
+template <class T>
+struct model_params {
+  std::vector<std::string> names;
+  std::vector<mat<T>> values;
+
+  /// Deterministic from s.seed: element e of parameter i is uniform_pm1(seed, i, e) (computed in
+  /// double, then rounded to T, so the float parameters are the double ones rounded), times
+  /// 1/sqrt(fan_in) for projections and the LM head (fan_in = rows), times 1 for the embedding;
+  /// norm weights are 1 + 0.1·u.
+  static model_params init(const scenario& s);
+  /// Same names and shapes, all zero.
+  model_params zeros_like() const;
+  /// The parameter called `name`; throws config_error naming the known names if absent.
+  mat<T>& operator[](std::string_view name);
+  const mat<T>& operator[](std::string_view name) const;
+  std::size_t size() const { return values.size(); }
+  /// Total number of scalars.
+  std::int64_t numel() const;
+
+  /// The same parameters rounded to another scalar type.
+  template <class U>
+  model_params<U> cast() const {
+    model_params<U> out;
+    out.names = names;
+    for (const auto& v : values) out.values.push_back(v.template cast<U>());
+    return out;
+  }
+};
+
+/// One rank's tokens (after collation and slicing), in the rank's local order.
+struct rank_tokens_input {
+  std::vector<std::int64_t> input_ids;
+  std::vector<std::int64_t> labels;  ///< aligned: CE(logits[i], labels[i]); -100 = ignore
+  std::vector<std::int64_t> positions;  ///< RoPE position of each local token
+};
+
+/// How the step reaches the other ranks. For non-SP, every group is {0} and P = 1.
+struct sp_env {
+  communicator* comm = nullptr;
+  compute* comp = nullptr;
+  seqpar::profile profile = seqpar::profile::xorl;
+  comm_group loss_group;  ///< valid-token counts and losses are reduced over it
+  /// The attention all-to-all group (size U). heads/kv_heads/head_dim left 0 are taken from the
+  /// scenario; set ones must match it.
+  ulysses_config ulysses;
+  /// Attention on the gathered sequence (local varlen, or ring); called once per step.
+  std::function<std::unique_ptr<inner_attention>(compute&)> make_inner;
+  comm_group fsdp_group;  ///< gradients SUMmed here first, then divided by fsdp_divide
+  std::optional<comm_group> sp_grad_sync_group;  ///< then SUMmed here (cp_fsdp_mode)
+  double fsdp_divide = 1.0;  ///< xorl: 1 (sum); veomni: fsdp group size (FSDP averages)
+};
+
+template <class T>
+struct step_output {
+  double loss = 0;        ///< the global loss (identical on every rank)
+  mat<T> logits;          ///< [local tokens, vocab]
+  model_params<T> grads;  ///< after gradient sync: the full gradient, identical on every rank
+  /// dLoss/d(embedding output) per local token, [local tokens, hidden], of the global loss (the
+  /// veomni backward's factor P = loss group size, which FSDP averaging undoes for parameters,
+  /// is divided out here); not reduced across ranks.
+  mat<T> embed_out_grad;
+  std::int64_t valid_tokens = 0;  ///< global count of labels != -100
+};
+
+/// One training step (forward, loss, backward, gradient sync) on this rank's tokens.
+///
+/// Loss (SEMANTICS.md §5): N = Σ valid labels over env.loss_group ("loss.valid_tokens", i64).
+/// xorl: loss = Σ_group s / max(N, 1) ("loss.sum"), s = Σ local CE; dlogits = (softmax −
+/// onehot)/max(N, 1). veomni: ℓ = s/n_local (0 when n_local = 0), loss = Σ_group ℓ·n_local /
+/// max(N, 1) ("loss.sum"); ∂L/∂ℓ = P·n_local/max(N, 1), P = loss group size. Loss scalars are
+/// reduced in f64 (CE per token is computed in T and summed in double); no NaN for N = 0.
+/// Gradient sync: one flat T buffer of every gradient, SUM over env.fsdp_group ("grad.fsdp"),
+/// ÷ env.fsdp_divide, then SUM over env.sp_grad_sync_group ("grad.sp_sync"); a collective over a
+/// group of size 1 is skipped (the division is kept). mutations().grad_sync_avg divides each
+/// reduction by its group size instead (the AVG bug). Attention collectives are tagged
+/// "L{l}.attn.*" by ulysses_forward/backward.
+///
+/// Deterministic (single thread, fixed order); activations kept are O(tokens·(hidden +
+/// intermediate + vocab)) — attention memory is the inner kernel's. Tensors cross to the compute
+/// backend through from_host/to_host (exact for f32 and f64), so any backend works.
+template <class T>
+step_output<T> train_step(const model_params<T>& p, const scenario& s,
+                          const rank_tokens_input& in, sp_env& env);
+
+/// Per-op forward/backward pieces of the decoder, exposed for gradient tests. Backward functions
+/// return the input gradient and ACCUMULATE (+=) parameter gradients into the given matrices.
+namespace ops {
+
+/// y = x·w (x [n, in], w [in, out]).
+template <class T>
+mat<T> linear_fwd(const mat<T>& x, const mat<T>& w);
+/// Returns dx = dy·wᵀ; dw += xᵀ·dy.
+template <class T>
+mat<T> linear_bwd(const mat<T>& x, const mat<T>& w, const mat<T>& dy, mat<T>& dw);
+
+/// y[i, :] = x[i, :]·r[i]∘w with r[i] = 1/sqrt(mean_j x[i, j]² + eps) (w is [1, hidden]).
+/// r is returned for the backward.
+template <class T>
+mat<T> rms_norm_fwd(const mat<T>& x, const mat<T>& w, col<T>& r);
+/// Returns dx[i] = r[i]·(g[i] − x[i]·r[i]²·mean_j(g[i, j]·x[i, j])) with g = dy∘w;
+/// dw += Σ_i dy[i]∘x[i]·r[i].
+template <class T>
+mat<T> rms_norm_bwd(const mat<T>& x, const mat<T>& w, const col<T>& r, const mat<T>& dy,
+                    mat<T>& dw);
+
+/// RoPE, rotate-half (Llama) convention, on x [n, heads·head_dim] with head_dim even: for each
+/// head and i < head_dim/2, angle = pos·theta^(-2i/head_dim) (computed in double),
+/// y[i] = x[i]·cos − x[i+half]·sin, y[i+half] = x[i+half]·cos + x[i]·sin.
+template <class T>
+mat<T> rope_fwd(const mat<T>& x, int heads, int head_dim, std::span<const std::int64_t> positions,
+                double theta = rope_theta);
+/// The transpose of the rotation (rotation by −angle): dx from dy.
+template <class T>
+mat<T> rope_bwd(const mat<T>& dy, int heads, int head_dim,
+                std::span<const std::int64_t> positions, double theta = rope_theta);
+
+/// y = silu(g)∘u, silu(g) = g·σ(g).
+template <class T>
+mat<T> swiglu_fwd(const mat<T>& g, const mat<T>& u);
+/// dg = dy∘u∘σ(g)·(1 + g·(1 − σ(g))), du = dy∘silu(g) (overwritten).
+template <class T>
+void swiglu_bwd(const mat<T>& g, const mat<T>& u, const mat<T>& dy, mat<T>& dg, mat<T>& du);
+
+/// Σ over rows with labels[i] != -100 of logsumexp(z_i) − z_i[labels[i]] (per row in T with the
+/// row max subtracted, summed in double); `valid` receives the number of such rows.
+template <class T>
+double cross_entropy_fwd(const mat<T>& logits, std::span<const std::int64_t> labels,
+                         std::int64_t& valid);
+/// dlogits = coef·(softmax(z_i) − onehot(labels[i])) on valid rows, 0 on ignored rows.
+template <class T>
+mat<T> cross_entropy_bwd(const mat<T>& logits, std::span<const std::int64_t> labels, double coef);
+
+/// Rows of the table: y[i] = table[ids[i]].
+template <class T>
+mat<T> embedding_fwd(const mat<T>& table, std::span<const std::int64_t> ids);
+/// dtable[ids[i]] += dy[i], in token order.
+template <class T>
+void embedding_bwd(const mat<T>& dy, std::span<const std::int64_t> ids, mat<T>& dtable);
+
+}  // namespace ops
+
+}  // namespace seqpar::sim
