@@ -50,9 +50,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// Normwise comparison of two equally long sequences of values.
+/// Normwise comparison of two equally long sequences of values: max|got − want| relative to
+/// max(max|want|, floor). The floor keeps a tensor whose exact value is ~0 (a gradient that
+/// cancels, e.g. of W_q when only a document's first token is supervised) from turning
+/// rounding noise into a relative error of 1.
 compared_tensor compare(std::string name, const std::vector<double>& got,
-                        const std::vector<double>& want, double tol) {
+                        const std::vector<double>& want, double tol, double floor = 0) {
   compared_tensor c;
   c.tensor = std::move(name);
   c.numel = static_cast<std::int64_t>(want.size());
@@ -70,6 +73,7 @@ compared_tensor compare(std::string name, const std::vector<double>& got,
     c.max_abs = std::max(c.max_abs, std::isfinite(d) ? d : std::numeric_limits<double>::infinity());
     ref = std::max(ref, std::abs(want[i]));
   }
+  ref = std::max(ref, floor);
   c.max_rel = ref > 0 ? c.max_abs / ref : c.max_abs;
   c.pass = finite && c.max_rel <= tol;
   if (!finite) c.note = "non-finite values";
@@ -124,22 +128,27 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
   return out;
 }
 
+/// The SP step of cp rank comm.rank() (the fault wrapper and the recorder as the options say).
+template <class T>
+step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
+                            const model_params<T>& p, const check_options& opt) {
+  eigen_compute comp(opt.naive_attention);
+  const int k = comm.rank();
+  std::optional<faulty_communicator> faulty;
+  communicator* link = &comm;
+  if (opt.fault.kind != fault_kind::none) link = &faulty.emplace(comm, opt.fault);
+  if (opt.recorder) link->set_recorder(opt.recorder);
+  sp_env env = cp_rank_env(*link, comp, s, cb);
+  return train_step(p, s, rank_input(s, cb, k), env);
+}
+
 template <class T>
 std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
                                    const model_params<T>& p, const check_options& opt) {
   std::vector<step_output<T>> outs(static_cast<std::size_t>(s.cp()));
-  run_ranks(
-      s.cp(),
-      [&](communicator& comm) {
-        eigen_compute comp(opt.naive_attention);
-        const int k = comm.rank();
-        std::optional<faulty_communicator> faulty;
-        communicator* link = &comm;
-        if (opt.fault.kind != fault_kind::none) link = &faulty.emplace(comm, opt.fault);
-        if (opt.recorder) link->set_recorder(opt.recorder);
-        sp_env env = cp_rank_env(*link, comp, s, cb);
-        outs[static_cast<std::size_t>(k)] = train_step(p, s, rank_input(s, cb, k), env);
-      });
+  run_ranks(s.cp(), [&](communicator& comm) {
+    outs[static_cast<std::size_t>(comm.rank())] = sp_rank_step(comm, s, cb, p, opt);
+  });
   return outs;
 }
 
@@ -175,6 +184,50 @@ std::vector<compared_tensor> layout_rows(const scenario& s, const collated_batch
   return rows;
 }
 
+/// The compared rows of a check, from the reference step and every cp rank's SP step (in cp
+/// rank order): shared by the in-process and the distributed checks, so both report the same.
+template <class T>
+void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
+              const step_output<double>& ref, const std::vector<step_output<T>>& outs) {
+  const double tol = rep.tolerance;
+  double worst_loss = 0;
+  for (const auto& o : outs) worst_loss = std::max(worst_loss, std::abs(o.loss - ref.loss));
+  compared_tensor loss = compare("loss", {ref.loss + worst_loss}, {ref.loss}, tol);
+  loss.note = fmt::format("reference {:.12g} over {} valid tokens", ref.loss, ref.valid_tokens);
+  if (outs.front().valid_tokens != ref.valid_tokens) {
+    loss.pass = false;
+    loss.note = fmt::format("SP counted {} valid tokens, reference {}", outs.front().valid_tokens,
+                            ref.valid_tokens);
+  }
+  rep.rows.push_back(loss);
+
+  std::vector<mat<T>> logits, embed;
+  for (const auto& o : outs) {
+    logits.push_back(o.logits);
+    embed.push_back(o.embed_out_grad);
+  }
+  rep.rows.push_back(compare("logits", gather_tokens(cb, logits), values_of(ref.logits), tol));
+  rep.rows.push_back(
+      compare("embedding.output.grad", gather_tokens(cb, embed), values_of(ref.embed_out_grad), tol));
+  // Parameter gradients far below the largest one are judged against 1e-3 of it.
+  double grad_scale = 0;
+  for (const auto& g : ref.grads.values) grad_scale = std::max(grad_scale, static_cast<double>(g.cwiseAbs().maxCoeff()));
+  for (std::size_t i = 0; i < ref.grads.values.size(); ++i) {
+    compared_tensor worst;
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      auto c = compare("grad." + ref.grads.names[i], values_of(outs[k].grads.values[i]),
+                       values_of(ref.grads.values[i]), tol, 1e-3 * grad_scale);
+      if (k == 0 || c.max_rel > worst.max_rel || !c.pass) {
+        if (!c.pass && c.note.empty()) c.note = fmt::format("worst on cp rank {}", k);
+        if (k == 0 || worst.pass) worst = c;
+      }
+    }
+    rep.rows.push_back(worst);
+  }
+  for (auto& r : layout_rows(s, cb)) rep.rows.push_back(std::move(r));
+  rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
+}
+
 template <class T>
 check_report run_typed(const scenario& s, const check_options& opt) {
   check_report rep;
@@ -202,44 +255,114 @@ check_report run_typed(const scenario& s, const check_options& opt) {
   const auto outs = run_sp<T>(s, cb, p, opt);
   rep.sp_seconds = seconds_since(t0);
 
-  const double tol = rep.tolerance;
-  double worst_loss = 0;
-  for (const auto& o : outs) worst_loss = std::max(worst_loss, std::abs(o.loss - ref.loss));
-  compared_tensor loss = compare("loss", {ref.loss + worst_loss}, {ref.loss}, tol);
-  loss.note = fmt::format("reference {:.12g} over {} valid tokens", ref.loss, ref.valid_tokens);
-  if (outs.front().valid_tokens != ref.valid_tokens) {
-    loss.pass = false;
-    loss.note = fmt::format("SP counted {} valid tokens, reference {}", outs.front().valid_tokens,
-                            ref.valid_tokens);
-  }
-  rep.rows.push_back(loss);
+  add_rows(rep, s, cb, ref, outs);
+  return rep;
+}
 
-  std::vector<mat<T>> logits, embed;
-  for (const auto& o : outs) {
-    logits.push_back(o.logits);
-    embed.push_back(o.embed_out_grad);
+// ---- distributed: one cp rank per process, rows built on rank 0 ----
+
+/// One rank's step output as float64 values (exact for f32 and f64):
+/// [loss, valid_tokens, logits rows, logits cols, embed rows, embed cols, logits…, embed…,
+/// every gradient…] — the same length on every rank (all hold cb.chunk tokens).
+template <class T>
+std::vector<double> pack(const step_output<T>& o) {
+  std::vector<double> v = {o.loss,
+                           static_cast<double>(o.valid_tokens),
+                           static_cast<double>(o.logits.rows()),
+                           static_cast<double>(o.logits.cols()),
+                           static_cast<double>(o.embed_out_grad.rows()),
+                           static_cast<double>(o.embed_out_grad.cols())};
+  auto put = [&v](const mat<T>& m) {
+    for (Eigen::Index i = 0; i < m.size(); ++i) v.push_back(static_cast<double>(m.data()[i]));
+  };
+  put(o.logits);
+  put(o.embed_out_grad);
+  for (const auto& g : o.grads.values) put(g);
+  return v;
+}
+
+/// The inverse of pack; `like` gives the gradient names and shapes.
+template <class T>
+step_output<T> unpack(const double* v, const model_params<T>& like) {
+  step_output<T> o;
+  o.loss = v[0];
+  o.valid_tokens = static_cast<std::int64_t>(v[1]);
+  std::size_t at = 6;
+  auto take = [&](mat<T>& m, Eigen::Index rows, Eigen::Index cols) {
+    m.resize(rows, cols);
+    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<T>(v[at++]);
+  };
+  take(o.logits, static_cast<Eigen::Index>(v[2]), static_cast<Eigen::Index>(v[3]));
+  take(o.embed_out_grad, static_cast<Eigen::Index>(v[4]), static_cast<Eigen::Index>(v[5]));
+  o.grads = like.zeros_like();
+  for (auto& g : o.grads.values) take(g, g.rows(), g.cols());
+  return o;
+}
+
+template <class T>
+check_report run_distributed_typed(communicator& world, const scenario& s,
+                                   const check_options& opt) {
+  const int P = world.world_size(), me = world.rank();
+  if (P != s.cp())
+    fail<config_error>(
+        "the distributed check runs one cp rank per process: {} processes for ulysses={} × "
+        "ring={} = {} cp ranks; launch mpiexec -n {}",
+        P, s.ulysses, s.ring, s.cp(), s.cp());
+  check_report rep;
+  rep.scen = s;
+  rep.type = opt.type;
+  rep.tolerance = tolerance_for(s, opt.type, &rep.error_model);
+  auto say = [&](std::string_view line) {
+    if (opt.progress) opt.progress(line);
+  };
+  // Every process collates the same batch (deterministic) and keeps its own rank's tokens.
+  const packed_batch batch = make_batch(s);
+  const collated_batch cb = collate(batch, options_of(s));
+  rep.warnings = cb.warnings;
+  const auto p64 = model_params<double>::init(s);
+  const auto p = p64.template cast<T>();
+
+  say(fmt::format("SP step: {} processes (ulysses {} × ring {}), {} tokens each ({})", P,
+                  s.ulysses, s.ring, cb.chunk, dtype_name(opt.type)));
+  auto t0 = std::chrono::steady_clock::now();
+  const auto mine = pack(sp_rank_step<T>(world, s, cb, p, opt));
+  rep.sp_seconds = seconds_since(t0);
+
+  comm_group all{"check.world", {}};
+  for (int r = 0; r < P; ++r) all.ranks.push_back(r);
+  say("gathering every rank's loss, logits and gradients on rank 0");
+  std::vector<double> gathered(mine.size() * static_cast<std::size_t>(P));
+  world.all_gather(all, mine.data(), static_cast<std::int64_t>(mine.size()), gathered.data(),
+                   dtype::f64, op_info{"check.gather", {}, {}});
+
+  std::int32_t verdict = 0;
+  if (me == 0) {
+    std::vector<step_output<T>> outs;
+    for (int r = 0; r < P; ++r) outs.push_back(unpack(gathered.data() + r * mine.size(), p));
+    say(fmt::format("non-SP reference on rank 0: {} tokens (float64, in process)",
+                    cb.original_length));
+    t0 = std::chrono::steady_clock::now();
+    const auto ref = run_reference(s, batch, p64, opt.naive_attention);
+    rep.reference_seconds = seconds_since(t0);
+    add_rows(rep, s, cb, ref, outs);
+    verdict = rep.pass ? 1 : 0;
   }
-  rep.rows.push_back(compare("logits", gather_tokens(cb, logits), values_of(ref.logits), tol));
-  rep.rows.push_back(
-      compare("embedding.output.grad", gather_tokens(cb, embed), values_of(ref.embed_out_grad), tol));
-  for (std::size_t i = 0; i < ref.grads.values.size(); ++i) {
-    compared_tensor worst;
-    for (std::size_t k = 0; k < outs.size(); ++k) {
-      auto c = compare("grad." + ref.grads.names[i], values_of(outs[k].grads.values[i]),
-                       values_of(ref.grads.values[i]), tol);
-      if (k == 0 || c.max_rel > worst.max_rel || !c.pass) {
-        if (!c.pass && c.note.empty()) c.note = fmt::format("worst on cp rank {}", k);
-        if (k == 0 || worst.pass) worst = c;
-      }
-    }
-    rep.rows.push_back(worst);
-  }
-  for (auto& r : layout_rows(s, cb)) rep.rows.push_back(std::move(r));
-  rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
+  // Every process learns rank 0's verdict (rank 0 contributes it, the others 0).
+  world.all_reduce(all, &verdict, 1, dtype::i32, op_info{"check.verdict", {}, {}});
+  rep.pass = verdict == 1;
   return rep;
 }
 
 }  // namespace
+
+check_report run_check_distributed(communicator& world, const scenario& s,
+                                   const check_options& opt) {
+  validate(s);
+  if (opt.type == dtype::f64) return run_distributed_typed<double>(world, s, opt);
+  if (opt.type == dtype::f32) return run_distributed_typed<float>(world, s, opt);
+  fail<config_error>("the CPU reference checks float64 or float32, not {}; use --dtype f64|f32",
+                     dtype_name(opt.type));
+}
 
 check_report run_check(const scenario& s, const check_options& opt) {
   validate(s);

@@ -57,9 +57,6 @@ void check_model_sizes(const scenario& s) {
   if (s.heads % s.kv_heads != 0)
     fail<config_error>("model: heads={} is not divisible by kv_heads={}; use kv_heads dividing heads",
                        s.heads, s.kv_heads);
-  if (s.head_dim % 2 != 0)
-    fail<config_error>("model: head_dim={} is odd; RoPE (rotate-half) needs an even head_dim",
-                       s.head_dim);
 }
 
 }  // namespace
@@ -171,16 +168,19 @@ namespace {
 template <class T>
 mat<T> rotate(const mat<T>& x, int heads, int head_dim, std::span<const std::int64_t> positions,
               double theta, int sign, const char* who) {
-  if (head_dim % 2 != 0 || x.cols() != std::int64_t{heads} * head_dim ||
+  if (x.cols() != std::int64_t{heads} * head_dim ||
       static_cast<std::size_t>(x.rows()) != positions.size())
     fail<shape_error>("{}: x is [{}, {}] with {} positions; expected [tokens, heads·head_dim = "
-                      "{}·{}], one position per token and an even head_dim",
+                      "{}·{}], one position per token",
                       who, x.rows(), x.cols(), positions.size(), heads, head_dim);
-  const int half = head_dim / 2;
+  // Rotate-half over the largest even prefix of the head: an odd head_dim keeps its last
+  // dimension unrotated (partial rotary, as GPT-NeoX's rotary_pct < 1 does).
+  const int rot = head_dim - head_dim % 2;
+  const int half = rot / 2;
   std::vector<double> inv_freq(static_cast<std::size_t>(half));
   for (int i = 0; i < half; ++i)
-    inv_freq[static_cast<std::size_t>(i)] = std::pow(theta, -2.0 * i / head_dim);
-  mat<T> y(x.rows(), x.cols());
+    inv_freq[static_cast<std::size_t>(i)] = std::pow(theta, -2.0 * i / rot);
+  mat<T> y = x;
   std::vector<T> c(static_cast<std::size_t>(half)), s(static_cast<std::size_t>(half));
   for (Eigen::Index t = 0; t < x.rows(); ++t) {
     const double pos = static_cast<double>(positions[static_cast<std::size_t>(t)]);

@@ -146,9 +146,20 @@ TEST(model_ops, rope_is_llama_rotate_half) {
   EXPECT_LE((back - x).cwiseAbs().maxCoeff(), 1e-15);
 }
 
-TEST(model_ops, rope_rejects_odd_head_dim) {
-  const std::vector<std::int64_t> pos{0};
-  EXPECT_THROW(ops::rope_fwd(filled<double>(1, 3, 1), 1, 3, pos), shape_error);
+TEST(model_ops, rope_with_odd_head_dim_rotates_the_even_prefix_and_keeps_the_last_dim) {
+  const std::vector<std::int64_t> pos{0, 3};
+  const mat<double> x = filled<double>(2, 6, 1);  // 2 heads of dim 3
+  const mat<double> y = ops::rope_fwd(x, 2, 3, pos);
+  const double a = 3.0;  // position 3, frequency theta^0
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_DOUBLE_EQ(y(0, 3 * h), x(0, 3 * h));  // position 0 is the identity
+    EXPECT_NEAR(y(1, 3 * h), x(1, 3 * h) * std::cos(a) - x(1, 3 * h + 1) * std::sin(a), 1e-15);
+    EXPECT_NEAR(y(1, 3 * h + 1), x(1, 3 * h + 1) * std::cos(a) + x(1, 3 * h) * std::sin(a), 1e-15);
+    EXPECT_DOUBLE_EQ(y(1, 3 * h + 2), x(1, 3 * h + 2));  // the odd dimension is not rotated
+  }
+  EXPECT_LE((ops::rope_bwd(y, 2, 3, pos) - x).cwiseAbs().maxCoeff(), 1e-15);
+  const mat<double> d1 = ops::rope_fwd(filled<double>(1, 1, 2), 1, 1, {pos.data(), 1});
+  EXPECT_TRUE(d1.isApprox(filled<double>(1, 1, 2)));
 }
 
 TEST(model_ops, swiglu_matches_finite_differences) {
