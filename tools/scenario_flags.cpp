@@ -36,6 +36,8 @@ void scenario_flags::add_to(CLI::App& app) {
   app.add_option("--seed", seed_, "data and weight seed");
   app.add_flag("--no-zigzag", no_zigzag_, "ring: contiguous layout instead of zigzag");
   app.add_option("--ring-backward", ring_backward_, "ring backward: allgather | ring");
+  app.add_option("--ring-forward", ring_forward_,
+                 "ring forward: p2p (ring attention) | allgather (llama3-style, its own backward)");
   app.add_option("--cp-fsdp-mode", cp_fsdp_mode_, "all | ulysses_only | ring_only | none");
 }
 
@@ -82,10 +84,11 @@ scenario scenario_flags::resolve() const {
   if (!profile_.empty()) s.profile = parse_profile(profile_);
   if (no_zigzag_) s.zigzag = false;
   if (!ring_backward_.empty()) s.ring_backward = ring_backward_;
+  if (!ring_forward_.empty()) s.ring_forward = ring_forward_;
   if (!cp_fsdp_mode_.empty()) s.cp_fsdp_mode = cp_fsdp_mode_;
   const bool overridden = ulysses_ || ring_ || heads_ || kv_heads_ || head_dim_ || hidden_ ||
                           intermediate_ || layers_ || vocab_ || seed_ || !docs_.empty() ||
-                          !profile_.empty() || no_zigzag_ || !ring_backward_.empty() ||
+                          !profile_.empty() || no_zigzag_ || !ring_backward_.empty() || !ring_forward_.empty() ||
                           !cp_fsdp_mode_.empty();
   if (overridden && config_.empty()) s.name = "custom";
   validate(s);
@@ -109,6 +112,7 @@ nlohmann::json scenario_to_json(const scenario& s) {
           {"seed", s.seed},
           {"zigzag", s.zigzag},
           {"ring_backward", s.ring_backward},
+          {"ring_forward", s.ring_forward},
           {"cp_fsdp_mode", s.cp_fsdp_mode},
           {"pad_token_id", s.pad_token_id}};
 }
@@ -117,7 +121,7 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   if (!j.is_object()) fail<config_error>("a scenario must be a JSON object, got {}", j.type_name());
   static const std::vector<std::string> known = {
       "name",  "profile", "ulysses", "ring", "cp_size", "heads", "kv_heads", "head_dim",
-      "hidden", "intermediate", "layers", "vocab", "docs", "seed", "zigzag", "ring_backward",
+      "hidden", "intermediate", "layers", "vocab", "docs", "seed", "zigzag", "ring_backward", "ring_forward",
       "cp_fsdp_mode", "pad_token_id"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
@@ -151,6 +155,7 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   get("seed", s.seed);
   get("zigzag", s.zigzag);
   get("ring_backward", s.ring_backward);
+  get("ring_forward", s.ring_forward);
   get("cp_fsdp_mode", s.cp_fsdp_mode);
   get("pad_token_id", s.pad_token_id);
   if (j.contains("cp_size") && j.at("cp_size") != s.cp())
@@ -170,6 +175,7 @@ std::string scenario_command(const scenario& s, const std::string& sub) {
       s.intermediate, s.layers, s.vocab, fmt::join(docs, ","), s.seed);
   if (!s.zigzag) cmd += " --no-zigzag";
   if (s.ring_backward != "allgather") cmd += " --ring-backward " + s.ring_backward;
+  if (s.ring_forward != "p2p") cmd += " --ring-forward " + s.ring_forward;
   if (s.cp_fsdp_mode != "all") cmd += " --cp-fsdp-mode " + s.cp_fsdp_mode;
   return cmd;
 }

@@ -49,6 +49,7 @@ class ring_attention final : public inner_attention {
   void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out, tensor& lse,
                const std::string& tag) override {
     check_rows(q, "q");
+    if (s_.forward == ring_forward_kind::allgather) return forward_allgather(q, k, v, out, lse, tag);
     c_.fill(out, 0.0);
     c_.fill(lse, -std::numeric_limits<double>::infinity());
     tensor kv = c_.stack_kv(k, v);
@@ -72,7 +73,9 @@ class ring_attention final : public inner_attention {
                 const tensor& lse, const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
                 const std::string& tag) override {
     c_.fill(dq, 0.0);
-    if (s_.backward == ring_backward_kind::allgather)
+    if (s_.forward == ring_forward_kind::allgather)
+      backward_prefix(q, k, v, out, lse, dout, dq, dk, dv, tag);
+    else if (s_.backward == ring_backward_kind::allgather)
       backward_allgather(q, k, v, out, lse, dout, dq, dk, dv, tag);
     else
       backward_ring(q, k, v, out, lse, dout, dq, dk, dv, tag);
@@ -281,6 +284,96 @@ class ring_attention final : public inner_attention {
         dkv = exchange({dkv}, tag + ".ring.bwd.return").front();
       }
     }
+    c_.unstack_kv(dkv, dk, dv);
+  }
+
+  // ---- llama3-style: all-gather K,V once; each Q row attends to its document's prefix. ----
+
+  /// The prefix calls of this rank: rows of the gathered K,V (ring-rank blocks of `rows_`) in
+  /// global order, per document, up to the end of each Q piece (bottom-right causal).
+  std::vector<section_call> prefix_calls() const {
+    std::vector<section_call> calls;
+    auto start = [&](bool all_q) {
+      section_call c;
+      c.all_q = all_q;
+      c.docs.scale = s_.scale;
+      c.docs.causal = true;
+      c.docs.cu_q = {0};
+      c.docs.cu_k = {0};
+      return c;
+    };
+    if (!s_.zigzag) {  // contiguous: global order is the gathered order
+      section_call c = start(true);
+      const std::int64_t q0 = r_ * rows_;
+      for (const auto& d : doc_ranges(s_.cu_global)) {
+        const auto q_len = std::max<std::int64_t>(0, std::min(d.end, q0 + rows_) - std::max(d.start, q0));
+        const auto k_end = std::min(d.end, q0 + rows_);
+        push_doc(c.docs.cu_q, q_len);
+        const auto k_len = q_len > 0 ? k_end - d.start : 0;
+        for (auto j = d.start; j < d.start + k_len; ++j) c.k_rows.push_back(j);
+        push_doc(c.docs.cu_k, k_len);
+      }
+      c.skip = c.k_rows.empty();
+      calls.push_back(std::move(c));
+      return calls;
+    }
+    // Zigzag: global chunk j of a document lives on ring rank j (early half) or 2R−1−j (late).
+    for (int piece = 0; piece < 2; ++piece) {
+      const int j_q = piece == 0 ? r_ : 2 * R_ - 1 - r_;
+      section_call c = start(false);
+      for (const auto& d : doc_ranges(local_cu_)) {
+        const auto half = d.size() / 2;
+        for (auto i = d.start + piece * half; i < d.start + (piece + 1) * half; ++i)
+          c.q_rows.push_back(i);
+        push_doc(c.docs.cu_q, half);
+        for (int j = 0; j <= j_q; ++j) {
+          const int owner = j < R_ ? j : 2 * R_ - 1 - j;
+          const auto first = owner * rows_ + d.start + (j < R_ ? 0 : half);
+          for (auto i = first; i < first + half; ++i) c.k_rows.push_back(i);
+        }
+        push_doc(c.docs.cu_k, (j_q + 1) * half);
+      }
+      c.skip = c.k_rows.empty();
+      calls.push_back(std::move(c));
+    }
+    return calls;
+  }
+
+  /// K,V of the whole ring, gathered: [R·rows, H, D] each.
+  std::pair<tensor, tensor> gather_kv(const tensor& k, const tensor& v, const std::string& tag) {
+    const tensor kv = c_.stack_kv(k, v);
+    shape_t all_shape = kv.shape;
+    all_shape[0] *= R_;
+    tensor kv_all = c_.empty(kv.type, all_shape);
+    comm_.all_gather(s_.group, kv.data, kv.numel(), kv_all.data, kv.type, {tag, kv.shape, all_shape});
+    shape_t kshape = k.shape;
+    kshape[0] *= R_;
+    tensor k_all = c_.empty(k.type, kshape), v_all = c_.empty(v.type, kshape);
+    c_.unstack_kv(kv_all, k_all, v_all);
+    return {k_all, v_all};
+  }
+
+  void forward_allgather(const tensor& q, const tensor& k, const tensor& v, tensor& out,
+                         tensor& lse, const std::string& tag) {
+    c_.fill(out, 0.0);
+    c_.fill(lse, -std::numeric_limits<double>::infinity());
+    auto [k_all, v_all] = gather_kv(k, v, tag + ".ring.kv.fwd");
+    for (const auto& call : prefix_calls())
+      if (!call.skip) run_forward(call, q, k_all, v_all, out, lse);
+  }
+
+  void backward_prefix(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                       const tensor& lse, const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
+                       const std::string& tag) {
+    auto [k_all, v_all] = gather_kv(k, v, tag + ".ring.kv.bwd");
+    tensor dk_all = c_.zeros(k.type, k_all.shape), dv_all = c_.zeros(v.type, v_all.shape);
+    for (const auto& call : prefix_calls())
+      if (!call.skip) section_backward(call, q, k_all, v_all, out, lse, dout, dq, dk_all, dv_all, 0);
+    const tensor dkv_all = c_.stack_kv(dk_all, dv_all);
+    const tensor kv_local = c_.stack_kv(k, v);
+    tensor dkv = c_.empty(kv_local.type, kv_local.shape);
+    comm_.reduce_scatter(s_.group, dkv_all.data, dkv.data, kv_local.numel(), kv_local.type,
+                         {tag + ".ring.dkv.bwd", dkv_all.shape, kv_local.shape});
     c_.unstack_kv(dkv, dk, dv);
   }
 

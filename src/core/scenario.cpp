@@ -85,6 +85,8 @@ void validate(const scenario& s) {
         s.ring);
   if (s.ring_backward != "allgather" && s.ring_backward != "ring")
     fail<config_error>("ring_backward '{}' is unknown; use allgather or ring", s.ring_backward);
+  if (s.ring_forward != "p2p" && s.ring_forward != "allgather")
+    fail<config_error>("ring_forward '{}' is unknown; use p2p or allgather", s.ring_forward);
   if (s.cp_fsdp_mode != "all" && s.cp_fsdp_mode != "ulysses_only" &&
       s.cp_fsdp_mode != "ring_only" && s.cp_fsdp_mode != "none")
     fail<config_error>("cp_fsdp_mode '{}' is unknown; use all, ulysses_only, ring_only or none",

@@ -29,6 +29,7 @@ struct scenario {
   std::uint64_t seed = 1;
   bool zigzag = true;              ///< ring layout: zigzag (xorl) or contiguous
   std::string ring_backward = "allgather";  ///< allgather (xorl) | ring
+  std::string ring_forward = "p2p";         ///< p2p (ring attention) | allgather (llama3-style)
   std::string cp_fsdp_mode = "all";         ///< all | ulysses_only | ring_only | none
   double ignore_fraction = 0.15;  ///< share of labels set to -100 (in runs) by the generator
   std::int64_t pad_token_id = 0;

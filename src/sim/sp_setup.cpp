@@ -73,6 +73,7 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s,
     rs.group = named(group_kind::ring, mesh, k);
     rs.zigzag = s.zigzag;
     rs.backward = s.ring_backward == "ring" ? ring_backward_kind::ring : ring_backward_kind::allgather;
+    rs.forward = s.ring_forward == "allgather" ? ring_forward_kind::allgather : ring_forward_kind::p2p;
     rs.cu_global = cu;
     rs.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
     rs.padded_length = cb.padded_length;

@@ -111,15 +111,16 @@ inline rc::Gen<scenario> ulysses_check_scenario() {
 }
 
 /// Ring and hybrid scenarios (issue: ring attention): R ∈ 1..4, U ∈ 1..4, zigzag on/off
-/// (documents aligned to 2R under zigzag), GQA, both backward variants, every cp_fsdp_mode.
+/// (documents aligned to 2R under zigzag), GQA, both backward variants and the all-gather
+/// forward, every cp_fsdp_mode.
 inline rc::Gen<scenario> ring_check_scenario() {
   return rc::gen::mapcat(rc::gen::tuple(rc::gen::inRange(1, 5), rc::gen::inRange(1, 5)),
                          [](const std::tuple<int, int>& ur) {
     const int U = std::get<0>(ur), R = std::get<1>(ur);
     return rc::gen::mapcat(
-        rc::gen::tuple(heads_for(U), rc::gen::arbitrary<bool>(), rc::gen::arbitrary<bool>(),
+        rc::gen::tuple(heads_for(U), rc::gen::arbitrary<bool>(), rc::gen::inRange(0, 3),
                        rc::gen::inRange(0, 4)),
-        [U, R](const std::tuple<std::pair<int, int>, bool, bool, int>& t) {
+        [U, R](const std::tuple<std::pair<int, int>, bool, int, int>& t) {
           scenario s;
           s.name = "generated";
           s.ulysses = U;
@@ -127,7 +128,10 @@ inline rc::Gen<scenario> ring_check_scenario() {
           s.heads = std::get<0>(t).first;
           s.kv_heads = std::get<0>(t).second;
           s.zigzag = std::get<1>(t);
-          s.ring_backward = std::get<2>(t) ? "ring" : "allgather";
+          // Ring forward + allgather backward (xorl), ring forward + ring backward, or the
+          // llama3-style all-gather forward with its own backward.
+          s.ring_backward = std::get<2>(t) == 1 ? "ring" : "allgather";
+          s.ring_forward = std::get<2>(t) == 2 ? "allgather" : "p2p";
           static const char* modes[] = {"all", "ulysses_only", "ring_only", "none"};
           s.cp_fsdp_mode = modes[std::get<3>(t)];
           return with_model(s, s.zigzag ? 4 : 12, s.zigzag && R > 1 ? 2 * R : 1);
