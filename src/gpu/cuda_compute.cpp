@@ -1,0 +1,571 @@
+// cuda_compute: argument checks, memory, cuBLAS; kernels through the launchers of kernels.cu.
+#include "gpu/cuda_compute.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernels/attention.hpp"
+#include "gpu/kernels/bf16.hpp"
+#include "gpu/kernels/layout.hpp"
+#include "gpu/launch.hpp"
+
+namespace seqpar::gpu {
+
+int device_count(std::string* reason) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (reason)
+      *reason = fmt::format("cudaGetDeviceCount returned {} ({})", static_cast<int>(e),
+                            cudaGetErrorString(e));
+    cudaGetLastError();  // clear the sticky-free error state for later calls
+    return -1;
+  }
+  if (n == 0 && reason) *reason = "cudaGetDeviceCount found 0 devices";
+  return n;
+}
+
+namespace {
+
+std::string shape_str(const shape_t& s) { return fmt::format("[{}]", fmt::join(s, ",")); }
+
+std::int64_t row_size(const tensor& x) {
+  return x.shape.empty() ? 1 : x.numel() / std::max<std::int64_t>(x.shape[0], 1);
+}
+
+int esz(const tensor& x) { return static_cast<int>(dtype_size(x.type)); }
+
+}  // namespace
+
+// ---- state ----
+
+struct cuda_compute::impl {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  /// Growable device scratch per purpose (index arrays, tile tables, workspaces): reused across
+  /// calls; stream order makes reuse safe.
+  struct scratch {
+    void* p = nullptr;
+    std::size_t cap = 0;
+  };
+  enum slot { s_cu_q, s_cu_k, s_tiles_q, s_tiles_k, s_rows, s_next, s_delta, s_pos, n_slots };
+  scratch bufs[n_slots];
+};
+
+cuda_compute::cuda_compute(int device, int rank) : impl_(new impl), device_(device), rank_(rank) {
+  std::string why;
+  const int n = device_count(&why);
+  if (n <= 0) raise("cudaGetDeviceCount", n < 0 ? 35 : 0, why, rank_);
+  if (device < 0 || device >= n)
+    fail<shape_error>("cuda_compute: device {} does not exist; {} device(s) visible", device, n);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  SEQPAR_CUDA(cudaStreamCreateWithFlags, &impl_->stream, cudaStreamNonBlocking);
+  const cublasStatus_t st = cublasCreate(&impl_->blas);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    raise("cublasCreate", static_cast<int>(st), cublasGetStatusString(st), rank_);
+  cublasSetStream(impl_->blas, impl_->stream);
+}
+
+cuda_compute::~cuda_compute() {
+  cudaSetDevice(device_);
+  if (impl_->stream) cudaStreamSynchronize(impl_->stream);
+  for (auto& b : impl_->bufs)
+    if (b.p) cudaFree(b.p);
+  if (impl_->blas) cublasDestroy(impl_->blas);
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+void* cuda_compute::stream() const { return impl_->stream; }
+
+void cuda_compute::synchronize() {
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  SEQPAR_CUDA(cudaStreamSynchronize, impl_->stream);
+}
+
+namespace {
+
+/// Turns a launcher's cudaError_t into a backend_error naming the op.
+void check_launch(int code, const char* op, int rank_) {
+  if (code != 0)
+    raise(op, code, cudaGetErrorString(static_cast<cudaError_t>(code)), rank_);
+}
+
+/// Copies host data into a scratch slot (grown as needed) and returns its device pointer.
+template <class V>
+void* upload(cuda_compute::impl& im, int slot, const V* data, std::size_t count, int rank_) {
+  auto& b = im.bufs[slot];
+  const std::size_t bytes = std::max<std::size_t>(count * sizeof(V), 1);
+  if (b.cap < bytes) {
+    if (b.p) SEQPAR_CUDA(cudaFree, b.p);  // synchronises: no kernel still reads the old buffer
+    b.p = nullptr;
+    b.cap = 0;
+    SEQPAR_CUDA(cudaMalloc, &b.p, bytes);
+    b.cap = bytes;
+  }
+  if (count && data)
+    SEQPAR_CUDA(cudaMemcpyAsync, b.p, data, count * sizeof(V), cudaMemcpyHostToDevice, im.stream);
+  return b.p;
+}
+
+void need_float(const tensor& x, const char* op, bool allow_f64) {
+  if (x.type == dtype::f32 || x.type == dtype::bf16 || (allow_f64 && x.type == dtype::f64)) return;
+  fail<shape_error>("cuda_compute::{}: {} is not supported; use float32 or bfloat16{}", op,
+                    dtype_name(x.type), allow_f64 ? " or float64" : "");
+}
+
+void same(const tensor& a, const tensor& b, const char* op) {
+  if (a.shape != b.shape || a.type != b.type)
+    fail<shape_error>("cuda_compute::{}: tensors of {} {} and {} {} differ", op,
+                      dtype_name(a.type), shape_str(a.shape), dtype_name(b.type), shape_str(b.shape));
+}
+
+void check_rows(std::span<const std::int64_t> rows, std::int64_t n, const char* op) {
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0 || rows[i] >= n)
+      fail<shape_error>("cuda_compute::{}: row {} (entry {}) outside a tensor of {} rows", op,
+                        rows[i], i, n);
+}
+
+}  // namespace
+
+// ---- allocation and host transfer ----
+
+tensor cuda_compute::empty(dtype t, shape_t s) {
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  tensor x;
+  x.type = t;
+  x.shape = std::move(s);
+  for (auto v : x.shape)
+    if (v < 0) fail<shape_error>("cuda_compute::empty: negative extent in {}", shape_str(x.shape));
+  void* p = nullptr;
+  SEQPAR_CUDA(cudaMalloc, &p, std::max<std::size_t>(x.bytes(), 1));
+  const int dev = device_;
+  // The last tensor sharing the storage frees it (cudaFree synchronises the device).
+  x.storage = std::shared_ptr<void>(p, [dev](void* q) {
+    cudaSetDevice(dev);
+    cudaFree(q);
+  });
+  x.data = p;
+  return x;
+}
+
+tensor cuda_compute::zeros(dtype t, shape_t s) {
+  tensor x = empty(t, std::move(s));
+  SEQPAR_CUDA(cudaMemsetAsync, x.data, 0, x.bytes(), impl_->stream);
+  return x;
+}
+
+tensor cuda_compute::clone(const tensor& x) {
+  tensor out = empty(x.type, x.shape);
+  if (x.bytes())
+    SEQPAR_CUDA(cudaMemcpyAsync, out.data, x.data, x.bytes(), cudaMemcpyDeviceToDevice, impl_->stream);
+  return out;
+}
+
+std::vector<double> cuda_compute::to_host(const tensor& x) {
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  std::vector<unsigned char> raw(x.bytes());
+  if (x.bytes())
+    SEQPAR_CUDA(cudaMemcpyAsync, raw.data(), x.data, x.bytes(), cudaMemcpyDeviceToHost, impl_->stream);
+  SEQPAR_CUDA(cudaStreamSynchronize, impl_->stream);
+  std::vector<double> out(static_cast<std::size_t>(x.numel()));
+  const auto conv = [&]<class T>() {
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      T v;
+      std::memcpy(&v, raw.data() + i * sizeof(T), sizeof(T));
+      if constexpr (std::is_same_v<T, bf16>)
+        out[i] = static_cast<double>(static_cast<float>(v));
+      else
+        out[i] = static_cast<double>(v);
+    }
+  };
+  switch (x.type) {
+    case dtype::f64: conv.template operator()<double>(); break;
+    case dtype::f32: conv.template operator()<float>(); break;
+    case dtype::bf16: conv.template operator()<bf16>(); break;
+    case dtype::i32: conv.template operator()<std::int32_t>(); break;
+    case dtype::i64: conv.template operator()<std::int64_t>(); break;
+  }
+  return out;
+}
+
+tensor cuda_compute::from_host(dtype t, shape_t s, std::span<const double> values) {
+  tensor x = empty(t, std::move(s));
+  if (static_cast<std::int64_t>(values.size()) != x.numel())
+    fail<shape_error>("cuda_compute::from_host: {} values for {} elements", values.size(), x.numel());
+  std::vector<unsigned char> raw(x.bytes());
+  const auto conv = [&]<class T>() {
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      T v;
+      if constexpr (std::is_same_v<T, bf16>)
+        v = bf16(static_cast<float>(values[i]));
+      else
+        v = static_cast<T>(values[i]);
+      std::memcpy(raw.data() + i * sizeof(T), &v, sizeof(T));
+    }
+  };
+  switch (t) {
+    case dtype::f64: conv.template operator()<double>(); break;
+    case dtype::f32: conv.template operator()<float>(); break;
+    case dtype::bf16: conv.template operator()<bf16>(); break;
+    case dtype::i32: conv.template operator()<std::int32_t>(); break;
+    case dtype::i64: conv.template operator()<std::int64_t>(); break;
+  }
+  if (x.bytes())
+    SEQPAR_CUDA(cudaMemcpyAsync, x.data, raw.data(), x.bytes(), cudaMemcpyHostToDevice, impl_->stream);
+  SEQPAR_CUDA(cudaStreamSynchronize, impl_->stream);  // raw dies at return
+  return x;
+}
+
+// ---- data movement ----
+
+void cuda_compute::pack_for_heads(const a2a_geometry& g, const tensor& x, tensor& wire) {
+  if (x.numel() != g.numel_local() || wire.numel() != g.numel_local() || x.type != wire.type)
+    fail<shape_error>("cuda_compute::pack_for_heads: {} and {} elements for a plan of {}",
+                      x.numel(), wire.numel(), g.numel_local());
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::pack_for_heads(g, esz(x), x.data, wire.data, impl_->stream), "pack_for_heads", rank_);
+}
+
+void cuda_compute::unpack_to_seq(const a2a_geometry& g, const tensor& wire, tensor& x) {
+  if (x.numel() != g.numel_local() || wire.numel() != g.numel_local() || x.type != wire.type)
+    fail<shape_error>("cuda_compute::unpack_to_seq: {} and {} elements for a plan of {}",
+                      x.numel(), wire.numel(), g.numel_local());
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::unpack_to_seq(g, esz(x), wire.data, x.data, impl_->stream), "unpack_to_seq", rank_);
+}
+
+tensor cuda_compute::repeat_heads(const tensor& x, int rep) {
+  if (x.shape.size() != 3 || rep < 1)
+    fail<shape_error>("cuda_compute::repeat_heads: x {} is not [S, H, D] or rep {} < 1",
+                      shape_str(x.shape), rep);
+  tensor out = empty(x.type, {x.shape[0], x.shape[1] * rep, x.shape[2]});
+  check_launch(launch::repeat_heads(out.numel(), rep, static_cast<int>(x.shape[2]), esz(x), x.data,
+                                    out.data, impl_->stream),
+               "repeat_heads", rank_);
+  return out;
+}
+
+tensor cuda_compute::sum_repeated_heads(const tensor& dx, int rep) {
+  if (dx.shape.size() != 3 || rep < 1 || dx.shape[1] % rep != 0)
+    fail<shape_error>("cuda_compute::sum_repeated_heads: dx {} does not split into groups of {}",
+                      shape_str(dx.shape), rep);
+  need_float(dx, "sum_repeated_heads", true);
+  tensor out = empty(dx.type, {dx.shape[0], dx.shape[1] / rep, dx.shape[2]});
+  check_launch(launch::sum_repeated_heads(dx.type, out.numel(), rep, static_cast<int>(dx.shape[2]),
+                                          dx.data, out.data, impl_->stream),
+               "sum_repeated_heads", rank_);
+  return out;
+}
+
+tensor cuda_compute::stack_kv(const tensor& k, const tensor& v) {
+  same(k, v, "stack_kv");
+  if (k.shape.size() != 3)
+    fail<shape_error>("cuda_compute::stack_kv: k {} is not [S, H, D]", shape_str(k.shape));
+  tensor out = empty(k.type, {k.shape[0], k.shape[1], 2, k.shape[2]});
+  check_launch(launch::stack_kv(out.numel(), static_cast<int>(k.shape[2]), esz(k), k.data, v.data,
+                                out.data, impl_->stream),
+               "stack_kv", rank_);
+  return out;
+}
+
+void cuda_compute::unstack_kv(const tensor& kv, tensor& k, tensor& v) {
+  same(k, v, "unstack_kv");
+  if (k.shape.size() != 3 || kv.numel() != 2 * k.numel() || kv.type != k.type)
+    fail<shape_error>("cuda_compute::unstack_kv: {} elements cannot split into two of {}",
+                      kv.numel(), shape_str(k.shape));
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::unstack_kv(kv.numel(), static_cast<int>(k.shape[2]), esz(k), kv.data, k.data,
+                                  v.data, impl_->stream),
+               "unstack_kv", rank_);
+}
+
+tensor cuda_compute::gather_rows(const tensor& x, std::span<const std::int64_t> rows) {
+  if (x.shape.empty()) fail<shape_error>("cuda_compute::gather_rows: x is a scalar");
+  check_rows(rows, x.shape[0], "gather_rows");
+  shape_t s = x.shape;
+  s[0] = static_cast<std::int64_t>(rows.size());
+  tensor out = empty(x.type, s);
+  const auto* d_rows = static_cast<const std::int64_t*>(
+      upload(*impl_, impl::s_rows, rows.data(), rows.size(), rank_));
+  check_launch(launch::gather_rows(out.numel(), row_size(x), d_rows, esz(x), x.data, out.data,
+                                   impl_->stream),
+               "gather_rows", rank_);
+  return out;
+}
+
+void cuda_compute::scatter_rows(tensor& dst, const tensor& x, std::span<const std::int64_t> rows) {
+  if (dst.shape.empty() || x.shape.empty() || row_size(x) != row_size(dst) ||
+      x.shape[0] != static_cast<std::int64_t>(rows.size()) || x.type != dst.type)
+    fail<shape_error>("cuda_compute::scatter_rows: {} rows of {} into rows of {}",
+                      x.shape.empty() ? 0 : x.shape[0], row_size(x), row_size(dst));
+  check_rows(rows, dst.shape[0], "scatter_rows");
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  const auto* d_rows = static_cast<const std::int64_t*>(
+      upload(*impl_, impl::s_rows, rows.data(), rows.size(), rank_));
+  check_launch(launch::scatter_rows(x.numel(), row_size(dst), d_rows, esz(x), x.data, dst.data,
+                                    impl_->stream),
+               "scatter_rows", rank_);
+}
+
+void cuda_compute::scatter_add_rows(tensor& acc, const tensor& x, std::span<const std::int64_t> rows) {
+  if (acc.shape.empty() || x.shape.empty() || row_size(x) != row_size(acc) ||
+      x.shape[0] != static_cast<std::int64_t>(rows.size()) || x.type != acc.type)
+    fail<shape_error>("cuda_compute::scatter_add_rows: {} rows of {} into rows of {}",
+                      x.shape.empty() ? 0 : x.shape[0], row_size(x), row_size(acc));
+  check_rows(rows, acc.shape[0], "scatter_add_rows");
+  need_float(acc, "scatter_add_rows", true);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  std::vector<std::int64_t> first, next;
+  scatter_add_chains(rows, acc.shape[0], first, next);
+  const auto* d_first = static_cast<const std::int64_t*>(
+      upload(*impl_, impl::s_rows, first.data(), first.size(), rank_));
+  const auto* d_next = static_cast<const std::int64_t*>(
+      upload(*impl_, impl::s_next, next.data(), next.size(), rank_));
+  check_launch(launch::scatter_add_rows(acc.type, acc.numel(), row_size(acc), d_first, d_next,
+                                        x.data, acc.data, impl_->stream),
+               "scatter_add_rows", rank_);
+}
+
+void cuda_compute::fill(tensor& x, double value) {
+  need_float(x, "fill", true);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::fill(x.type, x.numel(), value, x.data, impl_->stream), "fill", rank_);
+}
+
+void cuda_compute::add(tensor& acc, const tensor& x) {
+  if (acc.numel() != x.numel() || acc.type != x.type)
+    fail<shape_error>("cuda_compute::add: {} and {} elements", acc.numel(), x.numel());
+  need_float(acc, "add", true);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::add(acc.type, acc.numel(), x.data, acc.data, impl_->stream), "add", rank_);
+}
+
+void cuda_compute::scale(tensor& acc, double a) {
+  need_float(acc, "scale", true);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::scale(acc.type, acc.numel(), a, acc.data, impl_->stream), "scale", rank_);
+}
+
+void cuda_compute::lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out_new,
+                             const tensor& lse_new) {
+  same(out_acc, out_new, "lse_merge");
+  same(lse_acc, lse_new, "lse_merge");
+  if (out_acc.shape.size() != 3 || lse_acc.shape.size() != 2 || out_acc.shape[0] != lse_acc.shape[0] ||
+      out_acc.shape[1] != lse_acc.shape[1] || out_acc.type != lse_acc.type)
+    fail<shape_error>("cuda_compute::lse_merge: out {} and lse {} are not [S, H, D] and [S, H]",
+                      shape_str(out_acc.shape), shape_str(lse_acc.shape));
+  need_float(out_acc, "lse_merge", false);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::lse_merge(out_acc.type, lse_acc.numel(), static_cast<int>(out_acc.shape[2]),
+                                 out_acc.data, lse_acc.data, out_new.data, lse_new.data,
+                                 impl_->stream),
+               "lse_merge", rank_);
+}
+
+// ---- attention ----
+
+namespace {
+
+void check_docs(const attention_docs& docs, std::int64_t sq, std::int64_t sk) {
+  if (docs.cu_q.size() != docs.cu_k.size() || docs.cu_q.empty())
+    fail<shape_error>("attention: cu_q has {} entries and cu_k {}; they must match and be non-empty",
+                      docs.cu_q.size(), docs.cu_k.size());
+  const auto check = [](const std::vector<std::int32_t>& cu, std::int64_t s, const char* name) {
+    if (cu[0] != 0) fail<shape_error>("attention: {}[0] must be 0, got {}", name, cu[0]);
+    for (std::size_t i = 1; i < cu.size(); ++i)
+      if (cu[i] < cu[i - 1])
+        fail<shape_error>("attention: {} must be non-decreasing, got {}", name, fmt::join(cu, ","));
+    if (cu.back() > s) fail<shape_error>("attention: {} ends at {} past {} rows", name, cu.back(), s);
+  };
+  check(docs.cu_q, sq, "cu_q");
+  check(docs.cu_k, sk, "cu_k");
+}
+
+void check_qkv(const tensor& q, const tensor& k, const tensor& v) {
+  if (q.shape.size() != 3 || k.shape != v.shape || k.shape.size() != 3 || q.shape[2] != k.shape[2] ||
+      q.type != k.type || q.type != v.type)
+    fail<shape_error>("attention: q {}, k {}, v {} are not [tokens, heads, head_dim] alike",
+                      shape_str(q.shape), shape_str(k.shape), shape_str(v.shape));
+  if (k.shape[1] <= 0 || q.shape[1] % k.shape[1] != 0)
+    fail<shape_error>("attention: hq={} is not divisible by hkv={}", q.shape[1], k.shape[1]);
+  if (q.shape[2] > 128 || q.shape[2] < 1)
+    fail<shape_error>("attention: head_dim={} is outside the GPU kernels' range 1..128", q.shape[2]);
+  need_float(q, "attention", false);
+}
+
+launch::attention_call call_of(const tensor& q, const tensor& k, const tensor& v,
+                               const attention_docs& docs) {
+  launch::attention_call a;
+  a.type = q.type;
+  a.q = q.data;
+  a.k = k.data;
+  a.v = v.data;
+  a.sq = q.shape[0];
+  a.hq = static_cast<int>(q.shape[1]);
+  a.hkv = static_cast<int>(k.shape[1]);
+  a.d = static_cast<int>(q.shape[2]);
+  a.scale = static_cast<float>(docs.scale);
+  a.causal = docs.causal;
+  return a;
+}
+
+}  // namespace
+
+void cuda_compute::attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                                     const attention_docs& docs, tensor& out, tensor& lse) {
+  check_qkv(q, k, v);
+  check_docs(docs, q.shape[0], k.shape[0]);
+  if (out.shape != q.shape || out.type != q.type || lse.shape != shape_t{q.shape[0], q.shape[1]} ||
+      lse.type != q.type)
+    fail<shape_error>("attention_forward: out {} and lse {} for q {}", shape_str(out.shape),
+                      shape_str(lse.shape), shape_str(q.shape));
+  fill(out, 0.0);  // rows outside every document
+  fill(lse, -INFINITY);
+  auto a = call_of(q, k, v, docs);
+  a.out = out.data;
+  a.lse = lse.data;
+  a.cu_q = static_cast<const std::int32_t*>(upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
+  a.cu_k = static_cast<const std::int32_t*>(upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
+  const auto tiles = kern::make_tiles(docs.cu_q, launch::q_tile_rows(a.d));
+  a.q_tiles = upload(*impl_, impl::s_tiles_q, tiles.data(), tiles.size(), rank_);
+  a.n_q_tiles = static_cast<int>(tiles.size());
+  check_launch(launch::attention_forward(a, impl_->stream), "attention_forward", rank_);
+}
+
+void cuda_compute::attention_backward(const tensor& q, const tensor& k, const tensor& v,
+                                      const tensor& out, const tensor& lse, const tensor& dout,
+                                      const attention_docs& docs, tensor& dq, tensor& dk,
+                                      tensor& dv) {
+  check_qkv(q, k, v);
+  check_docs(docs, q.shape[0], k.shape[0]);
+  if (out.shape != q.shape || dout.shape != q.shape || dq.shape != q.shape || dk.shape != k.shape ||
+      dv.shape != k.shape || lse.shape != shape_t{q.shape[0], q.shape[1]} || out.type != q.type ||
+      dout.type != q.type || dq.type != q.type || dk.type != q.type || dv.type != q.type ||
+      lse.type != q.type)
+    fail<shape_error>("attention_backward: out {}, lse {}, dout {}, dq {}, dk {}, dv {} for q {}, k {}",
+                      shape_str(out.shape), shape_str(lse.shape), shape_str(dout.shape),
+                      shape_str(dq.shape), shape_str(dk.shape), shape_str(dv.shape),
+                      shape_str(q.shape), shape_str(k.shape));
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  // Rows outside every document keep these zeros.
+  SEQPAR_CUDA(cudaMemsetAsync, dq.data, 0, dq.bytes(), impl_->stream);
+  SEQPAR_CUDA(cudaMemsetAsync, dk.data, 0, dk.bytes(), impl_->stream);
+  SEQPAR_CUDA(cudaMemsetAsync, dv.data, 0, dv.bytes(), impl_->stream);
+  auto a = call_of(q, k, v, docs);
+  a.out = const_cast<void*>(out.data);
+  a.lse = const_cast<void*>(lse.data);
+  a.dout = dout.data;
+  a.dq = dq.data;
+  a.dk = dk.data;
+  a.dv = dv.data;
+  a.cu_q = static_cast<const std::int32_t*>(upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
+  a.cu_k = static_cast<const std::int32_t*>(upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
+  a.delta = static_cast<float*>(upload(*impl_, impl::s_delta, static_cast<const float*>(nullptr),
+                                       static_cast<std::size_t>(q.shape[0] * q.shape[1]), rank_));
+  const auto qt = kern::make_tiles(docs.cu_q, launch::q_tile_rows(a.d));
+  const auto kt = kern::make_tiles(docs.cu_k, launch::k_tile_rows(a.d));
+  a.q_tiles = upload(*impl_, impl::s_tiles_q, qt.data(), qt.size(), rank_);
+  a.n_q_tiles = static_cast<int>(qt.size());
+  a.k_tiles = upload(*impl_, impl::s_tiles_k, kt.data(), kt.size(), rank_);
+  a.n_k_tiles = static_cast<int>(kt.size());
+  check_launch(launch::attention_backward(a, impl_->stream), "attention_backward", rank_);
+}
+
+// ---- the decoder's other ops ----
+
+void cuda_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
+                        double alpha, double beta) {
+  if (a.shape.size() != 2 || b.shape.size() != 2 || c.shape.size() != 2 || a.type != b.type ||
+      a.type != c.type)
+    fail<shape_error>("gemm: a {}, b {}, c {} must be 2-D of one dtype", shape_str(a.shape),
+                      shape_str(b.shape), shape_str(c.shape));
+  const std::int64_t m = trans_a ? a.shape[1] : a.shape[0], k = trans_a ? a.shape[0] : a.shape[1];
+  const std::int64_t kb = trans_b ? b.shape[1] : b.shape[0], n = trans_b ? b.shape[0] : b.shape[1];
+  if (k != kb || c.shape[0] != m || c.shape[1] != n)
+    fail<shape_error>("gemm: op(a) is [{}, {}], op(b) [{}, {}], c {}", m, k, kb, n, shape_str(c.shape));
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands; each
+  // row-major matrix is its own transpose in column-major with ld = its column count.
+  cudaDataType_t type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  const float af = static_cast<float>(alpha), bf = static_cast<float>(beta);
+  const void* pa = &af;
+  const void* pb = &bf;
+  switch (a.type) {
+    case dtype::f32: break;
+    case dtype::bf16: type = CUDA_R_16BF; break;
+    case dtype::f64:
+      type = CUDA_R_64F;
+      compute = CUBLAS_COMPUTE_64F;
+      pa = &alpha;
+      pb = &beta;
+      break;
+    default: fail<shape_error>("gemm: {} is not supported", dtype_name(a.type));
+  }
+  const cublasStatus_t st = cublasGemmEx(
+      impl_->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), pa, b.data, type,
+      static_cast<int>(b.shape[1]), a.data, type, static_cast<int>(a.shape[1]), pb, c.data, type,
+      static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    raise("cublasGemmEx", static_cast<int>(st), cublasGetStatusString(st), rank_);
+}
+
+void cuda_compute::rope(const tensor& x, tensor& y, int heads, int head_dim,
+                        std::span<const std::int64_t> positions, double theta, int sign) {
+  same(x, y, "rope");
+  need_float(x, "rope", false);
+  const std::int64_t hd = std::int64_t{heads} * head_dim;
+  const std::int64_t n = hd > 0 ? x.numel() / hd : 0;
+  if (heads <= 0 || head_dim <= 0 || n * hd != x.numel() ||
+      static_cast<std::int64_t>(positions.size()) != n)
+    fail<shape_error>("rope: x {} with heads={} head_dim={} and {} positions", shape_str(x.shape),
+                      heads, head_dim, positions.size());
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  const auto* pos = static_cast<const std::int64_t*>(
+      upload(*impl_, impl::s_pos, positions.data(), positions.size(), rank_));
+  check_launch(launch::rope(x.type, n, heads, head_dim, pos, theta, sign, x.data, y.data, impl_->stream),
+               "rope", rank_);
+}
+
+void cuda_compute::rms_norm_fwd(const tensor& x, const tensor& w, double eps, tensor& y, tensor& r) {
+  same(x, y, "rms_norm_fwd");
+  need_float(x, "rms_norm_fwd", false);
+  if (x.shape.size() != 2 || w.numel() != x.shape[1] || w.type != x.type || r.type != dtype::f32 ||
+      r.numel() != x.shape[0])
+    fail<shape_error>("rms_norm_fwd: x {}, w {}, r {} (float32 [n])", shape_str(x.shape),
+                      shape_str(w.shape), shape_str(r.shape));
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::rms_norm_fwd(x.type, x.shape[0], static_cast<int>(x.shape[1]),
+                                    static_cast<float>(eps), x.data, w.data, y.data,
+                                    static_cast<float*>(r.data), impl_->stream),
+               "rms_norm_fwd", rank_);
+}
+
+void cuda_compute::rms_norm_bwd(const tensor& x, const tensor& w, const tensor& r, const tensor& dy,
+                                tensor& dx, tensor& dw) {
+  same(x, dy, "rms_norm_bwd");
+  same(x, dx, "rms_norm_bwd");
+  same(w, dw, "rms_norm_bwd");
+  need_float(x, "rms_norm_bwd", false);
+  if (x.shape.size() != 2 || w.numel() != x.shape[1] || w.type != x.type || r.type != dtype::f32 ||
+      r.numel() != x.shape[0])
+    fail<shape_error>("rms_norm_bwd: x {}, w {}, r {}", shape_str(x.shape), shape_str(w.shape),
+                      shape_str(r.shape));
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::rms_norm_bwd(x.type, x.shape[0], static_cast<int>(x.shape[1]), x.data, w.data,
+                                    static_cast<const float*>(r.data), dy.data, dx.data, dw.data,
+                                    impl_->stream),
+               "rms_norm_bwd", rank_);
+}
+
+}  // namespace seqpar::gpu

@@ -1,0 +1,90 @@
+#pragma once
+// The CUDA backend of `compute` (DESIGN.md "Layers"): device tensors, kernels whose per-thread
+// bodies live in gpu/kernels/*.hpp (tested on the CPU by looping over the grid), cuBLAS GEMMs.
+// This header has no CUDA include: plain C++ (tools, tests) can use it.
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/compute.hpp"
+
+namespace seqpar::gpu {
+
+/// CUDA devices visible to this process, or −1 with `reason` set (e.g. "cudaGetDeviceCount
+/// returned 35 (CUDA driver version is insufficient for CUDA runtime version)"); 0 devices also
+/// sets a reason. Never throws.
+int device_count(std::string* reason = nullptr);
+
+/// `compute` on one CUDA device. Tensors are device memory (cudaMalloc'd, freed by the last
+/// tensor sharing the storage); every kernel runs on this object's stream, in call order;
+/// to_host/from_host synchronise. dtypes: f32 and bf16 everywhere (fp32 accumulation); f64,
+/// i32, i64 for the data-movement ops (pack/unpack, repeat, stack, rows, clone) and f64 also
+/// for fill/add/scale/scatter_add/sum_repeated. Errors are seqpar::backend_error (call, code,
+/// cudaGetErrorString, rank, host) or shape_error for invalid arguments.
+/// One object per host thread (virtual ranks of device_local_comm each own one).
+class cuda_compute final : public compute {
+ public:
+  /// device: CUDA ordinal; rank: named in error messages.
+  explicit cuda_compute(int device = 0, int rank = 0);
+  ~cuda_compute() override;
+  cuda_compute(const cuda_compute&) = delete;
+  cuda_compute& operator=(const cuda_compute&) = delete;
+
+  tensor empty(dtype t, shape_t s) override;
+  tensor zeros(dtype t, shape_t s) override;
+  void pack_for_heads(const a2a_geometry& g, const tensor& x, tensor& wire) override;
+  void unpack_to_seq(const a2a_geometry& g, const tensor& wire, tensor& x) override;
+  tensor repeat_heads(const tensor& x, int rep) override;
+  tensor sum_repeated_heads(const tensor& dx, int rep) override;
+  tensor stack_kv(const tensor& k, const tensor& v) override;
+  void unstack_kv(const tensor& kv, tensor& k, tensor& v) override;
+  tensor gather_rows(const tensor& x, std::span<const std::int64_t> rows) override;
+  void scatter_rows(tensor& dst, const tensor& x, std::span<const std::int64_t> rows) override;
+  void fill(tensor& x, double value) override;
+  void scatter_add_rows(tensor& acc, const tensor& x, std::span<const std::int64_t> rows) override;
+  void add(tensor& acc, const tensor& x) override;
+  tensor clone(const tensor& x) override;
+  void scale(tensor& acc, double a) override;
+  /// Tiled SIMT kernels (gpu/kernels/attention.hpp); head_dim ≤ 128.
+  void attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                         const attention_docs& docs, tensor& out, tensor& lse) override;
+  void attention_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                          const tensor& lse, const tensor& dout, const attention_docs& docs,
+                          tensor& dq, tensor& dk, tensor& dv) override;
+  void lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out_new,
+                 const tensor& lse_new) override;
+  std::vector<double> to_host(const tensor& x) override;
+  tensor from_host(dtype t, shape_t s, std::span<const double> values) override;
+
+  // ---- beyond `compute`: the decoder's other ops, for tests and benchmarks ----
+
+  /// Row-major C = alpha·op(A)·op(B) + beta·C through cublasGemmEx (fp32 compute, no TF32;
+  /// bf16 inputs accumulate in fp32; f64 in f64). A, B, C are 2-D ([rows, cols]); op = transpose
+  /// when the flag is set.
+  void gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
+            double alpha = 1.0, double beta = 0.0);
+  /// RoPE (rotate-half) of x `[n, heads, head_dim]` into y (same shape and dtype); sign = −1 is
+  /// the backward. positions: one per token.
+  void rope(const tensor& x, tensor& y, int heads, int head_dim,
+            std::span<const std::int64_t> positions, double theta = 10000.0, int sign = 1);
+  /// RMSNorm of x `[n, hidden]` with weight w `[hidden]`: y like x, r `[n]` f32 (1/rms).
+  void rms_norm_fwd(const tensor& x, const tensor& w, double eps, tensor& y, tensor& r);
+  /// dx (like x) and dw (like w, overwritten) from dy.
+  void rms_norm_bwd(const tensor& x, const tensor& w, const tensor& r, const tensor& dy,
+                    tensor& dx, tensor& dw);
+
+  /// Waits for every kernel issued so far.
+  void synchronize();
+  /// The cudaStream_t all work runs on (as void*: no CUDA include here).
+  void* stream() const;
+  int device() const { return device_; }
+  int rank() const { return rank_; }
+
+  struct impl;  ///< CUDA state (stream, cuBLAS handle, scratch); defined in cuda_compute.cu
+
+ private:
+  std::unique_ptr<impl> impl_;
+  int device_, rank_;
+};
+
+}  // namespace seqpar::gpu

@@ -1,0 +1,86 @@
+#pragma once
+// P virtual ranks on one GPU: threads of one process, each with its own cuda_compute (its own
+// stream) and a device_local_communicator that moves device buffers between the ranks with
+// cudaMemcpyAsync on the receiving rank's stream. One GPU then runs the whole SP path (Ulysses,
+// ring, hybrid) exactly as P GPUs would, so `seqpar validate` needs a single device.
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/communicator.hpp"
+#include "gpu/cuda_compute.hpp"
+
+namespace seqpar::gpu {
+
+/// Rendezvous state of P virtual ranks on one device (one run; not reusable after a failure).
+/// Every collective is a rendezvous of the group's members, matched by a per-(group, member)
+/// call counter; the n-th call of each member on a group name forms round n of that group.
+class device_local_world {
+ public:
+  device_local_world(int world_size, int device);
+  ~device_local_world();
+  device_local_world(const device_local_world&) = delete;
+  device_local_world& operator=(const device_local_world&) = delete;
+
+  int size() const;
+  int device() const;
+  /// A member waiting longer than this for the others aborts the world with a message naming
+  /// the group, op, call number and the missing members. Default 120 s.
+  void set_timeout(std::chrono::milliseconds t);
+  /// Fails every rank blocked in (or later entering) a collective with
+  /// "aborted: rank R failed: <message>". The first call wins.
+  void abort(int rank, const std::string& message);
+  bool aborted() const;
+  int failed_rank() const;
+  void mark_exited(int rank, bool failed);
+
+  struct state;
+
+ private:
+  friend class device_local_communicator;
+  std::unique_ptr<state> s_;
+};
+
+/// The communicator of one virtual rank. Buffers are device pointers on the world's device.
+/// Before a collective it waits for its compute stream (the send data is complete); the
+/// receiver copies from the senders' buffers on its own stream, and no member leaves a round
+/// before every member has finished reading, so send buffers stay valid. Reductions (SUM, f32,
+/// bf16, f64) add the members' blocks in group order with cuda_compute::add: deterministic.
+/// Checks what a real transport cannot report: members calling different ops, dtypes or counts
+/// at the same call number, unpaired all_to_all counts, send/recv without a partner.
+class device_local_communicator : public communicator {
+ public:
+  device_local_communicator(device_local_world& world, int rank, cuda_compute& compute);
+  int rank() const override { return rank_; }
+  int world_size() const override;
+
+ protected:
+  void do_all_to_all(const comm_group& g, const void* send,
+                     std::span<const std::int64_t> send_counts, void* recv,
+                     std::span<const std::int64_t> recv_counts, dtype t) override;
+  void do_all_gather(const comm_group& g, const void* send, std::int64_t count, void* recv,
+                     dtype t) override;
+  void do_reduce_scatter(const comm_group& g, const void* send, void* recv, std::int64_t count,
+                         dtype t) override;
+  void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override;
+  void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override;
+  void do_barrier(const comm_group& g) override;
+
+ private:
+  struct slot;
+  class round_guard;
+  device_local_world& world_;
+  int rank_;
+  cuda_compute& c_;
+};
+
+/// Runs body on P threads, virtual ranks 0..P-1 of one device, each with its own cuda_compute
+/// and device_local_communicator (recorder attached when given), and joins them. A rank that
+/// throws aborts the world (no rank hangs); the first failure is rethrown, prefixed "rank R: ".
+void run_device_ranks(int P, int device,
+                      const std::function<void(communicator&, cuda_compute&)>& body,
+                      comm_recorder* recorder = nullptr,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+}  // namespace seqpar::gpu

@@ -1,0 +1,467 @@
+#include "gpu/validate.hpp"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#if defined(SEQPAR_HAVE_MPI)
+#include <mpi.h>
+#endif
+
+#include "core/collate.hpp"
+#include "core/layout.hpp"
+#include "core/mesh.hpp"
+#include "core/rng.hpp"
+#include "core/ulysses.hpp"
+#include "gpu/cuda_check.hpp"
+#include "gpu/cuda_compute.hpp"
+#include "gpu/device_local_comm.hpp"
+#include "gpu/kernels/bf16.hpp"
+#include "gpu/nccl_comm.hpp"
+#include "sim/eigen_compute.hpp"
+#include "sim/inproc_comm.hpp"
+#include "sim/sp_setup.hpp"
+
+namespace seqpar::gpu {
+
+const std::vector<std::string>& validate_stages() {
+  static const std::vector<std::string> s = {"a2a.q",   "a2a.k",   "a2a.v",    "attn.out",
+                                             "attn.lse", "out",     "a2a.dout", "attn.dq",
+                                             "attn.dk", "attn.dv", "grad.dq",  "grad.dk",
+                                             "grad.dv"};
+  return s;
+}
+
+namespace {
+
+enum class tol_kind { exact, forward, backward };
+
+tol_kind kind_of(const std::string& stage) {
+  if (stage.rfind("a2a.", 0) == 0) return tol_kind::exact;
+  if (stage == "attn.out" || stage == "attn.lse" || stage == "out") return tol_kind::forward;
+  return tol_kind::backward;
+}
+
+std::int64_t longest_doc(const scenario& s) {
+  std::int64_t m = 1;
+  for (auto d : s.docs) m = std::max(m, d);
+  return m;
+}
+
+}  // namespace
+
+void validate_tolerances(const scenario& s, dtype t, double max_abs_lse, validate_report& rep) {
+  const double L = static_cast<double>(longest_doc(s));
+  const double D = s.head_dim;
+  const int R = s.ring;
+  rep.tol_exact = 0.0;
+  if (t == dtype::f32) {
+    // Inputs are float32 on both sides, so only the kernels' rounding differs (attention.hpp's
+    // model): |err| ≲ c·eps·(sqrt(L) + sqrt(D)·(1 + max|s|)) relative, max|s| ≤ scale·D·1·1 =
+    // sqrt(D) for inputs in [−1, 1]; R ring steps add one merge rounding each. c = 4 forward;
+    // gradients are sums over L such terms through dS = P∘(dP − D) (cancellation): c = 16.
+    const double eps = std::ldexp(1.0, -23);
+    const double base = std::sqrt(L) + std::sqrt(D) * (1.0 + std::sqrt(D)) + R;
+    rep.tol_forward = 4 * eps * base;
+    rep.tol_backward = 16 * eps * base;
+    rep.error_model = fmt::format(
+        "float32 vs the float64 oracle on the same float32 inputs: all-to-all stages bit-exact; "
+        "attention 4·eps·(sqrt(L) + sqrt(D)·(1+sqrt(D)) + R) = {:.2e}, gradients 16·eps·(…) = "
+        "{:.2e} (eps = 2^-23, L = {} longest document, D = {}, R = {})",
+        rep.tol_forward, rep.tol_backward, static_cast<std::int64_t>(L), s.head_dim, R);
+    return;
+  }
+  // bf16: the inputs are rounded to bf16 once and the reference sees the same rounded values,
+  // so input rounding does not count. What remains is storing results in bf16: out (2^-9
+  // relative) and LSE (2^-9·|lse| absolute, which becomes a 2^-9·|lse| relative error of every
+  // softmax weight e^(s − lse) downstream), re-rounded at each of the R ring merges; the backward
+  // reuses the rounded out and LSE, and sums R partial gradients in bf16. With u = 2^-8:
+  //   forward u·(2 + max|lse|)·R,  backward 4·u·(2 + max|lse|)·R.
+  const double u = std::ldexp(1.0, -8);
+  rep.tol_forward = u * (2.0 + max_abs_lse) * R;
+  rep.tol_backward = 4 * u * (2.0 + max_abs_lse) * R;
+  rep.error_model = fmt::format(
+      "bfloat16 vs the float64 oracle on the same bf16-rounded inputs: all-to-all stages "
+      "bit-exact; attention u·(2 + max|lse|)·R = {:.2e}, gradients 4·u·(2 + max|lse|)·R = {:.2e} "
+      "(u = 2^-8 per stored bf16 rounding, max|lse| = {:.3g}, R = {})",
+      rep.tol_forward, rep.tol_backward, max_abs_lse, R);
+}
+
+namespace {
+
+using capture = std::map<std::string, std::vector<double>>;
+
+/// Records the tensors entering and leaving the inner attention (heads-sharded, after the
+/// all-to-alls) and forwards to the real one.
+class capturing_inner final : public inner_attention {
+ public:
+  capturing_inner(inner_attention& inner, compute& c, capture& cap)
+      : inner_(inner), c_(c), cap_(cap) {}
+  void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out, tensor& lse,
+               const std::string& tag) override {
+    cap_["a2a.q"] = c_.to_host(q);
+    cap_["a2a.k"] = c_.to_host(k);
+    cap_["a2a.v"] = c_.to_host(v);
+    inner_.forward(q, k, v, out, lse, tag);
+    cap_["attn.out"] = c_.to_host(out);
+    cap_["attn.lse"] = c_.to_host(lse);
+  }
+  void backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                const tensor& lse, const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
+                const std::string& tag) override {
+    cap_["a2a.dout"] = c_.to_host(dout);
+    inner_.backward(q, k, v, out, lse, dout, dq, dk, dv, tag);
+    cap_["attn.dq"] = c_.to_host(dq);
+    cap_["attn.dk"] = c_.to_host(dk);
+    cap_["attn.dv"] = c_.to_host(dv);
+  }
+
+ private:
+  inner_attention& inner_;
+  compute& c_;
+  capture& cap_;
+};
+
+/// Input `which` (0 q, 1 k, 2 v, 3 dout) of the rank holding global tokens `tokens`: uniform in
+/// [−1, 1] from (seed, which, token, head, dim) — every rank derives its block from global
+/// indices — rounded to the GPU's dtype so both sides see identical values.
+std::vector<double> input_block(const scenario& s, int which, const std::vector<std::int64_t>& tokens,
+                                int heads, dtype t) {
+  std::vector<double> v;
+  v.reserve(tokens.size() * static_cast<std::size_t>(heads * s.head_dim));
+  for (auto tok : tokens)
+    for (int h = 0; h < heads; ++h)
+      for (int c = 0; c < s.head_dim; ++c) {
+        const auto idx = (static_cast<std::uint64_t>(tok) * heads + h) * s.head_dim + c;
+        const double x = uniform_pm1(s.seed, 7000 + which, idx);
+        v.push_back(t == dtype::bf16 ? round_bf16(x) : static_cast<double>(static_cast<float>(x)));
+      }
+  return v;
+}
+
+/// One rank's attention sub-layer forward and backward through the core algorithms.
+void run_rank(communicator& comm, compute& c, const scenario& s, const collated_batch& cb,
+              dtype t, capture& cap) {
+  sim::sp_env env = sim::cp_rank_env(comm, c, s, cb);
+  auto inner = env.make_inner(c);
+  capturing_inner wrap(*inner, c, cap);
+  const auto tokens = rank_tokens(cb, comm.rank());
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  const tensor q = c.from_host(t, {n, s.heads, s.head_dim}, input_block(s, 0, tokens, s.heads, t));
+  const tensor k = c.from_host(t, {n, s.kv_heads, s.head_dim}, input_block(s, 1, tokens, s.kv_heads, t));
+  const tensor v = c.from_host(t, {n, s.kv_heads, s.head_dim}, input_block(s, 2, tokens, s.kv_heads, t));
+  const tensor dout = c.from_host(t, {n, s.heads, s.head_dim}, input_block(s, 3, tokens, s.heads, t));
+  ulysses_saved saved;
+  const tensor out = ulysses_forward(comm, c, env.ulysses, wrap, q, k, v, saved, "L0.attn");
+  cap["out"] = c.to_host(out);
+  const qkv_grads g = ulysses_backward(comm, c, env.ulysses, wrap, saved, dout, "L0.attn");
+  cap["grad.dq"] = c.to_host(g.dq);
+  cap["grad.dk"] = c.to_host(g.dk);
+  cap["grad.dv"] = c.to_host(g.dv);
+}
+
+/// The CPU reference of every rank: the same algorithms, eigen_compute in float64.
+std::vector<capture> run_reference(const scenario& s, const collated_batch& cb, dtype t) {
+  std::vector<capture> caps(static_cast<std::size_t>(s.cp()));
+  run_ranks(s.cp(), [&](communicator& comm) {
+    sim::eigen_compute c;
+    // Same values as the GPU's inputs: generate in t, hold in f64.
+    sim::sp_env env = sim::cp_rank_env(comm, c, s, cb);
+    auto inner = env.make_inner(c);
+    auto& cap = caps[static_cast<std::size_t>(comm.rank())];
+    capturing_inner wrap(*inner, c, cap);
+    const auto tokens = rank_tokens(cb, comm.rank());
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    const auto f64 = dtype::f64;
+    const tensor q = c.from_host(f64, {n, s.heads, s.head_dim}, input_block(s, 0, tokens, s.heads, t));
+    const tensor k = c.from_host(f64, {n, s.kv_heads, s.head_dim}, input_block(s, 1, tokens, s.kv_heads, t));
+    const tensor v = c.from_host(f64, {n, s.kv_heads, s.head_dim}, input_block(s, 2, tokens, s.kv_heads, t));
+    const tensor dout = c.from_host(f64, {n, s.heads, s.head_dim}, input_block(s, 3, tokens, s.heads, t));
+    ulysses_saved saved;
+    const tensor out = ulysses_forward(comm, c, env.ulysses, wrap, q, k, v, saved, "L0.attn");
+    cap["out"] = c.to_host(out);
+    const qkv_grads g = ulysses_backward(comm, c, env.ulysses, wrap, saved, dout, "L0.attn");
+    cap["grad.dq"] = c.to_host(g.dq);
+    cap["grad.dk"] = c.to_host(g.dk);
+    cap["grad.dv"] = c.to_host(g.dv);
+  });
+  return caps;
+}
+
+stage_row compare(int rank, const std::string& stage, const std::vector<double>& got,
+                  const std::vector<double>& want, double tol) {
+  stage_row r;
+  r.rank = rank;
+  r.stage = stage;
+  r.numel = static_cast<std::int64_t>(want.size());
+  r.tolerance = tol;
+  if (got.size() != want.size()) {
+    r.max_abs = r.max_rel = std::numeric_limits<double>::infinity();
+    r.note = fmt::format("{} values, expected {}", got.size(), want.size());
+    return r;
+  }
+  double ref = 0;
+  bool ok = true;
+  std::int64_t worst = -1;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double g = got[i], w = want[i];
+    double d;
+    if (std::isinf(w) || std::isinf(g))
+      d = g == w ? 0.0 : std::numeric_limits<double>::infinity();  // −inf LSE must match
+    else
+      d = std::abs(g - w);
+    if (std::isnan(d)) d = std::numeric_limits<double>::infinity();
+    if (std::isfinite(w)) ref = std::max(ref, std::abs(w));
+    if (d > r.max_abs) {
+      r.max_abs = d;
+      worst = static_cast<std::int64_t>(i);
+    }
+    ok = ok && !std::isnan(g);
+  }
+  r.max_rel = ref > 0 ? r.max_abs / ref : r.max_abs;
+  r.pass = ok && r.max_rel <= tol;
+  if (!r.pass && worst >= 0)
+    r.note = fmt::format("worst at flat index {}: gpu {:.9g}, reference {:.9g}", worst,
+                         got[static_cast<std::size_t>(worst)], want[static_cast<std::size_t>(worst)]);
+  return r;
+}
+
+double max_abs_lse(const std::vector<capture>& ref) {
+  double m = 0;
+  for (const auto& cap : ref)
+    for (double x : cap.at("attn.lse"))
+      if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  return m;
+}
+
+void compare_rank(int rank, const capture& got, const capture& want, validate_report& rep) {
+  for (const auto& st : validate_stages()) {
+    const double tol = kind_of(st) == tol_kind::exact     ? rep.tol_exact
+                       : kind_of(st) == tol_kind::forward ? rep.tol_forward
+                                                          : rep.tol_backward;
+    auto g = got.find(st), w = want.find(st);
+    if (g == got.end() || w == want.end()) {
+      stage_row r;
+      r.rank = rank;
+      r.stage = st;
+      r.note = "stage not reached";
+      rep.rows.push_back(r);
+      continue;
+    }
+    rep.rows.push_back(compare(rank, st, g->second, w->second, tol));
+  }
+}
+
+void check_inputs(const scenario& s, dtype t) {
+  validate(s);
+  if (t != dtype::f32 && t != dtype::bf16)
+    fail<config_error>("validate runs the GPU in float32 or bfloat16, not {}; use --dtype f32|bf16",
+                       dtype_name(t));
+  if (s.head_dim > 128)
+    fail<config_error>("head_dim={} exceeds the GPU attention kernels' 128; use --head-dim ≤ 128",
+                       s.head_dim);
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "?";
+  return fmt::format("{} (sm_{}{})", p.name, p.major, p.minor);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+validate_report run_validate_local(const scenario& s, const validate_options& opt) {
+  check_inputs(s, opt.type);
+  auto say = [&](std::string_view l) {
+    if (opt.progress) opt.progress(l);
+  };
+  validate_report rep;
+  rep.scen = s;
+  rep.type = opt.type;
+  rep.transport = fmt::format("device-local ({} virtual ranks on GPU {})", s.cp(), opt.device);
+  rep.device = device_name(opt.device);
+  const collated_batch cb = collate(make_batch(s), options_of(s));
+
+  say(fmt::format("GPU: {} virtual ranks (ulysses {} × ring {}) on {}, {}", s.cp(), s.ulysses,
+                  s.ring, rep.device, dtype_name(opt.type)));
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<capture> got(static_cast<std::size_t>(s.cp()));
+  run_device_ranks(s.cp(), opt.device, [&](communicator& comm, cuda_compute& c) {
+    run_rank(comm, c, s, cb, opt.type, got[static_cast<std::size_t>(comm.rank())]);
+  });
+  rep.gpu_seconds = seconds_since(t0);
+
+  say("CPU reference: the same algorithms in float64");
+  t0 = std::chrono::steady_clock::now();
+  const auto ref = run_reference(s, cb, opt.type);
+  rep.reference_seconds = seconds_since(t0);
+
+  validate_tolerances(s, opt.type, max_abs_lse(ref), rep);
+  for (int k = 0; k < s.cp(); ++k)
+    compare_rank(k, got[static_cast<std::size_t>(k)], ref[static_cast<std::size_t>(k)], rep);
+  rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
+  return rep;
+}
+
+bool launched_with_several_ranks() {
+  for (const char* var : {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    const char* v = std::getenv(var);
+    if (v && std::atoi(v) > 1) return true;
+  }
+  return false;
+}
+
+#if defined(SEQPAR_HAVE_MPI)
+namespace {
+
+/// Rows as text lines for the gather to rank 0 (no NUL, '\t'-separated).
+std::string encode(const std::vector<stage_row>& rows) {
+  std::string out;
+  for (const auto& r : rows)
+    out += fmt::format("{}\t{}\t{}\t{:.17g}\t{:.17g}\t{:.17g}\t{}\t{}\n", r.rank, r.stage, r.numel,
+                       r.max_abs, r.max_rel, r.tolerance, r.pass ? 1 : 0, r.note);
+  return out;
+}
+
+std::vector<stage_row> decode(const std::string& text) {
+  std::vector<stage_row> rows;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const auto end = text.find('\n', pos);
+    const std::string line = text.substr(pos, end - pos);
+    pos = end == std::string::npos ? text.size() : end + 1;
+    std::vector<std::string> f;
+    std::size_t a = 0;
+    for (int i = 0; i < 7; ++i) {
+      const auto b = line.find('\t', a);
+      f.push_back(line.substr(a, b - a));
+      a = b + 1;
+    }
+    stage_row r;
+    r.rank = std::stoi(f[0]);
+    r.stage = f[1];
+    r.numel = std::stoll(f[2]);
+    r.max_abs = std::stod(f[3]);
+    r.max_rel = std::stod(f[4]);
+    r.tolerance = std::stod(f[5]);
+    r.pass = f[6] == "1";
+    r.note = a <= line.size() ? line.substr(a) : "";
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+/// Every group of the attention sub-layer of every rank, in one order on all ranks.
+std::vector<comm_group> attention_groups(const scenario& s) {
+  mesh_config mc;
+  mc.ring = s.ring;
+  mc.ulysses = s.ulysses;
+  mc.mode = s.profile == profile::veomni ? cp_fsdp_mode::all : parse_cp_fsdp_mode(s.cp_fsdp_mode);
+  const device_mesh mesh(mc);
+  std::vector<comm_group> out;
+  for (group_kind kind : {group_kind::ulysses, group_kind::ring})
+    for (int k = 0; k < s.cp(); ++k) {
+      const int idx = mesh.group_index(kind, k);
+      if (idx < 0) continue;
+      comm_group g{group_name(kind, idx), mesh.group_of(kind, k)};
+      bool seen = false;
+      for (const auto& o : out) seen = seen || o.name == g.name;
+      if (!seen) out.push_back(std::move(g));
+    }
+  return out;
+}
+
+}  // namespace
+
+validate_report run_validate_mpi(const scenario& s, const validate_options& opt, bool* is_root) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  struct finalizer {
+    bool own;
+    ~finalizer() {
+      int done = 0;
+      MPI_Finalized(&done);
+      if (own && !done) MPI_Finalize();
+    }
+  } fin{!inited};
+  if (!inited) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (is_root) *is_root = rank == 0;
+  check_inputs(s, opt.type);
+  if (size != s.cp())
+    fail<config_error>("mpiexec started {} ranks but the scenario needs cp = ulysses·ring = {}·{} = "
+                       "{}; run mpiexec -n {}",
+                       size, s.ulysses, s.ring, s.cp(), s.cp());
+  validate_report rep;
+  rep.scen = s;
+  rep.type = opt.type;
+  rep.transport = fmt::format("nccl ({} processes, one GPU each)", size);
+  const collated_batch cb = collate(make_batch(s), options_of(s));
+
+  const int device = nccl_communicator::mpi_local_device();
+  rep.device = device_name(device);
+  auto t0 = std::chrono::steady_clock::now();
+  capture got;
+  {
+    cuda_compute c(device, rank);
+    auto comm = nccl_communicator::from_mpi(device, c.stream());
+    const auto groups = attention_groups(s);
+    comm->prepare_groups(groups);
+    run_rank(*comm, c, s, cb, opt.type, got);
+    c.synchronize();
+  }
+  rep.gpu_seconds = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  const auto ref = run_reference(s, cb, opt.type);  // every rank: all threads, compares its own
+  rep.reference_seconds = seconds_since(t0);
+  validate_tolerances(s, opt.type, max_abs_lse(ref), rep);
+  compare_rank(rank, got, ref[static_cast<std::size_t>(rank)], rep);
+
+  // Gather every rank's rows (and device name) on rank 0.
+  const std::string mine = encode(rep.rows);
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string all;
+  if (rank == 0) {
+    int total = 0;
+    for (int i = 0; i < size; ++i) {
+      displs[static_cast<std::size_t>(i)] = total;
+      total += lens[static_cast<std::size_t>(i)];
+    }
+    all.resize(static_cast<std::size_t>(total));
+  }
+  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0,
+              MPI_COMM_WORLD);
+  if (rank == 0) rep.rows = decode(all);
+  rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
+  int pass = rep.pass ? 1 : 0, all_pass = 0;
+  MPI_Allreduce(&pass, &all_pass, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  rep.pass = all_pass == 1;
+  return rep;
+}
+#else
+validate_report run_validate_mpi(const scenario&, const validate_options&, bool* is_root) {
+  if (is_root) *is_root = true;
+  fail<config_error>(
+      "this seqpar was built without MPI, so it cannot run one rank per GPU under mpiexec; run "
+      "`seqpar validate` without mpiexec (all ranks on one GPU) or rebuild with -Dmpi=enabled");
+}
+#endif
+
+}  // namespace seqpar::gpu
