@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   add(cli::add_collate);
   add(cli::add_plan);
   add(cli::add_mesh);
+  add(cli::add_replay);
+  add(cli::add_import);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

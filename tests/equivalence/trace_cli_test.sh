@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# seqpar replay / import at the CLI: exit 0 consistent, 1 a problem, 2 unreadable or invalid
+# input with a message naming the line; no partial output file is ever left behind.
+# Usage: trace_cli_test.sh SEQPAR_EXE
+set -u
+seqpar=$1
+src=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() {  # check NAME WANT_RC CMD...
+  local name=$1 want=$2
+  shift 2
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" != "$want" ]; then
+    echo "FAIL $name: exit $rc, want $want"; sed 's/^/  /' "$tmp/out" "$tmp/err" | head -20
+    fails=$((fails + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+expect_in() {  # expect_in NAME FILE TEXT
+  if ! grep -qF -- "$3" "$2"; then
+    echo "FAIL $1: '$3' not in output"; sed 's/^/  /' "$2" | head -10
+    fails=$((fails + 1))
+  fi
+}
+
+# Exit codes on the example traces.
+for f in "$src"/traces/healthy_*.jsonl; do check "replay $(basename "$f")" 0 "$seqpar" replay "$f"; done
+for f in "$src"/traces/broken_*.jsonl; do check "replay $(basename "$f")" 1 "$seqpar" replay "$f"; done
+
+check "missing rank text" 1 "$seqpar" replay "$src/traces/broken_missing_rank_hang.jsonl"
+expect_in "missing rank text" "$tmp/out" "rank 3 never reached seq 17 of ulysses0 (last seen seq 16, tag L0.attn.q.bwd)"
+check "json report" 1 "$seqpar" replay --json "$src/traces/broken_dtype_mismatch.jsonl"
+expect_in "json report" "$tmp/out" '"category": "COLLECTIVE_DTYPE_MISMATCH"'
+expect_in "json report" "$tmp/out" '"consistent": false'
+
+# --html: one self-contained page; written only on success of the read.
+check "html" 1 "$seqpar" replay "$src/traces/broken_seq_not_divisible_by_u.jsonl" --html "$tmp/r.html"
+expect_in "html" "$tmp/r.html" "<svg"
+if grep -qE '<script src|<link |src="http' "$tmp/r.html"; then echo "FAIL html: external asset"; fails=$((fails + 1)); fi
+
+# Unreadable / malformed traces: exit 2, message with the line number, no HTML left behind.
+check "missing file" 2 "$seqpar" replay "$tmp/nope.jsonl" --html "$tmp/nope.html"
+expect_in "missing file" "$tmp/err" "cannot read trace"
+[ -e "$tmp/nope.html" ] && { echo "FAIL missing file: html written"; fails=$((fails + 1)); }
+head -3 "$src/traces/healthy_veomni_u2_mha.jsonl" >"$tmp/bad.jsonl"
+echo '{"type":"collective","rank":0,"group":"ulysses0","seq":0,' >>"$tmp/bad.jsonl"
+check "truncated line" 2 "$seqpar" replay "$tmp/bad.jsonl" --html "$tmp/bad.html"
+expect_in "truncated line" "$tmp/err" "bad.jsonl:4: not valid JSON"
+[ -e "$tmp/bad.html" ] && { echo "FAIL truncated line: html written"; fails=$((fails + 1)); }
+printf '%s\n' '{"type":"meta","schema":"seqpar-trace/1","world_size":2}' \
+  '{"type":"p2p","rank":0,"group":"ring0","seq":0,"op":"send","peer":7}' >"$tmp/peer.jsonl"
+check "bad peer" 2 "$seqpar" replay "$tmp/peer.jsonl"
+expect_in "bad peer" "$tmp/err" "peer.jsonl:2: 'peer' = 7 is not a rank of a world of 2"
+: >"$tmp/empty.jsonl"
+check "empty trace" 2 "$seqpar" replay "$tmp/empty.jsonl"
+check "directory" 2 "$seqpar" replay "$tmp"
+check "usage" 2 "$seqpar" replay
+
+# import: each source, then replay the result.
+samples="$src/traces/import-samples"
+check "import fr" 0 "$seqpar" import --from fr "$samples/fr" --out "$tmp/fr.jsonl"
+check "replay fr" 0 "$seqpar" replay "$tmp/fr.jsonl"
+expect_in "replay fr" "$tmp/out" "not checked: fr: Flight Recorder does not record all-to-all split sizes"
+check "import fr broken" 0 "$seqpar" import --from fr "$samples/fr_broken/nccl_trace_rank_0.json" \
+  "$samples/fr_broken/nccl_trace_rank_1.json" --out "$tmp/frb.jsonl"
+check "replay fr broken" 1 "$seqpar" replay "$tmp/frb.jsonl"
+expect_in "replay fr broken" "$tmp/out" "COLLECTIVE_STATE_MISMATCH"
+check "import kineto" 0 "$seqpar" import --from kineto "$samples/kineto" --out "$tmp/k.jsonl"
+check "replay kineto" 0 "$seqpar" replay "$tmp/k.jsonl"
+check "import nccl" 0 "$seqpar" import --from nccl-log "$samples/nccl/nccl_debug.log" --out "$tmp/n.jsonl"
+check "replay nccl" 1 "$seqpar" replay "$tmp/n.jsonl"
+check "import unknown source" 2 "$seqpar" import --from xyz "$samples/fr" --out "$tmp/x.jsonl"
+echo '{"entries": [' >"$tmp/nccl_trace_rank_0.json"
+check "import malformed fr" 2 "$seqpar" import --from fr "$tmp/nccl_trace_rank_0.json" --out "$tmp/x.jsonl"
+[ -e "$tmp/x.jsonl" ] && { echo "FAIL import: partial output left"; fails=$((fails + 1)); }
+check "import into missing dir" 2 "$seqpar" import --from fr "$samples/fr" --out "$tmp/no/such/dir/t.jsonl"
+ls -a "$tmp" | grep -q seqpar-tmp && { echo "FAIL: temp file left behind"; fails=$((fails + 1)); }
+
+# Python: the pickle converter (standard library) and the recorder (torch + gloo, if present).
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+check "fr pickle" 0 "$py" "$src/tools/fr_pickle_to_json.py" "$samples/fr_rank0.pkl" "$tmp/nccl_trace_rank_0.json"
+check "import converted pickle" 0 "$seqpar" import --from fr "$tmp/nccl_trace_rank_0.json" --out "$tmp/p.jsonl"
+if "$py" -c "import torch.distributed" 2>/dev/null; then
+  check "recorder gloo" 0 "$py" "$src/tests/equivalence/scripts/recorder_gloo.py" "$tmp/rec.jsonl"
+  check "replay recorder trace" 0 "$seqpar" replay "$tmp/rec.jsonl"
+  expect_in "replay recorder trace" "$tmp/out" "consistent"
+else
+  echo "skip recorder gloo: torch not importable by $py"
+fi
+
+[ "$fails" = 0 ] && echo "all trace CLI checks passed" || echo "$fails trace CLI check(s) failed"
+[ "$fails" = 0 ]

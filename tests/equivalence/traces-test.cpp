@@ -1,0 +1,353 @@
+// seqpar-trace/1: every example trace under traces/ gives its diagnostic (category, rank, seq,
+// tag, observed vs expected, cause); the reader names the line of every malformed record; the
+// writer is atomic; the importers read the documented formats (traces/import-samples/).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "import.hpp"
+#include "replay.hpp"
+#include "scenario_flags.hpp"
+#include "trace_io.hpp"
+#include "trace_synth.hpp"
+
+using namespace seqpar;
+
+namespace {
+
+const std::string root = SEQPAR_SOURCE_DIR;
+
+replay::report replay_file(const std::string& name) {
+  auto in = trace::reader::open(root + "/traces/" + name);
+  return replay::run(*in);
+}
+
+replay::report replay_text(const std::string& text) {
+  std::istringstream s(text);
+  trace::reader r(s, "test");
+  return replay::run(r);
+}
+
+const replay::problem* find(const replay::report& r, const std::string& category) {
+  for (const auto& p : r.problems)
+    if (p.category == category) return &p;
+  return nullptr;
+}
+
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    replay_text(text);
+  } catch (const trace_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const std::string meta2 =
+    R"({"type":"meta","schema":"seqpar-trace/1","world_size":2,"groups":{"g":[0,1]}})";
+
+}  // namespace
+
+TEST(traces, healthy_examples_are_consistent_and_match_the_plans) {
+  for (const auto* name : {"healthy_xorl_u4_gqa.jsonl", "healthy_xorl_u2_r2_zigzag.jsonl",
+                           "healthy_veomni_u2_mha.jsonl", "healthy_xorl_u4_kv1_repeat.jsonl"}) {
+    SCOPED_TRACE(name);
+    const auto rep = replay_file(name);
+    EXPECT_TRUE(rep.consistent) << replay::to_text(rep);
+    EXPECT_GT(rep.checked.at("sp_shape_checks"), 0);
+    EXPECT_GT(rep.checked.at("layout_vs_plan"), 0);
+    // The committed file is exactly what the plans give today (no drift).
+    std::ifstream f(root + "/traces/" + name);
+    std::string first;
+    std::getline(f, first);
+    const auto meta = nlohmann::json::parse(first);
+    const auto s = cli::scenario_from_json(meta.at("config"), scenario{});
+    std::stringstream all;
+    all << first << '\n' << f.rdbuf();
+    EXPECT_EQ(all.str(), trace::synthesize(s).text());
+  }
+}
+
+TEST(traces, sequence_not_divisible_by_ulysses) {
+  const auto rep = replay_file("broken_seq_not_divisible_by_u.jsonl");
+  ASSERT_FALSE(rep.consistent);
+  const auto* p = find(rep, replay::category::sp_shape);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->rank, 3);
+  EXPECT_EQ(p->group, "ulysses0");
+  EXPECT_EQ(p->seq, 0);
+  EXPECT_EQ(p->tag, "L0.attn.q.fwd");
+  EXPECT_EQ(p->observed, "in_shape [255,8,16]");
+  EXPECT_EQ(p->expected, "[257,8,16]");
+  EXPECT_EQ(p->cause, "sequence 1026 is not padded to a multiple of ulysses=4 (pad to 1028)");
+  // The collator output shows it first, with the same cause.
+  EXPECT_EQ(rep.problems.front().category, replay::category::cu_seqlens);
+  EXPECT_TRUE(contains(rep.problems.front().cause, "sequence 1026 is not padded"));
+  // And the all-to-all links to rank 3 disagree.
+  const auto* s = find(rep, replay::category::size_mismatch);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->observed, "rank 0 sends 8224 elements to rank 3 (in_splits[3])");
+}
+
+TEST(traces, kv_heads_below_ulysses_without_repeat) {
+  const auto rep = replay_file("broken_kv_heads_not_repeated.jsonl");
+  const auto& p = rep.problems.front();
+  EXPECT_EQ(p.category, replay::category::sp_heads);
+  EXPECT_EQ(p.rank, 0);
+  EXPECT_EQ(p.seq, 1);
+  EXPECT_EQ(p.tag, "L0.attn.kv.fwd");
+  EXPECT_EQ(p.observed, "in_shape [50,4,16]");
+  EXPECT_EQ(p.expected, "[50,8,16]");
+  EXPECT_TRUE(contains(p.cause, "kv_heads=2 < ulysses=4 and the KV heads were not repeated"));
+}
+
+TEST(traces, document_misaligned_for_zigzag) {
+  const auto rep = replay_file("broken_zigzag_misaligned_doc.jsonl");
+  const auto* p = find(rep, replay::category::zigzag);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->rank, 0);
+  EXPECT_EQ(p->tag, "collate");
+  EXPECT_EQ(p->observed, "document 0 at position 0 has length 10");
+  EXPECT_EQ(p->expected, "a multiple of 2·ring=4");
+  EXPECT_TRUE(contains(p->cause, "not divisible by 2*ringattn_size=4"));
+  EXPECT_EQ(rep.problems.front().category, replay::category::sp_config);
+}
+
+TEST(traces, cu_seqlens_from_zigzagged_ids) {
+  const auto rep = replay_file("broken_cu_from_zigzag_ids.jsonl");
+  const auto& p = rep.problems.front();
+  EXPECT_EQ(p.category, replay::category::cu_seqlens);
+  EXPECT_EQ(p.rank, 0);
+  EXPECT_EQ(p.observed, "cu_seqlens [0,8,12,32]");
+  EXPECT_TRUE(contains(p.cause, "computed from zigzagged position_ids"));
+}
+
+TEST(traces, mismatched_all_to_all_splits) {
+  const auto rep = replay_file("broken_a2a_split_mismatch.jsonl");
+  const auto* p = find(rep, replay::category::size_mismatch);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->rank, 1);
+  EXPECT_EQ(p->seq, 2);
+  EXPECT_EQ(p->tag, "L0.attn.out.fwd");
+  EXPECT_EQ(p->observed, "rank 1 sends 1568 elements to rank 2 (in_splits[2])");
+  EXPECT_EQ(p->expected, "1600 = what rank 2 receives from rank 1 (out_splits[1])");
+  const auto* sp = find(rep, replay::category::sp_shape);
+  ASSERT_NE(sp, nullptr);
+  EXPECT_EQ(sp->observed, "in_splits[2] = 1568");
+}
+
+TEST(traces, missing_rank_is_the_hang) {
+  const auto rep = replay_file("broken_missing_rank_hang.jsonl");
+  const auto& p = rep.problems.front();
+  EXPECT_EQ(p.category, replay::category::missing_rank);
+  EXPECT_EQ(p.rank, 3);
+  EXPECT_EQ(p.group, "ulysses0");
+  EXPECT_EQ(p.seq, 17);
+  EXPECT_EQ(p.tag, "L0.attn.kv.bwd");
+  EXPECT_TRUE(contains(p.cause, "rank 3 never reached seq 17 of ulysses0 (last seen seq 16, tag "
+                                "L0.attn.q.bwd)"));
+}
+
+TEST(traces, dtype_mismatch) {
+  const auto rep = replay_file("broken_dtype_mismatch.jsonl");
+  ASSERT_EQ(rep.problems.size(), 1u);
+  const auto& p = rep.problems.front();
+  EXPECT_EQ(p.category, replay::category::dtype_mismatch);
+  EXPECT_EQ(p.rank, 1);
+  EXPECT_EQ(p.seq, 4);
+  EXPECT_EQ(p.tag, "L1.attn.kv.fwd");
+  EXPECT_EQ(p.observed, "dtype bfloat16");
+  EXPECT_EQ(p.expected, "dtype float32 like the other members");
+}
+
+TEST(traces, type_state_and_size_laws) {
+  const std::string c0 = R"({"type":"collective","rank":0,"group":"g","seq":0,)";
+  const std::string c1 = R"({"type":"collective","rank":1,"group":"g","seq":0,)";
+  auto rep = replay_text(meta2 + "\n" + c0 + R"("op":"all_reduce","in_shape":[4],"out_shape":[4]})" +
+                         "\n" + c1 + R"("op":"all_gather","in_shape":[4],"out_shape":[8]})" + "\n");
+  EXPECT_EQ(rep.problems.front().category, replay::category::type_mismatch);
+  rep = replay_text(meta2 + "\n" + c0 + R"("op":"all_gather","in_shape":[4],"out_shape":[8]})" +
+                    "\n" + c1 + R"("op":"all_gather","in_shape":[4],"out_shape":[6]})" + "\n");
+  ASSERT_FALSE(rep.consistent);
+  EXPECT_EQ(rep.problems.front().category, replay::category::size_mismatch);
+  EXPECT_EQ(rep.problems.front().expected, "out = in·2 = 8");
+  rep = replay_text(meta2 + "\n" + c0 + R"("op":"barrier","state":"completed"})" + "\n" + c1 +
+                    R"("op":"barrier","state":"completed"})" + "\n");
+  EXPECT_TRUE(rep.consistent);
+}
+
+TEST(traces, send_recv_pair_in_order) {
+  const std::string s = R"({"type":"p2p","rank":0,"group":"g","op":"send","peer":1,"dtype":"float32",)";
+  const std::string r = R"({"type":"p2p","rank":1,"group":"g","op":"recv","peer":0,"dtype":"float32",)";
+  auto rep = replay_text(meta2 + "\n" + s + R"("seq":0,"shape":[4,2],"tag":"a"})" + "\n" + s +
+                         R"("seq":1,"shape":[6],"tag":"b"})" + "\n" + r +
+                         R"("seq":0,"shape":[6],"tag":"b"})" + "\n" + r +
+                         R"("seq":1,"shape":[8],"tag":"a"})" + "\n");
+  ASSERT_FALSE(rep.consistent);
+  const auto& p = rep.problems.front();
+  EXPECT_EQ(p.category, replay::category::p2p_mismatch);
+  EXPECT_EQ(p.rank, 1);
+  EXPECT_EQ(p.seq, 0);
+  // A send nobody receives is a hang.
+  rep = replay_text(meta2 + "\n" + s + R"("seq":0,"shape":[4]})" + "\n");
+  EXPECT_TRUE(contains(rep.problems.front().cause, "rank 1 never posted the matching recv"));
+}
+
+TEST(trace_reader, names_the_line_and_what_is_wrong) {
+  EXPECT_TRUE(contains(error_of(meta2 + "\n{\"type\":\"collective\",\n"), "test:2: not valid JSON"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n\n[1,2]\n"), "test:3: a record must be a JSON object"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","op":"all_reduce"})"),
+                       "test:2: collective record has no 'seq'"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":5,"group":"g","seq":0,"op":"all_reduce"})"),
+                       "test:2: 'rank' = 5 is not a rank of a world of 2"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","seq":0,"op":"allreduce"})"),
+                       "collective op 'allreduce' is unknown"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","seq":"3","op":"barrier"})"),
+                       "'seq' must be an integer"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","seq":0,"op":"barrier","in_shape":[-1]})"),
+                       "'in_shape[0]' = -1 is out of range"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n" + meta2 + "\n"), "test:2: a meta record may only be the first line"));
+  EXPECT_TRUE(contains(error_of(R"({"type":"meta","schema":"seqpar-trace/2","world_size":1})"),
+                       "schema 'seqpar-trace/2' is not supported"));
+  EXPECT_TRUE(contains(error_of(R"({"type":"span"})"), "record type 'span' is unknown"));
+  EXPECT_TRUE(contains(error_of(""), "the trace is empty"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"layout","rank":0,"cu_seqlens":[0,4]})"),
+                       "layout record has no 'local_tokens'"));
+}
+
+TEST(trace_writer, round_trips_comm_records_and_is_atomic) {
+  comm_record a;
+  a.rank = 1;
+  a.group = "ulysses0";
+  a.seq = 3;
+  a.op = "all_to_all";
+  a.type = dtype::bf16;
+  a.in_shape = {4, 8, 16};
+  a.out_shape = {8, 4, 16};
+  a.in_splits = {256, 256};
+  a.out_splits = {256, 256};
+  a.tag = "L0.attn.q.fwd";
+  comm_record b;
+  b.kind = "p2p";
+  b.rank = 1;
+  b.group = "ring0";
+  b.op = "send";
+  b.peer = 0;
+  b.shape = {8, 4, 16};
+  trace::meta_record m;
+  m.world_size = 2;
+  m.groups = {{"ulysses0", {0, 1}}, {"ring0", {0, 1}}};
+  trace::writer w(m);
+  w.add(a);
+  w.add(b);
+  trace::layout_record l;
+  l.rank = 1;
+  l.local_tokens = 4;
+  l.cu_seqlens = {0, 3, 8};
+  l.max_seqlen = 5;
+  w.add(l);
+  std::istringstream in(w.text());
+  trace::reader r(in, "mem");
+  auto m2 = std::get<trace::meta_record>(*r.next());
+  EXPECT_EQ(m2.groups, m.groups);
+  auto a2 = std::get<trace::call_record>(*r.next());
+  EXPECT_EQ(trace::to_json(a2), trace::to_json(trace::from_comm_record(a)));
+  EXPECT_EQ(*a2.dtype, "bfloat16");
+  auto b2 = std::get<trace::call_record>(*r.next());
+  EXPECT_TRUE(b2.p2p);
+  EXPECT_EQ(*b2.peer, 0);
+  auto l2 = std::get<trace::layout_record>(*r.next());
+  EXPECT_EQ(l2.cu_seqlens, l.cu_seqlens);
+  EXPECT_FALSE(r.next().has_value());
+
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / "seqpar-trace-test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  w.write((dir / "t.jsonl").string());
+  EXPECT_TRUE(fs::exists(dir / "t.jsonl"));
+  EXPECT_THROW(w.write((dir / "missing" / "t.jsonl").string()), seqpar::error);
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
+  EXPECT_EQ(n, 1u);  // no temp file left behind
+  fs::remove_all(dir);
+}
+
+TEST(trace_import, flight_recorder_dumps) {
+  const auto files = import::expand_inputs({root + "/traces/import-samples/fr"});
+  const auto t = import::from_fr(files);
+  EXPECT_EQ(t.meta.world_size, 2);
+  EXPECT_EQ(t.meta.groups.at("ulysses0"), (std::vector<int>{0, 1}));
+  ASSERT_EQ(t.calls.size(), 10u);
+  EXPECT_EQ(t.calls[0].op, "all_to_all");
+  EXPECT_EQ(t.calls[0].group, "ulysses0");
+  EXPECT_EQ(*t.calls[0].in_shape, (trace::dims{50, 8, 16}));
+  EXPECT_EQ(*t.calls[0].dtype, "float32");
+  EXPECT_FALSE(t.calls[0].in_splits.has_value());  // FR does not record splits
+  std::istringstream in(t.text());
+  trace::reader r(in, "fr");
+  const auto rep = replay::run(r);
+  EXPECT_TRUE(rep.consistent) << replay::to_text(rep);
+  EXPECT_FALSE(rep.unchecked.empty());
+
+  const auto broken = import::from_fr(import::expand_inputs({root + "/traces/import-samples/fr_broken"}));
+  std::istringstream in2(broken.text());
+  trace::reader r2(in2, "fr_broken");
+  const auto rep2 = replay::run(r2);
+  EXPECT_NE(find(rep2, replay::category::state_mismatch), nullptr);
+  EXPECT_NE(find(rep2, replay::category::dtype_mismatch), nullptr);
+  const auto* miss = find(rep2, replay::category::missing_rank);
+  ASSERT_NE(miss, nullptr);
+  EXPECT_EQ(miss->rank, 1);
+  EXPECT_EQ(miss->seq, 2);
+}
+
+TEST(trace_import, kineto_record_param_comms) {
+  const auto t = import::from_kineto(
+      import::expand_inputs({root + "/traces/import-samples/kineto_split_mismatch"}));
+  ASSERT_EQ(t.calls.size(), 8u);
+  EXPECT_EQ(t.calls[0].op, "all_to_all");
+  EXPECT_EQ(*t.calls[0].in_numel, 6400);
+  EXPECT_EQ(*t.calls[0].in_splits, (trace::dims{3200, 3200}));
+  EXPECT_TRUE(t.calls[3].splits_truncated);
+  std::istringstream in(t.text());
+  trace::reader r(in, "kineto");
+  const auto rep = replay::run(r);
+  const auto* p = find(rep, replay::category::size_mismatch);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->rank, 1);
+  EXPECT_EQ(p->observed, "rank 1 sends 3000 elements to rank 0 (in_splits[0])");
+}
+
+TEST(trace_import, nccl_debug_log) {
+  const auto t = import::from_nccl_log({root + "/traces/import-samples/nccl/nccl_debug.log"});
+  EXPECT_EQ(t.meta.world_size, 2);
+  ASSERT_EQ(t.calls.size(), 10u);
+  EXPECT_EQ(t.calls[1].op, "all_gather");
+  EXPECT_EQ(*t.calls[1].out_numel, 2048);
+  EXPECT_EQ(*t.calls[2].peer, 1);
+  std::istringstream in(t.text());
+  trace::reader r(in, "nccl");
+  const auto rep = replay::run(r);
+  ASSERT_EQ(rep.problems.size(), 1u);
+  EXPECT_EQ(rep.problems.front().category, replay::category::size_mismatch);
+  EXPECT_EQ(rep.problems.front().rank, 1);
+  EXPECT_EQ(rep.checked.at("p2p_pairs"), 2);
+}
+
+TEST(trace_replay, html_is_self_contained) {
+  const auto rep = replay_file("broken_missing_rank_hang.jsonl");
+  const auto html = replay::to_html(rep);
+  EXPECT_TRUE(contains(html, "<svg"));
+  EXPECT_TRUE(contains(html, "never reached"));
+  EXPECT_FALSE(contains(html, "src=\"http"));
+  EXPECT_FALSE(contains(html, "<script src"));
+  EXPECT_FALSE(contains(html, "<link"));
+}

@@ -1,0 +1,43 @@
+// seqpar import --from fr|kineto|nccl-log INPUT… --out TRACE: converts other tools' records of
+// collectives into seqpar-trace/1 (written atomically).
+#include <fmt/core.h>
+
+#include "cli.hpp"
+#include "core/error.hpp"
+#include "import.hpp"
+#include "trace_io.hpp"
+
+namespace seqpar::cli {
+
+action add_import(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "import",
+      "convert PyTorch Flight Recorder JSON dumps (fr), profiler chrome traces (kineto) or "
+      "NCCL_DEBUG=INFO logs (nccl-log) into a seqpar-trace/1 trace for `seqpar replay`");
+  struct opts {
+    std::string from, out;
+    std::vector<std::string> inputs;
+  };
+  auto o = std::make_shared<opts>();
+  sub->add_option("--from", o->from, "fr | kineto | nccl-log")->required();
+  sub->add_option("INPUT", o->inputs, "input files or directories (one dump per rank)")->required();
+  sub->add_option("--out", o->out, "trace file to write (JSON lines)")->required();
+  return [o]() {
+    const auto files = import::expand_inputs(o->inputs);
+    trace::trace_data t;
+    if (o->from == "fr") t = import::from_fr(files);
+    else if (o->from == "kineto") t = import::from_kineto(files);
+    else if (o->from == "nccl-log") t = import::from_nccl_log(files);
+    else
+      fail<config_error>("--from '{}' is unknown; use fr, kineto or nccl-log (pickle Flight "
+                         "Recorder dumps: convert with tools/fr_pickle_to_json.py first)",
+                         o->from);
+    trace::write_atomic(o->out, t.text());
+    fmt::print(stderr, "seqpar import: {} records from {} file(s) → {}\n", t.calls.size(),
+               files.size(), o->out);
+    for (const auto& n : t.meta.notes) fmt::print(stderr, "  note: {}\n", n);
+    return 0;
+  };
+}
+
+}  // namespace seqpar::cli

@@ -1,0 +1,37 @@
+#pragma once
+// Importers of other tools' communication records into seqpar-trace/1: PyTorch Flight
+// Recorder JSON dumps, PyTorch profiler (Kineto) chrome traces, NCCL_DEBUG=INFO COLL logs.
+// A field the source does not record is left absent, and the trace says so (replay then
+// reports what it could not check) — nothing is guessed.
+#include <string>
+#include <vector>
+
+#include "trace_io.hpp"
+
+namespace seqpar::import {
+
+/// Files of `inputs`, a directory standing for its regular files in name order.
+/// trace_error when an input does not exist.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs);
+
+/// One Flight Recorder JSON dump per rank (`_dump_nccl_trace_json` / the dump files of
+/// TORCH_NCCL_DEBUG_INFO_TEMP_FILE converted with tools/fr_pickle_to_json.py). The rank is the
+/// dump's "rank" key, else the trailing number of the file name (nccl_trace_rank_3 → 3).
+trace::trace_data from_fr(const std::vector<std::string>& files);
+
+/// PyTorch profiler chrome traces (one per rank): the `record_param_comms` events.
+trace::trace_data from_kineto(const std::vector<std::string>& files);
+
+/// NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL logs (one or more files, any number of ranks).
+trace::trace_data from_nccl_log(const std::vector<std::string>& files);
+
+/// Shared helpers.
+/// PyTorch's c10 scalar type names ("Float", "BFloat16", …) → trace dtype names ("float32", …);
+/// unknown names are kept lowercased.
+std::string dtype_from_c10(const std::string& name);
+/// c10d collective names in their many spellings → trace op ("" when not a recorded kind).
+std::string op_from_c10d(const std::string& name);
+/// "[0, 1, 2]" or a JSON array → ranks; trace_error naming `what` otherwise.
+std::vector<int> parse_rank_list(const std::string& text, const std::string& what);
+
+}  // namespace seqpar::import

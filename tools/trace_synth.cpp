@@ -1,0 +1,140 @@
+#include "trace_synth.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "core/collate.hpp"
+#include "core/ulysses_plan.hpp"
+#include "scenario_flags.hpp"
+
+namespace seqpar::trace {
+
+collate_options collate_options_of(const scenario& s) {
+  collate_options o;
+  o.profile = s.profile;
+  o.ulysses = s.ulysses;
+  o.ring = s.ring;
+  o.pad_token_id = s.pad_token_id;
+  return o;
+}
+
+synth_trace synthesize(const scenario& s) {
+  validate(s);
+  const auto cb = collate(make_batch(s), collate_options_of(s));
+  const int U = s.ulysses, R = s.ring, C = s.cp();
+  const std::int64_t c = cb.chunk, D = s.head_dim;
+  const std::int64_t hq = s.heads, hkv = 2 * repeated_kv_heads(s.kv_heads, U);
+
+  synth_trace t;
+  t.meta.world_size = C;
+  t.meta.config = cli::scenario_to_json(s);
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) {
+      t.meta.groups[fmt::format("ulysses{}", r)].push_back(r * U + u);
+      t.meta.groups[fmt::format("ring{}", u)].push_back(r * U + u);
+    }
+  for (int k = 0; k < C; ++k) t.meta.groups["sp0"].push_back(k);
+
+  for (int k = 0; k < C; ++k) {
+    const auto& rb = cb.ranks[static_cast<std::size_t>(k)];
+    layout_record l;
+    l.rank = k;
+    l.local_tokens = static_cast<std::int64_t>(rb.input_ids.size());
+    l.cu_seqlens.assign(rb.cu_seqlens.begin(), rb.cu_seqlens.end());
+    l.max_seqlen = rb.max_seqlen;
+    l.position_ids = rb.position_ids;
+    t.layouts.push_back(std::move(l));
+  }
+
+  // Parameters FSDP reduce-scatters (padded to a multiple of C, as FSDP2 pads its flat shard).
+  const std::int64_t params =
+      static_cast<std::int64_t>(s.layers) *
+          (static_cast<std::int64_t>(s.hidden) * (s.heads + 2 * s.kv_heads) * s.head_dim +
+           static_cast<std::int64_t>(s.heads) * s.head_dim * s.hidden +
+           3 * static_cast<std::int64_t>(s.hidden) * s.intermediate) +
+      2 * static_cast<std::int64_t>(s.vocab) * s.hidden;
+  const std::int64_t shard = (params + C - 1) / C;
+
+  for (int k = 0; k < C; ++k) {
+    const int u = k % U, r = k / U;
+    const std::string ug = fmt::format("ulysses{}", r), rg = fmt::format("ring{}", u);
+    std::map<std::string, std::int64_t> seq;
+    auto base = [&](const std::string& g, const char* op, const std::string& tag,
+                    const char* dt = "float32") {
+      call_record x;
+      x.rank = k;
+      x.group = g;
+      x.seq = seq[g]++;
+      x.op = op;
+      x.dtype = dt;
+      x.tag = tag;
+      x.state = "completed";
+      return x;
+    };
+    // Ulysses all-to-all: gather the sequence (seq-sharded → heads-sharded) or scatter it.
+    auto a2a = [&](const std::string& tag, std::int64_t H, bool gather_seq) {
+      if (U == 1) return;
+      auto x = base(ug, "all_to_all", tag);
+      const dims seq_sharded{c, H, D}, heads_sharded{U * c, H / U, D};
+      x.in_shape = gather_seq ? seq_sharded : heads_sharded;
+      x.out_shape = gather_seq ? heads_sharded : seq_sharded;
+      x.in_splits = dims(static_cast<std::size_t>(U), c * (H / U) * D);
+      x.out_splits = x.in_splits;
+      t.calls.push_back(std::move(x));
+    };
+    const dims ring_kv{U * c, hkv / U, D};
+    for (int l = 0; l < s.layers; ++l) {
+      const auto L = fmt::format("L{}.attn", l);
+      a2a(L + ".q.fwd", hq, true);
+      a2a(L + ".kv.fwd", hkv, true);
+      for (int step = 1; step < R; ++step) {
+        const auto tag = fmt::format("{}.ring.fwd.step{}", L, step);
+        auto snd = base(rg, "send", tag);
+        snd.p2p = true;
+        snd.peer = ((r + 1) % R) * U + u;
+        snd.shape = ring_kv;
+        snd.state.reset();
+        auto rcv = base(rg, "recv", tag);
+        rcv.p2p = true;
+        rcv.peer = ((r + R - 1) % R) * U + u;
+        rcv.shape = ring_kv;
+        rcv.state.reset();
+        t.calls.push_back(std::move(snd));
+        t.calls.push_back(std::move(rcv));
+      }
+      a2a(L + ".out.fwd", hq, false);
+    }
+    auto ar = [&](const std::string& tag, const char* dt) {
+      auto x = base("sp0", "all_reduce", tag, dt);
+      x.in_shape = dims{1};
+      x.out_shape = dims{1};
+      t.calls.push_back(std::move(x));
+    };
+    ar("loss.valid_tokens", "int64");
+    ar("loss.sum", "float32");
+    for (int l = s.layers - 1; l >= 0; --l) {
+      const auto L = fmt::format("L{}.attn", l);
+      a2a(L + ".out.bwd", hq, true);
+      if (R > 1) {
+        auto ag = base(rg, "all_gather", L + ".ring.kv.bwd");
+        ag.in_shape = ring_kv;
+        ag.out_shape = dims{R * U * c, hkv / U, D};
+        t.calls.push_back(std::move(ag));
+        auto rs = base(rg, "reduce_scatter", L + ".ring.dkv.bwd");
+        rs.in_shape = dims{R * U * c, hkv / U, D};
+        rs.out_shape = ring_kv;
+        t.calls.push_back(std::move(rs));
+      }
+      a2a(L + ".q.bwd", hq, false);
+      a2a(L + ".kv.bwd", hkv, false);
+    }
+    auto rs = base("sp0", "reduce_scatter", "grad.fsdp");
+    rs.in_shape = dims{shard * C};
+    rs.out_shape = dims{shard};
+    t.calls.push_back(std::move(rs));
+  }
+  return t;
+}
+
+}  // namespace seqpar::trace
