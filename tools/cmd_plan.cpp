@@ -72,6 +72,7 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
                      {"op", c.op},
                      {"group", c.group},
                      {"calls", c.calls},
+                     {"bytes_per_call", c.bytes_per_call()},
                      {"bytes_sent", c.bytes_sent},
                      {"bytes_per_link", c.bytes_per_link}});
   return {{"scenario", scenario_to_json(s)},
@@ -133,8 +134,9 @@ std::string plan_text(const scenario& s, const collated_batch& cb) {
   const auto cost = attention_layer_cost(s, cb, dtype::f32);
   o += "\nbytes per rank per attention layer (float32):\n";
   for (const auto& c : cost.items)
-    o += fmt::format("  {:<20} {:<14} {:<8} ×{:<3} sent {:>10}  per link {:>10}\n", c.tag, c.op,
-                     c.group, c.calls, c.bytes_sent, c.bytes_per_link);
+    o += fmt::format("  {:<20} {:<14} {:<8} ×{:<3} sent {:>10}  per call {:>10}  per link {:>10}\n",
+                     c.tag, c.op, c.group, c.calls, c.bytes_sent, c.bytes_per_call(),
+                     c.bytes_per_link);
   o += fmt::format("  forward {} B, backward {} B\n", cost.forward_bytes, cost.backward_bytes);
   return o;
 }

@@ -28,11 +28,14 @@ layer_cost attention_layer_cost(const scenario& s, const collated_batch& cb, dty
   if (R > 1) {
     // After the Ulysses all-to-all a ring rank holds N/R tokens of Hkv'/U KV heads.
     const std::int64_t kv_block = cb.padded_length / R * 2 * (hkv / U) * s.head_dim * b;
-    collective_cost f{"attn.ring.kv.fwd", "send_recv", "ring", R - 1, (R - 1) * kv_block,
-                      (R - 1) * kv_block};
+    const bool gather_fwd = s.ring_forward == "allgather";
+    collective_cost f = gather_fwd
+        ? collective_cost{"attn.ring.kv.fwd", "all_gather", "ring", 1, (R - 1) * kv_block, kv_block}
+        : collective_cost{"attn.ring.kv.fwd", "send_recv", "ring", R - 1, (R - 1) * kv_block,
+                          (R - 1) * kv_block};
     c.forward_bytes += f.bytes_sent;
     c.items.push_back(f);
-    if (s.ring_backward == "allgather") {
+    if (gather_fwd || s.ring_backward == "allgather") {
       collective_cost g{"attn.ring.kv.bwd", "all_gather", "ring", 1, (R - 1) * kv_block, kv_block};
       collective_cost rs{"attn.ring.dkv.bwd", "reduce_scatter", "ring", 1, (R - 1) * kv_block,
                          kv_block};

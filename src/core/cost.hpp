@@ -16,6 +16,8 @@ struct collective_cost {
   int calls = 1;                       ///< how many times per layer (ring: R-1 steps)
   std::int64_t bytes_sent = 0;         ///< per rank, all calls, excluding the copy to itself
   std::int64_t bytes_per_link = 0;     ///< per (rank, peer) link, all calls
+  /// Bytes one call sends from this rank (a ring step's KV block, one all-to-all's share).
+  std::int64_t bytes_per_call() const { return calls ? bytes_sent / calls : 0; }
 };
 
 /// Bytes moved per rank by every collective of one attention layer, forward and backward
