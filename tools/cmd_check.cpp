@@ -4,6 +4,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "check_mpi.hpp"
 #include "cli.hpp"
 #include "core/error.hpp"
 #include "scenario_flags.hpp"
@@ -44,7 +45,7 @@ nlohmann::json report_json(const sim::check_report& r) {
   }
   return {{"pass", r.pass},
           {"dtype", r.type == dtype::f64 ? "f64" : "f32"},
-          {"backend", "sim"},
+          {"backend", r.backend},
           {"scenario", scenario_to_json(r.scen)},
           {"tolerance", r.tolerance},
           {"error_model", r.error_model},
@@ -96,24 +97,37 @@ action add_check(CLI::App& app) {
   sub->add_flag("--quiet,-q", a->quiet, "no progress lines on stderr");
   sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
   return [a] {
-    const scenario s = a->flags.resolve();
-    if (a->backend != "sim")
+    if (a->backend != "sim" && a->backend != "mpi")
       fail<config_error>(
-          "--backend {} is not available in this build; use --backend sim (the MPI and GPU "
-          "backends are not finished, see README)",
+          "--backend {} is not available in this build; use --backend sim or mpi (the GPU "
+          "backend is not finished, see README)",
           a->backend);
     sim::check_options opt;
-    opt.type = parse_dtype(a->dtype_name);
-    opt.naive_attention = a->naive;
     const auto t0 = std::chrono::steady_clock::now();
     if (!a->quiet)
       opt.progress = [t0](std::string_view line) {
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
       };
+    auto print = [a](const sim::check_report& rep) {
+      for (const auto& w : rep.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
+      write_output("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
+    };
+    if (a->backend == "mpi") {
+      // One cp rank per process under mpiexec; each process parses the same flags.
+      return check_mpi(
+          [a](sim::check_options& opt) {
+            opt.type = parse_dtype(a->dtype_name);
+            opt.naive_attention = a->naive;
+            return a->flags.resolve();
+          },
+          opt, print);
+    }
+    const scenario s = a->flags.resolve();
+    opt.type = parse_dtype(a->dtype_name);
+    opt.naive_attention = a->naive;
     const auto rep = sim::run_check(s, opt);
-    for (const auto& w : rep.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
-    write_output("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
+    print(rep);
     return rep.pass ? 0 : 1;
   };
 }

@@ -42,6 +42,7 @@ struct check_report {
   double tolerance = 0;  ///< the relative tolerance used for numeric rows
   std::string error_model;  ///< how the tolerance was derived
   double sp_seconds = 0, reference_seconds = 0;
+  std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)
 };
 
 /// The relative tolerance for a scenario and precision, and the model behind it.
@@ -53,5 +54,16 @@ double tolerance_for(const scenario& s, dtype t, std::string* model = nullptr);
 /// loss, logits (gathered and unpadded), embedding-output gradients per token, every
 /// parameter gradient (on every rank after the gradient sync), and the layout invariants.
 check_report run_check(const scenario& s, const check_options& opt = {});
+
+/// The same check with one cp rank per process of `world` (e.g. MPI under mpiexec): world
+/// rank k runs cp rank k's SP step (world.world_size() must equal s.cp(), else config_error),
+/// every rank's loss, logits, embedding-output gradients and parameter gradients are gathered
+/// (all_gather on group "check.world"), and world rank 0 runs the non-SP reference in process
+/// and builds the same rows as run_check. Every rank must call it with the same arguments.
+/// Returns on every rank; `rows` (and reference_seconds) are filled on rank 0 only, `pass` on
+/// every rank (rank 0's verdict, shared with an all_reduce). Reductions summed in group order
+/// (inproc and MPI communicators) give rows bitwise identical to run_check's.
+check_report run_check_distributed(communicator& world, const scenario& s,
+                                   const check_options& opt = {});
 
 }  // namespace seqpar::sim

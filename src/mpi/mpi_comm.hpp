@@ -1,0 +1,110 @@
+#pragma once
+// The MPI (MPICH) communicator: one process per rank, host buffers. No MPI type crosses this
+// header, so code that only holds a `communicator&` never includes mpi.h.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/communicator.hpp"
+
+namespace seqpar::mpi {
+
+/// MPI_Init_thread(MPI_THREAD_FUNNELED) on construction, MPI_Finalize on destruction (only if
+/// this object initialised MPI and MPI is not finalised yet). One per process; the CLI and the
+/// test programs hold it for the whole run. Sets MPI_ERRORS_RETURN on MPI_COMM_WORLD.
+class mpi_session {
+ public:
+  mpi_session(int* argc, char*** argv);
+  ~mpi_session();
+  mpi_session(const mpi_session&) = delete;
+  mpi_session& operator=(const mpi_session&) = delete;
+
+  int rank() const { return rank_; }  ///< in MPI_COMM_WORLD
+  int size() const { return size_; }
+  const std::string& host() const { return host_; }
+
+  /// Prints `seqpar: error: rank R on HOST: <message>` to stderr and calls
+  /// MPI_Abort(MPI_COMM_WORLD, code): mpiexec then terminates every other rank, so a rank that
+  /// failed on its own never leaves the others blocked in a collective.
+  [[noreturn]] static void abort_world(const std::string& message, int code = 2);
+
+ private:
+  bool owns_ = false;
+  int rank_ = 0, size_ = 1;
+  std::string host_;
+};
+
+/// True between MPI_Init and MPI_Finalize.
+bool mpi_active();
+/// The processor name of this process (MPI_Get_processor_name), or the hostname before MPI_Init.
+std::string processor_name();
+
+/// Throws seqpar::backend_error(call, code, MPI_Error_string(code), world rank, host) unless
+/// code == MPI_SUCCESS.
+void check_mpi(int code, const char* call);
+
+struct mpi_options {
+  /// Before every call, the group exchanges a small descriptor (op, dtype, counts, call
+  /// number) and every member validates the whole call the way the in-process communicator
+  /// does: a mismatch (different ops, dtypes or counts, all_to_all splits or send/recv
+  /// messages that do not pair up) throws the same error on every member instead of
+  /// truncating, corrupting or hanging inside MPI. Costs one small collective per call
+  /// (two for send_recv); benchmarks turn it off.
+  bool verify_calls = true;
+};
+
+/// communicator over MPI_COMM_WORLD (duplicated): rank() is the world rank. A comm_group
+/// becomes an MPI communicator the first time it is used (MPI_Comm_create_group over its
+/// members only, so only they take part), cached per group name; a name must always denote
+/// the same ordered ranks, and group member i is rank i of the created communicator.
+///
+/// Every dtype moves as its MPI type (bf16 as 16-bit words); counts use MPICH 4's large-count
+/// calls (MPI_Alltoallv_c, MPI_Allgather_c, MPI_Isend_c …), so no count is limited to INT_MAX.
+///
+/// Determinism: MPI_Allreduce / MPI_Reduce_scatter may add the contributions in any order
+/// (trees, rings, pairwise halving), so results could differ from run to run and from the
+/// in-process reference in the last bits. SUM reductions are therefore implemented as data
+/// movement plus a local sum in group order (member 0 + member 1 + …, left to right, as
+/// inproc_communicator does): all_reduce = Allgather of the contributions then the local sum,
+/// reduce_scatter = Alltoall of the blocks then the local sum. Results are bitwise identical to
+/// the in-process communicator's and run to run, at n× the memory of a native reduction.
+///
+/// Errors: MPI_ERRORS_RETURN on every communicator; a failed MPI call throws backend_error
+/// naming the call, the MPI error string, this rank and its host.
+///
+/// Test hooks (hidden, for the never-hang tests): SEQPAR_TEST_DIE_AT=R:TAG makes world rank R
+/// raise SIGKILL at its first call tagged TAG; SEQPAR_TEST_THROW_AT=R:TAG makes it throw
+/// seqpar::error there. TAG `*` matches any call.
+class mpi_communicator : public communicator {
+ public:
+  explicit mpi_communicator(mpi_options opt = {});
+  ~mpi_communicator() override;
+  mpi_communicator(const mpi_communicator&) = delete;
+  mpi_communicator& operator=(const mpi_communicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  const std::string& host() const { return host_; }
+
+  struct impl;  ///< MPI handles and the group cache (opaque)
+
+ protected:
+  void do_all_to_all(const comm_group& g, const void* send,
+                     std::span<const std::int64_t> send_counts, void* recv,
+                     std::span<const std::int64_t> recv_counts, dtype t) override;
+  void do_all_gather(const comm_group& g, const void* send, std::int64_t count, void* recv,
+                     dtype t) override;
+  void do_reduce_scatter(const comm_group& g, const void* send, void* recv, std::int64_t count,
+                         dtype t) override;
+  void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override;
+  void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override;
+  void do_barrier(const comm_group& g) override;
+
+ private:
+  std::unique_ptr<impl> impl_;
+  int rank_ = 0, size_ = 1;
+  std::string host_;
+};
+
+}  // namespace seqpar::mpi

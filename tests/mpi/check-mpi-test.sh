@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# `seqpar check --backend mpi` under mpiexec: the same rows as --backend sim (bitwise: both sum
+# in group order), exit 2 with the fix when P != U·R, and no hang when a rank throws or dies.
+# Usage: check-mpi-test.sh path/to/seqpar path/to/mpiexec
+set -u
+seqpar=$1
+mpiexec=${2:-mpiexec}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+ok() { passes=$((passes + 1)); }
+
+# rows_equal NAME NP -- scenario flags: --backend mpi on NP processes gives sim's rows exactly.
+rows_equal() {
+  local name=$1 np=$2
+  shift 3
+  local t0 rc
+  "$seqpar" check --backend sim --json -q "$@" > "$tmp/$name.sim.json" 2> "$tmp/$name.sim.err"
+  rc=$?
+  [ "$rc" -eq 0 ] || { fail "$name: sim exit $rc: $(head -3 "$tmp/$name.sim.err")"; return; }
+  t0=$(date +%s%N)
+  timeout 60 "$mpiexec" -n "$np" "$seqpar" check --backend mpi --json -q "$@" \
+    > "$tmp/$name.mpi.json" 2> "$tmp/$name.mpi.err"
+  rc=$?
+  echo "$name: mpiexec -n $np … exit $rc in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+  [ "$rc" -eq 0 ] || { fail "$name: mpi exit $rc: $(head -5 "$tmp/$name.mpi.err")"; return; }
+  [ "$(wc -l < "$tmp/$name.mpi.json")" -eq 1 ] || { fail "$name: more than one report (only rank 0 prints)"; return; }
+  [ "$(jq -r .backend "$tmp/$name.mpi.json")" = mpi ] || { fail "$name: backend is not mpi"; return; }
+  if ! diff <(jq -S -c '{pass, dtype, scenario, tolerance, rows}' "$tmp/$name.sim.json") \
+            <(jq -S -c '{pass, dtype, scenario, tolerance, rows}' "$tmp/$name.mpi.json") > /dev/null; then
+    fail "$name: mpi rows differ from sim rows"
+    diff <(jq -c '.rows[]' "$tmp/$name.sim.json") <(jq -c '.rows[]' "$tmp/$name.mpi.json") | head -6
+    return
+  fi
+  [ "$(jq '.rows | length' "$tmp/$name.mpi.json")" -ge 10 ] || { fail "$name: too few rows"; return; }
+  ok
+}
+
+rows_equal ulysses2 2 -- --ulysses 2 --ring 1 --layers 1 --docs 9,6 --heads 4 --kv-heads 2
+rows_equal ulysses2-f32-veomni 2 -- --profile veomni --ulysses 2 --ring 1 --layers 1 --docs 7,4 --heads 4 --kv-heads 2 --dtype f32
+rows_equal hybrid4 4 -- --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1
+
+# The report of rank 0 only, in text form, and the exit code every process agrees on.
+out=$(timeout 60 "$mpiexec" -n 2 "$seqpar" check --backend mpi -q --ulysses 1 --ring 2 --layers 1 --docs 8,4 --ring-backward ring 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] || [ "$(grep -c '^PASS:' <<< "$out")" -ne 1 ]; then
+  fail "text report under mpiexec -n 2 (exit $rc): $(tail -3 <<< "$out")"
+else ok; fi
+
+# expect_exit CODE "words" NP -- args: exit code, message printed exactly once.
+expect_exit() {
+  local code=$1 words=$2 np=$3
+  shift 4
+  local out rc
+  out=$(timeout 60 "$mpiexec" -n "$np" "$seqpar" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$code" ] || [[ "$out" != *"$words"* ]]; then
+    fail "mpiexec -n $np seqpar $* → exit $rc (want $code), output lacks '$words': $(head -5 <<< "$out")"
+  elif [ "$(grep -c "seqpar: error" <<< "$out")" -ne 1 ]; then
+    fail "mpiexec -n $np seqpar $*: the error should be printed once: $out"
+  else ok; fi
+}
+expect_exit 2 "mpiexec started P=2 processes but --backend mpi runs one cp rank per process and ulysses U=2 × ring R=2 needs 4; launch mpiexec -n 4" \
+  2 -- check --backend mpi --ulysses 2 --ring 2 --docs 8 --layers 1
+expect_exit 2 "mpiexec started P=2 processes but --backend mpi runs one cp rank per process and ulysses U=1 × ring R=1 needs 1; launch mpiexec -n 1" \
+  2 -- check --backend mpi --ulysses 1 --ring 1 --docs 8 --layers 1
+expect_exit 2 "num_heads=6 is not divisible by ulysses=4" 4 -- check --backend mpi --ulysses 4 --heads 6 --kv-heads 6
+expect_exit 2 "--dtype 'f16' is unknown" 2 -- check --backend mpi --ulysses 2 --dtype f16
+
+# A rank that throws mid-run: it prints the error naming itself and aborts the job (MPI_Abort),
+# the other ranks do not wait in the collective.
+t0=$(date +%s)
+out=$(SEQPAR_TEST_THROW_AT=1:loss.sum timeout 60 "$mpiexec" -n 2 "$seqpar" check --backend mpi -q \
+  --ulysses 2 --ring 1 --layers 1 --docs 9,6 --heads 4 --kv-heads 2 2>&1)
+rc=$?
+dt=$(( $(date +%s) - t0 ))
+echo "throwing rank: exit $rc after ${dt} s"
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$dt" -gt 20 ] ||
+   [[ "$out" != *"seqpar: error: rank 1 on "*"test hook SEQPAR_TEST_THROW_AT: rank 1 throws at all_reduce (loss.sum)"* ]]; then
+  fail "throwing rank: exit $rc after ${dt} s: $(head -8 <<< "$out")"
+else ok; fi
+
+# A rank killed by SIGKILL mid-run (n = 4, inside the hybrid step): mpiexec ends the job.
+t0=$(date +%s)
+out=$(SEQPAR_TEST_DIE_AT=3:loss.sum timeout 60 "$mpiexec" -n 4 "$seqpar" check --backend mpi -q \
+  --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1 2>&1)
+rc=$?
+dt=$(( $(date +%s) - t0 ))
+echo "killed rank: exit $rc after ${dt} s"
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$dt" -gt 20 ] || [[ "$out" != *"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"* ]]; then
+  fail "killed rank: exit $rc after ${dt} s: $(head -12 <<< "$out")"
+else ok; fi
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]

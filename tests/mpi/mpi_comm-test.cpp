@@ -1,0 +1,452 @@
+// The MPI communicator under mpiexec -n 2 and -n 4: every op on the world and on sub-groups
+// (reversed order, evens/odds, pairs, singletons), index-derived data as in nccl-tests (element
+// values are a function of (seed, rank, index), so every rank computes what it must receive),
+// call validation errors, and reductions bitwise equal to the in-process communicator's.
+#include "mpi/mpi_comm.hpp"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.hpp"
+#include "sim/inproc_comm.hpp"
+
+namespace {
+
+using namespace seqpar;
+
+mpi::mpi_communicator* g_comm = nullptr;  // one per process, created in main
+
+mpi::mpi_communicator& comm() { return *g_comm; }
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+/// Element `index` of rank `rank`: floats in [-1, 1) with full mantissas (so summation order
+/// shows), integers in [-1000, 1000], bf16 as raw 16-bit patterns.
+template <class T>
+T value(std::uint64_t seed, int rank, std::int64_t index) {
+  const auto h = mix(mix(seed * 1000003 + static_cast<std::uint64_t>(rank)) +
+                     static_cast<std::uint64_t>(index));
+  if constexpr (std::is_floating_point_v<T>)
+    return static_cast<T>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+  else if constexpr (std::is_same_v<T, std::uint16_t>)
+    return static_cast<T>(h);
+  else
+    return static_cast<T>(static_cast<std::int64_t>(h % 2001) - 1000);
+}
+
+template <class T>
+dtype type_of() {
+  if constexpr (std::is_same_v<T, std::uint16_t>)
+    return dtype::bf16;
+  else
+    return dtype_of<T>();
+}
+
+template <class T>
+std::int64_t count_wrong(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size())
+    return static_cast<std::int64_t>(std::max(got.size(), want.size()));
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    wrong += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+  return wrong;
+}
+
+op_info tagged(std::string tag) {
+  op_info info;
+  info.tag = std::move(tag);
+  return info;
+}
+
+/// World, world reversed, evens, odds, consecutive pairs, every singleton: listed in one order
+/// on every rank, so overlapping groups never wait on each other in a cycle.
+std::vector<comm_group> test_groups(int P) {
+  std::vector<comm_group> gs;
+  std::vector<int> all(P);
+  std::iota(all.begin(), all.end(), 0);
+  gs.push_back({"t.world", all});
+  gs.push_back({"t.world_rev", std::vector<int>(all.rbegin(), all.rend())});
+  std::vector<int> even, odd;
+  for (int r = 0; r < P; ++r) (r % 2 ? odd : even).push_back(r);
+  gs.push_back({"t.even", even});
+  if (!odd.empty()) gs.push_back({"t.odd", odd});
+  for (int r = 0; r + 1 < P; r += 2) gs.push_back({"t.pair" + std::to_string(r), {r, r + 1}});
+  for (int r = 0; r < P; ++r) gs.push_back({"t.self" + std::to_string(r), {r}});
+  return gs;
+}
+
+std::vector<comm_group> my_groups() {
+  std::vector<comm_group> out;
+  for (auto& g : test_groups(comm().world_size()))
+    if (g.index_of(comm().rank()) >= 0) out.push_back(g);
+  return out;
+}
+
+/// Elements member i sends to member j in the uneven all_to_all (zeros included).
+std::int64_t a2a_count(int i, int j) { return (3 * i + 5 * j + 1) % 4; }
+
+template <class T>
+void check_all_to_all(std::uint64_t seed) {
+  for (const auto& g : my_groups()) {
+    const int n = g.size(), me = g.index_of(comm().rank());
+    std::vector<std::int64_t> sc(n), rc(n);
+    std::vector<T> send, want;
+    for (int j = 0; j < n; ++j) {
+      sc[j] = a2a_count(me, j);
+      rc[j] = a2a_count(j, me);
+      for (std::int64_t e = 0; e < sc[j]; ++e) send.push_back(value<T>(seed, comm().rank(), j * 16 + e));
+      for (std::int64_t e = 0; e < rc[j]; ++e) want.push_back(value<T>(seed, g.ranks[j], me * 16 + e));
+    }
+    std::vector<T> recv(want.size());
+    comm().all_to_all(g, send.data(), sc, recv.data(), rc, type_of<T>(), tagged("t.a2a"));
+    EXPECT_EQ(count_wrong(recv, want), 0) << "group " << g.name;
+  }
+}
+
+TEST(mpi_comm, all_to_all_uneven_counts_every_dtype) {
+  check_all_to_all<double>(1);
+  check_all_to_all<float>(2);
+  check_all_to_all<std::uint16_t>(3);
+  check_all_to_all<std::int32_t>(4);
+  check_all_to_all<std::int64_t>(5);
+}
+
+TEST(mpi_comm, all_gather_in_member_order) {
+  for (std::int64_t count : {7, 0}) {
+    for (const auto& g : my_groups()) {
+      const int n = g.size();
+      std::vector<double> send(count), want;
+      for (std::int64_t e = 0; e < count; ++e) send[e] = value<double>(11, comm().rank(), e);
+      for (int j = 0; j < n; ++j)
+        for (std::int64_t e = 0; e < count; ++e) want.push_back(value<double>(11, g.ranks[j], e));
+      std::vector<double> recv(want.size());
+      comm().all_gather(g, send.data(), count, recv.data(), dtype::f64);
+      EXPECT_EQ(count_wrong(recv, want), 0) << "group " << g.name << " count " << count;
+    }
+  }
+}
+
+/// The SUM of every member's contribution in member order, left to right.
+template <class T>
+std::vector<T> group_sum(std::uint64_t seed, const comm_group& g, std::int64_t offset,
+                         std::int64_t count) {
+  std::vector<T> out(count);
+  for (int j = 0; j < g.size(); ++j)
+    for (std::int64_t e = 0; e < count; ++e) {
+      const T v = value<T>(seed, g.ranks[j], offset + e);
+      if constexpr (std::is_integral_v<T>)
+        out[e] = static_cast<T>(static_cast<std::make_unsigned_t<T>>(out[e]) +
+                                static_cast<std::make_unsigned_t<T>>(v));
+      else
+        out[e] = j == 0 ? v : out[e] + v;
+    }
+  return out;
+}
+
+template <class T>
+void check_reductions(std::uint64_t seed) {
+  const std::int64_t count = 5;
+  for (const auto& g : my_groups()) {
+    const int n = g.size(), me = g.index_of(comm().rank());
+    std::vector<T> send(count * n);
+    for (std::int64_t e = 0; e < count * n; ++e) send[e] = value<T>(seed, comm().rank(), e);
+    std::vector<T> recv(count);
+    comm().reduce_scatter(g, send.data(), recv.data(), count, dtype_of<T>());
+    EXPECT_EQ(count_wrong(recv, group_sum<T>(seed, g, me * count, count)), 0)
+        << "reduce_scatter on " << g.name;
+
+    std::vector<T> buf(count);
+    for (std::int64_t e = 0; e < count; ++e) buf[e] = value<T>(seed, comm().rank(), e);
+    comm().all_reduce(g, buf.data(), count, dtype_of<T>());
+    EXPECT_EQ(count_wrong(buf, group_sum<T>(seed, g, 0, count)), 0) << "all_reduce on " << g.name;
+  }
+}
+
+TEST(mpi_comm, reductions_sum_in_group_order_every_dtype) {
+  check_reductions<double>(21);
+  check_reductions<float>(22);
+  check_reductions<std::int32_t>(23);
+  check_reductions<std::int64_t>(24);
+}
+
+TEST(mpi_comm, reductions_equal_the_inproc_communicator_bitwise_run_to_run) {
+  // Values of very different magnitudes: any other summation order changes the bits.
+  const int P = comm().world_size();
+  const std::int64_t count = 64;
+  auto contribution = [](int rank, std::int64_t e) {
+    const double scale[] = {1e16, 1.0, -1e16, 3.0};
+    return scale[rank % 4] * (1.0 + value<double>(31, rank, e));
+  };
+  comm_group world{"t.world", {}};
+  for (int r = 0; r < P; ++r) world.ranks.push_back(r);
+  std::vector<double> inproc(count);
+  run_ranks(P, [&](communicator& c) {
+    std::vector<double> buf(count);
+    for (std::int64_t e = 0; e < count; ++e) buf[e] = contribution(c.rank(), e);
+    c.all_reduce(world, buf.data(), count, dtype::f64);
+    if (c.rank() == 0) inproc = buf;
+  });
+  for (int run = 0; run < 3; ++run) {
+    std::vector<double> buf(count);
+    for (std::int64_t e = 0; e < count; ++e) buf[e] = contribution(comm().rank(), e);
+    comm().all_reduce(world, buf.data(), count, dtype::f64);
+    EXPECT_EQ(count_wrong(buf, inproc), 0) << "run " << run;
+  }
+}
+
+TEST(mpi_comm, send_recv_ring_and_empty_lists) {
+  for (const auto& g : my_groups()) {
+    const int n = g.size(), me = g.index_of(comm().rank());
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    // Two messages to the next member, in posting order; recvs posted before sends.
+    std::vector<float> a(3), b(4), ra(3), rb(4);
+    for (int e = 0; e < 3; ++e) a[e] = value<float>(41, comm().rank(), e);
+    for (int e = 0; e < 4; ++e) b[e] = value<float>(41, comm().rank(), 100 + e);
+    std::vector<p2p_op> ops = {{p2p_op::kind::recv, prev, ra.data(), 3, {}},
+                               {p2p_op::kind::recv, prev, rb.data(), 4, {}},
+                               {p2p_op::kind::send, next, a.data(), 3, {}},
+                               {p2p_op::kind::send, next, b.data(), 4, {}}};
+    comm().send_recv(g, ops, dtype::f32, tagged("t.ring"));
+    std::vector<float> wa(3), wb(4);
+    for (int e = 0; e < 3; ++e) wa[e] = value<float>(41, g.ranks[prev], e);
+    for (int e = 0; e < 4; ++e) wb[e] = value<float>(41, g.ranks[prev], 100 + e);
+    EXPECT_EQ(count_wrong(ra, wa) + count_wrong(rb, wb), 0) << "group " << g.name;
+
+    // Only member 0 sends (to the last member); everyone else passes an empty list.
+    std::vector<double> x = {value<double>(42, comm().rank(), 0)}, y(1, 0.0);
+    std::vector<p2p_op> some;
+    if (me == 0) some.push_back({p2p_op::kind::send, n - 1, x.data(), 1, {}});
+    if (me == n - 1) some.push_back({p2p_op::kind::recv, 0, y.data(), 1, {}});
+    comm().send_recv(g, some, dtype::f64);
+    if (me == n - 1) {
+      EXPECT_EQ(y[0], value<double>(42, g.ranks[0], 0)) << g.name;
+    }
+  }
+}
+
+TEST(mpi_comm, aliasing_buffers) {
+  for (const auto& g : my_groups()) {
+    const int n = g.size(), me = g.index_of(comm().rank());
+    // all_gather whose send block lies inside recv (torch's in-place pattern).
+    std::vector<double> buf(3 * n, 0.0), want;
+    for (int e = 0; e < 3; ++e) buf[me * 3 + e] = value<double>(51, comm().rank(), e);
+    for (int j = 0; j < n; ++j)
+      for (int e = 0; e < 3; ++e) want.push_back(value<double>(51, g.ranks[j], e));
+    comm().all_gather(g, buf.data() + me * 3, 3, buf.data(), dtype::f64);
+    EXPECT_EQ(count_wrong(buf, want), 0) << g.name;
+    // all_to_all in place with equal splits.
+    std::vector<std::int64_t> counts(n, 2);
+    std::vector<double> io(2 * n), wio(2 * n);
+    for (int j = 0; j < n; ++j)
+      for (int e = 0; e < 2; ++e) {
+        io[j * 2 + e] = value<double>(52, comm().rank(), j * 2 + e);
+        wio[j * 2 + e] = value<double>(52, g.ranks[j], me * 2 + e);
+      }
+    comm().all_to_all(g, io.data(), counts, io.data(), counts, dtype::f64);
+    EXPECT_EQ(count_wrong(io, wio), 0) << g.name;
+    // send_recv where the recv buffer is the send buffer.
+    std::vector<double> ring = {value<double>(53, comm().rank(), 0)};
+    std::vector<p2p_op> ops = {{p2p_op::kind::send, (me + 1) % n, ring.data(), 1, {}},
+                               {p2p_op::kind::recv, (me + n - 1) % n, ring.data(), 1, {}}};
+    comm().send_recv(g, ops, dtype::f64);
+    EXPECT_EQ(ring[0], value<double>(53, g.ranks[(me + n - 1) % n], 0)) << g.name;
+  }
+}
+
+TEST(mpi_comm, barrier_on_every_group) {
+  for (const auto& g : my_groups()) EXPECT_NO_THROW(comm().barrier(g, tagged("t.barrier")));
+}
+
+// ---- validation: every member throws the same error, nobody is left inside MPI ----
+
+comm_group world_group() {
+  comm_group g{"t.world", {}};
+  for (int r = 0; r < comm().world_size(); ++r) g.ranks.push_back(r);
+  return g;
+}
+
+template <class E, class F>
+std::string expect_throw(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "no exception";
+  return {};
+}
+
+TEST(mpi_comm, count_mismatch_is_a_shape_error_naming_both_ranks) {
+  const auto g = world_group();
+  const std::int64_t count = comm().rank() == 1 ? 4 : 3;
+  std::vector<double> send(count, 1.0), recv(4 * g.size());
+  const auto msg = expect_throw<shape_error>([&] {
+    comm().all_gather(g, send.data(), count, recv.data(), dtype::f64, tagged("t.bad_gather"));
+  });
+  EXPECT_NE(msg.find("count mismatch in all_gather"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 0 (member 0) passes count 3 but rank 1 (member 1) passes 4"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("t.bad_gather"), std::string::npos) << msg;
+  // The communicator is still usable: nothing was posted.
+  std::vector<double> one = {1.0};
+  comm().all_reduce(g, one.data(), 1, dtype::f64);
+  EXPECT_EQ(one[0], g.size());
+}
+
+TEST(mpi_comm, all_to_all_split_mismatch_names_sender_and_receiver) {
+  const auto g = world_group();
+  const int n = g.size(), me = comm().rank();
+  std::vector<std::int64_t> sc(n, 1), rc(n, 1);
+  if (me == 0) sc[1] = 2;  // rank 0 sends 2 to rank 1, which expects 1
+  std::vector<double> send(n + 1, 0.0), recv(n, 0.0);
+  const auto msg = expect_throw<shape_error>(
+      [&] { comm().all_to_all(g, send.data(), sc, recv.data(), rc, dtype::f64); });
+  EXPECT_NE(msg.find("rank 0 (member 0) sends 2 elements to rank 1 (member 1) but rank 1 "
+                     "expects 1 from rank 0"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(mpi_comm, different_ops_or_dtypes_are_errors_not_hangs) {
+  const auto g = world_group();
+  std::vector<double> buf(2, 1.0);
+  auto msg = expect_throw<error>([&] {
+    if (comm().rank() == 0)
+      comm().barrier(g);
+    else
+      comm().all_reduce(g, buf.data(), 2, dtype::f64);
+  });
+  EXPECT_NE(msg.find("collective mismatch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 0 (member 0) called barrier but rank 1 (member 1) called all_reduce"),
+            std::string::npos)
+      << msg;
+  msg = expect_throw<error>([&] {
+    comm().all_reduce(g, buf.data(), comm().rank() == 0 ? 2 : 1,
+                      comm().rank() == 0 ? dtype::f64 : dtype::i64);
+  });
+  EXPECT_NE(msg.find("dtype mismatch"), std::string::npos) << msg;
+}
+
+TEST(mpi_comm, unmatched_send_is_reported_on_every_member) {
+  const auto g = world_group();
+  const int n = g.size(), me = comm().rank();
+  std::vector<double> x(2, 0.0);
+  std::vector<p2p_op> ops;
+  if (me == 0) ops.push_back({p2p_op::kind::send, n - 1, x.data(), 2, {}});  // nobody receives
+  const auto msg = expect_throw<error>([&] { comm().send_recv(g, ops, dtype::f64); });
+  EXPECT_NE(msg.find(fmt::format("unmatched send in send_recv #")), std::string::npos) << msg;
+  EXPECT_NE(msg.find(fmt::format("rank 0 posts 1 send(s) to rank {}", n - 1)), std::string::npos)
+      << msg;
+}
+
+TEST(mpi_comm, group_name_reused_for_other_ranks_is_an_error) {
+  comm_group g = world_group();
+  std::reverse(g.ranks.begin(), g.ranks.end());  // "t.world" is already {0, 1, …}
+  const auto msg = expect_throw<error>([&] { comm().barrier(g); });
+  EXPECT_NE(msg.find("group 't.world' was first used with ranks"), std::string::npos) << msg;
+}
+
+TEST(mpi_comm, mpi_error_codes_become_backend_errors_with_rank_and_host) {
+  try {
+    mpi::check_mpi(MPI_ERR_COUNT, "MPI_Allgather_c");
+    FAIL() << "no exception";
+  } catch (const backend_error& e) {
+    EXPECT_EQ(e.call(), "MPI_Allgather_c");
+    EXPECT_EQ(e.code(), MPI_ERR_COUNT);
+    EXPECT_EQ(e.rank(), comm().rank());
+    EXPECT_EQ(e.host(), mpi::processor_name());
+    EXPECT_FALSE(e.host().empty());
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fmt::format("rank {} on {}: MPI_Allgather_c failed with code",
+                                    comm().rank(), e.host())),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("count"), std::string::npos) << what;  // MPI_Error_string's text
+  }
+  EXPECT_NO_THROW(mpi::check_mpi(MPI_SUCCESS, "MPI_Barrier"));
+}
+
+TEST(mpi_comm, unverified_transport_still_reports_short_messages) {
+  // verify_calls off (benchmarks): a message shorter than the posted recv is a shape_error on
+  // the receiver from the received count, not silent garbage.
+  mpi::mpi_options o;
+  o.verify_calls = false;
+  mpi::mpi_communicator raw(o);
+  const auto g = world_group();
+  const int n = g.size(), me = raw.rank();
+  std::vector<double> x(3, 1.0), y(5, 0.0);
+  std::vector<p2p_op> ops;
+  if (me == 0) ops.push_back({p2p_op::kind::send, n - 1, x.data(), 3, {}});
+  if (me == n - 1) ops.push_back({p2p_op::kind::recv, 0, y.data(), 5, {}});
+  if (me == n - 1) {
+    const auto msg = expect_throw<shape_error>([&] { raw.send_recv(g, ops, dtype::f64); });
+    EXPECT_NE(msg.find("expected 5 elements from rank 0 but received 3"), std::string::npos)
+        << msg;
+  } else {
+    raw.send_recv(g, ops, dtype::f64);
+  }
+  // And the plain ops are correct without the descriptor exchange.
+  std::vector<double> buf = {static_cast<double>(me)};
+  raw.all_reduce(g, buf.data(), 1, dtype::f64);
+  EXPECT_EQ(buf[0], n * (n - 1) / 2.0);
+}
+
+/// Prints this rank's failures (ranks other than 0 have no default printer).
+class rank_failure_printer : public ::testing::EmptyTestEventListener {
+ public:
+  explicit rank_failure_printer(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      fmt::print(stderr, "[rank {}] {}:{}: failure\n{}\n", rank_, r.file_name() ? r.file_name() : "?",
+                 r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  seqpar::mpi::mpi_session session(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  if (session.rank() != 0) {
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new rank_failure_printer(session.rank()));
+  }
+  if (session.size() < 2) {
+    fmt::print(stderr, "run under mpiexec -n 2 or more (got {} process)\n", session.size());
+    return 77;
+  }
+  int failed = 0;
+  {
+    seqpar::mpi::mpi_communicator world;
+    g_comm = &world;
+    failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+    // Every process exits with the same code: failed anywhere means failed.
+    seqpar::comm_group all{"t.exit", {}};
+    for (int r = 0; r < session.size(); ++r) all.ranks.push_back(r);
+    world.all_reduce(all, &failed, 1, seqpar::dtype::i32);
+    g_comm = nullptr;
+  }
+  if (session.rank() == 0)
+    fmt::print("{} on {} processes\n", failed ? "FAILED" : "PASSED", session.size());
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,68 @@
+// `seqpar check --backend mpi`: every process is one cp rank; rank 0 compares and prints.
+#include "check_mpi.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "core/error.hpp"
+#include "mpi/mpi_comm.hpp"
+
+namespace seqpar::cli {
+
+int check_mpi(const std::function<scenario(sim::check_options&)>& resolve, sim::check_options opt,
+              const std::function<void(const sim::check_report&)>& print) {
+  mpi::mpi_session session(nullptr, nullptr);
+  mpi::mpi_communicator world;
+  const int P = session.size(), me = session.rank();
+  comm_group all{"cli.world", {}};
+  for (int r = 0; r < P; ++r) all.ranks.push_back(r);
+
+  // Phase 1, local to each process: flags, scenario rules, the process count. Every process
+  // normally reaches the same verdict; the flags are still shared so that one process that
+  // cannot read a file (another node) does not leave the others waiting.
+  scenario s;
+  std::string problem;
+  try {
+    s = resolve(opt);
+    validate(s);
+    if (P != s.cp())
+      fail<config_error>(
+          "mpiexec started P={} processes but --backend mpi runs one cp rank per process and "
+          "ulysses U={} × ring R={} needs {}; launch mpiexec -n {} (or change --ulysses/--ring "
+          "so that U·R = {})",
+          P, s.ulysses, s.ring, s.cp(), s.cp(), P);
+  } catch (const seqpar::error& e) {
+    problem = e.what();
+  }
+  std::int32_t failed = problem.empty() ? 0 : 1;
+  std::vector<std::int32_t> flags(static_cast<std::size_t>(P));
+  try {
+    world.all_gather(all, &failed, 1, flags.data(), dtype::i32, op_info{"cli.validate", {}, {}});
+  } catch (const std::exception& e) {
+    mpi::mpi_session::abort_world(e.what(), 2);
+  }
+  for (int r = 0; r < P; ++r) {
+    if (!flags[static_cast<std::size_t>(r)]) continue;
+    if (r == me) fmt::print(stderr, "seqpar: error: {}{}\n",
+                            r == 0 ? "" : fmt::format("rank {} on {}: ", r, session.host()),
+                            problem);
+    return 2;  // every process, after a clean MPI_Finalize
+  }
+
+  // Phase 2, distributed: a failure on one rank aborts the job instead of leaving the others
+  // inside a collective.
+  try {
+    if (me != 0) opt.progress = nullptr;
+    auto rep = sim::run_check_distributed(world, s, opt);
+    rep.backend = "mpi";
+    if (me == 0) print(rep);
+    return rep.pass ? 0 : 1;
+  } catch (const std::exception& e) {
+    mpi::mpi_session::abort_world(e.what(), 2);
+  }
+}
+
+}  // namespace seqpar::cli
