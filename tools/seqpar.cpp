@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
     auto after = app.get_subcommands({});
     actions[after.back()] = std::move(act);
   };
+  add(cli::add_check);
   add(cli::add_collate);
   add(cli::add_plan);
   add(cli::add_mesh);
