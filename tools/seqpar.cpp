@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   add(cli::add_collate);
   add(cli::add_plan);
   add(cli::add_mesh);
+  add(cli::add_record);
   add(cli::add_replay);
   add(cli::add_import);
   try {

@@ -92,7 +92,14 @@ expect 0 '"rows":[{"max_abs"' -- check -q --json
 expect 2 "--dtype 'f16' is unknown" -- check --dtype f16
 expect 2 "--backend gpu is not available" -- check --backend gpu
 expect 2 "num_heads=8 is not divisible by ulysses=3" -- check --ulysses 3
-for sub in check collate plan mesh; do
+# Recorded traces of every built-in scenario replay clean.
+for sc in default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8; do
+  expect 0 "equivalence PASS" -- record --scenario "$sc" --out "$tmp/rec-$sc.jsonl"
+  expect 0 "consistent" -- replay "$tmp/rec-$sc.jsonl"
+done
+expect 0 "consistent" -- replay "$tmp/rec-default.jsonl" --json
+expect 2 "cannot write" -- record --out "$tmp/no/such/dir/t.jsonl"
+for sub in check collate plan mesh record; do
   expect 0 "Example" -- "$sub" --help
 done
 
