@@ -27,10 +27,15 @@ jobs=$(nproc 2>/dev/null || echo 2)
 configure() {  # dir, extra meson args…
   local dir=$1
   shift
+  local log
+  log=$(mktemp)
   if [ ! -f "$dir/build.ninja" ]; then
-    meson setup "$dir" "$@" >/dev/null
+    echo "setup: configuring $dir"
+    meson setup "$dir" "$@" >"$log" 2>&1 || { cat "$log"; rm -f "$log"; return 1; }
   fi
-  ninja -C "$dir" -j "$jobs" >/dev/null
+  echo "setup: building $dir"
+  ninja -C "$dir" -j "$jobs" >"$log" 2>&1 || { tail -n 60 "$log"; rm -f "$log"; return 1; }
+  rm -f "$log"
 }
 configure build
 
