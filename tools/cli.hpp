@@ -18,6 +18,7 @@ action add_replay(CLI::App& app);
 action add_import(CLI::App& app);
 action add_check(CLI::App& app);
 action add_record(CLI::App& app);
+action add_validate(CLI::App& app);
 
 /// Writes `text` to `path` atomically (temp file + rename): a failed run never leaves a
 /// partial output file. "-" writes to stdout.

@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   add(cli::add_record);
   add(cli::add_replay);
   add(cli::add_import);
+  add(cli::add_validate);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -28,6 +28,14 @@
 #include "gpu/kernels/bf16.hpp"
 #include "gpu/kernels/numerics.hpp"
 
+/// Full unrolling of the head-dim loops on the device (keeps per-thread arrays in registers);
+/// nothing on the host.
+#if defined(__CUDACC__)
+#define SEQPAR_UNROLL _Pragma("unroll")
+#else
+#define SEQPAR_UNROLL
+#endif
+
 namespace seqpar::gpu::kern {
 
 /// Pointers and sizes of one varlen attention call. q, out, dout, dq: [sq, hq, d]; k, v, dk, dv:
@@ -130,7 +138,7 @@ SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile,
     st.l = 0.f;
     const bool active = t < tile.rows;
     const std::int64_t row = (static_cast<std::int64_t>(q0 + tile.start + (active ? t : 0)) * p.hq + h) * d;
-#pragma unroll
+SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c) {
       st.q[c] = active && c < d ? p.scale * to_float(p.q[row + c]) : 0.f;
       st.acc[c] = 0.f;
@@ -153,7 +161,7 @@ SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile,
         s[r] = neg_inf();
         if (!visible(p.causal, i, j0 + r, lq, lk)) continue;
         float dot = 0.f;
-#pragma unroll
+SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) dot += st.q[c] * sm.k[r][c];
         s[r] = dot;
@@ -162,12 +170,12 @@ SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile,
       if (is_neg_inf(m_new)) return;  // nothing visible yet: state stays (−inf, 0, 0)
       const float alpha = expf(st.m - m_new);  // st.m = −inf → 0, acc and l are 0 anyway
       st.l *= alpha;
-#pragma unroll
+SEQPAR_UNROLL
       for (int c = 0; c < DMAX; ++c) st.acc[c] *= alpha;
       for (int r = 0; r < cols; ++r) {
         const float pr = expf(s[r] - m_new);  // masked: e^−inf = 0
         st.l += pr;
-#pragma unroll
+SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) st.acc[c] += pr * sm.v[r][c];
       }
@@ -179,7 +187,7 @@ SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile,
     const std::int64_t row = static_cast<std::int64_t>(q0 + tile.start + t) * p.hq + h;
     const bool empty = st.l == 0.f;
     const float inv = empty ? 0.f : 1.f / st.l;
-#pragma unroll
+SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c)
       if (c < d) p.out[row * d + c] = from_float<T>(st.acc[c] * inv);
     p.lse[row] = from_float<T>(empty ? neg_inf() : st.m + logf(st.l));
@@ -222,7 +230,7 @@ SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, 
     const std::int64_t row = static_cast<std::int64_t>(q0 + tile.start + (active ? t : 0)) * p.hq + h;
     st.lse = active ? to_float(p.lse[row]) : neg_inf();
     st.delta = active ? p.delta[row] : 0.f;
-#pragma unroll
+SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c) {
       st.q[c] = active && c < d ? p.scale * to_float(p.q[row * d + c]) : 0.f;
       st.dout[c] = active && c < d ? to_float(p.dout[row * d + c]) : 0.f;
@@ -243,14 +251,14 @@ SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, 
       for (int r = 0; r < cols; ++r) {
         if (!visible(p.causal, i, j0 + r, lq, lk)) continue;
         float s = 0.f, dp = 0.f;
-#pragma unroll
+SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) {
             s += st.q[c] * sm.k[r][c];
             dp += st.dout[c] * sm.v[r][c];
           }
         const float ds = expf(s - st.lse) * (dp - st.delta);  // dS = P∘(dP − D)
-#pragma unroll
+SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) st.dq[c] += ds * sm.k[r][c];
       }
@@ -259,7 +267,7 @@ SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, 
   ex.each([&](int t, dq_state<DMAX>& st) {
     if (t >= tile.rows) return;
     const std::int64_t row = static_cast<std::int64_t>(q0 + tile.start + t) * p.hq + h;
-#pragma unroll
+SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c)
       if (c < d) p.dq[row * d + c] = from_float<T>(p.scale * st.dq[c]);
   });
@@ -287,7 +295,7 @@ SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile
   const int d = p.d, group = p.group();
   const int i_begin = causal_q_begin(p.causal, tile.start, lq, lk);
   ex.each([&](int t, dkdv_state<DMAX>& st) {
-#pragma unroll
+SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c) st.dk[c] = st.dv[c] = 0.f;
     stage_rows<DMAX>(t, ex.threads(), p.k, k0 + tile.start, tile.rows, p.hkv, g, d, 1.f, sm.k);
     stage_rows<DMAX>(t, ex.threads(), p.v, k0 + tile.start, tile.rows, p.hkv, g, d, 1.f, sm.v);
@@ -312,7 +320,7 @@ SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile
         for (int r = 0; r < rows; ++r) {
           if (!visible(p.causal, i0 + r, j, lq, lk) || is_neg_inf(sm.lse[r])) continue;
           float s = 0.f, dp = 0.f;
-#pragma unroll
+SEQPAR_UNROLL
           for (int c = 0; c < DMAX; ++c)
             if (c < d) {
               s += sm.q[r][c] * sm.k[t][c];
@@ -320,7 +328,7 @@ SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile
             }
           const float pr = expf(s - sm.lse[r]);
           const float ds = pr * (dp - sm.delta[r]);
-#pragma unroll
+SEQPAR_UNROLL
           for (int c = 0; c < DMAX; ++c)
             if (c < d) {
               st.dv[c] += pr * sm.dout[r][c];
@@ -333,7 +341,7 @@ SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile
   ex.each([&](int t, dkdv_state<DMAX>& st) {
     if (t >= tile.rows) return;
     const std::int64_t row = static_cast<std::int64_t>(k0 + tile.start + t) * p.hkv + g;
-#pragma unroll
+SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c)
       if (c < d) {
         p.dk[row * d + c] = from_float<T>(st.dk[c]);

@@ -1,0 +1,145 @@
+// seqpar validate: the attention sub-layer (Ulysses / ring / hybrid) on the GPU backend vs the
+// CPU reference, stage by stage per rank. Thin: parse, call src/gpu/validate, print.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "core/error.hpp"
+#include "scenario_flags.hpp"
+
+#if defined(SEQPAR_HAVE_GPU)
+#include "gpu/cuda_compute.hpp"
+#include "gpu/validate.hpp"
+#endif
+
+namespace seqpar::cli {
+
+namespace {
+
+struct validate_args {
+  scenario_flags flags;
+  std::string dtype_name = "f32";
+  int device = 0;
+  bool json = false, quiet = false;
+};
+
+#if defined(SEQPAR_HAVE_GPU)
+dtype parse_gpu_dtype(const std::string& s) {
+  if (s == "f32" || s == "float32") return dtype::f32;
+  if (s == "bf16" || s == "bfloat16") return dtype::bf16;
+  fail<config_error>("--dtype '{}' is unknown; validate runs the GPU in f32 or bf16", s);
+}
+
+nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json("inf"); }
+
+nlohmann::json report_json(const gpu::validate_report& r) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : r.rows) {
+    nlohmann::json j = {{"rank", row.rank},         {"stage", row.stage},
+                        {"numel", row.numel},       {"max_abs", num(row.max_abs)},
+                        {"max_rel", num(row.max_rel)}, {"tolerance", row.tolerance},
+                        {"pass", row.pass}};
+    if (!row.note.empty()) j["note"] = row.note;
+    rows.push_back(std::move(j));
+  }
+  return {{"pass", r.pass},
+          {"dtype", r.type == dtype::bf16 ? "bf16" : "f32"},
+          {"backend", "gpu"},
+          {"transport", r.transport},
+          {"device", r.device},
+          {"covers", "attention sub-layer (Ulysses all-to-alls, ring/local attention, backward)"},
+          {"scenario", scenario_to_json(r.scen)},
+          {"tolerance", {{"exact", r.tol_exact}, {"forward", r.tol_forward}, {"backward", r.tol_backward}}},
+          {"error_model", r.error_model},
+          {"seconds", {{"gpu", r.gpu_seconds}, {"reference", r.reference_seconds}}},
+          {"rows", rows}};
+}
+
+std::string fmt_num(double x) { return std::isfinite(x) ? fmt::format("{:.3e}", x) : "inf"; }
+
+std::string report_text(const gpu::validate_report& r) {
+  const auto& s = r.scen;
+  std::string o = fmt::format(
+      "seqpar validate  scenario {}  ulysses {} × ring {}{}  heads {}/{} kv  dim {}  docs {}  {}\n"
+      "GPU: {}  transport: {}\ncompared: the attention sub-layer only (the decoder's other ops do "
+      "not run on the GPU)\n\n",
+      s.name, s.ulysses, s.ring, s.ring > 1 ? (s.zigzag ? " zigzag" : " contiguous") : "", s.heads,
+      s.kv_heads, s.head_dim, fmt::join(s.docs, ","), r.type == dtype::bf16 ? "bfloat16" : "float32",
+      r.device, r.transport);
+  o += fmt::format("{:>4} {:<10} {:>9} {:>11} {:>11} {:>11}  {}\n", "rank", "stage", "numel",
+                   "max abs", "max rel", "tolerance", "result");
+  int passed = 0;
+  for (const auto& row : r.rows) {
+    passed += row.pass;
+    o += fmt::format("{:>4} {:<10} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.rank, row.stage,
+                     row.numel, fmt_num(row.max_abs), fmt_num(row.max_rel), fmt_num(row.tolerance),
+                     row.pass ? "PASS" : "FAIL", row.note.empty() ? "" : "  (" + row.note + ")");
+  }
+  o += fmt::format("\n{}: {} of {} stages within tolerance; GPU {:.2f} s, reference {:.2f} s\n"
+                   "error model: {}\n",
+                   r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.gpu_seconds,
+                   r.reference_seconds, r.error_model);
+  return o;
+}
+#endif
+
+}  // namespace
+
+action add_validate(CLI::App& app) {
+  auto a = std::make_shared<validate_args>();
+  auto* sub = app.add_subcommand(
+      "validate",
+      "Run the scenario's attention sub-layer (Ulysses / ring / hybrid, forward and backward) on "
+      "the GPU and on the CPU reference (float64), and compare every stage on every rank. One GPU "
+      "runs all ranks; under mpiexec, one rank per GPU over NCCL. Exit 0 all pass, 1 any "
+      "difference, 2 invalid input or no GPU.\n"
+      "Example: seqpar validate --ulysses 2 --ring 2 --dtype bf16");
+  a->flags.add_to(*sub);
+  sub->add_option("--dtype", a->dtype_name, "f32 | bf16 (GPU run; the reference is float64)")
+      ->capture_default_str();
+  sub->add_option("--device", a->device, "CUDA device of the single-GPU mode")->capture_default_str();
+  sub->add_flag("--json", a->json, "machine-readable report");
+  sub->add_flag("--quiet,-q", a->quiet, "no progress lines on stderr");
+  return [a]() -> int {
+#if !defined(SEQPAR_HAVE_GPU)
+    (void)a->flags.resolve();  // invalid flags still exit 2 with their own message
+    fmt::print(stderr,
+               "seqpar: error: this seqpar was built without CUDA, so validate cannot run; "
+               "rebuild with `meson setup build -Dgpu=enabled` on a machine with nvcc\n");
+    return 2;
+#else
+    const scenario s = a->flags.resolve();
+    gpu::validate_options opt;
+    opt.type = parse_gpu_dtype(a->dtype_name);
+    opt.device = a->device;
+    std::string why;
+    if (gpu::device_count(&why) <= 0) {
+      fmt::print(stderr, "seqpar: no CUDA device: {}\n", why);
+      return 2;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!a->quiet)
+      opt.progress = [t0](std::string_view line) {
+        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
+      };
+    gpu::validate_report rep;
+    bool root = true;
+    try {
+      rep = gpu::launched_with_several_ranks() ? gpu::run_validate_mpi(s, opt, &root)
+                                               : gpu::run_validate_local(s, opt);
+    } catch (const backend_error& e) {
+      fmt::print(stderr, "seqpar: validate failed on the GPU backend: {}\n", e.what());
+      return 1;
+    }
+    if (root) write_output("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
+    return rep.pass ? 0 : 1;
+#endif
+  };
+}
+
+}  // namespace seqpar::cli
