@@ -117,8 +117,10 @@ TEST_F(device, gemm_rope_rms_norm_match_the_cpu) {
   const sim::mat<double> bm = Eigen::Map<const sim::mat<double>>(b.data(), 5, 7);
   const sim::mat<double> cm = am * bm;
   EXPECT_LE(rel_err(g.to_host(tc), std::vector<double>(cm.data(), cm.data() + cm.size())), 8 * 0x1p-23);
-  tensor tt = g.zeros(dtype::f32, {5, 6});
-  g.gemm(true, false, tb.reshaped({7, 5}), ta.reshaped({5, 6}), tt);  // shapes only: runs
+  tensor tt = g.zeros(dtype::f32, {5, 5});
+  g.gemm(true, false, ta, ta, tt);  // Aᵀ·A: the transposed operand path
+  const sim::mat<double> ata = am.transpose() * am;
+  EXPECT_LE(rel_err(g.to_host(tt), std::vector<double>(ata.data(), ata.data() + ata.size())), 8 * 0x1p-23);
   const std::vector<std::int64_t> pos = {0, 3, 9, 100};
   const auto x = values(4 * 2 * 8, 8);
   tensor tx = g.from_host(dtype::f32, {4, 2, 8}, x), ty = g.empty(dtype::f32, {4, 2, 8});
@@ -126,6 +128,15 @@ TEST_F(device, gemm_rope_rms_norm_match_the_cpu) {
   const sim::mat<double> xm = Eigen::Map<const sim::mat<double>>(x.data(), 4, 16);
   const sim::mat<double> ym = sim::ops::rope_fwd<double>(xm, 2, 8, pos);
   EXPECT_LE(rel_err(g.to_host(ty), std::vector<double>(ym.data(), ym.data() + ym.size())), 4 * 0x1p-23);
+  // RMSNorm forward on the same 4×16 values, weight 1 + 0.1·u
+  auto w = values(16, 9);
+  for (auto& e : w) e = static_cast<float>(1 + 0.1 * e);
+  tensor tw = g.from_host(dtype::f32, {16}, w), tn = g.empty(dtype::f32, {4, 16}), tr = g.empty(dtype::f32, {4});
+  g.rms_norm_fwd(tx.reshaped({4, 16}), tw, 1e-6, tn, tr);
+  const sim::mat<double> wm = Eigen::Map<const sim::mat<double>>(w.data(), 1, 16);
+  sim::col<double> r;
+  const sim::mat<double> nm = sim::ops::rms_norm_fwd<double>(xm, wm, r);
+  EXPECT_LE(rel_err(g.to_host(tn), std::vector<double>(nm.data(), nm.data() + nm.size())), 32 * 0x1p-23);
 }
 
 TEST(device_local, collectives_move_and_sum_like_the_cpu) {
