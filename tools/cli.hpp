@@ -14,10 +14,10 @@ using action = std::function<int()>;
 action add_collate(CLI::App& app);
 action add_plan(CLI::App& app);
 action add_mesh(CLI::App& app);
-action add_replay(CLI::App& app);
-action add_import(CLI::App& app);
 action add_check(CLI::App& app);
 action add_record(CLI::App& app);
+action add_replay(CLI::App& app);
+action add_import(CLI::App& app);
 action add_validate(CLI::App& app);
 
 /// Writes `text` to `path` atomically (temp file + rename): a failed run never leaves a

@@ -336,7 +336,7 @@ class checker {
       validate(s);
       sp_model m;
       m.s = s;
-      m.cb = collate(make_batch(s), trace::collate_options_of(s));
+      m.cb = collate(make_batch(s), options_of(s));
       m.U = s.ulysses;
       m.R = s.ring;
       m.hq = s.heads;

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     {
       auto s = base(2, 2, 8, 2, {16, 8, 8});
       auto t = synthesize(s);
-      const auto cb = collate(make_batch(s), collate_options_of(s));
+      const auto cb = collate(make_batch(s), options_of(s));
       const auto zpos = apply_permutation<std::int64_t>(cb.padded.position_ids, cb.perm);
       const auto cu = cu_seqlens_from_position_ids(zpos);
       for (auto& l : t.layouts) {

@@ -10,18 +10,9 @@
 
 namespace seqpar::trace {
 
-collate_options collate_options_of(const scenario& s) {
-  collate_options o;
-  o.profile = s.profile;
-  o.ulysses = s.ulysses;
-  o.ring = s.ring;
-  o.pad_token_id = s.pad_token_id;
-  return o;
-}
-
 synth_trace synthesize(const scenario& s) {
   validate(s);
-  const auto cb = collate(make_batch(s), collate_options_of(s));
+  const auto cb = collate(make_batch(s), options_of(s));
   const int U = s.ulysses, R = s.ring, C = s.cp();
   const std::int64_t c = cb.chunk, D = s.head_dim;
   const std::int64_t hq = s.heads, hkv = 2 * repeated_kv_heads(s.kv_heads, U);

@@ -21,7 +21,5 @@ using synth_trace = trace_data;
 /// gradient reduce-scatter, plus each rank's collator output. Groups: ulysses{i}, ring{i}, sp0.
 synth_trace synthesize(const scenario& s);
 
-/// The collator options of a scenario (profile, sizes, pad id).
-collate_options collate_options_of(const scenario& s);
 
 }  // namespace seqpar::trace
