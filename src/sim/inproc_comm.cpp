@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/comm_checks.hpp"
 #include "core/error.hpp"
 
 namespace seqpar {
@@ -290,33 +291,12 @@ class rendezvous {
   std::int64_t seq_ = 0;
 };
 
-bool overlaps(const void* a, std::size_t na, const void* b, std::size_t nb) {
-  if (na == 0 || nb == 0) return false;
-  auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
-  return pa < pb + nb && pb < pa + na;
-}
-
-void check_count(std::int64_t count, const char* op, const comm_group& g, int rank) {
-  if (count < 0)
-    fail<error>("{} on group '{}': rank {} passes a negative count {}", op, g.name, rank, count);
-}
+using comm_checks::add;
+using comm_checks::check_count;
+using comm_checks::overlaps;
 
 void check_reducible(dtype t, const char* op, const comm_group& g) {
-  if (t == dtype::bf16)
-    fail<error>(
-        "{} on group '{}': the in-process communicator does not reduce bfloat16 (the rounding "
-        "of each partial sum is backend-specific); reduce in float32 and convert",
-        op, g.name);
-}
-
-template <class T>
-T add(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));  // wraps, no UB
-  } else {
-    return a + b;
-  }
+  comm_checks::check_reducible(t, op, g, "the in-process communicator");
 }
 
 // out[k] = in_0[offset + k] + in_1[offset + k] + … in member order, left to right.

@@ -1,0 +1,46 @@
+#pragma once
+// Argument checks and the reduction arithmetic every host-side communicator shares, so the
+// in-process and MPI transports reduce to the same bits.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "core/communicator.hpp"
+#include "core/error.hpp"
+
+namespace seqpar::comm_checks {
+
+/// Whether two byte ranges overlap (in-place or aliased buffers need a scratch copy).
+inline bool overlaps(const void* a, std::size_t na, const void* b, std::size_t nb) {
+  if (na == 0 || nb == 0) return false;
+  auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+  return pa < pb + nb && pb < pa + na;
+}
+
+inline void check_count(std::int64_t count, const char* op, const comm_group& g, int rank) {
+  if (count < 0)
+    fail<error>("{} on group '{}': rank {} passes a negative count {}", op, g.name, rank, count);
+}
+
+/// `backend` names the transport in the message ("the MPI communicator", …).
+inline void check_reducible(dtype t, const char* op, const comm_group& g, std::string_view backend) {
+  if (t == dtype::bf16)
+    fail<error>(
+        "{} on group '{}': {} does not reduce bfloat16 (the rounding of each partial sum is "
+        "backend-specific); reduce in float32 and convert",
+        op, g.name, backend);
+}
+
+/// a + b; integers wrap (no undefined behaviour on overflow).
+template <class T>
+T add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+
+}  // namespace seqpar::comm_checks
