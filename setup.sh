@@ -52,6 +52,17 @@ case "${1:-}" in
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
       meson test -C build-asan --print-errorlogs --num-processes "$jobs" \
       --suite unit --suite property --suite equivalence
+    # One closing line over both runs (meson prints its own summary per run above).
+    python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
+import json, sys
+counts = {"OK": 0, "FAIL": 0, "SKIP": 0}
+for path in sys.argv[1:]:
+    for line in open(path):
+        r = json.loads(line).get("result", "")
+        key = "OK" if r in ("OK", "EXPECTEDFAIL") else "SKIP" if r == "SKIP" else "FAIL"
+        counts[key] += 1
+print(f"{counts['OK']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+PY
     ;;
   *)
     echo "usage: ./setup.sh [run|test]" >&2
