@@ -3,6 +3,7 @@
 // in-process and MPI transports reduce to the same bits.
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -21,6 +22,17 @@ inline bool overlaps(const void* a, std::size_t na, const void* b, std::size_t n
 inline void check_count(std::int64_t count, const char* op, const comm_group& g, int rank) {
   if (count < 0)
     fail<error>("{} on group '{}': rank {} passes a negative count {}", op, g.name, rank, count);
+}
+
+/// Sum of per-peer counts, each checked to be non-negative.
+inline std::int64_t checked_total(std::span<const std::int64_t> counts, const char* op,
+                                  const comm_group& g, int rank) {
+  std::int64_t total = 0;
+  for (auto c : counts) {
+    check_count(c, op, g, rank);
+    total += c;
+  }
+  return total;
 }
 
 /// `backend` names the transport in the message ("the MPI communicator", …).

@@ -447,15 +447,8 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
                                      std::span<const std::int64_t> send_counts, void* recv,
                                      std::span<const std::int64_t> recv_counts, dtype t) {
   const auto esz = dtype_size(t);
-  std::int64_t total_send = 0, total_recv = 0;
-  for (auto c : send_counts) {
-    check_count(c, "all_to_all", g, rank_);
-    total_send += c;
-  }
-  for (auto c : recv_counts) {
-    check_count(c, "all_to_all", g, rank_);
-    total_recv += c;
-  }
+  const std::int64_t total_send = comm_checks::checked_total(send_counts, "all_to_all", g, rank_);
+  const std::int64_t total_recv = comm_checks::checked_total(recv_counts, "all_to_all", g, rank_);
   descriptor mine{op_all_to_all, static_cast<std::int64_t>(t), 0,
                   {send_counts.begin(), send_counts.end()},
                   {recv_counts.begin(), recv_counts.end()}};

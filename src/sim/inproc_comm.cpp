@@ -403,15 +403,8 @@ void inproc_communicator::do_all_to_all(const comm_group& g, const void* send,
                                         std::span<const std::int64_t> send_counts, void* recv,
                                         std::span<const std::int64_t> recv_counts, dtype t) {
   const auto esz = dtype_size(t);
-  std::int64_t total_send = 0, total_recv = 0;
-  for (auto c : send_counts) {
-    check_count(c, "all_to_all", g, rank_);
-    total_send += c;
-  }
-  for (auto c : recv_counts) {
-    check_count(c, "all_to_all", g, rank_);
-    total_recv += c;
-  }
+  const std::int64_t total_send = comm_checks::checked_total(send_counts, "all_to_all", g, rank_);
+  const std::int64_t total_recv = comm_checks::checked_total(recv_counts, "all_to_all", g, rank_);
   const bool staged = overlaps(send, total_send * esz, recv, total_recv * esz);
   std::vector<std::byte> stage(staged ? total_recv * esz : 0);
   auto* out = staged ? stage.data() : static_cast<std::byte*>(recv);
