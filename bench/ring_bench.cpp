@@ -8,7 +8,7 @@
 
 #include "core/collate.hpp"
 #include "core/layout.hpp"
-#include "sim/equivalence.hpp"
+#include "verify/check.hpp"
 
 int main(int argc, char** argv) {
   bool json = false, quick = false;
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
       const auto cb = seqpar::collate(seqpar::make_batch(s), seqpar::options_of(s));
       const auto zz = seqpar::ring_balance(cb);
       const auto ct = seqpar::contiguous_balance(cb);
-      const auto rep = seqpar::sim::run_check(s);
+      const auto rep = seqpar::verify::run_check(s);
       const double ratio = rep.sp_seconds / std::max(rep.reference_seconds, 1e-9);
       rows.push_back({{"ring", R},
                       {"ulysses", U},

@@ -9,10 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "batch_json.hpp"
+#include "io/batch_json.hpp"
 #include "core/error.hpp"
-#include "replay.hpp"
-#include "trace_io.hpp"
+#include "trace/replay.hpp"
+#include "trace/trace_io.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;  // the CLI reports a parse error as invalid input
     }
     try {
-      (void)seqpar::cli::batch_from_json(j, "fuzz");
+      (void)seqpar::io::batch_from_json(j, "fuzz");
     } catch (const seqpar::error&) {
     }
   }

@@ -4,11 +4,12 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
-#include "check_mpi.hpp"
+#include "verify/check_mpi.hpp"
 #include "cli.hpp"
 #include "core/error.hpp"
 #include "scenario_flags.hpp"
-#include "sim/equivalence.hpp"
+#include "verify/check.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::cli {
 
@@ -31,7 +32,7 @@ std::string fmt_num(double x) {
   return fmt::format("{:.3e}", x);
 }
 
-nlohmann::json report_json(const sim::check_report& r) {
+nlohmann::json report_json(const verify::check_report& r) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows) {
     nlohmann::json j = {{"tensor", row.tensor},
@@ -46,7 +47,7 @@ nlohmann::json report_json(const sim::check_report& r) {
   return {{"pass", r.pass},
           {"dtype", r.type == dtype::f64 ? "f64" : "f32"},
           {"backend", r.backend},
-          {"scenario", scenario_to_json(r.scen)},
+          {"scenario", io::scenario_to_json(r.scen)},
           {"tolerance", r.tolerance},
           {"error_model", r.error_model},
           {"warnings", r.warnings},
@@ -54,7 +55,7 @@ nlohmann::json report_json(const sim::check_report& r) {
           {"rows", rows}};
 }
 
-std::string report_text(const sim::check_report& r) {
+std::string report_text(const verify::check_report& r) {
   const auto& s = r.scen;
   std::string o = fmt::format(
       "seqpar check  scenario {}  profile {}  ulysses {} × ring {}{}  heads {}/{} kv  dim {}  "
@@ -75,7 +76,7 @@ std::string report_text(const sim::check_report& r) {
   o += fmt::format("\n{}: {} of {} tensors within tolerance ({}); SP {:.2f} s, reference {:.2f} s\n",
                    r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model, r.sp_seconds,
                    r.reference_seconds);
-  if (!r.pass) o += fmt::format("reproduce: {}\n", scenario_command(r.scen));
+  if (!r.pass) o += fmt::format("reproduce: {}\n", io::scenario_command(r.scen));
   return o;
 }
 
@@ -102,21 +103,21 @@ action add_check(CLI::App& app) {
           "--backend {} is not available in this build; use --backend sim or mpi (the GPU "
           "backend is not finished, see README)",
           a->backend);
-    sim::check_options opt;
+    verify::check_options opt;
     const auto t0 = std::chrono::steady_clock::now();
     if (!a->quiet)
       opt.progress = [t0](std::string_view line) {
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
       };
-    auto print = [a](const sim::check_report& rep) {
+    auto print = [a](const verify::check_report& rep) {
       for (const auto& w : rep.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
       write_output("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
     };
     if (a->backend == "mpi") {
       // One cp rank per process under mpiexec; each process parses the same flags.
       return check_mpi(
-          [a](sim::check_options& opt) {
+          [a](verify::check_options& opt) {
             opt.type = parse_dtype(a->dtype_name);
             opt.naive_attention = a->naive;
             return a->flags.resolve();
@@ -126,7 +127,7 @@ action add_check(CLI::App& app) {
     const scenario s = a->flags.resolve();
     opt.type = parse_dtype(a->dtype_name);
     opt.naive_attention = a->naive;
-    const auto rep = sim::run_check(s, opt);
+    const auto rep = verify::run_check(s, opt);
     print(rep);
     return rep.pass ? 0 : 1;
   };

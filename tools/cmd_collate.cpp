@@ -2,10 +2,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "batch_json.hpp"
+#include "io/batch_json.hpp"
 #include "cli.hpp"
 #include "core/error.hpp"
 #include "scenario_flags.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::cli {
 
@@ -68,13 +69,13 @@ action add_collate(CLI::App& app) {
     opt.pad_token_id = args->pad_token_id;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(read_file(args->batch));
+      j = nlohmann::json::parse(io::read_file(args->batch));
     } catch (const nlohmann::json::parse_error& e) {
       fail<layout_error>("{} is not valid JSON: {}", args->batch, e.what());
     }
-    auto cb = collate(batch_from_json(j, args->batch), opt);
+    auto cb = collate(io::batch_from_json(j, args->batch), opt);
     for (const auto& w : cb.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
-    write_output(args->out, args->json ? collated_to_json(cb).dump() + "\n" : table(cb));
+    write_output(args->out, args->json ? io::collated_to_json(cb).dump() + "\n" : table(cb));
     return 0;
   };
 }

@@ -4,8 +4,8 @@
 
 #include "cli.hpp"
 #include "core/error.hpp"
-#include "import.hpp"
-#include "trace_io.hpp"
+#include "trace/import/import.hpp"
+#include "trace/trace_io.hpp"
 
 namespace seqpar::cli {
 

@@ -10,6 +10,7 @@
 #include "core/ring_schedule.hpp"
 #include "core/ulysses_plan.hpp"
 #include "scenario_flags.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::cli {
 
@@ -75,7 +76,7 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
                      {"bytes_per_call", c.bytes_per_call()},
                      {"bytes_sent", c.bytes_sent},
                      {"bytes_per_link", c.bytes_per_link}});
-  return {{"scenario", scenario_to_json(s)},
+  return {{"scenario", io::scenario_to_json(s)},
           {"original_length", cb.original_length},
           {"padded_length", cb.padded_length},
           {"tokens_per_rank", cb.chunk},

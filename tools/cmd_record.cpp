@@ -7,8 +7,9 @@
 #include "core/error.hpp"
 #include "core/mesh.hpp"
 #include "scenario_flags.hpp"
-#include "sim/equivalence.hpp"
-#include "trace_io.hpp"
+#include "verify/check.hpp"
+#include "trace/trace_io.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::cli {
 
@@ -50,15 +51,15 @@ action add_record(CLI::App& app) {
   return [flags, out, f32] {
     const scenario s = flags->resolve();
     comm_recorder rec;
-    sim::check_options opt;
+    verify::check_options opt;
     opt.type = *f32 ? dtype::f32 : dtype::f64;
     opt.recorder = &rec;
-    const auto rep = sim::run_check(s, opt);
+    const auto rep = verify::run_check(s, opt);
     const auto cb = collate(make_batch(s), options_of(s));
 
     trace::meta_record meta;
     meta.world_size = s.cp();
-    meta.config = scenario_to_json(s);
+    meta.config = io::scenario_to_json(s);
     meta.groups = groups_of(s);
     meta.source = "seqpar";
     trace::writer w(meta);

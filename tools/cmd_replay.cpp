@@ -3,8 +3,8 @@
 #include <fmt/core.h>
 
 #include "cli.hpp"
-#include "replay.hpp"
-#include "trace_io.hpp"
+#include "trace/replay.hpp"
+#include "trace/trace_io.hpp"
 
 namespace seqpar::cli {
 

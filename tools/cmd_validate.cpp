@@ -13,7 +13,8 @@
 
 #if defined(SEQPAR_HAVE_GPU)
 #include "gpu/cuda_compute.hpp"
-#include "gpu/validate.hpp"
+#include "verify/validate.hpp"
+#include "io/scenario_json.hpp"
 #endif
 
 namespace seqpar::cli {
@@ -36,7 +37,7 @@ dtype parse_gpu_dtype(const std::string& s) {
 
 nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json("inf"); }
 
-nlohmann::json report_json(const gpu::validate_report& r) {
+nlohmann::json report_json(const verify::validate_report& r) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows) {
     nlohmann::json j = {{"rank", row.rank},         {"stage", row.stage},
@@ -52,7 +53,7 @@ nlohmann::json report_json(const gpu::validate_report& r) {
           {"transport", r.transport},
           {"device", r.device},
           {"covers", "attention sub-layer (Ulysses all-to-alls, ring/local attention, backward)"},
-          {"scenario", scenario_to_json(r.scen)},
+          {"scenario", io::scenario_to_json(r.scen)},
           {"tolerance", {{"exact", r.tol_exact}, {"forward", r.tol_forward}, {"backward", r.tol_backward}}},
           {"error_model", r.error_model},
           {"seconds", {{"gpu", r.gpu_seconds}, {"reference", r.reference_seconds}}},
@@ -61,7 +62,7 @@ nlohmann::json report_json(const gpu::validate_report& r) {
 
 std::string fmt_num(double x) { return std::isfinite(x) ? fmt::format("{:.3e}", x) : "inf"; }
 
-std::string report_text(const gpu::validate_report& r) {
+std::string report_text(const verify::validate_report& r) {
   const auto& s = r.scen;
   std::string o = fmt::format(
       "seqpar validate  scenario {}  ulysses {} × ring {}{}  heads {}/{} kv  dim {}  docs {}  {}\n"
@@ -113,7 +114,7 @@ action add_validate(CLI::App& app) {
     return 2;
 #else
     const scenario s = a->flags.resolve();
-    gpu::validate_options opt;
+    verify::validate_options opt;
     opt.type = parse_gpu_dtype(a->dtype_name);
     opt.device = a->device;
     std::string why;
@@ -127,11 +128,11 @@ action add_validate(CLI::App& app) {
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
       };
-    gpu::validate_report rep;
+    verify::validate_report rep;
     bool root = true;
     try {
-      rep = gpu::launched_with_several_ranks() ? gpu::run_validate_mpi(s, opt, &root)
-                                               : gpu::run_validate_local(s, opt);
+      rep = verify::launched_with_several_ranks() ? verify::run_validate_mpi(s, opt, &root)
+                                               : verify::run_validate_local(s, opt);
     } catch (const backend_error& e) {
       fmt::print(stderr, "seqpar: validate failed on the GPU backend: {}\n", e.what());
       return 1;

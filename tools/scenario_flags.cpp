@@ -7,16 +7,10 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::cli {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail<error>("cannot read '{}': no such file or not readable", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void scenario_flags::add_to(CLI::App& app) {
   app.add_option("--scenario", scenario_name_,
@@ -64,11 +58,11 @@ scenario scenario_flags::resolve() const {
   if (!config_.empty()) {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(read_file(config_));
+      j = nlohmann::json::parse(io::read_file(config_));
     } catch (const nlohmann::json::exception& e) {
       fail<config_error>("--config '{}' is not valid JSON: {}", config_, e.what());
     }
-    s = scenario_from_json(j, s);
+    s = io::scenario_from_json(j, s);
   }
   if (ulysses_) s.ulysses = *ulysses_;
   if (ring_) s.ring = *ring_;
@@ -93,91 +87,6 @@ scenario scenario_flags::resolve() const {
   if (overridden && config_.empty()) s.name = "custom";
   validate(s);
   return s;
-}
-
-nlohmann::json scenario_to_json(const scenario& s) {
-  return {{"name", s.name},
-          {"profile", profile_name(s.profile)},
-          {"ulysses", s.ulysses},
-          {"ring", s.ring},
-          {"cp_size", s.cp()},
-          {"heads", s.heads},
-          {"kv_heads", s.kv_heads},
-          {"head_dim", s.head_dim},
-          {"hidden", s.hidden},
-          {"intermediate", s.intermediate},
-          {"layers", s.layers},
-          {"vocab", s.vocab},
-          {"docs", s.docs},
-          {"seed", s.seed},
-          {"zigzag", s.zigzag},
-          {"ring_backward", s.ring_backward},
-          {"ring_forward", s.ring_forward},
-          {"cp_fsdp_mode", s.cp_fsdp_mode},
-          {"pad_token_id", s.pad_token_id}};
-}
-
-scenario scenario_from_json(const nlohmann::json& j, scenario s) {
-  if (!j.is_object()) fail<config_error>("a scenario must be a JSON object, got {}", j.type_name());
-  static const std::vector<std::string> known = {
-      "name",  "profile", "ulysses", "ring", "cp_size", "heads", "kv_heads", "head_dim",
-      "hidden", "intermediate", "layers", "vocab", "docs", "seed", "zigzag", "ring_backward", "ring_forward",
-      "cp_fsdp_mode", "pad_token_id"};
-  for (auto it = j.begin(); it != j.end(); ++it)
-    if (std::find(known.begin(), known.end(), it.key()) == known.end())
-      fail<config_error>("scenario key '{}' is unknown; known keys: {}", it.key(),
-                         fmt::join(known, ", "));
-  auto get = [&](const char* key, auto& field) {
-    if (!j.contains(key)) return;
-    try {
-      j.at(key).get_to(field);
-    } catch (const nlohmann::json::exception&) {
-      fail<config_error>("scenario key '{}' has the wrong type ({}: {})", key,
-                         j.at(key).type_name(), j.at(key).dump());
-    }
-  };
-  get("name", s.name);
-  if (j.contains("profile")) {
-    std::string p;
-    get("profile", p);
-    s.profile = parse_profile(p);
-  }
-  get("ulysses", s.ulysses);
-  get("ring", s.ring);
-  get("heads", s.heads);
-  get("kv_heads", s.kv_heads);
-  get("head_dim", s.head_dim);
-  get("hidden", s.hidden);
-  get("intermediate", s.intermediate);
-  get("layers", s.layers);
-  get("vocab", s.vocab);
-  get("docs", s.docs);
-  get("seed", s.seed);
-  get("zigzag", s.zigzag);
-  get("ring_backward", s.ring_backward);
-  get("ring_forward", s.ring_forward);
-  get("cp_fsdp_mode", s.cp_fsdp_mode);
-  get("pad_token_id", s.pad_token_id);
-  if (j.contains("cp_size") && j.at("cp_size") != s.cp())
-    fail<config_error>("scenario cp_size={} disagrees with ulysses*ring={}*{}={}; drop cp_size or "
-                       "fix it",
-                       j.at("cp_size").dump(), s.ulysses, s.ring, s.cp());
-  return s;
-}
-
-std::string scenario_command(const scenario& s, const std::string& sub) {
-  std::vector<std::string> docs;
-  for (auto d : s.docs) docs.push_back(std::to_string(d));
-  std::string cmd = fmt::format(
-      "seqpar {} --profile {} --ulysses {} --ring {} --heads {} --kv-heads {} --head-dim {} "
-      "--hidden {} --intermediate {} --layers {} --vocab {} --docs {} --seed {}",
-      sub, profile_name(s.profile), s.ulysses, s.ring, s.heads, s.kv_heads, s.head_dim, s.hidden,
-      s.intermediate, s.layers, s.vocab, fmt::join(docs, ","), s.seed);
-  if (!s.zigzag) cmd += " --no-zigzag";
-  if (s.ring_backward != "allgather") cmd += " --ring-backward " + s.ring_backward;
-  if (s.ring_forward != "p2p") cmd += " --ring-forward " + s.ring_forward;
-  if (s.cp_fsdp_mode != "all") cmd += " --cp-fsdp-mode " + s.cp_fsdp_mode;
-  return cmd;
 }
 
 }  // namespace seqpar::cli

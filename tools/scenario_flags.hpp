@@ -1,7 +1,6 @@
 #pragma once
 // The scenario flags shared by plan, check, record, validate (DESIGN.md "Scenario flags").
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <optional>
 #include <string>
@@ -25,15 +24,5 @@ class scenario_flags {
   std::optional<std::uint64_t> seed_;
   bool no_zigzag_ = false;
 };
-
-/// The scenario as JSON (the "scenario" object of check's output and of trace meta).
-nlohmann::json scenario_to_json(const scenario& s);
-/// Reads a scenario from JSON (keys as scenario_to_json writes them; all optional over `base`).
-scenario scenario_from_json(const nlohmann::json& j, scenario base);
-/// The command line that reproduces a scenario (`seqpar check …`).
-std::string scenario_command(const scenario& s, const std::string& subcommand = "check");
-
-/// Reads a whole file; throws seqpar::error naming the path when it cannot.
-std::string read_file(const std::string& path);
 
 }  // namespace seqpar::cli

@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "core/zigzag.hpp"
 #include "scenario_flags.hpp"
-#include "trace_synth.hpp"
+#include "trace/synth.hpp"
 
 using namespace seqpar;
 using namespace seqpar::trace;

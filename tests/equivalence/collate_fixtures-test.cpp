@@ -6,7 +6,7 @@
 #include <fstream>
 #include <set>
 
-#include "batch_json.hpp"
+#include "io/batch_json.hpp"
 #include "core/error.hpp"
 
 namespace {
@@ -60,7 +60,7 @@ TEST(collate_fixtures, equal_the_framework_or_refuse_what_it_refuses) {
     const json fx = load(p);
     const std::string name = fx.at("name");
     SCOPED_TRACE(name);
-    const auto batch = seqpar::cli::batch_from_json(fx.at("batch"), name);
+    const auto batch = seqpar::io::batch_from_json(fx.at("batch"), name);
     const auto opt = options_of(fx);
     if (fx.contains("error") || refused_on_purpose.count(name)) {
       EXPECT_THROW(seqpar::collate(batch, opt), seqpar::error) << fx.value("error", "");
@@ -69,7 +69,7 @@ TEST(collate_fixtures, equal_the_framework_or_refuse_what_it_refuses) {
     }
     seqpar::collated_batch cb;
     ASSERT_NO_THROW(cb = seqpar::collate(batch, opt));
-    const json got = seqpar::cli::collated_to_json(cb);
+    const json got = seqpar::io::collated_to_json(cb);
     const json& want = fx.at("expected");
     EXPECT_EQ(got.at("original_length"), want.at("original_length"));
     EXPECT_EQ(got.at("padded_length"), want.at("padded_length"));

@@ -9,7 +9,7 @@
 #include "core/mutations.hpp"
 #include "core/ring_attention.hpp"
 #include "sim/eigen_compute.hpp"
-#include "sim/equivalence.hpp"
+#include "verify/check.hpp"
 #include "sim/inproc_comm.hpp"
 
 namespace {
@@ -36,13 +36,13 @@ scenario make(int U, int R, int hq, int hkv, std::vector<std::int64_t> docs,
 /// Runs the check with `bug` switched on; restores the switches. A thrown error also counts as
 /// caught (the run could not even complete).
 bool caught(const scenario& s, const std::function<void(mutation_switches&)>& bug,
-            sim::check_options opt = {}) {
-  const auto clean = sim::run_check(s, opt);
+            verify::check_options opt = {}) {
+  const auto clean = verify::run_check(s, opt);
   EXPECT_TRUE(clean.pass) << "the scenario must pass without the bug";
   bug(mutations());
   bool failed;
   try {
-    failed = !sim::run_check(s, opt).pass;
+    failed = !verify::run_check(s, opt).pass;
   } catch (const error&) {
     failed = true;
   }
@@ -152,7 +152,7 @@ TEST(faults, every_transport_fault_in_the_all_to_all_is_caught) {
   const auto s = make(4, 1, 8, 2, {9, 14});
   for (auto kind : {fault_kind::drop_chunk, fault_kind::duplicate_chunk, fault_kind::permute_chunks,
                     fault_kind::swap_peers, fault_kind::wrong_count}) {
-    sim::check_options opt;
+    verify::check_options opt;
     opt.fault.kind = kind;
     opt.fault.rank = 1;
     opt.fault.op = "all_to_all";
@@ -161,7 +161,7 @@ TEST(faults, every_transport_fault_in_the_all_to_all_is_caught) {
     opt.fault.other_peer = 2;
     bool failed;
     try {
-      failed = !sim::run_check(s, opt).pass;
+      failed = !verify::run_check(s, opt).pass;
     } catch (const error&) {
       failed = true;
     }
@@ -170,21 +170,21 @@ TEST(faults, every_transport_fault_in_the_all_to_all_is_caught) {
 }
 
 TEST(faults, a_corrupted_gradient_reduction_is_caught) {
-  sim::check_options opt;
+  verify::check_options opt;
   opt.fault.kind = fault_kind::drop_chunk;
   opt.fault.rank = 0;
   opt.fault.op = "all_reduce";
   opt.fault.tag = "grad";
-  EXPECT_FALSE(sim::run_check(make(2, 2, 4, 2, {8, 16}), opt).pass);
+  EXPECT_FALSE(verify::run_check(make(2, 2, 4, 2, {8, 16}), opt).pass);
 }
 
 TEST(faults, a_corrupted_ring_exchange_is_caught) {
-  sim::check_options opt;
+  verify::check_options opt;
   opt.fault.kind = fault_kind::drop_chunk;
   opt.fault.rank = 1;
   opt.fault.op = "send_recv";
   opt.fault.peer = 0;
-  EXPECT_FALSE(sim::run_check(make(1, 2, 2, 2, {8, 4}), opt).pass);
+  EXPECT_FALSE(verify::run_check(make(1, 2, 2, 2, {8, 4}), opt).pass);
 }
 
 }  // namespace

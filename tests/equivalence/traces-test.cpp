@@ -8,11 +8,12 @@
 #include <sstream>
 
 #include "core/error.hpp"
-#include "import.hpp"
-#include "replay.hpp"
+#include "trace/import/import.hpp"
+#include "trace/replay.hpp"
 #include "scenario_flags.hpp"
-#include "trace_io.hpp"
-#include "trace_synth.hpp"
+#include "trace/trace_io.hpp"
+#include "trace/synth.hpp"
+#include "io/scenario_json.hpp"
 
 using namespace seqpar;
 
@@ -68,7 +69,7 @@ TEST(traces, healthy_examples_are_consistent_and_match_the_plans) {
     std::string first;
     std::getline(f, first);
     const auto meta = nlohmann::json::parse(first);
-    const auto s = cli::scenario_from_json(meta.at("config"), scenario{});
+    const auto s = io::scenario_from_json(meta.at("config"), scenario{});
     std::stringstream all;
     all << first << '\n' << f.rdbuf();
     EXPECT_EQ(all.str(), trace::synthesize(s).text());

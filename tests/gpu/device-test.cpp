@@ -13,7 +13,7 @@
 #include "gpu/cuda_compute.hpp"
 #include "gpu/device_local_comm.hpp"
 #include "gpu/kernels/bf16.hpp"
-#include "gpu/validate.hpp"
+#include "verify/validate.hpp"
 #include "sim/attention.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/model.hpp"
@@ -187,9 +187,9 @@ TEST(device_local, mismatched_calls_fail_every_rank_instead_of_hanging) {
 TEST(sp_on_device, builtin_scenarios_match_the_cpu_reference) {
   for (const char* name : {"default", "ulysses", "ring", "llama3-8b"})
     for (dtype t : {dtype::f32, dtype::bf16}) {
-      gpu::validate_options opt;
+      verify::validate_options opt;
       opt.type = t;
-      const auto rep = gpu::run_validate_local(builtin_scenario(name), opt);
+      const auto rep = verify::run_validate_local(builtin_scenario(name), opt);
       for (const auto& r : rep.rows)
         EXPECT_TRUE(r.pass) << name << " " << dtype_name(t) << " rank " << r.rank << " " << r.stage
                             << " rel " << r.max_rel << " tol " << r.tolerance << " " << r.note;

@@ -5,10 +5,11 @@
 
 #include "generators.hpp"
 #include "scenario_flags.hpp"
-#include "sim/equivalence.hpp"
+#include "verify/check.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::gens {
-std::string command_of(const scenario& s, const char* sub) { return cli::scenario_command(s, sub); }
+std::string command_of(const scenario& s, const char* sub) { return io::scenario_command(s, sub); }
 }  // namespace seqpar::gens
 
 namespace {
@@ -18,9 +19,9 @@ using namespace seqpar;
 void assert_equivalent(const scenario& s, dtype t) {
   RC_LOG() << "reproduce: " << gens::command_of(s, "check")
            << (t == dtype::f32 ? " --dtype f32" : "") << "\n";
-  sim::check_options opt;
+  verify::check_options opt;
   opt.type = t;
-  const auto rep = sim::run_check(s, opt);
+  const auto rep = verify::run_check(s, opt);
   for (const auto& row : rep.rows)
     if (!row.pass)
       RC_LOG() << row.tensor << ": max_rel " << row.max_rel << " > " << row.tolerance << " "

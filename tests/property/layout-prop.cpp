@@ -14,9 +14,10 @@
 #include "core/zigzag.hpp"
 #include "generators.hpp"
 #include "scenario_flags.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::gens {
-std::string command_of(const scenario& s, const char* sub) { return cli::scenario_command(s, sub); }
+std::string command_of(const scenario& s, const char* sub) { return io::scenario_command(s, sub); }
 }  // namespace seqpar::gens
 
 namespace {

@@ -1,4 +1,4 @@
-#include "replay.hpp"
+#include "trace/replay.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,8 +16,8 @@
 #include "core/scenario.hpp"
 #include "core/ulysses_plan.hpp"
 #include "core/zigzag.hpp"
-#include "scenario_flags.hpp"
-#include "trace_synth.hpp"
+#include "trace/synth.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::replay {
 
@@ -305,7 +305,7 @@ class checker {
   void build_model(const nlohmann::json& cfg) {
     scenario s;
     try {
-      s = cli::scenario_from_json(cfg, scenario{});
+      s = io::scenario_from_json(cfg, scenario{});
     } catch (const seqpar::error& e) {
       add({category::sp_config, -1, "", -1, "", "", "meta.config", "a valid scenario", e.what(),
            meta_->line});

@@ -1,4 +1,4 @@
-#include "trace_io.hpp"
+#include "trace/trace_io.hpp"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // `seqpar check --backend mpi`: every process is one cp rank; rank 0 compares and prints.
-#include "check_mpi.hpp"
+#include "verify/check_mpi.hpp"
 
 #include <fmt/format.h>
 
@@ -10,10 +10,10 @@
 #include "core/error.hpp"
 #include "mpi/mpi_comm.hpp"
 
-namespace seqpar::cli {
+namespace seqpar::verify {
 
-int check_mpi(const std::function<scenario(sim::check_options&)>& resolve, sim::check_options opt,
-              const std::function<void(const sim::check_report&)>& print) {
+int check_mpi(const std::function<scenario(verify::check_options&)>& resolve, verify::check_options opt,
+              const std::function<void(const verify::check_report&)>& print) {
   mpi::mpi_session session(nullptr, nullptr);
   mpi::mpi_communicator world;
   const int P = session.size(), me = session.rank();
@@ -56,7 +56,7 @@ int check_mpi(const std::function<scenario(sim::check_options&)>& resolve, sim::
   // inside a collective.
   try {
     if (me != 0) opt.progress = nullptr;
-    auto rep = sim::run_check_distributed(world, s, opt);
+    auto rep = verify::run_check_distributed(world, s, opt);
     rep.backend = "mpi";
     if (me == 0) print(rep);
     return rep.pass ? 0 : 1;
@@ -65,4 +65,4 @@ int check_mpi(const std::function<scenario(sim::check_options&)>& resolve, sim::
   }
 }
 
-}  // namespace seqpar::cli
+}  // namespace seqpar::verify

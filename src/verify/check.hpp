@@ -9,7 +9,7 @@
 #include "core/scenario.hpp"
 #include "sim/faulty_comm.hpp"
 
-namespace seqpar::sim {
+namespace seqpar::verify {
 
 /// One compared tensor of `seqpar check`. Errors are normwise: max_abs = max|sp − ref|,
 /// max_rel = max_abs / max|ref| (elementwise ratios are meaningless where ref ≈ 0).
@@ -66,4 +66,4 @@ check_report run_check(const scenario& s, const check_options& opt = {});
 check_report run_check_distributed(communicator& world, const scenario& s,
                                    const check_options& opt = {});
 
-}  // namespace seqpar::sim
+}  // namespace seqpar::verify

@@ -1,8 +1,8 @@
-#include "batch_json.hpp"
+#include "io/batch_json.hpp"
 
 #include "core/error.hpp"
 
-namespace seqpar::cli {
+namespace seqpar::io {
 
 static std::vector<std::int64_t> int_array(const nlohmann::json& j, const char* key,
                                            const std::string& source) {
@@ -69,4 +69,4 @@ nlohmann::json collated_to_json(const collated_batch& cb) {
           {"ranks", std::move(ranks)}};
 }
 
-}  // namespace seqpar::cli
+}  // namespace seqpar::io

@@ -1,4 +1,4 @@
-#include "sim/equivalence.hpp"
+#include "verify/check.hpp"
 
 #include <fmt/format.h>
 
@@ -18,7 +18,10 @@
 #include "sim/model.hpp"
 #include "sim/sp_setup.hpp"
 
-namespace seqpar::sim {
+namespace seqpar::verify {
+
+// The reference model, the Eigen compute backend and the in-process communicator.
+using namespace seqpar::sim;
 
 double tolerance_for(const scenario& s, dtype t, std::string* model) {
   if (t == dtype::f64) {
@@ -372,4 +375,4 @@ check_report run_check(const scenario& s, const check_options& opt) {
                      dtype_name(opt.type));
 }
 
-}  // namespace seqpar::sim
+}  // namespace seqpar::verify

@@ -11,7 +11,7 @@
 #include "core/dtype.hpp"
 #include "core/scenario.hpp"
 
-namespace seqpar::gpu {
+namespace seqpar::verify {
 
 struct validate_options {
   dtype type = dtype::f32;  ///< GPU precision: f32 or bf16 (the reference is always float64)
@@ -64,4 +64,4 @@ bool launched_with_several_ranks();
 /// otherwise throws config_error saying so.
 validate_report run_validate_mpi(const scenario& s, const validate_options& opt, bool* is_root);
 
-}  // namespace seqpar::gpu
+}  // namespace seqpar::verify

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "import.hpp"
-#include "scenario_flags.hpp"
+#include "trace/import/import.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::import {
 
@@ -78,7 +78,7 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
   for (const auto& path : files) {
     json dump;
     try {
-      dump = json::parse(cli::read_file(path));
+      dump = json::parse(io::read_file(path));
     } catch (const json::parse_error& e) {
       fail<trace_error>("{}: not a Flight Recorder JSON dump ({}); pickle dumps need "
                         "tools/fr_pickle_to_json.py first",

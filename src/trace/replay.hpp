@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "trace_io.hpp"
+#include "trace/trace_io.hpp"
 
 namespace seqpar::replay {
 

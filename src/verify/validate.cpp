@@ -1,4 +1,4 @@
-#include "gpu/validate.hpp"
+#include "verify/validate.hpp"
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -28,7 +28,9 @@
 #include "sim/inproc_comm.hpp"
 #include "sim/sp_setup.hpp"
 
-namespace seqpar::gpu {
+namespace seqpar::verify {
+
+using namespace seqpar::gpu;
 
 const std::vector<std::string>& validate_stages() {
   static const std::vector<std::string> s = {"a2a.q",   "a2a.k",   "a2a.v",    "attn.out",
@@ -465,4 +467,4 @@ validate_report run_validate_mpi(const scenario&, const validate_options&, bool*
 }
 #endif
 
-}  // namespace seqpar::gpu
+}  // namespace seqpar::verify

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "import.hpp"
-#include "scenario_flags.hpp"
+#include "trace/import/import.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::import {
 
@@ -92,7 +92,7 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
   for (const auto& path : files) {
     json doc;
     try {
-      doc = json::parse(cli::read_file(path));
+      doc = json::parse(io::read_file(path));
     } catch (const json::parse_error& e) {
       fail<trace_error>("{}: not a chrome-trace JSON file: {}", path, e.what());
     } catch (const seqpar::error& e) {

@@ -12,7 +12,7 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "import.hpp"
+#include "trace/import/import.hpp"
 
 namespace seqpar::import {
 

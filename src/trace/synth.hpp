@@ -8,7 +8,7 @@
 
 #include "core/collate.hpp"
 #include "core/scenario.hpp"
-#include "trace_io.hpp"
+#include "trace/trace_io.hpp"
 
 namespace seqpar::trace {
 

@@ -4,7 +4,7 @@
 
 #include "core/collate.hpp"
 
-namespace seqpar::cli {
+namespace seqpar::io {
 
 /// Parses `{"input_ids":[…],"labels":[…],"position_ids":[…],"attention_mask":[…]?}`; every
 /// problem is a layout_error naming the key and index. `source` names the file in messages.
@@ -15,4 +15,4 @@ packed_batch batch_from_json(const nlohmann::json& j, const std::string& source)
 /// "cu_seqlens","max_seqlen"(,"tail_padding_length")}…]}.
 nlohmann::json collated_to_json(const collated_batch& cb);
 
-}  // namespace seqpar::cli
+}  // namespace seqpar::io

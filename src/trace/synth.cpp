@@ -1,4 +1,4 @@
-#include "trace_synth.hpp"
+#include "trace/synth.hpp"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 #include "core/collate.hpp"
 #include "core/ulysses_plan.hpp"
-#include "scenario_flags.hpp"
+#include "io/scenario_json.hpp"
 
 namespace seqpar::trace {
 
@@ -19,7 +19,7 @@ synth_trace synthesize(const scenario& s) {
 
   synth_trace t;
   t.meta.world_size = C;
-  t.meta.config = cli::scenario_to_json(s);
+  t.meta.config = io::scenario_to_json(s);
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) {
       t.meta.groups[fmt::format("ulysses{}", r)].push_back(r * U + u);

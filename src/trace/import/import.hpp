@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "trace_io.hpp"
+#include "trace/trace_io.hpp"
 
 namespace seqpar::import {
 

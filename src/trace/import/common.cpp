@@ -6,7 +6,7 @@
 #include <map>
 
 #include "core/error.hpp"
-#include "import.hpp"
+#include "trace/import/import.hpp"
 
 namespace seqpar::import {
 

@@ -1,0 +1,22 @@
+#pragma once
+// The scenario as JSON (check's "scenario" object, --config files, trace meta) and whole-file
+// reads: shared by the CLI, the trace library and the tests.
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "core/scenario.hpp"
+
+namespace seqpar::io {
+
+/// The scenario as JSON (the "scenario" object of check's output and of trace meta).
+nlohmann::json scenario_to_json(const scenario& s);
+/// Reads a scenario from JSON (keys as scenario_to_json writes them; all optional over `base`).
+scenario scenario_from_json(const nlohmann::json& j, scenario base);
+/// The command line that reproduces a scenario (`seqpar check …`).
+std::string scenario_command(const scenario& s, const std::string& subcommand = "check");
+
+/// Reads a whole file; throws seqpar::error naming the path when it cannot.
+std::string read_file(const std::string& path);
+
+}  // namespace seqpar::io
