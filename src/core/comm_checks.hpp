@@ -1,5 +1,6 @@
 #pragma once
-// Argument checks and the reduction arithmetic every host-side communicator shares, so the
+// Buffer and reduction helpers every host-side communicator shares (argument checks are done
+// once, in communicator's public calls), so the
 // in-process and MPI transports reduce to the same bits.
 #include <cstddef>
 #include <cstdint>
@@ -19,20 +20,11 @@ inline bool overlaps(const void* a, std::size_t na, const void* b, std::size_t n
   return pa < pb + nb && pb < pa + na;
 }
 
-inline void check_count(std::int64_t count, const char* op, const comm_group& g, int rank) {
-  if (count < 0)
-    fail<error>("{} on group '{}': rank {} passes a negative count {}", op, g.name, rank, count);
-}
-
-/// Sum of per-peer counts, each checked to be non-negative.
-inline std::int64_t checked_total(std::span<const std::int64_t> counts, const char* op,
-                                  const comm_group& g, int rank) {
-  std::int64_t total = 0;
-  for (auto c : counts) {
-    check_count(c, op, g, rank);
-    total += c;
-  }
-  return total;
+/// Sum of per-peer counts (each already checked non-negative by communicator's public call).
+inline std::int64_t total(std::span<const std::int64_t> counts) {
+  std::int64_t sum = 0;
+  for (auto c : counts) sum += c;
+  return sum;
 }
 
 /// `backend` names the transport in the message ("the MPI communicator", …).

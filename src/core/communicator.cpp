@@ -30,6 +30,17 @@ void comm_recorder::clear() {
   recs_.clear();
 }
 
+namespace {
+
+void check_count(std::int64_t count, const char* op, const comm_group& g, int rank) {
+  if (count < 0)
+    fail<error>("{} on group '{}': rank {} passes a negative count {}", op, g.name, rank, count);
+}
+
+}  // namespace
+
+// Every call's arguments are checked here, once, whether or not a recorder is attached, so a
+// backend only moves data; what needs the other members (matching calls) is the backend's.
 comm_record communicator::base_record(const comm_group& g, const char* op, dtype t,
                                       const op_info& info) {
   info_ = &info;
@@ -56,6 +67,8 @@ void communicator::all_to_all(const comm_group& g, const void* send,
       static_cast<int>(recv_counts.size()) != g.size())
     fail<error>("all_to_all on '{}' ({}): {} send and {} recv counts for a group of {}", g.name,
                 info.tag, send_counts.size(), recv_counts.size(), g.size());
+  for (auto c : send_counts) check_count(c, "all_to_all", g, rank());
+  for (auto c : recv_counts) check_count(c, "all_to_all", g, rank());
   r.in_splits.assign(send_counts.begin(), send_counts.end());
   r.out_splits.assign(recv_counts.begin(), recv_counts.end());
   if (recorder_) recorder_->add(r);
@@ -65,6 +78,7 @@ void communicator::all_to_all(const comm_group& g, const void* send,
 void communicator::all_gather(const comm_group& g, const void* send, std::int64_t count,
                               void* recv, dtype t, const op_info& info) {
   auto r = base_record(g, "all_gather", t, info);
+  check_count(count, "all_gather", g, rank());
   if (recorder_) recorder_->add(r);
   do_all_gather(g, send, count, recv, t);
 }
@@ -72,6 +86,7 @@ void communicator::all_gather(const comm_group& g, const void* send, std::int64_
 void communicator::reduce_scatter(const comm_group& g, const void* send, void* recv,
                                   std::int64_t count, dtype t, const op_info& info) {
   auto r = base_record(g, "reduce_scatter", t, info);
+  check_count(count, "reduce_scatter", g, rank());
   if (recorder_) recorder_->add(r);
   do_reduce_scatter(g, send, recv, count, t);
 }
@@ -79,6 +94,7 @@ void communicator::reduce_scatter(const comm_group& g, const void* send, void* r
 void communicator::all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t,
                               const op_info& info) {
   auto r = base_record(g, "all_reduce", t, info);
+  check_count(count, "all_reduce", g, rank());
   if (recorder_) recorder_->add(r);
   do_all_reduce(g, buf, count, t);
 }
@@ -88,11 +104,14 @@ void communicator::send_recv(const comm_group& g, std::span<const p2p_op> ops, d
   info_ = &info;
   if (g.index_of(rank()) < 0)
     fail<error>("rank {} called send_recv on group '{}' it is not a member of", rank(), g.name);
+  for (const auto& op : ops) {
+    if (op.peer < 0 || op.peer >= g.size())
+      fail<error>("send_recv on group '{}' ({}): rank {} names peer index {} outside a group of {}",
+                  g.name, info.tag, rank(), op.peer, g.size());
+    check_count(op.count, "send_recv", g, rank());
+  }
   if (recorder_) {
     for (const auto& op : ops) {
-      if (op.peer < 0 || op.peer >= g.size())
-        fail<error>("send_recv on '{}' ({}): peer index {} outside a group of {}", g.name,
-                    info.tag, op.peer, g.size());
       comm_record r;
       r.kind = "p2p";
       r.rank = rank();

@@ -9,37 +9,21 @@
 #include <string>
 
 #include "core/communicator.hpp"
+#include "core/thread_world.hpp"
 #include "gpu/cuda_compute.hpp"
 
 namespace seqpar::gpu {
 
-/// Rendezvous state of P virtual ranks on one device (one run; not reusable after a failure).
-/// Every collective is a rendezvous of the group's members, matched by a per-(group, member)
-/// call counter; the n-th call of each member on a group name forms round n of that group.
-class device_local_world {
+/// P virtual ranks on one device: core's thread_world (the rendezvous of every group and the
+/// world's failure state; watchdog 120 s by default) plus the device they share.
+class device_local_world : public thread_world {
  public:
-  device_local_world(int world_size, int device);
-  ~device_local_world();
-  device_local_world(const device_local_world&) = delete;
-  device_local_world& operator=(const device_local_world&) = delete;
-
-  int size() const;
-  int device() const;
-  /// A member waiting longer than this for the others aborts the world with a message naming
-  /// the group, op, call number and the missing members. Default 120 s.
-  void set_timeout(std::chrono::milliseconds t);
-  /// Fails every rank blocked in (or later entering) a collective with
-  /// "aborted: rank R failed: <message>". The first call wins.
-  void abort(int rank, const std::string& message);
-  bool aborted() const;
-  int failed_rank() const;
-  void mark_exited(int rank, bool failed);
-
-  struct state;
+  device_local_world(int world_size, int device)
+      : thread_world(world_size, std::chrono::milliseconds(120000)), device_(device) {}
+  int device() const { return device_; }
 
  private:
-  friend class device_local_communicator;
-  std::unique_ptr<state> s_;
+  int device_;
 };
 
 /// The communicator of one virtual rank. Buffers are device pointers on the world's device.
@@ -68,8 +52,6 @@ class device_local_communicator : public communicator {
   void do_barrier(const comm_group& g) override;
 
  private:
-  struct slot;
-  class round_guard;
   device_local_world& world_;
   int rank_;
   cuda_compute& c_;

@@ -6,49 +6,15 @@
 #include <string>
 
 #include "core/communicator.hpp"
+#include "core/thread_world.hpp"
 
 namespace seqpar {
 
-/// Shared state of P ranks emulated as threads of one process: the rendezvous of every group
-/// and the world's failure state. One world serves one run (run_ranks); it is not reusable
-/// after a rank has exited or failed.
-///
-/// Every collective is a rendezvous of the group's members, matched by a per-(group, member)
-/// call counter: the n-th call of each member on a group name forms round n of that group.
-/// Groups are identified by name; one name always denotes the same ordered rank list.
-class inproc_world {
+/// P ranks emulated as threads of one process (core's thread_world: the rendezvous of every
+/// group and the world's failure state, default watchdog 60 s). One world serves one run.
+class inproc_world : public thread_world {
  public:
-  explicit inproc_world(int world_size);
-  ~inproc_world();
-  inproc_world(const inproc_world&) = delete;
-  inproc_world& operator=(const inproc_world&) = delete;
-
-  int size() const;
-
-  /// How long a member waits for the others of a collective before the watchdog aborts the
-  /// world with a message naming the group, op, call number and the members that never
-  /// arrived. Default 60 s.
-  void set_timeout(std::chrono::milliseconds t);
-  std::chrono::milliseconds timeout() const;
-
-  /// Marks the world failed because `rank` failed with `message`. The first call wins; every
-  /// rank blocked in (or later entering) a collective throws
-  /// `seqpar::error("aborted: rank R failed: <message>")`.
-  void abort(int rank, const std::string& message);
-  bool aborted() const;
-  /// The rank named by the first abort(), or -1 while the world is healthy.
-  int failed_rank() const;
-
-  /// Marks `rank` as having left its program: a collective that still waits for it fails at
-  /// once instead of waiting for the watchdog. `failed` only changes the diagnostics.
-  void mark_exited(int rank, bool failed);
-
-  struct state;  ///< rendezvous tables; defined in inproc_comm.cpp
-
- private:
-  friend class inproc_communicator;
-  friend void run_ranks(inproc_world&, const std::function<void(communicator&)>&, comm_recorder*);
-  std::unique_ptr<state> s_;
+  explicit inproc_world(int world_size) : thread_world(world_size) {}
 };
 
 /// The communicator of one emulated rank. Host buffers; every dtype moves as raw bytes

@@ -1,0 +1,421 @@
+#include "core/thread_world.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace seqpar {
+
+// All rendezvous state lives under state::mu. A round is erased by the last member to leave it.
+struct rendezvous_round {
+  std::vector<const rendezvous_slot*> slots;
+  int arrived = 0, done = 0, left = 0;
+  int error_kind = 0;  ///< 0 none, 1 error, 2 shape_error
+  std::string message;
+};
+
+struct rendezvous_group {
+  std::vector<int> ranks;
+  std::vector<std::int64_t> next_seq;  ///< per member: calls made on this group
+  std::map<std::int64_t, rendezvous_round> rounds;
+};
+
+struct thread_world::state {
+  using round = rendezvous_round;
+  using group_state = rendezvous_group;
+
+  state(int n, std::chrono::milliseconds t)
+      : size(n), timeout(t), exited(static_cast<std::size_t>(n), 0),
+        doing(static_cast<std::size_t>(n), "running") {}
+
+  int size;
+  std::chrono::milliseconds timeout;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool started = false;
+  bool aborted = false;
+  int abort_rank = -1;
+  std::string abort_message;
+  std::vector<char> exited;
+  std::vector<std::string> doing;  ///< per rank, for diagnostics: where it is now
+  std::map<std::string, group_state> groups;
+
+  void abort_locked(int rank, const std::string& message) {
+    if (aborted) return;
+    aborted = true;
+    abort_rank = rank;
+    abort_message = message;
+    cv.notify_all();
+  }
+  [[noreturn]] void throw_aborted() const {
+    fail<error>("aborted: rank {} failed: {}", abort_rank, abort_message);
+  }
+};
+
+namespace {
+
+using state = thread_world::state;
+
+std::string describe(const comm_group& g) { return fmt::format("'{}' {}", g.name, g.ranks); }
+
+std::string call_name(const rendezvous_slot& s, std::int64_t seq) {
+  return s.tag.empty() ? fmt::format("{} #{}", s.op, seq)
+                       : fmt::format("{} #{} ({})", s.op, seq, s.tag);
+}
+
+thread_world::state::group_state& group_for(thread_world::state& st, const comm_group& g, int rank) {
+  auto it = st.groups.find(g.name);
+  if (it != st.groups.end()) {
+    if (it->second.ranks != g.ranks)
+      fail<error>(
+          "group '{}' was first used with ranks {} but rank {} now uses it with ranks {}; a "
+          "group name must always denote the same ordered ranks",
+          g.name, it->second.ranks, rank, g.ranks);
+    return it->second;
+  }
+  auto sorted = g.ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    fail<error>("group '{}' lists a rank twice: {}", g.name, g.ranks);
+  for (int r : g.ranks)
+    if (r < 0 || r >= st.size)
+      fail<error>("group '{}' {} names rank {} outside a world of {}", g.name, g.ranks, r, st.size);
+  auto& gs = st.groups[g.name];
+  gs.ranks = g.ranks;
+  gs.next_seq.assign(g.ranks.size(), 0);
+  return gs;
+}
+
+// Checks a complete round (every slot present); returns {kind, message} of the first problem.
+std::pair<int, std::string> validate(const comm_group& g, std::int64_t seq, const thread_world::state::round& r) {
+  const auto& s0 = *r.slots[0];
+  const int n = g.size();
+  for (int j = 1; j < n; ++j) {
+    const auto& s = *r.slots[j];
+    if (std::strcmp(s.op, s0.op) != 0)
+      return {1, fmt::format("collective mismatch on group {} at call #{}: rank {} (member 0) "
+                             "called {} but rank {} (member {}) called {}; every member must "
+                             "make the same calls on a group in the same order",
+                             describe(g), seq, g.ranks[0], call_name(s0, seq), g.ranks[j], j,
+                             call_name(s, seq))};
+    if (s.type != s0.type)
+      return {1, fmt::format("dtype mismatch in {} on group {}: rank {} passes {} but rank {} "
+                             "passes {}",
+                             call_name(s0, seq), describe(g), g.ranks[0], dtype_name(s0.type),
+                             g.ranks[j], dtype_name(s.type))};
+  }
+  const std::string op = s0.op;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_reduce") {
+    for (int j = 1; j < n; ++j)
+      if (r.slots[j]->count != s0.count)
+        return {2, fmt::format("count mismatch in {} on group {}: rank {} (member 0) passes "
+                               "count {} but rank {} (member {}) passes {}",
+                               call_name(s0, seq), describe(g), g.ranks[0], s0.count, g.ranks[j], j,
+                               r.slots[j]->count)};
+  } else if (op == "all_to_all") {
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        auto sent = r.slots[i]->send_counts[j];
+        auto expected = r.slots[j]->recv_counts[i];
+        if (sent != expected)
+          return {2, fmt::format(
+                         "all_to_all split mismatch in {} on group {}: rank {} (member {}) sends "
+                         "{} elements to rank {} (member {}) but rank {} expects {} from rank "
+                         "{}; send_counts[{}] on rank {} must equal recv_counts[{}] on rank {}",
+                         call_name(s0, seq), describe(g), g.ranks[i], i, sent, g.ranks[j], j,
+                         g.ranks[j], expected, g.ranks[i], j, g.ranks[i], i, g.ranks[j])};
+      }
+  } else if (op == "send_recv") {
+    // Messages src -> dst in posting order, on both sides.
+    for (int src = 0; src < n; ++src)
+      for (int dst = 0; dst < n; ++dst) {
+        std::vector<std::int64_t> sends, recvs;
+        for (const auto& o : r.slots[src]->ops)
+          if (o.dir == p2p_op::kind::send && o.peer == dst) sends.push_back(o.count);
+        for (const auto& o : r.slots[dst]->ops)
+          if (o.dir == p2p_op::kind::recv && o.peer == src) recvs.push_back(o.count);
+        const auto common = std::min(sends.size(), recvs.size());
+        for (std::size_t k = 0; k < common; ++k)
+          if (sends[k] != recvs[k])
+            return {2, fmt::format("count mismatch in {} on group {}: send #{} from rank {} to "
+                                   "rank {} carries {} elements but the matching recv posted "
+                                   "by rank {} expects {}",
+                                   call_name(s0, seq), describe(g), k, g.ranks[src], g.ranks[dst],
+                                   sends[k], g.ranks[dst], recvs[k])};
+        if (sends.size() > common)
+          return {1, fmt::format("unmatched send in {} on group {}: rank {} posts {} send(s) to "
+                                 "rank {} but rank {} posts {} recv(s) from rank {}; send #{} "
+                                 "({} elements) has no matching recv",
+                                 call_name(s0, seq), describe(g), g.ranks[src], sends.size(),
+                                 g.ranks[dst], g.ranks[dst], recvs.size(), g.ranks[src], common,
+                                 sends[common])};
+        if (recvs.size() > common)
+          return {1, fmt::format("unmatched recv in {} on group {}: rank {} posts {} recv(s) "
+                                 "from rank {} but rank {} posts {} send(s) to rank {}; recv "
+                                 "#{} ({} elements) has no matching send",
+                                 call_name(s0, seq), describe(g), g.ranks[dst], recvs.size(),
+                                 g.ranks[src], g.ranks[src], sends.size(), g.ranks[dst], common,
+                                 recvs[common])};
+      }
+  }
+  return {0, {}};
+}
+}  // namespace
+
+// ---- thread_world ----
+
+thread_world::thread_world(int world_size, std::chrono::milliseconds timeout) {
+  if (world_size < 1)
+    fail<config_error>("a world of ranks as threads needs at least 1 rank, got {}", world_size);
+  s_ = std::make_unique<state>(world_size, timeout);
+}
+
+thread_world::~thread_world() = default;
+
+int thread_world::size() const { return s_->size; }
+
+void thread_world::set_timeout(std::chrono::milliseconds t) {
+  std::lock_guard lock(s_->mu);
+  s_->timeout = t;
+}
+
+std::chrono::milliseconds thread_world::timeout() const {
+  std::lock_guard lock(s_->mu);
+  return s_->timeout;
+}
+
+void thread_world::abort(int rank, const std::string& message) {
+  std::lock_guard lock(s_->mu);
+  s_->abort_locked(rank, message);
+}
+
+bool thread_world::aborted() const {
+  std::lock_guard lock(s_->mu);
+  return s_->aborted;
+}
+
+int thread_world::failed_rank() const {
+  std::lock_guard lock(s_->mu);
+  return s_->abort_rank;
+}
+
+std::string thread_world::abort_message() const {
+  std::lock_guard lock(s_->mu);
+  return s_->abort_message;
+}
+
+void thread_world::mark_exited(int rank, bool failed) {
+  std::lock_guard lock(s_->mu);
+  s_->exited.at(static_cast<std::size_t>(rank)) = 1;
+  s_->doing.at(static_cast<std::size_t>(rank)) = failed ? "failed" : "returned from its program";
+  s_->cv.notify_all();
+}
+
+// ---- rendezvous ----
+
+rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
+                       const rendezvous_slot& mine)
+    : st_(*world.s_), g_(g), mine_(mine), rank_(rank) {
+  std::unique_lock lock(st_.mu);
+  if (st_.aborted) st_.throw_aborted();
+  gs_ = &group_for(st_, g, rank);
+  me_ = g.index_of(rank);
+  seq_ = gs_->next_seq[static_cast<std::size_t>(me_)]++;
+  r_ = &gs_->rounds[seq_];
+  if (r_->slots.empty()) r_->slots.assign(static_cast<std::size_t>(g.size()), nullptr);
+  r_->slots[static_cast<std::size_t>(me_)] = &mine;
+  if (++r_->arrived == g.size()) {
+    auto [kind, message] = validate(g, seq_, *r_);
+    r_->error_kind = kind;
+    r_->message = std::move(message);
+    st_.cv.notify_all();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + st_.timeout;
+  st_.doing[static_cast<std::size_t>(rank_)] =
+      fmt::format("waiting in {} on group '{}'", call_name(mine, seq_), g_.name);
+  while (r_->arrived != g_.size()) {
+    if (st_.aborted) {
+      st_.doing[static_cast<std::size_t>(rank_)] = "failed";
+      st_.throw_aborted();
+    }
+    std::vector<int> missing, exited, arrived;
+    for (int j = 0; j < g_.size(); ++j) {
+      const int r = g_.ranks[static_cast<std::size_t>(j)];
+      if (r_->slots[static_cast<std::size_t>(j)]) {
+        arrived.push_back(r);
+      } else {
+        missing.push_back(j);
+        if (st_.exited[static_cast<std::size_t>(r)]) exited.push_back(r);
+      }
+    }
+    const bool timed_out = std::chrono::steady_clock::now() >= deadline;
+    if (exited.empty() && !timed_out) {
+      st_.cv.wait_until(lock, deadline);
+      continue;
+    }
+    std::vector<std::string> who;
+    for (int j : missing) {
+      const int r = g_.ranks[static_cast<std::size_t>(j)];
+      who.push_back(fmt::format("rank {} ({})", r, st_.doing[static_cast<std::size_t>(r)]));
+    }
+    std::string message;
+    if (!exited.empty()) {
+      message = fmt::format(
+          "{} on group {} can never complete: rank(s) {} left their program without calling "
+          "it; members that never arrived: {}; arrived: ranks {}. Every member must make the "
+          "same calls on a group in the same order",
+          call_name(mine, seq_), describe(g_), exited, fmt::join(who, ", "), arrived);
+    } else {
+      const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
+      message = fmt::format(
+          "watchdog: {} on group {} waited {:.3g} s; members that never arrived: {}; arrived: "
+          "ranks {}. Every member must make the same calls on a group in the same order; if the "
+          "ranks are merely slow, raise the world's timeout",
+          call_name(mine, seq_), describe(g_), waited.count(), fmt::join(who, ", "), arrived);
+    }
+    st_.doing[static_cast<std::size_t>(rank_)] = "failed";
+    // The round keeps a pointer to this member's slot: abort first, so that no later arrival
+    // can complete the round and read it after this member has gone.
+    st_.abort_locked(rank_, message);
+    throw error(message);
+  }
+  st_.doing[static_cast<std::size_t>(rank_)] = "running";
+  if (r_->error_kind != 0) {
+    const auto kind = r_->error_kind;
+    auto message = r_->message;
+    leave_locked();
+    if (kind == 2) throw shape_error(message);
+    throw error(message);
+  }
+}
+
+rendezvous::~rendezvous() {
+  if (left_) return;
+  // Left between arrival and finish (the caller threw while reading): the others may still be
+  // reading this member's buffers, so the world cannot go on.
+  std::lock_guard lock(st_.mu);
+  st_.abort_locked(rank_, fmt::format("rank {} left {} on group '{}' before the others had read "
+                                      "its buffers",
+                                      rank_, call_name(mine_, seq_), g_.name));
+}
+
+const rendezvous_slot& rendezvous::slot(int member) const {
+  return *r_->slots[static_cast<std::size_t>(member)];
+}
+
+void rendezvous::finish() {
+  std::unique_lock lock(st_.mu);
+  if (++r_->done == g_.size()) st_.cv.notify_all();
+  const auto deadline = std::chrono::steady_clock::now() + st_.timeout;
+  while (r_->done != g_.size()) {
+    // A member that failed while reading aborts the world; its buffers may be gone.
+    if (st_.aborted) {
+      left_ = true;  // the round is abandoned with the world
+      st_.throw_aborted();
+    }
+    if (st_.cv.wait_until(lock, deadline) == std::cv_status::timeout && r_->done != g_.size() &&
+        !st_.aborted) {
+      const auto message = fmt::format(
+          "watchdog: {} on group {}: {} of {} members finished reading within {} ms",
+          call_name(mine_, seq_), describe(g_), r_->done, g_.size(), st_.timeout.count());
+      st_.abort_locked(rank_, message);
+      left_ = true;
+      throw error(message);
+    }
+  }
+  leave_locked();
+}
+
+void rendezvous::leave_locked() {
+  left_ = true;
+  if (++r_->left == g_.size()) gs_->rounds.erase(seq_);
+}
+
+// ---- run_rank_threads ----
+
+namespace {
+
+// Rethrows `e` with "rank R: " in front of its message, keeping seqpar's error types.
+[[noreturn]] void rethrow_prefixed(int rank, std::exception_ptr e) {
+  const auto prefix = fmt::format("rank {}: ", rank);
+  try {
+    std::rethrow_exception(e);
+  } catch (const backend_error&) {
+    throw;  // already names its rank and host
+  } catch (const shape_error& x) {
+    throw shape_error(prefix + x.what());
+  } catch (const config_error& x) {
+    throw config_error(prefix + x.what());
+  } catch (const layout_error& x) {
+    throw layout_error(prefix + x.what());
+  } catch (const trace_error& x) {
+    throw trace_error(prefix + x.what());
+  } catch (const std::exception& x) {
+    throw error(prefix + x.what());
+  } catch (...) {
+    throw error(prefix + "unknown exception");
+  }
+}
+
+std::string message_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+void run_rank_threads(thread_world& world, const std::function<void(int rank)>& rank_body) {
+  {
+    std::lock_guard lock(world.s_->mu);
+    if (world.s_->started)
+      fail<error>("this world of rank threads already ran; create a new one for each run");
+    world.s_->started = true;
+  }
+  const int P = world.size();
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(P));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(P));
+  auto rank_main = [&](int r) {
+    try {
+      rank_body(r);
+      world.mark_exited(r, false);
+    } catch (...) {
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
+      world.abort(r, message_of(errors[static_cast<std::size_t>(r)]));
+      world.mark_exited(r, true);
+    }
+  };
+  try {
+    for (int r = 0; r < P; ++r) threads.emplace_back(rank_main, r);
+  } catch (const std::exception& x) {
+    world.abort(-1, fmt::format("could not start rank threads: {}", x.what()));
+    // Ranks never started count as exited, so the started ones fail instead of waiting.
+    for (int r = static_cast<int>(threads.size()); r < P; ++r) world.mark_exited(r, true);
+  }
+  for (auto& th : threads) th.join();
+  if (!world.aborted()) return;
+  const int first = world.failed_rank();
+  if (first >= 0 && first < P && errors[static_cast<std::size_t>(first)])
+    rethrow_prefixed(first, errors[static_cast<std::size_t>(first)]);
+  // Aborted by the caller or before a rank could record its own exception.
+  fail<error>("rank {}: {}", first, world.abort_message());
+}
+
+}  // namespace seqpar

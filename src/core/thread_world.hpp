@@ -1,0 +1,120 @@
+#pragma once
+// P ranks as threads of one process: the rendezvous every thread-per-rank communicator is
+// built on (the in-process host communicator of src/sim and the device-local GPU one of
+// src/gpu), and the thread launch that turns a failing rank into an abort instead of a hang.
+// Standard C++ only: the transports differ in how they move bytes, not in how ranks meet.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/communicator.hpp"
+
+namespace seqpar {
+
+/// What one member brings to a round: its call and the buffers the others read. Pointers stay
+/// valid until the member's rendezvous::finish() returns.
+struct rendezvous_slot {
+  const char* op = "";  ///< all_to_all, all_gather, reduce_scatter, all_reduce, send_recv, barrier
+  dtype type = dtype::f32;
+  const std::byte* send = nullptr;  ///< the member's send (or in-place) buffer
+  std::int64_t count = 0;           ///< all_gather, reduce_scatter, all_reduce
+  std::span<const std::int64_t> send_counts, recv_counts;  ///< all_to_all, per group member
+  std::span<const p2p_op> ops;                             ///< send_recv
+  std::string tag;                                         ///< for messages
+};
+
+/// Shared state of P ranks of one run. Every collective is a rendezvous of the group's members,
+/// matched by a per-(group, member) call counter: the n-th call of each member on a group name
+/// forms round n of that group. One name always denotes the same ordered rank list. One world
+/// serves one run (run_rank_threads); it is not reusable after a rank has exited or failed.
+class thread_world {
+ public:
+  explicit thread_world(int world_size,
+                        std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
+  ~thread_world();
+  thread_world(const thread_world&) = delete;
+  thread_world& operator=(const thread_world&) = delete;
+
+  int size() const;
+
+  /// How long a member waits for the others of a round before the watchdog aborts the world
+  /// with a message naming the group, op, call number and the members that never arrived.
+  void set_timeout(std::chrono::milliseconds t);
+  std::chrono::milliseconds timeout() const;
+
+  /// Marks the world failed because `rank` failed with `message`. The first call wins; every
+  /// rank blocked in (or later entering) a round throws
+  /// `seqpar::error("aborted: rank R failed: <message>")`.
+  void abort(int rank, const std::string& message);
+  bool aborted() const;
+  /// The rank named by the first abort(), or -1 while the world is healthy.
+  int failed_rank() const;
+  /// The message of the first abort() (empty while healthy).
+  std::string abort_message() const;
+
+  /// Marks `rank` as having left its program: a round that still waits for it fails at once
+  /// instead of waiting for the watchdog. `failed` only changes the diagnostics.
+  void mark_exited(int rank, bool failed);
+
+  struct state;  ///< rendezvous tables; defined in thread_world.cpp
+
+ private:
+  friend class rendezvous;
+  friend void run_rank_threads(thread_world&, const std::function<void(int)>&);
+  std::unique_ptr<state> s_;
+};
+
+struct rendezvous_round;  ///< defined in thread_world.cpp
+struct rendezvous_group;
+
+/// One member's passage through a round of group `g`:
+///   1. arrive (constructor): deposit `mine`, wait until every member has arrived. The last
+///      arriver validates the round — same op and dtype everywhere, equal counts, all_to_all
+///      splits that pair up, send/recv messages matched in posting order with equal counts —
+///      and every member throws the same error (shape_error for counts) if it is invalid.
+///   2. read: the caller reads the others' slots (slot(j)) outside any lock.
+///   3. finish(): wait until every member has finished reading, so no send buffer is released
+///      or overwritten early.
+/// A waiter that gives up (abort, watchdog, a missing member that exited) aborts the world, so
+/// no rank is left waiting.
+class rendezvous {
+ public:
+  rendezvous(thread_world& world, const comm_group& g, int rank, const rendezvous_slot& mine);
+  ~rendezvous();
+  rendezvous(const rendezvous&) = delete;
+  rendezvous& operator=(const rendezvous&) = delete;
+
+  const rendezvous_slot& slot(int member) const;
+  int me() const { return me_; }  ///< this rank's index in the group
+  std::int64_t seq() const { return seq_; }
+
+  /// Phase 3: returns once every member has finished reading this round's buffers.
+  void finish();
+
+ private:
+  void leave_locked();
+
+
+  thread_world::state& st_;
+  const comm_group& g_;
+  const rendezvous_slot& mine_;
+  int rank_;
+  rendezvous_group* gs_ = nullptr;
+  rendezvous_round* r_ = nullptr;
+  int me_ = 0;
+  std::int64_t seq_ = 0;
+  bool left_ = false;
+};
+
+/// Runs rank_body(r) for r = 0..P-1 on P threads of `world` and joins them. A rank that throws
+/// aborts the world (ranks blocked in a round throw "aborted: …" instead of hanging) and marks
+/// itself exited; a thread that cannot be started aborts the world too. Once every thread is
+/// joined, the first failure is rethrown with its message prefixed by "rank R: " (seqpar's error
+/// subclasses keep their type; backend_error, which names its rank already, is rethrown as is).
+void run_rank_threads(thread_world& world, const std::function<void(int rank)>& rank_body);
+
+}  // namespace seqpar
