@@ -40,7 +40,7 @@ nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlo
 nlohmann::json report_json(const verify::validate_report& r) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows) {
-    nlohmann::json j = {{"rank", row.rank},         {"stage", row.stage},
+    nlohmann::json j = {{"rank", row.rank},         {"stage", row.tensor},
                         {"numel", row.numel},       {"max_abs", num(row.max_abs)},
                         {"max_rel", num(row.max_rel)}, {"tolerance", row.tolerance},
                         {"pass", row.pass}};
@@ -76,7 +76,7 @@ std::string report_text(const verify::validate_report& r) {
   int passed = 0;
   for (const auto& row : r.rows) {
     passed += row.pass;
-    o += fmt::format("{:>4} {:<10} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.rank, row.stage,
+    o += fmt::format("{:>4} {:<10} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.rank, row.tensor,
                      row.numel, fmt_num(row.max_abs), fmt_num(row.max_rel), fmt_num(row.tolerance),
                      row.pass ? "PASS" : "FAIL", row.note.empty() ? "" : "  (" + row.note + ")");
   }

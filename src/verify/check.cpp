@@ -53,34 +53,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// Normwise comparison of two equally long sequences of values: max|got − want| relative to
-/// max(max|want|, floor). The floor keeps a tensor whose exact value is ~0 (a gradient that
-/// cancels, e.g. of W_q when only a document's first token is supervised) from turning
-/// rounding noise into a relative error of 1.
 compared_tensor compare(std::string name, const std::vector<double>& got,
                         const std::vector<double>& want, double tol, double floor = 0) {
-  compared_tensor c;
-  c.tensor = std::move(name);
-  c.numel = static_cast<std::int64_t>(want.size());
-  c.tolerance = tol;
-  if (got.size() != want.size()) {
-    c.max_abs = c.max_rel = std::numeric_limits<double>::infinity();
-    c.note = fmt::format("{} values, expected {}", got.size(), want.size());
-    return c;
-  }
-  double ref = 0;
-  bool finite = true;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = std::abs(got[i] - want[i]);
-    finite = finite && std::isfinite(got[i]);
-    c.max_abs = std::max(c.max_abs, std::isfinite(d) ? d : std::numeric_limits<double>::infinity());
-    ref = std::max(ref, std::abs(want[i]));
-  }
-  ref = std::max(ref, floor);
-  c.max_rel = ref > 0 ? c.max_abs / ref : c.max_abs;
-  c.pass = finite && c.max_rel <= tol;
-  if (!finite) c.note = "non-finite values";
-  return c;
+  return compare_values(std::move(name), got, want, tol, floor);
 }
 
 template <class M>
@@ -221,7 +196,8 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
       auto c = compare("grad." + ref.grads.names[i], values_of(outs[k].grads.values[i]),
                        values_of(ref.grads.values[i]), tol, 1e-3 * grad_scale);
       if (k == 0 || c.max_rel > worst.max_rel || !c.pass) {
-        if (!c.pass && c.note.empty()) c.note = fmt::format("worst on cp rank {}", k);
+        c.rank = static_cast<int>(k);
+        if (!c.pass) c.note = fmt::format("worst on cp rank {}: {}", k, c.note);
         if (k == 0 || worst.pass) worst = c;
       }
     }

@@ -5,23 +5,12 @@
 #include <vector>
 
 #include "core/communicator.hpp"
+#include "core/compare.hpp"
 #include "core/dtype.hpp"
 #include "core/scenario.hpp"
 #include "sim/faulty_comm.hpp"
 
 namespace seqpar::verify {
-
-/// One compared tensor of `seqpar check`. Errors are normwise: max_abs = max|sp − ref|,
-/// max_rel = max_abs / max|ref| (elementwise ratios are meaningless where ref ≈ 0).
-struct compared_tensor {
-  std::string tensor;
-  std::int64_t numel = 0;
-  double max_abs = 0;
-  double max_rel = 0;
-  double tolerance = 0;
-  bool pass = false;
-  std::string note;  ///< e.g. why a layout row failed
-};
 
 struct check_options {
   dtype type = dtype::f64;       ///< SP run precision; the reference is always float64

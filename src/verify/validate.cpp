@@ -197,41 +197,10 @@ std::vector<capture> run_reference(const scenario& s, const collated_batch& cb, 
   return caps;
 }
 
-stage_row compare(int rank, const std::string& stage, const std::vector<double>& got,
-                  const std::vector<double>& want, double tol) {
-  stage_row r;
+compared_tensor compare(int rank, const std::string& stage, const std::vector<double>& got,
+                        const std::vector<double>& want, double tol) {
+  auto r = compare_values(stage, got, want, tol);
   r.rank = rank;
-  r.stage = stage;
-  r.numel = static_cast<std::int64_t>(want.size());
-  r.tolerance = tol;
-  if (got.size() != want.size()) {
-    r.max_abs = r.max_rel = std::numeric_limits<double>::infinity();
-    r.note = fmt::format("{} values, expected {}", got.size(), want.size());
-    return r;
-  }
-  double ref = 0;
-  bool ok = true;
-  std::int64_t worst = -1;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = want[i];
-    double d;
-    if (std::isinf(w) || std::isinf(g))
-      d = g == w ? 0.0 : std::numeric_limits<double>::infinity();  // −inf LSE must match
-    else
-      d = std::abs(g - w);
-    if (std::isnan(d)) d = std::numeric_limits<double>::infinity();
-    if (std::isfinite(w)) ref = std::max(ref, std::abs(w));
-    if (d > r.max_abs) {
-      r.max_abs = d;
-      worst = static_cast<std::int64_t>(i);
-    }
-    ok = ok && !std::isnan(g);
-  }
-  r.max_rel = ref > 0 ? r.max_abs / ref : r.max_abs;
-  r.pass = ok && r.max_rel <= tol;
-  if (!r.pass && worst >= 0)
-    r.note = fmt::format("worst at flat index {}: gpu {:.9g}, reference {:.9g}", worst,
-                         got[static_cast<std::size_t>(worst)], want[static_cast<std::size_t>(worst)]);
   return r;
 }
 
@@ -250,9 +219,9 @@ void compare_rank(int rank, const capture& got, const capture& want, validate_re
                                                           : rep.tol_backward;
     auto g = got.find(st), w = want.find(st);
     if (g == got.end() || w == want.end()) {
-      stage_row r;
+      compared_tensor r;
       r.rank = rank;
-      r.stage = st;
+      r.tensor = st;
       r.note = "stage not reached";
       rep.rows.push_back(r);
       continue;
@@ -328,16 +297,16 @@ bool launched_with_several_ranks() {
 namespace {
 
 /// Rows as text lines for the gather to rank 0 (no NUL, '\t'-separated).
-std::string encode(const std::vector<stage_row>& rows) {
+std::string encode(const std::vector<compared_tensor>& rows) {
   std::string out;
   for (const auto& r : rows)
-    out += fmt::format("{}\t{}\t{}\t{:.17g}\t{:.17g}\t{:.17g}\t{}\t{}\n", r.rank, r.stage, r.numel,
+    out += fmt::format("{}\t{}\t{}\t{:.17g}\t{:.17g}\t{:.17g}\t{}\t{}\n", r.rank, r.tensor, r.numel,
                        r.max_abs, r.max_rel, r.tolerance, r.pass ? 1 : 0, r.note);
   return out;
 }
 
-std::vector<stage_row> decode(const std::string& text) {
-  std::vector<stage_row> rows;
+std::vector<compared_tensor> decode(const std::string& text) {
+  std::vector<compared_tensor> rows;
   std::size_t pos = 0;
   while (pos < text.size()) {
     const auto end = text.find('\n', pos);
@@ -350,9 +319,9 @@ std::vector<stage_row> decode(const std::string& text) {
       f.push_back(line.substr(a, b - a));
       a = b + 1;
     }
-    stage_row r;
+    compared_tensor r;
     r.rank = std::stoi(f[0]);
-    r.stage = f[1];
+    r.tensor = f[1];
     r.numel = std::stoll(f[2]);
     r.max_abs = std::stod(f[3]);
     r.max_rel = std::stod(f[4]);

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/compare.hpp"
 #include "core/dtype.hpp"
 #include "core/scenario.hpp"
 
@@ -19,23 +20,12 @@ struct validate_options {
   std::function<void(std::string_view)> progress;
 };
 
-/// One compared tensor of one rank. Normwise: max_rel = max|gpu − ref| / max|ref| (entries that
-/// are −inf on both sides, the LSE of rows that see no key, count as equal).
-struct stage_row {
-  int rank = 0;
-  std::string stage;  ///< a2a.q, a2a.k, a2a.v, attn.out, attn.lse, out, a2a.dout, attn.dq, …
-  std::int64_t numel = 0;
-  double max_abs = 0, max_rel = 0, tolerance = 0;
-  bool pass = false;
-  std::string note;
-};
-
 struct validate_report {
   scenario scen;
   dtype type = dtype::f32;
   std::string transport;  ///< "device-local (P virtual ranks on one GPU)" or "nccl (P processes)"
   std::string device;     ///< GPU name(s)
-  std::vector<stage_row> rows;
+  std::vector<compared_tensor> rows;  ///< one per rank and stage (tensor = the stage name)
   bool pass = false;
   double tol_exact = 0, tol_forward = 0, tol_backward = 0;
   std::string error_model;

@@ -191,7 +191,7 @@ TEST(sp_on_device, builtin_scenarios_match_the_cpu_reference) {
       opt.type = t;
       const auto rep = verify::run_validate_local(builtin_scenario(name), opt);
       for (const auto& r : rep.rows)
-        EXPECT_TRUE(r.pass) << name << " " << dtype_name(t) << " rank " << r.rank << " " << r.stage
+        EXPECT_TRUE(r.pass) << name << " " << dtype_name(t) << " rank " << r.rank << " " << r.tensor
                             << " rel " << r.max_rel << " tol " << r.tolerance << " " << r.note;
     }
 }

@@ -1,0 +1,31 @@
+#pragma once
+// One comparison and one row type for every verdict seqpar prints: `check` (SP vs the non-SP
+// reference) and `validate` (GPU vs the CPU reference) build their rows here.
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace seqpar {
+
+/// One compared tensor. Errors are normwise: max_abs = max|got − want|, max_rel = max_abs /
+/// max(max|want|, floor) (elementwise ratios are meaningless where want ≈ 0).
+struct compared_tensor {
+  std::string tensor;  ///< e.g. "loss", "grad.L0.wq", "attn.dq"
+  int rank = -1;       ///< the rank the values belong to; -1 for a tensor of the whole step
+  std::int64_t numel = 0;
+  double max_abs = 0;
+  double max_rel = 0;
+  double tolerance = 0;
+  bool pass = false;
+  std::string note;  ///< why a row failed (worst element, non-finite values, sizes)
+};
+
+/// Compares got with want. Infinite entries are equal only when identical (the −inf LSE of a
+/// row that sees no key); a NaN, or an infinity on one side only, makes max_abs infinite.
+/// `floor` keeps a tensor whose exact value is ~0 (a gradient that cancels) from turning
+/// rounding noise into a relative error of 1. Passes when max_rel ≤ tol. A failing row's note
+/// names the worst element, or says the values are not finite or not as many.
+compared_tensor compare_values(std::string name, std::span<const double> got,
+                               std::span<const double> want, double tol, double floor = 0);
+
+}  // namespace seqpar
