@@ -73,6 +73,14 @@ mpi_session::mpi_session(int* argc, char*** argv) {
       throw backend_error("MPI_Init_thread", rc, "MPI could not start (run under mpiexec?)", -1,
                           processor_name());
     owns_ = true;
+    if (provided < MPI_THREAD_FUNNELED) {
+      MPI_Finalize();
+      throw backend_error("MPI_Init_thread", MPI_ERR_OTHER,
+                          fmt::format("this MPI provides thread level {}, seqpar needs "
+                                      "MPI_THREAD_FUNNELED ({}): use an MPI built with threads",
+                                      provided, MPI_THREAD_FUNNELED),
+                          -1, processor_name());
+    }
   }
   check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");

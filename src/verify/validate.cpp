@@ -12,6 +12,8 @@
 
 #if defined(SEQPAR_HAVE_MPI)
 #include <mpi.h>
+
+#include "mpi/mpi_comm.hpp"
 #endif
 
 #include "core/collate.hpp"
@@ -356,23 +358,9 @@ std::vector<comm_group> attention_groups(const scenario& s) {
 }  // namespace
 
 validate_report run_validate_mpi(const scenario& s, const validate_options& opt, bool* is_root) {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  struct finalizer {
-    bool own;
-    ~finalizer() {
-      int done = 0;
-      MPI_Finalized(&done);
-      if (own && !done) MPI_Finalize();
-    }
-  } fin{!inited};
-  if (!inited) {
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-  }
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // The same MPI start (and error handler, and finalize) as check --backend mpi.
+  mpi::mpi_session session(nullptr, nullptr);
+  const int rank = session.rank(), size = session.size();
   if (is_root) *is_root = rank == 0;
   check_inputs(s, opt.type);
   if (size != s.cp())
