@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "core/communicator.hpp"
 
@@ -25,6 +26,18 @@ struct rendezvous_slot {
   std::span<const std::int64_t> send_counts, recv_counts;  ///< all_to_all, per group member
   std::span<const p2p_op> ops;                             ///< send_recv
   std::string tag;                                         ///< for messages
+
+  /// The slot of a call with one send buffer and count (counts/ops are set by the caller).
+  static rendezvous_slot of(const char* op, dtype t, const void* send, std::int64_t count,
+                            std::string tag) {
+    rendezvous_slot s;
+    s.op = op;
+    s.type = t;
+    s.send = static_cast<const std::byte*>(send);
+    s.count = count;
+    s.tag = std::move(tag);
+    return s;
+  }
 };
 
 /// Shared state of P ranks of one run. Every collective is a rendezvous of the group's members,

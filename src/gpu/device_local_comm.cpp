@@ -37,17 +37,6 @@ tensor view(void* p, dtype t, std::int64_t count) {
   return x;
 }
 
-rendezvous_slot make_slot(const char* op, dtype t, const void* send, std::int64_t count,
-                          const std::string& tag) {
-  rendezvous_slot s;
-  s.op = op;
-  s.type = t;
-  s.send = static_cast<const std::byte*>(send);
-  s.count = count;
-  s.tag = tag;
-  return s;
-}
-
 }  // namespace
 
 device_local_communicator::device_local_communicator(device_local_world& world, int rank,
@@ -71,7 +60,7 @@ void device_local_communicator::do_all_to_all(const comm_group& g, const void* s
                                               std::span<const std::int64_t> send_counts,
                                               void* recv, std::span<const std::int64_t> recv_counts,
                                               dtype t) {
-  auto mine = make_slot("all_to_all", t, send, 0, call_info().tag);
+  auto mine = rendezvous_slot::of("all_to_all", t, send, 0, call_info().tag);
   mine.send_counts = send_counts;
   mine.recv_counts = recv_counts;
   SEQPAR_CUDA(cudaStreamSynchronize, static_cast<cudaStream_t>(c_.stream()));
@@ -91,7 +80,7 @@ void device_local_communicator::do_all_to_all(const comm_group& g, const void* s
 
 void device_local_communicator::do_all_gather(const comm_group& g, const void* send,
                                               std::int64_t count, void* recv, dtype t) {
-  const auto mine = make_slot("all_gather", t, send, count, call_info().tag);
+  const auto mine = rendezvous_slot::of("all_gather", t, send, count, call_info().tag);
   SEQPAR_CUDA(cudaStreamSynchronize, static_cast<cudaStream_t>(c_.stream()));
   rendezvous r(world_, g, rank_, mine);
   auto s = static_cast<cudaStream_t>(c_.stream());
@@ -104,7 +93,7 @@ void device_local_communicator::do_all_gather(const comm_group& g, const void* s
 
 void device_local_communicator::do_reduce_scatter(const comm_group& g, const void* send,
                                                   void* recv, std::int64_t count, dtype t) {
-  const auto mine = make_slot("reduce_scatter", t, send, count, call_info().tag);
+  const auto mine = rendezvous_slot::of("reduce_scatter", t, send, count, call_info().tag);
   SEQPAR_CUDA(cudaStreamSynchronize, static_cast<cudaStream_t>(c_.stream()));
   rendezvous r(world_, g, rank_, mine);
   auto s = static_cast<cudaStream_t>(c_.stream());
@@ -123,7 +112,7 @@ void device_local_communicator::do_reduce_scatter(const comm_group& g, const voi
 
 void device_local_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_t count,
                                               dtype t) {
-  const auto mine = make_slot("all_reduce", t, buf, count, call_info().tag);
+  const auto mine = rendezvous_slot::of("all_reduce", t, buf, count, call_info().tag);
   SEQPAR_CUDA(cudaStreamSynchronize, static_cast<cudaStream_t>(c_.stream()));
   rendezvous r(world_, g, rank_, mine);
   auto s = static_cast<cudaStream_t>(c_.stream());
@@ -139,7 +128,7 @@ void device_local_communicator::do_all_reduce(const comm_group& g, void* buf, st
 
 void device_local_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops,
                                              dtype t) {
-  auto mine = make_slot("send_recv", t, nullptr, 0, call_info().tag);
+  auto mine = rendezvous_slot::of("send_recv", t, nullptr, 0, call_info().tag);
   mine.ops = ops;
   SEQPAR_CUDA(cudaStreamSynchronize, static_cast<cudaStream_t>(c_.stream()));
   rendezvous r(world_, g, rank_, mine);
@@ -163,7 +152,7 @@ void device_local_communicator::do_send_recv(const comm_group& g, std::span<cons
 }
 
 void device_local_communicator::do_barrier(const comm_group& g) {
-  const auto mine = make_slot("barrier", dtype::f32, nullptr, 0, call_info().tag);
+  const auto mine = rendezvous_slot::of("barrier", dtype::f32, nullptr, 0, call_info().tag);
   rendezvous r(world_, g, rank_, mine);
   r.finish();
 }

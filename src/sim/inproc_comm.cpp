@@ -57,17 +57,6 @@ void reduce(dtype t, const rendezvous& rv, int members, std::int64_t offset, std
   }
 }
 
-rendezvous_slot make_slot(const char* op, dtype t, const void* send, std::int64_t count,
-                      const std::string& tag) {
-  rendezvous_slot s;
-  s.op = op;
-  s.type = t;
-  s.send = static_cast<const std::byte*>(send);
-  s.count = count;
-  s.tag = tag;
-  return s;
-}
-
 void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) {
   if (n != 0 && dst != src) std::memmove(dst, src, n);
 }
@@ -94,7 +83,7 @@ void inproc_communicator::do_all_to_all(const comm_group& g, const void* send,
   std::vector<std::byte> stage(staged ? total_recv * esz : 0);
   auto* out = staged ? stage.data() : static_cast<std::byte*>(recv);
 
-  auto mine = make_slot("all_to_all", t, send, 0, call_info().tag);
+  auto mine = rendezvous_slot::of("all_to_all", t, send, 0, call_info().tag);
   mine.send_counts = send_counts;
   mine.recv_counts = recv_counts;
   rendezvous rv(world_, g, rank_, mine);
@@ -119,7 +108,7 @@ void inproc_communicator::do_all_gather(const comm_group& g, const void* send, s
   std::vector<std::byte> stage(staged ? block * g.size() : 0);
   auto* out = staged ? stage.data() : static_cast<std::byte*>(recv);
 
-  const auto mine = make_slot("all_gather", t, send, count, call_info().tag);
+  const auto mine = rendezvous_slot::of("all_gather", t, send, count, call_info().tag);
   rendezvous rv(world_, g, rank_, mine);
   for (int j = 0; j < g.size(); ++j) copy_bytes(out + j * block, rv.slot(j).send, block);
   rv.finish();
@@ -135,7 +124,7 @@ void inproc_communicator::do_reduce_scatter(const comm_group& g, const void* sen
   std::vector<std::byte> stage(staged ? block : 0);
   auto* out = staged ? stage.data() : static_cast<std::byte*>(recv);
 
-  const auto mine = make_slot("reduce_scatter", t, send, count, call_info().tag);
+  const auto mine = rendezvous_slot::of("reduce_scatter", t, send, count, call_info().tag);
   rendezvous rv(world_, g, rank_, mine);
   reduce(t, rv, g.size(), rv.me() * count, count, out);
   rv.finish();
@@ -147,7 +136,7 @@ void inproc_communicator::do_all_reduce(const comm_group& g, void* buf, std::int
   check_reducible(t, "all_reduce", g);
   // In place: every member reads every buffer, so the sum is staged until all have read.
   std::vector<std::byte> stage(static_cast<std::size_t>(count) * dtype_size(t));
-  const auto mine = make_slot("all_reduce", t, buf, count, call_info().tag);
+  const auto mine = rendezvous_slot::of("all_reduce", t, buf, count, call_info().tag);
   rendezvous rv(world_, g, rank_, mine);
   reduce(t, rv, g.size(), 0, count, stage.data());
   rv.finish();
@@ -168,7 +157,7 @@ void inproc_communicator::do_send_recv(const comm_group& g, std::span<const p2p_
   }
   std::vector<std::byte> stage(staged ? stage_bytes : 0);
 
-  auto mine = make_slot("send_recv", t, nullptr, 0, call_info().tag);
+  auto mine = rendezvous_slot::of("send_recv", t, nullptr, 0, call_info().tag);
   mine.ops = ops;
   rendezvous rv(world_, g, rank_, mine);
   const int me = rv.me();
@@ -199,7 +188,7 @@ void inproc_communicator::do_send_recv(const comm_group& g, std::span<const p2p_
 }
 
 void inproc_communicator::do_barrier(const comm_group& g) {
-  const auto mine = make_slot("barrier", dtype::f32, nullptr, 0, call_info().tag);
+  const auto mine = rendezvous_slot::of("barrier", dtype::f32, nullptr, 0, call_info().tag);
   rendezvous rv(world_, g, rank_, mine);
   rv.finish();
 }
