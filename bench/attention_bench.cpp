@@ -67,7 +67,9 @@ struct problem {
   sim::attention_args<T> args() const {
     return {q.data(), k.data(), v.data(), s, s, h, h, d, cu.data(), cu.data(), 1, scale(), true};
   }
-  void forward(sim::attention_tiles t) { sim::attention_forward(args(), out.data(), lse.data(), t); }
+  void forward(sim::attention_tiles t) {
+    sim::attention_forward(args(), out.data(), lse.data(), t);
+  }
   void backward(sim::attention_tiles t) {
     sim::attention_backward(args(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(),
                             dv.data(), t);

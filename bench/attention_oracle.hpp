@@ -33,8 +33,7 @@ std::int64_t attention_forward_wrong(std::int64_t S, int hq, int hkv, int d, dou
       double m = -INFINITY;
       for (std::int64_t j = 0; j <= i; ++j) {
         double dot = 0;
-        for (int c = 0; c < d; ++c)
-          dot += q((i * hq + h) * d + c) * k((j * hkv + g) * d + c);
+        for (int c = 0; c < d; ++c) dot += q((i * hq + h) * d + c) * k((j * hkv + g) * d + c);
         s[static_cast<std::size_t>(j)] = dot * scale;
         m = std::max(m, dot * scale);
       }
@@ -43,10 +42,12 @@ std::int64_t attention_forward_wrong(std::int64_t S, int hq, int hkv, int d, dou
       for (std::int64_t j = 0; j <= i; ++j) {
         const double w = std::exp(s[static_cast<std::size_t>(j)] - m);
         l += w;
-        for (int c = 0; c < d; ++c) acc[static_cast<std::size_t>(c)] += w * v((j * hkv + g) * d + c);
+        for (int c = 0; c < d; ++c)
+          acc[static_cast<std::size_t>(c)] += w * v((j * hkv + g) * d + c);
       }
       for (int c = 0; c < d; ++c)
-        wrong += !(std::abs(out((i * hq + h) * d + c) - acc[static_cast<std::size_t>(c)] / l) <= tol);
+        wrong +=
+            !(std::abs(out((i * hq + h) * d + c) - acc[static_cast<std::size_t>(c)] / l) <= tol);
     }
   }
   return wrong;

@@ -10,9 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <map>
 
 #include "core/error.hpp"
 #ifdef SEQPAR_HAVE_MPI
@@ -127,7 +127,8 @@ bool under_mpiexec() {
 
 std::uint64_t mix(std::uint64_t seed, int rank, std::int64_t index) {
   // splitmix64 of a combination that differs for every (rank, index) of a run.
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(rank) * 0xD1B54A32D192ED03ull +
+  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull +
+                    static_cast<std::uint64_t>(rank) * 0xD1B54A32D192ED03ull +
                     static_cast<std::uint64_t>(index);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -142,13 +143,24 @@ std::int64_t parse_size(const std::string& s) {
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   std::int64_t mult = 1;
-  if (end == s.c_str()) fail<config_error>("size '{}' is not a number with an optional K/M/G suffix", s);
+  if (end == s.c_str())
+    fail<config_error>("size '{}' is not a number with an optional K/M/G suffix", s);
   if (*end) {
     switch (*end) {
-      case 'K': case 'k': mult = std::int64_t{1} << 10; break;
-      case 'M': case 'm': mult = std::int64_t{1} << 20; break;
-      case 'G': case 'g': mult = std::int64_t{1} << 30; break;
-      default: fail<config_error>("size '{}' is not a number with an optional K/M/G suffix", s);
+      case 'K':
+      case 'k':
+        mult = std::int64_t{1} << 10;
+        break;
+      case 'M':
+      case 'm':
+        mult = std::int64_t{1} << 20;
+        break;
+      case 'G':
+      case 'g':
+        mult = std::int64_t{1} << 30;
+        break;
+      default:
+        fail<config_error>("size '{}' is not a number with an optional K/M/G suffix", s);
     }
     if (end[1]) fail<config_error>("size '{}' has trailing characters after '{}'", s, *end);
   }
@@ -164,11 +176,11 @@ driver::driver(std::string program, std::string description, options defaults, o
       opts_(defaults_) {
   app_.add_option("-b,--minbytes", min_s_, "smallest size (bytes, K/M/G suffix)")
       ->type_name("SIZE");
-  app_.add_option("-e,--maxbytes", max_s_, "largest size (bytes, K/M/G suffix)")
-      ->type_name("SIZE");
+  app_.add_option("-e,--maxbytes", max_s_, "largest size (bytes, K/M/G suffix)")->type_name("SIZE");
   app_.add_option("-f,--stepfactor", opts_.step_factor, "size multiplier between rows")
       ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 20));
-  app_.add_option("-n,--iters", opts_.iters, "timed iterations per row")->check(CLI::Range(1, 1 << 30));
+  app_.add_option("-n,--iters", opts_.iters, "timed iterations per row")
+      ->check(CLI::Range(1, 1 << 30));
   app_.add_option("-w,--warmup_iters", opts_.warmup, "untimed iterations before each row")
       ->check(CLI::Range(0, 1 << 30));
   app_.add_option("-c,--check", check_, "verify results from index-derived data (#wrong)")
@@ -199,7 +211,8 @@ std::optional<int> driver::parse(int argc, char** argv) {
     if (app_.get_option_no_throw("-t") && !app_.count("-t")) opts_.threads = base.threads;
     opts_.min_bytes = min_s_.empty() ? base.min_bytes : parse_size(min_s_);
     opts_.max_bytes = max_s_.empty() ? base.max_bytes : parse_size(max_s_);
-    if (!min_s_.empty() && max_s_.empty()) opts_.max_bytes = std::max(opts_.max_bytes, opts_.min_bytes);
+    if (!min_s_.empty() && max_s_.empty())
+      opts_.max_bytes = std::max(opts_.max_bytes, opts_.min_bytes);
     if (opts_.min_bytes > opts_.max_bytes)
       fail<config_error>("-b {} exceeds -e {}; give -b ≤ -e", opts_.min_bytes, opts_.max_bytes);
   } catch (const std::exception& e) {
@@ -230,7 +243,8 @@ std::vector<row> driver::run(rank_group& g, operation& op) {
 
   std::vector<point> points;
   for (std::size_t v = 0; v < op.variants.size(); ++v)
-    for (std::int64_t bytes = opts_.min_bytes; bytes <= opts_.max_bytes; bytes *= opts_.step_factor) {
+    for (std::int64_t bytes = opts_.min_bytes; bytes <= opts_.max_bytes;
+         bytes *= opts_.step_factor) {
       const auto [count, actual] = op.size(bytes, v, ranks);
       if (count > 0) points.push_back({v, actual, count, ranks});
     }
@@ -300,9 +314,9 @@ int driver::report(const operation& op, int ranks, const std::vector<row>& rows)
     fmt::print("# {}: {}, {} backend, {} rank{}\n", program_, op.name, op.backend, ranks,
                ranks == 1 ? "" : "s");
     fmt::print("# Eigen ISA: {}\n", eigen_isa());
-    fmt::print("# minbytes {} maxbytes {} step {} iters {} warmup {} check {}{}\n",
-               opts_.min_bytes, opts_.max_bytes, opts_.step_factor, opts_.iters, opts_.warmup,
-               opts_.check ? 1 : 0, opts_.quick ? " (quick)" : "");
+    fmt::print("# minbytes {} maxbytes {} step {} iters {} warmup {} check {}{}\n", opts_.min_bytes,
+               opts_.max_bytes, opts_.step_factor, opts_.iters, opts_.warmup, opts_.check ? 1 : 0,
+               opts_.quick ? " (quick)" : "");
     for (const auto& [type, b] : baselines_)
       fmt::print("# baseline: {} = {:.2f} {} (same run)\n", b.what, b.value, b.unit);
     for (const auto& n : op.notes) fmt::print("# {}\n", n);
@@ -315,10 +329,10 @@ int driver::report(const operation& op, int ranks, const std::vector<row>& rows)
       head2 = fmt::format("# {:>12} {:>12} {:>8} {:>10} {:>8} {:>8} {:>7} {:>7}", "(B)",
                           "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "", "");
     } else {
-      head1 = fmt::format("# {:>12} {:>10} {:>8} {:>10} {:>12} {:>10} {:>7} {:>7}", "size",
-                          "count", "type", "case", "time", "rate", "ratio", "#wrong");
-      head2 = fmt::format("# {:>12} {:>10} {:>8} {:>10} {:>12} {:>10} {:>7} {:>7}", "(B)", "",
-                          "", "", "(us)", fmt::format("({})", op.rate_unit), "", "");
+      head1 = fmt::format("# {:>12} {:>10} {:>8} {:>10} {:>12} {:>10} {:>7} {:>7}", "size", "count",
+                          "type", "case", "time", "rate", "ratio", "#wrong");
+      head2 = fmt::format("# {:>12} {:>10} {:>8} {:>10} {:>12} {:>10} {:>7} {:>7}", "(B)", "", "",
+                          "", "(us)", fmt::format("({})", op.rate_unit), "", "");
     }
     for (const auto& c : op.extra_columns) {
       head1 += fmt::format(" {:>10}", c);
@@ -329,21 +343,24 @@ int driver::report(const operation& op, int ranks, const std::vector<row>& rows)
     for (const auto& r : rows) {
       std::string line;
       if (transport) {
-        line = fmt::format("  {:>12} {:>12} {:>8} {:>10.1f} {:>8.2f} {:>8.2f} {:>7} {:>7.3f}",
-                           r.size, r.count, r.type, r.time_us, r.algbw, r.busbw,
-                           wrong_text(r.wrong), r.ratio);
+        line =
+            fmt::format("  {:>12} {:>12} {:>8} {:>10.1f} {:>8.2f} {:>8.2f} {:>7} {:>7.3f}", r.size,
+                        r.count, r.type, r.time_us, r.algbw, r.busbw, wrong_text(r.wrong), r.ratio);
         sum_bw += r.busbw;
       } else {
-        line = fmt::format("  {:>12} {:>10} {:>8} {:>10} {:>12.1f} {:>10.2f} {:>7.3f} {:>7}",
-                           r.size, r.count, r.type, r.label, r.time_us, r.rate, r.ratio,
-                           wrong_text(r.wrong));
+        line =
+            fmt::format("  {:>12} {:>10} {:>8} {:>10} {:>12.1f} {:>10.2f} {:>7.3f} {:>7}", r.size,
+                        r.count, r.type, r.label, r.time_us, r.rate, r.ratio, wrong_text(r.wrong));
         sum_bw += r.ratio;
       }
       for (double x : r.extra) line += fmt::format(" {:>10.5g}", x);
       fmt::print("{}\n", line);
     }
-    fmt::print("# Out of bounds values : {} {}\n", opts_.check ? fmt::format("{}", wrong_total) : "N/A",
-               !opts_.check ? "(check off)" : wrong_total ? "FAILED" : "OK");
+    fmt::print("# Out of bounds values : {} {}\n",
+               opts_.check ? fmt::format("{}", wrong_total) : "N/A",
+               !opts_.check  ? "(check off)"
+               : wrong_total ? "FAILED"
+                             : "OK");
     const double avg = rows.empty() ? 0.0 : sum_bw / static_cast<double>(rows.size());
     if (transport)
       fmt::print("# Avg bus bandwidth    : {:.3f}\n", avg);
@@ -371,19 +388,27 @@ int driver::report(const operation& op, int ranks, const std::vector<row>& rows)
     j["kind"] = transport ? "transport" : "compute";
     j["ranks"] = ranks;
     j["isa"] = eigen_isa();
-    j["options"] = {{"minbytes", opts_.min_bytes}, {"maxbytes", opts_.max_bytes},
-                    {"stepfactor", opts_.step_factor}, {"iters", opts_.iters},
-                    {"warmup_iters", opts_.warmup}, {"check", opts_.check}, {"quick", opts_.quick}};
+    j["options"] = {{"minbytes", opts_.min_bytes},
+                    {"maxbytes", opts_.max_bytes},
+                    {"stepfactor", opts_.step_factor},
+                    {"iters", opts_.iters},
+                    {"warmup_iters", opts_.warmup},
+                    {"check", opts_.check},
+                    {"quick", opts_.quick}};
     j["baselines"] = nlohmann::json::array();
     for (const auto& [type, b] : baselines_)
-      j["baselines"].push_back({{"type", type}, {"what", b.what}, {"value", b.value}, {"unit", b.unit}});
+      j["baselines"].push_back(
+          {{"type", type}, {"what", b.what}, {"value", b.value}, {"unit", b.unit}});
     j["notes"] = op.notes;
     j["ratio"] = op.ratio_meaning;
     if (!transport) j["rate_unit"] = op.rate_unit;
     j["rows"] = nlohmann::json::array();
     for (const auto& r : rows) {
-      nlohmann::json o = {{"size", r.size}, {"count", r.count}, {"type", r.type},
-                          {"time_us", r.time_us}, {"ratio", r.ratio}};
+      nlohmann::json o = {{"size", r.size},
+                          {"count", r.count},
+                          {"type", r.type},
+                          {"time_us", r.time_us},
+                          {"ratio", r.ratio}};
       if (transport) {
         o["algbw"] = r.algbw;
         o["busbw"] = r.busbw;

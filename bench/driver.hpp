@@ -8,7 +8,6 @@
 // -w/--warmup_iters -c/--check 0|1 -J/--json FILE --quick, and -t/--nthreads where the binary
 // runs ranks on threads. Sizes accept K/M/G suffixes (powers of 1024).
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -116,9 +115,9 @@ struct row {
   std::int64_t size = 0, count = 0;
   std::string type, label;
   double time_us = 0;
-  double algbw = 0, busbw = 0;  ///< transport (GB/s)
-  double rate = 0;              ///< compute (rate_unit)
-  double ratio = 0;             ///< busbw or rate over the baseline of this type
+  double algbw = 0, busbw = 0;        ///< transport (GB/s)
+  double rate = 0;                    ///< compute (rate_unit)
+  double ratio = 0;                   ///< busbw or rate over the baseline of this type
   std::optional<std::int64_t> wrong;  ///< empty with -c 0
   std::vector<double> extra;          ///< operation::extra_columns
 };

@@ -95,7 +95,8 @@ struct gpu_attention {
     o.name = "attention fwd+bwd";
     o.backend = "cuda";
     o.kind = bench::table_kind::compute;
-    o.variants = {{"bfloat16", "d=64"}, {"bfloat16", "d=128"}, {"float", "d=64"}, {"float", "d=128"}};
+    o.variants = {
+        {"bfloat16", "d=64"}, {"bfloat16", "d=128"}, {"float", "d=64"}, {"float", "d=128"}};
     o.size = [](std::int64_t bytes, std::size_t v, int) {
       const auto per_token = static_cast<std::int64_t>(hq * head_dim(v) * esz(v));
       const std::int64_t tokens = bytes / per_token;
@@ -136,8 +137,10 @@ struct gpu_attention {
       call.n_k_tiles = static_cast<int>(kt.size());
     };
     o.run = [this] {
-      if (int e = launch::attention_forward(call, stream); e && !error) error = e, error_call = "attention_forward";
-      if (int e = launch::attention_backward(call, stream); e && !error) error = e, error_call = "attention_backward";
+      if (int e = launch::attention_forward(call, stream); e && !error)
+        error = e, error_call = "attention_forward";
+      if (int e = launch::attention_backward(call, stream); e && !error)
+        error = e, error_call = "attention_backward";
     };
     o.sync = [this] {
       bench::cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -147,16 +150,17 @@ struct gpu_attention {
       // The backward does not change out, so out is the forward's.
       const bool bf16 = p.variant < 2;
       const int d = head_dim(p.variant);
-      const auto nq = static_cast<std::size_t>(s * hq * d), nkv = static_cast<std::size_t>(s * hkv * d);
+      const auto nq = static_cast<std::size_t>(s * hq * d),
+                 nkv = static_cast<std::size_t>(s * hkv * d);
       const auto q = download(call.q, nq, bf16), k = download(call.k, nkv, bf16),
                  v = download(call.v, nkv, bf16), out = download(call.out, nq, bf16);
       auto at = [](const std::vector<double>& x) {
         return [&x](std::int64_t i) { return x[static_cast<std::size_t>(i)]; };
       };
       // fp32 accumulation; storage rounding 2^-8 (bf16, 8 significant bits) or 2^-24.
-      return bench::attention_forward_wrong(s, hq, hkv, d, call.scale, at(q), at(k), at(v),
-                                            at(out), std::ldexp(1.0, -24),
-                                            std::ldexp(1.0, bf16 ? -8 : -24), 4);
+      return bench::attention_forward_wrong(s, hq, hkv, d, call.scale, at(q), at(k), at(v), at(out),
+                                            std::ldexp(1.0, -24), std::ldexp(1.0, bf16 ? -8 : -24),
+                                            4);
     };
     o.work = [](const bench::point& p) {
       const double fwd = 4.0 * static_cast<double>(p.count) * static_cast<double>(p.count) * hq *

@@ -15,7 +15,8 @@ namespace seqpar::bench {
 
 /// Throws backend_error naming the call when a CUDA runtime call fails.
 inline void cuda_ok(cudaError_t e, const char* call) {
-  if (e != cudaSuccess) throw backend_error(call, static_cast<int>(e), cudaGetErrorString(e), 0, "");
+  if (e != cudaSuccess)
+    throw backend_error(call, static_cast<int>(e), cudaGetErrorString(e), 0, "");
 }
 
 /// The no-GPU exit of every GPU benchmark: prints why and returns 77 (meson's SKIP), or -1

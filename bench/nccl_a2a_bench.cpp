@@ -69,9 +69,7 @@ struct device_alltoall {
       bench::cuda_ok(cudaMemcpy(send.p, host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
       counts.assign(static_cast<std::size_t>(p.ranks), per_peer);
     };
-    o.run = [this] {
-      comm.all_to_all(world, send.p, counts, recv.p, counts, dtype::f32);
-    };
+    o.run = [this] { comm.all_to_all(world, send.p, counts, recv.p, counts, dtype::f32); };
     o.sync = [this] { bench::cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); };
     o.check = [this](const bench::point& p, std::uint64_t seed) {
       std::vector<float> host(static_cast<std::size_t>(p.count));
@@ -133,8 +131,9 @@ int main(int argc, char** argv) {
       if (session.rank() == 0) rc = d.report(op, session.size(), rows);
       return static_cast<int>(group->sum(rc));
 #else
-      fail<config_error>("nccl_a2a_bench was built without MPI: the NCCL bootstrap needs it; "
-                         "rebuild with -Dmpi=enabled, or run without mpiexec (device-local)");
+      fail<config_error>(
+          "nccl_a2a_bench was built without MPI: the NCCL bootstrap needs it; "
+          "rebuild with -Dmpi=enabled, or run without mpiexec (device-local)");
 #endif
     }
     const int P = d.opts().threads;

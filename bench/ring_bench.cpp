@@ -94,8 +94,9 @@ struct ring_equivalence {
       return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
                              bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
     };
-    o.ratio_meaning = "SP step time / non-SP reference step time (same run); zigzag and "
-                      "contiguous: max/min causal work per ring rank";
+    o.ratio_meaning =
+        "SP step time / non-SP reference step time (same run); zigzag and "
+        "contiguous: max/min causal work per ring rank";
     o.notes = {"Hq=4 Hkv=2 d=32 hidden=64, 1 layer; size = tokens*hidden*8 B, count = tokens",
                "time: the SP step (U*R ranks as threads); #wrong: compared tensors outside "
                "tolerance"};

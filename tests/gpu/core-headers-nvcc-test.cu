@@ -54,10 +54,9 @@ int main() {
   std::int64_t host[n_values];
   core_values(host);
   // Known values, worked out from the definitions in ring_schedule.hpp (R = 4).
-  const std::int64_t ring_expected[4] = {
-      2, static_cast<std::int64_t>(seqpar::ring_section::upper),
-      static_cast<std::int64_t>(seqpar::ring_section::lower),
-      static_cast<std::int64_t>(seqpar::ring_section::full)};
+  const std::int64_t ring_expected[4] = {2, static_cast<std::int64_t>(seqpar::ring_section::upper),
+                                         static_cast<std::int64_t>(seqpar::ring_section::lower),
+                                         static_cast<std::int64_t>(seqpar::ring_section::full)};
   for (int i = 0; i < 4; ++i)
     if (host[i] != ring_expected[i]) {
       std::fprintf(stderr, "core-headers-nvcc: host value %d is %lld, expected %lld\n", i,
