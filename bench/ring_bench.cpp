@@ -77,7 +77,7 @@ struct ring_equivalence {
       ref_seconds += rep.reference_seconds;
       ++runs;
       failed = std::count_if(rep.rows.begin(), rep.rows.end(),
-                             [](const verify::compared_tensor& t) { return !t.pass; });
+                             [](const compared_tensor& t) { return !t.pass; });
       if (!rep.pass && failed == 0) failed = 1;  // a layout invariant, not a tensor row
     };
     o.check = [this](const bench::point&, std::uint64_t) { return failed; };
