@@ -7,7 +7,6 @@
 
 #include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
-#include "core/mutations.hpp"
 #include "core/rng.hpp"
 #include "core/zigzag.hpp"
 
@@ -109,7 +108,7 @@ collated_batch collate(const packed_batch& in, const collate_options& opt) {
   packed_batch b = in;
   const bool has_mask = b.attention_mask.has_value();
   if (!has_mask) b.attention_mask = std::vector<std::int64_t>(L, 1);
-  if (opt.profile == profile::veomni && !mutations().labels_shift_after_slice) {
+  if (opt.profile == profile::veomni) {
     // Shift on the whole packed row: labels = pad(labels[1:], (0,1), -100).
     std::rotate(b.labels.begin(), b.labels.begin() + 1, b.labels.end());
     b.labels.back() = ignore_index;
@@ -129,7 +128,7 @@ collated_batch collate(const packed_batch& in, const collate_options& opt) {
     // VeOmni pads input_ids with 0 whatever the tokenizer's pad id (its SP collator has no
     // pad-id parameter); xorl uses pad_token_id.
     b.input_ids.push_back(opt.profile == profile::xorl ? opt.pad_token_id : 0);
-    b.labels.push_back(mutations().wrong_pad_value ? 0 : ignore_index);
+    b.labels.push_back(ignore_index);
     b.attention_mask->push_back(1);
     // xorl: each 1024-token block of padding is its own fake document; veomni: every pad
     // token is a 1-token document (position 0), coalesced into one tail segment below.
@@ -174,11 +173,6 @@ collated_batch collate(const packed_batch& in, const collate_options& opt) {
       tail = pad;
     }
   }
-  if (mutations().cu_not_covering_padding && pad > 0) {
-    // Bug model: cu_seqlens stop at the unpadded length although the padding is attended.
-    while (cu.size() > 1 && cu[cu.size() - 2] >= L) cu.erase(cu.end() - 2);
-    cu.back() = static_cast<std::int32_t>(L);
-  }
   const std::int64_t maxlen = max_seqlen(cu);
 
   // Slicing: xorl ceil(N/C), veomni floor(N/U); N is a multiple of both.
@@ -190,11 +184,6 @@ collated_batch collate(const packed_batch& in, const collate_options& opt) {
     rb.cp_rank = r;
     rb.input_ids = slice(ids, r * chunk, chunk);
     rb.labels = slice(labels, r * chunk, chunk);
-    if (opt.profile == profile::veomni && mutations().labels_shift_after_slice) {
-      // Bug model: the shift applied to each rank's slice instead of the whole row.
-      std::rotate(rb.labels.begin(), rb.labels.begin() + 1, rb.labels.end());
-      rb.labels.back() = ignore_index;
-    }
     rb.position_ids = opt.profile == profile::veomni ? slice(pos, r * chunk, chunk) : pos;
     if (has_mask) rb.attention_mask = mask;
     rb.cu_seqlens = cu;

@@ -4,7 +4,6 @@
 #include <limits>
 
 #include "core/cu_seqlens.hpp"
-#include "core/mutations.hpp"
 #include "core/ring_schedule.hpp"
 
 namespace seqpar {
@@ -36,14 +35,8 @@ class ring_attention final : public inner_attention {
     if (s_.padded_length % R_ != 0)
       fail<shape_error>("ring: padded length {} is not divisible by ring={}", s_.padded_length, R_);
     rows_ = s_.padded_length / R_;
-    const auto& m = mutations();
-    if (s_.zigzag) {
-      // Each ring rank holds len/R rows of every document: local cu = cu // R.
-      local_cu_ = m.no_ring_scaling ? s_.cu_global : scale_cu_seqlens_for_ring(s_.cu_global, R_);
-      if (m.cu_from_zigzag_ids && !s_.zigzag_position_ids.empty())
-        local_cu_ = scale_cu_seqlens_for_ring(
-            cu_seqlens_from_position_ids(s_.zigzag_position_ids), R_);
-    }
+    // Each ring rank holds len/R rows of every document: local cu = cu // R.
+    if (s_.zigzag) local_cu_ = scale_cu_seqlens_for_ring(s_.cu_global, R_);
   }
 
   void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out, tensor& lse,
@@ -96,9 +89,7 @@ class ring_attention final : public inner_attention {
     call.docs.cu_q = {0};
     call.docs.cu_k = {0};
     if (s_.zigzag) {
-      ring_section sec = zigzag_section(r_, step, R_);
-      if (mutations().ring_section_off_by_one && step > 0)
-        sec = src < r_ - 1 ? ring_section::lower : ring_section::upper;
+      const ring_section sec = zigzag_section(r_, step, R_);
       const auto docs = doc_ranges(local_cu_);
       switch (sec) {
         case ring_section::diagonal:
@@ -167,27 +158,9 @@ class ring_attention final : public inner_attention {
     c_.scatter_rows(l_new, l, call.q_rows);
   }
 
-  /// acc ⊕ new. Stable softplus form; the mutation models the naive exp-sum merge.
+  /// acc ⊕ new (online-softmax merge, SEMANTICS.md §4).
   void merge(tensor& out, tensor& lse, const tensor& o_new, const tensor& l_new) {
-    if (!mutations().merge_without_max) {
-      c_.lse_merge(out, lse, o_new, l_new);
-      return;
-    }
-    auto oa = c_.to_host(out), la = c_.to_host(lse);
-    const auto on = c_.to_host(o_new), ln = c_.to_host(l_new);
-    const auto d = static_cast<std::size_t>(out.shape[2]);
-    const bool f32 = out.type == dtype::f32;
-    auto ex = [f32](double x) { return f32 ? static_cast<double>(std::exp(static_cast<float>(x))) : std::exp(x); };
-    for (std::size_t i = 0; i < la.size(); ++i) {
-      const double wa = ex(la[i]), wn = ex(ln[i]);
-      for (std::size_t j = 0; j < d; ++j) {
-        const double num = f32 ? static_cast<double>(static_cast<float>(oa[i * d + j] * wa + on[i * d + j] * wn)) : oa[i * d + j] * wa + on[i * d + j] * wn;
-        oa[i * d + j] = num / (wa + wn);
-      }
-      la[i] = std::log(wa + wn);
-    }
-    out = c_.from_host(out.type, out.shape, oa);
-    lse = c_.from_host(lse.type, lse.shape, la);
+    c_.lse_merge(out, lse, o_new, l_new);
   }
 
   /// Sends `msgs` to ring rank r+1 and receives the same shapes from r−1.

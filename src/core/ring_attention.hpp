@@ -31,9 +31,6 @@ struct ring_setup {
   std::vector<std::int32_t> cu_global;
   std::int64_t padded_length = 0;  ///< N; each ring rank holds N/R rows
   double scale = 1.0;
-  /// The collator's full, zigzagged position ids (used only by the cu-from-zigzagged-ids
-  /// mutation, which models that bug).
-  std::vector<std::int64_t> zigzag_position_ids;
 };
 
 /// Ring attention over `setup.group`, written once over communicator + compute: per step the

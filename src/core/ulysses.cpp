@@ -4,8 +4,6 @@
 
 #include <numeric>
 
-#include "core/mutations.hpp"
-
 namespace seqpar {
 
 void local_attention::forward(const tensor& q, const tensor& k, const tensor& v, tensor& out,
@@ -39,13 +37,6 @@ tensor gather_seq_scatter_heads(communicator& comm, compute& c, const comm_group
   const auto counts = ulysses_counts(geo);
   comm.all_to_all(g, wire.data, counts.send_counts, full.data, counts.recv_counts, x.type,
                   {tag, x.shape, full.shape});
-  if (mutations().a2a_off_by_one && U > 1) {
-    // Bug model: the block received from peer p is taken as peer p+1's.
-    std::vector<std::int64_t> rows(static_cast<std::size_t>(full.shape[0]));
-    for (std::int64_t i = 0; i < full.shape[0]; ++i)
-      rows[static_cast<std::size_t>(i)] = (i + geo.s_local) % full.shape[0];
-    full = c.gather_rows(full, rows);
-  }
   return full;
 }
 
@@ -67,16 +58,7 @@ tensor gather_heads_scatter_seq(communicator& comm, compute& c, const comm_group
 
 tensor repeat_kv(compute& c, const tensor& x, int rep) {
   if (rep == 1) return x;
-  if (!mutations().kv_repeat_blockwise) return c.repeat_heads(x, rep);
-  // Bug model: tile the heads ([k0,k1,k0,k1]) instead of repeat_interleave ([k0,k0,k1,k1]).
-  const auto S = x.shape[0];
-  const auto H = x.shape[1];
-  tensor inter = c.repeat_heads(x, rep);  // [S, H·rep, D], head e = original e / rep
-  tensor flat = inter.reshaped({S * H * rep, x.shape[2]});
-  std::vector<std::int64_t> rows;
-  for (std::int64_t s = 0; s < S; ++s)
-    for (std::int64_t e = 0; e < H * rep; ++e) rows.push_back((s * H + e % H) * rep);
-  return c.gather_rows(flat, rows).reshaped(inter.shape);
+  return c.repeat_heads(x, rep);
 }
 
 tensor sum_repeated_kv(compute& c, const tensor& dx, int rep) {

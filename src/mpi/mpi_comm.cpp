@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -188,24 +187,6 @@ void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) {
   if (n != 0 && dst != src) std::memmove(dst, src, n);
 }
 
-struct hook {
-  int rank = -1;
-  std::string tag;
-  bool fired = false;
-};
-
-hook parse_hook(const char* var) {
-  hook h;
-  const char* v = std::getenv(var);
-  if (!v || !*v) return h;
-  const std::string s(v);
-  const auto colon = s.find(':');
-  if (colon == std::string::npos) return h;
-  h.rank = std::atoi(s.substr(0, colon).c_str());
-  h.tag = s.substr(colon + 1);
-  return h;
-}
-
 }  // namespace
 
 struct mpi_communicator::impl {
@@ -218,7 +199,6 @@ struct mpi_communicator::impl {
   mpi_options opt;
   MPI_Comm world = MPI_COMM_NULL;
   std::map<std::string, group_entry> groups;
-  hook die_at, throw_at;
 
   ~impl() {
     if (!mpi_active()) return;
@@ -237,8 +217,6 @@ mpi_communicator::mpi_communicator(mpi_options opt) : impl_(std::make_unique<imp
   check_mpi(MPI_Comm_rank(impl_->world, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(impl_->world, &size_), "MPI_Comm_size");
   host_ = processor_name();
-  impl_->die_at = parse_hook("SEQPAR_TEST_DIE_AT");
-  impl_->throw_at = parse_hook("SEQPAR_TEST_THROW_AT");
 }
 
 mpi_communicator::~mpi_communicator() = default;
@@ -337,28 +315,11 @@ void validate(const comm_group& g, std::int64_t seq, const std::string& tag,
 
 namespace {
 
-// Fires the test hooks, resolves the group (creating its MPI communicator on first use) and,
-// with verify_calls, exchanges and validates the call descriptors.
+// Resolves the group (creating its MPI communicator on first use) and, with verify_calls,
+// exchanges and validates the call descriptors.
 call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, int world_size,
                    const std::string& tag, const descriptor& mine,
                    std::span<const p2p_op> ops) {
-  // Test hooks first: a rank that dies or throws here leaves the others inside the next
-  // collective, which is exactly the situation the never-hang tests need.
-  auto fires = [&](hook& h) {
-    return !h.fired && h.rank == rank && (h.tag == "*" || h.tag == tag);
-  };
-  if (fires(im.die_at)) {
-    im.die_at.fired = true;
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::raise(SIGKILL);
-  }
-  if (fires(im.throw_at)) {
-    im.throw_at.fired = true;
-    fail<error>("test hook SEQPAR_TEST_THROW_AT: rank {} throws at {} ({}) on group '{}'", rank,
-                op_name(mine.op), tag, g.name);
-  }
-
   auto it = im.groups.find(g.name);
   if (it == im.groups.end()) {
     auto sorted = g.ranks;

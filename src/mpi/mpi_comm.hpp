@@ -72,10 +72,6 @@ struct mpi_options {
 ///
 /// Errors: MPI_ERRORS_RETURN on every communicator; a failed MPI call throws backend_error
 /// naming the call, the MPI error string, this rank and its host.
-///
-/// Test hooks (hidden, for the never-hang tests): SEQPAR_TEST_DIE_AT=R:TAG makes world rank R
-/// raise SIGKILL at its first call tagged TAG; SEQPAR_TEST_THROW_AT=R:TAG makes it throw
-/// seqpar::error there. TAG `*` matches any call.
 class mpi_communicator : public communicator {
  public:
   explicit mpi_communicator(mpi_options opt = {});

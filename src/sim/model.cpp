@@ -8,7 +8,6 @@
 #include <limits>
 
 #include "core/error.hpp"
-#include "core/mutations.hpp"
 #include "core/rng.hpp"
 
 namespace seqpar::sim {
@@ -495,12 +494,10 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s,
       off += static_cast<std::size_t>(v.size());
     }
   }
-  const bool avg_bug = mutations().grad_sync_avg;
   const auto reduce = [&](const comm_group& g, double divide, const char* tag) {
     if (g.size() > 1) comm.all_reduce(g, flat.data(), total, dtype_of<T>(), {tag, {total}, {total}});
-    const double d = avg_bug ? static_cast<double>(g.size()) : divide;
-    if (d != 1.0) {
-      const T inv = static_cast<T>(d);
+    if (divide != 1.0) {
+      const T inv = static_cast<T>(divide);
       for (auto& e : flat) e /= inv;
     }
   };

@@ -111,8 +111,7 @@ struct step_output {
 /// reduced in f64 (CE per token is computed in T and summed in double); no NaN for N = 0.
 /// Gradient sync: one flat T buffer of every gradient, SUM over env.fsdp_group ("grad.fsdp"),
 /// ÷ env.fsdp_divide, then SUM over env.sp_grad_sync_group ("grad.sp_sync"); a collective over a
-/// group of size 1 is skipped (the division is kept). mutations().grad_sync_avg divides each
-/// reduction by its group size instead (the AVG bug). Attention collectives are tagged
+/// group of size 1 is skipped (the division is kept). Attention collectives are tagged
 /// "L{l}.attn.*" by ulysses_forward/backward.
 ///
 /// Deterministic (single thread, fixed order); activations kept are O(tokens·(hidden +

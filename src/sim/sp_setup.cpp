@@ -77,7 +77,6 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s,
     rs.cu_global = cu;
     rs.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
     rs.padded_length = cb.padded_length;
-    rs.zigzag_position_ids = cb.ranks.front().position_ids;
     env.make_inner = [rs, &comm](compute& c) { return make_ring_attention(comm, c, rs); };
   }
   return env;

@@ -106,17 +106,21 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
   return out;
 }
 
-/// The SP step of cp rank comm.rank() (the fault wrapper and the recorder as the options say).
+/// The SP step of cp rank comm.rank() (the fault wrapper, the seams and the recorder as the
+/// options say).
 template <class T>
 step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
                             const model_params<T>& p, const check_options& opt) {
-  eigen_compute comp(opt.naive_attention);
+  std::unique_ptr<compute> comp = std::make_unique<eigen_compute>(opt.naive_attention);
+  if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp));
   const int k = comm.rank();
   std::optional<faulty_communicator> faulty;
   communicator* link = &comm;
   if (opt.fault.kind != fault_kind::none) link = &faulty.emplace(comm, opt.fault);
+  std::unique_ptr<communicator> wrapped;
+  if (opt.wrap_communicator) link = (wrapped = opt.wrap_communicator(*link)).get();
   if (opt.recorder) link->set_recorder(opt.recorder);
-  sp_env env = cp_rank_env(*link, comp, s, cb);
+  sp_env env = cp_rank_env(*link, *comp, s, cb);
   return train_step(p, s, rank_input(s, cb, k), env);
 }
 
@@ -217,8 +221,8 @@ check_report run_typed(const scenario& s, const check_options& opt) {
     if (opt.progress) opt.progress(line);
   };
   const packed_batch batch = make_batch(s);
-  const collated_batch cb =
-      collate(batch, options_of(s));
+  collated_batch cb = collate(batch, options_of(s));
+  if (opt.transform_collated) opt.transform_collated(cb);
   rep.warnings = cb.warnings;
   const auto p64 = model_params<double>::init(s);
 
@@ -296,7 +300,8 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
   };
   // Every process collates the same batch (deterministic) and keeps its own rank's tokens.
   const packed_batch batch = make_batch(s);
-  const collated_batch cb = collate(batch, options_of(s));
+  collated_batch cb = collate(batch, options_of(s));
+  if (opt.transform_collated) opt.transform_collated(cb);
   rep.warnings = cb.warnings;
   const auto p64 = model_params<double>::init(s);
   const auto p = p64.template cast<T>();

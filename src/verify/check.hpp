@@ -1,11 +1,14 @@
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/collate.hpp"
 #include "core/communicator.hpp"
 #include "core/compare.hpp"
+#include "core/compute.hpp"
 #include "core/dtype.hpp"
 #include "core/scenario.hpp"
 #include "sim/faulty_comm.hpp"
@@ -20,6 +23,21 @@ struct check_options {
   comm_recorder* recorder = nullptr;  ///< records every collective of the SP run
   /// Corrupt one transport call of the SP run (tests of the checker itself).
   fault_spec fault;
+
+  // Seams of the SP side, for checking the checker (tests/support injects plausible bugs
+  // through them and expects the check to fail) and for what-if experiments. All empty in
+  // normal runs; the non-SP reference never sees them.
+
+  /// Applied to the collated batch right after collation, before any SP rank runs; the layout
+  /// rows judge the transformed batch.
+  std::function<void(collated_batch&)> transform_collated;
+  /// Given each SP rank's compute backend, returns the one that rank uses (e.g. a decorator
+  /// forwarding to it). Called once per rank, on that rank's thread or process.
+  std::function<std::unique_ptr<compute>(std::unique_ptr<compute>)> wrap_compute;
+  /// Given each SP rank's communicator (after the fault injector, if any), returns the one its
+  /// training step uses; the wrapper must forward to it. Called once per rank. The distributed
+  /// check's own gathers (rows to rank 0, the verdict) bypass it.
+  std::function<std::unique_ptr<communicator>(communicator&)> wrap_communicator;
 };
 
 struct check_report {

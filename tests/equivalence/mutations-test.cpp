@@ -1,20 +1,24 @@
-// The equivalence check must catch plausible SP bugs: each mutation (a test-only switch in the
-// core, or a fault injected into the transport) makes `seqpar check` fail, and the same
-// scenario passes without it.
+// The equivalence check must catch plausible SP bugs: each one, injected from the test side
+// through check_options' seams (tests/support/bugs.hpp) or as a transport fault, makes
+// `seqpar check` fail on the rows it corrupts, and the same scenario passes without it.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
-#include <functional>
+#include <set>
+#include <string>
 
-#include "core/mutations.hpp"
 #include "core/ring_attention.hpp"
 #include "sim/eigen_compute.hpp"
-#include "verify/check.hpp"
 #include "sim/inproc_comm.hpp"
+#include "support/bugs.hpp"
+#include "verify/check.hpp"
 
 namespace {
 
 using namespace seqpar;
+using namespace seqpar::test;
 
 scenario make(int U, int R, int hq, int hkv, std::vector<std::int64_t> docs,
               profile p = profile::xorl) {
@@ -33,69 +37,116 @@ scenario make(int U, int R, int hq, int hkv, std::vector<std::int64_t> docs,
   return s;
 }
 
-/// Runs the check with `bug` switched on; restores the switches. A thrown error also counts as
-/// caught (the run could not even complete).
-bool caught(const scenario& s, const std::function<void(mutation_switches&)>& bug,
-            verify::check_options opt = {}) {
-  const auto clean = verify::run_check(s, opt);
-  EXPECT_TRUE(clean.pass) << "the scenario must pass without the bug";
-  bug(mutations());
-  bool failed;
+/// The rows a check fails, or {"error"} when the run could not even complete (a thrown error
+/// also counts as caught).
+std::set<std::string> failing_rows(const scenario& s, const verify::check_options& opt) {
+  std::set<std::string> rows;
   try {
-    failed = !verify::run_check(s, opt).pass;
-  } catch (const error&) {
-    failed = true;
+    for (const auto& r : verify::run_check(s, opt).rows)
+      if (!r.pass) rows.insert(r.tensor);
+  } catch (const error& e) {
+    rows.insert("error");
   }
-  mutations() = mutation_switches{};
-  return failed;
+  return rows;
+}
+
+/// Runs the check without the bug (it must pass) and with it; returns the buggy run's failing
+/// rows (empty = the bug went unnoticed).
+std::set<std::string> caught(const scenario& s, const verify::check_options& bug) {
+  EXPECT_TRUE(failing_rows(s, {}).empty()) << "the scenario must pass without the bug";
+  return failing_rows(s, bug);
+}
+
+std::string str(const std::set<std::string>& rows) {
+  return rows.empty() ? "nothing failed" : fmt::format("failed: {}", fmt::join(rows, " "));
+}
+
+verify::check_options collated(void (*bug)(collated_batch&)) {
+  verify::check_options o;
+  o.transform_collated = bug;
+  return o;
 }
 
 TEST(mutations, avg_instead_of_sum_in_gradient_sync) {
-  EXPECT_TRUE(caught(make(2, 2, 4, 2, {8, 16}), [](auto& m) { m.grad_sync_avg = true; }));
+  verify::check_options bug;
+  bug.wrap_communicator = wrap_communicator_in<grad_sync_averaged>();
+  auto expect_grads_only = [](const std::set<std::string>& rows) {
+    EXPECT_TRUE(rows.count("grad.lm_head") && rows.count("grad.embed")) << str(rows);
+    EXPECT_FALSE(rows.count("loss") || rows.count("logits")) << str(rows);
+  };
+  expect_grads_only(caught(make(2, 2, 4, 2, {8, 16}), bug));
   auto s = make(2, 2, 4, 2, {8, 16});
   s.cp_fsdp_mode = "none";
-  EXPECT_TRUE(caught(s, [](auto& m) { m.grad_sync_avg = true; }));
+  expect_grads_only(caught(s, bug));
   // (VeOmni averages in FSDP by design and multiplies its loss gradient by P to undo it, so
   // an AVG there is not a bug; the xorl cases above cover the SUM rule.)
 }
 
 TEST(mutations, labels_shifted_after_slicing) {
-  EXPECT_TRUE(caught(make(4, 1, 8, 2, {9, 14, 3}, profile::veomni),
-                     [](auto& m) { m.labels_shift_after_slice = true; }));
+  const auto rows =
+      caught(make(4, 1, 8, 2, {9, 14, 3}, profile::veomni), collated(shift_labels_after_slicing));
+  EXPECT_TRUE(rows.count("loss")) << str(rows);
+  EXPECT_FALSE(rows.count("logits")) << "labels do not change the forward: " << str(rows);
 }
 
 TEST(mutations, wrong_pad_value) {
-  EXPECT_TRUE(caught(make(4, 1, 8, 2, {9, 14}), [](auto& m) { m.wrong_pad_value = true; }));
+  const auto rows = caught(make(4, 1, 8, 2, {9, 14}), collated(pad_labels_with_zero));
+  EXPECT_TRUE(rows.count("loss")) << str(rows);
+  EXPECT_FALSE(rows.count("logits")) << str(rows);
 }
 
 TEST(mutations, kv_heads_repeated_blockwise_instead_of_interleaved) {
-  EXPECT_TRUE(caught(make(4, 1, 8, 2, {9, 15}), [](auto& m) { m.kv_repeat_blockwise = true; }));
+  verify::check_options bug;
+  bug.wrap_compute = wrap_compute_in<kv_heads_repeated_blockwise>();
+  const auto rows = caught(make(4, 1, 8, 2, {9, 15}), bug);
+  EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
 
 TEST(mutations, cu_seqlens_not_covering_padding) {
-  EXPECT_TRUE(caught(make(4, 1, 8, 2, {9, 14}), [](auto& m) { m.cu_not_covering_padding = true; }));
+  const auto rows = caught(make(4, 1, 8, 2, {9, 14}), collated(cu_seqlens_stop_before_padding));
+  EXPECT_TRUE(rows.count("layout.uncovered_tokens")) << str(rows);
 }
 
 TEST(mutations, off_by_one_in_the_all_to_all_plan) {
-  EXPECT_TRUE(caught(make(2, 1, 4, 2, {7, 9}), [](auto& m) { m.a2a_off_by_one = true; }));
+  verify::check_options bug;
+  bug.wrap_communicator = wrap_communicator_in<all_to_all_blocks_one_peer_off>();
+  const auto rows = caught(make(2, 1, 4, 2, {7, 9}), bug);
+  EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
 
+// Section logic off by one ring rank, injected from the transport side: the ring's peers one
+// rank too far (r±2), so at step 1 rank r holds the KV of r−2 while its zigzag section
+// (diagonal / lower / upper) was decided for r−1 (see ring_peers_off_by_one).
 TEST(mutations, ring_section_logic_off_by_one) {
-  EXPECT_TRUE(caught(make(1, 4, 2, 2, {16, 8}), [](auto& m) { m.ring_section_off_by_one = true; }));
+  verify::check_options bug;
+  bug.wrap_communicator = wrap_communicator_in<ring_peers_off_by_one>(std::string(".ring."));
+  const auto rows = caught(make(1, 4, 2, 2, {16, 8}), bug);
+  EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
 
 TEST(mutations, cu_seqlens_from_zigzagged_position_ids) {
-  EXPECT_TRUE(caught(make(2, 2, 4, 2, {8, 16}), [](auto& m) { m.cu_from_zigzag_ids = true; }));
+  const auto rows =
+      caught(make(2, 2, 4, 2, {8, 16}), collated(ring_cu_seqlens_from_zigzagged_ids));
+  EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
 
 TEST(mutations, missing_ring_scaling_of_cu_seqlens) {
-  EXPECT_TRUE(caught(make(1, 2, 2, 2, {8, 4}), [](auto& m) { m.no_ring_scaling = true; }));
+  // Unscaled cu_seqlens overrun a ring rank's N/R rows: attention rejects them (error) or, where
+  // they fit, attends across the wrong rows (logits).
+  const auto rows = caught(make(1, 2, 2, 2, {8, 4}), collated(ring_cu_seqlens_unscaled));
+  EXPECT_TRUE(rows.count("error") || rows.count("logits")) << str(rows);
 }
 
 TEST(mutations, ring_backward_variants_catch_section_bugs_too) {
+  // The ring backward alone goes wrong (its KV and dK/dV travel to the wrong neighbours): the
+  // forward stays exact, the gradients do not.
   auto s = make(2, 3, 4, 2, {12, 6});
   s.ring_backward = "ring";
-  EXPECT_TRUE(caught(s, [](auto& m) { m.ring_section_off_by_one = true; }));
+  verify::check_options bug;
+  bug.wrap_communicator = wrap_communicator_in<ring_peers_off_by_one>(std::string(".ring.bwd."));
+  const auto rows = caught(s, bug);
+  EXPECT_FALSE(rows.count("logits") || rows.count("loss")) << str(rows);
+  EXPECT_TRUE(rows.count("grad.L0.wk") && rows.count("grad.L0.wq")) << str(rows);
 }
 
 /// Ring attention alone, with scores large enough that exp(lse) overflows float32: the stable
@@ -103,7 +154,7 @@ TEST(mutations, ring_backward_variants_catch_section_bugs_too) {
 TEST(mutations, merge_without_max_subtraction_overflows_in_f32) {
   const int R = 2, H = 1, D = 4;
   const std::int64_t N = 16, rows = N / R;
-  auto run = [&]() {
+  auto run = [&](bool naive_merge) {
     std::vector<std::vector<double>> outs(R);
     std::vector<double> q(N * H * D), k(N * H * D), v(N * H * D);
     for (std::size_t i = 0; i < q.size(); ++i) {
@@ -114,7 +165,9 @@ TEST(mutations, merge_without_max_subtraction_overflows_in_f32) {
     // Reference: one rank, causal over the whole (zigzag-ordered) sequence is not comparable
     // directly, so compare the ring result across merge variants at float64 instead.
     run_ranks(R, [&](communicator& comm) {
-      sim::eigen_compute c;
+      std::unique_ptr<compute> base = std::make_unique<sim::eigen_compute>();
+      if (naive_merge) base = std::make_unique<merge_without_max_subtraction>(std::move(base));
+      compute& c = *base;
       const int r = comm.rank();
       ring_setup rs;
       rs.group = {"ring0", {0, 1}};
@@ -132,14 +185,12 @@ TEST(mutations, merge_without_max_subtraction_overflows_in_f32) {
     });
     return outs;
   };
-  const auto good = run();
+  const auto good = run(false);
   bool finite = true;
   for (const auto& o : good)
     for (double x : o) finite = finite && std::isfinite(x);
   EXPECT_TRUE(finite) << "the stable merge must not overflow";
-  mutations().merge_without_max = true;
-  const auto bad = run();
-  mutations() = mutation_switches{};
+  const auto bad = run(true);
   double diff = 0;
   for (int r = 0; r < R; ++r)
     for (std::size_t i = 0; i < good[r].size(); ++i)

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # `seqpar check --backend mpi` under mpiexec: the same rows as --backend sim (bitwise: both sum
 # in group order), exit 2 with the fix when P != U·R, and no hang when a rank throws or dies.
-# Usage: check-mpi-test.sh path/to/seqpar path/to/mpiexec
+# The failing ranks run the same distributed check in failing_rank_check, whose communicator
+# wrapper throws or raises SIGKILL at a chosen call (tests/support/failing_comm.hpp).
+# Usage: check-mpi-test.sh path/to/seqpar path/to/mpiexec path/to/failing_rank_check
 set -u
 seqpar=$1
 mpiexec=${2:-mpiexec}
+failing=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -75,19 +78,19 @@ expect_exit 2 "--dtype 'f16' is unknown" 2 -- check --backend mpi --ulysses 2 --
 # A rank that throws mid-run: it prints the error naming itself and aborts the job (MPI_Abort),
 # the other ranks do not wait in the collective.
 t0=$(date +%s)
-out=$(SEQPAR_TEST_THROW_AT=1:loss.sum timeout 60 "$mpiexec" -n 2 "$seqpar" check --backend mpi -q \
+out=$(timeout 60 "$mpiexec" -n 2 "$failing" --throw-at 1:loss.sum \
   --ulysses 2 --ring 1 --layers 1 --docs 9,6 --heads 4 --kv-heads 2 2>&1)
 rc=$?
 dt=$(( $(date +%s) - t0 ))
 echo "throwing rank: exit $rc after ${dt} s"
 if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$dt" -gt 20 ] ||
-   [[ "$out" != *"seqpar: error: rank 1 on "*"test hook SEQPAR_TEST_THROW_AT: rank 1 throws at all_reduce (loss.sum)"* ]]; then
+   [[ "$out" != *"seqpar: error: rank 1 on "*"injected failure: rank 1 throws at all_reduce (loss.sum)"* ]]; then
   fail "throwing rank: exit $rc after ${dt} s: $(head -8 <<< "$out")"
 else ok; fi
 
 # A rank killed by SIGKILL mid-run (n = 4, inside the hybrid step): mpiexec ends the job.
 t0=$(date +%s)
-out=$(SEQPAR_TEST_DIE_AT=3:loss.sum timeout 60 "$mpiexec" -n 4 "$seqpar" check --backend mpi -q \
+out=$(timeout 60 "$mpiexec" -n 4 "$failing" --die-at 3:loss.sum \
   --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1 2>&1)
 rc=$?
 dt=$(( $(date +%s) - t0 ))

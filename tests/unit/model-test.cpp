@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/mutations.hpp"
 #include "core/rng.hpp"
 #include "core/scenario.hpp"
 #include "core/ulysses.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
+#include "support/bugs.hpp"
 
 namespace {
 
@@ -441,14 +441,18 @@ rank_tokens_input slice(const rank_tokens_input& in, std::size_t begin, std::siz
 /// Runs U Ulysses ranks (one loss/FSDP group {0..U-1}), rank r holding tokens [r·S/U, (r+1)·S/U).
 std::vector<sim::step_output<double>> ulysses_steps(const sim::model_params<double>& p,
                                                     const scenario& s, const rank_tokens_input& in,
-                                                    int U, profile prof) {
+                                                    int U, profile prof,
+                                                    bool grad_sync_avg_bug = false) {
   std::vector<sim::step_output<double>> outs(static_cast<std::size_t>(U));
   const std::size_t chunk = in.input_ids.size() / static_cast<std::size_t>(U);
   std::vector<int> ranks(static_cast<std::size_t>(U));
   std::iota(ranks.begin(), ranks.end(), 0);
-  run_ranks(U, [&](communicator& comm) {
+  run_ranks(U, [&](communicator& world) {
     sim::eigen_compute comp;
-    const int r = comm.rank();
+    const int r = world.rank();
+    // The AVG bug: gradient all_reduces divided by the group size (tests/support/bugs.hpp).
+    test::grad_sync_averaged avg(world);
+    communicator& comm = grad_sync_avg_bug ? avg : world;
     auto env = make_env(comm, comp, s, prof, {"ulysses0", ranks}, {"dp_sp0", ranks},
                         cu_of(s.docs));
     outs[static_cast<std::size_t>(r)] =
@@ -536,11 +540,6 @@ TEST(model_sp, sp_grad_sync_sums_over_its_group) {
   expect_same_step(outs, ref, 1e-10, "sp_grad_sync");
 }
 
-struct grad_sync_avg_bug {
-  grad_sync_avg_bug() { mutations().grad_sync_avg = true; }
-  ~grad_sync_avg_bug() { mutations().grad_sync_avg = false; }
-};
-
 TEST(model_sp, grad_sync_avg_mutation_is_caught) {
   scenario s = tiny_scenario(1);
   s.docs = {5, 3};
@@ -548,11 +547,7 @@ TEST(model_sp, grad_sync_avg_mutation_is_caught) {
   const auto p = sim::model_params<double>::init(s);
   const auto in = tiny_tokens(s);
   const auto ref = single_step(p, s, in, profile::xorl);
-  std::vector<sim::step_output<double>> outs;
-  {
-    grad_sync_avg_bug bug;
-    outs = ulysses_steps(p, s, in, 2, profile::xorl);
-  }
+  const auto outs = ulysses_steps(p, s, in, 2, profile::xorl, /*grad_sync_avg_bug=*/true);
   // AVG halves every synced gradient.
   for (std::size_t i = 0; i < ref.grads.size(); ++i)
     EXPECT_LE(normwise(outs[0].grads.values[i] * 2.0, ref.grads.values[i]), 1e-10)

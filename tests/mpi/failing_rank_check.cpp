@@ -1,0 +1,50 @@
+// `seqpar check --backend mpi` with one rank that fails mid-step, for the never-hang tests
+// (check-mpi-test.sh): the same distributed check (verify::check_mpi) over a communicator that
+// throws or SIGKILLs itself at a chosen call (tests/support/failing_comm.hpp).
+//
+//   mpiexec -n P failing_rank_check (--throw-at | --die-at) RANK:TAG[:N] [scenario flags]
+//
+// Exit codes as seqpar check's: 0 pass, 1 a difference, 2 invalid input or a failed rank.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <memory>
+#include <string>
+
+#include "core/error.hpp"
+#include "scenario_flags.hpp"
+#include "support/failing_comm.hpp"
+#include "verify/check_mpi.hpp"
+
+int main(int argc, char** argv) {
+  using namespace seqpar;
+  CLI::App app("runs the MPI check with one failing rank");
+  cli::scenario_flags flags;
+  flags.add_to(app);
+  std::string throw_at, die_at;
+  app.add_option("--throw-at", throw_at, "RANK:TAG[:N]: that rank throws seqpar::error there");
+  app.add_option("--die-at", die_at, "RANK:TAG[:N]: that rank raises SIGKILL on itself there");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    if (throw_at.empty() == die_at.empty())
+      fail<config_error>("give exactly one of --throw-at and --die-at");
+    const auto spec =
+        throw_at.empty() ? test::parse_failure(test::failure_spec::action::kill, die_at)
+                         : test::parse_failure(test::failure_spec::action::throw_error, throw_at);
+    verify::check_options opt;
+    opt.wrap_communicator = [spec](communicator& inner) -> std::unique_ptr<communicator> {
+      return std::make_unique<test::failing_communicator>(inner, spec);
+    };
+    return verify::check_mpi([&](verify::check_options&) { return flags.resolve(); }, opt,
+                             [](const verify::check_report& rep) {
+                               fmt::print("{}\n", rep.pass ? "PASS" : "FAIL");
+                             });
+  } catch (const error& e) {
+    fmt::print(stderr, "failing_rank_check: error: {}\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,175 @@
+#include "support/bugs.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/cu_seqlens.hpp"
+#include "core/error.hpp"
+#include "core/layout.hpp"
+
+namespace seqpar::test {
+
+// ---- collation
+
+void shift_labels_after_slicing(collated_batch& cb) {
+  if (cb.options.profile != profile::veomni)
+    fail<config_error>("shift_labels_after_slicing models VeOmni's collator (profile veomni)");
+  // The unshifted labels of global token t are the shifted ones of token t−1; a slice's first
+  // unshifted label comes from the previous rank's last shifted label (rank 0's is rotated out
+  // below, so any value does).
+  std::int64_t carried = ignore_index;
+  for (auto& rb : cb.ranks) {
+    std::vector<std::int64_t> unshifted(rb.labels.size());
+    for (std::size_t j = 0; j < unshifted.size(); ++j)
+      unshifted[j] = j == 0 ? carried : rb.labels[j - 1];
+    carried = rb.labels.back();
+    // The bug: shift the slice on its own, labels = pad(slice[1:], (0,1), -100).
+    std::rotate(unshifted.begin(), unshifted.begin() + 1, unshifted.end());
+    unshifted.back() = ignore_index;
+    rb.labels = std::move(unshifted);
+  }
+}
+
+void pad_labels_with_zero(collated_batch& cb) {
+  const auto L = cb.original_length;
+  for (std::size_t i = static_cast<std::size_t>(L); i < cb.padded.labels.size(); ++i)
+    cb.padded.labels[i] = 0;
+  for (int k = 0; k < static_cast<int>(cb.ranks.size()); ++k) {
+    const auto tokens = rank_tokens(cb, k);
+    auto& labels = cb.ranks[static_cast<std::size_t>(k)].labels;
+    for (std::size_t j = 0; j < tokens.size(); ++j)
+      if (tokens[j] >= L) labels[j] = 0;
+  }
+}
+
+void cu_seqlens_stop_before_padding(collated_batch& cb) {
+  const auto L = static_cast<std::int32_t>(cb.original_length);
+  if (cb.padded_length == cb.original_length) return;  // no padding: nothing to get wrong
+  for (auto& rb : cb.ranks) {
+    auto& cu = rb.cu_seqlens;
+    while (cu.size() > 1 && cu[cu.size() - 2] >= L) cu.erase(cu.end() - 2);
+    cu.back() = L;
+    rb.max_seqlen = max_seqlen(cu);
+  }
+}
+
+void ring_cu_seqlens_from_zigzagged_ids(collated_batch& cb) {
+  // xorl's ranks hold the full, zigzagged position ids of the row.
+  for (auto& rb : cb.ranks) {
+    rb.cu_seqlens = cu_seqlens_from_position_ids(rb.position_ids);
+    rb.max_seqlen = max_seqlen(rb.cu_seqlens);
+  }
+}
+
+void ring_cu_seqlens_unscaled(collated_batch& cb) {
+  const int R = cb.options.ring;
+  for (auto& rb : cb.ranks)
+    for (auto& c : rb.cu_seqlens) c *= R;
+}
+
+// ---- compute
+
+void merge_without_max_subtraction::lse_merge(tensor& out_acc, tensor& lse_acc,
+                                             const tensor& out_new, const tensor& lse_new) {
+  auto oa = to_host(out_acc), la = to_host(lse_acc);
+  const auto on = to_host(out_new), ln = to_host(lse_new);
+  const auto d = static_cast<std::size_t>(out_acc.shape[2]);
+  const bool f32 = out_acc.type == dtype::f32;
+  // Every intermediate rounded to the tensor's precision, as a kernel in that precision would.
+  auto round = [f32](double x) { return f32 ? static_cast<double>(static_cast<float>(x)) : x; };
+  auto ex = [&](double x) {
+    return f32 ? static_cast<double>(std::exp(static_cast<float>(x))) : std::exp(x);
+  };
+  for (std::size_t i = 0; i < la.size(); ++i) {
+    const double wa = ex(la[i]), wn = ex(ln[i]);
+    for (std::size_t j = 0; j < d; ++j)
+      oa[i * d + j] = round(oa[i * d + j] * wa + on[i * d + j] * wn) / (wa + wn);
+    la[i] = std::log(wa + wn);
+  }
+  out_acc = from_host(out_acc.type, out_acc.shape, oa);
+  lse_acc = from_host(lse_acc.type, lse_acc.shape, la);
+}
+
+tensor kv_heads_repeated_blockwise::repeat_heads(const tensor& x, int rep) {
+  const auto S = x.shape[0], H = x.shape[1];
+  tensor inter = inner().repeat_heads(x, rep);  // [S, H·rep, D], head e = original e / rep
+  const tensor flat = inter.reshaped({S * H * rep, x.shape[2]});
+  // Tiled: head e = original e % H, i.e. interleaved head (e % H)·rep.
+  std::vector<std::int64_t> rows;
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t e = 0; e < H * rep; ++e) rows.push_back((s * H + e % H) * rep);
+  return inner().gather_rows(flat, rows).reshaped(inter.shape);
+}
+
+tensor kv_heads_repeated_blockwise::sum_repeated_heads(const tensor& dx, int rep) {
+  const auto S = dx.shape[0], E = dx.shape[1], H = E / rep;
+  const tensor flat = dx.reshaped({S * E, dx.shape[2]});
+  // Back to interleaved order (head h·rep + j ← tiled head j·H + h), then the usual sum.
+  std::vector<std::int64_t> rows;
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t j = 0; j < rep; ++j) rows.push_back(s * E + j * H + h);
+  return inner().sum_repeated_heads(inner().gather_rows(flat, rows).reshaped(dx.shape), rep);
+}
+
+// ---- transport
+
+namespace {
+
+template <class T>
+void divide(void* buf, std::int64_t count, int by) {
+  auto* p = static_cast<T*>(buf);
+  for (std::int64_t i = 0; i < count; ++i) p[i] /= static_cast<T>(by);
+}
+
+}  // namespace
+
+void grad_sync_averaged::do_all_reduce(const comm_group& g, void* buf, std::int64_t count,
+                                       dtype t) {
+  forwarding_communicator::do_all_reduce(g, buf, count, t);
+  if (call_info().tag.rfind("grad.", 0) != 0) return;
+  switch (t) {
+    case dtype::f64: return divide<double>(buf, count, g.size());
+    case dtype::f32: return divide<float>(buf, count, g.size());
+    default: fail<error>("grad_sync_averaged: gradients of {} are not modelled", dtype_name(t));
+  }
+}
+
+void all_to_all_blocks_one_peer_off::do_all_to_all(const comm_group& g, const void* send,
+                                                   std::span<const std::int64_t> send_counts,
+                                                   void* recv,
+                                                   std::span<const std::int64_t> recv_counts,
+                                                   dtype t) {
+  forwarding_communicator::do_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  const int n = g.size();
+  if (n < 2) return;
+  const auto esz = dtype_size(t);
+  std::vector<std::size_t> offset(static_cast<std::size_t>(n) + 1, 0);
+  for (int j = 0; j < n; ++j)
+    offset[j + 1] = offset[j] + static_cast<std::size_t>(recv_counts[j]) * esz;
+  auto* bytes = static_cast<std::byte*>(recv);
+  const std::vector<std::byte> got(bytes, bytes + offset[n]);
+  // Chunks laid out in order 1, 2, …, n−1, 0 (chunk lengths travel with their data).
+  std::size_t at = 0;
+  for (int k = 1; k <= n; ++k) {
+    const int j = k % n;
+    const auto len = offset[j + 1] - offset[j];
+    if (len != 0) std::memcpy(bytes + at, got.data() + offset[j], len);
+    at += len;
+  }
+}
+
+void ring_peers_off_by_one::do_send_recv(const comm_group& g, std::span<const p2p_op> ops,
+                                         dtype t) {
+  if (call_info().tag.find(tag_) == std::string::npos)
+    return forwarding_communicator::do_send_recv(g, ops, t);
+  const int n = g.size();
+  std::vector<p2p_op> shifted(ops.begin(), ops.end());
+  for (auto& op : shifted)
+    op.peer = op.dir == p2p_op::kind::send ? (op.peer + 1) % n : (op.peer - 1 + n) % n;
+  forwarding_communicator::do_send_recv(g, shifted, t);
+}
+
+}  // namespace seqpar::test

@@ -1,0 +1,117 @@
+#pragma once
+// Plausible sequence-parallel bugs, injected from the test side through the seams of
+// verify::check_options (transform_collated, wrap_compute, wrap_communicator), to prove that the
+// equivalence check catches each of them (mutation testing of the checker). Nothing here is
+// reachable from product code.
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "core/collate.hpp"
+#include "support/forwarding_communicator.hpp"
+#include "support/forwarding_compute.hpp"
+
+namespace seqpar::test {
+
+// ---- collation bugs: transformations of the collated batch (check_options::transform_collated)
+
+/// VeOmni: the label shift applied to each rank's slice instead of the whole packed row (the
+/// whole-row shift is undone per rank, then each slice is shifted on its own), so the last
+/// label of every slice is -100 instead of the first token of the next slice.
+void shift_labels_after_slicing(collated_batch& cb);
+/// Labels of the padded tokens are 0 (a real token id) instead of -100.
+void pad_labels_with_zero(collated_batch& cb);
+/// cu_seqlens stop at the unpadded length although the padded tail is attended.
+void cu_seqlens_stop_before_padding(collated_batch& cb);
+/// Ring: cu_seqlens computed from the zigzagged position ids (the rank-ordered row) instead of
+/// the original ones, so document boundaries land in the wrong places.
+void ring_cu_seqlens_from_zigzagged_ids(collated_batch& cb);
+/// Ring: the local cu_seqlens not divided by R. Ring attention divides what the collator hands
+/// it by R, so handing it cu·R makes it use the unscaled cu.
+void ring_cu_seqlens_unscaled(collated_batch& cb);
+
+// ---- compute bugs: decorators over an SP rank's compute (check_options::wrap_compute)
+
+/// The ring's LSE merge as a plain exp-sum, without subtracting the maximum:
+/// lse = log(e^lse_a + e^lse_b), out = (out_a·e^lse_a + out_b·e^lse_b) / (e^lse_a + e^lse_b),
+/// rounded to the tensor's precision at each step. exp overflows float32 once an LSE passes
+/// ~88, where the stable form (SEMANTICS.md §4) stays exact.
+class merge_without_max_subtraction : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out_new,
+                 const tensor& lse_new) override;
+};
+
+/// GQA: KV heads repeated blockwise ([k0,k1,k0,k1], torch .repeat) instead of interleaved
+/// ([k0,k0,k1,k1], repeat_interleave); sum_repeated_heads is the matching inverse, so the
+/// backward is the true gradient of the wrong forward.
+class kv_heads_repeated_blockwise : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  tensor repeat_heads(const tensor& x, int rep) override;
+  tensor sum_repeated_heads(const tensor& dx, int rep) override;
+};
+
+// ---- transport bugs: decorators over an SP rank's communicator (check_options::wrap_communicator)
+
+/// Gradient sync with AVG instead of SUM: every all_reduce whose tag starts with "grad." is
+/// divided by its group size after the (correct) sum.
+class grad_sync_averaged : public forwarding_communicator {
+ public:
+  using forwarding_communicator::forwarding_communicator;
+
+ protected:
+  void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override;
+};
+
+/// An all-to-all plan whose receive displacements are one peer off: the block received from
+/// member p+1 lands where member p's belongs (cyclically), on every all_to_all of every rank.
+class all_to_all_blocks_one_peer_off : public forwarding_communicator {
+ public:
+  using forwarding_communicator::forwarding_communicator;
+
+ protected:
+  void do_all_to_all(const comm_group& g, const void* send,
+                     std::span<const std::int64_t> send_counts, void* recv,
+                     std::span<const std::int64_t> recv_counts, dtype t) override;
+};
+
+/// Ring neighbours off by one: every send_recv whose tag contains `tag` sends to member r+2 and
+/// receives from r−2 instead of r±1 (consistently on every rank, so messages still pair up).
+/// The KV (and dK/dV) a ring step holds then comes from another source than the one its
+/// zigzag section (diagonal / lower / upper) was computed for — the same symptom as section
+/// logic that is off by one ring rank, seen from the transport side. Needs R ≥ 3.
+class ring_peers_off_by_one : public forwarding_communicator {
+ public:
+  ring_peers_off_by_one(communicator& inner, std::string tag)
+      : forwarding_communicator(inner), tag_(std::move(tag)) {}
+
+ protected:
+  void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override;
+
+ private:
+  std::string tag_;
+};
+
+// ---- helpers for check_options
+
+/// A check_options::wrap_compute that installs decorator D on every SP rank.
+template <class D>
+std::function<std::unique_ptr<compute>(std::unique_ptr<compute>)> wrap_compute_in() {
+  return [](std::unique_ptr<compute> inner) -> std::unique_ptr<compute> {
+    return std::make_unique<D>(std::move(inner));
+  };
+}
+
+/// A check_options::wrap_communicator that installs decorator D (built from the inner
+/// communicator and `args`) on every SP rank.
+template <class D, class... Args>
+std::function<std::unique_ptr<communicator>(communicator&)> wrap_communicator_in(Args... args) {
+  return [=](communicator& inner) -> std::unique_ptr<communicator> {
+    return std::make_unique<D>(inner, args...);
+  };
+}
+
+}  // namespace seqpar::test

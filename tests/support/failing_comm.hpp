@@ -1,0 +1,52 @@
+#pragma once
+// A rank that fails mid-run, for the never-hang tests of the MPI backend (tests/mpi).
+#include <cstdint>
+#include <string>
+
+#include "support/forwarding_communicator.hpp"
+
+namespace seqpar::test {
+
+/// Where and how one rank fails: at the `call`-th (from 0) call of global rank `rank` whose tag
+/// equals `tag` (`*` = any call), before the call reaches the transport, so the other ranks are
+/// left inside that collective.
+struct failure_spec {
+  enum class action { none, throw_error, kill } what = action::none;
+  int rank = 0;
+  std::string tag = "*";
+  std::int64_t call = 0;
+};
+
+/// Parses "R:TAG" or "R:TAG:N" (N = call index among the matches, default 0); throws
+/// config_error on anything else.
+failure_spec parse_failure(failure_spec::action what, const std::string& text);
+
+/// Forwards every call; at the configured one throws seqpar::error ("injected failure: rank R
+/// throws at OP (TAG) on group 'G'") or raises SIGKILL on its own process (stdout and stderr
+/// flushed first).
+class failing_communicator : public forwarding_communicator {
+ public:
+  failing_communicator(communicator& inner, failure_spec spec)
+      : forwarding_communicator(inner), spec_(std::move(spec)) {}
+
+ protected:
+  void do_all_to_all(const comm_group& g, const void* send,
+                     std::span<const std::int64_t> send_counts, void* recv,
+                     std::span<const std::int64_t> recv_counts, dtype t) override;
+  void do_all_gather(const comm_group& g, const void* send, std::int64_t count, void* recv,
+                     dtype t) override;
+  void do_reduce_scatter(const comm_group& g, const void* send, void* recv, std::int64_t count,
+                         dtype t) override;
+  void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override;
+  void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override;
+  void do_barrier(const comm_group& g) override;
+
+ private:
+  /// Fails here if this call is the configured one.
+  void maybe_fail(const char* op, const comm_group& g);
+
+  failure_spec spec_;
+  std::int64_t matches_ = 0;
+};
+
+}  // namespace seqpar::test

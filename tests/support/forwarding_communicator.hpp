@@ -1,0 +1,44 @@
+#pragma once
+// A communicator that forwards every call (with its tag) to an inner one: the base of
+// test-side decorators that change one kind of call (tests/support/bugs.hpp, failing_comm.hpp).
+#include "core/communicator.hpp"
+
+namespace seqpar::test {
+
+/// Forwards every call and its op_info to `inner()`; a decorator overrides what it changes and
+/// reads the call's tag with call_info().
+class forwarding_communicator : public communicator {
+ public:
+  explicit forwarding_communicator(communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+
+ protected:
+  void do_all_to_all(const comm_group& g, const void* send,
+                     std::span<const std::int64_t> send_counts, void* recv,
+                     std::span<const std::int64_t> recv_counts, dtype t) override {
+    inner_.all_to_all(g, send, send_counts, recv, recv_counts, t, call_info());
+  }
+  void do_all_gather(const comm_group& g, const void* send, std::int64_t count, void* recv,
+                     dtype t) override {
+    inner_.all_gather(g, send, count, recv, t, call_info());
+  }
+  void do_reduce_scatter(const comm_group& g, const void* send, void* recv, std::int64_t count,
+                         dtype t) override {
+    inner_.reduce_scatter(g, send, recv, count, t, call_info());
+  }
+  void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override {
+    inner_.all_reduce(g, buf, count, t, call_info());
+  }
+  void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override {
+    inner_.send_recv(g, ops, t, call_info());
+  }
+  void do_barrier(const comm_group& g) override { inner_.barrier(g, call_info()); }
+
+  communicator& inner() { return inner_; }
+
+ private:
+  communicator& inner_;
+};
+
+}  // namespace seqpar::test

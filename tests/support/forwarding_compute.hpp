@@ -1,0 +1,69 @@
+#pragma once
+// A compute backend that forwards every call to an inner one: the base of test-side decorators
+// that change one operation (tests/support/bugs.hpp).
+#include <memory>
+#include <utility>
+
+#include "core/compute.hpp"
+
+namespace seqpar::test {
+
+/// Forwards every method to `inner()`; a decorator overrides the one it changes.
+class forwarding_compute : public compute {
+ public:
+  explicit forwarding_compute(std::unique_ptr<compute> inner) : inner_(std::move(inner)) {}
+
+  tensor empty(dtype t, shape_t s) override { return inner_->empty(t, std::move(s)); }
+  tensor zeros(dtype t, shape_t s) override { return inner_->zeros(t, std::move(s)); }
+  void pack_for_heads(const a2a_geometry& g, const tensor& x, tensor& wire) override {
+    inner_->pack_for_heads(g, x, wire);
+  }
+  void unpack_to_seq(const a2a_geometry& g, const tensor& wire, tensor& x) override {
+    inner_->unpack_to_seq(g, wire, x);
+  }
+  tensor repeat_heads(const tensor& x, int rep) override { return inner_->repeat_heads(x, rep); }
+  tensor sum_repeated_heads(const tensor& dx, int rep) override {
+    return inner_->sum_repeated_heads(dx, rep);
+  }
+  tensor stack_kv(const tensor& k, const tensor& v) override { return inner_->stack_kv(k, v); }
+  void unstack_kv(const tensor& kv, tensor& k, tensor& v) override { inner_->unstack_kv(kv, k, v); }
+  tensor gather_rows(const tensor& x, std::span<const std::int64_t> rows) override {
+    return inner_->gather_rows(x, rows);
+  }
+  void scatter_rows(tensor& dst, const tensor& x, std::span<const std::int64_t> rows) override {
+    inner_->scatter_rows(dst, x, rows);
+  }
+  void fill(tensor& x, double value) override { inner_->fill(x, value); }
+  void scatter_add_rows(tensor& acc, const tensor& x,
+                        std::span<const std::int64_t> rows) override {
+    inner_->scatter_add_rows(acc, x, rows);
+  }
+  void add(tensor& acc, const tensor& x) override { inner_->add(acc, x); }
+  tensor clone(const tensor& x) override { return inner_->clone(x); }
+  void scale(tensor& acc, double a) override { inner_->scale(acc, a); }
+  void attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                         const attention_docs& docs, tensor& out, tensor& lse) override {
+    inner_->attention_forward(q, k, v, docs, out, lse);
+  }
+  void attention_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                          const tensor& lse, const tensor& dout, const attention_docs& docs,
+                          tensor& dq, tensor& dk, tensor& dv) override {
+    inner_->attention_backward(q, k, v, out, lse, dout, docs, dq, dk, dv);
+  }
+  void lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out_new,
+                 const tensor& lse_new) override {
+    inner_->lse_merge(out_acc, lse_acc, out_new, lse_new);
+  }
+  std::vector<double> to_host(const tensor& x) override { return inner_->to_host(x); }
+  tensor from_host(dtype t, shape_t s, std::span<const double> values) override {
+    return inner_->from_host(t, std::move(s), values);
+  }
+
+ protected:
+  compute& inner() { return *inner_; }
+
+ private:
+  std::unique_ptr<compute> inner_;
+};
+
+}  // namespace seqpar::test
