@@ -1,0 +1,202 @@
+#pragma once
+// Internal to replay: the checker that streams a trace's records, split by concern over
+// replay.cpp (records, hangs, problem list), replay_calls.cpp (collectives, p2p pairing),
+// replay_sp.cpp (SP rules re-derived with the core layout engine) and replay_layout.cpp
+// (collator outputs); replay_render.cpp turns its report into text, JSON and HTML.
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <deque>
+#include <numeric>
+#include <regex>
+#include <set>
+#include <tuple>
+
+#include "core/collate.hpp"
+#include "core/cu_seqlens.hpp"
+#include "core/error.hpp"
+#include "core/scenario.hpp"
+#include "core/ulysses_plan.hpp"
+#include "core/zigzag.hpp"
+#include "trace/synth.hpp"
+#include "io/scenario_json.hpp"
+#include "trace/replay.hpp"
+
+namespace seqpar::replay::detail {
+
+using trace::call_record;
+using trace::dims;
+using trace::layout_record;
+using trace::meta_record;
+
+inline std::string show(const dims& d) { return fmt::format("[{}]", fmt::join(d, ",")); }
+
+/// Product of the dims, saturating at INT64_MAX (values are ≤ 2^53 each).
+inline std::int64_t numel(const dims& d) {
+  __int128 p = 1;
+  for (auto x : d) {
+    p *= x;
+    if (p > INT64_MAX) return INT64_MAX;
+  }
+  return static_cast<std::int64_t>(p);
+}
+
+inline std::int64_t sum(const dims& d) {
+  __int128 s = 0;
+  for (auto x : d) s += x;
+  return s > INT64_MAX ? INT64_MAX : static_cast<std::int64_t>(s);
+}
+
+inline std::optional<std::int64_t> in_numel(const call_record& r) {
+  if (r.in_shape) return numel(*r.in_shape);
+  return r.in_numel;
+}
+inline std::optional<std::int64_t> out_numel(const call_record& r) {
+  if (r.out_shape) return numel(*r.out_shape);
+  return r.out_numel;
+}
+
+/// The most common value (ties: the one of the lowest rank, i.e. seen first).
+template <class T, class F>
+inline std::optional<T> majority(const std::vector<const call_record*>& recs, F get) {
+  std::vector<std::pair<T, int>> counts;
+  for (const auto* r : recs) {
+    auto v = get(*r);
+    if (!v) continue;
+    auto it = std::find_if(counts.begin(), counts.end(), [&](auto& p) { return p.first == *v; });
+    if (it == counts.end()) counts.emplace_back(*v, 1);
+    else ++it->second;
+  }
+  if (counts.empty()) return std::nullopt;
+  auto best = counts.begin();
+  for (auto it = counts.begin(); it != counts.end(); ++it)
+    if (it->second > best->second) best = it;
+  return best->first;
+}
+
+/// What the core layout engine says every rank should hold (when the trace carries a scenario).
+struct sp_model {
+  scenario s;
+  collated_batch cb;
+  int U = 1, R = 1, hq = 0, hkv = 0, hkv_rep = 0, D = 0;
+  std::int64_t chunk = 0, N = 0, L = 0, pm = 1;
+  std::string pm_name;
+};
+
+/// A Ulysses all-to-all tag `L{l}.attn.{q,kv,k,v,out}.{fwd,bwd}`: its heads and direction.
+struct a2a_tag {
+  std::string what;  ///< q, kv, k, v, out
+  bool gather_seq;   ///< seq-sharded in → heads-sharded out (q.fwd, kv.fwd, out.bwd)
+};
+
+inline std::optional<a2a_tag> parse_a2a_tag(const std::string& tag) {
+  static const std::regex re(R"(^L\d+\.attn\.(q|kv|k|v|out)\.(fwd|bwd)$)");
+  std::smatch m;
+  if (!std::regex_match(tag, m, re)) return std::nullopt;
+  const std::string what = m[1], dir = m[2];
+  const bool fwd = dir == "fwd";
+  const bool gather = what == "out" ? !fwd : fwd;
+  return a2a_tag{what, gather};
+}
+
+class checker {
+ public:
+  checker(const options& o, report& r) : opt_(o), rep_(r) {}
+
+  void on_meta(const meta_record& m);
+
+  void on_call(call_record&& r);
+
+  void on_layout(layout_record&& l);
+
+  void finish();
+
+ private:
+  struct last {
+    std::int64_t seq = -1;
+    std::string tag;
+  };
+
+  static int index_in(const std::vector<int>& v, int x);
+
+  const std::vector<int>* group_ranks(const std::string& g) const;
+
+  void note(std::string s) { unchecked_.insert(std::move(s)); }
+
+  void add(problem p);
+
+  // ---- SP model -------------------------------------------------------------------------
+
+  void build_model(const nlohmann::json& cfg);
+
+  /// Expected [seq-sharded, heads-sharded] shapes of a Ulysses all-to-all of `t`.
+  std::pair<dims, dims> expected_a2a(const a2a_tag& t) const;
+
+  /// Why an observed sequence dim differs from the plan.
+  std::string sequence_cause(std::int64_t group_tokens) const;
+
+  void check_sp(const std::vector<const call_record*>& recs, const std::string& group);
+
+  // ---- collectives ----------------------------------------------------------------------
+
+  void check_collective(const std::string& group, std::int64_t seq, std::vector<call_record>& v,
+                        const std::vector<int>& members);
+
+  void size_problem(const call_record& r, std::string observed, std::string expected,
+                    std::string cause);
+
+  void check_all_to_all(const std::string& group, std::int64_t seq,
+                        const std::vector<const call_record*>& recs,
+                        const std::vector<int>& members);
+
+  void check_gather_scatter(const std::string& group, std::int64_t seq,
+                            const std::vector<const call_record*>& recs, int P,
+                            const std::string& op);
+
+  void check_same_size(const std::string&, std::int64_t, const std::vector<const call_record*>& recs);
+
+  void check_equal_numel(const std::vector<const call_record*>& recs, bool by_input);
+
+  // ---- p2p ------------------------------------------------------------------------------
+
+  void on_p2p(call_record&& r);
+
+  // ---- layout (collator output) ---------------------------------------------------------
+
+  int cp_rank_of(int rank) const;
+
+  void layout_problem(const layout_record& l, const char* cat, std::string observed,
+                      std::string expected, std::string cause);
+
+  int ring_size() const;
+
+  void check_layouts();
+
+  template <class Once>
+  void check_layout_vs_model(const layout_record& l, Once& once);
+
+  void build_token_layout();
+
+  const options& opt_;
+  report& rep_;
+  std::optional<meta_record> meta_;
+  std::optional<sp_model> model_;
+  bool warned_no_meta_ = false;
+  std::map<std::pair<std::string, std::int64_t>, std::vector<call_record>> pending_;
+  std::map<std::pair<std::string, int>, last> last_seen_;
+  std::map<std::string, std::set<int>> seen_;
+  std::set<int> seen_any_;
+  std::map<std::tuple<std::string, int, int>, std::deque<call_record>> sends_, recvs_;
+  std::vector<layout_record> layouts_;
+  std::set<std::string> unchecked_;
+  std::map<std::pair<std::string, std::string>, std::size_t> per_cat_;
+  std::set<int> sp_reported_;
+  std::map<int, std::pair<std::int64_t, std::string>> last_line_of_rank_;  ///< line, group
+
+ public:
+  void saw_rank(int r) { seen_any_.insert(r); }
+};
+
+}  // namespace seqpar::replay::detail
