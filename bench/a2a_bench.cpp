@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "bench/alltoall_data.hpp"
 #include "bench/driver.hpp"
 #include "core/communicator.hpp"
 #include "core/error.hpp"
@@ -39,34 +40,21 @@ struct alltoall {
     o.backend = backend;
     o.kind = bench::table_kind::transport;
     o.variants = {{"float", ""}};
-    o.size = [](std::int64_t bytes, std::size_t, int n) {
-      const std::int64_t per_peer = std::max<std::int64_t>(bytes / 4 / n, 1);
-      return std::pair{per_peer * n, per_peer * n * 4};
-    };
+    o.size = [](std::int64_t bytes, std::size_t, int n) { return bench::alltoall::size(bytes, n); };
     o.init = [this](const bench::point& p, std::uint64_t seed) {
       const int me = comm.rank();
       per_peer = p.count / p.ranks;
-      send.resize(static_cast<std::size_t>(p.count));
+      send = bench::alltoall::send_data(seed, me, p.count);
       recv.assign(send.size(), -1.0f);
-      // Element i of this rank's send buffer goes to peer i / per_peer.
-      for (std::int64_t i = 0; i < p.count; ++i)
-        send[static_cast<std::size_t>(i)] = static_cast<float>(bench::exact_value(seed, me, i));
       counts.assign(static_cast<std::size_t>(p.ranks), per_peer);
     };
     o.run = [this] {
       comm.all_to_all(world, send.data(), counts, recv.data(), counts, dtype::f32);
     };
     o.check = [this](const bench::point& p, std::uint64_t seed) {
-      // Block j of recv is block `me` of rank j's send buffer.
-      const int me = comm.rank();
-      std::int64_t wrong = 0;
-      for (int j = 0; j < p.ranks; ++j)
-        for (std::int64_t e = 0; e < per_peer; ++e)
-          wrong += recv[static_cast<std::size_t>(j * per_peer + e)] !=
-                   static_cast<float>(bench::exact_value(seed, j, me * per_peer + e));
-      return wrong;
+      return bench::alltoall::wrong(recv.data(), p.ranks, per_peer, comm.rank(), seed);
     };
-    o.bus_factor = [](int n) { return static_cast<double>(n - 1) / n; };
+    o.bus_factor = bench::alltoall::bus_factor;
     o.measure_baseline = [this](const std::string&) {
       return bench::baseline{"memcpy, 1 thread", bench::memcpy_gbps(std::int64_t{64} << 20),
                              "GB/s"};

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "bench/alltoall_data.hpp"
 #include "bench/driver.hpp"
 #include "bench/gpu_util.hpp"
 #include "core/communicator.hpp"
@@ -50,10 +51,7 @@ struct device_alltoall {
     o.backend = backend;
     o.kind = bench::table_kind::transport;
     o.variants = {{"float", ""}};
-    o.size = [](std::int64_t bytes, std::size_t, int n) {
-      const std::int64_t per_peer = std::max<std::int64_t>(bytes / 4 / n, 1);
-      return std::pair{per_peer * n, per_peer * n * 4};
-    };
+    o.size = [](std::int64_t bytes, std::size_t, int n) { return bench::alltoall::size(bytes, n); };
     o.init = [this](const bench::point& p, std::uint64_t seed) {
       bench::cuda_ok(cudaSetDevice(device), "cudaSetDevice");
       const int me = comm.rank();
@@ -62,10 +60,7 @@ struct device_alltoall {
       send = bench::device_buffer(bytes);
       recv = bench::device_buffer(bytes);
       bench::cuda_ok(cudaMemset(recv.p, 0xff, bytes), "cudaMemset");  // NaN until written
-      std::vector<float> host(static_cast<std::size_t>(p.count));
-      // Element i of this rank's send buffer goes to peer i / per_peer.
-      for (std::int64_t i = 0; i < p.count; ++i)
-        host[static_cast<std::size_t>(i)] = static_cast<float>(bench::exact_value(seed, me, i));
+      const auto host = bench::alltoall::send_data(seed, me, p.count);
       bench::cuda_ok(cudaMemcpy(send.p, host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
       counts.assign(static_cast<std::size_t>(p.ranks), per_peer);
     };
@@ -75,16 +70,9 @@ struct device_alltoall {
       std::vector<float> host(static_cast<std::size_t>(p.count));
       bench::cuda_ok(cudaMemcpy(host.data(), recv.p, host.size() * 4, cudaMemcpyDeviceToHost),
                      "cudaMemcpy");
-      // Block j of recv is block `me` of rank j's send buffer.
-      const int me = comm.rank();
-      std::int64_t wrong = 0;
-      for (int j = 0; j < p.ranks; ++j)
-        for (std::int64_t e = 0; e < per_peer; ++e)
-          wrong += host[static_cast<std::size_t>(j * per_peer + e)] !=
-                   static_cast<float>(bench::exact_value(seed, j, me * per_peer + e));
-      return wrong;
+      return bench::alltoall::wrong(host.data(), p.ranks, per_peer, comm.rank(), seed);
     };
-    o.bus_factor = [](int n) { return static_cast<double>(n - 1) / n; };
+    o.bus_factor = bench::alltoall::bus_factor;
     o.measure_baseline = [this](const std::string&) {
       return bench::baseline{"cudaMemcpy device-to-device, 256 MiB",
                              bench::device_memcpy_gbps(std::size_t{256} << 20, stream), "GB/s"};
