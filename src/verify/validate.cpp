@@ -150,18 +150,22 @@ std::vector<double> input_block(const scenario& s, int which, const std::vector<
   return v;
 }
 
-/// One rank's attention sub-layer forward and backward through the core algorithms.
+/// One rank's attention sub-layer forward and backward through the core algorithms. Inputs are
+/// index-derived values rounded to `values`, held in `storage` (the GPU: the run's dtype for
+/// both; the reference: float64 storage of the same rounded values).
 void run_rank(communicator& comm, compute& c, const scenario& s, const collated_batch& cb,
-              dtype t, capture& cap) {
+              dtype storage, dtype values, capture& cap) {
   sim::sp_env env = sim::cp_rank_env(comm, c, s, cb);
   auto inner = env.make_inner(c);
   capturing_inner wrap(*inner, c, cap);
   const auto tokens = rank_tokens(cb, comm.rank());
   const auto n = static_cast<std::int64_t>(tokens.size());
-  const tensor q = c.from_host(t, {n, s.heads, s.head_dim}, input_block(s, 0, tokens, s.heads, t));
-  const tensor k = c.from_host(t, {n, s.kv_heads, s.head_dim}, input_block(s, 1, tokens, s.kv_heads, t));
-  const tensor v = c.from_host(t, {n, s.kv_heads, s.head_dim}, input_block(s, 2, tokens, s.kv_heads, t));
-  const tensor dout = c.from_host(t, {n, s.heads, s.head_dim}, input_block(s, 3, tokens, s.heads, t));
+  auto input = [&](int which, int heads) {
+    return c.from_host(storage, {n, heads, s.head_dim},
+                       input_block(s, which, tokens, heads, values));
+  };
+  const tensor q = input(0, s.heads), k = input(1, s.kv_heads), v = input(2, s.kv_heads);
+  const tensor dout = input(3, s.heads);
   ulysses_saved saved;
   const tensor out = ulysses_forward(comm, c, env.ulysses, wrap, q, k, v, saved, "L0.attn");
   cap["out"] = c.to_host(out);
@@ -176,25 +180,7 @@ std::vector<capture> run_reference(const scenario& s, const collated_batch& cb, 
   std::vector<capture> caps(static_cast<std::size_t>(s.cp()));
   run_ranks(s.cp(), [&](communicator& comm) {
     sim::eigen_compute c;
-    // Same values as the GPU's inputs: generate in t, hold in f64.
-    sim::sp_env env = sim::cp_rank_env(comm, c, s, cb);
-    auto inner = env.make_inner(c);
-    auto& cap = caps[static_cast<std::size_t>(comm.rank())];
-    capturing_inner wrap(*inner, c, cap);
-    const auto tokens = rank_tokens(cb, comm.rank());
-    const auto n = static_cast<std::int64_t>(tokens.size());
-    const auto f64 = dtype::f64;
-    const tensor q = c.from_host(f64, {n, s.heads, s.head_dim}, input_block(s, 0, tokens, s.heads, t));
-    const tensor k = c.from_host(f64, {n, s.kv_heads, s.head_dim}, input_block(s, 1, tokens, s.kv_heads, t));
-    const tensor v = c.from_host(f64, {n, s.kv_heads, s.head_dim}, input_block(s, 2, tokens, s.kv_heads, t));
-    const tensor dout = c.from_host(f64, {n, s.heads, s.head_dim}, input_block(s, 3, tokens, s.heads, t));
-    ulysses_saved saved;
-    const tensor out = ulysses_forward(comm, c, env.ulysses, wrap, q, k, v, saved, "L0.attn");
-    cap["out"] = c.to_host(out);
-    const qkv_grads g = ulysses_backward(comm, c, env.ulysses, wrap, saved, dout, "L0.attn");
-    cap["grad.dq"] = c.to_host(g.dq);
-    cap["grad.dk"] = c.to_host(g.dk);
-    cap["grad.dv"] = c.to_host(g.dv);
+    run_rank(comm, c, s, cb, dtype::f64, t, caps[static_cast<std::size_t>(comm.rank())]);
   });
   return caps;
 }
@@ -271,7 +257,7 @@ validate_report run_validate_local(const scenario& s, const validate_options& op
   auto t0 = std::chrono::steady_clock::now();
   std::vector<capture> got(static_cast<std::size_t>(s.cp()));
   run_device_ranks(s.cp(), opt.device, [&](communicator& comm, cuda_compute& c) {
-    run_rank(comm, c, s, cb, opt.type, got[static_cast<std::size_t>(comm.rank())]);
+    run_rank(comm, c, s, cb, opt.type, opt.type, got[static_cast<std::size_t>(comm.rank())]);
   });
   rep.gpu_seconds = seconds_since(t0);
 
@@ -382,7 +368,7 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
     auto comm = nccl_communicator::from_mpi(device, c.stream());
     const auto groups = attention_groups(s);
     comm->prepare_groups(groups);
-    run_rank(*comm, c, s, cb, opt.type, got);
+    run_rank(*comm, c, s, cb, opt.type, opt.type, got);
     c.synchronize();
   }
   rep.gpu_seconds = seconds_since(t0);
