@@ -2,7 +2,7 @@
 # seqpar set-up: installs what is missing (Debian packages), configures and builds.
 #   ./setup.sh           set up and build (idempotent; seconds when everything is present)
 #   ./setup.sh run       … then run the main job: seqpar check on its built-in default
-#   ./setup.sh test      … then run every test suite, and the ASan+UBSan build of the
+#   ./setup.sh test      … then run every test suite, the TSan build of the communicator tests, and the ASan+UBSan build of the
 #                        unit, property and equivalence suites
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -62,8 +62,20 @@ case "${1:-}" in
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
       meson test -C build-asan --no-rebuild --print-errorlogs --num-processes "$jobs" \
       --suite unit --suite property
-    # One closing line over both runs (meson prints its own summary per run above).
-    python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
+    # ThreadSanitizer: the rank-thread rendezvous and the in-process communicator, 3 repeats
+    # (tests/tsan/soak.sh runs the long soak under load).
+    if [ ! -f build-tsan/build.ninja ]; then
+      echo "setup: configuring build-tsan"
+      meson setup build-tsan -Db_sanitize=thread -Db_lundef=false -Dgpu=disabled -Dmpi=disabled \
+        -Doptimization=1 -Ddebug=false >/dev/null
+    fi
+    echo "setup: building build-tsan (communicator tests)"
+    ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test >/dev/null
+    TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
+      --test-args=--gtest_repeat=3 inproc_comm
+    # One closing line over the three runs (meson prints its own summary per run above).
+    python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
+      build-tsan/meson-logs/testlog.json <<'PY'
 import json, sys
 counts = {"OK": 0, "FAIL": 0, "SKIP": 0}
 for path in sys.argv[1:]:
