@@ -62,7 +62,8 @@ ref::batch reference_batch(const scenario& s, const packed_batch& b) {
   ref::batch rb;
   rb.input_ids = b.input_ids;
   rb.labels = b.labels;
-  if (s.profile == profile::veomni) {  // the shift VeOmni's collator applies to the whole row
+  // The shift VeOmni's collator applies to the whole row (xorl's labels come shifted per document).
+  if (s.profile == profile::veomni && !rb.labels.empty()) {
     std::rotate(rb.labels.begin(), rb.labels.begin() + 1, rb.labels.end());
     rb.labels.back() = ignore_index;
   }
