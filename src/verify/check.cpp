@@ -8,7 +8,6 @@
 #include <optional>
 
 #include "core/collate.hpp"
-#include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
 #include "core/layout.hpp"
 #include "core/mesh.hpp"
@@ -49,6 +48,39 @@ double tolerance_for(const scenario& s, dtype t, std::string* model) {
 
 namespace {
 
+/// The reference's parameters: the same float64 values, as plain named matrices.
+ref::weights as_reference_weights(const model_params<double>& p) {
+  ref::weights w;
+  w.names = p.names;
+  w.values.assign(p.values.begin(), p.values.end());
+  return w;
+}
+
+}  // namespace
+
+ref::batch reference_batch(const scenario& s, const packed_batch& b) {
+  ref::batch rb;
+  rb.input_ids = b.input_ids;
+  rb.labels = b.labels;
+  // The shift VeOmni's collator applies to the whole row (xorl's labels come shifted per document).
+  if (s.profile == profile::veomni && !rb.labels.empty()) {
+    std::rotate(rb.labels.begin(), rb.labels.begin() + 1, rb.labels.end());
+    rb.labels.back() = ignore_index;
+  }
+  rb.position_ids = b.position_ids;
+  return rb;
+}
+
+reference_inputs reference_inputs_of(const scenario& s) {
+  validate(s);
+  reference_inputs in;
+  in.weights = as_reference_weights(model_params<double>::init(s));
+  in.batch = reference_batch(s, make_batch(s));
+  return in;
+}
+
+namespace {
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -85,24 +117,18 @@ std::vector<double> gather_tokens(const collated_batch& cb, const std::vector<ma
   return out;
 }
 
-/// The non-SP step: one rank, the unpadded row as training without SP sees it.
+/// The non-SP step: the independent oracle (sim/reference.hpp) on the unpadded row, as training
+/// without SP sees it. It shares no code with the SP step; the two meet only in add_rows.
 step_output<double> run_reference(const scenario& s, const packed_batch& b,
-                                  const model_params<double>& p, bool naive) {
+                                  const model_params<double>& p) {
+  const auto r = ref::train_step(s, as_reference_weights(p), reference_batch(s, b));
   step_output<double> out;
-  run_ranks(1, [&](communicator& comm) {
-    eigen_compute comp(naive);
-    rank_tokens_input in;
-    in.input_ids = b.input_ids;
-    in.labels = b.labels;
-    if (s.profile == profile::veomni) {  // the shift VeOmni's collator applies to the whole row
-      std::rotate(in.labels.begin(), in.labels.begin() + 1, in.labels.end());
-      in.labels.back() = ignore_index;
-    }
-    in.positions = b.position_ids;
-    const auto cu = cu_seqlens_from_position_ids(b.position_ids);
-    sp_env env = single_rank_env(comm, comp, s, cu);
-    out = train_step(p, s, in, env);
-  });
+  out.loss = r.loss;
+  out.valid_tokens = r.valid_tokens;
+  out.logits = r.logits;
+  out.embed_out_grad = r.embed_out_grad;
+  out.grads = p.zeros_like();
+  for (std::size_t i = 0; i < p.names.size(); ++i) out.grads.values[i] = r.grads.at(p.names[i]);
   return out;
 }
 
@@ -228,7 +254,7 @@ check_report run_typed(const scenario& s, const check_options& opt) {
 
   say(fmt::format("non-SP reference: {} tokens on one rank (float64)", cb.original_length));
   auto t0 = std::chrono::steady_clock::now();
-  const auto ref = run_reference(s, batch, p64, opt.naive_attention);
+  const auto ref = run_reference(s, batch, p64);
   rep.reference_seconds = seconds_since(t0);
 
   say(fmt::format("SP step: {} ranks (ulysses {} × ring {}), {} tokens each ({})", s.cp(),
@@ -326,7 +352,7 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
     say(fmt::format("non-SP reference on rank 0: {} tokens (float64, in process)",
                     cb.original_length));
     t0 = std::chrono::steady_clock::now();
-    const auto ref = run_reference(s, batch, p64, opt.naive_attention);
+    const auto ref = run_reference(s, batch, p64);
     rep.reference_seconds = seconds_since(t0);
     add_rows(rep, s, cb, ref, outs);
     verdict = rep.pass ? 1 : 0;

@@ -12,6 +12,7 @@
 #include "core/dtype.hpp"
 #include "core/scenario.hpp"
 #include "sim/faulty_comm.hpp"
+#include "sim/reference.hpp"
 
 namespace seqpar::verify {
 
@@ -52,12 +53,26 @@ struct check_report {
   std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)
 };
 
+/// What the non-SP reference of a check trains on: the scenario's row unpadded, labels aligned
+/// to tokens (VeOmni's whole-row shift applied; xorl's labels come shifted per document).
+ref::batch reference_batch(const scenario& s, const packed_batch& b);
+
+/// The reference's whole input for a scenario: its float64 parameters (model_params::init) as
+/// plain named matrices, and reference_batch(s, make_batch(s)). For tools that run the same
+/// step elsewhere (tools/crosscheck/torch_reference.py).
+struct reference_inputs {
+  ref::weights weights;
+  ref::batch batch;
+};
+reference_inputs reference_inputs_of(const scenario& s);
+
 /// The relative tolerance for a scenario and precision, and the model behind it.
 /// float64: 1e-10 (only summation order differs). float32: see error_model in the report.
 double tolerance_for(const scenario& s, dtype t, std::string* model = nullptr);
 
 /// One training step of `s`, SP (cp = U·R ranks emulated as threads, the batch collated by the
-/// core) and non-SP (one rank, the unpadded row: what training without SP computes), compared:
+/// core) and non-SP (the independent oracle ref::train_step on the unpadded row: what training
+/// without SP computes, sharing no SP code), compared:
 /// loss, logits (gathered and unpadded), embedding-output gradients per token, every
 /// parameter gradient (on every rank after the gradient sync), and the layout invariants.
 check_report run_check(const scenario& s, const check_options& opt = {});

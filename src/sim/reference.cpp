@@ -1,0 +1,414 @@
+#include "sim/reference.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace seqpar::ref {
+
+// ------------------------------------------------------------------------------------------------
+// Parameters.
+
+const matrix& weights::at(std::string_view name) const {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return values[i];
+  fail<config_error>("reference: no parameter named '{}'; known: {}", name, fmt::join(names, ", "));
+}
+
+matrix& weights::at(std::string_view name) {
+  return const_cast<matrix&>(std::as_const(*this).at(name));
+}
+
+namespace {
+
+void check_sizes(const scenario& s) {
+  if (s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.hidden <= 0 ||
+      s.intermediate <= 0 || s.layers < 0 || s.vocab <= 0)
+    fail<config_error>(
+        "reference: sizes must be positive, got heads={} kv_heads={} head_dim={} hidden={} "
+        "intermediate={} layers={} vocab={}",
+        s.heads, s.kv_heads, s.head_dim, s.hidden, s.intermediate, s.layers, s.vocab);
+  if (s.heads % s.kv_heads != 0)
+    fail<config_error>("reference: heads={} is not divisible by kv_heads={}; use kv_heads "
+                       "dividing heads",
+                       s.heads, s.kv_heads);
+}
+
+std::string layer_name(int l, const char* what) { return fmt::format("L{}.{}", l, what); }
+
+}  // namespace
+
+std::vector<parameter_shape> parameter_shapes(const scenario& s) {
+  check_sizes(s);
+  const Eigen::Index h = s.hidden, q = Eigen::Index{s.heads} * s.head_dim,
+                     kv = Eigen::Index{s.kv_heads} * s.head_dim, f = s.intermediate, v = s.vocab;
+  std::vector<parameter_shape> out{{"embed", v, h}};
+  for (int l = 0; l < s.layers; ++l) {
+    out.push_back({layer_name(l, "attn_norm"), 1, h});
+    out.push_back({layer_name(l, "wq"), h, q});
+    out.push_back({layer_name(l, "wk"), h, kv});
+    out.push_back({layer_name(l, "wv"), h, kv});
+    out.push_back({layer_name(l, "wo"), q, h});
+    out.push_back({layer_name(l, "mlp_norm"), 1, h});
+    out.push_back({layer_name(l, "w_gate"), h, f});
+    out.push_back({layer_name(l, "w_up"), h, f});
+    out.push_back({layer_name(l, "w_down"), f, h});
+  }
+  out.push_back({"final_norm", 1, h});
+  out.push_back({"lm_head", h, v});
+  return out;
+}
+
+std::vector<std::pair<Eigen::Index, Eigen::Index>> documents(
+    std::span<const std::int64_t> position_ids) {
+  std::vector<std::pair<Eigen::Index, Eigen::Index>> docs;
+  const auto n = static_cast<Eigen::Index>(position_ids.size());
+  Eigen::Index begin = 0;
+  for (Eigen::Index i = 1; i < n; ++i)
+    if (position_ids[static_cast<std::size_t>(i)] == 0) {
+      docs.emplace_back(begin, i);
+      begin = i;
+    }
+  if (n > 0) docs.emplace_back(begin, n);
+  return docs;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Operations.
+
+namespace ops {
+
+matrix embedding(const matrix& table, std::span<const std::int64_t> ids) {
+  matrix y(static_cast<Eigen::Index>(ids.size()), table.cols());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= table.rows())
+      fail<shape_error>("reference: input id {} at token {} is outside [0, vocab={})", ids[i], i,
+                        table.rows());
+    y.row(static_cast<Eigen::Index>(i)) = table.row(ids[i]);
+  }
+  return y;
+}
+
+void embedding_backward(const matrix& dy, std::span<const std::int64_t> ids, matrix& dtable) {
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    dtable.row(ids[i]) += dy.row(static_cast<Eigen::Index>(i));
+}
+
+matrix linear(const matrix& x, const matrix& w) {
+  if (x.cols() != w.rows())
+    fail<shape_error>("reference: linear of x [{}, {}] with w [{}, {}]", x.rows(), x.cols(),
+                      w.rows(), w.cols());
+  return x * w;
+}
+
+matrix linear_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw) {
+  dw += x.transpose() * dy;
+  return dy * w.transpose();
+}
+
+matrix rms_norm(const matrix& x, const matrix& w) {
+  matrix y(x.rows(), x.cols());
+  const double width = static_cast<double>(x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    const double inv_rms = 1.0 / std::sqrt(x.row(i).squaredNorm() / width + rms_norm_eps);
+    y.row(i) = (x.row(i) * inv_rms).cwiseProduct(w.row(0));
+  }
+  return y;
+}
+
+matrix rms_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw) {
+  // With r = (mean x² + eps)^(−1/2) and y_j = x_j·r·w_j: dr/dx_k = −r³·x_k/width, so
+  // dx_k = r·g_k − x_k·r³·(g·x)/width where g = dy∘w.
+  matrix dx(x.rows(), x.cols());
+  const double width = static_cast<double>(x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    const double r = 1.0 / std::sqrt(x.row(i).squaredNorm() / width + rms_norm_eps);
+    dw.row(0) += dy.row(i).cwiseProduct(x.row(i)) * r;
+    const Eigen::RowVectorXd g = dy.row(i).cwiseProduct(w.row(0));
+    dx.row(i) = r * g - x.row(i) * (r * r * r * g.dot(x.row(i)) / width);
+  }
+  return dx;
+}
+
+namespace {
+
+/// Rotates each head of every token by angle·sign.
+matrix rotate(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions,
+              double sign) {
+  if (x.cols() != Eigen::Index{heads} * head_dim ||
+      static_cast<std::size_t>(x.rows()) != positions.size())
+    fail<shape_error>("reference: rope of x [{}, {}] with {} positions, {} heads of {}", x.rows(),
+                      x.cols(), positions.size(), heads, head_dim);
+  const int rot = head_dim - head_dim % 2;
+  const int half = rot / 2;
+  matrix y = x;
+  for (Eigen::Index t = 0; t < x.rows(); ++t) {
+    const double pos = static_cast<double>(positions[static_cast<std::size_t>(t)]);
+    for (int i = 0; i < half; ++i) {
+      const double angle = pos * std::pow(rope_theta, -2.0 * i / rot);
+      const double c = std::cos(angle), s = sign * std::sin(angle);
+      for (int h = 0; h < heads; ++h) {
+        const Eigen::Index a = Eigen::Index{h} * head_dim + i, b = a + half;
+        y(t, a) = x(t, a) * c - x(t, b) * s;
+        y(t, b) = x(t, b) * c + x(t, a) * s;
+      }
+    }
+  }
+  return y;
+}
+
+double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+void check_attention_shapes(const matrix& q, const matrix& k, const matrix& v, int heads,
+                            int kv_heads, int head_dim, std::size_t positions) {
+  if (q.cols() != Eigen::Index{heads} * head_dim || k.cols() != Eigen::Index{kv_heads} * head_dim ||
+      v.cols() != k.cols() || k.rows() != q.rows() || v.rows() != q.rows() ||
+      static_cast<std::size_t>(q.rows()) != positions)
+    fail<shape_error>("reference: attention of q [{}, {}], k [{}, {}], v [{}, {}] with {} "
+                      "positions, heads={} kv_heads={} head_dim={}",
+                      q.rows(), q.cols(), k.rows(), k.cols(), v.rows(), v.cols(), positions,
+                      heads, kv_heads, head_dim);
+}
+
+/// softmax over keys [a, i] of query row i, head h (reading KV head g).
+Eigen::VectorXd attention_probs(const matrix& q, const matrix& k, Eigen::Index i, Eigen::Index a,
+                                int h, int g, int head_dim, double scale) {
+  const Eigen::Index len = i - a + 1;
+  const auto keys = k.block(a, Eigen::Index{g} * head_dim, len, head_dim);
+  const auto query = q.block(i, Eigen::Index{h} * head_dim, 1, head_dim);
+  Eigen::VectorXd p = (keys * query.transpose()) * scale;
+  p = (p.array() - p.maxCoeff()).exp().matrix();
+  return p / p.sum();
+}
+
+}  // namespace
+
+matrix rope(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions) {
+  return rotate(x, heads, head_dim, positions, +1.0);
+}
+
+matrix rope_backward(const matrix& dy, int heads, int head_dim,
+                     std::span<const std::int64_t> positions) {
+  return rotate(dy, heads, head_dim, positions, -1.0);
+}
+
+matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
+                 int head_dim, std::span<const std::int64_t> position_ids) {
+  check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  matrix out = matrix::Zero(q.rows(), q.cols());
+  for (const auto& [a, e] : documents(position_ids))
+    for (int h = 0; h < heads; ++h) {
+      const int g = h * kv_heads / heads;
+      for (Eigen::Index i = a; i < e; ++i) {
+        const Eigen::VectorXd p = attention_probs(q, k, i, a, h, g, head_dim, scale);
+        out.block(i, Eigen::Index{h} * head_dim, 1, head_dim) =
+            p.transpose() * v.block(a, Eigen::Index{g} * head_dim, i - a + 1, head_dim);
+      }
+    }
+  return out;
+}
+
+void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
+                        int heads, int kv_heads, int head_dim,
+                        std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
+                        matrix& dv) {
+  check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  dq = matrix::Zero(q.rows(), q.cols());
+  dk = matrix::Zero(k.rows(), k.cols());
+  dv = matrix::Zero(v.rows(), v.cols());
+  for (const auto& [a, e] : documents(position_ids))
+    for (int h = 0; h < heads; ++h) {
+      const int g = h * kv_heads / heads;
+      const Eigen::Index qc = Eigen::Index{h} * head_dim, kc = Eigen::Index{g} * head_dim;
+      for (Eigen::Index i = a; i < e; ++i) {
+        const Eigen::Index len = i - a + 1;
+        const Eigen::VectorXd p = attention_probs(q, k, i, a, h, g, head_dim, scale);
+        const auto d_o = dout.block(i, qc, 1, head_dim);
+        // o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp); s = scale·K·q.
+        dv.block(a, kc, len, head_dim) += p * d_o;
+        const Eigen::VectorXd dp = v.block(a, kc, len, head_dim) * d_o.transpose();
+        const Eigen::VectorXd ds = p.cwiseProduct((dp.array() - p.dot(dp)).matrix()) * scale;
+        dq.block(i, qc, 1, head_dim) += ds.transpose() * k.block(a, kc, len, head_dim);
+        dk.block(a, kc, len, head_dim) += ds * q.block(i, qc, 1, head_dim);
+      }
+    }
+}
+
+matrix swiglu(const matrix& gate, const matrix& up) {
+  if (gate.rows() != up.rows() || gate.cols() != up.cols())
+    fail<shape_error>("reference: swiglu of gate [{}, {}] and up [{}, {}]", gate.rows(),
+                      gate.cols(), up.rows(), up.cols());
+  matrix y(gate.rows(), gate.cols());
+  for (Eigen::Index i = 0; i < gate.rows(); ++i)
+    for (Eigen::Index j = 0; j < gate.cols(); ++j)
+      y(i, j) = gate(i, j) * sigmoid(gate(i, j)) * up(i, j);
+  return y;
+}
+
+void swiglu_backward(const matrix& gate, const matrix& up, const matrix& dy, matrix& dgate,
+                     matrix& dup) {
+  dgate.resize(gate.rows(), gate.cols());
+  dup.resize(gate.rows(), gate.cols());
+  for (Eigen::Index i = 0; i < gate.rows(); ++i)
+    for (Eigen::Index j = 0; j < gate.cols(); ++j) {
+      const double g = gate(i, j), sg = sigmoid(g);
+      // d silu(g)/dg = σ(g) + g·σ(g)·(1 − σ(g)).
+      dgate(i, j) = dy(i, j) * up(i, j) * (sg + g * sg * (1.0 - sg));
+      dup(i, j) = dy(i, j) * g * sg;
+    }
+}
+
+namespace {
+
+void check_labels(const matrix& logits, std::span<const std::int64_t> labels) {
+  if (static_cast<std::size_t>(logits.rows()) != labels.size())
+    fail<shape_error>("reference: {} logit rows but {} labels", logits.rows(), labels.size());
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] != ignore_label && (labels[i] < 0 || labels[i] >= logits.cols()))
+      fail<shape_error>("reference: label {} at token {} is outside [0, vocab={}) and is not -100",
+                        labels[i], i, logits.cols());
+}
+
+/// softmax of one row, computed with its maximum subtracted.
+Eigen::RowVectorXd softmax_row(const matrix& z, Eigen::Index i) {
+  const Eigen::RowVectorXd e = (z.row(i).array() - z.row(i).maxCoeff()).exp().matrix();
+  return e / e.sum();
+}
+
+}  // namespace
+
+double cross_entropy_sum(const matrix& logits, std::span<const std::int64_t> labels,
+                         std::int64_t& valid) {
+  check_labels(logits, labels);
+  double sum = 0;
+  valid = 0;
+  for (Eigen::Index i = 0; i < logits.rows(); ++i) {
+    const auto y = labels[static_cast<std::size_t>(i)];
+    if (y == ignore_label) continue;
+    const double m = logits.row(i).maxCoeff();
+    const double log_z = m + std::log((logits.row(i).array() - m).exp().sum());
+    sum += log_z - logits(i, y);
+    ++valid;
+  }
+  return sum;
+}
+
+matrix cross_entropy_backward(const matrix& logits, std::span<const std::int64_t> labels,
+                              double coef) {
+  check_labels(logits, labels);
+  matrix d = matrix::Zero(logits.rows(), logits.cols());
+  for (Eigen::Index i = 0; i < logits.rows(); ++i) {
+    const auto y = labels[static_cast<std::size_t>(i)];
+    if (y == ignore_label) continue;
+    d.row(i) = softmax_row(logits, i) * coef;
+    d(i, y) -= coef;
+  }
+  return d;
+}
+
+}  // namespace ops
+
+// ------------------------------------------------------------------------------------------------
+// The training step.
+
+namespace {
+
+void check_weights(const scenario& s, const weights& w) {
+  const auto shapes = parameter_shapes(s);
+  if (w.names.size() != shapes.size() || w.values.size() != shapes.size())
+    fail<config_error>("reference: {} parameters given, the scenario has {}", w.names.size(),
+                       shapes.size());
+  for (const auto& sh : shapes) {
+    const matrix& m = w.at(sh.name);
+    if (m.rows() != sh.rows || m.cols() != sh.cols)
+      fail<config_error>("reference: parameter '{}' is [{}, {}], the scenario needs [{}, {}]",
+                         sh.name, m.rows(), m.cols(), sh.rows, sh.cols);
+  }
+}
+
+/// What the forward of one layer keeps for the backward.
+struct layer_activations {
+  matrix x_in, a, q, k, v, o, x_mid, m, gate, up, act;
+};
+
+}  // namespace
+
+step_result train_step(const scenario& s, const weights& w, const batch& b) {
+  check_weights(s, w);
+  if (b.labels.size() != b.input_ids.size() || b.position_ids.size() != b.input_ids.size())
+    fail<shape_error>("reference: {} input_ids, {} labels and {} position_ids; one of each per "
+                      "token",
+                      b.input_ids.size(), b.labels.size(), b.position_ids.size());
+  const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
+  const std::span<const std::int64_t> ids(b.input_ids), labels(b.labels), pos(b.position_ids);
+
+  step_result out;
+  for (const auto& sh : parameter_shapes(s)) {
+    out.grads.names.push_back(sh.name);
+    out.grads.values.push_back(matrix::Zero(sh.rows, sh.cols));
+  }
+  weights& gr = out.grads;
+  const auto L = layer_name;
+
+  // Forward: x ← x + attention(norm(x)); x ← x + mlp(norm(x)).
+  matrix x = ops::embedding(w.at("embed"), ids);
+  std::vector<layer_activations> acts(static_cast<std::size_t>(s.layers));
+  for (int l = 0; l < s.layers; ++l) {
+    auto& c = acts[static_cast<std::size_t>(l)];
+    c.x_in = x;
+    c.a = ops::rms_norm(x, w.at(L(l, "attn_norm")));
+    c.q = ops::rope(ops::linear(c.a, w.at(L(l, "wq"))), H, D, pos);
+    c.k = ops::rope(ops::linear(c.a, w.at(L(l, "wk"))), Hkv, D, pos);
+    c.v = ops::linear(c.a, w.at(L(l, "wv")));
+    c.o = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos);
+    c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")));
+    c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")));
+    c.gate = ops::linear(c.m, w.at(L(l, "w_gate")));
+    c.up = ops::linear(c.m, w.at(L(l, "w_up")));
+    c.act = ops::swiglu(c.gate, c.up);
+    x = c.x_mid + ops::linear(c.act, w.at(L(l, "w_down")));
+  }
+  const matrix final_normed = ops::rms_norm(x, w.at("final_norm"));
+  out.logits = ops::linear(final_normed, w.at("lm_head"));
+
+  // Loss: mean cross-entropy over the valid labels (0 when there are none).
+  const double ce = ops::cross_entropy_sum(out.logits, labels, out.valid_tokens);
+  const double denom = static_cast<double>(std::max<std::int64_t>(out.valid_tokens, 1));
+  out.loss = ce / denom;
+
+  // Backward.
+  const matrix dlogits = ops::cross_entropy_backward(out.logits, labels, 1.0 / denom);
+  const matrix dfinal = ops::linear_backward(final_normed, w.at("lm_head"), dlogits, gr.at("lm_head"));
+  matrix dx = ops::rms_norm_backward(x, w.at("final_norm"), dfinal, gr.at("final_norm"));
+  for (int l = s.layers - 1; l >= 0; --l) {
+    const auto& c = acts[static_cast<std::size_t>(l)];
+    const matrix dact = ops::linear_backward(c.act, w.at(L(l, "w_down")), dx, gr.at(L(l, "w_down")));
+    matrix dgate, dup;
+    ops::swiglu_backward(c.gate, c.up, dact, dgate, dup);
+    matrix dm = ops::linear_backward(c.m, w.at(L(l, "w_gate")), dgate, gr.at(L(l, "w_gate")));
+    dm += ops::linear_backward(c.m, w.at(L(l, "w_up")), dup, gr.at(L(l, "w_up")));
+    const matrix dx_mid =
+        dx + ops::rms_norm_backward(c.x_mid, w.at(L(l, "mlp_norm")), dm, gr.at(L(l, "mlp_norm")));
+
+    const matrix d_o = ops::linear_backward(c.o, w.at(L(l, "wo")), dx_mid, gr.at(L(l, "wo")));
+    matrix dq, dk, dv;
+    ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv);
+    matrix da = ops::linear_backward(c.a, w.at(L(l, "wq")), ops::rope_backward(dq, H, D, pos),
+                                     gr.at(L(l, "wq")));
+    da += ops::linear_backward(c.a, w.at(L(l, "wk")), ops::rope_backward(dk, Hkv, D, pos),
+                               gr.at(L(l, "wk")));
+    da += ops::linear_backward(c.a, w.at(L(l, "wv")), dv, gr.at(L(l, "wv")));
+    dx = dx_mid + ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));
+  }
+  ops::embedding_backward(dx, ids, gr.at("embed"));
+  out.embed_out_grad = std::move(dx);
+  return out;
+}
+
+}  // namespace seqpar::ref

@@ -1,0 +1,135 @@
+#pragma once
+// The independent oracle of `seqpar check`: one training step of the decoder on the whole,
+// unpadded row, written from the model's definition for clarity rather than speed.
+//
+// It shares no code with what it checks: no communicator, no compute backend, no all-to-all, no
+// KV repeat, no fused-KV stack/unstack, no pack/unpack, no ring sections, no collation. Attention
+// is computed by its definition (query head h reads KV head floor(h·Hkv/H); causal within each
+// document, a document starting where position_id == 0), one query row at a time so memory stays
+// O(tokens·heads). From the rest of seqpar it takes only the scenario struct (sizes, read as plain
+// data) and the error types; the parameters come in as names and matrices. The library is built
+// from this file's .cpp alone against fmt and Eigen, and tests/unit/reference_independence-test.sh
+// fails if it includes any other project header or needs any other seqpar symbol.
+#include <Eigen/Core>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/scenario.hpp"
+
+namespace seqpar::ref {
+
+/// Row-major double matrix: rows are tokens, or a projection's input features.
+using matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// RMSNorm epsilon (inside the root) and RoPE base.
+inline constexpr double rms_norm_eps = 1e-6;
+inline constexpr double rope_theta = 10000.0;
+/// The label that contributes nothing to the loss.
+inline constexpr std::int64_t ignore_label = -100;
+
+/// Named parameters, plain data. Names and shapes (see parameter_shapes): "embed" [vocab,
+/// hidden]; per layer l "L{l}.attn_norm" [1, hidden], "L{l}.wq" [hidden, heads·head_dim],
+/// "L{l}.wk", "L{l}.wv" [hidden, kv_heads·head_dim], "L{l}.wo" [heads·head_dim, hidden],
+/// "L{l}.mlp_norm" [1, hidden], "L{l}.w_gate", "L{l}.w_up" [hidden, intermediate], "L{l}.w_down"
+/// [intermediate, hidden]; "final_norm" [1, hidden]; "lm_head" [hidden, vocab]. Projections
+/// are [in, out]: y = x·W.
+struct weights {
+  std::vector<std::string> names;
+  std::vector<matrix> values;
+
+  /// The parameter called `name`; throws config_error if absent.
+  const matrix& at(std::string_view name) const;
+  matrix& at(std::string_view name);
+};
+
+struct parameter_shape {
+  std::string name;
+  Eigen::Index rows = 0, cols = 0;
+};
+
+/// Every parameter the decoder of `s` has, in a fixed order (the order of `weights` above).
+std::vector<parameter_shape> parameter_shapes(const scenario& s);
+
+/// The row the reference trains on, unpadded.
+struct batch {
+  std::vector<std::int64_t> input_ids;
+  std::vector<std::int64_t> labels;        ///< aligned: CE(logits[i], labels[i]); -100 = ignore
+  std::vector<std::int64_t> position_ids;  ///< RoPE positions; 0 starts a document
+};
+
+struct step_result {
+  double loss = 0;               ///< Σ CE over valid labels / max(valid_tokens, 1)
+  std::int64_t valid_tokens = 0;  ///< labels != -100
+  matrix logits;                 ///< [tokens, vocab]
+  matrix embed_out_grad;         ///< dLoss/d(embedding output), [tokens, hidden]
+  weights grads;                 ///< dLoss/d(parameter), same names and order as parameter_shapes
+};
+
+/// Forward, loss and backward of the whole row. Throws config_error when `w` does not hold
+/// exactly the parameters of `s` (names and shapes), shape_error on an inconsistent batch or an
+/// id/label outside the vocabulary.
+step_result train_step(const scenario& s, const weights& w, const batch& b);
+
+/// Document boundaries [begin, end) of a packed row: a document starts at index 0 and wherever
+/// position_id == 0.
+std::vector<std::pair<Eigen::Index, Eigen::Index>> documents(
+    std::span<const std::int64_t> position_ids);
+
+/// The operations, forward and hand-written backward, exposed for finite-difference tests.
+/// Backward functions return the input gradient and ADD parameter gradients into `d…`.
+namespace ops {
+
+/// y[i] = table[ids[i]].
+matrix embedding(const matrix& table, std::span<const std::int64_t> ids);
+/// dtable[ids[i]] += dy[i].
+void embedding_backward(const matrix& dy, std::span<const std::int64_t> ids, matrix& dtable);
+
+/// y = x·w.
+matrix linear(const matrix& x, const matrix& w);
+/// dx = dy·wᵀ; dw += xᵀ·dy.
+matrix linear_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw);
+
+/// y[i, j] = x[i, j] / sqrt(mean_k x[i, k]² + eps) · w[j].
+matrix rms_norm(const matrix& x, const matrix& w);
+matrix rms_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw);
+
+/// Rotary embedding, rotate-half convention, on x [tokens, heads·head_dim]: per head, over the
+/// even prefix of width rot = head_dim − head_dim % 2 (an odd head_dim leaves its last dimension
+/// as is), with half = rot/2 and angle_i = position·theta^(−2i/rot) for i < half:
+/// y[i] = x[i]·cos − x[i+half]·sin, y[i+half] = x[i+half]·cos + x[i]·sin.
+matrix rope(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions);
+/// The transpose of the rotation (rotation by −angle).
+matrix rope_backward(const matrix& dy, int heads, int head_dim,
+                     std::span<const std::int64_t> positions);
+
+/// Causal attention within documents: q [tokens, heads·head_dim], k and v [tokens,
+/// kv_heads·head_dim]; for query head h (KV head g = floor(h·kv_heads/heads)) and token i of
+/// document [a, e): o_i = Σ_{a ≤ j ≤ i} softmax_j(scale·q_i·k_j) v_j, scale = 1/sqrt(head_dim).
+matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
+                 int head_dim, std::span<const std::int64_t> position_ids);
+/// dq, dk, dv (overwritten) from dout.
+void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
+                        int heads, int kv_heads, int head_dim,
+                        std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
+                        matrix& dv);
+
+/// y = silu(gate)·up, silu(g) = g·sigmoid(g).
+matrix swiglu(const matrix& gate, const matrix& up);
+/// dgate, dup (overwritten) from dy.
+void swiglu_backward(const matrix& gate, const matrix& up, const matrix& dy, matrix& dgate,
+                     matrix& dup);
+
+/// Σ over rows with a label != -100 of −log softmax(z_i)[label_i]; `valid` counts those rows.
+double cross_entropy_sum(const matrix& logits, std::span<const std::int64_t> labels,
+                         std::int64_t& valid);
+/// d(coef·cross_entropy_sum)/dlogits.
+matrix cross_entropy_backward(const matrix& logits, std::span<const std::int64_t> labels,
+                              double coef);
+
+}  // namespace ops
+
+}  // namespace seqpar::ref

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# seqpar's reference against PyTorch computed now (the committed fixtures are checked by
+# torch_fixtures): dump every scenario's input, run tools/crosscheck/torch_reference.py, compare.
+# Exit 77 (meson SKIP) when torch cannot be imported.
+#   torch_live-test.sh TORCH_CROSSCHECK SOURCE_DIR
+set -u
+tc=$1
+src=$2
+# The first of $PYTHON, python3 on PATH and Debian's /usr/bin/python3 (python3-torch) that has it.
+py=""
+for cand in ${PYTHON:-} python3 /usr/bin/python3; do
+  if "$cand" -c 'import torch' 2>/dev/null; then
+    py=$cand
+    break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "SKIP: no python3 here can import torch (apt-get install python3-torch)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$tc" dump "$tmp/in" >/dev/null || exit 1
+"$py" "$src/tools/crosscheck/torch_reference.py" "$tmp"/in/*.input.json --out-dir "$tmp/torch" \
+  >/dev/null || exit 1
+"$tc" compare "$tmp/torch"

@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+r"""One training step of seqpar's decoder in PyTorch (float64, autograd), written the way the
+Hugging Face Llama / Qwen2 / Qwen3 modelling code structures it (nn.Linear projections, an
+RMSNorm module, rotate_half RoPE, repeat_kv for GQA, masked scaled-dot-product attention, a SwiGLU
+MLP, cross-entropy with ignore_index=-100 summed and divided by the number of valid labels).
+It is the external witness for seqpar's own reference (src/sim/reference.hpp).
+
+Input: the JSON that `torch_crosscheck dump DIR` writes per scenario (tests/equivalence/
+torch_crosscheck.cpp): sizes, the unpadded row (input_ids, position_ids, labels already aligned
+to tokens) and every parameter as base64 little-endian float64 with seqpar's [in, out] layout.
+Output (--out-dir, one NAME.json per input): loss, valid_tokens and, as base64 float64 tensors,
+"logits" [L, vocab], "embedding.output.grad" [L, hidden] and "grad.NAME" for every parameter
+(in seqpar's layout).
+
+    build/tests/equivalence/torch_crosscheck dump /tmp/torch-in
+    /usr/bin/python3 tools/crosscheck/torch_reference.py /tmp/torch-in/*.input.json \
+        --out-dir tests/equivalence/data/torch
+    build/tests/equivalence/torch_crosscheck compare tests/equivalence/data/torch
+"""
+import argparse
+import base64
+import json
+import math
+import os
+import sys
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+f64 = torch.float64
+
+
+def decode(t):
+    raw = base64.b64decode(t["f64le"])
+    flat = torch.frombuffer(bytearray(raw), dtype=f64).clone()
+    return flat.reshape(t["shape"])
+
+
+def encode(name, x):
+    x = x.detach().to(f64).contiguous()
+    data = x.numpy().astype("<f8").tobytes()
+    return {"name": name, "shape": list(x.shape), "f64le": base64.b64encode(data).decode("ascii")}
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps), then scaled by a learned weight."""
+
+    def __init__(self, width, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width, dtype=f64))
+        self.eps = eps
+
+    def forward(self, x):
+        mean_square = x.pow(2).mean(dim=-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(mean_square + self.eps))
+
+
+def rotate_half(x):
+    front, back = x.chunk(2, dim=-1)
+    return torch.cat((-back, front), dim=-1)
+
+
+class Rotary:
+    """Rotary embedding over the even prefix of each head (an odd head_dim passes its last
+    dimension through, partial rotary as GPT-NeoX does)."""
+
+    def __init__(self, head_dim, theta):
+        self.width = head_dim - head_dim % 2
+        steps = torch.arange(0, self.width, 2, dtype=f64) / self.width
+        self.inv_freq = 1.0 / (theta ** steps)
+
+    def cos_sin(self, position_ids):
+        angles = position_ids.to(f64)[..., None] * self.inv_freq  # [batch, seq, width/2]
+        both = torch.cat((angles, angles), dim=-1)
+        return both.cos(), both.sin()
+
+    def apply(self, x, cos, sin):
+        # x [batch, heads, seq, head_dim]; cos/sin [batch, seq, width] broadcast over heads.
+        cos, sin = cos[:, None], sin[:, None]
+        turned, kept = x[..., : self.width], x[..., self.width :]
+        return torch.cat((turned * cos + rotate_half(turned) * sin, kept), dim=-1)
+
+
+def repeat_kv(x, times):
+    """[batch, kv_heads, seq, d] -> [batch, kv_heads·times, seq, d], each head repeated in place
+    (query head h reads KV head h // times)."""
+    if times == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, times, s, d).reshape(b, h * times, s, d)
+
+
+def document_mask(position_ids):
+    """Additive mask [batch, 1, seq, seq]: token i sees token j iff j <= i in the same document
+    (a document starts where position_id == 0)."""
+    doc = torch.cumsum((position_ids == 0).to(torch.int64), dim=-1)
+    seq = position_ids.shape[-1]
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    allowed = (doc[:, :, None] == doc[:, None, :]) & causal
+    mask = torch.zeros(allowed.shape, dtype=f64)
+    mask.masked_fill_(~allowed, torch.finfo(f64).min)
+    return mask[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+        hidden = cfg["hidden"]
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False, dtype=f64)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False, dtype=f64)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False, dtype=f64)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False, dtype=f64)
+
+    def forward(self, x, rotary, cos, sin, mask):
+        b, s, _ = x.shape
+        split = lambda t, n: t.view(b, s, n, self.head_dim).transpose(1, 2)
+        q = rotary.apply(split(self.q_proj(x), self.heads), cos, sin)
+        k = rotary.apply(split(self.k_proj(x), self.kv_heads), cos, sin)
+        v = split(self.v_proj(x), self.kv_heads)
+        k = repeat_kv(k, self.heads // self.kv_heads)
+        v = repeat_kv(v, self.heads // self.kv_heads)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim) + mask
+        probs = torch.softmax(scores, dim=-1)
+        out = (probs @ v).transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        hidden, inter = cfg["hidden"], cfg["intermediate"]
+        self.gate_proj = nn.Linear(hidden, inter, bias=False, dtype=f64)
+        self.up_proj = nn.Linear(hidden, inter, bias=False, dtype=f64)
+        self.down_proj = nn.Linear(inter, hidden, bias=False, dtype=f64)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, eps):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg["hidden"], eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg["hidden"], eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, rotary, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg, eps, theta):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg["vocab"], cfg["hidden"], dtype=f64)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, eps) for _ in range(cfg["layers"]))
+        self.norm = RMSNorm(cfg["hidden"], eps)
+        self.lm_head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False, dtype=f64)
+        self.rotary = Rotary(cfg["head_dim"], theta)
+
+    def forward(self, input_ids, position_ids):
+        embedded = self.embed_tokens(input_ids)
+        embedded.retain_grad()
+        cos, sin = self.rotary.cos_sin(position_ids)
+        mask = document_mask(position_ids)
+        x = embedded
+        for layer in self.layers:
+            x = layer(x, self.rotary, cos, sin, mask)
+        return self.lm_head(self.norm(x)), embedded
+
+
+def seqpar_names(layers):
+    """seqpar's parameter name -> (torch parameter path, stored transposed?). seqpar keeps
+    projections as [in, out] (y = x·W); nn.Linear keeps weight as [out, in] (y = x·Wᵀ)."""
+    names = {"embed": ("embed_tokens.weight", False)}
+    for l in range(layers):
+        p = f"layers.{l}."
+        names.update({
+            f"L{l}.attn_norm": (p + "input_layernorm.weight", False),
+            f"L{l}.wq": (p + "self_attn.q_proj.weight", True),
+            f"L{l}.wk": (p + "self_attn.k_proj.weight", True),
+            f"L{l}.wv": (p + "self_attn.v_proj.weight", True),
+            f"L{l}.wo": (p + "self_attn.o_proj.weight", True),
+            f"L{l}.mlp_norm": (p + "post_attention_layernorm.weight", False),
+            f"L{l}.w_gate": (p + "mlp.gate_proj.weight", True),
+            f"L{l}.w_up": (p + "mlp.up_proj.weight", True),
+            f"L{l}.w_down": (p + "mlp.down_proj.weight", True),
+        })
+    names["final_norm"] = ("norm.weight", False)
+    names["lm_head"] = ("lm_head.weight", True)
+    return names
+
+
+def run(case):
+    cfg = case["scenario"]
+    conv = case["conventions"]
+    model = Decoder(cfg, conv["rms_norm_eps"], conv["rope_theta"])
+    params = dict(model.named_parameters())
+    names = seqpar_names(cfg["layers"])
+    if sorted(names) != sorted(t["name"] for t in case["weights"]):
+        sys.exit(f"{cfg['name']}: parameter names differ from the model's: "
+                 f"{sorted(t['name'] for t in case['weights'])}")
+    with torch.no_grad():
+        for t in case["weights"]:
+            path, transposed = names[t["name"]]
+            value = decode(t)
+            if transposed:
+                value = value.T
+            params[path].copy_(value.reshape(params[path].shape))
+
+    batch = case["batch"]
+    input_ids = torch.tensor([batch["input_ids"]], dtype=torch.int64)
+    position_ids = torch.tensor([batch["position_ids"]], dtype=torch.int64)
+    labels = torch.tensor(batch["labels"], dtype=torch.int64)
+    logits, embedded = model(input_ids, position_ids)
+    logits = logits[0]
+    valid = int((labels != -100).sum())
+    ce = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+    loss = ce / max(valid, 1)
+    loss.backward()
+
+    tensors = [encode("logits", logits), encode("embedding.output.grad", embedded.grad[0])]
+    for t in case["weights"]:
+        path, transposed = names[t["name"]]
+        g = params[path].grad
+        g = g.T if transposed else g.reshape(t["shape"])
+        tensors.append(encode("grad." + t["name"], g))
+    return {
+        "scenario": cfg["name"],
+        "producer": f"tools/crosscheck/torch_reference.py, torch {torch.__version__}, float64",
+        "loss": loss.item(),
+        "valid_tokens": valid,
+        "tensors": tensors,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("inputs", nargs="+", help="NAME.input.json files from torch_crosscheck dump")
+    ap.add_argument("--out-dir", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    os.makedirs(args.out_dir, exist_ok=True)
+    for path in args.inputs:
+        with open(path) as f:
+            case = json.load(f)
+        out = run(case)
+        target = os.path.join(args.out_dir, case["scenario"]["name"] + ".json")
+        with open(target, "w") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
+        print(f"{case['scenario']['name']}: loss {out['loss']!r} over {out['valid_tokens']} tokens -> {target}")
+
+
+if __name__ == "__main__":
+    main()
