@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/batch_json.hpp"
 #include "core/error.hpp"
+#include "io/batch_json.hpp"
 #include "trace/replay.hpp"
 #include "trace/trace_io.hpp"
 

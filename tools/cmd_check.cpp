@@ -4,12 +4,12 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
-#include "verify/check_mpi.hpp"
 #include "cli.hpp"
 #include "core/error.hpp"
+#include "io/scenario_json.hpp"
 #include "scenario_flags.hpp"
 #include "verify/check.hpp"
-#include "io/scenario_json.hpp"
+#include "verify/check_mpi.hpp"
 
 namespace seqpar::cli {
 
@@ -37,8 +37,10 @@ nlohmann::json report_json(const verify::check_report& r) {
   for (const auto& row : r.rows) {
     nlohmann::json j = {{"tensor", row.tensor},
                         {"numel", row.numel},
-                        {"max_abs", std::isfinite(row.max_abs) ? nlohmann::json(row.max_abs) : nlohmann::json("inf")},
-                        {"max_rel", std::isfinite(row.max_rel) ? nlohmann::json(row.max_rel) : nlohmann::json("inf")},
+                        {"max_abs", std::isfinite(row.max_abs) ? nlohmann::json(row.max_abs)
+                                                               : nlohmann::json("inf")},
+                        {"max_rel", std::isfinite(row.max_rel) ? nlohmann::json(row.max_rel)
+                                                               : nlohmann::json("inf")},
                         {"tolerance", row.tolerance},
                         {"pass", row.pass}};
     if (!row.note.empty()) j["note"] = row.note;
@@ -68,14 +70,15 @@ std::string report_text(const verify::check_report& r) {
   int passed = 0;
   for (const auto& row : r.rows) {
     passed += row.pass;
-    o += fmt::format("{:<28} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.tensor, row.numel,
-                     fmt_num(row.max_abs), fmt_num(row.max_rel), fmt_num(row.tolerance),
-                     row.pass ? "PASS" : "FAIL",
-                     row.note.empty() || (row.pass && row.tensor != "loss") ? "" : "  (" + row.note + ")");
+    o += fmt::format(
+        "{:<28} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.tensor, row.numel, fmt_num(row.max_abs),
+        fmt_num(row.max_rel), fmt_num(row.tolerance), row.pass ? "PASS" : "FAIL",
+        row.note.empty() || (row.pass && row.tensor != "loss") ? "" : "  (" + row.note + ")");
   }
-  o += fmt::format("\n{}: {} of {} tensors within tolerance ({}); SP {:.2f} s, reference {:.2f} s\n",
-                   r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model, r.sp_seconds,
-                   r.reference_seconds);
+  o +=
+      fmt::format("\n{}: {} of {} tensors within tolerance ({}); SP {:.2f} s, reference {:.2f} s\n",
+                  r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model, r.sp_seconds,
+                  r.reference_seconds);
   if (!r.pass) o += fmt::format("reproduce: {}\n", io::scenario_command(r.scen));
   return o;
 }
@@ -107,7 +110,8 @@ action add_check(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!a->quiet)
       opt.progress = [t0](std::string_view line) {
-        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double t =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
       };
     auto print = [a](const verify::check_report& rep) {

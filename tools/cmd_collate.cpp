@@ -2,11 +2,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "io/batch_json.hpp"
 #include "cli.hpp"
 #include "core/error.hpp"
-#include "scenario_flags.hpp"
+#include "io/batch_json.hpp"
 #include "io/scenario_json.hpp"
+#include "scenario_flags.hpp"
 
 namespace seqpar::cli {
 

@@ -25,13 +25,17 @@ action add_import(CLI::App& app) {
   return [o]() {
     const auto files = import::expand_inputs(o->inputs);
     trace::trace_data t;
-    if (o->from == "fr") t = import::from_fr(files);
-    else if (o->from == "kineto") t = import::from_kineto(files);
-    else if (o->from == "nccl-log") t = import::from_nccl_log(files);
+    if (o->from == "fr")
+      t = import::from_fr(files);
+    else if (o->from == "kineto")
+      t = import::from_kineto(files);
+    else if (o->from == "nccl-log")
+      t = import::from_nccl_log(files);
     else
-      fail<config_error>("--from '{}' is unknown; use fr, kineto or nccl-log (pickle Flight "
-                         "Recorder dumps: convert with tools/fr_pickle_to_json.py first)",
-                         o->from);
+      fail<config_error>(
+          "--from '{}' is unknown; use fr, kineto or nccl-log (pickle Flight "
+          "Recorder dumps: convert with tools/fr_pickle_to_json.py first)",
+          o->from);
     trace::write_atomic(o->out, t.text());
     fmt::print(stderr, "seqpar import: {} records from {} file(s) → {}\n", t.calls.size(),
                files.size(), o->out);

@@ -9,8 +9,8 @@
 #include "core/layout.hpp"
 #include "core/ring_schedule.hpp"
 #include "core/ulysses_plan.hpp"
-#include "scenario_flags.hpp"
 #include "io/scenario_json.hpp"
+#include "scenario_flags.hpp"
 
 namespace seqpar::cli {
 
@@ -41,7 +41,8 @@ std::vector<stage> stages_of(const scenario& s, const collated_batch& cb) {
 }
 
 nlohmann::json balance_json(const balance& b) {
-  return {{"work", b.work}, {"ratio", std::isfinite(b.ratio) ? nlohmann::json(b.ratio) : nlohmann::json("inf")}};
+  return {{"work", b.work},
+          {"ratio", std::isfinite(b.ratio) ? nlohmann::json(b.ratio) : nlohmann::json("inf")}};
 }
 
 nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
@@ -54,17 +55,18 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
       sched.push_back(
           {{"step", st.step}, {"kv_src", st.kv_src}, {"section", section_name(st.section)}});
     nlohmann::json stages = nlohmann::json::array();
-    for (const auto& st : stages_of(s, cb)) stages.push_back({{"stage", st.name}, {"shape", st.dims}});
-    ranks.push_back({{"cp_rank", k},
-                     {"ulysses_rank", u},
-                     {"ring_rank", r},
-                     {"tokens", rank_tokens(cb, k)},
-                     {"q_heads", q_heads_of(u, s.heads, s.ulysses)},
-                     {"kv_heads", kv_heads_of(u, s.kv_heads, s.ulysses)},
-                     {"ring_schedule", sched},
-                     {"stages", stages},
-                     {"attention_work", causal_work(ring_rank_tokens(cb, r), cu) *
-                                            (s.heads / s.ulysses)}});
+    for (const auto& st : stages_of(s, cb))
+      stages.push_back({{"stage", st.name}, {"shape", st.dims}});
+    ranks.push_back(
+        {{"cp_rank", k},
+         {"ulysses_rank", u},
+         {"ring_rank", r},
+         {"tokens", rank_tokens(cb, k)},
+         {"q_heads", q_heads_of(u, s.heads, s.ulysses)},
+         {"kv_heads", kv_heads_of(u, s.kv_heads, s.ulysses)},
+         {"ring_schedule", sched},
+         {"stages", stages},
+         {"attention_work", causal_work(ring_rank_tokens(cb, r), cu) * (s.heads / s.ulysses)}});
   }
   const auto cost = attention_layer_cost(s, cb, dtype::f32);
   nlohmann::json items = nlohmann::json::array();
@@ -82,13 +84,15 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
           {"tokens_per_rank", cb.chunk},
           {"cu_seqlens", cu},
           {"ranks", ranks},
-          {"balance", {{"layout", s.zigzag && s.ring > 1 ? "zigzag" : "contiguous"},
-                       {"zigzag", balance_json(ring_balance(cb))},
-                       {"contiguous", balance_json(contiguous_balance(cb))}}},
-          {"bytes_per_layer", {{"dtype", "float32"},
-                               {"forward", cost.forward_bytes},
-                               {"backward", cost.backward_bytes},
-                               {"collectives", items}}}};
+          {"balance",
+           {{"layout", s.zigzag && s.ring > 1 ? "zigzag" : "contiguous"},
+            {"zigzag", balance_json(ring_balance(cb))},
+            {"contiguous", balance_json(contiguous_balance(cb))}}},
+          {"bytes_per_layer",
+           {{"dtype", "float32"},
+            {"forward", cost.forward_bytes},
+            {"backward", cost.backward_bytes},
+            {"collectives", items}}}};
 }
 
 std::string ranges_of(const std::vector<std::int64_t>& t) {
@@ -106,21 +110,22 @@ std::string ranges_of(const std::vector<std::int64_t>& t) {
 
 std::string plan_text(const scenario& s, const collated_batch& cb) {
   std::string o;
-  o += fmt::format("scenario {}: profile {}, ulysses {} × ring {} = cp {}, heads {}/{} kv, dim {}\n",
-                   s.name, profile_name(s.profile), s.ulysses, s.ring, s.cp(), s.heads, s.kv_heads,
-                   s.head_dim);
+  o += fmt::format(
+      "scenario {}: profile {}, ulysses {} × ring {} = cp {}, heads {}/{} kv, dim {}\n", s.name,
+      profile_name(s.profile), s.ulysses, s.ring, s.cp(), s.heads, s.kv_heads, s.head_dim);
   o += fmt::format("documents {} → {} tokens, padded to {} ({} per rank); cu_seqlens {}\n\n",
                    fmt::join(s.docs, ","), cb.original_length, cb.padded_length, cb.chunk,
                    fmt::join(attention_cu_seqlens(cb), ","));
-  o += fmt::format("{:>4} {:>3} {:>3}  {:<28} {:<14} {:<10} {}\n", "cp", "u", "r", "tokens (global)",
-                   "q heads", "kv heads", "ring schedule (src:section)");
+  o += fmt::format("{:>4} {:>3} {:>3}  {:<28} {:<14} {:<10} {}\n", "cp", "u", "r",
+                   "tokens (global)", "q heads", "kv heads", "ring schedule (src:section)");
   for (int k = 0; k < s.cp(); ++k) {
     const int u = k % s.ulysses, r = k / s.ulysses;
     std::vector<std::string> sched;
     for (const auto& st : ring_schedule(r, s.ring, s.zigzag))
       sched.push_back(fmt::format("{}:{}", st.kv_src, section_name(st.section)));
     o += fmt::format("{:>4} {:>3} {:>3}  {:<28} {:<14} {:<10} {}\n", k, u, r,
-                     ranges_of(rank_tokens(cb, k)), fmt::format("{}", fmt::join(q_heads_of(u, s.heads, s.ulysses), ",")),
+                     ranges_of(rank_tokens(cb, k)),
+                     fmt::format("{}", fmt::join(q_heads_of(u, s.heads, s.ulysses), ",")),
                      fmt::format("{}", fmt::join(kv_heads_of(u, s.kv_heads, s.ulysses), ",")),
                      fmt::join(sched, " "));
   }
@@ -128,10 +133,11 @@ std::string plan_text(const scenario& s, const collated_batch& cb) {
   for (const auto& st : stages_of(s, cb))
     o += fmt::format("  {:<22} [{}]\n", st.name, fmt::join(st.dims, ", "));
   auto zz = ring_balance(cb), ct = contiguous_balance(cb);
-  o += fmt::format("\ncausal attention work per ring rank (q·k pairs):\n  {:<10} {}  max/min {:.3f}\n  "
-                   "{:<10} {}  max/min {:.3f}\n",
-                   s.ring > 1 && s.zigzag ? "zigzag" : "layout", fmt::join(zz.work, " "), zz.ratio,
-                   "contiguous", fmt::join(ct.work, " "), ct.ratio);
+  o += fmt::format(
+      "\ncausal attention work per ring rank (q·k pairs):\n  {:<10} {}  max/min {:.3f}\n  "
+      "{:<10} {}  max/min {:.3f}\n",
+      s.ring > 1 && s.zigzag ? "zigzag" : "layout", fmt::join(zz.work, " "), zz.ratio, "contiguous",
+      fmt::join(ct.work, " "), ct.ratio);
   const auto cost = attention_layer_cost(s, cb, dtype::f32);
   o += "\nbytes per rank per attention layer (float32):\n";
   for (const auto& c : cost.items)

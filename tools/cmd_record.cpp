@@ -6,10 +6,10 @@
 #include "core/collate.hpp"
 #include "core/error.hpp"
 #include "core/mesh.hpp"
-#include "scenario_flags.hpp"
-#include "verify/check.hpp"
-#include "trace/trace_io.hpp"
 #include "io/scenario_json.hpp"
+#include "scenario_flags.hpp"
+#include "trace/trace_io.hpp"
+#include "verify/check.hpp"
 
 namespace seqpar::cli {
 

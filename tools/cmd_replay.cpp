@@ -26,8 +26,10 @@ action add_replay(CLI::App& app) {
     auto in = trace::reader::open(o->trace);
     const auto rep = replay::run(*in);
     if (!o->html.empty()) trace::write_atomic(o->html, replay::to_html(rep));
-    if (o->json) fmt::print("{}\n", replay::to_json(rep).dump(2));
-    else fmt::print("{}", replay::to_text(rep));
+    if (o->json)
+      fmt::print("{}\n", replay::to_json(rep).dump(2));
+    else
+      fmt::print("{}", replay::to_text(rep));
     return rep.consistent ? 0 : 1;
   };
 }

@@ -13,8 +13,8 @@
 
 #if defined(SEQPAR_HAVE_GPU)
 #include "gpu/cuda_compute.hpp"
-#include "verify/validate.hpp"
 #include "io/scenario_json.hpp"
+#include "verify/validate.hpp"
 #endif
 
 namespace seqpar::cli {
@@ -35,14 +35,19 @@ dtype parse_gpu_dtype(const std::string& s) {
   fail<config_error>("--dtype '{}' is unknown; validate runs the GPU in f32 or bf16", s);
 }
 
-nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json("inf"); }
+nlohmann::json num(double x) {
+  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json("inf");
+}
 
 nlohmann::json report_json(const verify::validate_report& r) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows) {
-    nlohmann::json j = {{"rank", row.rank},         {"stage", row.tensor},
-                        {"numel", row.numel},       {"max_abs", num(row.max_abs)},
-                        {"max_rel", num(row.max_rel)}, {"tolerance", row.tolerance},
+    nlohmann::json j = {{"rank", row.rank},
+                        {"stage", row.tensor},
+                        {"numel", row.numel},
+                        {"max_abs", num(row.max_abs)},
+                        {"max_rel", num(row.max_rel)},
+                        {"tolerance", row.tolerance},
                         {"pass", row.pass}};
     if (!row.note.empty()) j["note"] = row.note;
     rows.push_back(std::move(j));
@@ -54,7 +59,8 @@ nlohmann::json report_json(const verify::validate_report& r) {
           {"device", r.device},
           {"covers", "attention sub-layer (Ulysses all-to-alls, ring/local attention, backward)"},
           {"scenario", io::scenario_to_json(r.scen)},
-          {"tolerance", {{"exact", r.tol_exact}, {"forward", r.tol_forward}, {"backward", r.tol_backward}}},
+          {"tolerance",
+           {{"exact", r.tol_exact}, {"forward", r.tol_forward}, {"backward", r.tol_backward}}},
           {"error_model", r.error_model},
           {"seconds", {{"gpu", r.gpu_seconds}, {"reference", r.reference_seconds}}},
           {"rows", rows}};
@@ -69,8 +75,8 @@ std::string report_text(const verify::validate_report& r) {
       "GPU: {}  transport: {}\ncompared: the attention sub-layer only (the decoder's other ops do "
       "not run on the GPU)\n\n",
       s.name, s.ulysses, s.ring, s.ring > 1 ? (s.zigzag ? " zigzag" : " contiguous") : "", s.heads,
-      s.kv_heads, s.head_dim, fmt::join(s.docs, ","), r.type == dtype::bf16 ? "bfloat16" : "float32",
-      r.device, r.transport);
+      s.kv_heads, s.head_dim, fmt::join(s.docs, ","),
+      r.type == dtype::bf16 ? "bfloat16" : "float32", r.device, r.transport);
   o += fmt::format("{:>4} {:<10} {:>9} {:>11} {:>11} {:>11}  {}\n", "rank", "stage", "numel",
                    "max abs", "max rel", "tolerance", "result");
   int passed = 0;
@@ -80,10 +86,11 @@ std::string report_text(const verify::validate_report& r) {
                      row.numel, fmt_num(row.max_abs), fmt_num(row.max_rel), fmt_num(row.tolerance),
                      row.pass ? "PASS" : "FAIL", row.note.empty() ? "" : "  (" + row.note + ")");
   }
-  o += fmt::format("\n{}: {} of {} stages within tolerance; GPU {:.2f} s, reference {:.2f} s\n"
-                   "error model: {}\n",
-                   r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.gpu_seconds,
-                   r.reference_seconds, r.error_model);
+  o += fmt::format(
+      "\n{}: {} of {} stages within tolerance; GPU {:.2f} s, reference {:.2f} s\n"
+      "error model: {}\n",
+      r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.gpu_seconds, r.reference_seconds,
+      r.error_model);
   return o;
 }
 #endif
@@ -102,7 +109,8 @@ action add_validate(CLI::App& app) {
   a->flags.add_to(*sub);
   sub->add_option("--dtype", a->dtype_name, "f32 | bf16 (GPU run; the reference is float64)")
       ->capture_default_str();
-  sub->add_option("--device", a->device, "CUDA device of the single-GPU mode")->capture_default_str();
+  sub->add_option("--device", a->device, "CUDA device of the single-GPU mode")
+      ->capture_default_str();
   sub->add_flag("--json", a->json, "machine-readable report");
   sub->add_flag("--quiet,-q", a->quiet, "no progress lines on stderr");
   return [a]() -> int {
@@ -125,14 +133,15 @@ action add_validate(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!a->quiet)
       opt.progress = [t0](std::string_view line) {
-        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double t =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
       };
     verify::validate_report rep;
     bool root = true;
     try {
       rep = verify::launched_with_several_ranks() ? verify::run_validate_mpi(s, opt, &root)
-                                               : verify::run_validate_local(s, opt);
+                                                  : verify::run_validate_local(s, opt);
     } catch (const backend_error& e) {
       fmt::print(stderr, "seqpar: validate failed on the GPU backend: {}\n", e.what());
       return 1;

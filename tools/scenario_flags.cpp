@@ -11,10 +11,10 @@
 
 namespace seqpar::cli {
 
-
 void scenario_flags::add_to(CLI::App& app) {
-  app.add_option("--scenario", scenario_name_,
-                 "built-in scenario: default, ulysses, ring, qwen3-8b, llama3-8b, qwen2.5-7b, mha-8");
+  app.add_option(
+      "--scenario", scenario_name_,
+      "built-in scenario: default, ulysses, ring, qwen3-8b, llama3-8b, qwen2.5-7b, mha-8");
   app.add_option("--config", config_, "scenario JSON file (keys as in check --json 'scenario')");
   app.add_option("--ulysses,-u", ulysses_, "Ulysses group size U");
   app.add_option("--ring,-r", ring_, "ring attention group size R (cp = U*R)");
@@ -82,8 +82,8 @@ scenario scenario_flags::resolve() const {
   if (!cp_fsdp_mode_.empty()) s.cp_fsdp_mode = cp_fsdp_mode_;
   const bool overridden = ulysses_ || ring_ || heads_ || kv_heads_ || head_dim_ || hidden_ ||
                           intermediate_ || layers_ || vocab_ || seed_ || !docs_.empty() ||
-                          !profile_.empty() || no_zigzag_ || !ring_backward_.empty() || !ring_forward_.empty() ||
-                          !cp_fsdp_mode_.empty();
+                          !profile_.empty() || no_zigzag_ || !ring_backward_.empty() ||
+                          !ring_forward_.empty() || !cp_fsdp_mode_.empty();
   if (overridden && config_.empty()) s.name = "custom";
   validate(s);
   return s;

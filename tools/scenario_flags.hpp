@@ -18,9 +18,10 @@ class scenario_flags {
   scenario resolve() const;
 
  private:
-  std::string scenario_name_, config_, docs_, profile_, ring_backward_, ring_forward_, cp_fsdp_mode_;
-  std::optional<int> ulysses_, ring_, heads_, kv_heads_, head_dim_, hidden_, intermediate_,
-      layers_, vocab_;
+  std::string scenario_name_, config_, docs_, profile_, ring_backward_, ring_forward_,
+      cp_fsdp_mode_;
+  std::optional<int> ulysses_, ring_, heads_, kv_heads_, head_dim_, hidden_, intermediate_, layers_,
+      vocab_;
   std::optional<std::uint64_t> seed_;
   bool no_zigzag_ = false;
 };

@@ -23,7 +23,8 @@ void write_output(const std::string& path, const std::string& text) {
   tmp += ".seqpar-tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail<error>("cannot write '{}': the directory does not exist or is not writable", path);
+    if (!out)
+      fail<error>("cannot write '{}': the directory does not exist or is not writable", path);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
     out.close();
     if (!out) {

@@ -23,18 +23,20 @@ void check_shapes(const packed_batch& b) {
   if (n == 0) fail<layout_error>("the batch is empty: input_ids has no tokens");
   auto same = [&](const char* key, std::size_t m) {
     if (m != n)
-      fail<layout_error>("'{}' has {} entries but input_ids has {}; every key must cover the same "
-                         "packed row",
-                         key, m, n);
+      fail<layout_error>(
+          "'{}' has {} entries but input_ids has {}; every key must cover the same "
+          "packed row",
+          key, m, n);
   };
   same("labels", b.labels.size());
   same("position_ids", b.position_ids.size());
   if (b.attention_mask) same("attention_mask", b.attention_mask->size());
   for (std::size_t i = 0; i < n; ++i)
     if (b.position_ids[i] < 0)
-      fail<layout_error>("position_ids[{}] = {} is negative; position ids count 0, 1, 2, … within "
-                         "each document",
-                         i, b.position_ids[i]);
+      fail<layout_error>(
+          "position_ids[{}] = {} is negative; position ids count 0, 1, 2, … within "
+          "each document",
+          i, b.position_ids[i]);
 }
 
 /// A row that does not start at position 0 (a continuation fragment). Where the framework
@@ -117,8 +119,8 @@ collated_batch collate(const packed_batch& in, const collate_options& opt) {
   }
 
   const std::int64_t pm = opt.profile == profile::xorl && R > 1 ? 2 * C
-                          : opt.profile == profile::xorl       ? C
-                                                               : U;
+                          : opt.profile == profile::xorl        ? C
+                                                                : U;
   const std::int64_t N = (L + pm - 1) / pm * pm;
   const std::int64_t pad = N - L;
   out.padded_length = N;

@@ -28,7 +28,8 @@ inline std::int64_t total(std::span<const std::int64_t> counts) {
 }
 
 /// `backend` names the transport in the message ("the MPI communicator", …).
-inline void check_reducible(dtype t, const char* op, const comm_group& g, std::string_view backend) {
+inline void check_reducible(dtype t, const char* op, const comm_group& g,
+                            std::string_view backend) {
   if (t == dtype::bf16)
     fail<error>(
         "{} on group '{}': {} does not reduce bfloat16 (the rounding of each partial sum is "

@@ -75,8 +75,8 @@ void communicator::all_to_all(const comm_group& g, const void* send,
   do_all_to_all(g, send, send_counts, recv, recv_counts, t);
 }
 
-void communicator::all_gather(const comm_group& g, const void* send, std::int64_t count,
-                              void* recv, dtype t, const op_info& info) {
+void communicator::all_gather(const comm_group& g, const void* send, std::int64_t count, void* recv,
+                              dtype t, const op_info& info) {
   auto r = base_record(g, "all_gather", t, info);
   check_count(count, "all_gather", g, rank());
   if (recorder_) recorder_->add(r);

@@ -25,10 +25,10 @@ struct comm_group {
 /// One recorded call: the same record is a `seqpar-trace/1` line (DESIGN.md).
 struct comm_record {
   std::string kind = "collective";  ///< "collective" or "p2p"
-  int rank = 0;                      ///< global rank that issued the call
+  int rank = 0;                     ///< global rank that issued the call
   std::string group;
   std::int64_t seq = 0;  ///< calls per (rank, group), from 0
-  std::string op;        ///< all_to_all, all_gather, reduce_scatter, all_reduce, barrier, send, recv
+  std::string op;  ///< all_to_all, all_gather, reduce_scatter, all_reduce, barrier, send, recv
   dtype type = dtype::f32;
   std::vector<std::int64_t> in_shape, out_shape;    ///< collectives
   std::vector<std::int64_t> in_splits, out_splits;  ///< all_to_all: elements per peer
@@ -59,7 +59,7 @@ struct op_info {
 /// A point-to-point message in a batched send/recv (group-relative peer index).
 struct p2p_op {
   enum class kind { send, recv } dir;
-  int peer;  ///< index into the group
+  int peer;   ///< index into the group
   void* buf;  ///< const for sends
   std::int64_t count;
   std::vector<std::int64_t> shape;  ///< for recording; empty = {count}

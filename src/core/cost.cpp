@@ -30,21 +30,22 @@ layer_cost attention_layer_cost(const scenario& s, const collated_batch& cb, dty
     const std::int64_t kv_block = cb.padded_length / R * 2 * (hkv / U) * s.head_dim * b;
     const bool gather_fwd = s.ring_forward == "allgather";
     collective_cost f = gather_fwd
-        ? collective_cost{"attn.ring.kv.fwd", "all_gather", "ring", 1, (R - 1) * kv_block, kv_block}
-        : collective_cost{"attn.ring.kv.fwd", "send_recv", "ring", R - 1, (R - 1) * kv_block,
-                          (R - 1) * kv_block};
+                            ? collective_cost{"attn.ring.kv.fwd", "all_gather", "ring", 1,
+                                              (R - 1) * kv_block, kv_block}
+                            : collective_cost{"attn.ring.kv.fwd", "send_recv",       "ring", R - 1,
+                                              (R - 1) * kv_block, (R - 1) * kv_block};
     c.forward_bytes += f.bytes_sent;
     c.items.push_back(f);
     if (gather_fwd || s.ring_backward == "allgather") {
       collective_cost g{"attn.ring.kv.bwd", "all_gather", "ring", 1, (R - 1) * kv_block, kv_block};
-      collective_cost rs{"attn.ring.dkv.bwd", "reduce_scatter", "ring", 1, (R - 1) * kv_block,
-                         kv_block};
+      collective_cost rs{"attn.ring.dkv.bwd", "reduce_scatter", "ring", 1,
+                         (R - 1) * kv_block,  kv_block};
       c.backward_bytes += g.bytes_sent + rs.bytes_sent;
       c.items.push_back(g);
       c.items.push_back(rs);
     } else {
-      collective_cost g{"attn.ring.kv.bwd", "send_recv", "ring", R - 1, (R - 1) * kv_block,
-                        (R - 1) * kv_block};
+      collective_cost g{"attn.ring.kv.bwd", "send_recv",       "ring", R - 1,
+                        (R - 1) * kv_block, (R - 1) * kv_block};
       collective_cost d{"attn.ring.dkv.bwd", "send_recv", "ring", R, R * kv_block, R * kv_block};
       c.backward_bytes += g.bytes_sent + d.bytes_sent;
       c.items.push_back(g);

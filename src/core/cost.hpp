@@ -10,12 +10,12 @@ namespace seqpar {
 
 /// One collective (or ring P2P phase) of one attention layer, as seen by one rank.
 struct collective_cost {
-  std::string tag;    ///< e.g. "attn.q.fwd"
-  std::string op;     ///< all_to_all | send_recv | all_gather | reduce_scatter
-  std::string group;  ///< ulysses | ring
-  int calls = 1;                       ///< how many times per layer (ring: R-1 steps)
-  std::int64_t bytes_sent = 0;         ///< per rank, all calls, excluding the copy to itself
-  std::int64_t bytes_per_link = 0;     ///< per (rank, peer) link, all calls
+  std::string tag;                  ///< e.g. "attn.q.fwd"
+  std::string op;                   ///< all_to_all | send_recv | all_gather | reduce_scatter
+  std::string group;                ///< ulysses | ring
+  int calls = 1;                    ///< how many times per layer (ring: R-1 steps)
+  std::int64_t bytes_sent = 0;      ///< per rank, all calls, excluding the copy to itself
+  std::int64_t bytes_per_link = 0;  ///< per (rank, peer) link, all calls
   /// Bytes one call sends from this rank (a ring step's KV block, one all-to-all's share).
   std::int64_t bytes_per_call() const { return calls ? bytes_sent / calls : 0; }
 };

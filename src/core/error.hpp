@@ -41,8 +41,7 @@ class trace_error : public error {
 /// A failure reported by a transport or device backend (MPI, NCCL, CUDA).
 class backend_error : public error {
  public:
-  backend_error(std::string call, int code, const std::string& message, int rank,
-                std::string host)
+  backend_error(std::string call, int code, const std::string& message, int rank, std::string host)
       : error(fmt::format("rank {} on {}: {} failed with code {}: {}", rank, host, call, code,
                           message)),
         call_(std::move(call)),

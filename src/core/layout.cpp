@@ -41,7 +41,8 @@ static balance make_balance(std::vector<std::int64_t> work) {
 balance ring_balance(const collated_batch& cb) {
   const auto cu = attention_cu_seqlens(cb);
   std::vector<std::int64_t> work;
-  for (int r = 0; r < cb.options.ring; ++r) work.push_back(causal_work(ring_rank_tokens(cb, r), cu));
+  for (int r = 0; r < cb.options.ring; ++r)
+    work.push_back(causal_work(ring_rank_tokens(cb, r), cu));
   return make_balance(std::move(work));
 }
 

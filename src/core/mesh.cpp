@@ -70,12 +70,18 @@ std::string group_name(group_kind kind, int index) {
 
 int mesh_config::size(mesh_dim dim) const {
   switch (dim) {
-    case mesh_dim::pp: return pp;
-    case mesh_dim::dp_replicate: return dp_replicate;
-    case mesh_dim::dp_shard: return dp_shard;
-    case mesh_dim::ring: return ring;
-    case mesh_dim::ulysses: return ulysses;
-    case mesh_dim::tp: return tp;
+    case mesh_dim::pp:
+      return pp;
+    case mesh_dim::dp_replicate:
+      return dp_replicate;
+    case mesh_dim::dp_shard:
+      return dp_shard;
+    case mesh_dim::ring:
+      return ring;
+    case mesh_dim::ulysses:
+      return ulysses;
+    case mesh_dim::tp:
+      return tp;
   }
   return 1;
 }
@@ -111,24 +117,36 @@ void validate_mesh(const mesh_config& cfg) {
 
 int mesh_coords::operator[](mesh_dim dim) const {
   switch (dim) {
-    case mesh_dim::pp: return pp;
-    case mesh_dim::dp_replicate: return dp_replicate;
-    case mesh_dim::dp_shard: return dp_shard;
-    case mesh_dim::ring: return ring;
-    case mesh_dim::ulysses: return ulysses;
-    case mesh_dim::tp: return tp;
+    case mesh_dim::pp:
+      return pp;
+    case mesh_dim::dp_replicate:
+      return dp_replicate;
+    case mesh_dim::dp_shard:
+      return dp_shard;
+    case mesh_dim::ring:
+      return ring;
+    case mesh_dim::ulysses:
+      return ulysses;
+    case mesh_dim::tp:
+      return tp;
   }
   return 0;
 }
 
 int& mesh_coords::operator[](mesh_dim dim) {
   switch (dim) {
-    case mesh_dim::pp: return pp;
-    case mesh_dim::dp_replicate: return dp_replicate;
-    case mesh_dim::dp_shard: return dp_shard;
-    case mesh_dim::ring: return ring;
-    case mesh_dim::ulysses: return ulysses;
-    case mesh_dim::tp: break;
+    case mesh_dim::pp:
+      return pp;
+    case mesh_dim::dp_replicate:
+      return dp_replicate;
+    case mesh_dim::dp_shard:
+      return dp_shard;
+    case mesh_dim::ring:
+      return ring;
+    case mesh_dim::ulysses:
+      return ulysses;
+    case mesh_dim::tp:
+      break;
   }
   return tp;
 }
@@ -175,19 +193,28 @@ bool device_mesh::spans(group_kind kind, mesh_dim d) const {
       cfg_.mode == cp_fsdp_mode::all || cfg_.mode == cp_fsdp_mode::ulysses_only;
   const bool is_sp = d == mesh_dim::ring || d == mesh_dim::ulysses;
   switch (kind) {
-    case group_kind::pp: return d == mesh_dim::pp;
-    case group_kind::dp_replicate: return d == mesh_dim::dp_replicate;
-    case group_kind::dp_shard: return d == mesh_dim::dp_shard;
-    case group_kind::ring: return d == mesh_dim::ring;
-    case group_kind::ulysses: return d == mesh_dim::ulysses;
-    case group_kind::tp: return d == mesh_dim::tp;
-    case group_kind::dp: return d == mesh_dim::dp_replicate || d == mesh_dim::dp_shard;
+    case group_kind::pp:
+      return d == mesh_dim::pp;
+    case group_kind::dp_replicate:
+      return d == mesh_dim::dp_replicate;
+    case group_kind::dp_shard:
+      return d == mesh_dim::dp_shard;
+    case group_kind::ring:
+      return d == mesh_dim::ring;
+    case group_kind::ulysses:
+      return d == mesh_dim::ulysses;
+    case group_kind::tp:
+      return d == mesh_dim::tp;
+    case group_kind::dp:
+      return d == mesh_dim::dp_replicate || d == mesh_dim::dp_shard;
     case group_kind::sp:
-    case group_kind::cp: return is_sp;
+    case group_kind::cp:
+      return is_sp;
     case group_kind::fsdp:
       return d == mesh_dim::dp_shard || (d == mesh_dim::ring && ring_in_fsdp) ||
              (d == mesh_dim::ulysses && ulysses_in_fsdp);
-    case group_kind::loss: return d == mesh_dim::dp_replicate || d == mesh_dim::dp_shard || is_sp;
+    case group_kind::loss:
+      return d == mesh_dim::dp_replicate || d == mesh_dim::dp_shard || is_sp;
     case group_kind::sp_grad_sync:
       return (d == mesh_dim::ring && !ring_in_fsdp) || (d == mesh_dim::ulysses && !ulysses_in_fsdp);
   }

@@ -42,7 +42,8 @@ class ring_attention final : public inner_attention {
   void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out, tensor& lse,
                const std::string& tag) override {
     check_rows(q, "q");
-    if (s_.forward == ring_forward_kind::allgather) return forward_allgather(q, k, v, out, lse, tag);
+    if (s_.forward == ring_forward_kind::allgather)
+      return forward_allgather(q, k, v, out, lse, tag);
     c_.fill(out, 0.0);
     c_.fill(lse, -std::numeric_limits<double>::infinity());
     tensor kv = c_.stack_kv(k, v);
@@ -77,9 +78,10 @@ class ring_attention final : public inner_attention {
  private:
   void check_rows(const tensor& x, const char* name) const {
     if (x.shape.empty() || x.shape[0] != rows_)
-      fail<shape_error>("ring attention: {} holds {} rows but ring rank {} should hold N/R = {}/{} "
-                        "= {}",
-                        name, x.shape.empty() ? 0 : x.shape[0], r_, s_.padded_length, R_, rows_);
+      fail<shape_error>(
+          "ring attention: {} holds {} rows but ring rank {} should hold N/R = {}/{} "
+          "= {}",
+          name, x.shape.empty() ? 0 : x.shape[0], r_, s_.padded_length, R_, rows_);
   }
 
   /// The attention call of step i (KV of ring rank src) for this rank's rows.
@@ -180,9 +182,8 @@ class ring_attention final : public inner_attention {
   /// Gradients of one section: dq rows accumulate into dq, dk/dv rows into the source block
   /// (dk_acc, dv_acc hold `block_rows` rows per source, this source at `k_offset`).
   void section_backward(const section_call& call, const tensor& q, const tensor& ks,
-                        const tensor& vs, const tensor& out, const tensor& lse,
-                        const tensor& dout, tensor& dq, tensor& dk_acc, tensor& dv_acc,
-                        std::int64_t k_offset) {
+                        const tensor& vs, const tensor& out, const tensor& lse, const tensor& dout,
+                        tensor& dq, tensor& dk_acc, tensor& dv_acc, std::int64_t k_offset) {
     const tensor qs = call.all_q ? q : c_.gather_rows(q, call.q_rows);
     const tensor os = call.all_q ? out : c_.gather_rows(out, call.q_rows);
     const tensor ls = call.all_q ? lse : c_.gather_rows(lse, call.q_rows);
@@ -198,14 +199,15 @@ class ring_attention final : public inner_attention {
     rows_t krows;
     const auto n = call.k_rows.empty() ? rows_ : static_cast<std::int64_t>(call.k_rows.size());
     for (std::int64_t j = 0; j < n; ++j)
-      krows.push_back(k_offset + (call.k_rows.empty() ? j : call.k_rows[static_cast<std::size_t>(j)]));
+      krows.push_back(k_offset +
+                      (call.k_rows.empty() ? j : call.k_rows[static_cast<std::size_t>(j)]));
     c_.scatter_add_rows(dk_acc, dks, krows);
     c_.scatter_add_rows(dv_acc, dvs, krows);
   }
 
   void backward_allgather(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
-                          const tensor& lse, const tensor& dout, tensor& dq, tensor& dk,
-                          tensor& dv, const std::string& tag) {
+                          const tensor& lse, const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
+                          const std::string& tag) {
     const tensor kv = c_.stack_kv(k, v);
     shape_t all_shape = kv.shape;
     all_shape[0] *= R_;
@@ -279,7 +281,8 @@ class ring_attention final : public inner_attention {
       section_call c = start(true);
       const std::int64_t q0 = r_ * rows_;
       for (const auto& d : doc_ranges(s_.cu_global)) {
-        const auto q_len = std::max<std::int64_t>(0, std::min(d.end, q0 + rows_) - std::max(d.start, q0));
+        const auto q_len =
+            std::max<std::int64_t>(0, std::min(d.end, q0 + rows_) - std::max(d.start, q0));
         const auto k_end = std::min(d.end, q0 + rows_);
         push_doc(c.docs.cu_q, q_len);
         const auto k_len = q_len > 0 ? k_end - d.start : 0;
@@ -318,7 +321,8 @@ class ring_attention final : public inner_attention {
     shape_t all_shape = kv.shape;
     all_shape[0] *= R_;
     tensor kv_all = c_.empty(kv.type, all_shape);
-    comm_.all_gather(s_.group, kv.data, kv.numel(), kv_all.data, kv.type, {tag, kv.shape, all_shape});
+    comm_.all_gather(s_.group, kv.data, kv.numel(), kv_all.data, kv.type,
+                     {tag, kv.shape, all_shape});
     shape_t kshape = k.shape;
     kshape[0] *= R_;
     tensor k_all = c_.empty(k.type, kshape), v_all = c_.empty(v.type, kshape);
@@ -341,7 +345,8 @@ class ring_attention final : public inner_attention {
     auto [k_all, v_all] = gather_kv(k, v, tag + ".ring.kv.bwd");
     tensor dk_all = c_.zeros(k.type, k_all.shape), dv_all = c_.zeros(v.type, v_all.shape);
     for (const auto& call : prefix_calls())
-      if (!call.skip) section_backward(call, q, k_all, v_all, out, lse, dout, dq, dk_all, dv_all, 0);
+      if (!call.skip)
+        section_backward(call, q, k_all, v_all, out, lse, dout, dq, dk_all, dv_all, 0);
     const tensor dkv_all = c_.stack_kv(dk_all, dv_all);
     const tensor kv_local = c_.stack_kv(k, v);
     tensor dkv = c_.empty(kv_local.type, kv_local.shape);

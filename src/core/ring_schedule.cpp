@@ -4,12 +4,18 @@ namespace seqpar {
 
 std::string_view section_name(ring_section s) {
   switch (s) {
-    case ring_section::diagonal: return "diagonal";
-    case ring_section::lower: return "lower";
-    case ring_section::upper: return "upper";
-    case ring_section::causal: return "causal";
-    case ring_section::full: return "full";
-    case ring_section::skip: return "skip";
+    case ring_section::diagonal:
+      return "diagonal";
+    case ring_section::lower:
+      return "lower";
+    case ring_section::upper:
+      return "upper";
+    case ring_section::causal:
+      return "causal";
+    case ring_section::full:
+      return "full";
+    case ring_section::skip:
+      return "skip";
   }
   return "?";
 }

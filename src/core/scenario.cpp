@@ -105,8 +105,7 @@ void validate(const scenario& s) {
       fail<layout_error>(
           "document {} (tokens {}..{}) has length {}, not divisible by 2*ring={} (zigzag cuts "
           "every document into 2*ring chunks); pad it to {} or use ring in {}",
-          i, start, start + s.docs[i] - 1, s.docs[i], n, (s.docs[i] + n - 1) / n * n,
-          [&] {
+          i, start, start + s.docs[i] - 1, s.docs[i], n, (s.docs[i] + n - 1) / n * n, [&] {
             std::vector<int> ok;
             for (int r = 1; r <= 16; ++r) {
               bool all = true;

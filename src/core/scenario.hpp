@@ -16,9 +16,9 @@ std::string_view profile_name(profile p);
 struct scenario {
   std::string name = "custom";
   seqpar::profile profile = seqpar::profile::xorl;
-  int ulysses = 1;  ///< U: Ulysses group size
-  int ring = 1;     ///< R: ring attention group size; cp = U·R
-  int heads = 8;    ///< Hq
+  int ulysses = 1;   ///< U: Ulysses group size
+  int ring = 1;      ///< R: ring attention group size; cp = U·R
+  int heads = 8;     ///< Hq
   int kv_heads = 2;  ///< Hkv (GQA when < heads)
   int head_dim = 16;
   int hidden = 64;
@@ -27,7 +27,7 @@ struct scenario {
   int vocab = 96;
   std::vector<std::int64_t> docs = {24, 16, 13};  ///< document lengths packed in the row
   std::uint64_t seed = 1;
-  bool zigzag = true;              ///< ring layout: zigzag (xorl) or contiguous
+  bool zigzag = true;                       ///< ring layout: zigzag (xorl) or contiguous
   std::string ring_backward = "allgather";  ///< allgather (xorl) | ring
   std::string ring_forward = "p2p";         ///< p2p (ring attention) | allgather (llama3-style)
   std::string cp_fsdp_mode = "all";         ///< all | ulysses_only | ring_only | none

@@ -25,8 +25,10 @@ struct tensor {
 
   std::int64_t numel() const { return numel_of(shape); }
   std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_size(type); }
-  template <class T> T* as() const {
-    if (dtype_of<T>() != type) fail<shape_error>("tensor of {} read as {}", dtype_name(type), dtype_name(dtype_of<T>()));
+  template <class T>
+  T* as() const {
+    if (dtype_of<T>() != type)
+      fail<shape_error>("tensor of {} read as {}", dtype_name(type), dtype_name(dtype_of<T>()));
     return static_cast<T*>(data);
   }
   /// Same storage, new shape with the same element count.

@@ -36,7 +36,9 @@ struct thread_world::state {
   using group_state = rendezvous_group;
 
   state(int n, std::chrono::milliseconds t)
-      : size(n), timeout(t), exited(static_cast<std::size_t>(n), 0),
+      : size(n),
+        timeout(t),
+        exited(static_cast<std::size_t>(n), 0),
         doing(static_cast<std::size_t>(n), "running") {}
 
   int size;
@@ -74,7 +76,8 @@ std::string call_name(const rendezvous_slot& s, std::int64_t seq) {
                        : fmt::format("{} #{} ({})", s.op, seq, s.tag);
 }
 
-thread_world::state::group_state& group_for(thread_world::state& st, const comm_group& g, int rank) {
+thread_world::state::group_state& group_for(thread_world::state& st, const comm_group& g,
+                                            int rank) {
   auto it = st.groups.find(g.name);
   if (it != st.groups.end()) {
     if (it->second.ranks != g.ranks)
@@ -98,7 +101,8 @@ thread_world::state::group_state& group_for(thread_world::state& st, const comm_
 }
 
 // Checks a complete round (every slot present); returns {kind, message} of the first problem.
-std::pair<int, std::string> validate(const comm_group& g, std::int64_t seq, const thread_world::state::round& r) {
+std::pair<int, std::string> validate(const comm_group& g, std::int64_t seq,
+                                     const thread_world::state::round& r) {
   const auto& s0 = *r.slots[0];
   const int n = g.size();
   for (int j = 1; j < n; ++j) {

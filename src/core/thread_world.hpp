@@ -111,7 +111,6 @@ class rendezvous {
  private:
   void leave_locked();
 
-
   thread_world::state& st_;
   const comm_group& g_;
   const rendezvous_slot& mine_;

@@ -11,9 +11,9 @@ void local_attention::forward(const tensor& q, const tensor& k, const tensor& v,
   c_.attention_forward(q, k, v, docs_, out, lse);
 }
 
-void local_attention::backward(const tensor& q, const tensor& k, const tensor& v,
-                               const tensor& out, const tensor& lse, const tensor& dout,
-                               tensor& dq, tensor& dk, tensor& dv, const std::string&) {
+void local_attention::backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                               const tensor& lse, const tensor& dout, tensor& dq, tensor& dk,
+                               tensor& dv, const std::string&) {
   c_.attention_backward(q, k, v, out, lse, dout, docs_, dq, dk, dv);
 }
 
@@ -29,8 +29,8 @@ void check_local(const tensor& x, const char* name, std::int64_t s, int heads, i
 tensor gather_seq_scatter_heads(communicator& comm, compute& c, const comm_group& g,
                                 const tensor& x, const std::string& tag) {
   const int U = g.size();
-  const a2a_geometry geo{x.shape[0], 1, static_cast<int>(x.shape[1]),
-                         static_cast<int>(x.shape[2]), U};
+  const a2a_geometry geo{x.shape[0], 1, static_cast<int>(x.shape[1]), static_cast<int>(x.shape[2]),
+                         U};
   tensor wire = c.empty(x.type, {geo.numel_local()});
   c.pack_for_heads(geo, x, wire);
   tensor full = c.empty(x.type, {U * geo.s_local, geo.heads_local(), geo.head_dim});
@@ -87,8 +87,7 @@ tensor ulysses_forward(communicator& comm, compute& c, const ulysses_config& cfg
     tensor kv_full = gather_seq_scatter_heads(comm, c, cfg.group, kv, tag + ".kv.fwd");
     saved.k = c.empty(q.type, {kv_full.shape[0], hk_local, cfg.head_dim});
     saved.v = c.empty(q.type, saved.k.shape);
-    c.unstack_kv(kv_full.reshaped({kv_full.shape[0], hk_local, 2, cfg.head_dim}), saved.k,
-                 saved.v);
+    c.unstack_kv(kv_full.reshaped({kv_full.shape[0], hk_local, 2, cfg.head_dim}), saved.k, saved.v);
   } else {
     saved.k = gather_seq_scatter_heads(comm, c, cfg.group, k_rep, tag + ".k.fwd");
     saved.v = gather_seq_scatter_heads(comm, c, cfg.group, v_rep, tag + ".v.fwd");
@@ -100,8 +99,8 @@ tensor ulysses_forward(communicator& comm, compute& c, const ulysses_config& cfg
 }
 
 qkv_grads ulysses_backward(communicator& comm, compute& c, const ulysses_config& cfg,
-                           inner_attention& inner, const ulysses_saved& saved,
-                           const tensor& dout, const std::string& tag) {
+                           inner_attention& inner, const ulysses_saved& saved, const tensor& dout,
+                           const std::string& tag) {
   const int U = cfg.group.size();
   check_local(dout, "dout", saved.q.shape[0] / U, cfg.heads, cfg.head_dim);
   const tensor dout_full = gather_seq_scatter_heads(comm, c, cfg.group, dout, tag + ".out.bwd");

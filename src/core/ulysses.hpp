@@ -12,11 +12,11 @@ namespace seqpar {
 class inner_attention {
  public:
   virtual ~inner_attention() = default;
-  virtual void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out,
-                       tensor& lse, const std::string& tag) = 0;
+  virtual void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out, tensor& lse,
+                       const std::string& tag) = 0;
   virtual void backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
-                        const tensor& lse, const tensor& dout, tensor& dq, tensor& dk,
-                        tensor& dv, const std::string& tag) = 0;
+                        const tensor& lse, const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
+                        const std::string& tag) = 0;
 };
 
 /// Varlen attention on this rank over the whole gathered sequence.
@@ -64,7 +64,7 @@ struct qkv_grads {
 /// repeat is summed back onto the original heads. Tags `<tag>.out.bwd`, `<tag>.q.bwd`,
 /// `<tag>.kv.bwd`.
 qkv_grads ulysses_backward(communicator& comm, compute& c, const ulysses_config& cfg,
-                           inner_attention& inner, const ulysses_saved& saved,
-                           const tensor& dout, const std::string& tag);
+                           inner_attention& inner, const ulysses_saved& saved, const tensor& dout,
+                           const std::string& tag);
 
 }  // namespace seqpar

@@ -35,7 +35,8 @@ std::vector<std::int64_t> zigzag_permutation(std::span<const doc_range> docs, in
 
 std::vector<std::int64_t> invert_permutation(std::span<const std::int64_t> perm) {
   std::vector<std::int64_t> inv(perm.size());
-  for (std::size_t i = 0; i < perm.size(); ++i) inv[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
+  for (std::size_t i = 0; i < perm.size(); ++i)
+    inv[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
   return inv;
 }
 

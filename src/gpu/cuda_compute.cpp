@@ -94,8 +94,7 @@ namespace {
 
 /// Turns a launcher's cudaError_t into a backend_error naming the op.
 void check_launch(int code, const char* op, int rank_) {
-  if (code != 0)
-    raise(op, code, cudaGetErrorString(static_cast<cudaError_t>(code)), rank_);
+  if (code != 0) raise(op, code, cudaGetErrorString(static_cast<cudaError_t>(code)), rank_);
 }
 
 /// Copies host data into a scratch slot (grown as needed) and returns its device pointer.
@@ -123,8 +122,8 @@ void need_float(const tensor& x, const char* op, bool allow_f64) {
 
 void same(const tensor& a, const tensor& b, const char* op) {
   if (a.shape != b.shape || a.type != b.type)
-    fail<shape_error>("cuda_compute::{}: tensors of {} {} and {} {} differ", op,
-                      dtype_name(a.type), shape_str(a.shape), dtype_name(b.type), shape_str(b.shape));
+    fail<shape_error>("cuda_compute::{}: tensors of {} {} and {} {} differ", op, dtype_name(a.type),
+                      shape_str(a.shape), dtype_name(b.type), shape_str(b.shape));
 }
 
 void check_rows(std::span<const std::int64_t> rows, std::int64_t n, const char* op) {
@@ -166,7 +165,8 @@ tensor cuda_compute::zeros(dtype t, shape_t s) {
 tensor cuda_compute::clone(const tensor& x) {
   tensor out = empty(x.type, x.shape);
   if (x.bytes())
-    SEQPAR_CUDA(cudaMemcpyAsync, out.data, x.data, x.bytes(), cudaMemcpyDeviceToDevice, impl_->stream);
+    SEQPAR_CUDA(cudaMemcpyAsync, out.data, x.data, x.bytes(), cudaMemcpyDeviceToDevice,
+                impl_->stream);
   return out;
 }
 
@@ -174,7 +174,8 @@ std::vector<double> cuda_compute::to_host(const tensor& x) {
   SEQPAR_CUDA(cudaSetDevice, device_);
   std::vector<unsigned char> raw(x.bytes());
   if (x.bytes())
-    SEQPAR_CUDA(cudaMemcpyAsync, raw.data(), x.data, x.bytes(), cudaMemcpyDeviceToHost, impl_->stream);
+    SEQPAR_CUDA(cudaMemcpyAsync, raw.data(), x.data, x.bytes(), cudaMemcpyDeviceToHost,
+                impl_->stream);
   SEQPAR_CUDA(cudaStreamSynchronize, impl_->stream);
   std::vector<double> out(static_cast<std::size_t>(x.numel()));
   const auto conv = [&]<class T>() {
@@ -188,11 +189,21 @@ std::vector<double> cuda_compute::to_host(const tensor& x) {
     }
   };
   switch (x.type) {
-    case dtype::f64: conv.template operator()<double>(); break;
-    case dtype::f32: conv.template operator()<float>(); break;
-    case dtype::bf16: conv.template operator()<bf16>(); break;
-    case dtype::i32: conv.template operator()<std::int32_t>(); break;
-    case dtype::i64: conv.template operator()<std::int64_t>(); break;
+    case dtype::f64:
+      conv.template operator()<double>();
+      break;
+    case dtype::f32:
+      conv.template operator()<float>();
+      break;
+    case dtype::bf16:
+      conv.template operator()<bf16>();
+      break;
+    case dtype::i32:
+      conv.template operator()<std::int32_t>();
+      break;
+    case dtype::i64:
+      conv.template operator()<std::int64_t>();
+      break;
   }
   return out;
 }
@@ -200,7 +211,8 @@ std::vector<double> cuda_compute::to_host(const tensor& x) {
 tensor cuda_compute::from_host(dtype t, shape_t s, std::span<const double> values) {
   tensor x = empty(t, std::move(s));
   if (static_cast<std::int64_t>(values.size()) != x.numel())
-    fail<shape_error>("cuda_compute::from_host: {} values for {} elements", values.size(), x.numel());
+    fail<shape_error>("cuda_compute::from_host: {} values for {} elements", values.size(),
+                      x.numel());
   std::vector<unsigned char> raw(x.bytes());
   const auto conv = [&]<class T>() {
     for (std::size_t i = 0; i < values.size(); ++i) {
@@ -213,14 +225,25 @@ tensor cuda_compute::from_host(dtype t, shape_t s, std::span<const double> value
     }
   };
   switch (t) {
-    case dtype::f64: conv.template operator()<double>(); break;
-    case dtype::f32: conv.template operator()<float>(); break;
-    case dtype::bf16: conv.template operator()<bf16>(); break;
-    case dtype::i32: conv.template operator()<std::int32_t>(); break;
-    case dtype::i64: conv.template operator()<std::int64_t>(); break;
+    case dtype::f64:
+      conv.template operator()<double>();
+      break;
+    case dtype::f32:
+      conv.template operator()<float>();
+      break;
+    case dtype::bf16:
+      conv.template operator()<bf16>();
+      break;
+    case dtype::i32:
+      conv.template operator()<std::int32_t>();
+      break;
+    case dtype::i64:
+      conv.template operator()<std::int64_t>();
+      break;
   }
   if (x.bytes())
-    SEQPAR_CUDA(cudaMemcpyAsync, x.data, raw.data(), x.bytes(), cudaMemcpyHostToDevice, impl_->stream);
+    SEQPAR_CUDA(cudaMemcpyAsync, x.data, raw.data(), x.bytes(), cudaMemcpyHostToDevice,
+                impl_->stream);
   SEQPAR_CUDA(cudaStreamSynchronize, impl_->stream);  // raw dies at return
   return x;
 }
@@ -232,15 +255,17 @@ void cuda_compute::pack_for_heads(const a2a_geometry& g, const tensor& x, tensor
     fail<shape_error>("cuda_compute::pack_for_heads: {} and {} elements for a plan of {}",
                       x.numel(), wire.numel(), g.numel_local());
   SEQPAR_CUDA(cudaSetDevice, device_);
-  check_launch(launch::pack_for_heads(g, esz(x), x.data, wire.data, impl_->stream), "pack_for_heads", rank_);
+  check_launch(launch::pack_for_heads(g, esz(x), x.data, wire.data, impl_->stream),
+               "pack_for_heads", rank_);
 }
 
 void cuda_compute::unpack_to_seq(const a2a_geometry& g, const tensor& wire, tensor& x) {
   if (x.numel() != g.numel_local() || wire.numel() != g.numel_local() || x.type != wire.type)
-    fail<shape_error>("cuda_compute::unpack_to_seq: {} and {} elements for a plan of {}",
-                      x.numel(), wire.numel(), g.numel_local());
+    fail<shape_error>("cuda_compute::unpack_to_seq: {} and {} elements for a plan of {}", x.numel(),
+                      wire.numel(), g.numel_local());
   SEQPAR_CUDA(cudaSetDevice, device_);
-  check_launch(launch::unpack_to_seq(g, esz(x), wire.data, x.data, impl_->stream), "unpack_to_seq", rank_);
+  check_launch(launch::unpack_to_seq(g, esz(x), wire.data, x.data, impl_->stream), "unpack_to_seq",
+               rank_);
 }
 
 tensor cuda_compute::repeat_heads(const tensor& x, int rep) {
@@ -316,7 +341,8 @@ void cuda_compute::scatter_rows(tensor& dst, const tensor& x, std::span<const st
                "scatter_rows", rank_);
 }
 
-void cuda_compute::scatter_add_rows(tensor& acc, const tensor& x, std::span<const std::int64_t> rows) {
+void cuda_compute::scatter_add_rows(tensor& acc, const tensor& x,
+                                    std::span<const std::int64_t> rows) {
   if (acc.shape.empty() || x.shape.empty() || row_size(x) != row_size(acc) ||
       x.shape[0] != static_cast<std::int64_t>(rows.size()) || x.type != acc.type)
     fail<shape_error>("cuda_compute::scatter_add_rows: {} rows of {} into rows of {}",
@@ -359,16 +385,17 @@ void cuda_compute::lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out
                              const tensor& lse_new) {
   same(out_acc, out_new, "lse_merge");
   same(lse_acc, lse_new, "lse_merge");
-  if (out_acc.shape.size() != 3 || lse_acc.shape.size() != 2 || out_acc.shape[0] != lse_acc.shape[0] ||
-      out_acc.shape[1] != lse_acc.shape[1] || out_acc.type != lse_acc.type)
+  if (out_acc.shape.size() != 3 || lse_acc.shape.size() != 2 ||
+      out_acc.shape[0] != lse_acc.shape[0] || out_acc.shape[1] != lse_acc.shape[1] ||
+      out_acc.type != lse_acc.type)
     fail<shape_error>("cuda_compute::lse_merge: out {} and lse {} are not [S, H, D] and [S, H]",
                       shape_str(out_acc.shape), shape_str(lse_acc.shape));
   need_float(out_acc, "lse_merge", false);
   SEQPAR_CUDA(cudaSetDevice, device_);
-  check_launch(launch::lse_merge(out_acc.type, lse_acc.numel(), static_cast<int>(out_acc.shape[2]),
-                                 out_acc.data, lse_acc.data, out_new.data, lse_new.data,
-                                 impl_->stream),
-               "lse_merge", rank_);
+  check_launch(
+      launch::lse_merge(out_acc.type, lse_acc.numel(), static_cast<int>(out_acc.shape[2]),
+                        out_acc.data, lse_acc.data, out_new.data, lse_new.data, impl_->stream),
+      "lse_merge", rank_);
 }
 
 // ---- attention ----
@@ -377,28 +404,31 @@ namespace {
 
 void check_docs(const attention_docs& docs, std::int64_t sq, std::int64_t sk) {
   if (docs.cu_q.size() != docs.cu_k.size() || docs.cu_q.empty())
-    fail<shape_error>("attention: cu_q has {} entries and cu_k {}; they must match and be non-empty",
-                      docs.cu_q.size(), docs.cu_k.size());
+    fail<shape_error>(
+        "attention: cu_q has {} entries and cu_k {}; they must match and be non-empty",
+        docs.cu_q.size(), docs.cu_k.size());
   const auto check = [](const std::vector<std::int32_t>& cu, std::int64_t s, const char* name) {
     if (cu[0] != 0) fail<shape_error>("attention: {}[0] must be 0, got {}", name, cu[0]);
     for (std::size_t i = 1; i < cu.size(); ++i)
       if (cu[i] < cu[i - 1])
         fail<shape_error>("attention: {} must be non-decreasing, got {}", name, fmt::join(cu, ","));
-    if (cu.back() > s) fail<shape_error>("attention: {} ends at {} past {} rows", name, cu.back(), s);
+    if (cu.back() > s)
+      fail<shape_error>("attention: {} ends at {} past {} rows", name, cu.back(), s);
   };
   check(docs.cu_q, sq, "cu_q");
   check(docs.cu_k, sk, "cu_k");
 }
 
 void check_qkv(const tensor& q, const tensor& k, const tensor& v) {
-  if (q.shape.size() != 3 || k.shape != v.shape || k.shape.size() != 3 || q.shape[2] != k.shape[2] ||
-      q.type != k.type || q.type != v.type)
+  if (q.shape.size() != 3 || k.shape != v.shape || k.shape.size() != 3 ||
+      q.shape[2] != k.shape[2] || q.type != k.type || q.type != v.type)
     fail<shape_error>("attention: q {}, k {}, v {} are not [tokens, heads, head_dim] alike",
                       shape_str(q.shape), shape_str(k.shape), shape_str(v.shape));
   if (k.shape[1] <= 0 || q.shape[1] % k.shape[1] != 0)
     fail<shape_error>("attention: hq={} is not divisible by hkv={}", q.shape[1], k.shape[1]);
   if (q.shape[2] > 128 || q.shape[2] < 1)
-    fail<shape_error>("attention: head_dim={} is outside the GPU kernels' range 1..128", q.shape[2]);
+    fail<shape_error>("attention: head_dim={} is outside the GPU kernels' range 1..128",
+                      q.shape[2]);
   need_float(q, "attention", false);
 }
 
@@ -433,8 +463,10 @@ void cuda_compute::attention_forward(const tensor& q, const tensor& k, const ten
   auto a = call_of(q, k, v, docs);
   a.out = out.data;
   a.lse = lse.data;
-  a.cu_q = static_cast<const std::int32_t*>(upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
-  a.cu_k = static_cast<const std::int32_t*>(upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
+  a.cu_q = static_cast<const std::int32_t*>(
+      upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
+  a.cu_k = static_cast<const std::int32_t*>(
+      upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
   const auto tiles = kern::make_tiles(docs.cu_q, launch::q_tile_rows(a.d));
   a.q_tiles = upload(*impl_, impl::s_tiles_q, tiles.data(), tiles.size(), rank_);
   a.n_q_tiles = static_cast<int>(tiles.size());
@@ -451,10 +483,10 @@ void cuda_compute::attention_backward(const tensor& q, const tensor& k, const te
       dv.shape != k.shape || lse.shape != shape_t{q.shape[0], q.shape[1]} || out.type != q.type ||
       dout.type != q.type || dq.type != q.type || dk.type != q.type || dv.type != q.type ||
       lse.type != q.type)
-    fail<shape_error>("attention_backward: out {}, lse {}, dout {}, dq {}, dk {}, dv {} for q {}, k {}",
-                      shape_str(out.shape), shape_str(lse.shape), shape_str(dout.shape),
-                      shape_str(dq.shape), shape_str(dk.shape), shape_str(dv.shape),
-                      shape_str(q.shape), shape_str(k.shape));
+    fail<shape_error>(
+        "attention_backward: out {}, lse {}, dout {}, dq {}, dk {}, dv {} for q {}, k {}",
+        shape_str(out.shape), shape_str(lse.shape), shape_str(dout.shape), shape_str(dq.shape),
+        shape_str(dk.shape), shape_str(dv.shape), shape_str(q.shape), shape_str(k.shape));
   SEQPAR_CUDA(cudaSetDevice, device_);
   // Rows outside every document keep these zeros.
   SEQPAR_CUDA(cudaMemsetAsync, dq.data, 0, dq.bytes(), impl_->stream);
@@ -467,8 +499,10 @@ void cuda_compute::attention_backward(const tensor& q, const tensor& k, const te
   a.dq = dq.data;
   a.dk = dk.data;
   a.dv = dv.data;
-  a.cu_q = static_cast<const std::int32_t*>(upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
-  a.cu_k = static_cast<const std::int32_t*>(upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
+  a.cu_q = static_cast<const std::int32_t*>(
+      upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
+  a.cu_k = static_cast<const std::int32_t*>(
+      upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
   a.delta = static_cast<float*>(upload(*impl_, impl::s_delta, static_cast<const float*>(nullptr),
                                        static_cast<std::size_t>(q.shape[0] * q.shape[1]), rank_));
   const auto qt = kern::make_tiles(docs.cu_q, launch::q_tile_rows(a.d));
@@ -491,7 +525,8 @@ void cuda_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tenso
   const std::int64_t m = trans_a ? a.shape[1] : a.shape[0], k = trans_a ? a.shape[0] : a.shape[1];
   const std::int64_t kb = trans_b ? b.shape[1] : b.shape[0], n = trans_b ? b.shape[0] : b.shape[1];
   if (k != kb || c.shape[0] != m || c.shape[1] != n)
-    fail<shape_error>("gemm: op(a) is [{}, {}], op(b) [{}, {}], c {}", m, k, kb, n, shape_str(c.shape));
+    fail<shape_error>("gemm: op(a) is [{}, {}], op(b) [{}, {}], c {}", m, k, kb, n,
+                      shape_str(c.shape));
   SEQPAR_CUDA(cudaSetDevice, device_);
   // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands; each
   // row-major matrix is its own transpose in column-major with ld = its column count.
@@ -501,15 +536,19 @@ void cuda_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tenso
   const void* pa = &af;
   const void* pb = &bf;
   switch (a.type) {
-    case dtype::f32: break;
-    case dtype::bf16: type = CUDA_R_16BF; break;
+    case dtype::f32:
+      break;
+    case dtype::bf16:
+      type = CUDA_R_16BF;
+      break;
     case dtype::f64:
       type = CUDA_R_64F;
       compute = CUBLAS_COMPUTE_64F;
       pa = &alpha;
       pb = &beta;
       break;
-    default: fail<shape_error>("gemm: {} is not supported", dtype_name(a.type));
+    default:
+      fail<shape_error>("gemm: {} is not supported", dtype_name(a.type));
   }
   const cublasStatus_t st = cublasGemmEx(
       impl_->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -533,11 +572,13 @@ void cuda_compute::rope(const tensor& x, tensor& y, int heads, int head_dim,
   SEQPAR_CUDA(cudaSetDevice, device_);
   const auto* pos = static_cast<const std::int64_t*>(
       upload(*impl_, impl::s_pos, positions.data(), positions.size(), rank_));
-  check_launch(launch::rope(x.type, n, heads, head_dim, pos, theta, sign, x.data, y.data, impl_->stream),
-               "rope", rank_);
+  check_launch(
+      launch::rope(x.type, n, heads, head_dim, pos, theta, sign, x.data, y.data, impl_->stream),
+      "rope", rank_);
 }
 
-void cuda_compute::rms_norm_fwd(const tensor& x, const tensor& w, double eps, tensor& y, tensor& r) {
+void cuda_compute::rms_norm_fwd(const tensor& x, const tensor& w, double eps, tensor& y,
+                                tensor& r) {
   same(x, y, "rms_norm_fwd");
   need_float(x, "rms_norm_fwd", false);
   if (x.shape.size() != 2 || w.numel() != x.shape[1] || w.type != x.type || r.type != dtype::f32 ||
@@ -562,9 +603,9 @@ void cuda_compute::rms_norm_bwd(const tensor& x, const tensor& w, const tensor& 
     fail<shape_error>("rms_norm_bwd: x {}, w {}, r {}", shape_str(x.shape), shape_str(w.shape),
                       shape_str(r.shape));
   SEQPAR_CUDA(cudaSetDevice, device_);
-  check_launch(launch::rms_norm_bwd(x.type, x.shape[0], static_cast<int>(x.shape[1]), x.data, w.data,
-                                    static_cast<const float*>(r.data), dy.data, dx.data, dw.data,
-                                    impl_->stream),
+  check_launch(launch::rms_norm_bwd(x.type, x.shape[0], static_cast<int>(x.shape[1]), x.data,
+                                    w.data, static_cast<const float*>(r.data), dy.data, dx.data,
+                                    dw.data, impl_->stream),
                "rms_norm_bwd", rank_);
 }
 

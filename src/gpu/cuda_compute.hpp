@@ -70,8 +70,8 @@ class cuda_compute final : public compute {
   /// RMSNorm of x `[n, hidden]` with weight w `[hidden]`: y like x, r `[n]` f32 (1/rms).
   void rms_norm_fwd(const tensor& x, const tensor& w, double eps, tensor& y, tensor& r);
   /// dx (like x) and dw (like w, overwritten) from dy.
-  void rms_norm_bwd(const tensor& x, const tensor& w, const tensor& r, const tensor& dy,
-                    tensor& dx, tensor& dw);
+  void rms_norm_bwd(const tensor& x, const tensor& w, const tensor& r, const tensor& dy, tensor& dx,
+                    tensor& dw);
 
   /// Waits for every kernel issued so far.
   void synchronize();

@@ -43,7 +43,8 @@ device_local_communicator::device_local_communicator(device_local_world& world, 
                                                      cuda_compute& compute)
     : world_(world), rank_(rank), c_(compute) {
   if (rank < 0 || rank >= world.size())
-    fail<config_error>("device_local_communicator: rank {} outside a world of {}", rank, world.size());
+    fail<config_error>("device_local_communicator: rank {} outside a world of {}", rank,
+                       world.size());
 }
 
 int device_local_communicator::world_size() const { return world_.size(); }
@@ -57,9 +58,8 @@ void copy_d2d(void* dst, const void* src, std::int64_t count, dtype t, cudaStrea
 }  // namespace
 
 void device_local_communicator::do_all_to_all(const comm_group& g, const void* send,
-                                              std::span<const std::int64_t> send_counts,
-                                              void* recv, std::span<const std::int64_t> recv_counts,
-                                              dtype t) {
+                                              std::span<const std::int64_t> send_counts, void* recv,
+                                              std::span<const std::int64_t> recv_counts, dtype t) {
   auto mine = rendezvous_slot::of("all_to_all", t, send, 0, call_info().tag);
   mine.send_counts = send_counts;
   mine.recv_counts = recv_counts;
@@ -91,8 +91,8 @@ void device_local_communicator::do_all_gather(const comm_group& g, const void* s
   r.finish();
 }
 
-void device_local_communicator::do_reduce_scatter(const comm_group& g, const void* send,
-                                                  void* recv, std::int64_t count, dtype t) {
+void device_local_communicator::do_reduce_scatter(const comm_group& g, const void* send, void* recv,
+                                                  std::int64_t count, dtype t) {
   const auto mine = rendezvous_slot::of("reduce_scatter", t, send, count, call_info().tag);
   SEQPAR_CUDA(cudaStreamSynchronize, static_cast<cudaStream_t>(c_.stream()));
   rendezvous r(world_, g, rank_, mine);

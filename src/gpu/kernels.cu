@@ -28,8 +28,10 @@ __global__ void each_index(std::int64_t n, F f) {
 template <class F>
 int run(std::int64_t n, stream_t s, F f) {
   if (n <= 0) return 0;
-  const std::int64_t blocks = std::min<std::int64_t>((n + block_threads - 1) / block_threads, 1 << 20);
-  each_index<<<static_cast<unsigned>(blocks), block_threads, 0, static_cast<cudaStream_t>(s)>>>(n, f);
+  const std::int64_t blocks =
+      std::min<std::int64_t>((n + block_threads - 1) / block_threads, 1 << 20);
+  each_index<<<static_cast<unsigned>(blocks), block_threads, 0, static_cast<cudaStream_t>(s)>>>(n,
+                                                                                                f);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -37,9 +39,12 @@ int run(std::int64_t n, stream_t s, F f) {
 template <class F>
 int by_size(int elem_size, F&& f) {
   switch (elem_size) {
-    case 2: return f.template operator()<std::uint16_t>();
-    case 4: return f.template operator()<std::uint32_t>();
-    case 8: return f.template operator()<std::uint64_t>();
+    case 2:
+      return f.template operator()<std::uint16_t>();
+    case 4:
+      return f.template operator()<std::uint32_t>();
+    case 8:
+      return f.template operator()<std::uint64_t>();
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -54,83 +59,169 @@ int by_float(dtype t, F&& f) {
 }
 
 // Functors: a kernel needs a type with a __device__ call operator (no extended lambdas).
-template <class E> struct pack_f {
-  a2a_geometry g; const E* x; E* w;
+template <class E>
+struct pack_f {
+  a2a_geometry g;
+  const E* x;
+  E* w;
   __device__ void operator()(std::int64_t e) const { kern::pack_for_heads(g, e, x, w); }
 };
-template <class E> struct unpack_f {
-  a2a_geometry g; const E* w; E* x;
+template <class E>
+struct unpack_f {
+  a2a_geometry g;
+  const E* w;
+  E* x;
   __device__ void operator()(std::int64_t e) const { kern::unpack_to_seq(g, e, w, x); }
 };
-template <class E> struct repeat_f {
-  std::int64_t n; int rep, d; const E* x; E* out;
+template <class E>
+struct repeat_f {
+  std::int64_t n;
+  int rep, d;
+  const E* x;
+  E* out;
   __device__ void operator()(std::int64_t e) const { kern::repeat_heads(e, n, rep, d, x, out); }
 };
-template <class T> struct sum_repeat_f {
-  std::int64_t n; int rep, d; const T* dx; T* out;
-  __device__ void operator()(std::int64_t e) const { kern::sum_repeated_heads(e, n, rep, d, dx, out); }
+template <class T>
+struct sum_repeat_f {
+  std::int64_t n;
+  int rep, d;
+  const T* dx;
+  T* out;
+  __device__ void operator()(std::int64_t e) const {
+    kern::sum_repeated_heads(e, n, rep, d, dx, out);
+  }
 };
-template <class E> struct stack_f {
-  std::int64_t n; int d; const E* k; const E* v; E* kv;
+template <class E>
+struct stack_f {
+  std::int64_t n;
+  int d;
+  const E* k;
+  const E* v;
+  E* kv;
   __device__ void operator()(std::int64_t e) const { kern::stack_kv(e, n, d, k, v, kv); }
 };
-template <class E> struct unstack_f {
-  std::int64_t n; int d; const E* kv; E* k; E* v;
+template <class E>
+struct unstack_f {
+  std::int64_t n;
+  int d;
+  const E* kv;
+  E* k;
+  E* v;
   __device__ void operator()(std::int64_t e) const { kern::unstack_kv(e, n, d, kv, k, v); }
 };
-template <class E> struct gather_f {
-  std::int64_t n, row; const std::int64_t* rows; const E* x; E* out;
+template <class E>
+struct gather_f {
+  std::int64_t n, row;
+  const std::int64_t* rows;
+  const E* x;
+  E* out;
   __device__ void operator()(std::int64_t e) const { kern::gather_rows(e, n, row, rows, x, out); }
 };
-template <class E> struct scatter_f {
-  std::int64_t n, row; const std::int64_t* rows; const E* x; E* dst;
+template <class E>
+struct scatter_f {
+  std::int64_t n, row;
+  const std::int64_t* rows;
+  const E* x;
+  E* dst;
   __device__ void operator()(std::int64_t e) const { kern::scatter_rows(e, n, row, rows, x, dst); }
 };
-template <class T> struct scatter_add_f {
-  std::int64_t n, row; const std::int64_t* first; const std::int64_t* next; const T* x; T* acc;
+template <class T>
+struct scatter_add_f {
+  std::int64_t n, row;
+  const std::int64_t* first;
+  const std::int64_t* next;
+  const T* x;
+  T* acc;
   __device__ void operator()(std::int64_t e) const {
     kern::scatter_add_rows(e, n, row, first, next, x, acc);
   }
 };
-template <class T> struct fill_f {
-  std::int64_t n; T value; T* x;
+template <class T>
+struct fill_f {
+  std::int64_t n;
+  T value;
+  T* x;
   __device__ void operator()(std::int64_t e) const { kern::fill(e, n, value, x); }
 };
-template <class T> struct add_f {
-  std::int64_t n; const T* x; T* acc;
+template <class T>
+struct add_f {
+  std::int64_t n;
+  const T* x;
+  T* acc;
   __device__ void operator()(std::int64_t e) const { kern::add(e, n, x, acc); }
 };
-template <class T> struct scale_f {
-  std::int64_t n; acc_t<T> a; T* x;
+template <class T>
+struct scale_f {
+  std::int64_t n;
+  acc_t<T> a;
+  T* x;
   __device__ void operator()(std::int64_t e) const { kern::scale(e, n, a, x); }
 };
-template <class T> struct merge_f {
-  std::int64_t n; int d; T* oa; T* la; const T* on; const T* ln;
+template <class T>
+struct merge_f {
+  std::int64_t n;
+  int d;
+  T* oa;
+  T* la;
+  const T* on;
+  const T* ln;
   __device__ void operator()(std::int64_t e) const { kern::lse_merge(e, n, d, oa, la, on, ln); }
 };
-template <class T> struct rope_f {
-  std::int64_t n_tokens; int heads, head_dim; const std::int64_t* pos; double theta; int sign;
-  const T* x; T* y;
+template <class T>
+struct rope_f {
+  std::int64_t n_tokens;
+  int heads, head_dim;
+  const std::int64_t* pos;
+  double theta;
+  int sign;
+  const T* x;
+  T* y;
   __device__ void operator()(std::int64_t e) const {
     kern::rope(e, n_tokens, heads, head_dim, pos, theta, sign, x, y);
   }
 };
-template <class T> struct rms_fwd_f {
-  std::int64_t n; int hidden; float eps; const T* x; const T* w; T* y; float* r;
-  __device__ void operator()(std::int64_t t) const { kern::rms_norm_fwd(t, n, hidden, eps, x, w, y, r); }
+template <class T>
+struct rms_fwd_f {
+  std::int64_t n;
+  int hidden;
+  float eps;
+  const T* x;
+  const T* w;
+  T* y;
+  float* r;
+  __device__ void operator()(std::int64_t t) const {
+    kern::rms_norm_fwd(t, n, hidden, eps, x, w, y, r);
+  }
 };
-template <class T> struct rms_bwd_x_f {
-  std::int64_t n; int hidden; const T* x; const T* w; const float* r; const T* dy; T* dx;
-  __device__ void operator()(std::int64_t t) const { kern::rms_norm_bwd_x(t, n, hidden, x, w, r, dy, dx); }
+template <class T>
+struct rms_bwd_x_f {
+  std::int64_t n;
+  int hidden;
+  const T* x;
+  const T* w;
+  const float* r;
+  const T* dy;
+  T* dx;
+  __device__ void operator()(std::int64_t t) const {
+    kern::rms_norm_bwd_x(t, n, hidden, x, w, r, dy, dx);
+  }
 };
-template <class T> struct rms_bwd_w_f {
-  std::int64_t n; int hidden; const T* x; const float* r; const T* dy; T* dw;
+template <class T>
+struct rms_bwd_w_f {
+  std::int64_t n;
+  int hidden;
+  const T* x;
+  const float* r;
+  const T* dy;
+  T* dw;
   __device__ void operator()(std::int64_t j) const {
     kern::rms_norm_bwd_w(static_cast<int>(j), n, hidden, x, r, dy, dw);
   }
 };
-template <class T> struct delta_f {
-  std::int64_t n; kern::attn_params<T> p;
+template <class T>
+struct delta_f {
+  std::int64_t n;
+  kern::attn_params<T> p;
   __device__ void operator()(std::int64_t i) const { kern::attn_bwd_delta(i, n, p); }
 };
 
@@ -142,26 +233,28 @@ struct device_exec {
   __device__ int threads() const { return static_cast<int>(blockDim.x); }
   __device__ void sync() const { __syncthreads(); }
   template <class F>
-  __device__ void each(F&& f) { f(static_cast<int>(threadIdx.x), st); }
+  __device__ void each(F&& f) {
+    f(static_cast<int>(threadIdx.x), st);
+  }
 };
 
 template <class Cfg, class T>
-__global__ void __launch_bounds__(Cfg::br) attn_fwd_kernel(kern::attn_params<T> p,
-                                                           const kern::attn_tile* tiles) {
+__global__ void __launch_bounds__(Cfg::br)
+    attn_fwd_kernel(kern::attn_params<T> p, const kern::attn_tile* tiles) {
   __shared__ kern::fwd_smem<Cfg> sm;
   device_exec<kern::fwd_state<Cfg::dmax>> ex;
   kern::attn_fwd_block<Cfg>(ex, p, tiles[blockIdx.x], static_cast<int>(blockIdx.y), sm);
 }
 template <class Cfg, class T>
-__global__ void __launch_bounds__(Cfg::br) attn_dq_kernel(kern::attn_params<T> p,
-                                                          const kern::attn_tile* tiles) {
+__global__ void __launch_bounds__(Cfg::br)
+    attn_dq_kernel(kern::attn_params<T> p, const kern::attn_tile* tiles) {
   __shared__ kern::dq_smem<Cfg> sm;
   device_exec<kern::dq_state<Cfg::dmax>> ex;
   kern::attn_dq_block<Cfg>(ex, p, tiles[blockIdx.x], static_cast<int>(blockIdx.y), sm);
 }
 template <class Cfg, class T>
-__global__ void __launch_bounds__(Cfg::bk) attn_dkdv_kernel(kern::attn_params<T> p,
-                                                            const kern::attn_tile* tiles) {
+__global__ void __launch_bounds__(Cfg::bk)
+    attn_dkdv_kernel(kern::attn_params<T> p, const kern::attn_tile* tiles) {
   __shared__ kern::dkdv_smem<Cfg> sm;
   device_exec<kern::dkdv_state<Cfg::dmax>> ex;
   kern::attn_dkdv_block<Cfg>(ex, p, tiles[blockIdx.x], static_cast<int>(blockIdx.y), sm);
@@ -215,19 +308,24 @@ int repeat_heads(std::int64_t n, int rep, int d, int esz, const void* x, void* o
     return run(n, s, repeat_f<E>{n, rep, d, static_cast<const E*>(x), static_cast<E*>(out)});
   });
 }
-int sum_repeated_heads(dtype t, std::int64_t n, int rep, int d, const void* dx, void* out, stream_t s) {
+int sum_repeated_heads(dtype t, std::int64_t n, int rep, int d, const void* dx, void* out,
+                       stream_t s) {
   return by_float<true>(t, [&]<class T>() {
     return run(n, s, sum_repeat_f<T>{n, rep, d, static_cast<const T*>(dx), static_cast<T*>(out)});
   });
 }
 int stack_kv(std::int64_t n, int d, int esz, const void* k, const void* v, void* kv, stream_t s) {
   return by_size(esz, [&]<class E>() {
-    return run(n, s, stack_f<E>{n, d, static_cast<const E*>(k), static_cast<const E*>(v), static_cast<E*>(kv)});
+    return run(
+        n, s,
+        stack_f<E>{n, d, static_cast<const E*>(k), static_cast<const E*>(v), static_cast<E*>(kv)});
   });
 }
 int unstack_kv(std::int64_t n, int d, int esz, const void* kv, void* k, void* v, stream_t s) {
   return by_size(esz, [&]<class E>() {
-    return run(n, s, unstack_f<E>{n, d, static_cast<const E*>(kv), static_cast<E*>(k), static_cast<E*>(v)});
+    return run(
+        n, s,
+        unstack_f<E>{n, d, static_cast<const E*>(kv), static_cast<E*>(k), static_cast<E*>(v)});
   });
 }
 int gather_rows(std::int64_t n, std::int64_t row, const std::int64_t* rows, int esz, const void* x,
@@ -245,7 +343,9 @@ int scatter_rows(std::int64_t n, std::int64_t row, const std::int64_t* rows, int
 int scatter_add_rows(dtype t, std::int64_t n, std::int64_t row, const std::int64_t* first,
                      const std::int64_t* next, const void* x, void* acc, stream_t s) {
   return by_float<true>(t, [&]<class T>() {
-    return run(n, s, scatter_add_f<T>{n, row, first, next, static_cast<const T*>(x), static_cast<T*>(acc)});
+    return run(
+        n, s,
+        scatter_add_f<T>{n, row, first, next, static_cast<const T*>(x), static_cast<T*>(acc)});
   });
 }
 int fill(dtype t, std::int64_t n, double value, void* x, stream_t s) {
@@ -271,8 +371,9 @@ int scale(dtype t, std::int64_t n, double a, void* x, stream_t s) {
 int lse_merge(dtype t, std::int64_t n, int d, void* oa, void* la, const void* on, const void* ln,
               stream_t s) {
   return by_float<false>(t, [&]<class T>() {
-    return run(n, s, merge_f<T>{n, d, static_cast<T*>(oa), static_cast<T*>(la),
-                                static_cast<const T*>(on), static_cast<const T*>(ln)});
+    return run(n, s,
+               merge_f<T>{n, d, static_cast<T*>(oa), static_cast<T*>(la), static_cast<const T*>(on),
+                          static_cast<const T*>(ln)});
   });
 }
 int rope(dtype t, std::int64_t n_tokens, int heads, int head_dim, const std::int64_t* pos,
@@ -280,15 +381,17 @@ int rope(dtype t, std::int64_t n_tokens, int heads, int head_dim, const std::int
   const int half = (head_dim - head_dim % 2) / 2;
   const std::int64_t n = n_tokens * heads * (half > 0 ? half : 1);
   return by_float<false>(t, [&]<class T>() {
-    return run(n, s, rope_f<T>{n_tokens, heads, head_dim, pos, theta, sign,
-                               static_cast<const T*>(x), static_cast<T*>(y)});
+    return run(n, s,
+               rope_f<T>{n_tokens, heads, head_dim, pos, theta, sign, static_cast<const T*>(x),
+                         static_cast<T*>(y)});
   });
 }
 int rms_norm_fwd(dtype t, std::int64_t n, int hidden, float eps, const void* x, const void* w,
                  void* y, float* r, stream_t s) {
   return by_float<false>(t, [&]<class T>() {
-    return run(n, s, rms_fwd_f<T>{n, hidden, eps, static_cast<const T*>(x), static_cast<const T*>(w),
-                                  static_cast<T*>(y), r});
+    return run(n, s,
+               rms_fwd_f<T>{n, hidden, eps, static_cast<const T*>(x), static_cast<const T*>(w),
+                            static_cast<T*>(y), r});
   });
 }
 int rms_norm_bwd(dtype t, std::int64_t n, int hidden, const void* x, const void* w, const float* r,
@@ -296,7 +399,8 @@ int rms_norm_bwd(dtype t, std::int64_t n, int hidden, const void* x, const void*
   return by_float<false>(t, [&]<class T>() {
     const auto* xp = static_cast<const T*>(x);
     const auto* dyp = static_cast<const T*>(dy);
-    const int e = run(n, s, rms_bwd_x_f<T>{n, hidden, xp, static_cast<const T*>(w), r, dyp, static_cast<T*>(dx)});
+    const int e = run(
+        n, s, rms_bwd_x_f<T>{n, hidden, xp, static_cast<const T*>(w), r, dyp, static_cast<T*>(dx)});
     if (e) return e;
     return run(hidden, s, rms_bwd_w_f<T>{n, hidden, xp, r, dyp, static_cast<T*>(dw)});
   });
@@ -312,7 +416,8 @@ int attention_forward(const attention_call& a, stream_t s) {
     const auto p = params_of<T>(a);
     return by_head_dim(a.d, [&]<class Cfg>() {
       const dim3 grid(static_cast<unsigned>(a.n_q_tiles), static_cast<unsigned>(a.hq));
-      attn_fwd_kernel<Cfg, T><<<grid, Cfg::br, 0, st>>>(p, static_cast<const kern::attn_tile*>(a.q_tiles));
+      attn_fwd_kernel<Cfg, T>
+          <<<grid, Cfg::br, 0, st>>>(p, static_cast<const kern::attn_tile*>(a.q_tiles));
       return static_cast<int>(cudaGetLastError());
     });
   });
@@ -327,12 +432,14 @@ int attention_backward(const attention_call& a, stream_t s) {
     return by_head_dim(a.d, [&]<class Cfg>() {
       if (a.n_q_tiles > 0) {
         const dim3 grid(static_cast<unsigned>(a.n_q_tiles), static_cast<unsigned>(a.hq));
-        attn_dq_kernel<Cfg, T><<<grid, Cfg::br, 0, st>>>(p, static_cast<const kern::attn_tile*>(a.q_tiles));
+        attn_dq_kernel<Cfg, T>
+            <<<grid, Cfg::br, 0, st>>>(p, static_cast<const kern::attn_tile*>(a.q_tiles));
         if (int e = static_cast<int>(cudaGetLastError())) return e;
       }
       if (a.n_k_tiles > 0) {
         const dim3 grid(static_cast<unsigned>(a.n_k_tiles), static_cast<unsigned>(a.hkv));
-        attn_dkdv_kernel<Cfg, T><<<grid, Cfg::bk, 0, st>>>(p, static_cast<const kern::attn_tile*>(a.k_tiles));
+        attn_dkdv_kernel<Cfg, T>
+            <<<grid, Cfg::bk, 0, st>>>(p, static_cast<const kern::attn_tile*>(a.k_tiles));
         if (int e = static_cast<int>(cudaGetLastError())) return e;
       }
       return 0;

@@ -14,10 +14,14 @@ using stream_t = void*;
 
 int pack_for_heads(const a2a_geometry& g, int elem_size, const void* x, void* wire, stream_t s);
 int unpack_to_seq(const a2a_geometry& g, int elem_size, const void* wire, void* x, stream_t s);
-int repeat_heads(std::int64_t n_out, int rep, int d, int elem_size, const void* x, void* out, stream_t s);
-int sum_repeated_heads(dtype t, std::int64_t n_out, int rep, int d, const void* dx, void* out, stream_t s);
-int stack_kv(std::int64_t n_out, int d, int elem_size, const void* k, const void* v, void* kv, stream_t s);
-int unstack_kv(std::int64_t n_kv, int d, int elem_size, const void* kv, void* k, void* v, stream_t s);
+int repeat_heads(std::int64_t n_out, int rep, int d, int elem_size, const void* x, void* out,
+                 stream_t s);
+int sum_repeated_heads(dtype t, std::int64_t n_out, int rep, int d, const void* dx, void* out,
+                       stream_t s);
+int stack_kv(std::int64_t n_out, int d, int elem_size, const void* k, const void* v, void* kv,
+             stream_t s);
+int unstack_kv(std::int64_t n_kv, int d, int elem_size, const void* kv, void* k, void* v,
+               stream_t s);
 int gather_rows(std::int64_t n_out, std::int64_t row, const std::int64_t* rows, int elem_size,
                 const void* x, void* out, stream_t s);
 int scatter_rows(std::int64_t n_in, std::int64_t row, const std::int64_t* rows, int elem_size,

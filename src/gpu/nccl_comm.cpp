@@ -23,11 +23,16 @@ namespace {
 
 ncclDataType_t nccl_type(dtype t) {
   switch (t) {
-    case dtype::f64: return ncclFloat64;
-    case dtype::f32: return ncclFloat32;
-    case dtype::bf16: return ncclBfloat16;
-    case dtype::i32: return ncclInt32;
-    case dtype::i64: return ncclInt64;
+    case dtype::f64:
+      return ncclFloat64;
+    case dtype::f32:
+      return ncclFloat32;
+    case dtype::bf16:
+      return ncclBfloat16;
+    case dtype::i32:
+      return ncclInt32;
+    case dtype::i64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
@@ -132,7 +137,8 @@ void nccl_communicator::prepare_groups(std::span<const comm_group> groups) {
     s.ranks = g.ranks;
     const int me = g.index_of(rank_);
     bool is_world = g.size() == world_;
-    for (int i = 0; is_world && i < g.size(); ++i) is_world = g.ranks[static_cast<std::size_t>(i)] == i;
+    for (int i = 0; is_world && i < g.size(); ++i)
+      is_world = g.ranks[static_cast<std::size_t>(i)] == i;
     if (is_world) {
       s.comm = impl_->world;
     } else if (g.size() > 1) {
@@ -163,9 +169,10 @@ ncclComm_t comm_of(nccl_communicator::impl& im, const comm_group& g, int rank_) 
                 im.failure);
   auto it = im.groups.find(g.name);
   if (it == im.groups.end())
-    fail<config_error>("group '{}' {} was not prepared: call nccl_communicator::prepare_groups "
-                       "with every group on every rank first",
-                       g.name, g.ranks);
+    fail<config_error>(
+        "group '{}' {} was not prepared: call nccl_communicator::prepare_groups "
+        "with every group on every rank first",
+        g.name, g.ranks);
   if (it->second.ranks != g.ranks)
     fail<config_error>("group '{}' was prepared with ranks {} but is used with {}", g.name,
                        it->second.ranks, g.ranks);
@@ -306,8 +313,9 @@ void nccl_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op
     for (const auto& op : ops) {
       if (op.dir != p2p_op::kind::recv) continue;
       if (k >= sends.size() || sends[k]->count != op.count)
-        fail<error>("send_recv on '{}': rank {} receives {} elements from itself without a matching send",
-                    g.name, rank_, op.count);
+        fail<error>(
+            "send_recv on '{}': rank {} receives {} elements from itself without a matching send",
+            g.name, rank_, op.count);
       copy_local(*impl_, op.buf, sends[k++]->buf, op.count, t, rank_);
     }
   } else if (!ops.empty()) {

@@ -45,8 +45,8 @@ class nccl_communicator : public communicator {
 #if defined(SEQPAR_HAVE_MPI)
   /// Bootstrap over MPI_COMM_WORLD (MPI initialised by the caller): rank 0 creates the id and
   /// MPI_Bcast sends it; world rank and size are MPI's. `device`: see mpi_local_device().
-  static std::unique_ptr<nccl_communicator> from_mpi(int device, void* stream,
-      std::chrono::milliseconds timeout = std::chrono::seconds(300));
+  static std::unique_ptr<nccl_communicator> from_mpi(
+      int device, void* stream, std::chrono::milliseconds timeout = std::chrono::seconds(300));
   /// One GPU per process: the local rank on the node (MPI_COMM_TYPE_SHARED) modulo the visible
   /// devices. Call it first, create the cuda_compute on that device, then from_mpi.
   static int mpi_local_device();

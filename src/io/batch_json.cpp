@@ -34,9 +34,10 @@ packed_batch batch_from_json(const nlohmann::json& j, const std::string& source)
                        source);
   for (const char* key : {"input_ids", "labels", "position_ids"})
     if (!j.contains(key))
-      fail<layout_error>("{}: the batch has no '{}'; it needs input_ids, labels and position_ids "
-                         "(attention_mask optional)",
-                         source, key);
+      fail<layout_error>(
+          "{}: the batch has no '{}'; it needs input_ids, labels and position_ids "
+          "(attention_mask optional)",
+          source, key);
   packed_batch b;
   b.input_ids = int_array(j, "input_ids", source);
   b.labels = int_array(j, "labels", source);
@@ -49,12 +50,9 @@ packed_batch batch_from_json(const nlohmann::json& j, const std::string& source)
 nlohmann::json collated_to_json(const collated_batch& cb) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : cb.ranks) {
-    nlohmann::json x = {{"cp_rank", r.cp_rank},
-                        {"input_ids", r.input_ids},
-                        {"labels", r.labels},
-                        {"position_ids", r.position_ids},
-                        {"cu_seqlens", r.cu_seqlens},
-                        {"max_seqlen", r.max_seqlen}};
+    nlohmann::json x = {{"cp_rank", r.cp_rank},       {"input_ids", r.input_ids},
+                        {"labels", r.labels},         {"position_ids", r.position_ids},
+                        {"cu_seqlens", r.cu_seqlens}, {"max_seqlen", r.max_seqlen}};
     if (r.attention_mask) x["attention_mask"] = *r.attention_mask;
     if (r.tail_padding_length) x["tail_padding_length"] = *r.tail_padding_length;
     ranks.push_back(std::move(x));

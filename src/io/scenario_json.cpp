@@ -43,9 +43,10 @@ nlohmann::json scenario_to_json(const scenario& s) {
 scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   if (!j.is_object()) fail<config_error>("a scenario must be a JSON object, got {}", j.type_name());
   static const std::vector<std::string> known = {
-      "name",  "profile", "ulysses", "ring", "cp_size", "heads", "kv_heads", "head_dim",
-      "hidden", "intermediate", "layers", "vocab", "docs", "seed", "zigzag", "ring_backward", "ring_forward",
-      "cp_fsdp_mode", "pad_token_id"};
+      "name",          "profile",      "ulysses",      "ring",        "cp_size",
+      "heads",         "kv_heads",     "head_dim",     "hidden",      "intermediate",
+      "layers",        "vocab",        "docs",         "seed",        "zigzag",
+      "ring_backward", "ring_forward", "cp_fsdp_mode", "pad_token_id"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
       fail<config_error>("scenario key '{}' is unknown; known keys: {}", it.key(),
@@ -82,9 +83,10 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   get("cp_fsdp_mode", s.cp_fsdp_mode);
   get("pad_token_id", s.pad_token_id);
   if (j.contains("cp_size") && j.at("cp_size") != s.cp())
-    fail<config_error>("scenario cp_size={} disagrees with ulysses*ring={}*{}={}; drop cp_size or "
-                       "fix it",
-                       j.at("cp_size").dump(), s.ulysses, s.ring, s.cp());
+    fail<config_error>(
+        "scenario cp_size={} disagrees with ulysses*ring={}*{}={}; drop cp_size or "
+        "fix it",
+        j.at("cp_size").dump(), s.ulysses, s.ring, s.cp());
   return s;
 }
 

@@ -110,11 +110,16 @@ namespace {
 
 MPI_Datatype mpi_type(dtype t) {
   switch (t) {
-    case dtype::f64: return MPI_DOUBLE;
-    case dtype::f32: return MPI_FLOAT;
-    case dtype::bf16: return MPI_UINT16_T;  // moved as 16-bit words, never reduced
-    case dtype::i32: return MPI_INT32_T;
-    case dtype::i64: return MPI_INT64_T;
+    case dtype::f64:
+      return MPI_DOUBLE;
+    case dtype::f32:
+      return MPI_FLOAT;
+    case dtype::bf16:
+      return MPI_UINT16_T;  // moved as 16-bit words, never reduced
+    case dtype::i32:
+      return MPI_INT32_T;
+    case dtype::i64:
+      return MPI_INT64_T;
   }
   return MPI_BYTE;
 }
@@ -131,12 +136,18 @@ enum op_code : std::int64_t {
 
 const char* op_name(std::int64_t op) {
   switch (op) {
-    case op_all_to_all: return "all_to_all";
-    case op_all_gather: return "all_gather";
-    case op_reduce_scatter: return "reduce_scatter";
-    case op_all_reduce: return "all_reduce";
-    case op_send_recv: return "send_recv";
-    case op_barrier: return "barrier";
+    case op_all_to_all:
+      return "all_to_all";
+    case op_all_gather:
+      return "all_gather";
+    case op_reduce_scatter:
+      return "reduce_scatter";
+    case op_all_reduce:
+      return "all_reduce";
+    case op_send_recv:
+      return "send_recv";
+    case op_barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -175,11 +186,16 @@ void sum_blocks(const std::byte* blocks, int members, std::int64_t count, std::b
 void sum_in_group_order(dtype t, const std::byte* blocks, int members, std::int64_t count,
                         std::byte* out) {
   switch (t) {
-    case dtype::f64: return sum_blocks<double>(blocks, members, count, out);
-    case dtype::f32: return sum_blocks<float>(blocks, members, count, out);
-    case dtype::i32: return sum_blocks<std::int32_t>(blocks, members, count, out);
-    case dtype::i64: return sum_blocks<std::int64_t>(blocks, members, count, out);
-    case dtype::bf16: break;  // rejected before any data moves
+    case dtype::f64:
+      return sum_blocks<double>(blocks, members, count, out);
+    case dtype::f32:
+      return sum_blocks<float>(blocks, members, count, out);
+    case dtype::i32:
+      return sum_blocks<std::int32_t>(blocks, members, count, out);
+    case dtype::i64:
+      return sum_blocks<std::int64_t>(blocks, members, count, out);
+    case dtype::bf16:
+      break;  // rejected before any data moves
   }
 }
 
@@ -239,8 +255,7 @@ struct call_context {
 // the same verdict and throw the same error (nobody is left inside MPI). The messages follow
 // inproc_communicator's.
 void validate(const comm_group& g, std::int64_t seq, const std::string& tag,
-              const std::vector<descriptor>& d,
-              const std::vector<std::vector<std::int64_t>>& p2p) {
+              const std::vector<descriptor>& d, const std::vector<std::vector<std::int64_t>>& p2p) {
   const int n = g.size();
   const auto& d0 = d[0];
   const auto name0 = call_name(op_name(d0.op), seq, tag);
@@ -318,8 +333,7 @@ namespace {
 // Resolves the group (creating its MPI communicator on first use) and, with verify_calls,
 // exchanges and validates the call descriptors.
 call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, int world_size,
-                   const std::string& tag, const descriptor& mine,
-                   std::span<const p2p_op> ops) {
+                   const std::string& tag, const descriptor& mine, std::span<const p2p_op> ops) {
   auto it = im.groups.find(g.name);
   if (it == im.groups.end()) {
     auto sorted = g.ranks;
@@ -332,8 +346,7 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
                     world_size);
     MPI_Group world_group = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
     SEQPAR_MPI(MPI_Comm_group, im.world, &world_group);
-    const int rc_incl =
-        MPI_Group_incl(world_group, g.size(), g.ranks.data(), &sub);
+    const int rc_incl = MPI_Group_incl(world_group, g.size(), g.ranks.data(), &sub);
     MPI_Group_free(&world_group);
     check_mpi(rc_incl, "MPI_Group_incl");
     // Only the members call MPI_Comm_create_group; the tag keeps concurrent creations of
@@ -367,9 +380,8 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
   out[2] = mine.count;
   for (std::size_t j = 0; j < mine.send_counts.size(); ++j) out[3 + j] = mine.send_counts[j];
   for (std::size_t j = 0; j < mine.recv_counts.size(); ++j) out[3 + n + j] = mine.recv_counts[j];
-  SEQPAR_MPI(MPI_Allgather_c, out.data(), static_cast<MPI_Count>(width), MPI_INT64_T,
-                                  all.data(), static_cast<MPI_Count>(width), MPI_INT64_T,
-                                  ctx.comm);
+  SEQPAR_MPI(MPI_Allgather_c, out.data(), static_cast<MPI_Count>(width), MPI_INT64_T, all.data(),
+             static_cast<MPI_Count>(width), MPI_INT64_T, ctx.comm);
   std::vector<descriptor> d(n);
   for (int j = 0; j < n; ++j) {
     const auto* row = all.data() + j * width;
@@ -380,8 +392,8 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
     d[j].recv_counts.assign(row + 3 + n, row + 3 + 2 * n);
   }
   std::vector<std::vector<std::int64_t>> p2p(n);
-  const bool all_p2p = std::all_of(d.begin(), d.end(),
-                                   [](const descriptor& x) { return x.op == op_send_recv; });
+  const bool all_p2p =
+      std::all_of(d.begin(), d.end(), [](const descriptor& x) { return x.op == op_send_recv; });
   if (all_p2p) {
     // Second round: every member's (dir, peer, count) list, so all can pair the messages.
     std::vector<std::int64_t> mine_ops;
@@ -400,8 +412,7 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
     }
     std::vector<std::int64_t> flat(static_cast<std::size_t>(std::max<MPI_Aint>(total, 1)));
     SEQPAR_MPI(MPI_Allgatherv_c, mine_ops.data(), static_cast<MPI_Count>(mine_ops.size()),
-                                     MPI_INT64_T, flat.data(), counts.data(), displs.data(),
-                                     MPI_INT64_T, ctx.comm);
+               MPI_INT64_T, flat.data(), counts.data(), displs.data(), MPI_INT64_T, ctx.comm);
     for (int j = 0; j < n; ++j)
       p2p[j].assign(flat.begin() + displs[j], flat.begin() + displs[j] + counts[j]);
   }
@@ -417,7 +428,9 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
   const auto esz = dtype_size(t);
   const std::int64_t total_send = comm_checks::total(send_counts);
   const std::int64_t total_recv = comm_checks::total(recv_counts);
-  descriptor mine{op_all_to_all, static_cast<std::int64_t>(t), 0,
+  descriptor mine{op_all_to_all,
+                  static_cast<std::int64_t>(t),
+                  0,
                   {send_counts.begin(), send_counts.end()},
                   {recv_counts.begin(), recv_counts.end()}};
   const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag, mine, {});
@@ -442,15 +455,15 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
     src = copy.data();
   }
   const auto type = mpi_type(t);
-  SEQPAR_MPI(MPI_Alltoallv_c, src, sc.data(), sd.data(), type, recv, rc.data(), rd.data(),
-                                  type, ctx.comm);
+  SEQPAR_MPI(MPI_Alltoallv_c, src, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type,
+             ctx.comm);
 }
 
 void mpi_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,
                                      void* recv, dtype t) {
-  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
-                         descriptor{op_all_gather, static_cast<std::int64_t>(t), count, {}, {}},
-                         {});
+  const auto ctx =
+      enter(*impl_, g, rank_, size_, call_info().tag,
+            descriptor{op_all_gather, static_cast<std::int64_t>(t), count, {}, {}}, {});
   const auto block = static_cast<std::size_t>(count) * dtype_size(t);
   std::vector<std::byte> copy;
   const void* src = send;
@@ -478,12 +491,11 @@ void mpi_communicator::do_reduce_scatter(const comm_group& g, const void* send, 
   sum_in_group_order(t, blocks.data(), n, count, static_cast<std::byte*>(recv));
 }
 
-void mpi_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_t count,
-                                     dtype t) {
+void mpi_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) {
   check_reducible(t, "all_reduce", g);
-  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
-                         descriptor{op_all_reduce, static_cast<std::int64_t>(t), count, {}, {}},
-                         {});
+  const auto ctx =
+      enter(*impl_, g, rank_, size_, call_info().tag,
+            descriptor{op_all_reduce, static_cast<std::int64_t>(t), count, {}, {}}, {});
   // Deterministic: every member gathers every contribution (Allgather), then sums them in
   // member order. MPI_Allreduce would be free to add them in any order.
   const int n = g.size();
@@ -496,11 +508,13 @@ void mpi_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_
 
 void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) {
   const auto esz = dtype_size(t);
-  const auto ctx =
-      enter(*impl_, g, rank_, size_, call_info().tag,
-            descriptor{op_send_recv, static_cast<std::int64_t>(t),
-                       static_cast<std::int64_t>(ops.size()), {}, {}},
-            ops);
+  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
+                         descriptor{op_send_recv,
+                                    static_cast<std::int64_t>(t),
+                                    static_cast<std::int64_t>(ops.size()),
+                                    {},
+                                    {}},
+                         ops);
   // Receive into a staging area when a recv buffer overlaps a buffer this rank sends from.
   bool staged = false;
   std::size_t stage_bytes = 0;
@@ -561,8 +575,8 @@ void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op>
 }
 
 void mpi_communicator::do_barrier(const comm_group& g) {
-  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
-                         descriptor{op_barrier, 0, 0, {}, {}}, {});
+  const auto ctx =
+      enter(*impl_, g, rank_, size_, call_info().tag, descriptor{op_barrier, 0, 0, {}, {}}, {});
   SEQPAR_MPI(MPI_Barrier, ctx.comm);
 }
 

@@ -25,9 +25,12 @@ namespace {
 template <class F>
 decltype(auto) by_float(dtype t, F&& f) {
   switch (t) {
-    case dtype::f64: return f.template operator()<double>();
-    case dtype::f32: return f.template operator()<float>();
-    default: break;
+    case dtype::f64:
+      return f.template operator()<double>();
+    case dtype::f32:
+      return f.template operator()<float>();
+    default:
+      break;
   }
   fail<shape_error>("the CPU reference computes in float64 or float32, not {}", dtype_name(t));
 }
@@ -64,8 +67,8 @@ void eigen_compute::pack_for_heads(const a2a_geometry& g, const tensor& x, tenso
 
 void eigen_compute::unpack_to_seq(const a2a_geometry& g, const tensor& wire, tensor& x) {
   if (x.numel() != g.numel_local() || wire.numel() != g.numel_local())
-    fail<shape_error>("unpack_to_seq: {} and {} elements for a plan of {}", x.numel(),
-                      wire.numel(), g.numel_local());
+    fail<shape_error>("unpack_to_seq: {} and {} elements for a plan of {}", x.numel(), wire.numel(),
+                      g.numel_local());
   const auto esz = dtype_size(x.type);
   const auto* src = static_cast<const std::byte*>(wire.data);
   auto* dst = static_cast<std::byte*>(x.data);
@@ -109,8 +112,10 @@ tensor eigen_compute::stack_kv(const tensor& k, const tensor& v) {
   const auto esz = dtype_size(k.type);
   auto* dst = static_cast<std::byte*>(out.data);
   for (std::int64_t i = 0; i < S * H; ++i) {
-    std::memcpy(dst + (2 * i) * D * esz, static_cast<const std::byte*>(k.data) + i * D * esz, D * esz);
-    std::memcpy(dst + (2 * i + 1) * D * esz, static_cast<const std::byte*>(v.data) + i * D * esz, D * esz);
+    std::memcpy(dst + (2 * i) * D * esz, static_cast<const std::byte*>(k.data) + i * D * esz,
+                D * esz);
+    std::memcpy(dst + (2 * i + 1) * D * esz, static_cast<const std::byte*>(v.data) + i * D * esz,
+                D * esz);
   }
   return out;
 }
@@ -125,7 +130,8 @@ void eigen_compute::unstack_kv(const tensor& kv, tensor& k, tensor& v) {
   const auto* src = static_cast<const std::byte*>(kv.data);
   for (std::int64_t i = 0; i < S * H; ++i) {
     std::memcpy(static_cast<std::byte*>(k.data) + i * D * esz, src + (2 * i) * D * esz, D * esz);
-    std::memcpy(static_cast<std::byte*>(v.data) + i * D * esz, src + (2 * i + 1) * D * esz, D * esz);
+    std::memcpy(static_cast<std::byte*>(v.data) + i * D * esz, src + (2 * i + 1) * D * esz,
+                D * esz);
   }
 }
 
@@ -143,8 +149,7 @@ tensor eigen_compute::gather_rows(const tensor& x, std::span<const std::int64_t>
   return out;
 }
 
-void eigen_compute::scatter_rows(tensor& dst, const tensor& x,
-                                 std::span<const std::int64_t> rows) {
+void eigen_compute::scatter_rows(tensor& dst, const tensor& x, std::span<const std::int64_t> rows) {
   const auto rb = row_size(dst) * static_cast<std::int64_t>(dtype_size(dst.type));
   if (row_size(x) != row_size(dst) || x.shape[0] != static_cast<std::int64_t>(rows.size()) ||
       x.type != dst.type)
@@ -170,12 +175,14 @@ void eigen_compute::scatter_add_rows(tensor& acc, const tensor& x,
                                      std::span<const std::int64_t> rows) {
   const auto rs = row_size(acc);
   if (row_size(x) != rs || x.shape[0] != static_cast<std::int64_t>(rows.size()))
-    fail<shape_error>("scatter_add_rows: {} rows of {} into rows of {}", x.shape[0], row_size(x), rs);
+    fail<shape_error>("scatter_add_rows: {} rows of {} into rows of {}", x.shape[0], row_size(x),
+                      rs);
   by_float(acc.type, [&]<class T>() {
     T* a = acc.as<T>();
     const T* b = x.as<T>();
     for (std::size_t i = 0; i < rows.size(); ++i)
-      for (std::int64_t j = 0; j < rs; ++j) a[rows[i] * rs + j] += b[static_cast<std::int64_t>(i) * rs + j];
+      for (std::int64_t j = 0; j < rs; ++j)
+        a[rows[i] * rs + j] += b[static_cast<std::int64_t>(i) * rs + j];
   });
 }
 
@@ -207,8 +214,9 @@ template <class T>
 attention_args<T> args_of(const tensor& q, const tensor& k, const tensor& v,
                           const attention_docs& docs) {
   if (docs.cu_q.size() != docs.cu_k.size() || docs.cu_q.empty())
-    fail<shape_error>("attention: cu_q has {} entries and cu_k {}; they must match and be non-empty",
-                      docs.cu_q.size(), docs.cu_k.size());
+    fail<shape_error>(
+        "attention: cu_q has {} entries and cu_k {}; they must match and be non-empty",
+        docs.cu_q.size(), docs.cu_k.size());
   if (q.shape.size() != 3 || k.shape != v.shape || k.shape.size() != 3 || q.shape[2] != k.shape[2])
     fail<shape_error>("attention: q [{}], k [{}], v [{}] are not [tokens, heads, head_dim] alike",
                       fmt::join(q.shape, ","), fmt::join(k.shape, ","), fmt::join(v.shape, ","));

@@ -26,8 +26,7 @@ struct param_spec {
 std::vector<param_spec> param_specs(const scenario& s) {
   using k = param_spec::kind;
   const std::int64_t h = s.hidden, qd = std::int64_t{s.heads} * s.head_dim,
-                     kvd = std::int64_t{s.kv_heads} * s.head_dim, f = s.intermediate,
-                     v = s.vocab;
+                     kvd = std::int64_t{s.kv_heads} * s.head_dim, f = s.intermediate, v = s.vocab;
   std::vector<param_spec> out{{"embed", v, h, k::embed}};
   for (int l = 0; l < s.layers; ++l) {
     const auto n = [&](const char* what) { return fmt::format("L{}.{}", l, what); };
@@ -47,15 +46,16 @@ std::vector<param_spec> param_specs(const scenario& s) {
 }
 
 void check_model_sizes(const scenario& s) {
-  if (s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.hidden <= 0 ||
-      s.intermediate <= 0 || s.layers < 0 || s.vocab <= 0)
+  if (s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.hidden <= 0 || s.intermediate <= 0 ||
+      s.layers < 0 || s.vocab <= 0)
     fail<config_error>(
         "model: sizes must be positive, got heads={} kv_heads={} head_dim={} hidden={} "
         "intermediate={} layers={} vocab={}",
         s.heads, s.kv_heads, s.head_dim, s.hidden, s.intermediate, s.layers, s.vocab);
   if (s.heads % s.kv_heads != 0)
-    fail<config_error>("model: heads={} is not divisible by kv_heads={}; use kv_heads dividing heads",
-                       s.heads, s.kv_heads);
+    fail<config_error>(
+        "model: heads={} is not divisible by kv_heads={}; use kv_heads dividing heads", s.heads,
+        s.kv_heads);
 }
 
 }  // namespace
@@ -169,9 +169,10 @@ mat<T> rotate(const mat<T>& x, int heads, int head_dim, std::span<const std::int
               double theta, int sign, const char* who) {
   if (x.cols() != std::int64_t{heads} * head_dim ||
       static_cast<std::size_t>(x.rows()) != positions.size())
-    fail<shape_error>("{}: x is [{}, {}] with {} positions; expected [tokens, heads·head_dim = "
-                      "{}·{}], one position per token",
-                      who, x.rows(), x.cols(), positions.size(), heads, head_dim);
+    fail<shape_error>(
+        "{}: x is [{}, {}] with {} positions; expected [tokens, heads·head_dim = "
+        "{}·{}], one position per token",
+        who, x.rows(), x.cols(), positions.size(), heads, head_dim);
   // Rotate-half over the largest even prefix of the head: an odd head_dim keeps its last
   // dimension unrotated (partial rotary, as GPT-NeoX's rotary_pct < 1 does).
   const int rot = head_dim - head_dim % 2;
@@ -227,8 +228,8 @@ mat<T> rope_fwd(const mat<T>& x, int heads, int head_dim, std::span<const std::i
 }
 
 template <class T>
-mat<T> rope_bwd(const mat<T>& dy, int heads, int head_dim,
-                std::span<const std::int64_t> positions, double theta) {
+mat<T> rope_bwd(const mat<T>& dy, int heads, int head_dim, std::span<const std::int64_t> positions,
+                double theta) {
   return rotate(dy, heads, head_dim, positions, theta, -1, "rope backward");
 }
 
@@ -329,7 +330,8 @@ mat<T> from_tensor(compute& c, const tensor& t, Eigen::Index rows, Eigen::Index 
                       cols);
   const auto v = c.to_host(t);
   mat<T> m(rows, cols);
-  for (Eigen::Index e = 0; e < m.size(); ++e) m.data()[e] = static_cast<T>(v[static_cast<std::size_t>(e)]);
+  for (Eigen::Index e = 0; e < m.size(); ++e)
+    m.data()[e] = static_cast<T>(v[static_cast<std::size_t>(e)]);
   return m;
 }
 
@@ -350,13 +352,14 @@ struct layer_cache {
 }  // namespace
 
 template <class T>
-step_output<T> train_step(const model_params<T>& p, const scenario& s,
-                          const rank_tokens_input& in, sp_env& env) {
+step_output<T> train_step(const model_params<T>& p, const scenario& s, const rank_tokens_input& in,
+                          sp_env& env) {
   check_model_sizes(s);
   if (env.comm == nullptr || env.comp == nullptr || !env.make_inner)
-    fail<config_error>("model: sp_env needs comm, comp and make_inner (got comm={}, comp={}, "
-                       "make_inner={})",
-                       env.comm != nullptr, env.comp != nullptr, static_cast<bool>(env.make_inner));
+    fail<config_error>(
+        "model: sp_env needs comm, comp and make_inner (got comm={}, comp={}, "
+        "make_inner={})",
+        env.comm != nullptr, env.comp != nullptr, static_cast<bool>(env.make_inner));
   const auto n = static_cast<Eigen::Index>(in.input_ids.size());
   if (in.labels.size() != in.input_ids.size() || in.positions.size() != in.input_ids.size())
     fail<shape_error>("model: {} input_ids, {} labels and {} positions; one of each per token",
@@ -379,9 +382,10 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s,
   if (ucfg.kv_heads == 0) ucfg.kv_heads = s.kv_heads;
   if (ucfg.head_dim == 0) ucfg.head_dim = s.head_dim;
   if (ucfg.heads != s.heads || ucfg.kv_heads != s.kv_heads || ucfg.head_dim != s.head_dim)
-    fail<config_error>("model: ulysses config heads={} kv_heads={} head_dim={} differ from the "
-                       "scenario's {} {} {}",
-                       ucfg.heads, ucfg.kv_heads, ucfg.head_dim, s.heads, s.kv_heads, s.head_dim);
+    fail<config_error>(
+        "model: ulysses config heads={} kv_heads={} head_dim={} differ from the "
+        "scenario's {} {} {}",
+        ucfg.heads, ucfg.kv_heads, ucfg.head_dim, s.heads, s.kv_heads, s.head_dim);
   check_member(comm, ucfg.group, "ulysses");
   check_member(comm, env.loss_group, "loss");
   check_member(comm, env.fsdp_group, "fsdp");
@@ -495,7 +499,8 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s,
     }
   }
   const auto reduce = [&](const comm_group& g, double divide, const char* tag) {
-    if (g.size() > 1) comm.all_reduce(g, flat.data(), total, dtype_of<T>(), {tag, {total}, {total}});
+    if (g.size() > 1)
+      comm.all_reduce(g, flat.data(), total, dtype_of<T>(), {tag, {total}, {total}});
     if (divide != 1.0) {
       const T inv = static_cast<T>(divide);
       for (auto& e : flat) e /= inv;
@@ -506,9 +511,10 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s,
   {
     std::size_t off = 0;
     for (auto& v : gr.values) {
-      std::copy(flat.begin() + static_cast<std::ptrdiff_t>(off),
-                flat.begin() + static_cast<std::ptrdiff_t>(off + static_cast<std::size_t>(v.size())),
-                v.data());
+      std::copy(
+          flat.begin() + static_cast<std::ptrdiff_t>(off),
+          flat.begin() + static_cast<std::ptrdiff_t>(off + static_cast<std::size_t>(v.size())),
+          v.data());
       off += static_cast<std::size_t>(v.size());
     }
   }
@@ -518,27 +524,25 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s,
 // ------------------------------------------------------------------------------------------------
 // Explicit instantiations.
 
-#define SEQPAR_MODEL_INSTANTIATE(T)                                                              \
-  template struct model_params<T>;                                                               \
-  template step_output<T> train_step<T>(const model_params<T>&, const scenario&,                 \
-                                        const rank_tokens_input&, sp_env&);                      \
-  template mat<T> ops::linear_fwd<T>(const mat<T>&, const mat<T>&);                              \
-  template mat<T> ops::linear_bwd<T>(const mat<T>&, const mat<T>&, const mat<T>&, mat<T>&);      \
-  template mat<T> ops::rms_norm_fwd<T>(const mat<T>&, const mat<T>&, col<T>&);                   \
-  template mat<T> ops::rms_norm_bwd<T>(const mat<T>&, const mat<T>&, const col<T>&,              \
-                                       const mat<T>&, mat<T>&);                                  \
-  template mat<T> ops::rope_fwd<T>(const mat<T>&, int, int, std::span<const std::int64_t>,       \
-                                   double);                                                      \
-  template mat<T> ops::rope_bwd<T>(const mat<T>&, int, int, std::span<const std::int64_t>,       \
-                                   double);                                                      \
-  template mat<T> ops::swiglu_fwd<T>(const mat<T>&, const mat<T>&);                              \
-  template void ops::swiglu_bwd<T>(const mat<T>&, const mat<T>&, const mat<T>&, mat<T>&,         \
-                                   mat<T>&);                                                     \
-  template double ops::cross_entropy_fwd<T>(const mat<T>&, std::span<const std::int64_t>,        \
-                                            std::int64_t&);                                      \
-  template mat<T> ops::cross_entropy_bwd<T>(const mat<T>&, std::span<const std::int64_t>,        \
-                                            double);                                             \
-  template mat<T> ops::embedding_fwd<T>(const mat<T>&, std::span<const std::int64_t>);           \
+#define SEQPAR_MODEL_INSTANTIATE(T)                                                                \
+  template struct model_params<T>;                                                                 \
+  template step_output<T> train_step<T>(const model_params<T>&, const scenario&,                   \
+                                        const rank_tokens_input&, sp_env&);                        \
+  template mat<T> ops::linear_fwd<T>(const mat<T>&, const mat<T>&);                                \
+  template mat<T> ops::linear_bwd<T>(const mat<T>&, const mat<T>&, const mat<T>&, mat<T>&);        \
+  template mat<T> ops::rms_norm_fwd<T>(const mat<T>&, const mat<T>&, col<T>&);                     \
+  template mat<T> ops::rms_norm_bwd<T>(const mat<T>&, const mat<T>&, const col<T>&, const mat<T>&, \
+                                       mat<T>&);                                                   \
+  template mat<T> ops::rope_fwd<T>(const mat<T>&, int, int, std::span<const std::int64_t>,         \
+                                   double);                                                        \
+  template mat<T> ops::rope_bwd<T>(const mat<T>&, int, int, std::span<const std::int64_t>,         \
+                                   double);                                                        \
+  template mat<T> ops::swiglu_fwd<T>(const mat<T>&, const mat<T>&);                                \
+  template void ops::swiglu_bwd<T>(const mat<T>&, const mat<T>&, const mat<T>&, mat<T>&, mat<T>&); \
+  template double ops::cross_entropy_fwd<T>(const mat<T>&, std::span<const std::int64_t>,          \
+                                            std::int64_t&);                                        \
+  template mat<T> ops::cross_entropy_bwd<T>(const mat<T>&, std::span<const std::int64_t>, double); \
+  template mat<T> ops::embedding_fwd<T>(const mat<T>&, std::span<const std::int64_t>);             \
   template void ops::embedding_bwd<T>(const mat<T>&, std::span<const std::int64_t>, mat<T>&);
 
 SEQPAR_MODEL_INSTANTIATE(double)

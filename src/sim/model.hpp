@@ -1,9 +1,9 @@
 #pragma once
 // The reference decoder of the CPU simulator: a Llama-style decoder (RMSNorm, RoPE, GQA attention
-// through Ulysses, SwiGLU MLP, untied LM head, cross-entropy) whose forward and backward are written
-// by hand, templated on the scalar (double, float). One training step runs on one rank's tokens and
-// reaches the other ranks only through the Ulysses attention, the loss reduction and the gradient
-// sync, so an SP step and a non-SP step are the same code with different groups.
+// through Ulysses, SwiGLU MLP, untied LM head, cross-entropy) whose forward and backward are
+// written by hand, templated on the scalar (double, float). One training step runs on one rank's
+// tokens and reaches the other ranks only through the Ulysses attention, the loss reduction and the
+// gradient sync, so an SP step and a non-SP step are the same code with different groups.
 #include <Eigen/Core>
 #include <cstdint>
 #include <functional>
@@ -70,7 +70,7 @@ struct model_params {
 /// One rank's tokens (after collation and slicing), in the rank's local order.
 struct rank_tokens_input {
   std::vector<std::int64_t> input_ids;
-  std::vector<std::int64_t> labels;  ///< aligned: CE(logits[i], labels[i]); -100 = ignore
+  std::vector<std::int64_t> labels;     ///< aligned: CE(logits[i], labels[i]); -100 = ignore
   std::vector<std::int64_t> positions;  ///< RoPE position of each local token
 };
 
@@ -118,8 +118,8 @@ struct step_output {
 /// intermediate + vocab)) — attention memory is the inner kernel's. Tensors cross to the compute
 /// backend through from_host/to_host (exact for f32 and f64), so any backend works.
 template <class T>
-step_output<T> train_step(const model_params<T>& p, const scenario& s,
-                          const rank_tokens_input& in, sp_env& env);
+step_output<T> train_step(const model_params<T>& p, const scenario& s, const rank_tokens_input& in,
+                          sp_env& env);
 
 /// Per-op forward/backward pieces of the decoder, exposed for gradient tests. Backward functions
 /// return the input gradient and ACCUMULATE (+=) parameter gradients into the given matrices.
@@ -150,8 +150,8 @@ mat<T> rope_fwd(const mat<T>& x, int heads, int head_dim, std::span<const std::i
                 double theta = rope_theta);
 /// The transpose of the rotation (rotation by −angle): dx from dy.
 template <class T>
-mat<T> rope_bwd(const mat<T>& dy, int heads, int head_dim,
-                std::span<const std::int64_t> positions, double theta = rope_theta);
+mat<T> rope_bwd(const mat<T>& dy, int heads, int head_dim, std::span<const std::int64_t> positions,
+                double theta = rope_theta);
 
 /// y = silu(g)∘u, silu(g) = g·σ(g).
 template <class T>

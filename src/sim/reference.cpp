@@ -26,16 +26,17 @@ matrix& weights::at(std::string_view name) {
 namespace {
 
 void check_sizes(const scenario& s) {
-  if (s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.hidden <= 0 ||
-      s.intermediate <= 0 || s.layers < 0 || s.vocab <= 0)
+  if (s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.hidden <= 0 || s.intermediate <= 0 ||
+      s.layers < 0 || s.vocab <= 0)
     fail<config_error>(
         "reference: sizes must be positive, got heads={} kv_heads={} head_dim={} hidden={} "
         "intermediate={} layers={} vocab={}",
         s.heads, s.kv_heads, s.head_dim, s.hidden, s.intermediate, s.layers, s.vocab);
   if (s.heads % s.kv_heads != 0)
-    fail<config_error>("reference: heads={} is not divisible by kv_heads={}; use kv_heads "
-                       "dividing heads",
-                       s.heads, s.kv_heads);
+    fail<config_error>(
+        "reference: heads={} is not divisible by kv_heads={}; use kv_heads "
+        "dividing heads",
+        s.heads, s.kv_heads);
 }
 
 std::string layer_name(int l, const char* what) { return fmt::format("L{}.{}", l, what); }
@@ -168,10 +169,11 @@ void check_attention_shapes(const matrix& q, const matrix& k, const matrix& v, i
   if (q.cols() != Eigen::Index{heads} * head_dim || k.cols() != Eigen::Index{kv_heads} * head_dim ||
       v.cols() != k.cols() || k.rows() != q.rows() || v.rows() != q.rows() ||
       static_cast<std::size_t>(q.rows()) != positions)
-    fail<shape_error>("reference: attention of q [{}, {}], k [{}, {}], v [{}, {}] with {} "
-                      "positions, heads={} kv_heads={} head_dim={}",
-                      q.rows(), q.cols(), k.rows(), k.cols(), v.rows(), v.cols(), positions,
-                      heads, kv_heads, head_dim);
+    fail<shape_error>(
+        "reference: attention of q [{}, {}], k [{}, {}], v [{}, {}] with {} "
+        "positions, heads={} kv_heads={} head_dim={}",
+        q.rows(), q.cols(), k.rows(), k.cols(), v.rows(), v.cols(), positions, heads, kv_heads,
+        head_dim);
 }
 
 /// softmax over keys [a, i] of query row i, head h (reading KV head g).
@@ -342,9 +344,10 @@ struct layer_activations {
 step_result train_step(const scenario& s, const weights& w, const batch& b) {
   check_weights(s, w);
   if (b.labels.size() != b.input_ids.size() || b.position_ids.size() != b.input_ids.size())
-    fail<shape_error>("reference: {} input_ids, {} labels and {} position_ids; one of each per "
-                      "token",
-                      b.input_ids.size(), b.labels.size(), b.position_ids.size());
+    fail<shape_error>(
+        "reference: {} input_ids, {} labels and {} position_ids; one of each per "
+        "token",
+        b.input_ids.size(), b.labels.size(), b.position_ids.size());
   const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
   const std::span<const std::int64_t> ids(b.input_ids), labels(b.labels), pos(b.position_ids);
 
@@ -384,11 +387,13 @@ step_result train_step(const scenario& s, const weights& w, const batch& b) {
 
   // Backward.
   const matrix dlogits = ops::cross_entropy_backward(out.logits, labels, 1.0 / denom);
-  const matrix dfinal = ops::linear_backward(final_normed, w.at("lm_head"), dlogits, gr.at("lm_head"));
+  const matrix dfinal =
+      ops::linear_backward(final_normed, w.at("lm_head"), dlogits, gr.at("lm_head"));
   matrix dx = ops::rms_norm_backward(x, w.at("final_norm"), dfinal, gr.at("final_norm"));
   for (int l = s.layers - 1; l >= 0; --l) {
     const auto& c = acts[static_cast<std::size_t>(l)];
-    const matrix dact = ops::linear_backward(c.act, w.at(L(l, "w_down")), dx, gr.at(L(l, "w_down")));
+    const matrix dact =
+        ops::linear_backward(c.act, w.at(L(l, "w_down")), dx, gr.at(L(l, "w_down")));
     matrix dgate, dup;
     ops::swiglu_backward(c.gate, c.up, dact, dgate, dup);
     matrix dm = ops::linear_backward(c.m, w.at(L(l, "w_gate")), dgate, gr.at(L(l, "w_gate")));
@@ -404,7 +409,8 @@ step_result train_step(const scenario& s, const weights& w, const batch& b) {
     da += ops::linear_backward(c.a, w.at(L(l, "wk")), ops::rope_backward(dk, Hkv, D, pos),
                                gr.at(L(l, "wk")));
     da += ops::linear_backward(c.a, w.at(L(l, "wv")), dv, gr.at(L(l, "wv")));
-    dx = dx_mid + ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));
+    dx = dx_mid +
+         ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));
   }
   ops::embedding_backward(dx, ids, gr.at("embed"));
   out.embed_out_grad = std::move(dx);

@@ -62,11 +62,11 @@ struct batch {
 };
 
 struct step_result {
-  double loss = 0;               ///< Σ CE over valid labels / max(valid_tokens, 1)
+  double loss = 0;                ///< Σ CE over valid labels / max(valid_tokens, 1)
   std::int64_t valid_tokens = 0;  ///< labels != -100
-  matrix logits;                 ///< [tokens, vocab]
-  matrix embed_out_grad;         ///< dLoss/d(embedding output), [tokens, hidden]
-  weights grads;                 ///< dLoss/d(parameter), same names and order as parameter_shapes
+  matrix logits;                  ///< [tokens, vocab]
+  matrix embed_out_grad;          ///< dLoss/d(embedding output), [tokens, hidden]
+  weights grads;                  ///< dLoss/d(parameter), same names and order as parameter_shapes
 };
 
 /// Forward, loss and backward of the whole row. Throws config_error when `w` does not hold

@@ -4,8 +4,8 @@
 
 #include "core/cu_seqlens.hpp"
 #include "core/mesh.hpp"
-#include "core/ulysses.hpp"
 #include "core/ring_attention.hpp"
+#include "core/ulysses.hpp"
 
 namespace seqpar::sim {
 
@@ -42,8 +42,7 @@ sp_env single_rank_env(communicator& comm, compute& comp, const scenario& s,
   return env;
 }
 
-sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s,
-                   const collated_batch& cb) {
+sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const collated_batch& cb) {
   mesh_config mc;
   mc.ring = s.ring;
   mc.ulysses = s.ulysses;
@@ -62,8 +61,7 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s,
     env.sp_grad_sync_group = named(group_kind::sp_grad_sync, mesh, k);
   // xorl sets FSDP's gradient divide factor to 1 (a sum); VeOmni's FSDP averages and its loss
   // backward multiplies by the SP size to undo it (SEMANTICS.md §5).
-  env.fsdp_divide =
-      s.profile == profile::veomni ? static_cast<double>(env.fsdp_group.size()) : 1.0;
+  env.fsdp_divide = s.profile == profile::veomni ? static_cast<double>(env.fsdp_group.size()) : 1.0;
   const auto cu = cb.ranks.front().cu_seqlens;
   if (s.ring == 1) {
     auto docs = causal_docs(s, cu);
@@ -72,8 +70,10 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s,
     ring_setup rs;
     rs.group = named(group_kind::ring, mesh, k);
     rs.zigzag = s.zigzag;
-    rs.backward = s.ring_backward == "ring" ? ring_backward_kind::ring : ring_backward_kind::allgather;
-    rs.forward = s.ring_forward == "allgather" ? ring_forward_kind::allgather : ring_forward_kind::p2p;
+    rs.backward =
+        s.ring_backward == "ring" ? ring_backward_kind::ring : ring_backward_kind::allgather;
+    rs.forward =
+        s.ring_forward == "allgather" ? ring_forward_kind::allgather : ring_forward_kind::p2p;
     rs.cu_global = cu;
     rs.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
     rs.padded_length = cb.padded_length;

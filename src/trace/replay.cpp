@@ -10,8 +10,10 @@ using trace::meta_record;
 std::string problem::message() const {
   std::string where;
   if (rank >= 0) where += fmt::format("rank {}", rank);
-  if (seq >= 0) where += fmt::format("{}seq {} of {}", where.empty() ? "" : " ", seq, group);
-  else if (!group.empty()) where += fmt::format("{}{}", where.empty() ? "" : " ", group);
+  if (seq >= 0)
+    where += fmt::format("{}seq {} of {}", where.empty() ? "" : " ", seq, group);
+  else if (!group.empty())
+    where += fmt::format("{}{}", where.empty() ? "" : " ", group);
   if (!tag.empty()) where += fmt::format("{}{}", where.empty() ? "" : " ", tag);
   if (!op.empty()) where += fmt::format(" {}", op);
   std::string text = where.empty() ? "" : where + ": ";
@@ -28,17 +30,21 @@ void checker::on_meta(const meta_record& m) {
   rep_.world_size = m.world_size;
   rep_.groups = m.groups;
   for (const auto& n : m.notes) note(fmt::format("{}: {}", m.source, n));
-  if (m.config) build_model(*m.config);
-  else note("SP rules: the trace's meta has no 'config' scenario, so shapes were not compared "
-            "with a re-derived layout");
+  if (m.config)
+    build_model(*m.config);
+  else
+    note(
+        "SP rules: the trace's meta has no 'config' scenario, so shapes were not compared "
+        "with a re-derived layout");
 }
 
 void checker::on_call(call_record&& r) {
   ++rep_.checked[r.p2p ? "p2p_records" : "collective_records"];
   if (!meta_) {
     if (!warned_no_meta_)
-      note("the trace has no meta record: group membership is inferred from the ranks seen, "
-           "so a rank absent from a whole group cannot be named");
+      note(
+          "the trace has no meta record: group membership is inferred from the ranks seen, "
+          "so a rank absent from a whole group cannot be named");
     warned_no_meta_ = true;
   }
   const auto* members = group_ranks(r.group);
@@ -87,8 +93,10 @@ void checker::finish() {
   for (auto& [key, recs] : pending_) {
     const auto& [group, seq] = key;
     std::vector<int> members;
-    if (const auto* m = group_ranks(group)) members = *m;
-    else members.assign(seen_[group].begin(), seen_[group].end());
+    if (const auto* m = group_ranks(group))
+      members = *m;
+    else
+      members.assign(seen_[group].begin(), seen_[group].end());
     std::sort(recs.begin(), recs.end(), [&](auto& a, auto& b) {
       return index_in(members, a.rank) < index_in(members, b.rank);
     });
@@ -98,30 +106,35 @@ void checker::finish() {
     for (int m : members) {
       if (present.contains(m) || !reported.insert({group, m}).second) continue;
       auto it = last_seen_.find({group, m});
-      auto shown = [](const std::string& tag) { return tag.empty() ? std::string("(untagged)") : tag; };
+      auto shown = [](const std::string& tag) {
+        return tag.empty() ? std::string("(untagged)") : tag;
+      };
       problem p{category::missing_rank, m, group, seq, ref.tag, ref.op, "", "", "", 0};
       if (it == last_seen_.end()) {
         p.observed = fmt::format("rank {} has no call on {}", m, group);
         p.expected = fmt::format("seq {} ({}) like rank {}", seq, ref.tag, ref.rank);
-        p.cause = seen_any_.contains(m) ? fmt::format("rank {} never reached its first call on "
-                                                      "{} (hang, or a missing code path)",
-                                                      m, group)
-                                        : fmt::format("rank {} has no record in the trace at "
-                                                      "all (its dump is missing?)",
-                                                      m);
+        p.cause = seen_any_.contains(m) ? fmt::format(
+                                              "rank {} never reached its first call on "
+                                              "{} (hang, or a missing code path)",
+                                              m, group)
+                                        : fmt::format(
+                                              "rank {} has no record in the trace at "
+                                              "all (its dump is missing?)",
+                                              m);
       } else if (it->second.seq < seq) {
         p.observed = fmt::format("last seen seq {}, tag {}", it->second.seq, shown(it->second.tag));
         p.expected = fmt::format("seq {} ({}) like rank {}", seq, shown(ref.tag), ref.rank);
-        p.cause = fmt::format("rank {} never reached seq {} of {} (last seen seq {}, tag {}): "
-                              "the other members wait for it (hang)",
-                              m, seq, group, it->second.seq, shown(it->second.tag));
+        p.cause = fmt::format(
+            "rank {} never reached seq {} of {} (last seen seq {}, tag {}): "
+            "the other members wait for it (hang)",
+            m, seq, group, it->second.seq, shown(it->second.tag));
       } else {
-        p.observed = fmt::format("no call at seq {}, but calls up to seq {}", seq,
-                                 it->second.seq);
+        p.observed = fmt::format("no call at seq {}, but calls up to seq {}", seq, it->second.seq);
         p.expected = fmt::format("seq {} ({}) like rank {}", seq, ref.tag, ref.rank);
-        p.cause = fmt::format("rank {} skipped seq {} of {}: its later calls pair with the "
-                              "wrong calls of the other ranks",
-                              m, seq, group);
+        p.cause = fmt::format(
+            "rank {} skipped seq {} of {}: its later calls pair with the "
+            "wrong calls of the other ranks",
+            m, seq, group);
       }
       if (seq < opt_.timeline_limit) rep_.timeline[group][seq][m].missing = true;
       // The rank is stuck where its own last record is; gaps in its other groups follow.
@@ -150,13 +163,15 @@ void checker::finish() {
   check_layouts();
   for (auto& [g, members] : seen_)
     if (!group_ranks(g) && meta_)
-      note(fmt::format("group {} is not listed in meta.groups: membership inferred from the "
-                       "ranks seen",
-                       g));
+      note(
+          fmt::format("group {} is not listed in meta.groups: membership inferred from the "
+                      "ranks seen",
+                      g));
   if (rep_.checked["dtype_absent"] > 0)
-    note(fmt::format("dtype: {} record(s) carry no dtype (the source does not record it), so "
-                     "their dtypes were not compared",
-                     rep_.checked["dtype_absent"]));
+    note(
+        fmt::format("dtype: {} record(s) carry no dtype (the source does not record it), so "
+                    "their dtypes were not compared",
+                    rep_.checked["dtype_absent"]));
   rep_.unchecked.assign(unchecked_.begin(), unchecked_.end());
   std::stable_sort(rep_.problems.begin(), rep_.problems.end(), [](auto& a, auto& b) {
     // At one seq the plan divergence (it names the cause) comes before its symptoms.
@@ -206,7 +221,8 @@ report run(trace::reader& in, const options& opt) {
   rep.source = in.source();
   detail::checker c(opt, rep);
   while (auto rec = in.next()) {
-    if (auto* m = std::get_if<meta_record>(&*rec)) c.on_meta(*m);
+    if (auto* m = std::get_if<meta_record>(&*rec))
+      c.on_meta(*m);
     else if (auto* call = std::get_if<call_record>(&*rec)) {
       c.saw_rank(call->rank);
       c.on_call(std::move(*call));

@@ -21,13 +21,13 @@ inline constexpr const char* type_mismatch = "COLLECTIVE_TYPE_MISMATCH";
 inline constexpr const char* size_mismatch = "SIZE_OR_SYNTAX_MISMATCH";
 inline constexpr const char* dtype_mismatch = "COLLECTIVE_DTYPE_MISMATCH";
 inline constexpr const char* state_mismatch = "COLLECTIVE_STATE_MISMATCH";
-inline constexpr const char* missing_rank = "MISSING_RANK";          ///< the hang diagnosis
-inline constexpr const char* p2p_mismatch = "P2P_MISMATCH";          ///< send/recv pairing
-inline constexpr const char* sp_shape = "SP_SHAPE_MISMATCH";         ///< vs the re-derived plan
-inline constexpr const char* sp_heads = "SP_HEADS";                  ///< head layout rules
-inline constexpr const char* sp_config = "SP_CONFIG";                ///< the trace's scenario
-inline constexpr const char* cu_seqlens = "CU_SEQLENS";              ///< collator output
-inline constexpr const char* zigzag = "ZIGZAG_ALIGNMENT";            ///< documents vs 2R
+inline constexpr const char* missing_rank = "MISSING_RANK";   ///< the hang diagnosis
+inline constexpr const char* p2p_mismatch = "P2P_MISMATCH";   ///< send/recv pairing
+inline constexpr const char* sp_shape = "SP_SHAPE_MISMATCH";  ///< vs the re-derived plan
+inline constexpr const char* sp_heads = "SP_HEADS";           ///< head layout rules
+inline constexpr const char* sp_config = "SP_CONFIG";         ///< the trace's scenario
+inline constexpr const char* cu_seqlens = "CU_SEQLENS";       ///< collator output
+inline constexpr const char* zigzag = "ZIGZAG_ALIGNMENT";     ///< documents vs 2R
 }  // namespace category
 
 /// One finding. rank/seq are -1 and group/tag empty where they do not apply.
@@ -69,7 +69,7 @@ struct report {
   std::vector<problem> problems;  ///< first problem first; capped (see problems_total)
   std::int64_t problems_total = 0;
   std::map<std::string, std::int64_t> checked;  ///< what was checked, counted
-  std::vector<std::string> unchecked;            ///< what could not be checked, and why
+  std::vector<std::string> unchecked;           ///< what could not be checked, and why
   int world_size = 0;
   std::map<std::string, std::vector<int>> groups;
   /// group → seq → rank → cell; the first `timeline_limit` seqs of each group.

@@ -2,8 +2,8 @@
 
 namespace seqpar::replay::detail {
 
-void checker::check_collective(const std::string& group, std::int64_t seq, std::vector<call_record>& v,
-                      const std::vector<int>& members) {
+void checker::check_collective(const std::string& group, std::int64_t seq,
+                               std::vector<call_record>& v, const std::vector<int>& members) {
   ++rep_.checked["collectives_matched"];
   std::vector<const call_record*> recs;
   for (const auto& r : v) recs.push_back(&r);
@@ -16,8 +16,8 @@ void checker::check_collective(const std::string& group, std::int64_t seq, std::
   for (const auto* r : recs)
     if (r->op != op) {
       same_op = false;
-      add({category::type_mismatch, r->rank, group, seq, r->tag, r->op,
-           fmt::format("op {}", r->op), fmt::format("op {} like the other members", op),
+      add({category::type_mismatch, r->rank, group, seq, r->tag, r->op, fmt::format("op {}", r->op),
+           fmt::format("op {} like the other members", op),
            "the ranks issue different collectives at the same seq (diverged control flow)",
            r->line});
     }
@@ -25,7 +25,8 @@ void checker::check_collective(const std::string& group, std::int64_t seq, std::
     for (const auto* r : recs)
       if (r->dtype && *r->dtype != *dt)
         add({category::dtype_mismatch, r->rank, group, seq, r->tag, r->op,
-             fmt::format("dtype {}", *r->dtype), fmt::format("dtype {} like the other members", *dt),
+             fmt::format("dtype {}", *r->dtype),
+             fmt::format("dtype {} like the other members", *dt),
              "the ranks exchange different element types (a cast missing on one rank); the "
              "bytes are misread or the collective hangs",
              r->line});
@@ -33,26 +34,30 @@ void checker::check_collective(const std::string& group, std::int64_t seq, std::
     for (const auto* r : recs)
       if (r->state && *r->state != *st)
         add({category::state_mismatch, r->rank, group, seq, r->tag, r->op,
-             fmt::format("state {}", *r->state), fmt::format("state {} like the other members", *st),
+             fmt::format("state {}", *r->state),
+             fmt::format("state {} like the other members", *st),
              *r->state == "completed" ? "this rank finished while the others did not"
                                       : "this rank did not finish the collective the others did",
              r->line});
   if (!same_op) return;
-  if (op == "all_to_all") check_all_to_all(group, seq, recs, members);
-  else if (op == "all_gather" || op == "reduce_scatter") check_gather_scatter(group, seq, recs, P, op);
-  else if (op == "all_reduce" || op == "broadcast") check_same_size(group, seq, recs);
+  if (op == "all_to_all")
+    check_all_to_all(group, seq, recs, members);
+  else if (op == "all_gather" || op == "reduce_scatter")
+    check_gather_scatter(group, seq, recs, P, op);
+  else if (op == "all_reduce" || op == "broadcast")
+    check_same_size(group, seq, recs);
   if (static_cast<int>(recs.size()) == P) check_sp(recs, group);
 }
 
 void checker::size_problem(const call_record& r, std::string observed, std::string expected,
-                  std::string cause) {
+                           std::string cause) {
   add({category::size_mismatch, r.rank, r.group, r.seq, r.tag, r.op, std::move(observed),
        std::move(expected), std::move(cause), r.line});
 }
 
 void checker::check_all_to_all(const std::string& group, std::int64_t seq,
-                      const std::vector<const call_record*>& recs,
-                      const std::vector<int>& members) {
+                               const std::vector<const call_record*>& recs,
+                               const std::vector<int>& members) {
   const int P = static_cast<int>(members.size());
   bool ok = true;
   // Per rank: split lists have one entry per member and sum to the tensor's numel.
@@ -96,10 +101,11 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
       for (const auto* r : recs)
         if (auto t = get(*r); t && *t != *maj) {
           ok = false;
-          size_problem(*r, fmt::format("{} trailing dims {}", side == 0 ? "in_shape" : "out_shape",
-                                       show(*t)),
-                       fmt::format("{} like the other members", show(*maj)),
-                       "the ranks exchange rows of different widths (heads or head_dim differ)");
+          size_problem(
+              *r,
+              fmt::format("{} trailing dims {}", side == 0 ? "in_shape" : "out_shape", show(*t)),
+              fmt::format("{} like the other members", show(*maj)),
+              "the ranks exchange rows of different widths (heads or head_dim differ)");
         }
   }
   // Pairwise: what r sends to s equals what s receives from r.
@@ -122,22 +128,22 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
       auto got = count_to(b, i, false);
       if (!sent || !got) {
         if (a.splits_truncated || b.splits_truncated)
-          note("all_to_all pairwise: split lists truncated by the source (kineto keeps 30), so "
-               "some pairs were not compared");
+          note(
+              "all_to_all pairwise: split lists truncated by the source (kineto keeps 30), so "
+              "some pairs were not compared");
         continue;
       }
       ++rep_.checked["all_to_all_pairs"];
       if (*sent != *got) {
         ok = false;
-        size_problem(a,
-                     fmt::format("rank {} sends {} elements to rank {} ({})", a.rank, *sent,
-                                 b.rank,
-                                 a.in_splits ? fmt::format("in_splits[{}]", j) : "numel/P"),
-                     fmt::format("{} = what rank {} receives from rank {} ({})", *got, b.rank,
-                                 a.rank,
-                                 b.out_splits ? fmt::format("out_splits[{}]", i) : "numel/P"),
-                     "the two ends of one all-to-all link disagree: the collective hangs or "
-                     "writes rows into the wrong place");
+        size_problem(
+            a,
+            fmt::format("rank {} sends {} elements to rank {} ({})", a.rank, *sent, b.rank,
+                        a.in_splits ? fmt::format("in_splits[{}]", j) : "numel/P"),
+            fmt::format("{} = what rank {} receives from rank {} ({})", *got, b.rank, a.rank,
+                        b.out_splits ? fmt::format("out_splits[{}]", i) : "numel/P"),
+            "the two ends of one all-to-all link disagree: the collective hangs or "
+            "writes rows into the wrong place");
       }
     }
   (void)ok;
@@ -145,15 +151,16 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
 }
 
 void checker::check_gather_scatter(const std::string& group, std::int64_t seq,
-                          const std::vector<const call_record*>& recs, int P,
-                          const std::string& op) {
+                                   const std::vector<const call_record*>& recs, int P,
+                                   const std::string& op) {
   const bool gather = op == "all_gather";
   for (const auto* r : recs) {
     auto in = in_numel(*r), out = out_numel(*r);
     if (!in || !out) {
-      note(fmt::format("{}: some records lack input or output sizes, so out = in·P was not "
-                       "checked for them",
-                       op));
+      note(
+          fmt::format("{}: some records lack input or output sizes, so out = in·P was not "
+                      "checked for them",
+                      op));
       continue;
     }
     ++rep_.checked["size_laws"];
@@ -173,7 +180,8 @@ void checker::check_gather_scatter(const std::string& group, std::int64_t seq,
   (void)seq;
 }
 
-void checker::check_same_size(const std::string&, std::int64_t, const std::vector<const call_record*>& recs) {
+void checker::check_same_size(const std::string&, std::int64_t,
+                              const std::vector<const call_record*>& recs) {
   for (const auto* r : recs) {
     auto in = in_numel(*r), out = out_numel(*r);
     if (in && out && *in != *out)
@@ -199,8 +207,8 @@ void checker::on_p2p(call_record&& r) {
     return;
   }
   const bool send = r.op == "send";
-  const auto key = send ? std::make_tuple(r.group, r.rank, *r.peer)
-                        : std::make_tuple(r.group, *r.peer, r.rank);
+  const auto key =
+      send ? std::make_tuple(r.group, r.rank, *r.peer) : std::make_tuple(r.group, *r.peer, r.rank);
   auto& mine = send ? sends_[key] : recvs_[key];
   auto& other = send ? recvs_[key] : sends_[key];
   mine.push_back(std::move(r));

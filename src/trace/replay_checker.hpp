@@ -20,9 +20,9 @@
 #include "core/scenario.hpp"
 #include "core/ulysses_plan.hpp"
 #include "core/zigzag.hpp"
-#include "trace/synth.hpp"
 #include "io/scenario_json.hpp"
 #include "trace/replay.hpp"
+#include "trace/synth.hpp"
 
 namespace seqpar::replay::detail {
 
@@ -66,8 +66,10 @@ inline std::optional<T> majority(const std::vector<const call_record*>& recs, F 
     auto v = get(*r);
     if (!v) continue;
     auto it = std::find_if(counts.begin(), counts.end(), [&](auto& p) { return p.first == *v; });
-    if (it == counts.end()) counts.emplace_back(*v, 1);
-    else ++it->second;
+    if (it == counts.end())
+      counts.emplace_back(*v, 1);
+    else
+      ++it->second;
   }
   if (counts.empty()) return std::nullopt;
   auto best = counts.begin();
@@ -155,7 +157,8 @@ class checker {
                             const std::vector<const call_record*>& recs, int P,
                             const std::string& op);
 
-  void check_same_size(const std::string&, std::int64_t, const std::vector<const call_record*>& recs);
+  void check_same_size(const std::string&, std::int64_t,
+                       const std::vector<const call_record*>& recs);
 
   void check_equal_numel(const std::vector<const call_record*>& recs, bool by_input);
 

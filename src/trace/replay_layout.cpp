@@ -11,9 +11,9 @@ int checker::cp_rank_of(int rank) const {
 }
 
 void checker::layout_problem(const layout_record& l, const char* cat, std::string observed,
-                    std::string expected, std::string cause) {
-  add({cat, l.rank, "", -1, l.tag, "", std::move(observed), std::move(expected),
-       std::move(cause), l.line, 0});
+                             std::string expected, std::string cause) {
+  add({cat, l.rank, "", -1, l.tag, "", std::move(observed), std::move(expected), std::move(cause),
+       l.line, 0});
 }
 
 int checker::ring_size() const {
@@ -43,18 +43,18 @@ void checker::check_layouts() {
       continue;
     }
     if (cu.front() != 0 && once(l.rank)) {
-      layout_problem(l, category::cu_seqlens, fmt::format("cu_seqlens[0] = {}", cu.front()),
-                     "0", "cu_seqlens must start at 0 (flash-attention reads cu[0] as the "
-                          "first document's start)");
+      layout_problem(l, category::cu_seqlens, fmt::format("cu_seqlens[0] = {}", cu.front()), "0",
+                     "cu_seqlens must start at 0 (flash-attention reads cu[0] as the "
+                     "first document's start)");
       continue;
     }
     bool mono = true;
     for (std::size_t i = 1; i < cu.size(); ++i)
       if (cu[i] < cu[i - 1]) {
-        layout_problem(l, category::cu_seqlens,
-                       fmt::format("cu_seqlens[{}] = {} < cu_seqlens[{}] = {}", i, cu[i], i - 1,
-                                   cu[i - 1]),
-                       "non-decreasing offsets", "cu_seqlens must be monotone");
+        layout_problem(
+            l, category::cu_seqlens,
+            fmt::format("cu_seqlens[{}] = {} < cu_seqlens[{}] = {}", i, cu[i], i - 1, cu[i - 1]),
+            "non-decreasing offsets", "cu_seqlens must be monotone");
         mono = false;
         break;
       }
@@ -91,15 +91,15 @@ void checker::check_layouts() {
         const auto len = cu[i] - cu[i - 1];
         if (len % (2 * R) != 0) {
           if (once(l.rank))
-            layout_problem(l, category::zigzag,
-                           fmt::format("document {} at position {} has length {}", i - 1,
-                                       cu[i - 1], len),
-                           fmt::format("a multiple of 2·ring={}", 2 * R),
-                           fmt::format("Document at position {} has length {} which is not "
-                                       "divisible by 2*ringattn_size={}: zigzag cuts every "
-                                       "document into 2R equal chunks; pad or split it to a "
-                                       "multiple of {}",
-                                       cu[i - 1], len, 2 * R, 2 * R));
+            layout_problem(
+                l, category::zigzag,
+                fmt::format("document {} at position {} has length {}", i - 1, cu[i - 1], len),
+                fmt::format("a multiple of 2·ring={}", 2 * R),
+                fmt::format("Document at position {} has length {} which is not "
+                            "divisible by 2*ringattn_size={}: zigzag cuts every "
+                            "document into 2R equal chunks; pad or split it to a "
+                            "multiple of {}",
+                            cu[i - 1], len, 2 * R, 2 * R));
           break;
         }
       }
@@ -114,7 +114,8 @@ void checker::check_layouts() {
       for (int r : ranks)
         for (const auto& l : layouts_)
           if (l.rank == r && l.tag == "collate") {
-            if (!first) first = &l;
+            if (!first)
+              first = &l;
             else if (l.cu_seqlens != first->cu_seqlens && once(l.rank))
               add({category::cu_seqlens, l.rank, name, -1, l.tag, "",
                    fmt::format("cu_seqlens {}", show(l.cu_seqlens)),
@@ -153,15 +154,17 @@ void checker::check_layout_vs_model(const layout_record& l, Once& once) {
     auto zpos = apply_permutation<std::int64_t>(m.cb.padded.position_ids, m.cb.perm);
     auto from_zig = cu_seqlens_from_position_ids(zpos);
     if (dims(from_zig.begin(), from_zig.end()) == l.cu_seqlens)
-      cause = "cu_seqlens were computed from zigzagged position_ids (boundaries at zigzag chunk "
-              "edges); compute them from the position ids before zigzag";
+      cause =
+          "cu_seqlens were computed from zigzagged position_ids (boundaries at zigzag chunk "
+          "edges); compute them from the position ids before zigzag";
   }
   if (cause.empty() && !l.cu_seqlens.empty()) {
     const auto last = l.cu_seqlens.back();
     if (last == m.L && m.L != m.N && want_cu.back() == m.N)
-      cause = fmt::format("sequence {} is not padded to a multiple of {} (pad to {}): cu_seqlens "
-                          "cover only the unpadded tokens",
-                          m.L, m.pm_name, m.N);
+      cause = fmt::format(
+          "sequence {} is not padded to a multiple of {} (pad to {}): cu_seqlens "
+          "cover only the unpadded tokens",
+          m.L, m.pm_name, m.N);
     else if (last != want_cu.back())
       cause = fmt::format("cu_seqlens cover {} tokens but the collator covers {} ({})", last,
                           want_cu.back(),
@@ -180,7 +183,8 @@ void checker::build_token_layout() {
     std::vector<int> doc(static_cast<std::size_t>(m.N), -1);
     std::int64_t at = 0;
     for (std::size_t d = 0; d < m.s.docs.size(); ++d)
-      for (std::int64_t i = 0; i < m.s.docs[d] && at < m.N; ++i) doc[static_cast<std::size_t>(at++)] = static_cast<int>(d);
+      for (std::int64_t i = 0; i < m.s.docs[d] && at < m.N; ++i)
+        doc[static_cast<std::size_t>(at++)] = static_cast<int>(d);
     const int C = m.s.cp();
     for (int k = 0; k < C && k < 64; ++k) {
       rank_tokens_view v;

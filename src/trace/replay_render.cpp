@@ -40,16 +40,12 @@ std::string to_text(const report& r) {
 nlohmann::json to_json(const report& r) {
   nlohmann::json probs = nlohmann::json::array();
   for (const auto& p : r.problems) {
-    nlohmann::json j = {{"category", p.category},
-                        {"rank", p.rank >= 0 ? nlohmann::json(p.rank) : nlohmann::json()},
-                        {"group", p.group},
-                        {"seq", p.seq >= 0 ? nlohmann::json(p.seq) : nlohmann::json()},
-                        {"tag", p.tag},
-                        {"op", p.op},
-                        {"observed", p.observed},
-                        {"expected", p.expected},
-                        {"cause", p.cause},
-                        {"message", p.message()}};
+    nlohmann::json j = {
+        {"category", p.category}, {"rank", p.rank >= 0 ? nlohmann::json(p.rank) : nlohmann::json()},
+        {"group", p.group},       {"seq", p.seq >= 0 ? nlohmann::json(p.seq) : nlohmann::json()},
+        {"tag", p.tag},           {"op", p.op},
+        {"observed", p.observed}, {"expected", p.expected},
+        {"cause", p.cause},       {"message", p.message()}};
     if (p.line > 0) j["line"] = p.line;
     probs.push_back(std::move(j));
   }
@@ -68,11 +64,20 @@ namespace {
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
     }
   return o;
 }
@@ -89,11 +94,13 @@ std::string doc_color(int d) {
 std::string to_html(const report& r) {
   std::string h;
   h += "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>seqpar replay: " +
-       esc(r.source) + "</title>\n<style>\n"
+       esc(r.source) +
+       "</title>\n<style>\n"
        "body{font:13px/1.4 system-ui,sans-serif;margin:16px;color:#222}\n"
        "h1{font-size:18px}h2{font-size:15px;margin-top:24px}\n"
        ".ok{color:#2a7d2a}.bad{color:#b00020}\n"
-       "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}\n"
+       "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px "
+       "6px;text-align:left}\n"
        "svg text{font:10px monospace}\n"
        "</style></head><body>\n";
   h += "<h1>seqpar replay: " + esc(r.source) + "</h1>\n";
@@ -117,7 +124,8 @@ std::string to_html(const report& r) {
   h += "<h2>Collective timeline (x: seq within the group, rows: ranks)</h2>\n";
   for (const auto& [group, seqs] : r.timeline) {
     std::vector<int> ranks;
-    if (auto it = r.groups.find(group); it != r.groups.end()) ranks = it->second;
+    if (auto it = r.groups.find(group); it != r.groups.end())
+      ranks = it->second;
     else {
       std::set<int> s;
       for (const auto& [seq, cells] : seqs)
@@ -126,8 +134,9 @@ std::string to_html(const report& r) {
     }
     const std::int64_t n = seqs.empty() ? 0 : seqs.rbegin()->first + 1;
     const int cw = 14, ch = 16, left = 60, top = 14;
-    h += fmt::format("<h3>{}</h3>\n<svg width=\"{}\" height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\">\n",
-                     esc(group), left + n * cw + 10, top + static_cast<int>(ranks.size()) * ch + 6);
+    h += fmt::format(
+        "<h3>{}</h3>\n<svg width=\"{}\" height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\">\n",
+        esc(group), left + n * cw + 10, top + static_cast<int>(ranks.size()) * ch + 6);
     for (std::int64_t s = 0; s < n; s += 5)
       h += fmt::format("<text x=\"{}\" y=\"10\">{}</text>", left + s * cw, s);
     for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -138,14 +147,19 @@ std::string to_html(const report& r) {
         const int x = left + static_cast<int>(seq) * cw;
         if (it == cells.end()) continue;
         const auto& c = it->second;
-        const char* fill = c.missing ? "#ffffff" : c.bad ? "#e03030" : c.op == "all_to_all" ? "#4e79a7"
-                           : c.op == "send" || c.op == "recv" ? "#59a14f" : "#f28e2b";
+        const char* fill = c.missing                          ? "#ffffff"
+                           : c.bad                            ? "#e03030"
+                           : c.op == "all_to_all"             ? "#4e79a7"
+                           : c.op == "send" || c.op == "recv" ? "#59a14f"
+                                                              : "#f28e2b";
         h += fmt::format(
             "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"{}\" "
             "stroke-dasharray=\"{}\"><title>rank {} seq {} {} {}{}</title></rect>",
             x, y, cw - 2, ch - 3, fill, c.missing || c.bad ? "#b00020" : "none",
             c.missing ? "3,2" : "0", ranks[i], seq, esc(c.op), esc(c.tag),
-            c.missing ? " — never reached" : c.bad ? " — problem" : "");
+            c.missing ? " — never reached"
+            : c.bad   ? " — problem"
+                      : "");
       }
     }
     h += "\n</svg>\n";
@@ -165,10 +179,11 @@ std::string to_html(const report& r) {
       const int y = static_cast<int>(i) * 18 + 2;
       h += fmt::format("<text x=\"0\" y=\"{}\">rank {}</text>", y + 11, v.rank);
       for (std::size_t t = 0; t < v.doc_of_token.size(); ++t)
-        h += fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"14\" fill=\"{}\">"
-                         "<title>{}: token {} doc {}</title></rect>",
-                         80 + w * static_cast<double>(t), y, w, doc_color(v.doc_of_token[t]),
-                         esc(v.note), t, v.doc_of_token[t]);
+        h += fmt::format(
+            "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"14\" fill=\"{}\">"
+            "<title>{}: token {} doc {}</title></rect>",
+            80 + w * static_cast<double>(t), y, w, doc_color(v.doc_of_token[t]), esc(v.note), t,
+            v.doc_of_token[t]);
     }
     h += "\n</svg>\n";
   }

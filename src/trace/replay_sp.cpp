@@ -21,8 +21,7 @@ void checker::build_model(const nlohmann::json& cfg) {
     note("SP rules: the scenario's head layout is invalid, shapes were not derived");
     return;
   }
-  if (s.ulysses >= 1 && s.kv_heads >= 1 && s.ulysses > s.kv_heads &&
-      s.ulysses % s.kv_heads != 0) {
+  if (s.ulysses >= 1 && s.kv_heads >= 1 && s.ulysses > s.kv_heads && s.ulysses % s.kv_heads != 0) {
     add({category::sp_heads, -1, "", -1, "", "", fmt::format("kv_heads={}", s.kv_heads),
          fmt::format("ulysses={} a multiple of kv_heads", s.ulysses),
          fmt::format("ulysses={} > kv_heads={} needs ulysses % kv_heads == 0 to repeat every KV "
@@ -52,8 +51,8 @@ void checker::build_model(const nlohmann::json& cfg) {
     m.pm_name = xorl && m.R > 1 ? fmt::format("2·cp={}", m.pm) : fmt::format("ulysses={}", m.pm);
     model_ = std::move(m);
   } catch (const seqpar::error& e) {
-    add({category::sp_config, -1, "", -1, "", "", "meta.config",
-         "a scenario the collator accepts", e.what(), meta_->line});
+    add({category::sp_config, -1, "", -1, "", "", "meta.config", "a scenario the collator accepts",
+         e.what(), meta_->line});
     note("SP rules: the collator rejects the trace's scenario, so shapes were not derived");
   }
 }
@@ -73,12 +72,14 @@ std::string checker::sequence_cause(std::int64_t group_tokens) const {
     return fmt::format("sequence {} is not padded to a multiple of {} (pad to {})", seq_obs,
                        m.pm_name, (seq_obs + m.pm - 1) / m.pm * m.pm);
   if (seq_obs != m.N)
-    return fmt::format("the group holds {} tokens but the scenario's {} tokens pad to {} "
-                       "({} per rank)",
-                       seq_obs, m.L, m.N, m.chunk);
-  return fmt::format("the tokens are split unevenly: the collator gives every rank {} of the {} "
-                     "padded tokens",
-                     m.chunk, m.N);
+    return fmt::format(
+        "the group holds {} tokens but the scenario's {} tokens pad to {} "
+        "({} per rank)",
+        seq_obs, m.L, m.N, m.chunk);
+  return fmt::format(
+      "the tokens are split unevenly: the collator gives every rank {} of the {} "
+      "padded tokens",
+      m.chunk, m.N);
 }
 
 void checker::check_sp(const std::vector<const call_record*>& recs, const std::string& group) {
@@ -88,8 +89,9 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
   auto t = parse_a2a_tag(ref.tag);
   if (!t || ref.op != "all_to_all") {
     if (!ref.tag.empty() && ref.tag.find(".attn.ring.") != std::string::npos)
-      note("SP rules: ring-attention calls (tags L*.attn.ring.*) are checked for pairing and "
-           "size laws only; their shapes are not derived from the scenario");
+      note(
+          "SP rules: ring-attention calls (tags L*.attn.ring.*) are checked for pairing and "
+          "size laws only; their shapes are not derived from the scenario");
     return;
   }
   const auto* members = group_ranks(group);
@@ -109,14 +111,17 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
   bool all_shapes = true;
   for (const auto* r : recs) {
     const auto& s = t->gather_seq ? r->in_shape : r->out_shape;
-    if (!s || s->empty()) all_shapes = false;
-    else group_tokens += (*s)[0];
+    if (!s || s->empty())
+      all_shapes = false;
+    else
+      group_tokens += (*s)[0];
   }
   for (const auto* r : recs) {
     ++rep_.checked["sp_shape_checks"];
     if (!r->in_shape || !r->out_shape) {
-      note("SP rules: some all-to-all records have no in_shape/out_shape (the source records "
-           "element counts only), so their shapes were not compared with the plan");
+      note(
+          "SP rules: some all-to-all records have no in_shape/out_shape (the source records "
+          "element counts only), so their shapes were not compared with the plan");
       continue;
     }
     for (int side = 0; side < 2; ++side) {
@@ -149,8 +154,8 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
                r->line});
           break;
         }
-        cause = fmt::format("{} heads in total where the scenario has {} ({}, ulysses={})",
-                            full, seq_side ? exp[1] : exp[1] * m.U,
+        cause = fmt::format("{} heads in total where the scenario has {} ({}, ulysses={})", full,
+                            seq_side ? exp[1] : exp[1] * m.U,
                             t->what == "kv" ? fmt::format("2·max(kv_heads={}, ulysses)", m.hkv)
                             : t->what == "q" || t->what == "out"
                                 ? fmt::format("heads={}", m.hq)
@@ -160,8 +165,8 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
         cause = fmt::format("head_dim {} where the scenario has head_dim={}", obs.back(), m.D);
       }
       add({category::sp_shape, r->rank, group, r->seq, r->tag, r->op,
-           fmt::format("{} {}", side == 0 ? "in_shape" : "out_shape", show(obs)), show(exp),
-           cause, r->line});
+           fmt::format("{} {}", side == 0 ? "in_shape" : "out_shape", show(obs)), show(exp), cause,
+           r->line});
       break;
     }
     // Splits against the plan (per-peer block of the uniform Ulysses exchange).

@@ -21,5 +21,4 @@ using synth_trace = trace_data;
 /// gradient reduce-scatter, plus each rank's collator output. Groups: ulysses{i}, ring{i}, sp0.
 synth_trace synthesize(const scenario& s);
 
-
 }  // namespace seqpar::trace

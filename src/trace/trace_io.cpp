@@ -31,8 +31,8 @@ struct line_ctx {
   std::int64_t line;
   template <class... Args>
   [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) const {
-    throw trace_error(fmt::format("{}:{}: {}", source, line,
-                                  fmt::format(f, std::forward<Args>(args)...)));
+    throw trace_error(
+        fmt::format("{}:{}: {}", source, line, fmt::format(f, std::forward<Args>(args)...)));
   }
 };
 
@@ -97,8 +97,8 @@ meta_record parse_meta(const line_ctx& c, const nlohmann::json& j) {
   const auto schema = as_string(c, need(c, j, "schema", "meta"), "schema");
   if (schema != schema_name)
     c.fail("schema '{}' is not supported; this seqpar reads '{}'", schema, schema_name);
-  m.world_size = static_cast<int>(
-      as_int(c, need(c, j, "world_size", "meta"), "world_size", 1, max_world));
+  m.world_size =
+      static_cast<int>(as_int(c, need(c, j, "world_size", "meta"), "world_size", 1, max_world));
   if (const auto* cfg = find(j, "config")) {
     if (!cfg->is_object()) c.fail("'config' must be a scenario object, got {}", cfg->type_name());
     m.config = *cfg;
@@ -110,12 +110,12 @@ meta_record parse_meta(const line_ctx& c, const nlohmann::json& j) {
       m.notes.push_back(as_string(c, (*n)[i], fmt::format("notes[{}]", i)));
   }
   if (const auto* g = find(j, "groups")) {
-    if (!g->is_object()) c.fail("'groups' must be an object name → [ranks], got {}", g->type_name());
+    if (!g->is_object())
+      c.fail("'groups' must be an object name → [ranks], got {}", g->type_name());
     for (auto it = g->begin(); it != g->end(); ++it) {
       const auto what = fmt::format("groups.{}", it.key());
       if (it.key().empty()) c.fail("a group has an empty name");
-      if (!it->is_array() || it->empty())
-        c.fail("'{}' must be a non-empty array of ranks", what);
+      if (!it->is_array() || it->empty()) c.fail("'{}' must be a non-empty array of ranks", what);
       std::vector<int> ranks;
       std::set<int> seen;
       for (std::size_t i = 0; i < it->size(); ++i) {
@@ -144,9 +144,10 @@ call_record parse_call(const line_ctx& c, const nlohmann::json& j, bool p2p,
     if (r.op != "send" && r.op != "recv")
       c.fail("p2p op '{}' is unknown; p2p ops are send, recv", r.op);
   } else if (!collective_ops.contains(r.op)) {
-    c.fail("collective op '{}' is unknown; ops are all_to_all, all_gather, reduce_scatter, "
-           "all_reduce, broadcast, barrier",
-           r.op);
+    c.fail(
+        "collective op '{}' is unknown; ops are all_to_all, all_gather, reduce_scatter, "
+        "all_reduce, broadcast, barrier",
+        r.op);
   }
   if (const auto* v = find(j, "dtype")) r.dtype = as_string(c, *v, "dtype");
   if (const auto* v = find(j, "tag")) r.tag = as_string(c, *v, "tag");
@@ -168,7 +169,8 @@ call_record parse_call(const line_ctx& c, const nlohmann::json& j, bool p2p,
     r.splits_truncated = v->get<bool>();
   }
   if (const auto* v = find(j, "peer")) r.peer = as_rank(c, *v, "peer", world);
-  if (p2p && r.peer && *r.peer == r.rank) c.fail("p2p {} of rank {} names itself as peer", r.op, r.rank);
+  if (p2p && r.peer && *r.peer == r.rank)
+    c.fail("p2p {} of rank {} names itself as peer", r.op, r.rank);
   return r;
 }
 

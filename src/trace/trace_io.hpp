@@ -26,9 +26,9 @@ using dims = std::vector<std::int64_t>;
 /// `{"type":"meta",…}`: at most one, and only as the first record.
 struct meta_record {
   int world_size = 0;
-  std::optional<nlohmann::json> config;         ///< scenario JSON (scenario_to_json)
+  std::optional<nlohmann::json> config;            ///< scenario JSON (scenario_to_json)
   std::map<std::string, std::vector<int>> groups;  ///< name → global ranks in group order
-  std::string source = "seqpar";                 ///< seqpar | fr | kineto | nccl-log | recorder
+  std::string source = "seqpar";                   ///< seqpar | fr | kineto | nccl-log | recorder
   /// What the source does not record (replay lists these under "not checked").
   std::vector<std::string> notes;
   std::int64_t line = 0;
@@ -43,7 +43,7 @@ struct call_record {
   std::int64_t seq = 0;
   std::string op;
   std::optional<std::string> dtype;
-  std::optional<dims> in_shape, out_shape;   ///< collectives
+  std::optional<dims> in_shape, out_shape;    ///< collectives
   std::optional<dims> in_splits, out_splits;  ///< all_to_all, elements per peer in group order
   bool splits_truncated = false;  ///< the source cut the split lists (kineto: 30 entries)
   std::optional<std::int64_t> in_numel, out_numel;  ///< when only element counts are known

@@ -25,8 +25,9 @@ using namespace seqpar::sim;
 double tolerance_for(const scenario& s, dtype t, std::string* model) {
   if (t == dtype::f64) {
     if (model)
-      *model = "float64: SP and non-SP differ only in summation order, so they agree to ~1e-10 "
-               "relative";
+      *model =
+          "float64: SP and non-SP differ only in summation order, so they agree to ~1e-10 "
+          "relative";
     return 1e-10;
   }
   // float32 against the float64 oracle. Rounding errors of a length-K reduction grow like
@@ -34,7 +35,8 @@ double tolerance_for(const scenario& s, dtype t, std::string* model) {
   // document, hidden, intermediate or vocabulary width); each residual sub-layer and the head
   // can amplify them by the conditioning of softmax and RMSNorm (taken as 8 per stage).
   const double eps = std::numeric_limits<float>::epsilon();
-  std::int64_t k = std::max<std::int64_t>({s.hidden, s.intermediate, s.vocab, s.heads * s.head_dim});
+  std::int64_t k =
+      std::max<std::int64_t>({s.hidden, s.intermediate, s.vocab, s.heads * s.head_dim});
   for (auto d : s.docs) k = std::max(k, d);
   const int stages = 2 * s.layers + 2;
   const double tol = 8.0 * eps * std::sqrt(static_cast<double>(k)) * stages;
@@ -104,7 +106,8 @@ template <class T>
 std::vector<double> gather_tokens(const collated_batch& cb, const std::vector<mat<T>>& per_rank) {
   const auto L = cb.original_length;
   const auto cols = per_rank.front().cols();
-  std::vector<double> out(static_cast<std::size_t>(L * cols), std::numeric_limits<double>::quiet_NaN());
+  std::vector<double> out(static_cast<std::size_t>(L * cols),
+                          std::numeric_limits<double>::quiet_NaN());
   for (std::size_t k = 0; k < per_rank.size(); ++k) {
     const auto tokens = rank_tokens(cb, static_cast<int>(k));
     for (std::size_t j = 0; j < tokens.size(); ++j) {
@@ -215,11 +218,12 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
     embed.push_back(o.embed_out_grad);
   }
   rep.rows.push_back(compare("logits", gather_tokens(cb, logits), values_of(ref.logits), tol));
-  rep.rows.push_back(
-      compare("embedding.output.grad", gather_tokens(cb, embed), values_of(ref.embed_out_grad), tol));
+  rep.rows.push_back(compare("embedding.output.grad", gather_tokens(cb, embed),
+                             values_of(ref.embed_out_grad), tol));
   // Parameter gradients far below the largest one are judged against 1e-3 of it.
   double grad_scale = 0;
-  for (const auto& g : ref.grads.values) grad_scale = std::max(grad_scale, static_cast<double>(g.cwiseAbs().maxCoeff()));
+  for (const auto& g : ref.grads.values)
+    grad_scale = std::max(grad_scale, static_cast<double>(g.cwiseAbs().maxCoeff()));
   for (std::size_t i = 0; i < ref.grads.values.size(); ++i) {
     compared_tensor worst;
     for (std::size_t k = 0; k < outs.size(); ++k) {
@@ -332,8 +336,8 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
   const auto p64 = model_params<double>::init(s);
   const auto p = p64.template cast<T>();
 
-  say(fmt::format("SP step: {} processes (ulysses {} × ring {}), {} tokens each ({})", P,
-                  s.ulysses, s.ring, cb.chunk, dtype_name(opt.type)));
+  say(fmt::format("SP step: {} processes (ulysses {} × ring {}), {} tokens each ({})", P, s.ulysses,
+                  s.ring, cb.chunk, dtype_name(opt.type)));
   auto t0 = std::chrono::steady_clock::now();
   const auto mine = pack(sp_rank_step<T>(world, s, cb, p, opt));
   rep.sp_seconds = seconds_since(t0);

@@ -47,7 +47,7 @@ struct check_report {
   std::vector<compared_tensor> rows;
   std::vector<std::string> warnings;  ///< from collation (data intact but unsafe)
   bool pass = false;
-  double tolerance = 0;  ///< the relative tolerance used for numeric rows
+  double tolerance = 0;     ///< the relative tolerance used for numeric rows
   std::string error_model;  ///< how the tolerance was derived
   double sp_seconds = 0, reference_seconds = 0;
   std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)

@@ -12,7 +12,8 @@
 
 namespace seqpar::verify {
 
-int check_mpi(const std::function<scenario(verify::check_options&)>& resolve, verify::check_options opt,
+int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
+              verify::check_options opt,
               const std::function<void(const verify::check_report&)>& print) {
   mpi::mpi_session session(nullptr, nullptr);
   mpi::mpi_communicator world;
@@ -46,9 +47,9 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve, ve
   }
   for (int r = 0; r < P; ++r) {
     if (!flags[static_cast<std::size_t>(r)]) continue;
-    if (r == me) fmt::print(stderr, "seqpar: error: {}{}\n",
-                            r == 0 ? "" : fmt::format("rank {} on {}: ", r, session.host()),
-                            problem);
+    if (r == me)
+      fmt::print(stderr, "seqpar: error: {}{}\n",
+                 r == 0 ? "" : fmt::format("rank {} on {}: ", r, session.host()), problem);
     return 2;  // every process, after a clean MPI_Finalize
   }
 

@@ -15,7 +15,8 @@ namespace seqpar::verify {
 /// is called on rank 0 only with the report. A failure during the run on any rank prints
 /// `seqpar: error: rank R on HOST: …` and aborts the whole job (MPI_Abort, exit 2), so no rank
 /// is left waiting. Builds without MPI throw config_error saying how to enable it.
-int check_mpi(const std::function<scenario(verify::check_options&)>& resolve, verify::check_options opt,
+int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
+              verify::check_options opt,
               const std::function<void(const verify::check_report&)>& print);
 
 }  // namespace seqpar::verify

@@ -35,10 +35,9 @@ namespace seqpar::verify {
 using namespace seqpar::gpu;
 
 const std::vector<std::string>& validate_stages() {
-  static const std::vector<std::string> s = {"a2a.q",   "a2a.k",   "a2a.v",    "attn.out",
-                                             "attn.lse", "out",     "a2a.dout", "attn.dq",
-                                             "attn.dk", "attn.dv", "grad.dq",  "grad.dk",
-                                             "grad.dv"};
+  static const std::vector<std::string> s = {
+      "a2a.q",   "a2a.k",   "a2a.v",   "attn.out", "attn.lse", "out",    "a2a.dout",
+      "attn.dq", "attn.dk", "attn.dv", "grad.dq",  "grad.dk",  "grad.dv"};
   return s;
 }
 
@@ -136,8 +135,8 @@ class capturing_inner final : public inner_attention {
 /// Input `which` (0 q, 1 k, 2 v, 3 dout) of the rank holding global tokens `tokens`: uniform in
 /// [−1, 1] from (seed, which, token, head, dim) — every rank derives its block from global
 /// indices — rounded to the GPU's dtype so both sides see identical values.
-std::vector<double> input_block(const scenario& s, int which, const std::vector<std::int64_t>& tokens,
-                                int heads, dtype t) {
+std::vector<double> input_block(const scenario& s, int which,
+                                const std::vector<std::int64_t>& tokens, int heads, dtype t) {
   std::vector<double> v;
   v.reserve(tokens.size() * static_cast<std::size_t>(heads * s.head_dim));
   for (auto tok : tokens)
@@ -350,9 +349,10 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
   if (is_root) *is_root = rank == 0;
   check_inputs(s, opt.type);
   if (size != s.cp())
-    fail<config_error>("mpiexec started {} ranks but the scenario needs cp = ulysses·ring = {}·{} = "
-                       "{}; run mpiexec -n {}",
-                       size, s.ulysses, s.ring, s.cp(), s.cp());
+    fail<config_error>(
+        "mpiexec started {} ranks but the scenario needs cp = ulysses·ring = {}·{} = "
+        "{}; run mpiexec -n {}",
+        size, s.ulysses, s.ring, s.cp(), s.cp());
   validate_report rep;
   rep.scen = s;
   rep.type = opt.type;

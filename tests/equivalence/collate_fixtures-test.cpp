@@ -6,8 +6,8 @@
 #include <fstream>
 #include <set>
 
-#include "io/batch_json.hpp"
 #include "core/error.hpp"
+#include "io/batch_json.hpp"
 
 namespace {
 
@@ -16,7 +16,8 @@ using nlohmann::json;
 
 std::vector<fs::path> fixtures() {
   std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data/collate"))
+  for (const auto& e :
+       fs::directory_iterator(fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data/collate"))
     if (e.path().extension() == ".json") out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
@@ -79,7 +80,8 @@ TEST(collate_fixtures, equal_the_framework_or_refuse_what_it_refuses) {
       EXPECT_EQ(got["ranks"][r], want["ranks"][r]);
     }
     EXPECT_EQ(got, want);
-    EXPECT_EQ(cb.warnings.empty(), !warned.count(name) && !(opt.ring > 1 && cb.padded_length > cb.original_length))
+    EXPECT_EQ(cb.warnings.empty(),
+              !warned.count(name) && !(opt.ring > 1 && cb.padded_length > cb.original_length))
         << (cb.warnings.empty() ? "" : cb.warnings.front());
     ++compared;
   }

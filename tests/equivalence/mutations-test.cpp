@@ -1,9 +1,9 @@
 // The equivalence check must catch plausible SP bugs: each one, injected from the test side
 // through check_options' seams (tests/support/bugs.hpp) or as a transport fault, makes
 // `seqpar check` fail on the rows it corrupts, and the same scenario passes without it.
-#include <gtest/gtest.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <set>
@@ -125,8 +125,7 @@ TEST(mutations, ring_section_logic_off_by_one) {
 }
 
 TEST(mutations, cu_seqlens_from_zigzagged_position_ids) {
-  const auto rows =
-      caught(make(2, 2, 4, 2, {8, 16}), collated(ring_cu_seqlens_from_zigzagged_ids));
+  const auto rows = caught(make(2, 2, 4, 2, {8, 16}), collated(ring_cu_seqlens_from_zigzagged_ids));
   EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
 
@@ -194,8 +193,7 @@ TEST(mutations, merge_without_max_subtraction_overflows_in_f32) {
   double diff = 0;
   for (int r = 0; r < R; ++r)
     for (std::size_t i = 0; i < good[r].size(); ++i)
-      diff = std::isfinite(bad[r][i]) ? std::max(diff, std::abs(bad[r][i] - good[r][i]))
-                                       : INFINITY;
+      diff = std::isfinite(bad[r][i]) ? std::max(diff, std::abs(bad[r][i] - good[r][i])) : INFINITY;
   EXPECT_GT(diff, 1e-3) << "the naive merge must visibly break (overflow) in float32";
 }
 

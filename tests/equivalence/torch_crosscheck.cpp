@@ -90,7 +90,8 @@ matrix decode(const json& t, const std::string& where) {
   for (char ch : text) {
     if (ch == '=') break;
     const char* at = std::strchr(b64, ch);
-    if (at == nullptr || ch == '\0') seqpar::fail("{}: not base64 (character code {})", where, static_cast<int>(ch));
+    if (at == nullptr || ch == '\0')
+      seqpar::fail("{}: not base64 (character code {})", where, static_cast<int>(ch));
     acc = (acc << 6) | static_cast<std::uint32_t>(at - b64);
     bits += 6;
     if (bits >= 8) {
@@ -146,18 +147,22 @@ double rel_err(const matrix& got, const matrix& want) {
 bool compare(const scenario& s, const fs::path& dir) {
   const fs::path file = dir / (s.name + ".json");
   std::ifstream f(file);
-  if (!f) seqpar::fail("{}: missing (regenerate: see tools/crosscheck/torch_reference.py)", file.string());
+  if (!f)
+    seqpar::fail("{}: missing (regenerate: see tools/crosscheck/torch_reference.py)",
+                 file.string());
   const json torch = json::parse(f);
   const auto in = seqpar::verify::reference_inputs_of(s);
   const auto got = ref::train_step(s, in.weights, in.batch);
 
-  std::vector<std::pair<std::string, const matrix*>> ours = {{"logits", &got.logits},
-                                                              {"embedding.output.grad", &got.embed_out_grad}};
+  std::vector<std::pair<std::string, const matrix*>> ours = {
+      {"logits", &got.logits}, {"embedding.output.grad", &got.embed_out_grad}};
   for (std::size_t i = 0; i < got.grads.names.size(); ++i)
     ours.emplace_back("grad." + got.grads.names[i], &got.grads.values[i]);
   const auto& tensors = torch.at("tensors");
   bool ok = tensors.size() == ours.size();
-  if (!ok) fmt::print("{}: PyTorch wrote {} tensors, the reference has {}\n", s.name, tensors.size(), ours.size());
+  if (!ok)
+    fmt::print("{}: PyTorch wrote {} tensors, the reference has {}\n", s.name, tensors.size(),
+               ours.size());
 
   const double want_loss = torch.at("loss").get<double>();
   double worst = std::abs(got.loss - want_loss) / std::max(std::abs(want_loss), 1e-300);
@@ -178,7 +183,8 @@ bool compare(const scenario& s, const fs::path& dir) {
     }
     const double e = rel_err(*m, decode(*t, file.string() + ":" + name));
     if (!(e <= tolerance)) {
-      fmt::print("{}: {} differs by {:.3e} relative (tolerance {:.0e})\n", s.name, name, e, tolerance);
+      fmt::print("{}: {} differs by {:.3e} relative (tolerance {:.0e})\n", s.name, name, e,
+                 tolerance);
       ok = false;
     }
     if (!(e <= worst)) {
@@ -187,8 +193,8 @@ bool compare(const scenario& s, const fs::path& dir) {
     }
   }
   ok = ok && worst <= tolerance;
-  fmt::print("{:<24} {:>3} tensors  loss {:<20.17g} max rel {:.3e} ({})  {}\n", s.name, ours.size() + 1,
-             got.loss, worst, worst_name, ok ? "PASS" : "FAIL");
+  fmt::print("{:<24} {:>3} tensors  loss {:<20.17g} max rel {:.3e} ({})  {}\n", s.name,
+             ours.size() + 1, got.loss, worst, worst_name, ok ? "PASS" : "FAIL");
   return ok;
 }
 

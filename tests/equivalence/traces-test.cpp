@@ -8,12 +8,12 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "io/scenario_json.hpp"
+#include "scenario_flags.hpp"
 #include "trace/import/import.hpp"
 #include "trace/replay.hpp"
-#include "scenario_flags.hpp"
-#include "trace/trace_io.hpp"
 #include "trace/synth.hpp"
-#include "io/scenario_json.hpp"
+#include "trace/trace_io.hpp"
 
 using namespace seqpar;
 
@@ -152,8 +152,9 @@ TEST(traces, missing_rank_is_the_hang) {
   EXPECT_EQ(p.group, "ulysses0");
   EXPECT_EQ(p.seq, 17);
   EXPECT_EQ(p.tag, "L0.attn.kv.bwd");
-  EXPECT_TRUE(contains(p.cause, "rank 3 never reached seq 17 of ulysses0 (last seen seq 16, tag "
-                                "L0.attn.q.bwd)"));
+  EXPECT_TRUE(contains(p.cause,
+                       "rank 3 never reached seq 17 of ulysses0 (last seen seq 16, tag "
+                       "L0.attn.q.bwd)"));
 }
 
 TEST(traces, dtype_mismatch) {
@@ -171,8 +172,9 @@ TEST(traces, dtype_mismatch) {
 TEST(traces, type_state_and_size_laws) {
   const std::string c0 = R"({"type":"collective","rank":0,"group":"g","seq":0,)";
   const std::string c1 = R"({"type":"collective","rank":1,"group":"g","seq":0,)";
-  auto rep = replay_text(meta2 + "\n" + c0 + R"("op":"all_reduce","in_shape":[4],"out_shape":[4]})" +
-                         "\n" + c1 + R"("op":"all_gather","in_shape":[4],"out_shape":[8]})" + "\n");
+  auto rep =
+      replay_text(meta2 + "\n" + c0 + R"("op":"all_reduce","in_shape":[4],"out_shape":[4]})" +
+                  "\n" + c1 + R"("op":"all_gather","in_shape":[4],"out_shape":[8]})" + "\n");
   EXPECT_EQ(rep.problems.front().category, replay::category::type_mismatch);
   rep = replay_text(meta2 + "\n" + c0 + R"("op":"all_gather","in_shape":[4],"out_shape":[8]})" +
                     "\n" + c1 + R"("op":"all_gather","in_shape":[4],"out_shape":[6]})" + "\n");
@@ -185,8 +187,10 @@ TEST(traces, type_state_and_size_laws) {
 }
 
 TEST(traces, send_recv_pair_in_order) {
-  const std::string s = R"({"type":"p2p","rank":0,"group":"g","op":"send","peer":1,"dtype":"float32",)";
-  const std::string r = R"({"type":"p2p","rank":1,"group":"g","op":"recv","peer":0,"dtype":"float32",)";
+  const std::string s =
+      R"({"type":"p2p","rank":0,"group":"g","op":"send","peer":1,"dtype":"float32",)";
+  const std::string r =
+      R"({"type":"p2p","rank":1,"group":"g","op":"recv","peer":0,"dtype":"float32",)";
   auto rep = replay_text(meta2 + "\n" + s + R"("seq":0,"shape":[4,2],"tag":"a"})" + "\n" + s +
                          R"("seq":1,"shape":[6],"tag":"b"})" + "\n" + r +
                          R"("seq":0,"shape":[6],"tag":"b"})" + "\n" + r +
@@ -202,19 +206,31 @@ TEST(traces, send_recv_pair_in_order) {
 }
 
 TEST(trace_reader, names_the_line_and_what_is_wrong) {
-  EXPECT_TRUE(contains(error_of(meta2 + "\n{\"type\":\"collective\",\n"), "test:2: not valid JSON"));
+  EXPECT_TRUE(
+      contains(error_of(meta2 + "\n{\"type\":\"collective\",\n"), "test:2: not valid JSON"));
   EXPECT_TRUE(contains(error_of(meta2 + "\n\n[1,2]\n"), "test:3: a record must be a JSON object"));
-  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","op":"all_reduce"})"),
-                       "test:2: collective record has no 'seq'"));
-  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":5,"group":"g","seq":0,"op":"all_reduce"})"),
-                       "test:2: 'rank' = 5 is not a rank of a world of 2"));
-  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","seq":0,"op":"allreduce"})"),
-                       "collective op 'allreduce' is unknown"));
-  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","seq":"3","op":"barrier"})"),
-                       "'seq' must be an integer"));
-  EXPECT_TRUE(contains(error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","seq":0,"op":"barrier","in_shape":[-1]})"),
-                       "'in_shape[0]' = -1 is out of range"));
-  EXPECT_TRUE(contains(error_of(meta2 + "\n" + meta2 + "\n"), "test:2: a meta record may only be the first line"));
+  EXPECT_TRUE(contains(
+      error_of(meta2 + "\n" + R"({"type":"collective","rank":0,"group":"g","op":"all_reduce"})"),
+      "test:2: collective record has no 'seq'"));
+  EXPECT_TRUE(
+      contains(error_of(meta2 + "\n" +
+                        R"({"type":"collective","rank":5,"group":"g","seq":0,"op":"all_reduce"})"),
+               "test:2: 'rank' = 5 is not a rank of a world of 2"));
+  EXPECT_TRUE(
+      contains(error_of(meta2 + "\n" +
+                        R"({"type":"collective","rank":0,"group":"g","seq":0,"op":"allreduce"})"),
+               "collective op 'allreduce' is unknown"));
+  EXPECT_TRUE(
+      contains(error_of(meta2 + "\n" +
+                        R"({"type":"collective","rank":0,"group":"g","seq":"3","op":"barrier"})"),
+               "'seq' must be an integer"));
+  EXPECT_TRUE(contains(
+      error_of(
+          meta2 + "\n" +
+          R"({"type":"collective","rank":0,"group":"g","seq":0,"op":"barrier","in_shape":[-1]})"),
+      "'in_shape[0]' = -1 is out of range"));
+  EXPECT_TRUE(contains(error_of(meta2 + "\n" + meta2 + "\n"),
+                       "test:2: a meta record may only be the first line"));
   EXPECT_TRUE(contains(error_of(R"({"type":"meta","schema":"seqpar-trace/2","world_size":1})"),
                        "schema 'seqpar-trace/2' is not supported"));
   EXPECT_TRUE(contains(error_of(R"({"type":"span"})"), "record type 'span' is unknown"));
@@ -298,7 +314,8 @@ TEST(trace_import, flight_recorder_dumps) {
   EXPECT_TRUE(rep.consistent) << replay::to_text(rep);
   EXPECT_FALSE(rep.unchecked.empty());
 
-  const auto broken = import::from_fr(import::expand_inputs({root + "/traces/import-samples/fr_broken"}));
+  const auto broken =
+      import::from_fr(import::expand_inputs({root + "/traces/import-samples/fr_broken"}));
   std::istringstream in2(broken.text());
   trace::reader r2(in2, "fr_broken");
   const auto rep2 = replay::run(r2);

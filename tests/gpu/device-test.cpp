@@ -13,10 +13,10 @@
 #include "gpu/cuda_compute.hpp"
 #include "gpu/device_local_comm.hpp"
 #include "gpu/kernels/bf16.hpp"
-#include "verify/validate.hpp"
 #include "sim/attention.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/model.hpp"
+#include "verify/validate.hpp"
 
 namespace {
 
@@ -57,7 +57,8 @@ TEST_F(device, data_movement_is_bit_exact) {
   const a2a_geometry geo{6, 1, 8, 4, 4};
   const auto x = values(static_cast<std::size_t>(geo.numel_local()), 1);
   tensor dx = both(x, {6, 8, 4}, hx);
-  tensor dw = g.empty(dtype::f32, {geo.numel_local()}), hw = c.empty(dtype::f64, {geo.numel_local()});
+  tensor dw = g.empty(dtype::f32, {geo.numel_local()}),
+         hw = c.empty(dtype::f64, {geo.numel_local()});
   g.pack_for_heads(geo, dx, dw);
   c.pack_for_heads(geo, hx, hw);
   EXPECT_EQ(g.to_host(dw), c.to_host(hw));
@@ -99,7 +100,8 @@ TEST_F(device, attention_matches_the_oracle_in_f32_and_bf16) {
     // the reference backward from the GPU's own out/lse (as doubles)
     tensor ho2 = c.from_host(dtype::f64, out.shape, g.to_host(out));
     tensor hl2 = c.from_host(dtype::f64, lse.shape, g.to_host(lse));
-    tensor rq = c.empty(dtype::f64, q.shape), rk = c.empty(dtype::f64, k.shape), rv = c.empty(dtype::f64, v.shape);
+    tensor rq = c.empty(dtype::f64, q.shape), rk = c.empty(dtype::f64, k.shape),
+           rv = c.empty(dtype::f64, v.shape);
     c.attention_backward(hq_, hk_, hv_, ho2, hl2, hdo, docs, rq, rk, rv);
     const double tb = t == dtype::f32 ? 16 * 0x1p-23 * 30 : 2 * 0x1p-8;
     EXPECT_LE(rel_err(g.to_host(dq), c.to_host(rq)), tb);
@@ -116,27 +118,32 @@ TEST_F(device, gemm_rope_rms_norm_match_the_cpu) {
   const sim::mat<double> am = Eigen::Map<const sim::mat<double>>(a.data(), 6, 5);
   const sim::mat<double> bm = Eigen::Map<const sim::mat<double>>(b.data(), 5, 7);
   const sim::mat<double> cm = am * bm;
-  EXPECT_LE(rel_err(g.to_host(tc), std::vector<double>(cm.data(), cm.data() + cm.size())), 8 * 0x1p-23);
+  EXPECT_LE(rel_err(g.to_host(tc), std::vector<double>(cm.data(), cm.data() + cm.size())),
+            8 * 0x1p-23);
   tensor tt = g.zeros(dtype::f32, {5, 5});
   g.gemm(true, false, ta, ta, tt);  // Aᵀ·A: the transposed operand path
   const sim::mat<double> ata = am.transpose() * am;
-  EXPECT_LE(rel_err(g.to_host(tt), std::vector<double>(ata.data(), ata.data() + ata.size())), 8 * 0x1p-23);
+  EXPECT_LE(rel_err(g.to_host(tt), std::vector<double>(ata.data(), ata.data() + ata.size())),
+            8 * 0x1p-23);
   const std::vector<std::int64_t> pos = {0, 3, 9, 100};
   const auto x = values(4 * 2 * 8, 8);
   tensor tx = g.from_host(dtype::f32, {4, 2, 8}, x), ty = g.empty(dtype::f32, {4, 2, 8});
   g.rope(tx, ty, 2, 8, pos);
   const sim::mat<double> xm = Eigen::Map<const sim::mat<double>>(x.data(), 4, 16);
   const sim::mat<double> ym = sim::ops::rope_fwd<double>(xm, 2, 8, pos);
-  EXPECT_LE(rel_err(g.to_host(ty), std::vector<double>(ym.data(), ym.data() + ym.size())), 4 * 0x1p-23);
+  EXPECT_LE(rel_err(g.to_host(ty), std::vector<double>(ym.data(), ym.data() + ym.size())),
+            4 * 0x1p-23);
   // RMSNorm forward on the same 4×16 values, weight 1 + 0.1·u
   auto w = values(16, 9);
   for (auto& e : w) e = static_cast<float>(1 + 0.1 * e);
-  tensor tw = g.from_host(dtype::f32, {16}, w), tn = g.empty(dtype::f32, {4, 16}), tr = g.empty(dtype::f32, {4});
+  tensor tw = g.from_host(dtype::f32, {16}, w), tn = g.empty(dtype::f32, {4, 16}),
+         tr = g.empty(dtype::f32, {4});
   g.rms_norm_fwd(tx.reshaped({4, 16}), tw, 1e-6, tn, tr);
   const sim::mat<double> wm = Eigen::Map<const sim::mat<double>>(w.data(), 1, 16);
   sim::col<double> r;
   const sim::mat<double> nm = sim::ops::rms_norm_fwd<double>(xm, wm, r);
-  EXPECT_LE(rel_err(g.to_host(tn), std::vector<double>(nm.data(), nm.data() + nm.size())), 32 * 0x1p-23);
+  EXPECT_LE(rel_err(g.to_host(tn), std::vector<double>(nm.data(), nm.data() + nm.size())),
+            32 * 0x1p-23);
 }
 
 TEST(device_local, collectives_move_and_sum_like_the_cpu) {
@@ -153,7 +160,8 @@ TEST(device_local, collectives_move_and_sum_like_the_cpu) {
     const auto got = c.to_host(out);
     for (int j = 0; j < 3; ++j)
       for (int e = 0; e <= r; ++e)
-        if (got[static_cast<std::size_t>(j * (r + 1) + e)] != 100 * j + r) throw error("all_to_all moved wrong data");
+        if (got[static_cast<std::size_t>(j * (r + 1) + e)] != 100 * j + r)
+          throw error("all_to_all moved wrong data");
     tensor x = c.from_host(dtype::f32, {2}, std::vector<double>{1.0 + r, 10.0 * r});
     comm.all_reduce(world, x.data, 2, dtype::f32);
     if (c.to_host(x) != std::vector<double>{6, 30}) throw error("all_reduce sum wrong");
@@ -164,7 +172,8 @@ TEST(device_local, collectives_move_and_sum_like_the_cpu) {
     if (c.to_host(rs) != std::vector<double>{18, 90})  // 3 ranks × block [6, 30]
       throw error("reduce_scatter wrong");
     // ring exchange
-    tensor mine = c.from_host(dtype::f32, {1}, std::vector<double>{double(r)}), got1 = c.empty(dtype::f32, {1});
+    tensor mine = c.from_host(dtype::f32, {1}, std::vector<double>{double(r)}),
+           got1 = c.empty(dtype::f32, {1});
     std::vector<p2p_op> ops = {{p2p_op::kind::send, (r + 1) % 3, mine.data, 1, {}},
                                {p2p_op::kind::recv, (r + 2) % 3, got1.data, 1, {}}};
     comm.send_recv(world, ops, dtype::f32);
@@ -173,14 +182,15 @@ TEST(device_local, collectives_move_and_sum_like_the_cpu) {
 }
 
 TEST(device_local, mismatched_calls_fail_every_rank_instead_of_hanging) {
-  EXPECT_THROW(gpu::run_device_ranks(2, 0, [](communicator& comm, gpu::cuda_compute& c) {
-                 const comm_group world{"world", {0, 1}};
-                 tensor x = c.zeros(dtype::f32, {4});
-                 if (comm.rank() == 0)
-                   comm.all_reduce(world, x.data, 4, dtype::f32);
-                 else
-                   comm.barrier(world);
-               }),
+  EXPECT_THROW(gpu::run_device_ranks(2, 0,
+                                     [](communicator& comm, gpu::cuda_compute& c) {
+                                       const comm_group world{"world", {0, 1}};
+                                       tensor x = c.zeros(dtype::f32, {4});
+                                       if (comm.rank() == 0)
+                                         comm.all_reduce(world, x.data, 4, dtype::f32);
+                                       else
+                                         comm.barrier(world);
+                                     }),
                error);
 }
 

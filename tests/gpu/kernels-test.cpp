@@ -72,7 +72,7 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
 // ---- bf16 ----
 
 TEST(bf16, rounds_to_nearest_even) {
-  EXPECT_EQ(static_cast<float>(bf16(1.0f + 0x1p-8f)), 1.0f);  // tie → even (down)
+  EXPECT_EQ(static_cast<float>(bf16(1.0f + 0x1p-8f)), 1.0f);                // tie → even (down)
   EXPECT_EQ(static_cast<float>(bf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);  // tie → even (up)
   EXPECT_EQ(static_cast<float>(bf16(1.0f + 0x1p-8f + 0x1p-20f)), 1.0f + 0x1p-7f);  // above tie
   EXPECT_EQ(static_cast<float>(bf16(-2.5f)), -2.5f);
@@ -88,7 +88,8 @@ TEST(bf16, rounds_to_nearest_even) {
 TEST(bf16, is_the_nearest_representable_value) {
   // For each x, bf16(x) is one of the two truncation neighbours and no farther than the other.
   for (std::size_t i = 0; i < 20000; ++i) {
-    const float x = static_cast<float>(std::ldexp(uniform_pm1(3, 1, i), static_cast<int>(i % 40) - 20));
+    const float x =
+        static_cast<float>(std::ldexp(uniform_pm1(3, 1, i), static_cast<int>(i % 40) - 20));
     std::uint32_t u;
     std::memcpy(&u, &x, 4);
     const std::uint32_t lo_bits = u & 0xffff0000u, hi_bits = lo_bits + 0x10000u;
@@ -118,9 +119,11 @@ TEST(kernels, pack_and_unpack_match_eigen_compute) {
       tensor xt = host(x, {g.numel_local()}), wire = cpu.empty(dtype::f64, {g.numel_local()});
       cpu.pack_for_heads(g, xt, wire);
       std::vector<double> w(x.size()), back_x(x.size());
-      for (std::int64_t e = 0; e < g.numel_local() + 7; ++e) kern::pack_for_heads(g, e, x.data(), w.data());
+      for (std::int64_t e = 0; e < g.numel_local() + 7; ++e)
+        kern::pack_for_heads(g, e, x.data(), w.data());
       EXPECT_EQ(w, cpu.to_host(wire)) << "a=" << a << " P=" << P;
-      for (std::int64_t e = 0; e < g.numel_local(); ++e) kern::unpack_to_seq(g, e, w.data(), back_x.data());
+      for (std::int64_t e = 0; e < g.numel_local(); ++e)
+        kern::unpack_to_seq(g, e, w.data(), back_x.data());
       EXPECT_EQ(back_x, x);
     }
 }
@@ -138,14 +141,18 @@ TEST(kernels, repeat_and_sum_repeated_heads_match_eigen_compute) {
   const auto want_sum = cpu.to_host(cpu.sum_repeated_heads(host(dx, {S, H * rep, D}), rep));
   std::vector<double> sum(want_sum.size());
   for (std::int64_t e = 0; e < static_cast<std::int64_t>(sum.size()); ++e)
-    kern::sum_repeated_heads(e, static_cast<std::int64_t>(sum.size()), rep, D, dx.data(), sum.data());
+    kern::sum_repeated_heads(e, static_cast<std::int64_t>(sum.size()), rep, D, dx.data(),
+                             sum.data());
   EXPECT_EQ(sum, want_sum);  // same order of additions in f64
   // bf16 storage sums in fp32 and rounds once
   const auto dxb = as<bf16>(dx);
   std::vector<bf16> sb(want_sum.size());
   for (std::int64_t e = 0; e < static_cast<std::int64_t>(sb.size()); ++e)
-    kern::sum_repeated_heads(e, static_cast<std::int64_t>(sb.size()), rep, D, dxb.data(), sb.data());
-  EXPECT_LE(rel_err(back(sb), cpu.to_host(cpu.sum_repeated_heads(host(back(dxb), {S, H * rep, D}), rep))), 0x1p-8);
+    kern::sum_repeated_heads(e, static_cast<std::int64_t>(sb.size()), rep, D, dxb.data(),
+                             sb.data());
+  EXPECT_LE(
+      rel_err(back(sb), cpu.to_host(cpu.sum_repeated_heads(host(back(dxb), {S, H * rep, D}), rep))),
+      0x1p-8);
 }
 
 TEST(kernels, stack_and_unstack_kv_match_eigen_compute) {
@@ -169,7 +176,8 @@ TEST(kernels, row_gather_scatter_and_scatter_add_match_eigen_compute) {
   const auto want = cpu.to_host(cpu.gather_rows(host(x, {S, row}), rows));
   const auto n = static_cast<std::int64_t>(rows.size()) * row;
   std::vector<double> g(static_cast<std::size_t>(n));
-  for (std::int64_t e = 0; e < n; ++e) kern::gather_rows(e, n, row, rows.data(), x.data(), g.data());
+  for (std::int64_t e = 0; e < n; ++e)
+    kern::gather_rows(e, n, row, rows.data(), x.data(), g.data());
   EXPECT_EQ(g, want);
 
   const std::vector<std::int64_t> distinct = {4, 1, 0};
@@ -177,7 +185,8 @@ TEST(kernels, row_gather_scatter_and_scatter_add_match_eigen_compute) {
   tensor dst = host(x, {S, row});
   cpu.scatter_rows(dst, host(src, {3, row}), distinct);
   std::vector<double> d = x;
-  for (std::int64_t e = 0; e < 3 * row; ++e) kern::scatter_rows(e, 3 * row, row, distinct.data(), src.data(), d.data());
+  for (std::int64_t e = 0; e < 3 * row; ++e)
+    kern::scatter_rows(e, 3 * row, row, distinct.data(), src.data(), d.data());
   EXPECT_EQ(d, cpu.to_host(dst));
 
   const auto add = values(static_cast<std::size_t>(n), 8);
@@ -210,10 +219,10 @@ TEST(kernels, lse_merge_matches_sim_including_empty_sides) {
   auto oa = values(static_cast<std::size_t>(rows * h * d), 11), on = values(oa.size(), 12);
   auto la = values(static_cast<std::size_t>(rows * h), 13, 30.0), ln = values(la.size(), 14, 30.0);
   const double ninf = -std::numeric_limits<double>::infinity();
-  la[0] = ninf;               // acc empty: take new
-  ln[1] = ninf;               // new empty: keep acc
-  la[2] = ln[2] = ninf;       // both empty
-  la[3] = 80, ln[3] = -80;    // far apart: no overflow
+  la[0] = ninf;             // acc empty: take new
+  ln[1] = ninf;             // new empty: keep acc
+  la[2] = ln[2] = ninf;     // both empty
+  la[3] = 80, ln[3] = -80;  // far apart: no overflow
   auto oa_ref = oa, la_ref = la;
   sim::lse_merge(oa_ref.data(), la_ref.data(), on.data(), ln.data(), rows, h, d);
   auto oaf = as<float>(oa), laf = as<float>(la);
@@ -260,9 +269,12 @@ TEST(kernels, rms_norm_matches_sim_ops_forward_and_backward) {
 
   const auto xf = as<float>(x), wf = as<float>(w), dyf = as<float>(dy);
   std::vector<float> y(xf.size()), rf(n), dx(xf.size()), dwf(hidden);
-  for (std::int64_t t = 0; t < n; ++t) kern::rms_norm_fwd(t, n, hidden, 1e-6f, xf.data(), wf.data(), y.data(), rf.data());
-  for (std::int64_t t = 0; t < n; ++t) kern::rms_norm_bwd_x(t, n, hidden, xf.data(), wf.data(), rf.data(), dyf.data(), dx.data());
-  for (int j = 0; j < hidden; ++j) kern::rms_norm_bwd_w(j, n, hidden, xf.data(), rf.data(), dyf.data(), dwf.data());
+  for (std::int64_t t = 0; t < n; ++t)
+    kern::rms_norm_fwd(t, n, hidden, 1e-6f, xf.data(), wf.data(), y.data(), rf.data());
+  for (std::int64_t t = 0; t < n; ++t)
+    kern::rms_norm_bwd_x(t, n, hidden, xf.data(), wf.data(), rf.data(), dyf.data(), dx.data());
+  for (int j = 0; j < hidden; ++j)
+    kern::rms_norm_bwd_w(j, n, hidden, xf.data(), rf.data(), dyf.data(), dwf.data());
   // Length-`hidden` fp32 reductions: sqrt(hidden)·eps scale, c = 8.
   const double tol = 8 * 0x1p-23 * std::sqrt(hidden);
   EXPECT_LE(rel_err(back(y), std::vector<double>(ym.data(), ym.data() + ym.size())), tol);
@@ -296,9 +308,19 @@ void check_attention(const attn_case& c, double tol_fwd, double tol_bwd) {
   const auto k = rounded<T>(values(static_cast<std::size_t>(sk * c.hkv * c.d), 21));
   const auto v = rounded<T>(values(static_cast<std::size_t>(sk * c.hkv * c.d), 22));
   const auto dout = rounded<T>(values(static_cast<std::size_t>(sq * c.hq * c.d), 23));
-  sim::attention_args<double> a{q.data(), k.data(), v.data(), sq, sk, c.hq, c.hkv, c.d,
-                                cu_q.data(), cu_k.data(), static_cast<int>(c.q_docs.size()),
-                                1.0 / std::sqrt(static_cast<double>(c.d)), c.causal};
+  sim::attention_args<double> a{q.data(),
+                                k.data(),
+                                v.data(),
+                                sq,
+                                sk,
+                                c.hq,
+                                c.hkv,
+                                c.d,
+                                cu_q.data(),
+                                cu_k.data(),
+                                static_cast<int>(c.q_docs.size()),
+                                1.0 / std::sqrt(static_cast<double>(c.d)),
+                                c.causal};
   std::vector<double> out(q.size()), lse(static_cast<std::size_t>(sq * c.hq));
   sim::attention_forward_naive(a, out.data(), lse.data());
 
@@ -333,7 +355,8 @@ void check_attention(const attn_case& c, double tol_fwd, double tol_bwd) {
   const auto out_t = as<T>(out), lse_t = as<T>(lse);
   const auto out_r = back(out_t), lse_r = back(lse_t);
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
-  sim::attention_backward_naive(a, out_r.data(), lse_r.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  sim::attention_backward_naive(a, out_r.data(), lse_r.data(), dout.data(), dq.data(), dk.data(),
+                                dv.data());
   std::vector<T> gq(q.size(), T(0.f)), gk(k.size(), T(0.f)), gv(v.size(), T(0.f));
   std::vector<float> delta(lse.size());
   p.out = const_cast<T*>(out_t.data());
@@ -377,10 +400,10 @@ constexpr double bf16_fwd = 1.01 * 0x1p-8, bf16_bwd = 2 * 0x1p-8;
 
 const std::vector<attn_case>& cases() {
   static const std::vector<attn_case> c = {
-      {{70, 5, 0, 33}, {70, 5, 0, 33}, 3, 3, 4, 2, 16, true},   // tiles, an empty doc, tail rows
-      {{40, 9}, {100, 3}, 0, 0, 4, 1, 16, true},                // lk > lq and lk < lq (empty rows)
-      {{50, 17}, {30, 66}, 2, 0, 2, 2, 16, false},              // non-causal, MHA
-      {{37}, {37}, 0, 0, 6, 3, 80, true},                       // head_dim in the 128 bucket
+      {{70, 5, 0, 33}, {70, 5, 0, 33}, 3, 3, 4, 2, 16, true},  // tiles, an empty doc, tail rows
+      {{40, 9}, {100, 3}, 0, 0, 4, 1, 16, true},               // lk > lq and lk < lq (empty rows)
+      {{50, 17}, {30, 66}, 2, 0, 2, 2, 16, false},             // non-causal, MHA
+      {{37}, {37}, 0, 0, 6, 3, 80, true},                      // head_dim in the 128 bucket
   };
   return c;
 }
@@ -408,7 +431,8 @@ TEST(attention_kernels, tiles_cover_every_document_row_once) {
   std::vector<int> seen(200, 0);
   for (const auto& t : kern::make_tiles(cu, 32)) {
     EXPECT_LE(t.rows, 32);
-    for (int r = 0; r < t.rows; ++r) ++seen[static_cast<std::size_t>(cu[static_cast<std::size_t>(t.doc)] + t.start + r)];
+    for (int r = 0; r < t.rows; ++r)
+      ++seen[static_cast<std::size_t>(cu[static_cast<std::size_t>(t.doc)] + t.start + r)];
   }
   for (int s : seen) EXPECT_EQ(s, 1);
 }

@@ -5,8 +5,8 @@
 //   mpiexec -n P failing_rank_check (--throw-at | --die-at) RANK:TAG[:N] [scenario flags]
 //
 // Exit codes as seqpar check's: 0 pass, 1 a difference, 2 invalid input or a failed rank.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <memory>
 #include <string>
@@ -32,17 +32,16 @@ int main(int argc, char** argv) {
   try {
     if (throw_at.empty() == die_at.empty())
       fail<config_error>("give exactly one of --throw-at and --die-at");
-    const auto spec =
-        throw_at.empty() ? test::parse_failure(test::failure_spec::action::kill, die_at)
-                         : test::parse_failure(test::failure_spec::action::throw_error, throw_at);
+    const auto spec = throw_at.empty()
+                          ? test::parse_failure(test::failure_spec::action::kill, die_at)
+                          : test::parse_failure(test::failure_spec::action::throw_error, throw_at);
     verify::check_options opt;
     opt.wrap_communicator = [spec](communicator& inner) -> std::unique_ptr<communicator> {
       return std::make_unique<test::failing_communicator>(inner, spec);
     };
-    return verify::check_mpi([&](verify::check_options&) { return flags.resolve(); }, opt,
-                             [](const verify::check_report& rep) {
-                               fmt::print("{}\n", rep.pass ? "PASS" : "FAIL");
-                             });
+    return verify::check_mpi(
+        [&](verify::check_options&) { return flags.resolve(); }, opt,
+        [](const verify::check_report& rep) { fmt::print("{}\n", rep.pass ? "PASS" : "FAIL"); });
   } catch (const error& e) {
     fmt::print(stderr, "failing_rank_check: error: {}\n", e.what());
     return 2;

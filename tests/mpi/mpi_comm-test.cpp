@@ -106,8 +106,10 @@ void check_all_to_all(std::uint64_t seed) {
     for (int j = 0; j < n; ++j) {
       sc[j] = a2a_count(me, j);
       rc[j] = a2a_count(j, me);
-      for (std::int64_t e = 0; e < sc[j]; ++e) send.push_back(value<T>(seed, comm().rank(), j * 16 + e));
-      for (std::int64_t e = 0; e < rc[j]; ++e) want.push_back(value<T>(seed, g.ranks[j], me * 16 + e));
+      for (std::int64_t e = 0; e < sc[j]; ++e)
+        send.push_back(value<T>(seed, comm().rank(), j * 16 + e));
+      for (std::int64_t e = 0; e < rc[j]; ++e)
+        want.push_back(value<T>(seed, g.ranks[j], me * 16 + e));
     }
     std::vector<T> recv(want.size());
     comm().all_to_all(g, send.data(), sc, recv.data(), rc, type_of<T>(), tagged("t.a2a"));
@@ -396,8 +398,7 @@ TEST(mpi_comm, unverified_transport_still_reports_short_messages) {
   if (me == n - 1) ops.push_back({p2p_op::kind::recv, 0, y.data(), 5, {}});
   if (me == n - 1) {
     const auto msg = expect_throw<shape_error>([&] { raw.send_recv(g, ops, dtype::f64); });
-    EXPECT_NE(msg.find("expected 5 elements from rank 0 but received 3"), std::string::npos)
-        << msg;
+    EXPECT_NE(msg.find("expected 5 elements from rank 0 but received 3"), std::string::npos) << msg;
   } else {
     raw.send_recv(g, ops, dtype::f64);
   }
@@ -413,8 +414,8 @@ class rank_failure_printer : public ::testing::EmptyTestEventListener {
   explicit rank_failure_printer(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (r.failed())
-      fmt::print(stderr, "[rank {}] {}:{}: failure\n{}\n", rank_, r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.summary());
+      fmt::print(stderr, "[rank {}] {}:{}: failure\n{}\n", rank_,
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
   }
 
  private:

@@ -4,9 +4,9 @@
 #include <rapidcheck/gtest.h>
 
 #include "generators.hpp"
+#include "io/scenario_json.hpp"
 #include "scenario_flags.hpp"
 #include "verify/check.hpp"
-#include "io/scenario_json.hpp"
 
 namespace seqpar::gens {
 std::string command_of(const scenario& s, const char* sub) { return io::scenario_command(s, sub); }

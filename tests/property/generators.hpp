@@ -15,10 +15,18 @@ inline rc::Gen<std::pair<int, int>> heads_for(int U) {
     return rc::gen::map(rc::gen::inRange(0, 4), [U, per](int pick) {
       int kv;
       switch (pick) {
-        case 0: kv = U; break;                     // one KV head per rank
-        case 1: kv = U > 1 ? 1 : 2; break;          // MQA-like, repeated U times
-        case 2: kv = 2 * U; break;                  // several KV heads per rank
-        default: kv = (U % 2 == 0) ? U / 2 : U; break;
+        case 0:
+          kv = U;
+          break;  // one KV head per rank
+        case 1:
+          kv = U > 1 ? 1 : 2;
+          break;  // MQA-like, repeated U times
+        case 2:
+          kv = 2 * U;
+          break;  // several KV heads per rank
+        default:
+          kv = (U % 2 == 0) ? U / 2 : U;
+          break;
       }
       const int q = kv * per * (U > kv ? U / kv : 1);
       return std::make_pair(q, kv);
@@ -35,10 +43,9 @@ inline rc::Gen<scenario> layout_scenario(int max_u = 4, int max_r = 3, int min_u
       return rc::gen::mapcat(heads_for(U), [=](std::pair<int, int> hk) {
         const int unit = R > 1 ? 2 * R : 1;
         return rc::gen::map(
-            rc::gen::tuple(rc::gen::container<std::vector<int>>(
-                               rc::gen::inRange(1, 6)),
-                           rc::gen::inRange(1, 5), rc::gen::element(0, 1), rc::gen::arbitrary<bool>(),
-                           rc::gen::inRange<std::uint64_t>(1, 1000)),
+            rc::gen::tuple(rc::gen::container<std::vector<int>>(rc::gen::inRange(1, 6)),
+                           rc::gen::inRange(1, 5), rc::gen::element(0, 1),
+                           rc::gen::arbitrary<bool>(), rc::gen::inRange<std::uint64_t>(1, 1000)),
             [=](const std::tuple<std::vector<int>, int, int, bool, std::uint64_t>& t) {
               scenario s;
               s.name = "generated";
@@ -75,7 +82,8 @@ inline rc::Gen<scenario> with_model(scenario s, int max_doc, int doc_unit) {
                      rc::gen::container<std::vector<int>>(rc::gen::inRange(1, max_doc + 1)),
                      rc::gen::inRange(0, 60), rc::gen::inRange<std::uint64_t>(1, 100000),
                      rc::gen::inRange(2, 5)),
-      [base = s, doc_unit](const std::tuple<int, int, std::vector<int>, int, std::uint64_t, int>& t) {
+      [base = s,
+       doc_unit](const std::tuple<int, int, std::vector<int>, int, std::uint64_t, int>& t) {
         scenario s = base;
         s.head_dim = std::get<0>(t);
         s.layers = std::get<1>(t);
@@ -114,29 +122,30 @@ inline rc::Gen<scenario> ulysses_check_scenario() {
 /// (documents aligned to 2R under zigzag), GQA, both backward variants and the all-gather
 /// forward, every cp_fsdp_mode.
 inline rc::Gen<scenario> ring_check_scenario() {
-  return rc::gen::mapcat(rc::gen::tuple(rc::gen::inRange(1, 5), rc::gen::inRange(1, 5)),
-                         [](const std::tuple<int, int>& ur) {
-    const int U = std::get<0>(ur), R = std::get<1>(ur);
-    return rc::gen::mapcat(
-        rc::gen::tuple(heads_for(U), rc::gen::arbitrary<bool>(), rc::gen::inRange(0, 3),
-                       rc::gen::inRange(0, 4)),
-        [U, R](const std::tuple<std::pair<int, int>, bool, int, int>& t) {
-          scenario s;
-          s.name = "generated";
-          s.ulysses = U;
-          s.ring = R;
-          s.heads = std::get<0>(t).first;
-          s.kv_heads = std::get<0>(t).second;
-          s.zigzag = std::get<1>(t);
-          // Ring forward + allgather backward (xorl), ring forward + ring backward, or the
-          // llama3-style all-gather forward with its own backward.
-          s.ring_backward = std::get<2>(t) == 1 ? "ring" : "allgather";
-          s.ring_forward = std::get<2>(t) == 2 ? "allgather" : "p2p";
-          static const char* modes[] = {"all", "ulysses_only", "ring_only", "none"};
-          s.cp_fsdp_mode = modes[std::get<3>(t)];
-          return with_model(s, s.zigzag ? 4 : 12, s.zigzag && R > 1 ? 2 * R : 1);
-        });
-  });
+  return rc::gen::mapcat(
+      rc::gen::tuple(rc::gen::inRange(1, 5), rc::gen::inRange(1, 5)),
+      [](const std::tuple<int, int>& ur) {
+        const int U = std::get<0>(ur), R = std::get<1>(ur);
+        return rc::gen::mapcat(
+            rc::gen::tuple(heads_for(U), rc::gen::arbitrary<bool>(), rc::gen::inRange(0, 3),
+                           rc::gen::inRange(0, 4)),
+            [U, R](const std::tuple<std::pair<int, int>, bool, int, int>& t) {
+              scenario s;
+              s.name = "generated";
+              s.ulysses = U;
+              s.ring = R;
+              s.heads = std::get<0>(t).first;
+              s.kv_heads = std::get<0>(t).second;
+              s.zigzag = std::get<1>(t);
+              // Ring forward + allgather backward (xorl), ring forward + ring backward, or the
+              // llama3-style all-gather forward with its own backward.
+              s.ring_backward = std::get<2>(t) == 1 ? "ring" : "allgather";
+              s.ring_forward = std::get<2>(t) == 2 ? "allgather" : "p2p";
+              static const char* modes[] = {"all", "ulysses_only", "ring_only", "none"};
+              s.cp_fsdp_mode = modes[std::get<3>(t)];
+              return with_model(s, s.zigzag ? 4 : 12, s.zigzag && R > 1 ? 2 * R : 1);
+            });
+      });
 }
 
 }  // namespace seqpar::gens

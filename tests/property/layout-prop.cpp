@@ -13,8 +13,8 @@
 #include "core/ulysses_plan.hpp"
 #include "core/zigzag.hpp"
 #include "generators.hpp"
-#include "scenario_flags.hpp"
 #include "io/scenario_json.hpp"
+#include "scenario_flags.hpp"
 
 namespace seqpar::gens {
 std::string command_of(const scenario& s, const char* sub) { return io::scenario_command(s, sub); }
@@ -26,9 +26,7 @@ using namespace seqpar;
 using seqpar::gens::command_of;
 using seqpar::gens::layout_scenario;
 
-collated_batch collate_scenario(const scenario& s) {
-  return collate(make_batch(s), options_of(s));
-}
+collated_batch collate_scenario(const scenario& s) { return collate(make_batch(s), options_of(s)); }
 
 RC_GTEST_PROP(layout, zigzag_restore_inverts_reorder, ()) {
   const auto s = *layout_scenario(1, 4, 1, 2);

@@ -148,10 +148,18 @@ RC_GTEST_PROP(mesh, fsdp_size_is_dp_replicate_times_fsdp_group, (const mesh_conf
   const int r = cfg.ring, u = cfg.ulysses, dp = cfg.dp_replicate * cfg.dp_shard;
   int expected = dp;
   switch (cfg.mode) {
-    case cp_fsdp_mode::all: expected = dp * r * u; break;
-    case cp_fsdp_mode::ulysses_only: expected = dp * u; break;
-    case cp_fsdp_mode::ring_only: expected = dp * r; break;
-    case cp_fsdp_mode::none: expected = dp; break;
+    case cp_fsdp_mode::all:
+      expected = dp * r * u;
+      break;
+    case cp_fsdp_mode::ulysses_only:
+      expected = dp * u;
+      break;
+    case cp_fsdp_mode::ring_only:
+      expected = dp * r;
+      break;
+    case cp_fsdp_mode::none:
+      expected = dp;
+      break;
   }
   RC_ASSERT(mesh.fsdp_size() == expected);
   if (cfg.profile == mesh_profile::veomni)

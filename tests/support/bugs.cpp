@@ -72,7 +72,7 @@ void ring_cu_seqlens_unscaled(collated_batch& cb) {
 // ---- compute
 
 void merge_without_max_subtraction::lse_merge(tensor& out_acc, tensor& lse_acc,
-                                             const tensor& out_new, const tensor& lse_new) {
+                                              const tensor& out_new, const tensor& lse_new) {
   auto oa = to_host(out_acc), la = to_host(lse_acc);
   const auto on = to_host(out_new), ln = to_host(lse_new);
   const auto d = static_cast<std::size_t>(out_acc.shape[2]);
@@ -131,9 +131,12 @@ void grad_sync_averaged::do_all_reduce(const comm_group& g, void* buf, std::int6
   forwarding_communicator::do_all_reduce(g, buf, count, t);
   if (call_info().tag.rfind("grad.", 0) != 0) return;
   switch (t) {
-    case dtype::f64: return divide<double>(buf, count, g.size());
-    case dtype::f32: return divide<float>(buf, count, g.size());
-    default: fail<error>("grad_sync_averaged: gradients of {} are not modelled", dtype_name(t));
+    case dtype::f64:
+      return divide<double>(buf, count, g.size());
+    case dtype::f32:
+      return divide<float>(buf, count, g.size());
+    default:
+      fail<error>("grad_sync_averaged: gradients of {} are not modelled", dtype_name(t));
   }
 }
 

@@ -14,7 +14,8 @@ failure_spec parse_failure(failure_spec::action what, const std::string& text) {
   const auto c1 = text.find(':');
   const auto c2 = c1 == std::string::npos ? c1 : text.find(':', c1 + 1);
   try {
-    if (c1 == std::string::npos || c1 == 0 || c1 + 1 == text.size()) throw std::invalid_argument("");
+    if (c1 == std::string::npos || c1 == 0 || c1 + 1 == text.size())
+      throw std::invalid_argument("");
     std::size_t used = 0;
     f.rank = std::stoi(text.substr(0, c1), &used);
     if (used != c1 || f.rank < 0) throw std::invalid_argument("");
@@ -39,8 +40,7 @@ void failing_communicator::maybe_fail(const char* op, const comm_group& g) {
     std::fflush(stderr);
     std::raise(SIGKILL);
   }
-  fail<error>("injected failure: rank {} throws at {} ({}) on group '{}'", rank(), op, tag,
-              g.name);
+  fail<error>("injected failure: rank {} throws at {} ({}) on group '{}'", rank(), op, tag, g.name);
 }
 
 void failing_communicator::do_all_to_all(const comm_group& g, const void* send,
@@ -50,8 +50,8 @@ void failing_communicator::do_all_to_all(const comm_group& g, const void* send,
   forwarding_communicator::do_all_to_all(g, send, send_counts, recv, recv_counts, t);
 }
 
-void failing_communicator::do_all_gather(const comm_group& g, const void* send,
-                                         std::int64_t count, void* recv, dtype t) {
+void failing_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,
+                                         void* recv, dtype t) {
   maybe_fail("all_gather", g);
   forwarding_communicator::do_all_gather(g, send, count, recv, t);
 }
@@ -68,8 +68,7 @@ void failing_communicator::do_all_reduce(const comm_group& g, void* buf, std::in
   forwarding_communicator::do_all_reduce(g, buf, count, t);
 }
 
-void failing_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops,
-                                        dtype t) {
+void failing_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) {
   maybe_fail("send_recv", g);
   forwarding_communicator::do_send_recv(g, ops, t);
 }

@@ -34,8 +34,7 @@ class forwarding_compute : public compute {
     inner_->scatter_rows(dst, x, rows);
   }
   void fill(tensor& x, double value) override { inner_->fill(x, value); }
-  void scatter_add_rows(tensor& acc, const tensor& x,
-                        std::span<const std::int64_t> rows) override {
+  void scatter_add_rows(tensor& acc, const tensor& x, std::span<const std::int64_t> rows) override {
     inner_->scatter_add_rows(acc, x, rows);
   }
   void add(tensor& acc, const tensor& x) override { inner_->add(acc, x); }

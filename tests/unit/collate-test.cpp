@@ -14,7 +14,9 @@ using seqpar::profile;
 using v64 = std::vector<std::int64_t>;
 using v32 = std::vector<std::int32_t>;
 
-packed_batch row(v64 ids, v64 labels, v64 pos) { return {std::move(ids), std::move(labels), std::move(pos), {}}; }
+packed_batch row(v64 ids, v64 labels, v64 pos) {
+  return {std::move(ids), std::move(labels), std::move(pos), {}};
+}
 
 TEST(collate, xorl_ulysses_pads_to_cp_and_covers_padding) {
   // xorl, C = 4, R = 1, docs [4, 6], pad_token_id 7, L = 10 → N = 12.
@@ -34,9 +36,9 @@ TEST(collate, xorl_ulysses_pads_to_cp_and_covers_padding) {
 
 TEST(collate, veomni_shifts_pads_with_zero_positions_and_coalesces_the_tail) {
   // VeOmni, U = 3, samples [11,12,13] and [21,22,23,24], labels = ids.
-  auto cb = collate(row({11, 12, 13, 21, 22, 23, 24}, {11, 12, 13, -100, 22, 23, 24},
-                        {0, 1, 2, 0, 1, 2, 3}),
-                    collate_options{profile::veomni, 3, 1, 0});
+  auto cb = collate(
+      row({11, 12, 13, 21, 22, 23, 24}, {11, 12, 13, -100, 22, 23, 24}, {0, 1, 2, 0, 1, 2, 3}),
+      collate_options{profile::veomni, 3, 1, 0});
   ASSERT_EQ(cb.ranks.size(), 3u);
   EXPECT_EQ(cb.ranks[0].input_ids, (v64{11, 12, 13}));
   EXPECT_EQ(cb.ranks[0].labels, (v64{12, 13, -100}));
@@ -57,7 +59,8 @@ TEST(collate, veomni_pads_input_ids_with_zero_whatever_the_pad_id) {
 }
 
 TEST(collate, veomni_without_padding_has_no_tail) {
-  auto cb = collate(row({1, 2, 3, 4}, {1, 2, 3, 4}, {0, 1, 0, 1}), collate_options{profile::veomni, 2, 1, 0});
+  auto cb = collate(row({1, 2, 3, 4}, {1, 2, 3, 4}, {0, 1, 0, 1}),
+                    collate_options{profile::veomni, 2, 1, 0});
   EXPECT_FALSE(cb.ranks[0].tail_padding_length.has_value());
   EXPECT_EQ(cb.ranks[0].cu_seqlens, (v32{0, 2, 4}));
 }
@@ -90,7 +93,8 @@ TEST(collate, xorl_hybrid_zigzag_cp_rank_takes_contiguous_quarters) {
 TEST(collate, xorl_ring_cu_seqlens_do_not_cover_padding_and_warn) {
   // 6 tokens, C = 9, R = 3 → N = 18; cu from the original ids ends at 6.
   v64 ids = {1, 2, 3, 4, 5, 6};
-  auto cb = collate(row(ids, v64(6, -100), {0, 1, 2, 3, 4, 5}), collate_options{profile::xorl, 3, 3, 0});
+  auto cb =
+      collate(row(ids, v64(6, -100), {0, 1, 2, 3, 4, 5}), collate_options{profile::xorl, 3, 3, 0});
   EXPECT_EQ(cb.padded_length, 18);
   EXPECT_EQ(cb.ranks[0].cu_seqlens, (v32{0, 6}));
   ASSERT_EQ(cb.warnings.size(), 1u);
@@ -100,16 +104,19 @@ TEST(collate, xorl_ring_cu_seqlens_do_not_cover_padding_and_warn) {
 
 TEST(collate, xorl_rejects_a_document_misaligned_for_zigzag) {
   try {
-    collate(row({1, 2, 3, 4, 5, 6}, v64(6, -100), {0, 1, 2, 0, 1, 2}), collate_options{profile::xorl, 1, 2, 0});
+    collate(row({1, 2, 3, 4, 5, 6}, v64(6, -100), {0, 1, 2, 0, 1, 2}),
+            collate_options{profile::xorl, 1, 2, 0});
     FAIL() << "expected a layout_error";
   } catch (const seqpar::layout_error& e) {
-    EXPECT_NE(std::string(e.what()).find("not divisible by 2*ring=4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not divisible by 2*ring=4"), std::string::npos)
+        << e.what();
   }
 }
 
 TEST(collate, xorl_rejects_unshifted_labels) {
-  EXPECT_THROW(collate(row({1, 2, 3}, {1, 2, 3}, {0, 1, 2}), collate_options{profile::xorl, 1, 1, 0}),
-               seqpar::layout_error);
+  EXPECT_THROW(
+      collate(row({1, 2, 3}, {1, 2, 3}, {0, 1, 2}), collate_options{profile::xorl, 1, 1, 0}),
+      seqpar::layout_error);
 }
 
 TEST(collate, refuses_a_row_whose_leading_tokens_zigzag_would_drop) {
@@ -118,18 +125,21 @@ TEST(collate, refuses_a_row_whose_leading_tokens_zigzag_would_drop) {
             collate_options{profile::xorl, 1, 2, 0});
     FAIL() << "expected a layout_error";
   } catch (const seqpar::layout_error& e) {
-    EXPECT_NE(std::string(e.what()).find("silently drops the 4 token(s)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("silently drops the 4 token(s)"), std::string::npos)
+        << e.what();
   }
 }
 
 TEST(collate, warns_when_leading_tokens_belong_to_no_document) {
-  auto cb = collate(row({1, 2, 3, 4}, v64(4, -100), {5, 6, 0, 1}), collate_options{profile::xorl, 2, 1, 0});
+  auto cb = collate(row({1, 2, 3, 4}, v64(4, -100), {5, 6, 0, 1}),
+                    collate_options{profile::xorl, 2, 1, 0});
   EXPECT_EQ(cb.ranks[0].cu_seqlens, (v32{2, 4}));
   ASSERT_EQ(cb.warnings.size(), 1u);
 }
 
 TEST(collate, identity_at_size_one) {
-  auto cb = collate(row({4, 5, 6}, {5, 6, -100}, {0, 1, 2}), collate_options{profile::xorl, 1, 1, 0});
+  auto cb =
+      collate(row({4, 5, 6}, {5, 6, -100}, {0, 1, 2}), collate_options{profile::xorl, 1, 1, 0});
   ASSERT_EQ(cb.ranks.size(), 1u);
   EXPECT_EQ(cb.ranks[0].input_ids, (v64{4, 5, 6}));
   EXPECT_EQ(cb.padded_length, 3);
@@ -143,7 +153,8 @@ TEST(slice, generic_unit_is_ceil_of_length_over_ranks) {
   // slice_input_tensor([1,2,3,4,5], P = 4, rank 2, pad 9) → [5, 9]: seqpar's xorl slicing of a
   // row padded to a multiple of P gives the same chunk.
   v64 pos = {0, 1, 2, 3, 4};
-  auto cb = collate(row({1, 2, 3, 4, 5}, {2, 3, 4, 5, -100}, pos), collate_options{profile::xorl, 4, 1, 9});
+  auto cb = collate(row({1, 2, 3, 4, 5}, {2, 3, 4, 5, -100}, pos),
+                    collate_options{profile::xorl, 4, 1, 9});
   EXPECT_EQ(cb.ranks[2].input_ids, (v64{5, 9}));
 }
 

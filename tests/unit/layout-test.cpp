@@ -21,7 +21,8 @@ TEST(ulysses_plan, rank_zero_receives_the_heads_of_its_shard_from_every_peer) {
   // The wire message of rank r for peer p is elements [p·block, (p+1)·block).
   std::vector<int> recv0;
   for (int r = 0; r < 2; ++r)
-    for (std::int64_t e = 0; e < g.block(); ++e) recv0.push_back(x[r][g.seq_sharded_offset(0 * g.block() + e)]);
+    for (std::int64_t e = 0; e < g.block(); ++e)
+      recv0.push_back(x[r][g.seq_sharded_offset(0 * g.block() + e)]);
   EXPECT_EQ(recv0, (std::vector<int>{0, 1, 10, 11, 100, 101, 110, 111}));
 }
 
@@ -102,7 +103,9 @@ TEST(scenario, zigzag_alignment_names_the_document_and_nearest_length) {
   s.ulysses = 1;
   s.docs = {8, 7};
   const auto msg = error_of(s);
-  EXPECT_NE(msg.find("document 1 (tokens 8..14) has length 7, not divisible by 2*ring=4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("document 1 (tokens 8..14) has length 7, not divisible by 2*ring=4"),
+            std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("pad it to 8"), std::string::npos) << msg;
 }
 

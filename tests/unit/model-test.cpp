@@ -27,8 +27,8 @@
 namespace {
 
 using namespace seqpar;
-using seqpar::sim::mat;
 using seqpar::sim::col;
+using seqpar::sim::mat;
 using seqpar::sim::rank_tokens_input;
 namespace ops = seqpar::sim::ops;
 
@@ -203,7 +203,9 @@ TEST(model_ops, embedding_matches_finite_differences) {
   const mat<double> r = filled<double>(4, 3, 14);
   mat<double> dt = mat<double>::Zero(5, 3);
   ops::embedding_bwd(r, std::span<const std::int64_t>(ids), dt);
-  const auto f = [&] { return weighted(ops::embedding_fwd(table, std::span<const std::int64_t>(ids)), r); };
+  const auto f = [&] {
+    return weighted(ops::embedding_fwd(table, std::span<const std::int64_t>(ids)), r);
+  };
   expect_matches_fd(table, f, dt, "embedding.dtable");
   EXPECT_TRUE(dt.row(2).isZero() && dt.row(4).isZero());
 }
@@ -285,7 +287,8 @@ template <class T>
 sim::step_output<T> single_step(const sim::model_params<T>& p, const scenario& s,
                                 const rank_tokens_input& in, profile prof) {
   sim::step_output<T> out;
-  with_single_rank(s, prof, cu_of(s.docs), [&](sim::sp_env& env) { out = sim::train_step(p, s, in, env); });
+  with_single_rank(s, prof, cu_of(s.docs),
+                   [&](sim::sp_env& env) { out = sim::train_step(p, s, in, env); });
   return out;
 }
 
@@ -300,9 +303,9 @@ double normwise(const A& a, const B& b) {
 TEST(model, params_are_named_shaped_and_deterministic) {
   const scenario s = tiny_scenario(1);
   const auto p = sim::model_params<double>::init(s);
-  const std::vector<std::string> names{"embed",       "L0.attn_norm", "L0.wq",   "L0.wk",
-                                       "L0.wv",       "L0.wo",        "L0.mlp_norm", "L0.w_gate",
-                                       "L0.w_up",     "L0.w_down",    "final_norm",  "lm_head"};
+  const std::vector<std::string> names{"embed",   "L0.attn_norm", "L0.wq",       "L0.wk",
+                                       "L0.wv",   "L0.wo",        "L0.mlp_norm", "L0.w_gate",
+                                       "L0.w_up", "L0.w_down",    "final_norm",  "lm_head"};
   EXPECT_EQ(p.names, names);
   EXPECT_EQ(p["L0.wk"].rows(), 8);
   EXPECT_EQ(p["L0.wk"].cols(), 8);
@@ -453,8 +456,7 @@ std::vector<sim::step_output<double>> ulysses_steps(const sim::model_params<doub
     // The AVG bug: gradient all_reduces divided by the group size (tests/support/bugs.hpp).
     test::grad_sync_averaged avg(world);
     communicator& comm = grad_sync_avg_bug ? avg : world;
-    auto env = make_env(comm, comp, s, prof, {"ulysses0", ranks}, {"dp_sp0", ranks},
-                        cu_of(s.docs));
+    auto env = make_env(comm, comp, s, prof, {"ulysses0", ranks}, {"dp_sp0", ranks}, cu_of(s.docs));
     outs[static_cast<std::size_t>(r)] =
         sim::train_step(p, s, slice(in, static_cast<std::size_t>(r) * chunk, chunk), env);
   });
@@ -512,8 +514,8 @@ TEST(model_sp, data_parallel_ranks_equal_one_rank_holding_both_rows) {
       const auto len = static_cast<std::size_t>(s.docs[static_cast<std::size_t>(r)]);
       auto env = make_env(comm, comp, s, prof, self_group("ulysses", r), {"dp0", {0, 1}},
                           cu_of({static_cast<std::int64_t>(len)}));
-      outs[static_cast<std::size_t>(r)] =
-          sim::train_step(p, s, slice(in, r == 0 ? 0 : static_cast<std::size_t>(s.docs[0]), len), env);
+      outs[static_cast<std::size_t>(r)] = sim::train_step(
+          p, s, slice(in, r == 0 ? 0 : static_cast<std::size_t>(s.docs[0]), len), env);
     });
     expect_same_step(outs, ref, 1e-10, std::string(profile_name(prof)));
   }
@@ -535,7 +537,8 @@ TEST(model_sp, sp_grad_sync_sums_over_its_group) {
                         cu_of(s.docs));
     env.fsdp_group = self_group("fsdp", r);
     env.sp_grad_sync_group = comm_group{"sp_sync0", {0, 1}};
-    outs[static_cast<std::size_t>(r)] = sim::train_step(p, s, slice(in, 4 * static_cast<std::size_t>(r), 4), env);
+    outs[static_cast<std::size_t>(r)] =
+        sim::train_step(p, s, slice(in, 4 * static_cast<std::size_t>(r), 4), env);
   });
   expect_same_step(outs, ref, 1e-10, "sp_grad_sync");
 }

@@ -180,8 +180,9 @@ TEST(reference, attention_equals_the_dense_masked_definition_with_gqa) {
   const int H = 6, Hkv = 2, D = 3;
   const matrix q = random_matrix(tokens, H * D, 16), k = random_matrix(tokens, Hkv * D, 17),
                v = random_matrix(tokens, Hkv * D, 18);
-  EXPECT_LT(rel_err(ops::attention(q, k, v, H, Hkv, D, positions), dense_attention(q, k, v, H, Hkv, D)),
-            1e-14);
+  EXPECT_LT(
+      rel_err(ops::attention(q, k, v, H, Hkv, D, positions), dense_attention(q, k, v, H, Hkv, D)),
+      1e-14);
 }
 
 TEST(reference, attention_backward_matches_finite_differences) {
@@ -189,7 +190,9 @@ TEST(reference, attention_backward_matches_finite_differences) {
   matrix q = random_matrix(tokens, H * D, 19), k = random_matrix(tokens, Hkv * D, 20),
          v = random_matrix(tokens, Hkv * D, 21);
   const matrix r = random_matrix(tokens, H * D, 22);
-  const auto f = [&] { return ops::attention(q, k, v, H, Hkv, D, positions).cwiseProduct(r).sum(); };
+  const auto f = [&] {
+    return ops::attention(q, k, v, H, Hkv, D, positions).cwiseProduct(r).sum();
+  };
   matrix dq, dk, dv;
   ops::attention_backward(q, k, v, r, H, Hkv, D, positions, dq, dk, dv);
   EXPECT_LT(rel_err(dq, numeric_grad(f, q)), fd_tol);
@@ -217,7 +220,8 @@ ref::weights tiny_weights(const scenario& s) {
   for (const auto& sh : ref::parameter_shapes(s)) {
     w.names.push_back(sh.name);
     const bool norm = sh.rows == 1;
-    matrix m = random_matrix(sh.rows, sh.cols, seed++, norm ? 0.1 : 1.0 / std::sqrt(double(sh.rows)));
+    matrix m =
+        random_matrix(sh.rows, sh.cols, seed++, norm ? 0.1 : 1.0 / std::sqrt(double(sh.rows)));
     if (norm) m.array() += 1.0;
     w.values.push_back(m);
   }

@@ -71,7 +71,8 @@ inline std::vector<attn_tile> make_tiles(const std::vector<std::int32_t>& cu, in
   std::vector<attn_tile> t;
   for (std::size_t i = 0; i + 1 < cu.size(); ++i)
     for (int s = 0; s < cu[i + 1] - cu[i]; s += tile_rows)
-      t.push_back({static_cast<int>(i), s, cu[i + 1] - cu[i] - s < tile_rows ? cu[i + 1] - cu[i] - s : tile_rows});
+      t.push_back({static_cast<int>(i), s,
+                   cu[i + 1] - cu[i] - s < tile_rows ? cu[i + 1] - cu[i] - s : tile_rows});
   return t;
 }
 
@@ -96,7 +97,9 @@ SEQPAR_HD int causal_q_begin(bool causal, int j_start, int lq, int lk) {
   const int b = j_start - (lk - lq);
   return b < 0 ? 0 : (b > lq ? lq : b);
 }
-SEQPAR_HD bool visible(bool causal, int i, int j, int lq, int lk) { return !causal || j <= i + (lk - lq); }
+SEQPAR_HD bool visible(bool causal, int i, int j, int lq, int lk) {
+  return !causal || j <= i + (lk - lq);
+}
 
 /// Cooperative load of `rows` rows (starting at global row `first`, head `head` of `heads`)
 /// into a [R][DMAX] fp32 shared tile, optionally times `mul`.
@@ -137,8 +140,9 @@ SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile,
     st.m = neg_inf();
     st.l = 0.f;
     const bool active = t < tile.rows;
-    const std::int64_t row = (static_cast<std::int64_t>(q0 + tile.start + (active ? t : 0)) * p.hq + h) * d;
-SEQPAR_UNROLL
+    const std::int64_t row =
+        (static_cast<std::int64_t>(q0 + tile.start + (active ? t : 0)) * p.hq + h) * d;
+    SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c) {
       st.q[c] = active && c < d ? p.scale * to_float(p.q[row + c]) : 0.f;
       st.acc[c] = 0.f;
@@ -161,21 +165,21 @@ SEQPAR_UNROLL
         s[r] = neg_inf();
         if (!visible(p.causal, i, j0 + r, lq, lk)) continue;
         float dot = 0.f;
-SEQPAR_UNROLL
+        SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) dot += st.q[c] * sm.k[r][c];
         s[r] = dot;
         m_new = fmaxf(m_new, dot);
       }
-      if (is_neg_inf(m_new)) return;  // nothing visible yet: state stays (−inf, 0, 0)
+      if (is_neg_inf(m_new)) return;           // nothing visible yet: state stays (−inf, 0, 0)
       const float alpha = expf(st.m - m_new);  // st.m = −inf → 0, acc and l are 0 anyway
       st.l *= alpha;
-SEQPAR_UNROLL
+      SEQPAR_UNROLL
       for (int c = 0; c < DMAX; ++c) st.acc[c] *= alpha;
       for (int r = 0; r < cols; ++r) {
         const float pr = expf(s[r] - m_new);  // masked: e^−inf = 0
         st.l += pr;
-SEQPAR_UNROLL
+        SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) st.acc[c] += pr * sm.v[r][c];
       }
@@ -187,7 +191,7 @@ SEQPAR_UNROLL
     const std::int64_t row = static_cast<std::int64_t>(q0 + tile.start + t) * p.hq + h;
     const bool empty = st.l == 0.f;
     const float inv = empty ? 0.f : 1.f / st.l;
-SEQPAR_UNROLL
+    SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c)
       if (c < d) p.out[row * d + c] = from_float<T>(st.acc[c] * inv);
     p.lse[row] = from_float<T>(empty ? neg_inf() : st.m + logf(st.l));
@@ -227,10 +231,11 @@ SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, 
   const int k_end = causal_k_end(p.causal, tile.start + tile.rows, lq, lk);
   ex.each([&](int t, dq_state<DMAX>& st) {
     const bool active = t < tile.rows;
-    const std::int64_t row = static_cast<std::int64_t>(q0 + tile.start + (active ? t : 0)) * p.hq + h;
+    const std::int64_t row =
+        static_cast<std::int64_t>(q0 + tile.start + (active ? t : 0)) * p.hq + h;
     st.lse = active ? to_float(p.lse[row]) : neg_inf();
     st.delta = active ? p.delta[row] : 0.f;
-SEQPAR_UNROLL
+    SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c) {
       st.q[c] = active && c < d ? p.scale * to_float(p.q[row * d + c]) : 0.f;
       st.dout[c] = active && c < d ? to_float(p.dout[row * d + c]) : 0.f;
@@ -251,14 +256,14 @@ SEQPAR_UNROLL
       for (int r = 0; r < cols; ++r) {
         if (!visible(p.causal, i, j0 + r, lq, lk)) continue;
         float s = 0.f, dp = 0.f;
-SEQPAR_UNROLL
+        SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) {
             s += st.q[c] * sm.k[r][c];
             dp += st.dout[c] * sm.v[r][c];
           }
         const float ds = expf(s - st.lse) * (dp - st.delta);  // dS = P∘(dP − D)
-SEQPAR_UNROLL
+        SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) st.dq[c] += ds * sm.k[r][c];
       }
@@ -267,7 +272,7 @@ SEQPAR_UNROLL
   ex.each([&](int t, dq_state<DMAX>& st) {
     if (t >= tile.rows) return;
     const std::int64_t row = static_cast<std::int64_t>(q0 + tile.start + t) * p.hq + h;
-SEQPAR_UNROLL
+    SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c)
       if (c < d) p.dq[row * d + c] = from_float<T>(p.scale * st.dq[c]);
   });
@@ -295,7 +300,7 @@ SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile
   const int d = p.d, group = p.group();
   const int i_begin = causal_q_begin(p.causal, tile.start, lq, lk);
   ex.each([&](int t, dkdv_state<DMAX>& st) {
-SEQPAR_UNROLL
+    SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c) st.dk[c] = st.dv[c] = 0.f;
     stage_rows<DMAX>(t, ex.threads(), p.k, k0 + tile.start, tile.rows, p.hkv, g, d, 1.f, sm.k);
     stage_rows<DMAX>(t, ex.threads(), p.v, k0 + tile.start, tile.rows, p.hkv, g, d, 1.f, sm.v);
@@ -320,7 +325,7 @@ SEQPAR_UNROLL
         for (int r = 0; r < rows; ++r) {
           if (!visible(p.causal, i0 + r, j, lq, lk) || is_neg_inf(sm.lse[r])) continue;
           float s = 0.f, dp = 0.f;
-SEQPAR_UNROLL
+          SEQPAR_UNROLL
           for (int c = 0; c < DMAX; ++c)
             if (c < d) {
               s += sm.q[r][c] * sm.k[t][c];
@@ -328,7 +333,7 @@ SEQPAR_UNROLL
             }
           const float pr = expf(s - sm.lse[r]);
           const float ds = pr * (dp - sm.delta[r]);
-SEQPAR_UNROLL
+          SEQPAR_UNROLL
           for (int c = 0; c < DMAX; ++c)
             if (c < d) {
               st.dv[c] += pr * sm.dout[r][c];
@@ -341,7 +346,7 @@ SEQPAR_UNROLL
   ex.each([&](int t, dkdv_state<DMAX>& st) {
     if (t >= tile.rows) return;
     const std::int64_t row = static_cast<std::int64_t>(k0 + tile.start + t) * p.hkv + g;
-SEQPAR_UNROLL
+    SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c)
       if (c < d) {
         p.dk[row * d + c] = from_float<T>(st.dk[c]);

@@ -46,7 +46,9 @@ struct bf16 {
     const std::uint32_t lsb = (u >> 16) & 1u;
     bits = static_cast<std::uint16_t>((u + 0x7fffu + lsb) >> 16);
   }
-  SEQPAR_HD explicit operator float() const { return bits_f32(static_cast<std::uint32_t>(bits) << 16); }
+  SEQPAR_HD explicit operator float() const {
+    return bits_f32(static_cast<std::uint32_t>(bits) << 16);
+  }
   SEQPAR_HD static bf16 from_bits(std::uint16_t b) {
     bf16 x;
     x.bits = b;
@@ -59,17 +61,40 @@ static_assert(sizeof(bf16) == 2, "bf16 must be 2 bytes");
 SEQPAR_HD float to_float(float x) { return x; }
 SEQPAR_HD float to_float(bf16 x) { return static_cast<float>(x); }
 SEQPAR_HD double to_float(double x) { return x; }
-template <class T> SEQPAR_HD T from_float(float x);
-template <> SEQPAR_HD float from_float<float>(float x) { return x; }
-template <> SEQPAR_HD bf16 from_float<bf16>(float x) { return bf16(x); }
-template <> SEQPAR_HD double from_float<double>(float x) { return x; }
+template <class T>
+SEQPAR_HD T from_float(float x);
+template <>
+SEQPAR_HD float from_float<float>(float x) {
+  return x;
+}
+template <>
+SEQPAR_HD bf16 from_float<bf16>(float x) {
+  return bf16(x);
+}
+template <>
+SEQPAR_HD double from_float<double>(float x) {
+  return x;
+}
 
 /// The accumulator of a storage type: fp32 for fp32 and bf16, fp64 for fp64.
-template <class T> struct acc_of { using type = float; };
-template <> struct acc_of<double> { using type = double; };
-template <class T> using acc_t = typename acc_of<T>::type;
-template <class T> SEQPAR_HD T from_acc(acc_t<T> x) { return from_float<T>(x); }
-template <> SEQPAR_HD double from_acc<double>(double x) { return x; }
+template <class T>
+struct acc_of {
+  using type = float;
+};
+template <>
+struct acc_of<double> {
+  using type = double;
+};
+template <class T>
+using acc_t = typename acc_of<T>::type;
+template <class T>
+SEQPAR_HD T from_acc(acc_t<T> x) {
+  return from_float<T>(x);
+}
+template <>
+SEQPAR_HD double from_acc<double>(double x) {
+  return x;
+}
 
 /// Host-side rounding of a double to bf16 and back (what a bf16 tensor holds).
 inline double round_bf16(double x) { return static_cast<float>(bf16(static_cast<float>(x))); }
@@ -77,5 +102,8 @@ inline double round_bf16(double x) { return static_cast<float>(bf16(static_cast<
 }  // namespace seqpar::gpu
 
 namespace seqpar {
-template <> constexpr dtype dtype_of<gpu::bf16>() { return dtype::bf16; }
+template <>
+constexpr dtype dtype_of<gpu::bf16>() {
+  return dtype::bf16;
+}
 }  // namespace seqpar

@@ -29,7 +29,8 @@ SEQPAR_HD std::int64_t repeat_heads_source(std::int64_t e, int rep, int d) {
   return sh * d + c;
 }
 template <class E>
-SEQPAR_HD void repeat_heads(std::int64_t e, std::int64_t n_out, int rep, int d, const E* x, E* out) {
+SEQPAR_HD void repeat_heads(std::int64_t e, std::int64_t n_out, int rep, int d, const E* x,
+                            E* out) {
   if (e < n_out) out[e] = x[repeat_heads_source(e, rep, d)];
 }
 

@@ -81,7 +81,8 @@ SEQPAR_HD void rms_norm_fwd(std::int64_t t, std::int64_t n, int hidden, float ep
   }
   const float rt = 1.f / sqrtf(ss / hidden + eps);
   r[t] = rt;
-  for (int j = 0; j < hidden; ++j) y[t * hidden + j] = from_float<T>(to_float(xr[j]) * rt * to_float(w[j]));
+  for (int j = 0; j < hidden; ++j)
+    y[t * hidden + j] = from_float<T>(to_float(xr[j]) * rt * to_float(w[j]));
 }
 
 /// RMSNorm backward for x, one row per thread: with g = dy∘w,
@@ -96,7 +97,8 @@ SEQPAR_HD void rms_norm_bwd_x(std::int64_t t, std::int64_t n, int hidden, const 
   for (int j = 0; j < hidden; ++j) gx += to_float(dyr[j]) * to_float(w[j]) * to_float(xr[j]);
   const float rt = r[t], k = rt * rt * rt * gx / hidden;
   for (int j = 0; j < hidden; ++j)
-    dx[t * hidden + j] = from_float<T>(rt * to_float(dyr[j]) * to_float(w[j]) - to_float(xr[j]) * k);
+    dx[t * hidden + j] =
+        from_float<T>(rt * to_float(dyr[j]) * to_float(w[j]) - to_float(xr[j]) * k);
 }
 
 /// RMSNorm backward for w, one column per thread (deterministic, rows in order):
@@ -106,7 +108,8 @@ SEQPAR_HD void rms_norm_bwd_w(int j, std::int64_t n, int hidden, const T* x, con
                               const T* dy, T* dw) {
   if (j >= hidden) return;
   float s = 0;
-  for (std::int64_t t = 0; t < n; ++t) s += to_float(dy[t * hidden + j]) * to_float(x[t * hidden + j]) * r[t];
+  for (std::int64_t t = 0; t < n; ++t)
+    s += to_float(dy[t * hidden + j]) * to_float(x[t * hidden + j]) * r[t];
   dw[j] = from_float<T>(s);
 }
 

@@ -33,12 +33,19 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
 }
 
 std::string dtype_from_c10(const std::string& name) {
-  static const std::map<std::string, std::string> m = {
-      {"Float", "float32"},   {"float", "float32"},   {"BFloat16", "bfloat16"},
-      {"Half", "float16"},    {"Double", "float64"},  {"Int", "int32"},
-      {"Long", "int64"},      {"Short", "int16"},     {"Char", "int8"},
-      {"Byte", "uint8"},      {"Bool", "bool"},       {"Float8_e4m3fn", "float8_e4m3fn"},
-      {"Float8_e5m2", "float8_e5m2"}};
+  static const std::map<std::string, std::string> m = {{"Float", "float32"},
+                                                       {"float", "float32"},
+                                                       {"BFloat16", "bfloat16"},
+                                                       {"Half", "float16"},
+                                                       {"Double", "float64"},
+                                                       {"Int", "int32"},
+                                                       {"Long", "int64"},
+                                                       {"Short", "int16"},
+                                                       {"Char", "int8"},
+                                                       {"Byte", "uint8"},
+                                                       {"Bool", "bool"},
+                                                       {"Float8_e4m3fn", "float8_e4m3fn"},
+                                                       {"Float8_e5m2", "float8_e5m2"}};
   if (auto it = m.find(name); it != m.end()) return it->second;
   std::string low = name;
   for (auto& c : low) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -84,7 +91,8 @@ std::vector<int> parse_rank_list(const std::string& text, const std::string& wha
   } catch (const nlohmann::json::exception&) {
     fail<trace_error>("{}: rank list '{}' is not a list like [0, 1]", what, text.substr(0, 80));
   }
-  if (!j.is_array()) fail<trace_error>("{}: rank list '{}' is not a list", what, text.substr(0, 80));
+  if (!j.is_array())
+    fail<trace_error>("{}: rank list '{}' is not a list", what, text.substr(0, 80));
   std::vector<int> out;
   for (const auto& v : j) {
     if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() >= (1 << 20))

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "trace/import/import.hpp"
 #include "io/scenario_json.hpp"
+#include "trace/import/import.hpp"
 
 namespace seqpar::import {
 
@@ -26,8 +26,7 @@ const json* field(const json& j, const char* key) {
 
 std::int64_t int_field(const json& e, const char* key, const std::string& where) {
   const auto* v = field(e, key);
-  if (!v || !v->is_number_integer())
-    fail<trace_error>("{}: entry has no integer '{}'", where, key);
+  if (!v || !v->is_number_integer()) fail<trace_error>("{}: entry has no integer '{}'", where, key);
   return v->get<std::int64_t>();
 }
 
@@ -37,7 +36,8 @@ std::vector<dims> shapes(const json* v, const std::string& where, const char* ke
   if (!v) return out;
   if (!v->is_array()) fail<trace_error>("{}: '{}' is not a list of shapes", where, key);
   for (const auto& t : *v) {
-    if (!t.is_array()) fail<trace_error>("{}: '{}' holds {} where a shape is expected", where, key, t.dump());
+    if (!t.is_array())
+      fail<trace_error>("{}: '{}' holds {} where a shape is expected", where, key, t.dump());
     dims d;
     for (const auto& x : t) {
       if (!x.is_number_integer() || x.get<std::int64_t>() < 0)
@@ -80,37 +80,45 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     try {
       dump = json::parse(io::read_file(path));
     } catch (const json::parse_error& e) {
-      fail<trace_error>("{}: not a Flight Recorder JSON dump ({}); pickle dumps need "
-                        "tools/fr_pickle_to_json.py first",
-                        path, e.what());
+      fail<trace_error>(
+          "{}: not a Flight Recorder JSON dump ({}); pickle dumps need "
+          "tools/fr_pickle_to_json.py first",
+          path, e.what());
     } catch (const seqpar::error& e) {
       throw trace_error(e.what());
     }
     if (!dump.is_object())
-      fail<trace_error>("{}: a Flight Recorder dump is a JSON object with 'pg_config' and "
-                        "'entries'",
-                        path);
+      fail<trace_error>(
+          "{}: a Flight Recorder dump is a JSON object with 'pg_config' and "
+          "'entries'",
+          path);
     int rank = -1;
-    if (const auto* r = field(dump, "rank"); r && r->is_number_integer()) rank = r->get<int>();
-    else rank = rank_from_name(path);
+    if (const auto* r = field(dump, "rank"); r && r->is_number_integer())
+      rank = r->get<int>();
+    else
+      rank = rank_from_name(path);
     if (rank < 0 || rank >= (1 << 20))
-      fail<trace_error>("{}: cannot tell which rank wrote this dump: add a \"rank\" key or name "
-                        "the file like nccl_trace_rank_3",
-                        path);
+      fail<trace_error>(
+          "{}: cannot tell which rank wrote this dump: add a \"rank\" key or name "
+          "the file like nccl_trace_rank_3",
+          path);
     if (!ranks_seen.insert(rank).second)
       fail<trace_error>("{}: a second dump for rank {}", path, rank);
     if (const auto* v = field(dump, "version"); v && v->is_string()) {
       const auto ver = v->get<std::string>();
       if (ver < "2.4")
-        notes.insert(fmt::format("Flight Recorder version {} does not record all-to-all sizes", ver));
+        notes.insert(
+            fmt::format("Flight Recorder version {} does not record all-to-all sizes", ver));
     }
     if (const auto* cfg = field(dump, "pg_config")) {
       if (!cfg->is_object()) fail<trace_error>("{}: 'pg_config' is not an object", path);
       for (auto it = cfg->begin(); it != cfg->end(); ++it) {
         pg_info pg;
         pg.name = it.key();
-        if (const auto* n = field(*it, "name"); n && n->is_string()) pg.name = n->get<std::string>();
-        if (const auto* d = field(*it, "desc"); d && d->is_string()) pg.desc = d->get<std::string>();
+        if (const auto* n = field(*it, "name"); n && n->is_string())
+          pg.name = n->get<std::string>();
+        if (const auto* d = field(*it, "desc"); d && d->is_string())
+          pg.desc = d->get<std::string>();
         const auto* rs = field(*it, "ranks");
         if (!rs) fail<trace_error>("{}: pg_config '{}' has no 'ranks'", path, it.key());
         pg.ranks = parse_rank_list(rs->is_string() ? rs->get<std::string>() : rs->dump(),
@@ -162,14 +170,16 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     if (!group_of.contains(pg)) {
       // A group missing from pg_config: name it, membership unknown.
       group_of[pg] = "pg" + pg;
-      notes.insert(fmt::format("process group {} is not in pg_config: its members are unknown", pg));
+      notes.insert(
+          fmt::format("process group {} is not in pg_config: its members are unknown", pg));
     }
     const auto* pn = field(e, "profiling_name");
     if (!pn || !pn->is_string()) fail<trace_error>("{}: entry has no 'profiling_name'", where);
     const auto prof = pn->get<std::string>();
     const auto op = op_from_c10d(prof);
     if (op.empty()) {
-      notes.insert(fmt::format("Flight Recorder op '{}' has no seqpar-trace equivalent; skipped", prof));
+      notes.insert(
+          fmt::format("Flight Recorder op '{}' has no seqpar-trace equivalent; skipped", prof));
       continue;
     }
     call_record c;
@@ -204,22 +214,29 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
       if (std::regex_search(prof, m, re)) {
         const int peer_local = std::stoi(m[4].str().substr(0, 7));
         const auto& members = t.meta.groups[c.group];
-        if (peer_local < static_cast<int>(members.size())) c.peer = members[static_cast<std::size_t>(peer_local)];
+        if (peer_local < static_cast<int>(members.size()))
+          c.peer = members[static_cast<std::size_t>(peer_local)];
       }
-      if (!c.peer) notes.insert("some Flight Recorder p2p entries name no peer; they were not paired");
+      if (!c.peer)
+        notes.insert("some Flight Recorder p2p entries name no peer; they were not paired");
       const auto& v = c.op == "send" ? ins : outs;
       if (v.size() == 1) c.shape = v[0];
       c.seq = std::max<std::int64_t>(0, int_field(e, "p2p_seq_id", where) - 1);
       if (c.peer && *c.peer == c.rank) c.peer.reset();
     } else {
-      if (ins.size() == 1) c.in_shape = ins[0];
-      else if (!ins.empty()) c.in_numel = total(ins);
-      if (outs.size() == 1) c.out_shape = outs[0];
-      else if (!outs.empty()) c.out_numel = total(outs);
+      if (ins.size() == 1)
+        c.in_shape = ins[0];
+      else if (!ins.empty())
+        c.in_numel = total(ins);
+      if (outs.size() == 1)
+        c.out_shape = outs[0];
+      else if (!outs.empty())
+        c.out_numel = total(outs);
       c.seq = std::max<std::int64_t>(0, int_field(e, "collective_seq_id", where) - 1);
       if (op == "all_to_all")
-        notes.insert("Flight Recorder does not record all-to-all split sizes: pairwise split "
-                     "checks assume equal splits (numel / group size)");
+        notes.insert(
+            "Flight Recorder does not record all-to-all split sizes: pairwise split "
+            "checks assume equal splits (numel / group size)");
     }
     const auto rid = field(e, "record_id") && field(e, "record_id")->is_number_integer()
                          ? field(e, "record_id")->get<std::int64_t>()
@@ -244,12 +261,14 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     t.calls.push_back(std::move(p.c));
   }
   if (dropped > 0)
-    notes.insert(fmt::format("{} older entries dropped so every group starts at a seq all its "
-                             "ranks still hold (Flight Recorder ring buffer)",
-                             dropped));
-  notes.insert("Flight Recorder records carry no seqpar tags: SP shape rules (which need tags) "
-               "were not applied; collective seq = collective_seq_id - 1, p2p seq = "
-               "p2p_seq_id - 1");
+    notes.insert(
+        fmt::format("{} older entries dropped so every group starts at a seq all its "
+                    "ranks still hold (Flight Recorder ring buffer)",
+                    dropped));
+  notes.insert(
+      "Flight Recorder records carry no seqpar tags: SP shape rules (which need tags) "
+      "were not applied; collective seq = collective_seq_id - 1, p2p seq = "
+      "p2p_seq_id - 1");
   t.meta.config = std::nullopt;
   t.meta.notes.assign(notes.begin(), notes.end());
   return t;

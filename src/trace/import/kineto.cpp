@@ -8,8 +8,8 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "trace/import/import.hpp"
 #include "io/scenario_json.hpp"
+#include "trace/import/import.hpp"
 
 namespace seqpar::import {
 
@@ -58,7 +58,8 @@ split_list parse_splits(const json& a, const char* key) {
   std::string text = v->is_string() ? v->get<std::string>() : v->dump();
   s.truncated = text.find("...") != std::string::npos;
   static const std::regex num(R"(\d+)");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), num); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), num); it != std::sregex_iterator();
+       ++it) {
     const auto t = it->str();
     if (t.size() > 15) continue;
     s.values.push_back(std::stoll(t));
@@ -99,8 +100,10 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
       throw trace_error(e.what());
     }
     const json* events = nullptr;
-    if (doc.is_object()) events = arg(doc, "traceEvents");
-    else if (doc.is_array()) events = &doc;
+    if (doc.is_object())
+      events = arg(doc, "traceEvents");
+    else if (doc.is_array())
+      events = &doc;
     if (!events || !events->is_array())
       fail<trace_error>("{}: no 'traceEvents' list (is this a PyTorch profiler trace?)", path);
     int file_rank = -1;
@@ -109,7 +112,8 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
         if (auto r = int_arg(*di, "rank")) file_rank = static_cast<int>(*r);
     if (doc.is_object())
       if (const auto* di = arg(doc, "distributedInfo"); di && di->is_object())
-        if (auto w = int_arg(*di, "world_size")) world = std::max<int>(world, static_cast<int>(std::min<std::int64_t>(*w, 1 << 20)));
+        if (auto w = int_arg(*di, "world_size"))
+          world = std::max<int>(world, static_cast<int>(std::min<std::int64_t>(*w, 1 << 20)));
     if (file_rank < 0) file_rank = rank_from_name(path);
     std::size_t n = 0;
     for (const auto& e : *events) {
@@ -117,15 +121,18 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
       const auto* a = arg(e, "args");
       if (!a || !a->is_object()) continue;
       int rank = file_rank;
-      if (auto r = int_arg(*a, "Rank")) rank = static_cast<int>(std::min<std::int64_t>(*r, 1 << 20));
+      if (auto r = int_arg(*a, "Rank"))
+        rank = static_cast<int>(std::min<std::int64_t>(*r, 1 << 20));
       if (rank < 0 || rank >= (1 << 20))
-        fail<trace_error>("{}: cannot tell the rank: no distributedInfo.rank, no 'Rank' arg, and "
-                          "the file name has no rank<N>",
-                          path);
+        fail<trace_error>(
+            "{}: cannot tell the rank: no distributedInfo.rank, no 'Rank' arg, and "
+            "the file name has no rank<N>",
+            path);
       const auto name = str_arg(*a, "Collective name");
       const auto op = op_from_c10d(name);
       if (op.empty()) {
-        notes.insert(fmt::format("profiler collective '{}' has no seqpar-trace equivalent; skipped", name));
+        notes.insert(
+            fmt::format("profiler collective '{}' has no seqpar-trace equivalent; skipped", name));
         continue;
       }
       call_record c;
@@ -138,8 +145,8 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
       const auto pg_name = str_arg(*a, "Process Group Name");
       const auto pg_desc = str_arg(*a, "Process Group Description");
       c.group = !pg_desc.empty() && pg_desc != "undefined" ? pg_desc
-                : !pg_name.empty()                        ? "pg" + pg_name
-                                                          : "default_pg";
+                : !pg_name.empty()                         ? "pg" + pg_name
+                                                           : "default_pg";
       std::vector<int> members;
       if (const auto* pr = arg(*a, "Process Group Ranks")) {
         members = parse_rank_list(pr->is_string() ? pr->get<std::string>() : pr->dump(),
@@ -150,8 +157,9 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
           for (int m : members) world = std::max(world, m + 1);
         }
       } else {
-        notes.insert("some profiler events carry no 'Process Group Ranks': group membership "
-                     "inferred from the ranks seen");
+        notes.insert(
+            "some profiler events carry no 'Process Group Ranks': group membership "
+            "inferred from the ranks seen");
       }
       const auto in = int_arg(*a, "In msg nelems"), out = int_arg(*a, "Out msg nelems");
       if (c.p2p) {
@@ -161,7 +169,8 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
         if (peer && !members.empty() && *peer < static_cast<std::int64_t>(members.size()))
           c.peer = members[static_cast<std::size_t>(*peer)];
         if (c.peer && *c.peer == c.rank) c.peer.reset();
-        if (!c.peer) notes.insert("some profiler send/recv events name no peer; they were not paired");
+        if (!c.peer)
+          notes.insert("some profiler send/recv events name no peer; they were not paired");
       } else {
         c.in_numel = in;
         c.out_numel = out;
@@ -171,8 +180,9 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
           if (os.present && !os.values.empty()) c.out_splits = os.values;
           if (is.truncated || os.truncated) {
             c.splits_truncated = true;
-            notes.insert("some all-to-all split lists were truncated by the profiler (it keeps 30 "
-                         "entries): those pairs were not compared");
+            notes.insert(
+                "some all-to-all split lists were truncated by the profiler (it keeps 30 "
+                "entries): those pairs were not compared");
           }
         }
       }
@@ -196,8 +206,9 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
     }
   }
   t.meta.world_size = std::max(world, 1);
-  notes.insert("the profiler records element counts, not shapes: SP shape rules were not applied "
-               "and trailing-dim checks were skipped");
+  notes.insert(
+      "the profiler records element counts, not shapes: SP shape rules were not applied "
+      "and trailing-dim checks were skipped");
   notes.insert("the profiler records no seqpar tags and no collective state");
   t.meta.notes.assign(notes.begin(), notes.end());
   return t;

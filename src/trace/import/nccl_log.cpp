@@ -23,9 +23,9 @@ using trace::dims;
 
 /// ncclDataType_t values (nccl.h).
 std::string nccl_dtype(int v) {
-  static const char* names[] = {"int8",    "uint8",   "int32",    "uint32",        "int64",
-                                "uint64",  "float16", "float32",  "float64",       "bfloat16",
-                                "float8_e4m3fn", "float8_e5m2"};
+  static const char* names[] = {"int8",    "uint8",    "int32",         "uint32",
+                                "int64",   "uint64",   "float16",       "float32",
+                                "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2"};
   if (v >= 0 && v < 12) return names[v];
   return fmt::format("nccl_datatype_{}", v);
 }
@@ -33,13 +33,15 @@ std::string nccl_dtype(int v) {
 struct comm_key {
   std::string proc;  // host:pid
   std::string comm;  // pointer
-  bool operator<(const comm_key& o) const { return std::tie(proc, comm) < std::tie(o.proc, o.comm); }
+  bool operator<(const comm_key& o) const {
+    return std::tie(proc, comm) < std::tie(o.proc, o.comm);
+  }
 };
 
 struct comm_info {
   int rank = -1, nranks = 0;
-  std::string id;    // commId when logged
-  int order = 0;     // creation order within the process
+  std::string id;  // commId when logged
+  int order = 0;   // creation order within the process
 };
 
 struct op_line {
@@ -112,8 +114,9 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
     }
   }
   if (ops.empty())
-    fail<trace_error>("no NCCL collective lines found; run with NCCL_DEBUG=INFO "
-                      "NCCL_DEBUG_SUBSYS=INIT,COLL (lines like 'NCCL INFO AllReduce: opCount …')");
+    fail<trace_error>(
+        "no NCCL collective lines found; run with NCCL_DEBUG=INFO "
+        "NCCL_DEBUG_SUBSYS=INIT,COLL (lines like 'NCCL INFO AllReduce: opCount …')");
   // Global rank of every process: RCCL's globalrank, else its rank in its largest communicator
   // (the world), else its order of appearance.
   std::map<std::string, int> global;
@@ -126,22 +129,25 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
   for (std::size_t i = 0; i < proc_order.size(); ++i) {
     const auto& p = proc_order[i];
     if (global.contains(p)) continue;
-    if (best.contains(p) && best[p].first > 0) global[p] = best[p].second;
+    if (best.contains(p) && best[p].first > 0)
+      global[p] = best[p].second;
     else {
       global[p] = static_cast<int>(i);
       guessed = true;
     }
   }
   if (guessed)
-    notes.insert("some processes logged no 'Init COMPLETE' line with their rank: their global "
-                 "rank is their order of appearance in the logs");
+    notes.insert(
+        "some processes logged no 'Init COMPLETE' line with their rank: their global "
+        "rank is their order of appearance in the logs");
   // Communicator identity across processes: commId when logged, else (nranks, creation order).
   auto group_id = [&](const comm_key& k, int nranks) {
     auto it = comms.find(k);
     if (it != comms.end() && !it->second.id.empty()) return "comm" + it->second.id.substr(0, 12);
     const int order = it != comms.end() ? it->second.order : 0;
-    notes.insert("communicators without a logged commId are matched across processes by size "
-                 "and creation order");
+    notes.insert(
+        "communicators without a logged commId are matched across processes by size "
+        "and creation order");
     return fmt::format("nccl_n{}_{}", nranks, order);
   };
   trace::trace_data t;
@@ -154,8 +160,10 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
     world = std::max(world, g + 1);
     const auto group = group_id(o.key, o.nranks);
     auto ci = comms.find(o.key);
-    if (ci != comms.end() && ci->second.rank >= 0) members[group][ci->second.rank] = g;
-    else if (o.nranks == 1) members[group][0] = g;
+    if (ci != comms.end() && ci->second.rank >= 0)
+      members[group][ci->second.rank] = g;
+    else if (o.nranks == 1)
+      members[group][0] = g;
     call_record c;
     c.rank = g;
     c.group = group;
@@ -169,12 +177,12 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
       c.shape = dims{o.count};
       c.tag = fmt::format("peer_comm_rank={}", o.root);  // resolved below
     } else {
-      c.op = n == "AllReduce"        ? "all_reduce"
-             : n == "AllGather"      ? "all_gather"
-             : n == "ReduceScatter"  ? "reduce_scatter"
-             : n == "Broadcast"      ? "broadcast"
-             : n == "Reduce"         ? "all_reduce"
-                                     : "all_to_all";
+      c.op = n == "AllReduce"       ? "all_reduce"
+             : n == "AllGather"     ? "all_gather"
+             : n == "ReduceScatter" ? "reduce_scatter"
+             : n == "Broadcast"     ? "broadcast"
+             : n == "Reduce"        ? "all_reduce"
+                                    : "all_to_all";
       if (n == "Reduce") notes.insert("NCCL Reduce is recorded as all_reduce (same size law)");
       // NCCL counts: AllGather sendcount, ReduceScatter recvcount, AllToAll count per peer.
       c.in_numel = c.op == "reduce_scatter" || c.op == "all_to_all" ? o.count * P : o.count;
@@ -188,9 +196,12 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
     const int peer_comm = std::stoi(c.tag.substr(c.tag.find('=') + 1));
     c.tag.clear();
     auto& m = members[c.group];
-    if (auto it = m.find(peer_comm); it != m.end() && it->second != c.rank) c.peer = it->second;
-    else notes.insert("some Send/Recv peers could not be mapped to global ranks (no Init line for "
-                      "the peer's communicator); those were not paired");
+    if (auto it = m.find(peer_comm); it != m.end() && it->second != c.rank)
+      c.peer = it->second;
+    else
+      notes.insert(
+          "some Send/Recv peers could not be mapped to global ranks (no Init line for "
+          "the peer's communicator); those were not paired");
   }
   for (const auto& [group, m] : members) {
     std::vector<int> ranks;
@@ -203,9 +214,10 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
   std::stable_sort(t.calls.begin(), t.calls.end(),
                    [](const call_record& a, const call_record& b) { return a.rank < b.rank; });
   t.meta.world_size = std::max(world, 1);
-  notes.insert("NCCL logs record element counts, not shapes, and no tags or states: SP shape "
-               "rules were not applied; all-to-all exchanged as grouped Send/Recv is checked as "
-               "p2p pairs");
+  notes.insert(
+      "NCCL logs record element counts, not shapes, and no tags or states: SP shape "
+      "rules were not applied; all-to-all exchanged as grouped Send/Recv is checked as "
+      "p2p pairs");
   t.meta.notes.assign(notes.begin(), notes.end());
   return t;
 }
