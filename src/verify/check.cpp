@@ -241,20 +241,33 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
   rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
 }
 
+/// What every check starts from: the report header, the batch, its collation (after the
+/// options' transform, which only the SP side sees) and the float64 parameters.
+struct check_run {
+  check_report rep;
+  packed_batch batch;
+  collated_batch cb;
+  model_params<double> p64;
+
+  check_run(const scenario& s, const check_options& opt)
+      : batch(make_batch(s)),
+        cb(collate(batch, options_of(s))),
+        p64(model_params<double>::init(s)) {
+    rep.scen = s;
+    rep.type = opt.type;
+    rep.tolerance = tolerance_for(s, opt.type, &rep.error_model);
+    if (opt.transform_collated) opt.transform_collated(cb);
+    rep.warnings = cb.warnings;
+  }
+};
+
 template <class T>
 check_report run_typed(const scenario& s, const check_options& opt) {
-  check_report rep;
-  rep.scen = s;
-  rep.type = opt.type;
-  rep.tolerance = tolerance_for(s, opt.type, &rep.error_model);
+  check_run run(s, opt);
+  auto& [rep, batch, cb, p64] = run;
   auto say = [&](std::string_view line) {
     if (opt.progress) opt.progress(line);
   };
-  const packed_batch batch = make_batch(s);
-  collated_batch cb = collate(batch, options_of(s));
-  if (opt.transform_collated) opt.transform_collated(cb);
-  rep.warnings = cb.warnings;
-  const auto p64 = model_params<double>::init(s);
 
   say(fmt::format("non-SP reference: {} tokens on one rank (float64)", cb.original_length));
   auto t0 = std::chrono::steady_clock::now();
@@ -321,19 +334,12 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
         "the distributed check runs one cp rank per process: {} processes for ulysses={} × "
         "ring={} = {} cp ranks; launch mpiexec -n {}",
         P, s.ulysses, s.ring, s.cp(), s.cp());
-  check_report rep;
-  rep.scen = s;
-  rep.type = opt.type;
-  rep.tolerance = tolerance_for(s, opt.type, &rep.error_model);
+  // Every process collates the same batch (deterministic) and keeps its own rank's tokens.
+  check_run run(s, opt);
+  auto& [rep, batch, cb, p64] = run;
   auto say = [&](std::string_view line) {
     if (opt.progress) opt.progress(line);
   };
-  // Every process collates the same batch (deterministic) and keeps its own rank's tokens.
-  const packed_batch batch = make_batch(s);
-  collated_batch cb = collate(batch, options_of(s));
-  if (opt.transform_collated) opt.transform_collated(cb);
-  rep.warnings = cb.warnings;
-  const auto p64 = model_params<double>::init(s);
   const auto p = p64.template cast<T>();
 
   say(fmt::format("SP step: {} processes (ulysses {} × ring {}), {} tokens each ({})", P, s.ulysses,

@@ -14,16 +14,17 @@
 
 #include "core/collate.hpp"
 #include "core/communicator.hpp"
+#include "core/compare.hpp"
 #include "core/cost.hpp"
 #include "core/cu_seqlens.hpp"
 #include "core/dtype.hpp"
 #include "core/hd.hpp"
 #include "core/layout.hpp"
 #include "core/mesh.hpp"
-#include "core/mutations.hpp"
 #include "core/ring_schedule.hpp"
 #include "core/rng.hpp"
 #include "core/scenario.hpp"
+#include "core/thread_world.hpp"
 #include "core/ulysses_plan.hpp"
 #include "core/zigzag.hpp"
 
