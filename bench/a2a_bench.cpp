@@ -35,12 +35,7 @@ struct alltoall {
   }
 
   bench::operation op(const std::string& backend) {
-    bench::operation o;
-    o.name = "alltoall";
-    o.backend = backend;
-    o.kind = bench::table_kind::transport;
-    o.variants = {{"float", ""}};
-    o.size = [](std::int64_t bytes, std::size_t, int n) { return bench::alltoall::size(bytes, n); };
+    bench::operation o = bench::alltoall::base_operation(backend);
     o.init = [this](const bench::point& p, std::uint64_t seed) {
       const int me = comm.rank();
       per_peer = p.count / p.ranks;
@@ -54,7 +49,6 @@ struct alltoall {
     o.check = [this](const bench::point& p, std::uint64_t seed) {
       return bench::alltoall::wrong(recv.data(), p.ranks, per_peer, comm.rank(), seed);
     };
-    o.bus_factor = bench::alltoall::bus_factor;
     o.measure_baseline = [this](const std::string&) {
       return bench::baseline{"memcpy, 1 thread", bench::memcpy_gbps(std::int64_t{64} << 20),
                              "GB/s"};

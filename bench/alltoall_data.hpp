@@ -4,6 +4,7 @@
 // receive from every peer).
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -39,5 +40,18 @@ inline std::int64_t wrong(const float* recv, int ranks, std::int64_t per_peer, i
 
 /// busbw = algbw·(n−1)/n.
 inline double bus_factor(int n) { return static_cast<double>(n - 1) / n; }
+
+/// The parts of the float all-to-all operation every backend shares (name, table, size law,
+/// bus factor); the caller adds init, run, check and the baseline.
+inline operation base_operation(const std::string& backend) {
+  operation o;
+  o.name = "alltoall";
+  o.backend = backend;
+  o.kind = table_kind::transport;
+  o.variants = {{"float", ""}};
+  o.size = [](std::int64_t bytes, std::size_t, int n) { return size(bytes, n); };
+  o.bus_factor = bus_factor;
+  return o;
+}
 
 }  // namespace seqpar::bench::alltoall

@@ -46,12 +46,7 @@ struct device_alltoall {
   }
 
   bench::operation op(const std::string& backend) {
-    bench::operation o;
-    o.name = "alltoall";
-    o.backend = backend;
-    o.kind = bench::table_kind::transport;
-    o.variants = {{"float", ""}};
-    o.size = [](std::int64_t bytes, std::size_t, int n) { return bench::alltoall::size(bytes, n); };
+    bench::operation o = bench::alltoall::base_operation(backend);
     o.init = [this](const bench::point& p, std::uint64_t seed) {
       bench::cuda_ok(cudaSetDevice(device), "cudaSetDevice");
       const int me = comm.rank();
@@ -72,7 +67,6 @@ struct device_alltoall {
                      "cudaMemcpy");
       return bench::alltoall::wrong(host.data(), p.ranks, per_peer, comm.rank(), seed);
     };
-    o.bus_factor = bench::alltoall::bus_factor;
     o.measure_baseline = [this](const std::string&) {
       return bench::baseline{"cudaMemcpy device-to-device, 256 MiB",
                              bench::device_memcpy_gbps(std::size_t{256} << 20, stream), "GB/s"};
