@@ -22,6 +22,7 @@
 
 #include "core/error.hpp"
 #include "core/scenario.hpp"
+#include "io/scenario_json.hpp"
 #include "sim/reference.hpp"
 #include "verify/check.hpp"
 
@@ -116,16 +117,7 @@ void dump(const scenario& s, const fs::path& dir) {
   for (std::size_t i = 0; i < in.weights.names.size(); ++i)
     weights.push_back(tensor_json(in.weights.names[i], in.weights.values[i]));
   const json j = {
-      {"scenario",
-       {{"name", s.name},
-        {"profile", std::string(seqpar::profile_name(s.profile))},
-        {"heads", s.heads},
-        {"kv_heads", s.kv_heads},
-        {"head_dim", s.head_dim},
-        {"hidden", s.hidden},
-        {"intermediate", s.intermediate},
-        {"layers", s.layers},
-        {"vocab", s.vocab}}},
+      {"scenario", seqpar::io::scenario_to_json(s)},
       {"conventions", {{"rms_norm_eps", ref::rms_norm_eps}, {"rope_theta", ref::rope_theta}}},
       {"batch",
        {{"input_ids", in.batch.input_ids},
