@@ -7,6 +7,7 @@
 #include "cli.hpp"
 #include "core/error.hpp"
 #include "io/scenario_json.hpp"
+#include "report.hpp"
 #include "scenario_flags.hpp"
 #include "verify/check.hpp"
 #include "verify/check_mpi.hpp"
@@ -27,25 +28,9 @@ dtype parse_dtype(const std::string& s) {
   fail<config_error>("--dtype '{}' is unknown; the CPU reference runs f64 or f32", s);
 }
 
-std::string fmt_num(double x) {
-  if (!std::isfinite(x)) return "inf";
-  return fmt::format("{:.3e}", x);
-}
-
 nlohmann::json report_json(const verify::check_report& r) {
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& row : r.rows) {
-    nlohmann::json j = {{"tensor", row.tensor},
-                        {"numel", row.numel},
-                        {"max_abs", std::isfinite(row.max_abs) ? nlohmann::json(row.max_abs)
-                                                               : nlohmann::json("inf")},
-                        {"max_rel", std::isfinite(row.max_rel) ? nlohmann::json(row.max_rel)
-                                                               : nlohmann::json("inf")},
-                        {"tolerance", row.tolerance},
-                        {"pass", row.pass}};
-    if (!row.note.empty()) j["note"] = row.note;
-    rows.push_back(std::move(j));
-  }
+  for (const auto& row : r.rows) rows.push_back(row_json(row, "tensor", false));
   return {{"pass", r.pass},
           {"dtype", r.type == dtype::f64 ? "f64" : "f32"},
           {"backend", r.backend},
@@ -65,14 +50,12 @@ std::string report_text(const verify::check_report& r) {
       s.name, profile_name(s.profile), s.ulysses, s.ring,
       s.ring > 1 ? (s.zigzag ? " zigzag" : " contiguous") : "", s.heads, s.kv_heads, s.head_dim,
       s.layers, fmt::join(s.docs, ","), r.type == dtype::f64 ? "float64" : "float32");
-  o += fmt::format("{:<28} {:>9} {:>11} {:>11} {:>11}  {}\n", "tensor", "numel", "max abs",
-                   "max rel", "tolerance", "result");
+  o += fmt::format("{:<28} {}\n", "tensor", row_cells_header());
   int passed = 0;
   for (const auto& row : r.rows) {
     passed += row.pass;
     o += fmt::format(
-        "{:<28} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.tensor, row.numel, fmt_num(row.max_abs),
-        fmt_num(row.max_rel), fmt_num(row.tolerance), row.pass ? "PASS" : "FAIL",
+        "{:<28} {}{}\n", row.tensor, row_cells(row),
         row.note.empty() || (row.pass && row.tensor != "loss") ? "" : "  (" + row.note + ")");
   }
   o +=
@@ -97,8 +80,7 @@ action add_check(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--dtype", a->dtype_name, "f64 | f32 (SP run; the reference is float64)")
       ->capture_default_str();
-  sub->add_flag("--json", a->json, "machine-readable report");
-  sub->add_flag("--quiet,-q", a->quiet, "no progress lines on stderr");
+  add_report_flags(*sub, a->json, a->quiet);
   sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
   return [a] {
     if (a->backend != "sim" && a->backend != "mpi")
@@ -107,13 +89,7 @@ action add_check(CLI::App& app) {
           "backend is not finished, see README)",
           a->backend);
     verify::check_options opt;
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!a->quiet)
-      opt.progress = [t0](std::string_view line) {
-        const double t =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
-      };
+    opt.progress = progress_printer(a->quiet);
     auto print = [a](const verify::check_report& rep) {
       for (const auto& w : rep.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
       write_output("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));

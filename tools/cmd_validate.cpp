@@ -9,6 +9,7 @@
 
 #include "cli.hpp"
 #include "core/error.hpp"
+#include "report.hpp"
 #include "scenario_flags.hpp"
 
 #if defined(SEQPAR_HAVE_GPU)
@@ -35,23 +36,9 @@ dtype parse_gpu_dtype(const std::string& s) {
   fail<config_error>("--dtype '{}' is unknown; validate runs the GPU in f32 or bf16", s);
 }
 
-nlohmann::json num(double x) {
-  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json("inf");
-}
-
 nlohmann::json report_json(const verify::validate_report& r) {
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& row : r.rows) {
-    nlohmann::json j = {{"rank", row.rank},
-                        {"stage", row.tensor},
-                        {"numel", row.numel},
-                        {"max_abs", num(row.max_abs)},
-                        {"max_rel", num(row.max_rel)},
-                        {"tolerance", row.tolerance},
-                        {"pass", row.pass}};
-    if (!row.note.empty()) j["note"] = row.note;
-    rows.push_back(std::move(j));
-  }
+  for (const auto& row : r.rows) rows.push_back(row_json(row, "stage", true));
   return {{"pass", r.pass},
           {"dtype", r.type == dtype::bf16 ? "bf16" : "f32"},
           {"backend", "gpu"},
@@ -66,8 +53,6 @@ nlohmann::json report_json(const verify::validate_report& r) {
           {"rows", rows}};
 }
 
-std::string fmt_num(double x) { return std::isfinite(x) ? fmt::format("{:.3e}", x) : "inf"; }
-
 std::string report_text(const verify::validate_report& r) {
   const auto& s = r.scen;
   std::string o = fmt::format(
@@ -77,14 +62,12 @@ std::string report_text(const verify::validate_report& r) {
       s.name, s.ulysses, s.ring, s.ring > 1 ? (s.zigzag ? " zigzag" : " contiguous") : "", s.heads,
       s.kv_heads, s.head_dim, fmt::join(s.docs, ","),
       r.type == dtype::bf16 ? "bfloat16" : "float32", r.device, r.transport);
-  o += fmt::format("{:>4} {:<10} {:>9} {:>11} {:>11} {:>11}  {}\n", "rank", "stage", "numel",
-                   "max abs", "max rel", "tolerance", "result");
+  o += fmt::format("{:>4} {:<10} {}\n", "rank", "stage", row_cells_header());
   int passed = 0;
   for (const auto& row : r.rows) {
     passed += row.pass;
-    o += fmt::format("{:>4} {:<10} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.rank, row.tensor,
-                     row.numel, fmt_num(row.max_abs), fmt_num(row.max_rel), fmt_num(row.tolerance),
-                     row.pass ? "PASS" : "FAIL", row.note.empty() ? "" : "  (" + row.note + ")");
+    o += fmt::format("{:>4} {:<10} {}{}\n", row.rank, row.tensor, row_cells(row),
+                     row.note.empty() ? "" : "  (" + row.note + ")");
   }
   o += fmt::format(
       "\n{}: {} of {} stages within tolerance; GPU {:.2f} s, reference {:.2f} s\n"
@@ -111,8 +94,7 @@ action add_validate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--device", a->device, "CUDA device of the single-GPU mode")
       ->capture_default_str();
-  sub->add_flag("--json", a->json, "machine-readable report");
-  sub->add_flag("--quiet,-q", a->quiet, "no progress lines on stderr");
+  add_report_flags(*sub, a->json, a->quiet);
   return [a]() -> int {
 #if !defined(SEQPAR_HAVE_GPU)
     (void)a->flags.resolve();  // invalid flags still exit 2 with their own message
@@ -130,13 +112,7 @@ action add_validate(CLI::App& app) {
       fmt::print(stderr, "seqpar: no CUDA device: {}\n", why);
       return 2;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!a->quiet)
-      opt.progress = [t0](std::string_view line) {
-        const double t =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
-      };
+    opt.progress = progress_printer(a->quiet);
     verify::validate_report rep;
     bool root = true;
     try {

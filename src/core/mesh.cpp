@@ -26,6 +26,26 @@ constexpr int max_world = 1 << 20;
 
 int idx(mesh_dim d) { return static_cast<int>(d); }
 
+/// The member of a mesh_config or mesh_coords (they name their fields alike) for one dimension.
+template <class S>
+auto& dim_field(S& s, mesh_dim dim) {
+  switch (dim) {
+    case mesh_dim::pp:
+      return s.pp;
+    case mesh_dim::dp_replicate:
+      return s.dp_replicate;
+    case mesh_dim::dp_shard:
+      return s.dp_shard;
+    case mesh_dim::ring:
+      return s.ring;
+    case mesh_dim::ulysses:
+      return s.ulysses;
+    case mesh_dim::tp:
+      break;
+  }
+  return s.tp;
+}
+
 }  // namespace
 
 cp_fsdp_mode parse_cp_fsdp_mode(std::string_view text) {
@@ -68,23 +88,7 @@ std::string group_name(group_kind kind, int index) {
   return fmt::format("{}{}", name(kind), index);
 }
 
-int mesh_config::size(mesh_dim dim) const {
-  switch (dim) {
-    case mesh_dim::pp:
-      return pp;
-    case mesh_dim::dp_replicate:
-      return dp_replicate;
-    case mesh_dim::dp_shard:
-      return dp_shard;
-    case mesh_dim::ring:
-      return ring;
-    case mesh_dim::ulysses:
-      return ulysses;
-    case mesh_dim::tp:
-      return tp;
-  }
-  return 1;
-}
+int mesh_config::size(mesh_dim dim) const { return dim_field(*this, dim); }
 
 int mesh_config::world_size() const { return pp * dp_replicate * dp_shard * ring * ulysses * tp; }
 
@@ -115,41 +119,9 @@ void validate_mesh(const mesh_config& cfg) {
         name(cfg.mode));
 }
 
-int mesh_coords::operator[](mesh_dim dim) const {
-  switch (dim) {
-    case mesh_dim::pp:
-      return pp;
-    case mesh_dim::dp_replicate:
-      return dp_replicate;
-    case mesh_dim::dp_shard:
-      return dp_shard;
-    case mesh_dim::ring:
-      return ring;
-    case mesh_dim::ulysses:
-      return ulysses;
-    case mesh_dim::tp:
-      return tp;
-  }
-  return 0;
-}
+int mesh_coords::operator[](mesh_dim dim) const { return dim_field(*this, dim); }
 
-int& mesh_coords::operator[](mesh_dim dim) {
-  switch (dim) {
-    case mesh_dim::pp:
-      return pp;
-    case mesh_dim::dp_replicate:
-      return dp_replicate;
-    case mesh_dim::dp_shard:
-      return dp_shard;
-    case mesh_dim::ring:
-      return ring;
-    case mesh_dim::ulysses:
-      return ulysses;
-    case mesh_dim::tp:
-      break;
-  }
-  return tp;
-}
+int& mesh_coords::operator[](mesh_dim dim) { return dim_field(*this, dim); }
 
 device_mesh::device_mesh(const mesh_config& cfg) : cfg_(cfg) {
   validate_mesh(cfg_);

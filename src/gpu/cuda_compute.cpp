@@ -43,6 +43,23 @@ std::int64_t row_size(const tensor& x) {
 
 int esz(const tensor& x) { return static_cast<int>(dtype_size(x.type)); }
 
+/// Calls f.template operator()<T>() with the host type that stores one element of dtype t.
+template <class F>
+void with_host_type(dtype t, const F& f) {
+  switch (t) {
+    case dtype::f64:
+      return f.template operator()<double>();
+    case dtype::f32:
+      return f.template operator()<float>();
+    case dtype::bf16:
+      return f.template operator()<bf16>();
+    case dtype::i32:
+      return f.template operator()<std::int32_t>();
+    case dtype::i64:
+      return f.template operator()<std::int64_t>();
+  }
+}
+
 }  // namespace
 
 // ---- state ----
@@ -188,23 +205,7 @@ std::vector<double> cuda_compute::to_host(const tensor& x) {
         out[i] = static_cast<double>(v);
     }
   };
-  switch (x.type) {
-    case dtype::f64:
-      conv.template operator()<double>();
-      break;
-    case dtype::f32:
-      conv.template operator()<float>();
-      break;
-    case dtype::bf16:
-      conv.template operator()<bf16>();
-      break;
-    case dtype::i32:
-      conv.template operator()<std::int32_t>();
-      break;
-    case dtype::i64:
-      conv.template operator()<std::int64_t>();
-      break;
-  }
+  with_host_type(x.type, conv);
   return out;
 }
 
@@ -224,23 +225,7 @@ tensor cuda_compute::from_host(dtype t, shape_t s, std::span<const double> value
       std::memcpy(raw.data() + i * sizeof(T), &v, sizeof(T));
     }
   };
-  switch (t) {
-    case dtype::f64:
-      conv.template operator()<double>();
-      break;
-    case dtype::f32:
-      conv.template operator()<float>();
-      break;
-    case dtype::bf16:
-      conv.template operator()<bf16>();
-      break;
-    case dtype::i32:
-      conv.template operator()<std::int32_t>();
-      break;
-    case dtype::i64:
-      conv.template operator()<std::int64_t>();
-      break;
-  }
+  with_host_type(t, conv);
   if (x.bytes())
     SEQPAR_CUDA(cudaMemcpyAsync, x.data, raw.data(), x.bytes(), cudaMemcpyHostToDevice,
                 impl_->stream);

@@ -224,124 +224,125 @@ std::string what_of(const char* op, const comm_group& g, const op_info& info) {
                           : fmt::format("{} on '{}' ({})", op, g.name, info.tag);
 }
 
+/// The frame of every call on group g: the device, the communication stream ordered after the
+/// compute stream's work, `issue(comm)` with the group's communicator, then the wait with its
+/// deadline (the message names the op, the group and the call's tag).
+template <class Issue>
+void on_stream(nccl_communicator::impl& im, int device, int rank_, const comm_group& g,
+               const char* op, const op_info& info, const Issue& issue) {
+  ncclComm_t comm = comm_of(im, g, rank_);
+  SEQPAR_CUDA(cudaSetDevice, device);
+  after_compute(im, rank_);
+  issue(comm);
+  wait_done(im, comm, what_of(op, g, info), rank_);
+}
+
 }  // namespace
 
 void nccl_communicator::do_all_to_all(const comm_group& g, const void* send,
                                       std::span<const std::int64_t> send_counts, void* recv,
                                       std::span<const std::int64_t> recv_counts, dtype t) {
-  ncclComm_t comm = comm_of(*impl_, g, rank_);
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  after_compute(*impl_, rank_);
-  const auto esz = static_cast<std::int64_t>(dtype_size(t));
-  if (g.size() == 1) {
-    copy_local(*impl_, recv, send, recv_counts[0], t, rank_);
-  } else {
-    bool uniform = true;
-    for (std::size_t j = 0; j < send_counts.size(); ++j)
-      uniform = uniform && send_counts[j] == send_counts[0] && recv_counts[j] == send_counts[0];
-    if (uniform) {
-      SEQPAR_NCCL(comm, ncclAlltoAll, send, recv, static_cast<std::size_t>(send_counts[0]),
-                  nccl_type(t), comm, impl_->stream);
+  on_stream(*impl_, device_, rank_, g, "all_to_all", call_info(), [&](ncclComm_t comm) {
+    const auto esz = static_cast<std::int64_t>(dtype_size(t));
+    if (g.size() == 1) {
+      copy_local(*impl_, recv, send, recv_counts[0], t, rank_);
     } else {
-      // Per-peer counts: one group of sends and receives (NCCL matches them per peer pair).
-      SEQPAR_NCCL(comm, ncclGroupStart);
-      std::int64_t so = 0, ro = 0;
-      for (int j = 0; j < g.size(); ++j) {
-        const auto sc = send_counts[static_cast<std::size_t>(j)];
-        const auto rc = recv_counts[static_cast<std::size_t>(j)];
-        if (sc > 0)
-          SEQPAR_NCCL(comm, ncclSend, static_cast<const std::byte*>(send) + so * esz,
-                      static_cast<std::size_t>(sc), nccl_type(t), j, comm, impl_->stream);
-        if (rc > 0)
-          SEQPAR_NCCL(comm, ncclRecv, static_cast<std::byte*>(recv) + ro * esz,
-                      static_cast<std::size_t>(rc), nccl_type(t), j, comm, impl_->stream);
-        so += sc;
-        ro += rc;
+      bool uniform = true;
+      for (std::size_t j = 0; j < send_counts.size(); ++j)
+        uniform = uniform && send_counts[j] == send_counts[0] && recv_counts[j] == send_counts[0];
+      if (uniform) {
+        SEQPAR_NCCL(comm, ncclAlltoAll, send, recv, static_cast<std::size_t>(send_counts[0]),
+                    nccl_type(t), comm, impl_->stream);
+      } else {
+        // Per-peer counts: one group of sends and receives (NCCL matches them per peer pair).
+        SEQPAR_NCCL(comm, ncclGroupStart);
+        std::int64_t so = 0, ro = 0;
+        for (int j = 0; j < g.size(); ++j) {
+          const auto sc = send_counts[static_cast<std::size_t>(j)];
+          const auto rc = recv_counts[static_cast<std::size_t>(j)];
+          if (sc > 0)
+            SEQPAR_NCCL(comm, ncclSend, static_cast<const std::byte*>(send) + so * esz,
+                        static_cast<std::size_t>(sc), nccl_type(t), j, comm, impl_->stream);
+          if (rc > 0)
+            SEQPAR_NCCL(comm, ncclRecv, static_cast<std::byte*>(recv) + ro * esz,
+                        static_cast<std::size_t>(rc), nccl_type(t), j, comm, impl_->stream);
+          so += sc;
+          ro += rc;
+        }
+        SEQPAR_NCCL(comm, ncclGroupEnd);
       }
-      SEQPAR_NCCL(comm, ncclGroupEnd);
     }
-  }
-  wait_done(*impl_, comm, what_of("all_to_all", g, call_info()), rank_);
+  });
 }
 
 void nccl_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,
                                       void* recv, dtype t) {
-  ncclComm_t comm = comm_of(*impl_, g, rank_);
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  after_compute(*impl_, rank_);
-  if (g.size() == 1)
-    copy_local(*impl_, recv, send, count, t, rank_);
-  else
-    SEQPAR_NCCL(comm, ncclAllGather, send, recv, static_cast<std::size_t>(count), nccl_type(t),
-                comm, impl_->stream);
-  wait_done(*impl_, comm, what_of("all_gather", g, call_info()), rank_);
+  on_stream(*impl_, device_, rank_, g, "all_gather", call_info(), [&](ncclComm_t comm) {
+    if (g.size() == 1)
+      copy_local(*impl_, recv, send, count, t, rank_);
+    else
+      SEQPAR_NCCL(comm, ncclAllGather, send, recv, static_cast<std::size_t>(count), nccl_type(t),
+                  comm, impl_->stream);
+  });
 }
 
 void nccl_communicator::do_reduce_scatter(const comm_group& g, const void* send, void* recv,
                                           std::int64_t count, dtype t) {
-  ncclComm_t comm = comm_of(*impl_, g, rank_);
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  after_compute(*impl_, rank_);
-  if (g.size() == 1)
-    copy_local(*impl_, recv, send, count, t, rank_);
-  else
-    SEQPAR_NCCL(comm, ncclReduceScatter, send, recv, static_cast<std::size_t>(count), nccl_type(t),
-                ncclSum, comm, impl_->stream);
-  wait_done(*impl_, comm, what_of("reduce_scatter", g, call_info()), rank_);
+  on_stream(*impl_, device_, rank_, g, "reduce_scatter", call_info(), [&](ncclComm_t comm) {
+    if (g.size() == 1)
+      copy_local(*impl_, recv, send, count, t, rank_);
+    else
+      SEQPAR_NCCL(comm, ncclReduceScatter, send, recv, static_cast<std::size_t>(count),
+                  nccl_type(t), ncclSum, comm, impl_->stream);
+  });
 }
 
 void nccl_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) {
-  ncclComm_t comm = comm_of(*impl_, g, rank_);
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  after_compute(*impl_, rank_);
-  if (g.size() > 1)
-    SEQPAR_NCCL(comm, ncclAllReduce, buf, buf, static_cast<std::size_t>(count), nccl_type(t),
-                ncclSum, comm, impl_->stream);
-  wait_done(*impl_, comm, what_of("all_reduce", g, call_info()), rank_);
+  on_stream(*impl_, device_, rank_, g, "all_reduce", call_info(), [&](ncclComm_t comm) {
+    if (g.size() > 1)
+      SEQPAR_NCCL(comm, ncclAllReduce, buf, buf, static_cast<std::size_t>(count), nccl_type(t),
+                  ncclSum, comm, impl_->stream);
+  });
 }
 
 void nccl_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) {
-  ncclComm_t comm = comm_of(*impl_, g, rank_);
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  after_compute(*impl_, rank_);
-  if (g.size() == 1) {
-    // A ring of one: the k-th recv takes the k-th send.
-    std::vector<const p2p_op*> sends;
-    for (const auto& op : ops)
-      if (op.dir == p2p_op::kind::send) sends.push_back(&op);
-    std::size_t k = 0;
-    for (const auto& op : ops) {
-      if (op.dir != p2p_op::kind::recv) continue;
-      if (k >= sends.size() || sends[k]->count != op.count)
-        fail<error>(
-            "send_recv on '{}': rank {} receives {} elements from itself without a matching send",
-            g.name, rank_, op.count);
-      copy_local(*impl_, op.buf, sends[k++]->buf, op.count, t, rank_);
+  on_stream(*impl_, device_, rank_, g, "send_recv", call_info(), [&](ncclComm_t comm) {
+    if (g.size() == 1) {
+      // A ring of one: the k-th recv takes the k-th send.
+      std::vector<const p2p_op*> sends;
+      for (const auto& op : ops)
+        if (op.dir == p2p_op::kind::send) sends.push_back(&op);
+      std::size_t k = 0;
+      for (const auto& op : ops) {
+        if (op.dir != p2p_op::kind::recv) continue;
+        if (k >= sends.size() || sends[k]->count != op.count)
+          fail<error>(
+              "send_recv on '{}': rank {} receives {} elements from itself without a matching send",
+              g.name, rank_, op.count);
+        copy_local(*impl_, op.buf, sends[k++]->buf, op.count, t, rank_);
+      }
+    } else if (!ops.empty()) {
+      SEQPAR_NCCL(comm, ncclGroupStart);
+      for (const auto& op : ops) {
+        if (op.count <= 0) continue;
+        if (op.dir == p2p_op::kind::send)
+          SEQPAR_NCCL(comm, ncclSend, op.buf, static_cast<std::size_t>(op.count), nccl_type(t),
+                      op.peer, comm, impl_->stream);
+        else
+          SEQPAR_NCCL(comm, ncclRecv, op.buf, static_cast<std::size_t>(op.count), nccl_type(t),
+                      op.peer, comm, impl_->stream);
+      }
+      SEQPAR_NCCL(comm, ncclGroupEnd);
     }
-  } else if (!ops.empty()) {
-    SEQPAR_NCCL(comm, ncclGroupStart);
-    for (const auto& op : ops) {
-      if (op.count <= 0) continue;
-      if (op.dir == p2p_op::kind::send)
-        SEQPAR_NCCL(comm, ncclSend, op.buf, static_cast<std::size_t>(op.count), nccl_type(t),
-                    op.peer, comm, impl_->stream);
-      else
-        SEQPAR_NCCL(comm, ncclRecv, op.buf, static_cast<std::size_t>(op.count), nccl_type(t),
-                    op.peer, comm, impl_->stream);
-    }
-    SEQPAR_NCCL(comm, ncclGroupEnd);
-  }
-  wait_done(*impl_, comm, what_of("send_recv", g, call_info()), rank_);
+  });
 }
 
 void nccl_communicator::do_barrier(const comm_group& g) {
-  ncclComm_t comm = comm_of(*impl_, g, rank_);
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  after_compute(*impl_, rank_);
-  if (g.size() > 1)
-    SEQPAR_NCCL(comm, ncclAllReduce, impl_->one, impl_->one, 1, ncclFloat32, ncclSum, comm,
-                impl_->stream);
-  wait_done(*impl_, comm, what_of("barrier", g, call_info()), rank_);
+  on_stream(*impl_, device_, rank_, g, "barrier", call_info(), [&](ncclComm_t comm) {
+    if (g.size() > 1)
+      SEQPAR_NCCL(comm, ncclAllReduce, impl_->one, impl_->one, 1, ncclFloat32, ncclSum, comm,
+                  impl_->stream);
+  });
 }
 
 #if defined(SEQPAR_HAVE_MPI)

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -11,8 +12,6 @@
 #include <mutex>
 
 #if defined(SEQPAR_HAVE_MPI)
-#include <mpi.h>
-
 #include "mpi/mpi_comm.hpp"
 #endif
 
@@ -283,41 +282,27 @@ bool launched_with_several_ranks() {
 #if defined(SEQPAR_HAVE_MPI)
 namespace {
 
-/// Rows as text lines for the gather to rank 0 (no NUL, '\t'-separated).
-std::string encode(const std::vector<compared_tensor>& rows) {
-  std::string out;
-  for (const auto& r : rows)
-    out += fmt::format("{}\t{}\t{}\t{:.17g}\t{:.17g}\t{:.17g}\t{}\t{}\n", r.rank, r.tensor, r.numel,
-                       r.max_abs, r.max_rel, r.tolerance, r.pass ? 1 : 0, r.note);
+/// One rank's capture as one float64 message for the gather to rank 0: per stage of
+/// validate_stages(), its length (−1 when the stage was not reached) and then its values.
+std::vector<double> pack(const capture& cap) {
+  std::vector<double> out;
+  for (const auto& st : validate_stages()) {
+    const auto it = cap.find(st);
+    out.push_back(it == cap.end() ? -1.0 : static_cast<double>(it->second.size()));
+    if (it != cap.end()) out.insert(out.end(), it->second.begin(), it->second.end());
+  }
   return out;
 }
 
-std::vector<compared_tensor> decode(const std::string& text) {
-  std::vector<compared_tensor> rows;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    const auto end = text.find('\n', pos);
-    const std::string line = text.substr(pos, end - pos);
-    pos = end == std::string::npos ? text.size() : end + 1;
-    std::vector<std::string> f;
-    std::size_t a = 0;
-    for (int i = 0; i < 7; ++i) {
-      const auto b = line.find('\t', a);
-      f.push_back(line.substr(a, b - a));
-      a = b + 1;
-    }
-    compared_tensor r;
-    r.rank = std::stoi(f[0]);
-    r.tensor = f[1];
-    r.numel = std::stoll(f[2]);
-    r.max_abs = std::stod(f[3]);
-    r.max_rel = std::stod(f[4]);
-    r.tolerance = std::stod(f[5]);
-    r.pass = f[6] == "1";
-    r.note = a <= line.size() ? line.substr(a) : "";
-    rows.push_back(std::move(r));
+capture unpack(const double* p) {
+  capture cap;
+  for (const auto& st : validate_stages()) {
+    const auto n = static_cast<std::int64_t>(*p++);
+    if (n < 0) continue;
+    cap[st].assign(p, p + n);
+    p += n;
   }
-  return rows;
+  return cap;
 }
 
 /// Every group of the attention sub-layer of every rank, in one order on all ranks.
@@ -372,33 +357,36 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
     c.synchronize();
   }
   rep.gpu_seconds = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  const auto ref = run_reference(s, cb, opt.type);  // every rank: all threads, compares its own
-  rep.reference_seconds = seconds_since(t0);
-  validate_tolerances(s, opt.type, max_abs_lse(ref), rep);
-  compare_rank(rank, got, ref[static_cast<std::size_t>(rank)], rep);
 
-  // Gather every rank's rows (and device name) on rank 0.
-  const std::string mine = encode(rep.rows);
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
-  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-  std::string all;
+  // Every rank's capture to rank 0 over the communicator (host buffers, MPI), padded to the
+  // longest; rank 0 compares every rank with the reference, as the device-local run does.
+  mpi::mpi_communicator world;
+  comm_group all{"validate.world", {}};
+  for (int r = 0; r < size; ++r) all.ranks.push_back(r);
+  auto mine = pack(got);
+  std::int64_t len = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> lens(static_cast<std::size_t>(size));
+  world.all_gather(all, &len, 1, lens.data(), dtype::i64, op_info{"validate.sizes", {}, {}});
+  const auto longest = *std::max_element(lens.begin(), lens.end());
+  mine.resize(static_cast<std::size_t>(longest), 0.0);
+  std::vector<double> gathered(static_cast<std::size_t>(longest * size));
+  world.all_gather(all, mine.data(), longest, gathered.data(), dtype::f64,
+                   op_info{"validate.gather", {}, {}});
+
+  std::int32_t verdict = 0;
   if (rank == 0) {
-    int total = 0;
-    for (int i = 0; i < size; ++i) {
-      displs[static_cast<std::size_t>(i)] = total;
-      total += lens[static_cast<std::size_t>(i)];
-    }
-    all.resize(static_cast<std::size_t>(total));
+    t0 = std::chrono::steady_clock::now();
+    const auto ref = run_reference(s, cb, opt.type);
+    rep.reference_seconds = seconds_since(t0);
+    validate_tolerances(s, opt.type, max_abs_lse(ref), rep);
+    for (int r = 0; r < size; ++r)
+      compare_rank(r, unpack(gathered.data() + r * longest), ref[static_cast<std::size_t>(r)], rep);
+    rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& x) { return x.pass; });
+    verdict = rep.pass ? 1 : 0;
   }
-  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0,
-              MPI_COMM_WORLD);
-  if (rank == 0) rep.rows = decode(all);
-  rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
-  int pass = rep.pass ? 1 : 0, all_pass = 0;
-  MPI_Allreduce(&pass, &all_pass, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  rep.pass = all_pass == 1;
+  // Every process learns rank 0's verdict (rank 0 contributes it, the others 0).
+  world.all_reduce(all, &verdict, 1, dtype::i32, op_info{"validate.verdict", {}, {}});
+  rep.pass = verdict == 1;
   return rep;
 }
 #else

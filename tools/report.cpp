@@ -1,0 +1,53 @@
+#include "report.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+
+namespace seqpar::cli {
+
+void add_report_flags(CLI::App& sub, bool& json, bool& quiet) {
+  sub.add_flag("--json", json, "machine-readable report");
+  sub.add_flag("--quiet,-q", quiet, "no progress lines on stderr");
+}
+
+std::function<void(std::string_view)> progress_printer(bool quiet) {
+  if (quiet) return nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  return [t0](std::string_view line) {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
+  };
+}
+
+std::string fmt_num(double x) { return std::isfinite(x) ? fmt::format("{:.3e}", x) : "inf"; }
+
+nlohmann::json json_num(double x) {
+  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json("inf");
+}
+
+nlohmann::json row_json(const compared_tensor& row, std::string_view name_key, bool with_rank) {
+  nlohmann::json j;
+  if (with_rank) j["rank"] = row.rank;
+  j[std::string(name_key)] = row.tensor;
+  j["numel"] = row.numel;
+  j["max_abs"] = json_num(row.max_abs);
+  j["max_rel"] = json_num(row.max_rel);
+  j["tolerance"] = row.tolerance;
+  j["pass"] = row.pass;
+  if (!row.note.empty()) j["note"] = row.note;
+  return j;
+}
+
+std::string row_cells(const compared_tensor& row) {
+  return fmt::format("{:>9} {:>11} {:>11} {:>11}  {}", row.numel, fmt_num(row.max_abs),
+                     fmt_num(row.max_rel), fmt_num(row.tolerance), row.pass ? "PASS" : "FAIL");
+}
+
+std::string row_cells_header() {
+  return fmt::format("{:>9} {:>11} {:>11} {:>11}  {}", "numel", "max abs", "max rel", "tolerance",
+                     "result");
+}
+
+}  // namespace seqpar::cli
