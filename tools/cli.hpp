@@ -7,6 +7,8 @@
 #include <functional>
 #include <string>
 
+#include "io/file.hpp"  // io::write_atomic: every output file of every subcommand
+
 namespace seqpar::cli {
 
 using action = std::function<int()>;
@@ -19,9 +21,5 @@ action add_record(CLI::App& app);
 action add_replay(CLI::App& app);
 action add_import(CLI::App& app);
 action add_validate(CLI::App& app);
-
-/// Writes `text` to `path` atomically (temp file + rename): a failed run never leaves a
-/// partial output file. "-" writes to stdout.
-void write_output(const std::string& path, const std::string& text);
 
 }  // namespace seqpar::cli

@@ -92,7 +92,7 @@ action add_check(CLI::App& app) {
     opt.progress = progress_printer(a->quiet);
     auto print = [a](const verify::check_report& rep) {
       for (const auto& w : rep.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
-      write_output("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
+      io::write_atomic("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
     };
     if (a->backend == "mpi") {
       // One cp rank per process under mpiexec; each process parses the same flags.

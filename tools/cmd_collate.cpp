@@ -75,7 +75,7 @@ action add_collate(CLI::App& app) {
     }
     auto cb = collate(io::batch_from_json(j, args->batch), opt);
     for (const auto& w : cb.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
-    write_output(args->out, args->json ? io::collated_to_json(cb).dump() + "\n" : table(cb));
+    io::write_atomic(args->out, args->json ? io::collated_to_json(cb).dump() + "\n" : table(cb));
     return 0;
   };
 }

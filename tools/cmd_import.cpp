@@ -36,7 +36,7 @@ action add_import(CLI::App& app) {
           "--from '{}' is unknown; use fr, kineto or nccl-log (pickle Flight "
           "Recorder dumps: convert with tools/fr_pickle_to_json.py first)",
           o->from);
-    trace::write_atomic(o->out, t.text());
+    io::write_atomic(o->out, t.text());
     fmt::print(stderr, "seqpar import: {} records from {} file(s) → {}\n", t.calls.size(),
                files.size(), o->out);
     for (const auto& n : t.meta.notes) fmt::print(stderr, "  note: {}\n", n);

@@ -170,7 +170,7 @@ action add_mesh(CLI::App& app) {
       fmt::print(stderr,
                  "seqpar: warning: VeOmni's ParallelState rejects cp (ring) > 1 (\"Ring attention "
                  "is not supported yet\"); shown are the groups its init_device_mesh builds\n");
-    write_output(args->out, args->json ? to_json(mesh).dump() + "\n" : table(mesh));
+    io::write_atomic(args->out, args->json ? to_json(mesh).dump() + "\n" : table(mesh));
     return 0;
   };
 }

@@ -164,7 +164,7 @@ action add_plan(CLI::App& app) {
     const scenario s = flags->resolve();
     auto cb = collate(make_batch(s), options_of(s));
     for (const auto& w : cb.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
-    write_output("-", *json ? plan_json(s, cb).dump() + "\n" : plan_text(s, cb));
+    io::write_atomic("-", *json ? plan_json(s, cb).dump() + "\n" : plan_text(s, cb));
     return 0;
   };
 }

@@ -25,7 +25,7 @@ action add_replay(CLI::App& app) {
   return [o]() {
     auto in = trace::reader::open(o->trace);
     const auto rep = replay::run(*in);
-    if (!o->html.empty()) trace::write_atomic(o->html, replay::to_html(rep));
+    if (!o->html.empty()) io::write_atomic(o->html, replay::to_html(rep));
     if (o->json)
       fmt::print("{}\n", replay::to_json(rep).dump(2));
     else

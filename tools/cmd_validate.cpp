@@ -122,7 +122,7 @@ action add_validate(CLI::App& app) {
       fmt::print(stderr, "seqpar: validate failed on the GPU backend: {}\n", e.what());
       return 1;
     }
-    if (root) write_output("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
+    if (root) io::write_atomic("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
     return rep.pass ? 0 : 1;
 #endif
   };

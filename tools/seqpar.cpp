@@ -2,46 +2,11 @@
 #include <fmt/core.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <vector>
 
 #include "cli.hpp"
 #include "core/error.hpp"
-
-namespace seqpar::cli {
-
-void write_output(const std::string& path, const std::string& text) {
-  if (path == "-") {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    return;
-  }
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path tmp = target;
-  tmp += ".seqpar-tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      fail<error>("cannot write '{}': the directory does not exist or is not writable", path);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      fail<error>("cannot write '{}': write failed (disk full?)", path);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    fail<error>("cannot write '{}': {}", path, ec.message());
-  }
-}
-
-}  // namespace seqpar::cli
 
 int main(int argc, char** argv) {
   using namespace seqpar;

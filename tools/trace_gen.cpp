@@ -10,6 +10,7 @@
 #include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
 #include "core/zigzag.hpp"
+#include "io/file.hpp"
 #include "scenario_flags.hpp"
 #include "trace/synth.hpp"
 
@@ -56,7 +57,7 @@ void unpad(synth_trace& t, const std::vector<std::int64_t>& tokens, int U) {
 }
 
 void write(const std::filesystem::path& dir, const std::string& name, const synth_trace& t) {
-  write_atomic((dir / name).string(), t.text());
+  io::write_atomic((dir / name).string(), t.text());
   fmt::print("wrote {}\n", (dir / name).string());
 }
 

@@ -10,14 +10,6 @@
 
 namespace seqpar::io {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail<error>("cannot read '{}': no such file or not readable", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 nlohmann::json scenario_to_json(const scenario& s) {
   return {{"name", s.name},
           {"profile", profile_name(s.profile)},

@@ -1,11 +1,12 @@
 #pragma once
-// The scenario as JSON (check's "scenario" object, --config files, trace meta) and whole-file
-// reads: shared by the CLI, the trace library and the tests.
+// The scenario as JSON (check's "scenario" object, --config files, trace meta): shared by the
+// CLI, the trace library and the tests.
 #include <nlohmann/json.hpp>
 
 #include <string>
 
 #include "core/scenario.hpp"
+#include "io/file.hpp"  // read_file, for the files these codecs read
 
 namespace seqpar::io {
 
@@ -15,8 +16,5 @@ nlohmann::json scenario_to_json(const scenario& s);
 scenario scenario_from_json(const nlohmann::json& j, scenario base);
 /// The command line that reproduces a scenario (`seqpar check …`).
 std::string scenario_command(const scenario& s, const std::string& subcommand = "check");
-
-/// Reads a whole file; throws seqpar::error naming the path when it cannot.
-std::string read_file(const std::string& path);
 
 }  // namespace seqpar::io

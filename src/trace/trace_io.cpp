@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.hpp"
+#include "io/file.hpp"
 
 namespace seqpar::trace {
 
@@ -369,36 +370,6 @@ std::string writer::text() const {
   return out;
 }
 
-void writer::write(const std::string& path) const { write_atomic(path, text()); }
-
-void write_atomic(const std::string& path, const std::string& text) {
-  if (path == "-") {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-    return;
-  }
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  fs::path tmp = target;
-  tmp += fmt::format(".seqpar-tmp-{}", static_cast<long>(::getpid()));
-  std::error_code ec;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      fail<error>("cannot write '{}': the directory does not exist or is not writable", path);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.close();
-    if (!out) {
-      fs::remove(tmp, ec);
-      fail<error>("cannot write '{}': write failed (disk full?)", path);
-    }
-  }
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    std::error_code ignore;
-    fs::remove(tmp, ignore);
-    fail<error>("cannot write '{}': {}", path, ec.message());
-  }
-}
+void writer::write(const std::string& path) const { io::write_atomic(path, text()); }
 
 }  // namespace seqpar::trace

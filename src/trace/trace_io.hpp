@@ -129,8 +129,4 @@ class writer {
   std::vector<std::string> lines_;
 };
 
-/// Writes `text` to `path` atomically (temp file in the same directory, then rename); the
-/// temp file is removed on any failure. "-" writes to stdout.
-void write_atomic(const std::string& path, const std::string& text);
-
 }  // namespace seqpar::trace

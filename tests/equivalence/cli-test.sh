@@ -3,10 +3,7 @@
 # constraint, and no partial output file. Usage: cli-test.sh path/to/seqpar
 set -u
 seqpar=$1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
+. "$(dirname "$0")/../support/harness.sh"
 
 # expect CODE "words in stderr/stdout" -- seqpar args…
 expect() {
@@ -16,15 +13,13 @@ expect() {
   out=$("$seqpar" "$@" 2>&1)
   rc=$?
   if [ "$rc" -ne "$code" ] || [[ "$out" != *"$words"* ]]; then
-    echo "FAIL: seqpar $* → exit $rc (want $code), output lacks '$words':"
+    fail "seqpar $* → exit $rc (want $code), output lacks '$words':"
     echo "$out" | head -5 | sed 's/^/    /'
-    failures=$((failures + 1))
   else
-    passes=$((passes + 1))
+    ok
   fi
   if [ "$code" -eq 2 ] && [[ "$out" == *"internal error"* || "$out" == *"terminate"* ]]; then
-    echo "FAIL: seqpar $* crashed instead of a clear message"
-    failures=$((failures + 1))
+    fail "seqpar $* crashed instead of a clear message"
   fi
 }
 
@@ -68,12 +63,12 @@ expect 2 "" -- collate --ulysses 2
 
 # No partial output file: a failing run leaves nothing behind.
 expect 2 "labels are not shifted" -- collate --batch "$tmp/unshifted.json" --out "$tmp/out.json"
-[ ! -e "$tmp/out.json" ] || { echo "FAIL: partial output left at $tmp/out.json"; failures=$((failures + 1)); }
+[ ! -e "$tmp/out.json" ] || { fail "partial output left at $tmp/out.json"; }
 echo '{"input_ids":[1,2,3,4,5],"labels":[2,3,4,5,-100],"position_ids":[0,1,2,3,4]}' > "$tmp/ok.json"
 expect 2 "cannot write" -- collate --batch "$tmp/ok.json" --out "$tmp/no/such/dir/out.json"
 expect 0 "" -- collate --ulysses 2 --batch "$tmp/ok.json" --json --out "$tmp/good.json"
-grep -q '"padded_length":6' "$tmp/good.json" || { echo "FAIL: collate --out wrote no result"; failures=$((failures + 1)); }
-ls "$tmp" | grep -q seqpar-tmp && { echo "FAIL: temp file left behind"; failures=$((failures + 1)); }
+grep -q '"padded_length":6' "$tmp/good.json" || { fail "collate --out wrote no result"; }
+ls "$tmp" | grep -q seqpar-tmp && { fail "temp file left behind"; }
 
 # Working commands and their contracts.
 expect 0 '"cu_seqlens":[0,5,6]' -- collate --ulysses 2 --batch "$tmp/ok.json" --json
@@ -103,5 +98,4 @@ for sub in check collate plan mesh record; do
   expect 0 "Example" -- "$sub" --help
 done
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

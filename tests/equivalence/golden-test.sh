@@ -9,11 +9,8 @@ seqpar=$(realpath "$1")
 src=$(realpath "$2")
 update=${3:-}
 golden="$src/tests/equivalence/data/golden"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/../support/harness.sh"
 mkdir -p "$golden"
-passes=0
-failures=0
 
 # Wall-clock seconds are the only fields allowed to differ between runs.
 mask_times() {
@@ -37,13 +34,12 @@ compare() {
   local name=$1 file=$2
   if [ "$update" = "--update" ]; then
     cp "$file" "$golden/$name.out"
-    passes=$((passes + 1))
+    ok
   elif ! cmp -s "$file" "$golden/$name.out"; then
-    echo "FAIL: $name differs from $golden/$name.out:"
+    fail "$name differs from $golden/$name.out:"
     diff "$golden/$name.out" "$file" | head -8 | sed 's/^/    /'
-    failures=$((failures + 1))
   else
-    passes=$((passes + 1))
+    ok
   fi
 }
 
@@ -92,5 +88,4 @@ for t in "$src"/traces/*.jsonl; do
   run "replay.trace.$name.json" -- replay "$name.jsonl" --json
 done
 
-echo "golden: $passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

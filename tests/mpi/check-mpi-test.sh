@@ -8,15 +8,7 @@ set -u
 seqpar=$1
 mpiexec=${2:-mpiexec}
 failing=$3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
-ok() { passes=$((passes + 1)); }
+. "$(dirname "$0")/../support/harness.sh"
 
 # rows_equal NAME NP -- scenario flags: --backend mpi on NP processes gives sim's rows exactly.
 rows_equal() {
@@ -99,5 +91,4 @@ if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$dt" -gt 20 ] || [[ "$out" != *"BA
   fail "killed rank: exit $rc after ${dt} s: $(head -12 <<< "$out")"
 else ok; fi
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish
