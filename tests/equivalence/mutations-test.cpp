@@ -67,9 +67,24 @@ verify::check_options collated(void (*bug)(collated_batch&)) {
   return o;
 }
 
+/// A compute bug: the decorator Bug over every rank's compute.
+template <class Bug>
+verify::check_options computed() {
+  verify::check_options o;
+  o.wrap_compute = wrap_compute_in<Bug>();
+  return o;
+}
+
+/// A transport bug: the decorator Bug (built with args) over every rank's communicator.
+template <class Bug, class... Args>
+verify::check_options transported(Args... args) {
+  verify::check_options o;
+  o.wrap_communicator = wrap_communicator_in<Bug>(args...);
+  return o;
+}
+
 TEST(mutations, avg_instead_of_sum_in_gradient_sync) {
-  verify::check_options bug;
-  bug.wrap_communicator = wrap_communicator_in<grad_sync_averaged>();
+  const auto bug = transported<grad_sync_averaged>();
   auto expect_grads_only = [](const std::set<std::string>& rows) {
     EXPECT_TRUE(rows.count("grad.lm_head") && rows.count("grad.embed")) << str(rows);
     EXPECT_FALSE(rows.count("loss") || rows.count("logits")) << str(rows);
@@ -96,8 +111,7 @@ TEST(mutations, wrong_pad_value) {
 }
 
 TEST(mutations, kv_heads_repeated_blockwise_instead_of_interleaved) {
-  verify::check_options bug;
-  bug.wrap_compute = wrap_compute_in<kv_heads_repeated_blockwise>();
+  const auto bug = computed<kv_heads_repeated_blockwise>();
   const auto rows = caught(make(4, 1, 8, 2, {9, 15}), bug);
   EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
@@ -108,8 +122,7 @@ TEST(mutations, cu_seqlens_not_covering_padding) {
 }
 
 TEST(mutations, off_by_one_in_the_all_to_all_plan) {
-  verify::check_options bug;
-  bug.wrap_communicator = wrap_communicator_in<all_to_all_blocks_one_peer_off>();
+  const auto bug = transported<all_to_all_blocks_one_peer_off>();
   const auto rows = caught(make(2, 1, 4, 2, {7, 9}), bug);
   EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
@@ -118,8 +131,7 @@ TEST(mutations, off_by_one_in_the_all_to_all_plan) {
 // rank too far (r±2), so at step 1 rank r holds the KV of r−2 while its zigzag section
 // (diagonal / lower / upper) was decided for r−1 (see ring_peers_off_by_one).
 TEST(mutations, ring_section_logic_off_by_one) {
-  verify::check_options bug;
-  bug.wrap_communicator = wrap_communicator_in<ring_peers_off_by_one>(std::string(".ring."));
+  const auto bug = transported<ring_peers_off_by_one>(std::string(".ring."));
   const auto rows = caught(make(1, 4, 2, 2, {16, 8}), bug);
   EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
@@ -141,8 +153,7 @@ TEST(mutations, ring_backward_variants_catch_section_bugs_too) {
   // forward stays exact, the gradients do not.
   auto s = make(2, 3, 4, 2, {12, 6});
   s.ring_backward = "ring";
-  verify::check_options bug;
-  bug.wrap_communicator = wrap_communicator_in<ring_peers_off_by_one>(std::string(".ring.bwd."));
+  const auto bug = transported<ring_peers_off_by_one>(std::string(".ring.bwd."));
   const auto rows = caught(s, bug);
   EXPECT_FALSE(rows.count("logits") || rows.count("loss")) << str(rows);
   EXPECT_TRUE(rows.count("grad.L0.wk") && rows.count("grad.L0.wq")) << str(rows);

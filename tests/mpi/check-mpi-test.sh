@@ -67,28 +67,30 @@ expect_exit 2 "mpiexec started P=2 processes but --backend mpi runs one cp rank 
 expect_exit 2 "num_heads=6 is not divisible by ulysses=4" 4 -- check --backend mpi --ulysses 4 --heads 6 --kv-heads 6
 expect_exit 2 "--dtype 'f16' is unknown" 2 -- check --backend mpi --ulysses 2 --dtype f16
 
+# failing_job NAME NP 'glob' -- failing_rank_check args…: the job ends (not 0, not the
+# timeout) within 20 s, and its output matches *glob*.
+failing_job() {
+  local name=$1 np=$2 words=$3
+  shift 4
+  local t0 out rc dt
+  t0=$(date +%s)
+  out=$(timeout 60 "$mpiexec" -n "$np" "$failing" "$@" 2>&1)
+  rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  echo "$name: exit $rc after ${dt} s"
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$dt" -gt 20 ] || [[ "$out" != *$words* ]]; then
+    fail "$name: exit $rc after ${dt} s: $(head -12 <<< "$out")"
+  else ok; fi
+}
+
 # A rank that throws mid-run: it prints the error naming itself and aborts the job (MPI_Abort),
 # the other ranks do not wait in the collective.
-t0=$(date +%s)
-out=$(timeout 60 "$mpiexec" -n 2 "$failing" --throw-at 1:loss.sum \
-  --ulysses 2 --ring 1 --layers 1 --docs 9,6 --heads 4 --kv-heads 2 2>&1)
-rc=$?
-dt=$(( $(date +%s) - t0 ))
-echo "throwing rank: exit $rc after ${dt} s"
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$dt" -gt 20 ] ||
-   [[ "$out" != *"seqpar: error: rank 1 on "*"injected failure: rank 1 throws at all_reduce (loss.sum)"* ]]; then
-  fail "throwing rank: exit $rc after ${dt} s: $(head -8 <<< "$out")"
-else ok; fi
+failing_job "throwing rank" 2 \
+  'seqpar: error: rank 1 on *injected failure: rank 1 throws at all_reduce (loss.sum)' \
+  -- --throw-at 1:loss.sum --ulysses 2 --ring 1 --layers 1 --docs 9,6 --heads 4 --kv-heads 2
 
 # A rank killed by SIGKILL mid-run (n = 4, inside the hybrid step): mpiexec ends the job.
-t0=$(date +%s)
-out=$(timeout 60 "$mpiexec" -n 4 "$failing" --die-at 3:loss.sum \
-  --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1 2>&1)
-rc=$?
-dt=$(( $(date +%s) - t0 ))
-echo "killed rank: exit $rc after ${dt} s"
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$dt" -gt 20 ] || [[ "$out" != *"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"* ]]; then
-  fail "killed rank: exit $rc after ${dt} s: $(head -12 <<< "$out")"
-else ok; fi
+failing_job "killed rank" 4 'BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES' \
+  -- --die-at 3:loss.sum --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1
 
 finish

@@ -136,6 +136,24 @@ def _batch_tensors(batch):
     return out
 
 
+def _rank_entry(r, out):
+    """What one cp rank received, in the fixture's keys; q and k cu_seqlens must agree."""
+    cu_q, cu_k = out["cu_seq_lens_q"], out["cu_seq_lens_k"]
+    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k), (cu_q, cu_k)
+    assert out["max_length_q"] == out["max_length_k"] and isinstance(out["max_length_q"], int)
+    rank = {
+        "cp_rank": r,
+        "input_ids": _lst(out["input_ids"]),
+        "labels": _lst(out["labels"]),
+        "position_ids": _lst(out["position_ids"]),
+    }
+    if "attention_mask" in out:
+        rank["attention_mask"] = _lst(out["attention_mask"])
+    rank["cu_seqlens"] = _lst(cu_q)
+    rank["max_seqlen"] = int(out["max_length_q"])
+    return rank
+
+
 def run_xorl(mod, U, R, pad_token_id, batch):
     C = U * R
     ranks = []
@@ -147,20 +165,7 @@ def run_xorl(mod, U, R, pad_token_id, batch):
         except Exception as e:
             e.seqpar_cp_rank = r
             raise
-        cu_q, cu_k = out["cu_seq_lens_q"], out["cu_seq_lens_k"]
-        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k), (cu_q, cu_k)
-        assert out["max_length_q"] == out["max_length_k"] and isinstance(out["max_length_q"], int)
-        rank = {
-            "cp_rank": r,
-            "input_ids": _lst(out["input_ids"]),
-            "labels": _lst(out["labels"]),
-            "position_ids": _lst(out["position_ids"]),
-        }
-        if "attention_mask" in out:
-            rank["attention_mask"] = _lst(out["attention_mask"])
-        rank["cu_seqlens"] = _lst(cu_q)
-        rank["max_seqlen"] = int(out["max_length_q"])
-        ranks.append(rank)
+        ranks.append(_rank_entry(r, out))
     # The padded length the collator builds (before zigzag, which can drop tokens: see README).
     pm = 2 * C if R > 1 else C
     L = len(batch["input_ids"])
@@ -187,20 +192,8 @@ def run_veomni(mod, U, R, batch):
         except Exception as e:
             e.seqpar_cp_rank = r
             raise
-        cu_q = out["cu_seq_lens_q"]
-        assert cu_q.dtype == torch.int32
-        assert torch.equal(cu_q, out["cu_seq_lens_k"]) and torch.equal(cu_q, out["linear_attn_cu_seq_lens_q"])
-        assert out["max_length_q"] == out["max_length_k"] and isinstance(out["max_length_q"], int)
-        rank = {
-            "cp_rank": r,
-            "input_ids": _lst(out["input_ids"]),
-            "labels": _lst(out["labels"]),
-            "position_ids": _lst(out["position_ids"]),
-        }
-        if "attention_mask" in out:
-            rank["attention_mask"] = _lst(out["attention_mask"])
-        rank["cu_seqlens"] = _lst(cu_q)
-        rank["max_seqlen"] = int(out["max_length_q"])
+        assert torch.equal(out["cu_seq_lens_q"], out["linear_attn_cu_seq_lens_q"])
+        rank = _rank_entry(r, out)
         if "tail_padding_length" in out:
             t = out["tail_padding_length"]
             assert t.dtype == torch.int32 and t.dim() == 0
