@@ -20,6 +20,22 @@ inline bool overlaps(const void* a, std::size_t na, const void* b, std::size_t n
   return pa < pb + nb && pb < pa + na;
 }
 
+/// Bytes to stage the receives of one send_recv in: every recv's bytes when any recv buffer
+/// overlaps a buffer the same call sends from (the sends must read the old values), else 0.
+inline std::size_t recv_stage_bytes(std::span<const p2p_op> ops, std::size_t esz) {
+  bool staged = false;
+  std::size_t bytes = 0;
+  for (const auto& r : ops) {
+    if (r.dir != p2p_op::kind::recv) continue;
+    bytes += static_cast<std::size_t>(r.count) * esz;
+    for (const auto& s : ops)
+      if (s.dir == p2p_op::kind::send && overlaps(r.buf, static_cast<std::size_t>(r.count) * esz,
+                                                  s.buf, static_cast<std::size_t>(s.count) * esz))
+        staged = true;
+  }
+  return staged ? bytes : 0;
+}
+
 /// Sum of per-peer counts (each already checked non-negative by communicator's public call).
 inline std::int64_t total(std::span<const std::int64_t> counts) {
   std::int64_t sum = 0;

@@ -516,16 +516,8 @@ void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op>
                                     {}},
                          ops);
   // Receive into a staging area when a recv buffer overlaps a buffer this rank sends from.
-  bool staged = false;
-  std::size_t stage_bytes = 0;
-  for (const auto& r : ops) {
-    if (r.dir != p2p_op::kind::recv) continue;
-    stage_bytes += r.count * esz;
-    for (const auto& s : ops)
-      if (s.dir == p2p_op::kind::send && overlaps(r.buf, r.count * esz, s.buf, s.count * esz))
-        staged = true;
-  }
-  std::vector<std::byte> stage(staged ? stage_bytes : 0);
+  std::vector<std::byte> stage(comm_checks::recv_stage_bytes(ops, esz));
+  const bool staged = !stage.empty();
   const auto type = mpi_type(t);
   // Messages between a pair are matched in posting order: same communicator, same tag, and MPI
   // does not let messages of one (source, tag, comm) overtake each other.

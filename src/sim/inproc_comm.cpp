@@ -146,16 +146,8 @@ void inproc_communicator::do_all_reduce(const comm_group& g, void* buf, std::int
 void inproc_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) {
   const auto esz = dtype_size(t);
   // Stage every recv when any recv buffer overlaps a buffer this rank sends from.
-  bool staged = false;
-  std::size_t stage_bytes = 0;
-  for (const auto& r : ops) {
-    if (r.dir != p2p_op::kind::recv) continue;
-    stage_bytes += r.count * esz;
-    for (const auto& s : ops)
-      if (s.dir == p2p_op::kind::send && overlaps(r.buf, r.count * esz, s.buf, s.count * esz))
-        staged = true;
-  }
-  std::vector<std::byte> stage(staged ? stage_bytes : 0);
+  std::vector<std::byte> stage(comm_checks::recv_stage_bytes(ops, esz));
+  const bool staged = !stage.empty();
 
   auto mine = rendezvous_slot::of("send_recv", t, nullptr, 0, call_info().tag);
   mine.ops = ops;

@@ -16,53 +16,16 @@
 
 #include "core/error.hpp"
 #include "sim/inproc_comm.hpp"
+#include "support/comm_values.hpp"
 
 namespace {
 
 using namespace seqpar;
+using namespace seqpar::test;
 
 mpi::mpi_communicator* g_comm = nullptr;  // one per process, created in main
 
 mpi::mpi_communicator& comm() { return *g_comm; }
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-/// Element `index` of rank `rank`: floats in [-1, 1) with full mantissas (so summation order
-/// shows), integers in [-1000, 1000], bf16 as raw 16-bit patterns.
-template <class T>
-T value(std::uint64_t seed, int rank, std::int64_t index) {
-  const auto h = mix(mix(seed * 1000003 + static_cast<std::uint64_t>(rank)) +
-                     static_cast<std::uint64_t>(index));
-  if constexpr (std::is_floating_point_v<T>)
-    return static_cast<T>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-  else if constexpr (std::is_same_v<T, std::uint16_t>)
-    return static_cast<T>(h);
-  else
-    return static_cast<T>(static_cast<std::int64_t>(h % 2001) - 1000);
-}
-
-template <class T>
-dtype type_of() {
-  if constexpr (std::is_same_v<T, std::uint16_t>)
-    return dtype::bf16;
-  else
-    return dtype_of<T>();
-}
-
-template <class T>
-std::int64_t count_wrong(const std::vector<T>& got, const std::vector<T>& want) {
-  if (got.size() != want.size())
-    return static_cast<std::int64_t>(std::max(got.size(), want.size()));
-  std::int64_t wrong = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    wrong += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
-  return wrong;
-}
 
 op_info tagged(std::string tag) {
   op_info info;
