@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "core/compare.hpp"
 #include "core/rng.hpp"
 #include "core/scenario.hpp"
 #include "gpu/cuda_compute.hpp"
@@ -31,16 +32,7 @@ std::vector<double> values(std::size_t n, std::uint64_t stream, dtype t = dtype:
   return v;
 }
 double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return std::numeric_limits<double>::infinity();
-      continue;
-    }
-    num = std::max(num, std::abs(a[i] - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return den > 0 ? num / den : num;
+  return compare_values("", a, b, 0).max_rel;
 }
 
 struct device : ::testing::Test {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/compare.hpp"
 #include "core/rng.hpp"
 #include "gpu/kernels/attention.hpp"
 #include "gpu/kernels/bf16.hpp"
@@ -56,17 +57,7 @@ std::vector<double> rounded(const std::vector<double>& v) {
 }
 /// Normwise max|a − b| / max|b|; equal infinities count as equal.
 double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return std::numeric_limits<double>::infinity();
-      continue;
-    }
-    num = std::max(num, std::abs(a[i] - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return den > 0 ? num / den : num;
+  return compare_values("", a, b, 0).max_rel;
 }
 
 // ---- bf16 ----
