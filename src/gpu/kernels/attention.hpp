@@ -112,6 +112,28 @@ SEQPAR_HD void stage_rows(int t, int nthreads, const T* src, int first, int rows
   }
 }
 
+/// Where a tile's document lies: the first row and the length of its queries and of its keys.
+struct doc_rows {
+  int q0, lq, k0, lk;
+};
+template <class T>
+SEQPAR_HD doc_rows rows_of(const attn_params<T>& p, attn_tile tile) {
+  const int q0 = p.cu_q[tile.doc], k0 = p.cu_k[tile.doc];
+  return {q0, p.cu_q[tile.doc + 1] - q0, k0, p.cu_k[tile.doc + 1] - k0};
+}
+
+/// Stages `cols` rows of K and V (global key row `first`, KV head g) into sm.k and sm.v, between
+/// two barriers: the previous tile's readers are done, and the next readers see the whole tile.
+template <int DMAX, class T, class Exec, class Smem>
+SEQPAR_HD void stage_kv(Exec& ex, const attn_params<T>& p, int first, int cols, int g, Smem& sm) {
+  ex.sync();
+  ex.each([&](int t, auto&) {
+    stage_rows<DMAX>(t, ex.threads(), p.k, first, cols, p.hkv, g, p.d, 1.f, sm.k);
+    stage_rows<DMAX>(t, ex.threads(), p.v, first, cols, p.hkv, g, p.d, 1.f, sm.v);
+  });
+  ex.sync();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward.
 
@@ -132,8 +154,7 @@ template <class Cfg, class T, class Exec>
 SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile, int h,
                               fwd_smem<Cfg>& sm) {
   constexpr int DMAX = Cfg::dmax, BC = Cfg::bc;
-  const int q0 = p.cu_q[tile.doc], lq = p.cu_q[tile.doc + 1] - q0;
-  const int k0 = p.cu_k[tile.doc], lk = p.cu_k[tile.doc + 1] - k0;
+  const auto [q0, lq, k0, lk] = rows_of(p, tile);
   const int g = h / p.group(), d = p.d;
   const int k_end = causal_k_end(p.causal, tile.start + tile.rows, lq, lk);
   ex.each([&](int t, fwd_state<DMAX>& st) {
@@ -150,12 +171,7 @@ SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile,
   });
   for (int j0 = 0; j0 < k_end; j0 += BC) {
     const int cols = k_end - j0 < BC ? k_end - j0 : BC;
-    ex.sync();
-    ex.each([&](int t, fwd_state<DMAX>&) {
-      stage_rows<DMAX>(t, ex.threads(), p.k, k0 + j0, cols, p.hkv, g, d, 1.f, sm.k);
-      stage_rows<DMAX>(t, ex.threads(), p.v, k0 + j0, cols, p.hkv, g, d, 1.f, sm.v);
-    });
-    ex.sync();
+    stage_kv<DMAX>(ex, p, k0 + j0, cols, g, sm);
     ex.each([&](int t, fwd_state<DMAX>& st) {
       if (t >= tile.rows) return;
       const int i = tile.start + t;
@@ -225,8 +241,7 @@ template <class Cfg, class T, class Exec>
 SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, int h,
                              dq_smem<Cfg>& sm) {
   constexpr int DMAX = Cfg::dmax, BC = Cfg::bc;
-  const int q0 = p.cu_q[tile.doc], lq = p.cu_q[tile.doc + 1] - q0;
-  const int k0 = p.cu_k[tile.doc], lk = p.cu_k[tile.doc + 1] - k0;
+  const auto [q0, lq, k0, lk] = rows_of(p, tile);
   const int g = h / p.group(), d = p.d;
   const int k_end = causal_k_end(p.causal, tile.start + tile.rows, lq, lk);
   ex.each([&](int t, dq_state<DMAX>& st) {
@@ -244,12 +259,7 @@ SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, 
   });
   for (int j0 = 0; j0 < k_end; j0 += BC) {
     const int cols = k_end - j0 < BC ? k_end - j0 : BC;
-    ex.sync();
-    ex.each([&](int t, dq_state<DMAX>&) {
-      stage_rows<DMAX>(t, ex.threads(), p.k, k0 + j0, cols, p.hkv, g, d, 1.f, sm.k);
-      stage_rows<DMAX>(t, ex.threads(), p.v, k0 + j0, cols, p.hkv, g, d, 1.f, sm.v);
-    });
-    ex.sync();
+    stage_kv<DMAX>(ex, p, k0 + j0, cols, g, sm);
     ex.each([&](int t, dq_state<DMAX>& st) {
       if (t >= tile.rows || is_neg_inf(st.lse)) return;  // a row that saw nothing: dq = 0
       const int i = tile.start + t;
@@ -295,8 +305,7 @@ template <class Cfg, class T, class Exec>
 SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile, int g,
                                dkdv_smem<Cfg>& sm) {
   constexpr int DMAX = Cfg::dmax, BQ = Cfg::bq;
-  const int q0 = p.cu_q[tile.doc], lq = p.cu_q[tile.doc + 1] - q0;
-  const int k0 = p.cu_k[tile.doc], lk = p.cu_k[tile.doc + 1] - k0;
+  const auto [q0, lq, k0, lk] = rows_of(p, tile);
   const int d = p.d, group = p.group();
   const int i_begin = causal_q_begin(p.causal, tile.start, lq, lk);
   ex.each([&](int t, dkdv_state<DMAX>& st) {
