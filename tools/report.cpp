@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/timing.hpp"
+
 namespace seqpar::cli {
 
 void add_report_flags(CLI::App& sub, bool& json, bool& quiet) {
@@ -16,8 +18,7 @@ std::function<void(std::string_view)> progress_printer(bool quiet) {
   if (quiet) return nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   return [t0](std::string_view line) {
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    fmt::print(stderr, "[{:6.2f}s] {}\n", t, line);
+    fmt::print(stderr, "[{:6.2f}s] {}\n", seconds_since(t0), line);
   };
 }
 

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/layout.hpp"
 #include "core/mesh.hpp"
+#include "core/timing.hpp"
 #include "core/ulysses.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
@@ -82,10 +83,6 @@ reference_inputs reference_inputs_of(const scenario& s) {
 }
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 compared_tensor compare(std::string name, const std::vector<double>& got,
                         const std::vector<double>& want, double tol, double floor = 0) {

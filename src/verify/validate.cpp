@@ -19,6 +19,7 @@
 #include "core/layout.hpp"
 #include "core/mesh.hpp"
 #include "core/rng.hpp"
+#include "core/timing.hpp"
 #include "core/ulysses.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/cuda_compute.hpp"
@@ -230,10 +231,6 @@ std::string device_name(int device) {
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "?";
   return fmt::format("{} (sm_{}{})", p.name, p.major, p.minor);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace

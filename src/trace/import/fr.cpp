@@ -49,7 +49,7 @@ std::vector<dims> shapes(const json* v, const std::string& where, const char* ke
   return out;
 }
 
-int rank_from_name(const std::string& path) {
+int rank_from_trailing_number(const std::string& path) {
   static const std::regex re(R"((\d+)(\.[A-Za-z]+)?$)");
   std::smatch m;
   const auto name = std::filesystem::path(path).filename().string();
@@ -96,7 +96,7 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     if (const auto* r = field(dump, "rank"); r && r->is_number_integer())
       rank = r->get<int>();
     else
-      rank = rank_from_name(path);
+      rank = rank_from_trailing_number(path);
     if (rank < 0 || rank >= (1 << 20))
       fail<trace_error>(
           "{}: cannot tell which rank wrote this dump: add a \"rank\" key or name "

@@ -68,7 +68,7 @@ split_list parse_splits(const json& a, const char* key) {
   return s;
 }
 
-int rank_from_name(const std::string& path) {
+int rank_from_file_name(const std::string& path) {
   static const std::regex re(R"(rank[_-]?(\d+))", std::regex::icase);
   std::smatch m;
   const auto name = std::filesystem::path(path).filename().string();
@@ -114,7 +114,7 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
       if (const auto* di = arg(doc, "distributedInfo"); di && di->is_object())
         if (auto w = int_arg(*di, "world_size"))
           world = std::max<int>(world, static_cast<int>(std::min<std::int64_t>(*w, 1 << 20)));
-    if (file_rank < 0) file_rank = rank_from_name(path);
+    if (file_rank < 0) file_rank = rank_from_file_name(path);
     std::size_t n = 0;
     for (const auto& e : *events) {
       if (!e.is_object() || str_arg(e, "name") != "record_param_comms") continue;
