@@ -447,16 +447,33 @@ instance<T> keys_slice(const instance<T>& in, From from, To to) {
   return out;
 }
 
-/// Partial forward over a key subset, then merged into (out, lse).
+/// Every document's keys split at n/2: [0, n/2) and [n/2, n).
 template <class T>
-void forward_and_merge(const instance<T>& part, bool causal, std::vector<T>& out,
-                       std::vector<T>& lse) {
-  auto a = part.args();
-  a.causal = causal;
-  std::vector<T> o(part.q_size()), l(part.lse_size());
-  seqpar::sim::attention_forward(a, o.data(), l.data(), attention_tiles{4, 4});
-  seqpar::sim::lse_merge(out.data(), lse.data(), o.data(), l.data(), part.pr.sq(), part.pr.hq,
-                         part.pr.d);
+std::pair<instance<T>, instance<T>> key_halves(const instance<T>& in) {
+  return {keys_slice(
+              in, [](std::size_t, int) { return 0; }, [](std::size_t, int n) { return n / 2; }),
+          keys_slice(
+              in, [](std::size_t, int n) { return n / 2; }, [](std::size_t, int n) { return n; })};
+}
+
+/// Partial forwards over key subsets (each causal or not), merged from empty (out 0, lse −inf);
+/// the result must equal attention over all keys.
+template <class T>
+void expect_merge_equals_full(const instance<T>& in,
+                              std::initializer_list<std::pair<const instance<T>*, bool>> parts) {
+  const auto full = run(in, kernel::naive);
+  std::vector<T> out(in.q_size(), 0.0);
+  std::vector<T> lse(in.lse_size(), -std::numeric_limits<T>::infinity());
+  for (const auto& [part, causal] : parts) {
+    auto a = part->args();
+    a.causal = causal;
+    std::vector<T> o(part->q_size()), l(part->lse_size());
+    seqpar::sim::attention_forward(a, o.data(), l.data(), attention_tiles{4, 4});
+    seqpar::sim::lse_merge(out.data(), lse.data(), o.data(), l.data(), part->pr.sq(), part->pr.hq,
+                           part->pr.d);
+  }
+  EXPECT_LE(max_rel_diff(out, full.out), 1e-14);
+  EXPECT_LE(max_rel_diff(lse, full.lse), 1e-14);
 }
 
 TEST(attention, lse_merge_of_key_halves_equals_full_attention) {
@@ -468,17 +485,8 @@ TEST(attention, lse_merge_of_key_halves_equals_full_attention) {
   p.hkv = 2;
   p.d = 8;
   const instance<double> in(p);
-  const auto full = run(in, kernel::naive);
-  const auto first = keys_slice(
-      in, [](std::size_t, int) { return 0; }, [](std::size_t, int n) { return n / 2; });
-  const auto second = keys_slice(
-      in, [](std::size_t, int n) { return n / 2; }, [](std::size_t, int n) { return n; });
-  std::vector<double> out(in.q_size(), 0.0);
-  std::vector<double> lse(in.lse_size(), -std::numeric_limits<double>::infinity());
-  forward_and_merge(first, false, out, lse);
-  forward_and_merge(second, false, out, lse);
-  EXPECT_LE(max_rel_diff(out, full.out), 1e-14);
-  EXPECT_LE(max_rel_diff(lse, full.lse), 1e-14);
+  const auto [first, second] = key_halves(in);
+  expect_merge_equals_full(in, {{&first, false}, {&second, false}});
 }
 
 TEST(attention, lse_merge_of_prefix_and_causal_diagonal_equals_causal_attention) {
@@ -492,17 +500,11 @@ TEST(attention, lse_merge_of_prefix_and_causal_diagonal_equals_causal_attention)
   p.d = 6;
   p.causal = true;
   const instance<double> in(p);
-  const auto full = run(in, kernel::naive);
   const auto split = [&](std::size_t doc, int n) { return n - p.q_lens[doc]; };
   const auto prefix = keys_slice(
       in, [](std::size_t, int) { return 0; }, split);
   const auto diagonal = keys_slice(in, split, [](std::size_t, int n) { return n; });
-  std::vector<double> out(in.q_size(), 0.0);
-  std::vector<double> lse(in.lse_size(), -std::numeric_limits<double>::infinity());
-  forward_and_merge(diagonal, true, out, lse);
-  forward_and_merge(prefix, false, out, lse);
-  EXPECT_LE(max_rel_diff(out, full.out), 1e-14);
-  EXPECT_LE(max_rel_diff(lse, full.lse), 1e-14);
+  expect_merge_equals_full(in, {{&diagonal, true}, {&prefix, false}});
 }
 
 TEST(attention, backward_with_merged_lse_gives_each_key_block_its_share) {
@@ -516,10 +518,7 @@ TEST(attention, backward_with_merged_lse_gives_each_key_block_its_share) {
   p.d = 5;
   const instance<double> in(p);
   const auto full = run(in, kernel::naive);
-  const auto first = keys_slice(
-      in, [](std::size_t, int) { return 0; }, [](std::size_t, int n) { return n / 2; });
-  const auto second = keys_slice(
-      in, [](std::size_t, int n) { return n / 2; }, [](std::size_t, int n) { return n; });
+  const auto [first, second] = key_halves(in);
   std::vector<double> dq_sum(in.q_size(), 0.0), dk_cat, dv_cat;
   std::vector<std::vector<double>> dks, dvs;
   for (const auto* part : {&first, &second}) {

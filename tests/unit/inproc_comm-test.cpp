@@ -57,36 +57,45 @@ std::vector<comm_group> test_groups(int P) {
 }
 
 // Elements member i sends to member j in the uneven all_to_all (zeros included).
+/// Runs body(c, g, gi, me) on every rank for every test group it belongs to (gi the group's
+/// index, me the rank's index in it); body returns how many received elements were wrong.
+template <class Body>
+void on_every_group(int P, dtype t, const Body& body) {
+  std::atomic<std::int64_t> wrong{0};
+  run_ranks(P, [&](communicator& c) {
+    const auto groups = test_groups(P);
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      const int me = groups[gi].index_of(c.rank());
+      if (me >= 0) wrong += body(c, groups[gi], static_cast<std::int64_t>(gi), me);
+    }
+  });
+  EXPECT_EQ(wrong, 0) << "P=" << P << " dtype=" << dtype_name(t);
+}
+
 std::int64_t a2a_count(std::uint64_t seed, int i, int j) {
   return static_cast<std::int64_t>((seed + 3 * i + 5 * j + i * j) % 4);
 }
 
 template <class T>
 void check_all_to_all(int P, dtype t, std::uint64_t seed) {
-  std::atomic<std::int64_t> wrong{0}, checked{0};
-  run_ranks(P, [&](communicator& c) {
-    const auto groups = test_groups(P);
-    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      const auto& g = groups[gi];
-      const int me = g.index_of(c.rank()), n = g.size();
-      if (me < 0) continue;
-      std::vector<std::int64_t> sc(n), rc(n);
-      std::vector<T> send, want;
-      for (int j = 0; j < n; ++j) {
-        sc[j] = a2a_count(seed, me, j);
-        rc[j] = a2a_count(seed, j, me);
-        for (std::int64_t k = 0; k < sc[j]; ++k)
-          send.push_back(value<T>(seed, c.rank(), gi * 1000000 + j * 1000 + k));
-        for (std::int64_t k = 0; k < rc[j]; ++k)
-          want.push_back(value<T>(seed, g.ranks[j], gi * 1000000 + me * 1000 + k));
-      }
-      std::vector<T> recv(want.size());
-      c.all_to_all(g, send.data(), sc, recv.data(), rc, t, tagged("a2a"));
-      wrong += count_wrong(recv, want);
-      checked += static_cast<std::int64_t>(want.size());
+  std::atomic<std::int64_t> checked{0};
+  on_every_group(P, t, [&](communicator& c, const comm_group& g, std::int64_t gi, int me) {
+    const int n = g.size();
+    std::vector<std::int64_t> sc(n), rc(n);
+    std::vector<T> send, want;
+    for (int j = 0; j < n; ++j) {
+      sc[j] = a2a_count(seed, me, j);
+      rc[j] = a2a_count(seed, j, me);
+      for (std::int64_t k = 0; k < sc[j]; ++k)
+        send.push_back(value<T>(seed, c.rank(), gi * 1000000 + j * 1000 + k));
+      for (std::int64_t k = 0; k < rc[j]; ++k)
+        want.push_back(value<T>(seed, g.ranks[j], gi * 1000000 + me * 1000 + k));
     }
+    std::vector<T> recv(want.size());
+    c.all_to_all(g, send.data(), sc, recv.data(), rc, t, tagged("a2a"));
+    checked += static_cast<std::int64_t>(want.size());
+    return count_wrong(recv, want);
   });
-  EXPECT_EQ(wrong, 0) << "P=" << P << " dtype=" << dtype_name(t);
   if (P > 1) {
     EXPECT_GT(checked, 0);
   }
@@ -94,23 +103,16 @@ void check_all_to_all(int P, dtype t, std::uint64_t seed) {
 
 template <class T>
 void check_all_gather(int P, dtype t, std::uint64_t seed) {
-  std::atomic<std::int64_t> wrong{0};
-  run_ranks(P, [&](communicator& c) {
-    const auto groups = test_groups(P);
-    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      const auto& g = groups[gi];
-      if (g.index_of(c.rank()) < 0) continue;
-      const std::int64_t count = 1 + static_cast<std::int64_t>(gi % 3);
-      std::vector<T> send(count), want;
-      for (std::int64_t k = 0; k < count; ++k) send[k] = value<T>(seed, c.rank(), gi * 100 + k);
-      for (int r : g.ranks)
-        for (std::int64_t k = 0; k < count; ++k) want.push_back(value<T>(seed, r, gi * 100 + k));
-      std::vector<T> recv(want.size());
-      c.all_gather(g, send.data(), count, recv.data(), t);
-      wrong += count_wrong(recv, want);
-    }
+  on_every_group(P, t, [&](communicator& c, const comm_group& g, std::int64_t gi, int) {
+    const std::int64_t count = 1 + static_cast<std::int64_t>(gi % 3);
+    std::vector<T> send(count), want;
+    for (std::int64_t k = 0; k < count; ++k) send[k] = value<T>(seed, c.rank(), gi * 100 + k);
+    for (int r : g.ranks)
+      for (std::int64_t k = 0; k < count; ++k) want.push_back(value<T>(seed, r, gi * 100 + k));
+    std::vector<T> recv(want.size());
+    c.all_gather(g, send.data(), count, recv.data(), t);
+    return count_wrong(recv, want);
   });
-  EXPECT_EQ(wrong, 0) << "P=" << P << " dtype=" << dtype_name(t);
 }
 
 // The sum of `terms` left to right: the order the communicator promises.
@@ -123,84 +125,63 @@ T sum_in_order(const std::vector<T>& terms) {
 
 template <class T>
 void check_reduce_scatter(int P, dtype t, std::uint64_t seed) {
-  std::atomic<std::int64_t> wrong{0};
-  run_ranks(P, [&](communicator& c) {
-    const auto groups = test_groups(P);
-    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      const auto& g = groups[gi];
-      const int me = g.index_of(c.rank()), n = g.size();
-      if (me < 0) continue;
-      const std::int64_t count = 5;
-      std::vector<T> send(n * count), want(count), recv(count);
-      for (std::int64_t i = 0; i < n * count; ++i) send[i] = value<T>(seed, c.rank(), gi * 100 + i);
-      for (std::int64_t k = 0; k < count; ++k) {
-        std::vector<T> terms;
-        for (int r : g.ranks) terms.push_back(value<T>(seed, r, gi * 100 + me * count + k));
-        want[k] = sum_in_order(terms);
-      }
-      c.reduce_scatter(g, send.data(), recv.data(), count, t);
-      wrong += count_wrong(recv, want);
+  on_every_group(P, t, [&](communicator& c, const comm_group& g, std::int64_t gi, int me) {
+    const int n = g.size();
+    const std::int64_t count = 5;
+    std::vector<T> send(n * count), want(count), recv(count);
+    for (std::int64_t i = 0; i < n * count; ++i) send[i] = value<T>(seed, c.rank(), gi * 100 + i);
+    for (std::int64_t k = 0; k < count; ++k) {
+      std::vector<T> terms;
+      for (int r : g.ranks) terms.push_back(value<T>(seed, r, gi * 100 + me * count + k));
+      want[k] = sum_in_order(terms);
     }
+    c.reduce_scatter(g, send.data(), recv.data(), count, t);
+    return count_wrong(recv, want);
   });
-  EXPECT_EQ(wrong, 0) << "P=" << P << " dtype=" << dtype_name(t);
 }
 
 template <class T>
 void check_all_reduce(int P, dtype t, std::uint64_t seed) {
-  std::atomic<std::int64_t> wrong{0};
-  run_ranks(P, [&](communicator& c) {
-    const auto groups = test_groups(P);
-    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      const auto& g = groups[gi];
-      if (g.index_of(c.rank()) < 0) continue;
-      const std::int64_t count = 7;
-      std::vector<T> buf(count), want(count);
-      for (std::int64_t k = 0; k < count; ++k) {
-        buf[k] = value<T>(seed, c.rank(), gi * 100 + k);
-        std::vector<T> terms;
-        for (int r : g.ranks) terms.push_back(value<T>(seed, r, gi * 100 + k));
-        want[k] = sum_in_order(terms);
-      }
-      c.all_reduce(g, buf.data(), count, t);
-      wrong += count_wrong(buf, want);
+  on_every_group(P, t, [&](communicator& c, const comm_group& g, std::int64_t gi, int) {
+    const std::int64_t count = 7;
+    std::vector<T> buf(count), want(count);
+    for (std::int64_t k = 0; k < count; ++k) {
+      buf[k] = value<T>(seed, c.rank(), gi * 100 + k);
+      std::vector<T> terms;
+      for (int r : g.ranks) terms.push_back(value<T>(seed, r, gi * 100 + k));
+      want[k] = sum_in_order(terms);
     }
+    c.all_reduce(g, buf.data(), count, t);
+    return count_wrong(buf, want);
   });
-  EXPECT_EQ(wrong, 0) << "P=" << P << " dtype=" << dtype_name(t);
 }
 
 // Each member sends two messages (3 + me % 2 and me elements) to the next member of the ring
 // and receives the previous member's two, in posting order.
 template <class T>
 void check_send_recv(int P, dtype t, std::uint64_t seed) {
-  std::atomic<std::int64_t> wrong{0};
-  run_ranks(P, [&](communicator& c) {
-    const auto groups = test_groups(P);
-    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      const auto& g = groups[gi];
-      const int me = g.index_of(c.rank()), n = g.size();
-      if (me < 0) continue;
-      const int next = (me + 1) % n, prev = (me + n - 1) % n;
-      auto len = [](int member, int msg) -> std::int64_t {
-        return msg == 0 ? 3 + member % 2 : member;
-      };
-      std::vector<std::vector<T>> out(2), in(2), want(2);
-      for (int m = 0; m < 2; ++m) {
-        for (std::int64_t k = 0; k < len(me, m); ++k)
-          out[m].push_back(value<T>(seed, c.rank(), gi * 100 + m * 10 + k));
-        for (std::int64_t k = 0; k < len(prev, m); ++k)
-          want[m].push_back(value<T>(seed, g.ranks[prev], gi * 100 + m * 10 + k));
-        in[m].resize(want[m].size());
-      }
-      std::vector<p2p_op> ops;
-      for (int m = 0; m < 2; ++m) {
-        ops.push_back({p2p_op::kind::recv, prev, in[m].data(), len(prev, m), {}});
-        ops.push_back({p2p_op::kind::send, next, out[m].data(), len(me, m), {}});
-      }
-      c.send_recv(g, ops, t, tagged("ring"));
-      wrong += count_wrong(in[0], want[0]) + count_wrong(in[1], want[1]);
+  on_every_group(P, t, [&](communicator& c, const comm_group& g, std::int64_t gi, int me) {
+    const int n = g.size();
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    auto len = [](int member, int msg) -> std::int64_t {
+      return msg == 0 ? 3 + member % 2 : member;
+    };
+    std::vector<std::vector<T>> out(2), in(2), want(2);
+    for (int m = 0; m < 2; ++m) {
+      for (std::int64_t k = 0; k < len(me, m); ++k)
+        out[m].push_back(value<T>(seed, c.rank(), gi * 100 + m * 10 + k));
+      for (std::int64_t k = 0; k < len(prev, m); ++k)
+        want[m].push_back(value<T>(seed, g.ranks[prev], gi * 100 + m * 10 + k));
+      in[m].resize(want[m].size());
     }
+    std::vector<p2p_op> ops;
+    for (int m = 0; m < 2; ++m) {
+      ops.push_back({p2p_op::kind::recv, prev, in[m].data(), len(prev, m), {}});
+      ops.push_back({p2p_op::kind::send, next, out[m].data(), len(me, m), {}});
+    }
+    c.send_recv(g, ops, t, tagged("ring"));
+    return count_wrong(in[0], want[0]) + count_wrong(in[1], want[1]);
   });
-  EXPECT_EQ(wrong, 0) << "P=" << P << " dtype=" << dtype_name(t);
 }
 
 template <class T>
