@@ -69,6 +69,26 @@ T neg_inf() {
   return -std::numeric_limits<T>::infinity();
 }
 
+/// A document's rows: queries [q0, q0 + lq), keys [k0, k0 + lk). Causal masking is bottom-right
+/// aligned: query i sees key j when j ≤ i + off, off = lk − lq.
+struct doc_rows {
+  std::int64_t q0, lq, k0, lk, off;
+};
+template <class T>
+doc_rows rows_of(const attention_args<T>& a, int doc) {
+  const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
+  const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
+  return {q0, lq, k0, lk, lk - lq};
+}
+
+/// Σ_c q[c]·k[c], left to right.
+template <class T>
+T dot(const T* q, const T* k, std::int64_t d) {
+  T sum = 0;
+  for (std::int64_t c = 0; c < d; ++c) sum += q[c] * k[c];
+  return sum;
+}
+
 /// Checks everything the kernels index with; names the offending values.
 template <class T>
 void validate(const attention_args<T>& a, const char* who) {
@@ -145,9 +165,7 @@ void attention_forward_naive(const attention_args<T>& a, T* out, T* lse) {
   std::fill(lse, lse + a.sq * hq, detail::neg_inf<T>());
   std::vector<T> s;
   for (int doc = 0; doc < a.n_docs; ++doc) {
-    const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
-    const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
-    const std::int64_t off = lk - lq;
+    const auto [q0, lq, k0, lk, off] = detail::rows_of(a, doc);
     s.resize(static_cast<std::size_t>(lq * lk));
     for (std::int64_t h = 0; h < hq; ++h) {
       const std::int64_t g = h / group;
@@ -161,9 +179,7 @@ void attention_forward_naive(const attention_args<T>& a, T* out, T* lse) {
             continue;
           }
           const T* kj = a.k + ((k0 + j) * hkv + g) * d;
-          T dot = 0;
-          for (std::int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
-          sij = static_cast<T>(a.scale) * dot;
+          sij = static_cast<T>(a.scale) * detail::dot(qi, kj, d);
           m = std::max(m, sij);
         }
         if (m == detail::neg_inf<T>()) continue;  // sees nothing: out 0, lse -inf
@@ -197,9 +213,7 @@ void attention_backward_naive(const attention_args<T>& a, const T* out, const T*
   std::fill(dv, dv + a.sk * hkv * d, T(0));
   std::vector<T> p;
   for (int doc = 0; doc < a.n_docs; ++doc) {
-    const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
-    const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
-    const std::int64_t off = lk - lq;
+    const auto [q0, lq, k0, lk, off] = detail::rows_of(a, doc);
     p.resize(static_cast<std::size_t>(lq * lk));
     for (std::int64_t h = 0; h < hq; ++h) {
       const std::int64_t g = h / group;
@@ -212,9 +226,7 @@ void attention_backward_naive(const attention_args<T>& a, const T* out, const T*
           pij = 0;
           if ((a.causal && j > i + off) || lse_i == detail::neg_inf<T>()) continue;
           const T* kj = a.k + ((k0 + j) * hkv + g) * d;
-          T dot = 0;
-          for (std::int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
-          pij = std::exp(scale * dot - lse_i);
+          pij = std::exp(scale * detail::dot(qi, kj, d) - lse_i);
         }
       }
       for (std::int64_t i = 0; i < lq; ++i) {
@@ -270,9 +282,7 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_til
   row_matrix<T> qs(tiles.q, d), s(tiles.q, tiles.k), o(tiles.q, d);
   row_vector<T> m(tiles.q), l(tiles.q), m_new(tiles.q), shift(tiles.q), alpha(tiles.q);
   for (int doc = 0; doc < a.n_docs; ++doc) {
-    const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
-    const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
-    const std::int64_t off = lk - lq;
+    const auto [q0, lq, k0, lk, off] = detail::rows_of(a, doc);
     for (std::int64_t h = 0; h < hq; ++h) {
       const std::int64_t g = h / group;
       for (std::int64_t i0 = 0; i0 < lq; i0 += tiles.q) {
@@ -351,9 +361,7 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
   row_matrix<T> qs(tiles.q, d), dq_acc(tiles.q, d), p(tiles.q, tiles.k), dp(tiles.q, tiles.k);
   row_vector<T> big_d(tiles.q), shift(tiles.q);
   for (int doc = 0; doc < a.n_docs; ++doc) {
-    const std::int64_t q0 = a.cu_q[doc], lq = a.cu_q[doc + 1] - q0;
-    const std::int64_t k0 = a.cu_k[doc], lk = a.cu_k[doc + 1] - k0;
-    const std::int64_t off = lk - lq;
+    const auto [q0, lq, k0, lk, off] = detail::rows_of(a, doc);
     for (std::int64_t h = 0; h < hq; ++h) {
       const std::int64_t g = h / group;
       for (std::int64_t i0 = 0; i0 < lq; i0 += tiles.q) {
