@@ -15,7 +15,8 @@ import json
 import os
 import pickle
 import sys
-import tempfile
+
+from seqpar_recorder import write_atomic  # beside this script in tools/
 
 _ALLOWED = {
     ("builtins", "dict"), ("builtins", "list"), ("builtins", "tuple"), ("builtins", "set"),
@@ -71,18 +72,6 @@ def convert(path):
         if isinstance(e, dict):
             e.pop("frames", None)  # stack frames: not needed by seqpar
     return out
-
-
-def write_atomic(path, text):
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".fr-json-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def main(argv):

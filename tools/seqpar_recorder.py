@@ -25,9 +25,11 @@ import tempfile
 SCHEMA = "seqpar-trace/1"
 
 
-def _write_atomic(path, text):
+def write_atomic(path, text):
+    """Writes text to path through a temp file in the same directory and a rename: a reader
+    never sees a partial file, and a failure leaves none behind."""
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".seqpar-rec-")
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".seqpar-tmp-")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -253,7 +255,7 @@ class Recorder:
         path = self.path if self.world_size == 1 else f"{self.path}.rank{self.rank}"
         text = json.dumps(self.meta(), separators=(",", ":")) + "\n"
         text += "".join(line + "\n" for line in self._lines)
-        _write_atomic(path, text)
+        write_atomic(path, text)
         return path
 
 
@@ -275,7 +277,7 @@ def merge(out, parts):
                     records.append(line if line.endswith("\n") else line + "\n")
     if meta is None:
         raise SystemExit("seqpar_recorder merge: no meta record in the inputs")
-    _write_atomic(out, json.dumps(meta, separators=(",", ":")) + "\n" + "".join(records))
+    write_atomic(out, json.dumps(meta, separators=(",", ":")) + "\n" + "".join(records))
 
 
 if __name__ == "__main__":

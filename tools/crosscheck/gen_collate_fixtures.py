@@ -220,6 +220,27 @@ class Tok:
         return v
 
 
+def _mask_prompt(labels, mask_prompt, i):
+    """Doc i's labels with its first mask_prompt[i] set to -100 (prompt masking)."""
+    m = min(mask_prompt[i] if mask_prompt else 0, len(labels))
+    return [IGNORE] * m + list(labels[m:])
+
+
+def _pack(samples, start_pos, attention_mask):
+    """One packed row from (input_ids, labels) samples; position_ids restart at every sample,
+    the first one at start_pos."""
+    ids, labels, pos = [], [], []
+    for i, (t, lab) in enumerate(samples):
+        ids += t
+        labels += lab
+        off = start_pos if i == 0 else 0
+        pos += list(range(off, off + len(t)))
+    b = {"input_ids": ids, "labels": labels, "position_ids": pos}
+    if attention_mask:
+        b["attention_mask"] = [1] * len(ids)
+    return b
+
+
 def xorl_row(doc_lens, tok, mask_prompt=None, attention_mask=False, upstream_pad=0, start_pos=0):
     """xorl: each sample shifted before packing (input=t[:-1], labels=t[1:], pos=arange(len-1)).
 
@@ -228,19 +249,11 @@ def xorl_row(doc_lens, tok, mask_prompt=None, attention_mask=False, upstream_pad
                   (ids 0, labels -100, attention_mask 0, position_ids arange % 1024).
     start_pos: position offset of the first doc (a row that does not start at 0).
     """
-    ids, labels, pos = [], [], []
+    samples = []
     for i, n in enumerate(doc_lens):
         raw = tok.take(n + 1)
-        lab = raw[1:]
-        m = (mask_prompt[i] if mask_prompt else 0)
-        lab = [IGNORE] * min(m, n) + lab[min(m, n):]
-        ids += raw[:-1]
-        labels += lab
-        off = start_pos if i == 0 else 0
-        pos += list(range(off, off + n))
-    b = {"input_ids": ids, "labels": labels, "position_ids": pos}
-    if attention_mask:
-        b["attention_mask"] = [1] * len(ids)
+        samples.append((raw[:-1], _mask_prompt(raw[1:], mask_prompt, i)))
+    b = _pack(samples, start_pos, attention_mask)
     if upstream_pad:
         b["input_ids"] += [0] * upstream_pad
         b["labels"] += [IGNORE] * upstream_pad
@@ -253,22 +266,14 @@ def xorl_row(doc_lens, tok, mask_prompt=None, attention_mask=False, upstream_pad
 def veomni_row(doc_lens, tok, mask_prompt=None, attention_mask=False, start_pos=0, labels_eq_ids=True):
     """VeOmni: unshifted samples (labels = input_ids, optional prompt masking); PackingCollator sets
     labels[0] = -100 of every sample after the first and concatenates; position_ids arange per sample."""
-    ids, labels, pos = [], [], []
+    samples = []
     for i, n in enumerate(doc_lens):
         t = tok.take(n)
-        lab = list(t) if labels_eq_ids else [v + 1000 for v in t]
-        m = (mask_prompt[i] if mask_prompt else 0)
-        lab = [IGNORE] * min(m, n) + lab[min(m, n):]
+        lab = _mask_prompt(list(t) if labels_eq_ids else [v + 1000 for v in t], mask_prompt, i)
         if i > 0:
             lab[0] = IGNORE
-        ids += t
-        labels += lab
-        off = start_pos if i == 0 else 0
-        pos += list(range(off, off + n))
-    b = {"input_ids": ids, "labels": labels, "position_ids": pos}
-    if attention_mask:
-        b["attention_mask"] = [1] * len(ids)
-    return b
+        samples.append((t, lab))
+    return _pack(samples, start_pos, attention_mask)
 
 
 def rand_docs(rng, total, align=1, min_len=1):
