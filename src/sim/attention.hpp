@@ -260,6 +260,35 @@ void attention_backward_naive(const attention_args<T>& a, const T* out, const T*
 // ------------------------------------------------------------------------------------------------
 // Tiled FlashAttention-2 style kernels.
 
+namespace detail {
+
+/// The tiled kernels' frame: validate_tiled checks the arguments and the tile sizes (before any
+/// output is touched); for_each_q_tile calls f(doc_rows, h, g, i0, rows, k_end) for every q tile
+/// (rows [i0, i0 + rows) of the document) of every (document, q head h of KV head g) whose rows see
+/// at least one key (k_end of them).
+template <class T>
+void validate_tiled(const attention_args<T>& a, attention_tiles tiles, const char* who) {
+  validate(a, who);
+  if (tiles.q < 1 || tiles.k < 1)
+    fail<shape_error>("{}: tile sizes must be >= 1, got q={} k={}", who, tiles.q, tiles.k);
+}
+
+template <class T, class F>
+void for_each_q_tile(const attention_args<T>& a, attention_tiles tiles, F&& f) {
+  const std::int64_t group = a.hq / a.hkv;
+  for (int doc = 0; doc < a.n_docs; ++doc) {
+    const doc_rows dr = rows_of(a, doc);
+    for (std::int64_t h = 0; h < a.hq; ++h)
+      for (std::int64_t i0 = 0; i0 < dr.lq; i0 += tiles.q) {
+        const std::int64_t rows = std::min<std::int64_t>(tiles.q, dr.lq - i0);
+        const std::int64_t k_end = causal_k_end(a.causal, i0 + rows, dr.lq, dr.lk);
+        if (k_end > 0) f(dr, h, h / group, i0, rows, k_end);
+      }
+  }
+}
+
+}  // namespace detail
+
 /// Tiled forward, same contract as attention_forward_naive. Per (doc, q head, q tile) it keeps a
 /// running row max m, running sum l and unnormalised output O, and for each visible k tile:
 /// S = (scale·Q)·Kᵀ, m' = max(m, rowmax S), P = exp(S - m'), l = e^(m-m')·l + rowsum P,
@@ -268,12 +297,8 @@ void attention_backward_naive(const attention_args<T>& a, const T* out, const T*
 template <class T>
 void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_tiles tiles) {
   using namespace detail;
-  validate(a, "attention_forward");
-  if (tiles.q < 1 || tiles.k < 1) {
-    fail<shape_error>("attention_forward: tile sizes must be >= 1, got q={} k={}", tiles.q,
-                      tiles.k);
-  }
-  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv, group = a.hq / a.hkv;
+  validate_tiled(a, tiles, "attention_forward");
+  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv;
   const std::int64_t q_stride = hq * d, kv_stride = hkv * d;
   const T scale = static_cast<T>(a.scale);
   std::fill(out, out + a.sq * hq * d, T(0));
@@ -281,14 +306,11 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_til
 
   row_matrix<T> qs(tiles.q, d), s(tiles.q, tiles.k), o(tiles.q, d);
   row_vector<T> m(tiles.q), l(tiles.q), m_new(tiles.q), shift(tiles.q), alpha(tiles.q);
-  for (int doc = 0; doc < a.n_docs; ++doc) {
-    const auto [q0, lq, k0, lk, off] = detail::rows_of(a, doc);
-    for (std::int64_t h = 0; h < hq; ++h) {
-      const std::int64_t g = h / group;
-      for (std::int64_t i0 = 0; i0 < lq; i0 += tiles.q) {
-        const std::int64_t rows = std::min<std::int64_t>(tiles.q, lq - i0);
-        const std::int64_t k_end = causal_k_end(a.causal, i0 + rows, lq, lk);
-        if (k_end == 0) continue;  // the whole tile sees nothing: out 0, lse -inf already
+  for_each_q_tile(
+      a, tiles,
+      [&](const doc_rows& dr, std::int64_t h, std::int64_t g, std::int64_t i0, std::int64_t rows,
+          std::int64_t k_end) {
+        const auto [q0, lq, k0, lk, off] = dr;
         auto q_tile = qs.topRows(rows);
         q_tile.noalias() = scale * const_head_map<T>(a.q + ((q0 + i0) * hq + h) * d, rows, d,
                                                      Eigen::OuterStride<>(q_stride));
@@ -325,9 +347,7 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_til
           head_map<T>(out + row * d, 1, d, Eigen::OuterStride<>(d)) = o_tile.row(r) / l(r);
           lse[row] = m(r) + std::log(l(r));
         }
-      }
-    }
-  }
+      });
 }
 
 /// Tiled forward with the default tiles.
@@ -346,12 +366,8 @@ template <class T>
 void attention_backward(const attention_args<T>& a, const T* out, const T* lse, const T* dout,
                         T* dq, T* dk, T* dv, attention_tiles tiles) {
   using namespace detail;
-  validate(a, "attention_backward");
-  if (tiles.q < 1 || tiles.k < 1) {
-    fail<shape_error>("attention_backward: tile sizes must be >= 1, got q={} k={}", tiles.q,
-                      tiles.k);
-  }
-  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv, group = a.hq / a.hkv;
+  validate_tiled(a, tiles, "attention_backward");
+  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv;
   const std::int64_t q_stride = hq * d, kv_stride = hkv * d;
   const T scale = static_cast<T>(a.scale);
   std::fill(dq, dq + a.sq * hq * d, T(0));
@@ -360,14 +376,11 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
 
   row_matrix<T> qs(tiles.q, d), dq_acc(tiles.q, d), p(tiles.q, tiles.k), dp(tiles.q, tiles.k);
   row_vector<T> big_d(tiles.q), shift(tiles.q);
-  for (int doc = 0; doc < a.n_docs; ++doc) {
-    const auto [q0, lq, k0, lk, off] = detail::rows_of(a, doc);
-    for (std::int64_t h = 0; h < hq; ++h) {
-      const std::int64_t g = h / group;
-      for (std::int64_t i0 = 0; i0 < lq; i0 += tiles.q) {
-        const std::int64_t rows = std::min<std::int64_t>(tiles.q, lq - i0);
-        const std::int64_t k_end = causal_k_end(a.causal, i0 + rows, lq, lk);
-        if (k_end == 0) continue;
+  for_each_q_tile(
+      a, tiles,
+      [&](const doc_rows& dr, std::int64_t h, std::int64_t g, std::int64_t i0, std::int64_t rows,
+          std::int64_t k_end) {
+        const auto [q0, lq, k0, lk, off] = dr;
         const std::int64_t first = (q0 + i0) * hq + h;  // (row, head) index of the tile's row 0
         const Eigen::OuterStride<> qo_stride(q_stride);
         auto q_tile = qs.topRows(rows);
@@ -403,9 +416,7 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
           dk_tile.noalias() += dp_tile.transpose() * q_tile;
         }
         head_map<T>(dq + first * d, rows, d, qo_stride) = scale * dq_tile;
-      }
-    }
-  }
+      });
 }
 
 /// Tiled backward with the default tiles.
