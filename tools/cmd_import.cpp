@@ -1,6 +1,7 @@
 // seqpar import --from fr|kineto|nccl-log INPUT… --out TRACE: converts other tools' records of
 // collectives into seqpar-trace/1 (written atomically).
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include "cli.hpp"
 #include "core/error.hpp"
@@ -36,6 +37,15 @@ action add_import(CLI::App& app) {
           "--from '{}' is unknown; use fr, kineto or nccl-log (pickle Flight "
           "Recorder dumps: convert with tools/fr_pickle_to_json.py first)",
           o->from);
+    if (t.calls.empty())
+      fail<trace_error>(
+          "{} input file(s) hold no collective call that seqpar can check ({}), so there is "
+          "nothing to replay and no trace was written. Record the step with "
+          "tools/seqpar_recorder.py (a Recorder after init_process_group), or wrap it in "
+          "torch.profiler.profile(record_shapes=True) and export_chrome_trace one file per rank "
+          "(rank<N>.json), or dump the Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE)",
+          files.size(),
+          t.meta.notes.empty() ? "no notes" : fmt::format("{}", fmt::join(t.meta.notes, "; ")));
     io::write_atomic(o->out, t.text());
     fmt::print(stderr, "seqpar import: {} records from {} file(s) → {}\n", t.calls.size(),
                files.size(), o->out);

@@ -88,6 +88,18 @@ void checker::on_layout(layout_record&& l) {
 }
 
 void checker::finish() {
+  // A verdict needs evidence: a trace without a single call or layout record checks nothing.
+  const auto records = [&](const char* kind) {
+    const auto it = rep_.checked.find(kind);
+    return it == rep_.checked.end() ? 0 : it->second;
+  };
+  if (records("collective_records") + records("p2p_records") + records("layout_records") == 0)
+    fail<trace_error>(
+        "{}: the trace holds no collective, point-to-point or layout record, so nothing can be "
+        "checked (a recorder that never saw a call, or an import of a file without "
+        "collectives); record the step again with tools/seqpar_recorder.py installed before "
+        "the first collective",
+        rep_.source);
   // Incomplete (group, seq): the ranks that never made that call.
   std::set<std::pair<std::string, int>> reported;
   for (auto& [key, recs] : pending_) {

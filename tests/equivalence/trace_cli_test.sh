@@ -71,6 +71,23 @@ check "replay fr broken" 1 "$seqpar" replay "$tmp/frb.jsonl"
 expect_in "replay fr broken" "$tmp/out" "COLLECTIVE_STATE_MISMATCH"
 check "import kineto" 0 "$seqpar" import --from kineto "$samples/kineto" --out "$tmp/k.jsonl"
 check "replay kineto" 0 "$seqpar" replay "$tmp/k.jsonl"
+# The legacy profiler export of real gloo jobs (tools/crosscheck/gen_legacy_profiler_traces.py):
+# only collective names and order; a rank that skipped the all_reduce is named, never "consistent".
+check "import legacy healthy" 0 "$seqpar" import --from kineto "$samples/profiler_legacy_healthy" --out "$tmp/lh.jsonl"
+check "replay legacy healthy" 0 "$seqpar" replay "$tmp/lh.jsonl"
+expect_in "replay legacy healthy" "$tmp/out" "collectives_matched 2"
+expect_in "replay legacy healthy" "$tmp/out" "not checked: profiler-legacy: 4 file(s) are legacy profiler traces"
+check "import legacy hang" 0 "$seqpar" import --from kineto "$samples/profiler_legacy_hang" --out "$tmp/lg.jsonl"
+check "replay legacy hang" 1 "$seqpar" replay "$tmp/lg.jsonl"
+expect_in "replay legacy hang" "$tmp/out" "rank 3 never reached seq 1 of default_pg"
+# Zero collectives is never "consistent": import and replay refuse with exit 2.
+echo '[{"name": "aten::mm", "ph": "X", "ts": 1, "dur": 2, "args": {}}]' >"$tmp/rank0.json"
+check "import no collective" 2 "$seqpar" import --from kineto "$tmp/rank0.json" --out "$tmp/none.jsonl"
+expect_in "import no collective" "$tmp/err" "hold no collective call that seqpar can check"
+[ -e "$tmp/none.jsonl" ] && { echo "FAIL import: a trace was written for nothing"; fails=$((fails + 1)); }
+echo '{"type":"meta","schema":"seqpar-trace/1","world_size":2}' >"$tmp/empty.jsonl"
+check "replay no record" 2 "$seqpar" replay "$tmp/empty.jsonl"
+expect_in "replay no record" "$tmp/err" "holds no collective, point-to-point or layout record"
 check "import nccl" 0 "$seqpar" import --from nccl-log "$samples/nccl/nccl_debug.log" --out "$tmp/n.jsonl"
 check "replay nccl" 1 "$seqpar" replay "$tmp/n.jsonl"
 check "import unknown source" 2 "$seqpar" import --from xyz "$samples/fr" --out "$tmp/x.jsonl"

@@ -68,6 +68,13 @@ split_list parse_splits(const json& a, const char* key) {
   return s;
 }
 
+/// A collective as the process-group backend names it in the legacy profiler export.
+bool is_backend_collective(const std::string& name) {
+  for (const char* prefix : {"gloo:", "nccl:", "mpi:", "ucc:"})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 int rank_from_file_name(const std::string& path) {
   static const std::regex re(R"(rank[_-]?(\d+))", std::regex::icase);
   std::smatch m;
@@ -90,6 +97,7 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
     std::optional<std::int64_t> seq;
   };
   std::map<int, std::vector<ev>> per_rank;
+  std::vector<std::string> legacy_files;
   for (const auto& path : files) {
     json doc;
     try {
@@ -116,6 +124,47 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
           world = std::max<int>(world, static_cast<int>(std::min<std::int64_t>(*w, 1 << 20)));
     if (file_rank < 0) file_rank = rank_from_file_name(path);
     std::size_t n = 0;
+    const bool has_param_comms = std::any_of(events->begin(), events->end(), [](const json& e) {
+      return e.is_object() && str_arg(e, "name") == "record_param_comms";
+    });
+    if (!has_param_comms) {
+      // The legacy (non-Kineto) export: backend events "gloo:all_to_all", "nccl:all_reduce" with
+      // empty args. Only their names and order are known: one call each, on the default group.
+      if (file_rank < 0)
+        fail<trace_error>(
+            "{}: a legacy profiler trace (no record_param_comms events) does not say its rank, "
+            "and the file name has no rank<N>; rename the per-rank files rank0.json, rank1.json, "
+            "…",
+            path);
+      for (const auto& e : *events) {
+        if (!e.is_object()) continue;
+        const auto name = str_arg(e, "name");
+        if (!is_backend_collective(name)) continue;
+        const auto op = op_from_c10d(name);
+        if (op.empty()) {
+          notes.insert(fmt::format(
+              "profiler collective '{}' has no seqpar-trace equivalent; skipped", name));
+          continue;
+        }
+        call_record c;
+        c.rank = file_rank;
+        c.op = op;
+        c.p2p = op == "send" || op == "recv";
+        c.group = "default_pg";
+        c.tag = name;
+        if (c.p2p) notes.insert("legacy send/recv events name no peer; they were not paired");
+        double ts = 0;
+        if (const auto* v = arg(e, "ts"); v && v->is_number()) ts = v->get<double>();
+        per_rank[file_rank].push_back({ts, std::move(c), std::nullopt});
+        ++n;
+      }
+      ranks_seen.insert(file_rank);
+      world = std::max(world, file_rank + 1);
+      legacy_files.push_back(path);
+      if (n == 0)
+        notes.insert(fmt::format("{} holds no record_param_comms and no gloo:/nccl: event", path));
+      continue;
+    }
     for (const auto& e : *events) {
       if (!e.is_object() || str_arg(e, "name") != "record_param_comms") continue;
       const auto* a = arg(e, "args");
@@ -206,10 +255,25 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
     }
   }
   t.meta.world_size = std::max(world, 1);
-  notes.insert(
-      "the profiler records element counts, not shapes: SP shape rules were not applied "
-      "and trailing-dim checks were skipped");
-  notes.insert("the profiler records no seqpar tags and no collective state");
+  if (!legacy_files.empty()) {
+    t.meta.source = "profiler-legacy";
+    std::vector<int> all(static_cast<std::size_t>(t.meta.world_size));
+    for (int r = 0; r < t.meta.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
+    t.meta.groups["default_pg"] = all;
+    notes.insert(fmt::format(
+        "{} file(s) are legacy profiler traces (no Kineto): only the names and order of the "
+        "backend collectives are known — no shapes, dtypes, splits or process groups; every "
+        "collective was matched across all ranks in issue order, so a job whose ranks rightly "
+        "issue different sequences on different subgroups cannot be judged from them (record "
+        "with tools/seqpar_recorder.py for that)",
+        legacy_files.size()));
+  }
+  if (legacy_files.size() < files.size()) {
+    notes.insert(
+        "the profiler records element counts, not shapes: SP shape rules were not applied "
+        "and trailing-dim checks were skipped");
+    notes.insert("the profiler records no seqpar tags and no collective state");
+  }
   t.meta.notes.assign(notes.begin(), notes.end());
   return t;
 }
