@@ -1,26 +1,34 @@
 """seqpar recorder: writes the seqpar-trace/1 trace (traces/README.md) of a PyTorch SP training
-script, for ``seqpar replay``. Standard library + torch only.
+script, for ``seqpar replay``. Standard library + torch (1.13 and 2.x).
 
     import seqpar_recorder as spr
-    rec = spr.Recorder("run.jsonl", config={...scenario...})   # after init_process_group
-    rec.name_group(ulysses_pg, "ulysses0")                       # optional: readable names
-    with rec.tag("L0.attn.q.fwd"):
-        dist.all_to_all_single(out, inp, group=ulysses_pg)
-    rec.record_layout(dist.get_rank(), batch)                    # the collator output
-    rec.close()     # rank r writes run.jsonl.rank{r} (run.jsonl itself when world_size == 1)
+    with spr.recording("run.jsonl", config={...scenario...}):  # after init_process_group
+        train_step()
+    # or: rec = spr.Recorder("run.jsonl"); ...; rec.close()
+    # or, without touching the step: SEQPAR_TRACE=run.jsonl and spr.recording() with no path
 
     python3 tools/seqpar_recorder.py merge run.jsonl run.jsonl.rank*   # one trace for replay
 
-While a Recorder is installed, torch.distributed's all_to_all_single, all_gather_into_tensor,
-reduce_scatter_tensor, all_reduce, broadcast, barrier, send, recv, isend, irecv and
-batch_isend_irecv record their call (group, per-(rank, group) seq, op, dtype, shapes, splits in
-elements, peer, tag) and then run unchanged.
+Crash-safe: every rank streams to run.jsonl.rank<r>, one line per call written and flushed
+*before* the call runs (state "started", start time), and a second line when it returns
+("completed", end time) or raises ("failed" — the record stays "started", with the error).
+A rank that gloo or NCCL aborts (SIGABRT) or that is killed loses at most the line of the call
+it was inside; `merge` joins the lines, so that call replays as "started" on that rank.
+With a single rank, close() writes run.jsonl itself.
+
+While a Recorder is installed, torch.distributed's all_to_all_single, all_to_all (lists),
+all_gather_into_tensor, _all_gather_base, all_gather (lists), reduce_scatter_tensor,
+_reduce_scatter_base, reduce_scatter (lists), all_reduce, broadcast, barrier, send, recv, isend,
+irecv and batch_isend_irecv record their call (group, per-(rank, group) seq, op, dtype, shapes,
+splits in elements, peer, tag) and then run unchanged. Asynchronous calls (async_op=True,
+isend/irecv) complete when their work's wait() returns.
 """
 import contextlib
 import json
 import os
 import sys
 import tempfile
+import time
 
 SCHEMA = "seqpar-trace/1"
 
@@ -40,7 +48,8 @@ def write_atomic(path, text):
 
 
 class Recorder:
-    _WRAPPED = ("all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor",
+    _WRAPPED = ("all_to_all_single", "all_to_all", "all_gather_into_tensor", "_all_gather_base",
+                "all_gather", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter",
                 "all_reduce", "broadcast", "barrier", "send", "recv", "isend", "irecv",
                 "batch_isend_irecv")
 
@@ -55,9 +64,13 @@ class Recorder:
         self._groups = {}     # name -> global ranks
         self._seq = {}        # group name -> next seq
         self._tags = []
-        self._lines = []
         self._orig = {}
         self._in_batch = False
+        self.stream_path = f"{path}.rank{self.rank}"
+        self._out = open(self.stream_path, "w")
+        self._emit({"type": "meta", "schema": SCHEMA, "world_size": self.world_size,
+                    "groups": {}, "source": "recorder",
+                    **({"config": config} if config is not None else {})})
         if install:
             self.install()
 
@@ -76,6 +89,7 @@ class Recorder:
         """Give a process group the trace name replay uses ("ulysses0", "ring1", "sp0")."""
         self._names[id(pg)] = name
         self._groups[name] = self._group_ranks(pg)
+        self._emit({"type": "group", "name": name, "ranks": self._groups[name]})
 
     def _group_name(self, pg):
         d = self._dist
@@ -88,6 +102,7 @@ class Recorder:
                 name = desc if desc and desc != "undefined" else f"pg{len(self._names)}"
             self._names[key] = name
             self._groups[name] = self._group_ranks(pg)
+            self._emit({"type": "group", "name": name, "ranks": self._groups[name]})
         return self._names[key]
 
     @contextlib.contextmanager
@@ -115,7 +130,40 @@ class Recorder:
         return rec
 
     def _emit(self, rec):
-        self._lines.append(json.dumps(rec, separators=(",", ":")))
+        """One line, flushed at once: what is written survives the process being killed."""
+        self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._out.flush()
+
+    def _started(self, rec):
+        rec["state"] = "started"
+        rec["t_start"] = time.time()
+        self._emit(rec)
+        return rec
+
+    def _finish(self, rec, state, error=None):
+        done = {"type": "done", "rank": rec["rank"], "group": rec["group"], "seq": rec["seq"],
+                "p2p": rec["type"] == "p2p", "state": state, "t_end": time.time()}
+        if error is not None:
+            done["error"] = error[:300]
+        self._emit(done)
+
+    def _run(self, recs, fn, *args, **kwargs):
+        """Runs the real call after its records were written; marks them completed when it
+        returns (or, for async work, when its wait() returns) and failed when it raises."""
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:
+            for r in recs:
+                self._finish(r, "failed", f"{type(e).__name__}: {e}")
+            raise
+        if result is None or not (kwargs.get("async_op") or fn.__name__ in ("isend", "irecv")
+                                  or isinstance(result, list)):
+            for r in recs:
+                self._finish(r, "completed")
+            return result
+        if isinstance(result, list):  # batch_isend_irecv: one work per op
+            return [_Work(w, self, [r]) for w, r in zip(result, recs)]
+        return _Work(result, self, recs)
 
     def _collective(self, op, pg, inp, out, in_splits=None, out_splits=None):
         rec = self._base("collective", pg, op, self._dtype(inp) if inp is not None else None)
@@ -130,14 +178,31 @@ class Recorder:
         if out_splits is not None and out is not None:
             row = out[0].numel() if out.dim() > 0 and out.shape[0] > 0 else 1
             rec["out_splits"] = [int(s) * row for s in out_splits]
-        rec["state"] = "completed"
-        self._emit(rec)
+        return self._started(rec)
 
     def _p2p(self, op, tensor, peer, pg):
         rec = self._base("p2p", pg, op, self._dtype(tensor))
         rec["peer"] = int(peer)
         rec["shape"] = list(tensor.shape)
-        self._emit(rec)
+        return self._started(rec)
+
+    @staticmethod
+    def _cat_shape(tensors):
+        """The shape of a list of tensors as one: [sum of dim 0, rest of the first]."""
+        if not tensors:
+            return [0]
+        return [sum(int(t.shape[0]) if t.dim() else 1 for t in tensors)] + list(tensors[0].shape[1:])
+
+    def _list_collective(self, op, pg, inputs, outputs):
+        """The list forms: shapes of the concatenations, splits from each tensor's size."""
+        ref = inputs[0] if inputs else (outputs[0] if outputs else None)
+        rec = self._base("collective", pg, op, self._dtype(ref) if ref is not None else None)
+        rec["in_shape"] = self._cat_shape(inputs)
+        rec["out_shape"] = self._cat_shape(outputs)
+        if op == "all_to_all":
+            rec["in_splits"] = [int(t.numel()) for t in inputs]
+            rec["out_splits"] = [int(t.numel()) for t in outputs]
+        return self._started(rec)
 
     def record_layout(self, rank, batch, tag="collate"):
         """The collator output of one rank: a dict with input_ids, cu_seqlens (or
@@ -175,109 +240,194 @@ class Recorder:
 
     def _w_all_to_all_single(self, output, input, output_split_sizes=None,
                              input_split_sizes=None, group=None, async_op=False):
-        self._collective("all_to_all", group, input, output, input_split_sizes,
-                         output_split_sizes)
-        return self._orig["all_to_all_single"](output, input, output_split_sizes,
-                                               input_split_sizes, group=group, async_op=async_op)
+        rec = self._collective("all_to_all", group, input, output, input_split_sizes,
+                               output_split_sizes)
+        return self._run([rec], self._orig["all_to_all_single"], output, input,
+                         output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+
+    def _w_all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op=False):
+        rec = self._list_collective("all_to_all", group, input_tensor_list, output_tensor_list)
+        return self._run([rec], self._orig["all_to_all"], output_tensor_list, input_tensor_list,
+                         group=group, async_op=async_op)
 
     def _w_all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
-        self._collective("all_gather", group, input_tensor, output_tensor)
-        return self._orig["all_gather_into_tensor"](output_tensor, input_tensor, group=group,
-                                                    async_op=async_op)
+        rec = self._collective("all_gather", group, input_tensor, output_tensor)
+        return self._run([rec], self._orig["all_gather_into_tensor"], output_tensor, input_tensor,
+                         group=group, async_op=async_op)
+
+    def _w__all_gather_base(self, output_tensor, input_tensor, group=None, async_op=False):
+        rec = self._collective("all_gather", group, input_tensor, output_tensor)
+        return self._run([rec], self._orig["_all_gather_base"], output_tensor, input_tensor,
+                         group=group, async_op=async_op)
+
+    def _w_all_gather(self, tensor_list, tensor, group=None, async_op=False):
+        rec = self._list_collective("all_gather", group, [tensor], tensor_list)
+        return self._run([rec], self._orig["all_gather"], tensor_list, tensor, group=group,
+                         async_op=async_op)
+
+    def _reduce_kw(self, op, group, async_op):
+        kw = {"group": group, "async_op": async_op}
+        if op is not None:
+            kw["op"] = op
+        return kw
 
     def _w_reduce_scatter_tensor(self, output, input, op=None, group=None, async_op=False):
-        self._collective("reduce_scatter", group, input, output)
-        kw = {"group": group, "async_op": async_op}
-        if op is not None:
-            kw["op"] = op
-        return self._orig["reduce_scatter_tensor"](output, input, **kw)
+        rec = self._collective("reduce_scatter", group, input, output)
+        return self._run([rec], self._orig["reduce_scatter_tensor"], output, input,
+                         **self._reduce_kw(op, group, async_op))
+
+    def _w__reduce_scatter_base(self, output, input, op=None, group=None, async_op=False):
+        rec = self._collective("reduce_scatter", group, input, output)
+        return self._run([rec], self._orig["_reduce_scatter_base"], output, input,
+                         **self._reduce_kw(op, group, async_op))
+
+    def _w_reduce_scatter(self, output, input_list, op=None, group=None, async_op=False):
+        rec = self._list_collective("reduce_scatter", group, input_list, [output])
+        return self._run([rec], self._orig["reduce_scatter"], output, input_list,
+                         **self._reduce_kw(op, group, async_op))
 
     def _w_all_reduce(self, tensor, op=None, group=None, async_op=False):
-        self._collective("all_reduce", group, tensor, tensor)
-        kw = {"group": group, "async_op": async_op}
-        if op is not None:
-            kw["op"] = op
-        return self._orig["all_reduce"](tensor, **kw)
+        rec = self._collective("all_reduce", group, tensor, tensor)
+        return self._run([rec], self._orig["all_reduce"], tensor,
+                         **self._reduce_kw(op, group, async_op))
 
     def _w_broadcast(self, tensor, src, group=None, async_op=False):
-        self._collective("broadcast", group, tensor, tensor)
-        return self._orig["broadcast"](tensor, src, group=group, async_op=async_op)
+        rec = self._collective("broadcast", group, tensor, tensor)
+        return self._run([rec], self._orig["broadcast"], tensor, src, group=group,
+                         async_op=async_op)
 
     def _w_barrier(self, group=None, async_op=False, device_ids=None):
-        rec = self._base("collective", group, "barrier", None)
-        rec["state"] = "completed"
-        self._emit(rec)
+        rec = self._started(self._base("collective", group, "barrier", None))
         kw = {"group": group, "async_op": async_op}
         if device_ids is not None:
             kw["device_ids"] = device_ids
-        return self._orig["barrier"](**kw)
+        return self._run([rec], self._orig["barrier"], **kw)
 
     def _w_send(self, tensor, dst, group=None, tag=0):
-        self._p2p("send", tensor, dst, group)
-        return self._orig["send"](tensor, dst, group=group, tag=tag)
+        rec = self._p2p("send", tensor, dst, group)
+        return self._run([rec], self._orig["send"], tensor, dst, group=group, tag=tag)
 
     def _w_recv(self, tensor, src=None, group=None, tag=0):
-        self._p2p("recv", tensor, src, group)
-        return self._orig["recv"](tensor, src, group=group, tag=tag)
+        rec = self._p2p("recv", tensor, src, group)
+        return self._run([rec], self._orig["recv"], tensor, src, group=group, tag=tag)
 
     def _w_isend(self, tensor, dst, group=None, tag=0):
-        if not self._in_batch:
-            self._p2p("send", tensor, dst, group)
-        return self._orig["isend"](tensor, dst, group=group, tag=tag)
+        if self._in_batch:
+            return self._orig["isend"](tensor, dst, group=group, tag=tag)
+        rec = self._p2p("send", tensor, dst, group)
+        return self._run([rec], self._orig["isend"], tensor, dst, group=group, tag=tag)
 
     def _w_irecv(self, tensor, src=None, group=None, tag=0):
-        if not self._in_batch:
-            self._p2p("recv", tensor, src, group)
-        return self._orig["irecv"](tensor, src, group=group, tag=tag)
+        if self._in_batch:
+            return self._orig["irecv"](tensor, src, group=group, tag=tag)
+        rec = self._p2p("recv", tensor, src, group)
+        return self._run([rec], self._orig["irecv"], tensor, src, group=group, tag=tag)
 
     def _w_batch_isend_irecv(self, p2p_op_list):
+        recs = []
         for p in p2p_op_list:
             fn = getattr(p.op, "__name__", str(p.op))
             op = "send" if "send" in fn else "recv"
-            self._p2p(op, p.tensor, p.peer, p.group)
+            recs.append(self._p2p(op, p.tensor, p.peer, p.group))
         self._in_batch = True
         try:
-            return self._orig["batch_isend_irecv"](p2p_op_list)
+            return self._run(recs, self._orig["batch_isend_irecv"], p2p_op_list)
         finally:
             self._in_batch = False
 
     # ---- output ------------------------------------------------------------------------
-    def meta(self):
-        m = {"type": "meta", "schema": SCHEMA, "world_size": self.world_size,
-             "groups": self._groups, "source": "recorder"}
-        if self.config is not None:
-            m["config"] = self.config
-        return m
-
     def close(self):
-        """Uninstalls the wrappers and writes this rank's trace atomically; returns its path."""
+        """Uninstalls the wrappers and closes this rank's stream; with one rank, also writes the
+        merged trace to `path`. Returns the path replay reads (or the stream of this rank)."""
         self.uninstall()
-        path = self.path if self.world_size == 1 else f"{self.path}.rank{self.rank}"
-        text = json.dumps(self.meta(), separators=(",", ":")) + "\n"
-        text += "".join(line + "\n" for line in self._lines)
-        write_atomic(path, text)
-        return path
+        if not self._out.closed:
+            self._out.close()
+        if self.world_size == 1:
+            merge(self.path, [self.stream_path])
+            os.unlink(self.stream_path)
+            return self.path
+        return self.stream_path
+
+
+class _Work:
+    """An async work handle whose wait() also marks its calls completed (or failed)."""
+
+    def __init__(self, work, recorder, recs):
+        self._work, self._recorder, self._recs, self._done = work, recorder, recs, False
+
+    def wait(self, *args, **kwargs):
+        try:
+            result = self._work.wait(*args, **kwargs)
+        except BaseException as e:
+            self._mark("failed", f"{type(e).__name__}: {e}")
+            raise
+        self._mark("completed")
+        return result
+
+    def _mark(self, state, error=None):
+        if not self._done:
+            self._done = True
+            for r in self._recs:
+                self._recorder._finish(r, state, error)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def recording(path=None, config=None):
+    """Records every collective made inside; the path defaults to $SEQPAR_TRACE."""
+    path = path or os.environ.get("SEQPAR_TRACE")
+    if not path:
+        raise ValueError("seqpar_recorder.recording: give a path or set SEQPAR_TRACE")
+    rec = Recorder(path, config=config)
+    try:
+        yield rec
+    finally:
+        rec.close()
 
 
 def merge(out, parts):
-    """One trace from per-rank files: the first meta (groups united), then every record."""
-    meta, records = None, []
+    """One trace from per-rank streams (or per-rank traces): the first meta with every group
+    united, then each call with its completion joined ("started" when the rank never returned
+    from it), then layouts."""
+    meta, calls, done = None, [], {}
     for p in parts:
         with open(p) as f:
-            for i, line in enumerate(f, 1):
+            for line in f:
                 if not line.strip():
                     continue
-                r = json.loads(line)
-                if r.get("type") == "meta":
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by the crash of its rank: the call before it is kept
+                kind = r.get("type")
+                if kind == "meta":
                     if meta is None:
                         meta = r
                     else:
-                        meta["groups"].update(r.get("groups", {}))
+                        meta.setdefault("groups", {}).update(r.get("groups", {}))
+                elif kind == "group":
+                    if meta is not None:
+                        meta.setdefault("groups", {})[r["name"]] = r["ranks"]
+                elif kind == "done":
+                    done[(r["rank"], r["group"], r["seq"], r["p2p"])] = r
                 else:
-                    records.append(line if line.endswith("\n") else line + "\n")
+                    calls.append(r)
     if meta is None:
         raise SystemExit("seqpar_recorder merge: no meta record in the inputs")
-    write_atomic(out, json.dumps(meta, separators=(",", ":")) + "\n" + "".join(records))
+    lines = [json.dumps(meta, separators=(",", ":"))]
+    for r in calls:
+        if r.get("type") in ("collective", "p2p"):
+            d = done.get((r["rank"], r["group"], r["seq"], r["type"] == "p2p"))
+            if d is not None:
+                r["t_end"] = d["t_end"]
+                if d["state"] == "completed":
+                    r["state"] = "completed"
+                else:
+                    r["error"] = d.get("error", "")
+        lines.append(json.dumps(r, separators=(",", ":")))
+    write_atomic(out, "".join(line + "\n" for line in lines))
 
 
 if __name__ == "__main__":

@@ -106,6 +106,12 @@ if "$py" -c "import torch.distributed" 2>/dev/null; then
   check "recorder gloo" 0 "$py" "$src/tests/equivalence/scripts/recorder_gloo.py" "$tmp/rec.jsonl"
   check "replay recorder trace" 0 "$seqpar" replay "$tmp/rec.jsonl"
   expect_in "replay recorder trace" "$tmp/out" "consistent"
+  # Crash safety: a real job whose victims time out and abort still leaves every rank's calls.
+  "$py" "$src/tests/equivalence/scripts/recorder_hang.py" "$tmp/hang.jsonl" >/dev/null 2>&1
+  check "merge crashed streams" 0 "$py" "$src/tools/seqpar_recorder.py" merge "$tmp/hang.jsonl" \
+    "$tmp/hang.jsonl.rank0" "$tmp/hang.jsonl.rank1" "$tmp/hang.jsonl.rank2" "$tmp/hang.jsonl.rank3"
+  check "replay crashed job" 1 "$seqpar" replay "$tmp/hang.jsonl"
+  expect_in "replay crashed job" "$tmp/out" "rank 3 never reached seq 1 of world"
 else
   echo "skip recorder gloo: torch not importable by $py"
 fi
