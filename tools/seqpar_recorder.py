@@ -41,6 +41,9 @@ def write_atomic(path, text):
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the trace from its readers
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -2,6 +2,31 @@
 
 namespace seqpar::replay::detail {
 
+namespace {
+
+/// Why two members' rows (a shape without its first dim) differ, in the dim that differs.
+std::string width_cause(const dims& got, const dims& want) {
+  if (got.size() != want.size())
+    return fmt::format("the ranks exchange tensors of {} and {} dims", got.size() + 1,
+                       want.size() + 1);
+  std::size_t i = 0;
+  while (i < got.size() && got[i] == want[i]) ++i;
+  if (i + 1 == got.size())
+    return fmt::format("head_dim (the last dim) is {} here and {} on the others", got[i], want[i]);
+  if (got.size() == 2)
+    return fmt::format(
+        "the ranks exchange rows of different widths: {} heads here, {} on the "
+        "others",
+        got[i], want[i]);
+  return fmt::format(
+      "dim {} of the {}-D tensor is {} here and {} on the others: in a permuted layout such as "
+      "[P, s/P, batch, H/P, d] that is the local sequence length (an uneven split of the "
+      "sequence) or the heads",
+      i + 1, got.size() + 1, got[i], want[i]);
+}
+
+}  // namespace
+
 void checker::check_collective(const std::string& group, std::int64_t seq,
                                std::vector<call_record>& v, const std::vector<int>& members) {
   ++rep_.checked["collectives_matched"];
@@ -104,8 +129,7 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
           size_problem(
               *r,
               fmt::format("{} trailing dims {}", side == 0 ? "in_shape" : "out_shape", show(*t)),
-              fmt::format("{} like the other members", show(*maj)),
-              "the ranks exchange rows of different widths (heads or head_dim differ)");
+              fmt::format("{} like the other members", show(*maj)), width_cause(*t, *maj));
         }
   }
   // Pairwise: what r sends to s equals what s receives from r.

@@ -65,6 +65,27 @@ std::pair<dims, dims> checker::expected_a2a(const a2a_tag& t) const {
   return {{m.chunk, H, m.D}, {m.U * m.chunk, H / m.U, m.D}};
 }
 
+namespace {
+
+/// The [tokens, heads, head_dim] a recorded tensor holds, whatever its rank and dim order
+/// (DeepSpeed and yunchang exchange permuted 4-D/5-D tensors such as [P, s/P, batch, H/P, d]):
+/// head_dim is the last dim, and the element count fixes the rest against the expected
+/// exp = [T, H, D]. A count that T·D divides into a KV-head total (`kv_totals`) reads as heads,
+/// any other count H·D divides reads as tokens; what fits neither is returned as recorded.
+dims logical_shape(const dims& obs, const dims& exp, const std::vector<std::int64_t>& kv_totals) {
+  if (obs.size() == exp.size() || obs.empty() || obs.back() != exp[2]) return obs;
+  const std::int64_t n = numel(obs), T = exp[0], H = exp[1], D = exp[2];
+  if (n == T * H * D) return exp;
+  if (n % (T * D) == 0)
+    for (auto kv : kv_totals)
+      if (n / (T * D) == kv) return {T, kv, D};
+  if (n % (H * D) == 0) return {n / (H * D), H, D};
+  if (n % (T * D) == 0) return {T, n / (T * D), D};
+  return obs;
+}
+
+}  // namespace
+
 std::string checker::sequence_cause(std::int64_t group_tokens) const {
   const auto& m = *model_;
   const std::int64_t seq_obs = group_tokens * m.R;
@@ -106,6 +127,18 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
   auto [seq_sharded, heads_sharded] = expected_a2a(*t);
   const dims& exp_in = t->gather_seq ? seq_sharded : heads_sharded;
   const dims& exp_out = t->gather_seq ? heads_sharded : seq_sharded;
+  // N-D layouts are read as [tokens, heads, head_dim] (logical_shape); the KV-head totals a
+  // rank may hold when KV heads were not repeated (per rank on the heads-sharded side).
+  const bool kv = t->what == "kv" || t->what == "k" || t->what == "v";
+  const std::int64_t kv_mul = t->what == "kv" ? 2 : 1;
+  auto view = [&](const dims& obs, bool seq_side) {
+    const dims& exp = seq_side ? seq_sharded : heads_sharded;
+    std::vector<std::int64_t> kv_totals;
+    if (kv)
+      kv_totals.push_back(seq_side ? kv_mul * m.hkv
+                                   : std::max<std::int64_t>(kv_mul * m.hkv / m.U, 1));
+    return logical_shape(obs, exp, kv_totals);
+  };
   // Observed tokens of the whole group: the sequence dim of the sequence-sharded side.
   std::int64_t group_tokens = 0;
   bool all_shapes = true;
@@ -114,8 +147,14 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
     if (!s || s->empty())
       all_shapes = false;
     else
-      group_tokens += (*s)[0];
+      group_tokens += view(*s, true)[0];
   }
+  auto observed = [](int side, const dims& recorded, const dims& logical) {
+    const char* name = side == 0 ? "in_shape" : "out_shape";
+    return recorded == logical
+               ? fmt::format("{} {}", name, show(recorded))
+               : fmt::format("{} {} (read as {})", name, show(recorded), show(logical));
+  };
   for (const auto* r : recs) {
     ++rep_.checked["sp_shape_checks"];
     if (!r->in_shape || !r->out_shape) {
@@ -125,8 +164,10 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
       continue;
     }
     for (int side = 0; side < 2; ++side) {
-      const dims& obs = side == 0 ? *r->in_shape : *r->out_shape;
+      const dims& recorded = side == 0 ? *r->in_shape : *r->out_shape;
       const dims& exp = side == 0 ? exp_in : exp_out;
+      const dims obs = view(recorded, (side == 0) == t->gather_seq);
+      if (obs != recorded) ++rep_.checked["sp_logical_layouts"];
       if (obs == exp) continue;
       if (!sp_reported_.insert(r->rank).second) {
         ++rep_.checked["sp_divergences_after_first"];
@@ -136,8 +177,10 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
       const bool seq_side = (side == 0) == t->gather_seq;
       const std::size_t heads_dim = 1;
       if (obs.size() != exp.size()) {
-        cause = fmt::format("the tensor has {} dims; Ulysses exchanges [tokens, heads, head_dim]",
-                            obs.size());
+        cause = fmt::format(
+            "{} elements with head_dim {} cannot be read as [tokens, heads, head_dim] of this "
+            "scenario (Ulysses exchanges tokens × heads × head_dim, here {})",
+            numel(obs), obs.back(), show(exp));
       } else if (obs[0] != exp[0]) {
         cause = all_shapes ? sequence_cause(group_tokens)
                            : fmt::format("tokens differ from the collator's {} per rank", m.chunk);
@@ -146,7 +189,7 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
         if ((t->what == "kv" && full == 2 * m.hkv && m.hkv < m.U) ||
             ((t->what == "k" || t->what == "v") && full == m.hkv && m.hkv < m.U)) {
           add({category::sp_heads, r->rank, group, r->seq, r->tag, r->op,
-               fmt::format("{} {}", side == 0 ? "in_shape" : "out_shape", show(obs)), show(exp),
+               observed(side, recorded, obs), show(exp),
                fmt::format("kv_heads={} < ulysses={} and the KV heads were not repeated: "
                            "repeat_interleave every KV head {} times before the all-to-all so "
                            "each of the {} ranks gets whole K/V heads",
@@ -164,9 +207,8 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
       } else {
         cause = fmt::format("head_dim {} where the scenario has head_dim={}", obs.back(), m.D);
       }
-      add({category::sp_shape, r->rank, group, r->seq, r->tag, r->op,
-           fmt::format("{} {}", side == 0 ? "in_shape" : "out_shape", show(obs)), show(exp), cause,
-           r->line});
+      add({category::sp_shape, r->rank, group, r->seq, r->tag, r->op, observed(side, recorded, obs),
+           show(exp), cause, r->line});
       break;
     }
     // Splits against the plan (per-peer block of the uniform Ulysses exchange).
@@ -175,7 +217,8 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
       const auto& sp = side == 0 ? r->in_splits : r->out_splits;
       if (!sp || r->splits_truncated) continue;
       for (std::size_t p = 0; p < sp->size(); ++p)
-        if ((*sp)[p] != block && *r->in_shape == exp_in && *r->out_shape == exp_out) {
+        if ((*sp)[p] != block && view(*r->in_shape, t->gather_seq) == exp_in &&
+            view(*r->out_shape, !t->gather_seq) == exp_out) {
           if (!sp_reported_.insert(r->rank).second) break;
           add({category::sp_shape, r->rank, group, r->seq, r->tag, r->op,
                fmt::format("{}[{}] = {}", side == 0 ? "in_splits" : "out_splits", p, (*sp)[p]),

@@ -110,6 +110,14 @@ if "$py" -c "import torch.distributed" 2>/dev/null; then
   "$py" "$src/tests/equivalence/scripts/recorder_hang.py" "$tmp/hang.jsonl" >/dev/null 2>&1
   check "merge crashed streams" 0 "$py" "$src/tools/seqpar_recorder.py" merge "$tmp/hang.jsonl" \
     "$tmp/hang.jsonl.rank0" "$tmp/hang.jsonl.rank1" "$tmp/hang.jsonl.rank2" "$tmp/hang.jsonl.rank3"
+  # DeepSpeed's 5-D all-to-all layout, scenario in meta: read as [tokens, heads, head_dim].
+  "$seqpar" check --json -q --ulysses 2 --ring 1 --heads 4 --kv-heads 1 --head-dim 8 --docs 16 \
+    --layers 1 | "$py" -c "import json,sys; print(json.dumps(json.load(sys.stdin)['scenario']))" \
+    >"$tmp/scen.json"
+  check "recorder 5-D job" 0 "$py" "$src/tests/equivalence/scripts/recorder_ulysses_nd.py" healthy \
+    "$tmp/nd.jsonl" "$tmp/scen.json"
+  check "replay 5-D job" 0 "$seqpar" replay "$tmp/nd.jsonl"
+  expect_in "replay 5-D job" "$tmp/out" "sp_logical_layouts 16"
   check "replay crashed job" 1 "$seqpar" replay "$tmp/hang.jsonl"
   expect_in "replay crashed job" "$tmp/out" "rank 3 never reached seq 1 of world"
 else

@@ -1,0 +1,92 @@
+"""A real 2-process gloo Ulysses attention step written the way DeepSpeed writes its all-to-all
+(all_to_all_single on a permuted 5-D [P, s, batch, H/P, d] tensor) and, for an uneven sequence,
+with split sizes on a 4-D input, recorded by tools/seqpar_recorder.py with the scenario in meta.
+
+    recorder_ulysses_nd.py MODE OUT.jsonl SCENARIO_JSON
+MODE: healthy | kv_not_repeated (KV head 1 < P sent as is) | seq_not_padded (15 tokens, 8 + 7)
+Writes OUT.jsonl (merged) for `seqpar replay`.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools"))
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import seqpar_recorder as spr
+
+H, HKV, D, BS = 4, 1, 8, 1
+
+
+def scatter_heads(x, P, tag, splits=None):
+    """[s, bs, h, d] → all-to-all → [P·s, bs, h/P, d] (DeepSpeed's single_all_to_all)."""
+    s, bs, h, d = x.shape
+    send = x.reshape(s, bs, P, h // P, d).permute(2, 0, 1, 3, 4).contiguous()
+    if splits is None:
+        recv = torch.empty_like(send)
+        with REC.tag(tag):
+            dist.all_to_all_single(recv, send)
+        return recv.reshape(P * s, bs, h // P, d)
+    recv = torch.empty(sum(splits), bs, h // P, d)
+    with REC.tag(tag):
+        dist.all_to_all_single(recv, send.reshape(P, s * bs, h // P, d), splits, None)
+    return recv
+
+
+def gather_heads(x, P, tag):
+    """[P·s, bs, h/P, d] → all-to-all → [s, bs, h, d]."""
+    S, bs, hp, d = x.shape
+    send = x.reshape(P, S // P, bs, hp, d).contiguous()
+    recv = torch.empty_like(send)
+    with REC.tag(tag):
+        dist.all_to_all_single(recv, send)
+    return recv.permute(1, 2, 0, 3, 4).reshape(S // P, bs, P * hp, d)
+
+
+def work(rank, P, mode, out, config, port):
+    global REC
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=P)
+    REC = spr.Recorder(out, config=config)
+    REC.name_group(dist.group.WORLD, "ulysses0")
+    torch.manual_seed(rank)
+    lens = [8, 7] if mode == "seq_not_padded" else [8, 8]
+    s = lens[rank]
+    q = torch.randn(s, BS, H, D)
+    k = torch.randn(s, BS, HKV, D)
+    v = torch.randn(s, BS, HKV, D)
+    if mode == "seq_not_padded":
+        qg = scatter_heads(q, P, "L0.attn.q.fwd", splits=lens)
+    else:
+        qg = scatter_heads(q, P, "L0.attn.q.fwd")
+    if mode != "kv_not_repeated":  # repeat_interleave every KV head P/HKV times
+        k = k.repeat_interleave(P // HKV, dim=2)
+        v = v.repeat_interleave(P // HKV, dim=2)
+        kg = scatter_heads(k, P, "L0.attn.k.fwd", splits=lens if mode == "seq_not_padded" else None)
+        vg = scatter_heads(v, P, "L0.attn.v.fwd", splits=lens if mode == "seq_not_padded" else None)
+    else:  # sent unrepeated: P blocks of the flat tensor, each rank gets half the tokens' head
+        send = k.reshape(P, s // P, BS, HKV, D).contiguous()
+        kg = torch.empty_like(send)
+        with REC.tag("L0.attn.k.fwd"):
+            dist.all_to_all_single(kg, send)
+        vg = kg
+    if mode != "seq_not_padded":
+        o = torch.nn.functional.softmax(torch.einsum("sbhd,tbhd->bhst", qg, kg.expand_as(qg) if
+                                                     kg.shape == qg.shape else qg), -1)
+        attn = torch.einsum("bhst,tbhd->sbhd", o, qg)
+        gather_heads(attn.contiguous(), P, "L0.attn.out.fwd")
+    g = torch.ones(4)
+    with REC.tag("grad.sync"):
+        dist.all_reduce(g)
+    REC.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mode, out, config = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
+    port = 29700 + os.getpid() % 200
+    mp.spawn(work, args=(2, mode, out, config, port), nprocs=2)
+    spr.merge(out, [f"{out}.rank{r}" for r in range(2)])
