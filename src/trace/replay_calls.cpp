@@ -84,7 +84,7 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
                                const std::vector<const call_record*>& recs,
                                const std::vector<int>& members) {
   const int P = static_cast<int>(members.size());
-  bool ok = true;
+  (void)seq;
   // Per rank: split lists have one entry per member and sum to the tensor's numel.
   for (const auto* r : recs)
     for (int side = 0; side < 2; ++side) {
@@ -93,7 +93,6 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
       const char* name = side == 0 ? "in_splits" : "out_splits";
       if (!sp) {
         if (n && *n % P != 0) {
-          ok = false;
           size_problem(*r, fmt::format("{} elements with no {}", *n, name),
                        fmt::format("a multiple of the group size {}", P),
                        "an all_to_all without splits sends numel/P elements to every peer");
@@ -102,12 +101,10 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
       }
       if (r->splits_truncated) continue;
       if (static_cast<int>(sp->size()) != P) {
-        ok = false;
         size_problem(*r, fmt::format("{} has {} entries", name, sp->size()),
                      fmt::format("{} (one per member of {})", P, group),
                      "split lists name one element count per group member, in group order");
       } else if (n && sum(*sp) != *n) {
-        ok = false;
         size_problem(*r, fmt::format("{} sum to {}", name, sum(*sp)),
                      fmt::format("{} = numel of {} {}", *n, side == 0 ? "in_shape" : "out_shape",
                                  show(side == 0 ? r->in_shape.value_or(dims{})
@@ -125,7 +122,6 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
     if (auto maj = majority<dims>(recs, get))
       for (const auto* r : recs)
         if (auto t = get(*r); t && *t != *maj) {
-          ok = false;
           size_problem(
               *r,
               fmt::format("{} trailing dims {}", side == 0 ? "in_shape" : "out_shape", show(*t)),
@@ -144,6 +140,11 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
     if (!n || *n % P != 0) return std::nullopt;
     return *n / P;
   };
+  struct link {
+    int from, to;
+    std::int64_t sent, got;
+  };
+  std::vector<link> bad;
   for (int i = 0; i < P; ++i)
     for (int j = 0; j < P; ++j) {
       const auto& a = *recs[static_cast<std::size_t>(i)];
@@ -158,20 +159,54 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
         continue;
       }
       ++rep_.checked["all_to_all_pairs"];
-      if (*sent != *got) {
-        ok = false;
-        size_problem(
-            a,
-            fmt::format("rank {} sends {} elements to rank {} ({})", a.rank, *sent, b.rank,
-                        a.in_splits ? fmt::format("in_splits[{}]", j) : "numel/P"),
-            fmt::format("{} = what rank {} receives from rank {} ({})", *got, b.rank, a.rank,
-                        b.out_splits ? fmt::format("out_splits[{}]", i) : "numel/P"),
-            "the two ends of one all-to-all link disagree: the collective hangs or "
-            "writes rows into the wrong place");
-      }
+      if (*sent != *got) bad.push_back({i, j, *sent, *got});
     }
-  (void)ok;
-  (void)seq;
+  if (bad.empty()) return;
+  // Consensus: the one member on an end of every disagreeing link (and of more than one link)
+  // is the culprit, its peers agree with each other; else each link is reported.
+  std::vector<int> ends(static_cast<std::size_t>(P), 0);
+  for (const auto& l : bad) {
+    ++ends[static_cast<std::size_t>(l.from)];
+    if (l.to != l.from) ++ends[static_cast<std::size_t>(l.to)];
+  }
+  std::vector<int> culprits;
+  for (int k = 0; k < P; ++k)
+    if (ends[static_cast<std::size_t>(k)] == static_cast<int>(bad.size())) culprits.push_back(k);
+  if (culprits.size() == 1 && bad.size() > 1) {
+    const int k = culprits[0];
+    const auto& r = *recs[static_cast<std::size_t>(k)];
+    bool as_sender = false, as_receiver = false;
+    std::vector<std::string> links;
+    for (const auto& l : bad) {
+      as_sender = as_sender || l.from == k;
+      as_receiver = as_receiver || l.to == k;
+      links.push_back(fmt::format("{}→{}: {} sent, {} expected", recs[l.from]->rank,
+                                  recs[l.to]->rank, l.sent, l.got));
+    }
+    const char* lists = as_sender && as_receiver ? "in_splits and out_splits"
+                        : as_sender              ? "in_splits"
+                                                 : "out_splits";
+    size_problem(r,
+                 fmt::format("rank {}'s {} disagree with {} of its links ({})", r.rank, lists,
+                             bad.size(), fmt::join(links, "; ")),
+                 "the counts every peer agrees on",
+                 fmt::format("every disagreeing link has rank {} on one end while its peers agree "
+                             "with each other: rank {}'s split list is stale or computed from "
+                             "another layout",
+                             r.rank, r.rank));
+    return;
+  }
+  for (const auto& l : bad) {
+    const auto& a = *recs[static_cast<std::size_t>(l.from)];
+    const auto& b = *recs[static_cast<std::size_t>(l.to)];
+    size_problem(a,
+                 fmt::format("rank {} sends {} elements to rank {} ({})", a.rank, l.sent, b.rank,
+                             a.in_splits ? fmt::format("in_splits[{}]", l.to) : "numel/P"),
+                 fmt::format("{} = what rank {} receives from rank {} ({})", l.got, b.rank, a.rank,
+                             b.out_splits ? fmt::format("out_splits[{}]", l.from) : "numel/P"),
+                 "the two ends of one all-to-all link disagree: the collective hangs or "
+                 "writes rows into the wrong place");
+  }
 }
 
 void checker::check_gather_scatter(const std::string& group, std::int64_t seq,
