@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "sim/isa.hpp"
 #ifdef SEQPAR_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -313,7 +314,7 @@ int driver::report(const operation& op, int ranks, const std::vector<row>& rows)
   if (opts_.json_path != "-") {
     fmt::print("# {}: {}, {} backend, {} rank{}\n", program_, op.name, op.backend, ranks,
                ranks == 1 ? "" : "s");
-    fmt::print("# Eigen ISA: {}\n", eigen_isa());
+    fmt::print("# CPU ISA: {}\n", sim::cpu_isa());
     fmt::print("# minbytes {} maxbytes {} step {} iters {} warmup {} check {}{}\n", opts_.min_bytes,
                opts_.max_bytes, opts_.step_factor, opts_.iters, opts_.warmup, opts_.check ? 1 : 0,
                opts_.quick ? " (quick)" : "");
@@ -387,7 +388,7 @@ int driver::report(const operation& op, int ranks, const std::vector<row>& rows)
     j["backend"] = op.backend;
     j["kind"] = transport ? "transport" : "compute";
     j["ranks"] = ranks;
-    j["isa"] = eigen_isa();
+    j["isa"] = sim::cpu_isa();
     j["options"] = {{"minbytes", opts_.min_bytes},
                     {"maxbytes", opts_.max_bytes},
                     {"stepfactor", opts_.step_factor},
@@ -489,7 +490,5 @@ double memcpy_gbps(std::int64_t bytes) {
   } while (secs < 0.3 || reps < 3);
   return static_cast<double>(bytes) * reps / secs / 1e9;
 }
-
-std::string eigen_isa() { return Eigen::SimdInstructionSetsInUse(); }
 
 }  // namespace seqpar::bench

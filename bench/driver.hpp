@@ -201,9 +201,6 @@ class driver {
 double eigen_gemm_gflops(const std::string& type, int n = 1024);
 /// Single-threaded memcpy GB/s (bytes copied per second) over `bytes`, within ~0.3 s.
 double memcpy_gbps(std::int64_t bytes);
-/// Eigen's SIMD instruction sets of this build (Eigen::SimdInstructionSetsInUse()).
-std::string eigen_isa();
-
 /// "1K", "64M", "3G" or a plain number of bytes.
 std::int64_t parse_size(const std::string& s);
 

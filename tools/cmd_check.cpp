@@ -34,6 +34,7 @@ nlohmann::json report_json(const verify::check_report& r) {
   return {{"pass", r.pass},
           {"dtype", r.type == dtype::f64 ? "f64" : "f32"},
           {"backend", r.backend},
+          {"isa", r.isa},
           {"scenario", io::scenario_to_json(r.scen)},
           {"tolerance", r.tolerance},
           {"error_model", r.error_model},
@@ -46,10 +47,10 @@ std::string report_text(const verify::check_report& r) {
   const auto& s = r.scen;
   std::string o = fmt::format(
       "seqpar check  scenario {}  profile {}  ulysses {} × ring {}{}  heads {}/{} kv  dim {}  "
-      "layers {}  docs {}  {}\n\n",
+      "layers {}  docs {}  {}\ncpu: {}\n\n",
       s.name, profile_name(s.profile), s.ulysses, s.ring,
       s.ring > 1 ? (s.zigzag ? " zigzag" : " contiguous") : "", s.heads, s.kv_heads, s.head_dim,
-      s.layers, fmt::join(s.docs, ","), r.type == dtype::f64 ? "float64" : "float32");
+      s.layers, fmt::join(s.docs, ","), r.type == dtype::f64 ? "float64" : "float32", r.isa);
   o += fmt::format("{:<28} {}\n", "tensor", row_cells_header());
   int passed = 0;
   for (const auto& row : r.rows) {

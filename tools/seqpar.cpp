@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "cli.hpp"
@@ -33,8 +34,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : 2;
+    // --help and --version are "errors" with exit code 0: CLI11 prints them itself. Every other
+    // parse error (unknown flag, missing or malformed value) in the form of every other message.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::string where = "seqpar";
+    for (auto* sub : app.get_subcommands()) where += " " + sub->get_name();
+    fmt::print(stderr, "seqpar: error: {}; run '{} --help' for the valid flags and values\n",
+               e.what(), where);
+    return 2;
   }
   try {
     for (auto* sub : app.get_subcommands()) return actions.at(sub)();

@@ -15,6 +15,7 @@
 #include "core/ulysses.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
+#include "sim/isa.hpp"
 #include "sim/model.hpp"
 #include "sim/sp_setup.hpp"
 
@@ -252,6 +253,7 @@ struct check_run {
         p64(model_params<double>::init(s)) {
     rep.scen = s;
     rep.type = opt.type;
+    rep.isa = sim::cpu_isa();
     rep.tolerance = tolerance_for(s, opt.type, &rep.error_model);
     if (opt.transform_collated) opt.transform_collated(cb);
     rep.warnings = cb.warnings;

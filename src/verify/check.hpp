@@ -51,6 +51,7 @@ struct check_report {
   std::string error_model;  ///< how the tolerance was derived
   double sp_seconds = 0, reference_seconds = 0;
   std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)
+  std::string isa;              ///< the CPU vector instruction sets (sim::cpu_isa)
 };
 
 /// What the non-SP reference of a check trains on: the scenario's row unpadded, labels aligned

@@ -44,8 +44,9 @@ echo '{"ulyses": 2}' > "$tmp/typo.json"
 expect 2 "scenario key 'ulyses' is unknown" -- plan --config "$tmp/typo.json"
 echo '{"ulysses": "two"}' > "$tmp/type.json"
 expect 2 "scenario key 'ulysses' has the wrong type" -- plan --config "$tmp/type.json"
-expect 2 "" -- plan --no-such-flag
-expect 2 "" -- frobnicate
+expect 2 "seqpar: error: The following argument was not expected: --no-such-flag; run 'seqpar plan --help'" -- plan --no-such-flag
+expect 2 "seqpar: error: A subcommand is required" -- frobnicate
+expect 2 "seqpar: error: Could not convert: --ulysses = x; run 'seqpar check --help'" -- check --ulysses x
 
 # Invalid batches.
 expect 2 "cannot read" -- collate --batch "$tmp/none.json"

@@ -12,10 +12,34 @@ golden="$src/tests/equivalence/data/golden"
 . "$(dirname "$0")/../support/harness.sh"
 mkdir -p "$golden"
 
-# Wall-clock seconds are the only fields allowed to differ between runs.
+# Wall-clock seconds and the CPU's instruction sets are the only fields allowed to differ.
 mask_times() {
   sed -E -e 's/"(sp|reference|gpu)":[0-9.eE+-]+/"\1":T/g' \
-    -e 's/[0-9]+\.[0-9]+ s(,| |$)/T s\1/g' -e 's/in [0-9.]+ ?m?s\b/in T s/g'
+    -e 's/[0-9]+\.[0-9]+ s(,| |$)/T s\1/g' -e 's/in [0-9.]+ ?m?s\b/in T s/g' \
+    -e 's/^cpu: .*/cpu: ISA/' -e 's/"isa":"[^"]*"/"isa":ISA/'
+}
+
+# check's error magnitudes (max abs / max rel of rows that pass) are rounding noise whose last
+# bits depend on the CPU's vector ISA; pass/fail, numel, tolerance and notes stay compared.
+# A FAIL row keeps its numbers.
+mask_errors() {
+  python3 -c '
+import json, re, sys
+row = re.compile(r"^(\S+ +[0-9]+) +\S+ +\S+ +(\S+ +PASS)")
+for line in sys.stdin:
+    try:
+        j = json.loads(line)
+    except ValueError:
+        j = None
+    if isinstance(j, dict) and isinstance(j.get("rows"), list):
+        for r in j["rows"]:
+            if r.get("pass") is True:
+                r["max_abs"] = r["max_rel"] = "E"
+        line = json.dumps(j, sort_keys=True, separators=(",", ":")) + "\n"
+    else:
+        line = row.sub(r"\1 E E \2", line)
+    sys.stdout.write(line)
+'
 }
 
 # run NAME -- seqpar args…   (stdout masked + exit code; run in $dir, so paths are relative)
@@ -24,7 +48,11 @@ run() {
   local name=$1
   shift 2
   local out="$tmp/$name.out"
-  (cd "$dir" && "$seqpar" "$@") 2>/dev/null | mask_times >"$out"
+  if [[ $name == check.* ]]; then
+    (cd "$dir" && "$seqpar" "$@") 2>/dev/null | mask_times | mask_errors >"$out"
+  else
+    (cd "$dir" && "$seqpar" "$@") 2>/dev/null | mask_times >"$out"
+  fi
   echo "exit ${PIPESTATUS[0]}" >>"$out"
   compare "$name" "$out"
 }
