@@ -235,11 +235,21 @@ class Recorder:
             if hasattr(d, name) and name not in self._orig:
                 self._orig[name] = getattr(d, name)
                 setattr(d, name, getattr(self, "_w_" + name))
+        # P2POp(dist.isend, …) checks its op against distributed_c10d's own isend/irecv: those
+        # names must be the wrappers too, or batch_isend_irecv rejects the user's ops.
+        from torch.distributed import distributed_c10d as c10d
+        self._c10d_orig = {n: getattr(c10d, n) for n in ("isend", "irecv") if hasattr(c10d, n)}
+        for n in self._c10d_orig:
+            setattr(c10d, n, getattr(self, "_w_" + n))
 
     def uninstall(self):
         for name, fn in self._orig.items():
             setattr(self._dist, name, fn)
         self._orig.clear()
+        from torch.distributed import distributed_c10d as c10d
+        for n, fn in getattr(self, "_c10d_orig", {}).items():
+            setattr(c10d, n, fn)
+        self._c10d_orig = {}
 
     def _w_all_to_all_single(self, output, input, output_split_sizes=None,
                              input_split_sizes=None, group=None, async_op=False):

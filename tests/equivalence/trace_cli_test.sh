@@ -110,6 +110,11 @@ if "$py" -c "import torch.distributed" 2>/dev/null; then
   "$py" "$src/tests/equivalence/scripts/recorder_hang.py" "$tmp/hang.jsonl" >/dev/null 2>&1
   check "merge crashed streams" 0 "$py" "$src/tools/seqpar_recorder.py" merge "$tmp/hang.jsonl" \
     "$tmp/hang.jsonl.rank0" "$tmp/hang.jsonl.rank1" "$tmp/hang.jsonl.rank2" "$tmp/hang.jsonl.rank3"
+  # List forms, async work completed at wait(), isend/irecv and batch_isend_irecv.
+  check "recorder p2p and lists" 0 "$py" "$src/tests/equivalence/scripts/recorder_p2p_lists.py" \
+    "$tmp/pl.jsonl"
+  check "replay p2p and lists" 0 "$seqpar" replay "$tmp/pl.jsonl"
+  expect_in "replay p2p and lists" "$tmp/out" "p2p_pairs 3, p2p_records 6"
   # DeepSpeed's 5-D all-to-all layout, scenario in meta: read as [tokens, heads, head_dim].
   "$seqpar" check --json -q --ulysses 2 --ring 1 --heads 4 --kv-heads 1 --head-dim 8 --docs 16 \
     --layers 1 | "$py" -c "import json,sys; print(json.dumps(json.load(sys.stdin)['scenario']))" \

@@ -91,10 +91,14 @@ TEST(traces, sequence_not_divisible_by_ulysses) {
   // The collator output shows it first, with the same cause.
   EXPECT_EQ(rep.problems.front().category, replay::category::cu_seqlens);
   EXPECT_TRUE(contains(rep.problems.front().cause, "sequence 1026 is not padded"));
-  // And the all-to-all links to rank 3 disagree.
+  // And every disagreeing all-to-all link has rank 3 on one end: rank 3 is named, not its peers.
   const auto* s = find(rep, replay::category::size_mismatch);
   ASSERT_NE(s, nullptr);
-  EXPECT_EQ(s->observed, "rank 0 sends 8224 elements to rank 3 (in_splits[3])");
+  EXPECT_EQ(s->rank, 3);
+  EXPECT_TRUE(
+      contains(s->observed, "rank 3's in_splits and out_splits disagree with 6 of its links"))
+      << s->observed;
+  EXPECT_TRUE(contains(s->observed, "0→3: 8224 sent, 8160 expected")) << s->observed;
 }
 
 TEST(traces, kv_heads_below_ulysses_without_repeat) {
@@ -137,8 +141,11 @@ TEST(traces, mismatched_all_to_all_splits) {
   EXPECT_EQ(p->rank, 1);
   EXPECT_EQ(p->seq, 2);
   EXPECT_EQ(p->tag, "L0.attn.out.fwd");
-  EXPECT_EQ(p->observed, "rank 1 sends 1568 elements to rank 2 (in_splits[2])");
-  EXPECT_EQ(p->expected, "1600 = what rank 2 receives from rank 1 (out_splits[1])");
+  EXPECT_EQ(p->observed,
+            "rank 1's in_splits disagree with 2 of its links (1→2: 1568 sent, 1600 expected; "
+            "1→3: 1632 sent, 1600 expected)");
+  EXPECT_EQ(p->expected, "the counts every peer agrees on");
+  EXPECT_TRUE(contains(p->cause, "rank 1's split list is stale")) << p->cause;
   const auto* sp = find(rep, replay::category::sp_shape);
   ASSERT_NE(sp, nullptr);
   EXPECT_EQ(sp->observed, "in_splits[2] = 1568");
@@ -341,7 +348,10 @@ TEST(trace_import, kineto_record_param_comms) {
   const auto* p = find(rep, replay::category::size_mismatch);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->rank, 1);
-  EXPECT_EQ(p->observed, "rank 1 sends 3000 elements to rank 0 (in_splits[0])");
+  EXPECT_TRUE(contains(p->observed,
+                       "rank 1's in_splits and out_splits disagree with 2 of its "
+                       "links (1→0: 3000 sent, 3200 expected"))
+      << p->observed;
 }
 
 TEST(trace_import, nccl_debug_log) {
