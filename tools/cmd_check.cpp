@@ -19,7 +19,7 @@ namespace {
 struct check_args {
   scenario_flags flags;
   std::string backend = "sim", dtype_name = "f64";
-  bool json = false, quiet = false, naive = false;
+  bool json = false, quiet = false, naive = false, no_sp_over_dp = false;
 };
 
 dtype parse_dtype(const std::string& s) {
@@ -47,10 +47,13 @@ std::string report_text(const verify::check_report& r) {
   const auto& s = r.scen;
   std::string o = fmt::format(
       "seqpar check  scenario {}  profile {}  ulysses {} × ring {}{}  heads {}/{} kv  dim {}  "
-      "layers {}  docs {}  {}\ncpu: {}\n\n",
+      "layers {}  docs {}{}  {}\ncpu: {}\n\n",
       s.name, profile_name(s.profile), s.ulysses, s.ring,
       s.ring > 1 ? (s.zigzag ? " zigzag" : " contiguous") : "", s.heads, s.kv_heads, s.head_dim,
-      s.layers, fmt::join(s.docs, ","), r.type == dtype::f64 ? "float64" : "float32", r.isa);
+      s.layers, fmt::join(s.docs, ","),
+      (s.profile == profile::deepspeed ? fmt::format("  micro-step {}", s.micro_step) : "") +
+          (s.tiles > 1 ? fmt::format("  tiles {}", s.tiles) : ""),
+      r.type == dtype::f64 ? "float64" : "float32", r.isa);
   o += fmt::format("{:<28} {}\n", "tensor", row_cells_header());
   int passed = 0;
   for (const auto& row : r.rows) {
@@ -83,6 +86,9 @@ action add_check(CLI::App& app) {
       ->capture_default_str();
   add_report_flags(*sub, a->json, a->quiet);
   sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
+  sub->add_flag("--no-sp-over-dp", a->no_sp_over_dp,
+                "deepspeed: compare only the scenario's micro-step, not SP over DP across all U "
+                "micro-steps");
   return [a] {
     if (a->backend != "sim" && a->backend != "mpi")
       fail<config_error>(
@@ -101,6 +107,7 @@ action add_check(CLI::App& app) {
           [a](verify::check_options& opt) {
             opt.type = parse_dtype(a->dtype_name);
             opt.naive_attention = a->naive;
+            opt.sp_over_dp = !a->no_sp_over_dp;
             return a->flags.resolve();
           },
           opt, print);
@@ -108,6 +115,7 @@ action add_check(CLI::App& app) {
     const scenario s = a->flags.resolve();
     opt.type = parse_dtype(a->dtype_name);
     opt.naive_attention = a->naive;
+    opt.sp_over_dp = !a->no_sp_over_dp;
     const auto rep = verify::run_check(s, opt);
     print(rep);
     return rep.pass ? 0 : 1;

@@ -42,20 +42,53 @@ std::string table(const collated_batch& cb) {
   return s;
 }
 
+std::string ds_table(const ds_collated& c) {
+  std::string s = fmt::format(
+      "profile deepspeed  ulysses {}  {} micro-steps (SP over DP: micro-step i processes SP rank "
+      "i's sample on every rank)\n",
+      c.ulysses, c.micro_steps.size());
+  for (const auto& m : c.micro_steps) {
+    s += fmt::format("\nmicro-step {} (sample of SP rank {})\n", m.source_rank, m.source_rank);
+    s += fmt::format("{:>4}  {:<40} {:<40} {}\n", "rank", "input_ids", "shift_labels",
+                     "position_ids");
+    for (const auto& r : m.ranks) {
+      auto get = [&](const char* key) {
+        for (const auto& e : r.entries)
+          if (e.key == key && e.tokens) return compact(*e.tokens, 10);
+        return std::string("-");
+      };
+      s += fmt::format("{:>4}  {:<40} {:<40} {}\n", r.cp_rank, get("input_ids"),
+                       get("shift_labels"), get("position_ids"));
+    }
+  }
+  return s;
+}
+
+template <class Json>
+Json parse_batch_file(const std::string& path) {
+  try {
+    return Json::parse(io::read_file(path));
+  } catch (const nlohmann::json::parse_error& e) {
+    fail<layout_error>("{} is not valid JSON: {}", path, e.what());
+  }
+}
+
 }  // namespace
 
 action add_collate(CLI::App& app) {
   auto args = std::make_shared<collate_args>();
   auto* sub = app.add_subcommand(
       "collate",
-      "Run the SP collator of a framework (xorl or veomni) on one packed row and print what "
-      "every cp rank receives.\n"
-      "Example: seqpar collate --profile xorl --ulysses 2 --ring 2 --batch row.json --json");
-  sub->add_option("--profile", args->profile, "xorl | veomni")->capture_default_str();
+      "Run the SP collator of a framework (xorl, veomni, or DeepSpeed ALST's dataloader adapter) "
+      "on one packed row and print what every cp rank receives.\n"
+      "Example: seqpar collate --profile xorl --ulysses 2 --ring 2 --batch row.json --json\n"
+      "         seqpar collate --profile deepspeed --ulysses 4 --batch rows.json --json");
+  sub->add_option("--profile", args->profile, "xorl | veomni | deepspeed")->capture_default_str();
   sub->add_option("--ulysses,-u", args->ulysses, "Ulysses size U")->capture_default_str();
   sub->add_option("--ring,-r", args->ring, "ring size R")->capture_default_str();
   sub->add_option("--batch", args->batch,
-                  "JSON file {\"input_ids\",\"labels\",\"position_ids\",\"attention_mask\"?}")
+                  "JSON file {\"input_ids\",\"labels\",\"position_ids\",\"attention_mask\"?}; "
+                  "deepspeed also {\"rows\":[row_0,…,row_{U-1}]} (one sample per SP rank)")
       ->required();
   sub->add_option("--pad-token-id", args->pad_token_id, "input_ids pad value")
       ->capture_default_str();
@@ -67,12 +100,16 @@ action add_collate(CLI::App& app) {
     opt.ulysses = args->ulysses;
     opt.ring = args->ring;
     opt.pad_token_id = args->pad_token_id;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(io::read_file(args->batch));
-    } catch (const nlohmann::json::parse_error& e) {
-      fail<layout_error>("{} is not valid JSON: {}", args->batch, e.what());
+    if (opt.profile == profile::deepspeed) {
+      require_ring_supported(opt.profile, opt.ring);
+      const auto j = parse_batch_file<nlohmann::ordered_json>(args->batch);
+      const auto c =
+          collate_deepspeed(io::samples_from_json(j, opt.ulysses, args->batch), opt.ulysses);
+      io::write_atomic(args->out,
+                       args->json ? io::ds_collated_to_json(c).dump() + "\n" : ds_table(c));
+      return 0;
     }
+    const auto j = parse_batch_file<nlohmann::json>(args->batch);
     auto cb = collate(io::batch_from_json(j, args->batch), opt);
     for (const auto& w : cb.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
     io::write_atomic(args->out, args->json ? io::collated_to_json(cb).dump() + "\n" : table(cb));

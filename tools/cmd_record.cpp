@@ -20,7 +20,7 @@ std::map<std::string, std::vector<int>> groups_of(const scenario& s) {
   mesh_config mc;
   mc.ring = s.ring;
   mc.ulysses = s.ulysses;
-  mc.mode = s.profile == profile::veomni ? cp_fsdp_mode::all : parse_cp_fsdp_mode(s.cp_fsdp_mode);
+  mc.mode = shifts_whole_row(s.profile) ? cp_fsdp_mode::all : parse_cp_fsdp_mode(s.cp_fsdp_mode);
   const device_mesh mesh(mc);
   std::map<std::string, std::vector<int>> out;
   for (auto kind : {group_kind::sp, group_kind::ulysses, group_kind::ring, group_kind::fsdp,

@@ -14,7 +14,8 @@ namespace seqpar::cli {
 void scenario_flags::add_to(CLI::App& app) {
   app.add_option(
       "--scenario", scenario_name_,
-      "built-in scenario: default, ulysses, ring, qwen3-8b, llama3-8b, qwen2.5-7b, mha-8");
+      "built-in scenario: default, ulysses, ring, qwen3-8b, llama3-8b, qwen2.5-7b, mha-8, alst "
+      "(the base of --profile deepspeed)");
   app.add_option("--config", config_, "scenario JSON file (keys as in check --json 'scenario')");
   app.add_option("--ulysses,-u", ulysses_, "Ulysses group size U");
   app.add_option("--ring,-r", ring_, "ring attention group size R (cp = U*R)");
@@ -26,7 +27,13 @@ void scenario_flags::add_to(CLI::App& app) {
   app.add_option("--layers", layers_, "decoder layers");
   app.add_option("--vocab", vocab_, "vocabulary size");
   app.add_option("--docs", docs_, "document lengths packed in the row, e.g. 24,16,13");
-  app.add_option("--profile", profile_, "collation/loss semantics: xorl | veomni");
+  app.add_option("--profile", profile_,
+                 "collation/loss semantics: xorl | veomni | deepspeed (without --scenario or "
+                 "--config, deepspeed starts from the built-in 'alst')");
+  app.add_option("--micro-step", micro_step_,
+                 "deepspeed: which SP rank's sample the micro-step processes (0..U-1)");
+  app.add_option("--tiles", tiles_,
+                 "tiled MLP and logits+loss in the SP step (ALST; torch.chunk cut, 1 = off)");
   app.add_option("--seed", seed_, "data and weight seed");
   app.add_flag("--no-zigzag", no_zigzag_, "ring: contiguous layout instead of zigzag");
   app.add_option("--ring-backward", ring_backward_, "ring backward: allgather | ring");
@@ -54,7 +61,9 @@ static std::vector<std::int64_t> parse_docs(const std::string& text) {
 }
 
 scenario scenario_flags::resolve() const {
-  scenario s = scenario_name_.empty() ? default_scenario() : builtin_scenario(scenario_name_);
+  scenario s = !scenario_name_.empty()                      ? builtin_scenario(scenario_name_)
+               : profile_ == "deepspeed" && config_.empty() ? builtin_scenario("alst")
+                                                            : default_scenario();
   if (!config_.empty()) {
     nlohmann::json j;
     try {
@@ -64,6 +73,7 @@ scenario scenario_flags::resolve() const {
     }
     s = io::scenario_from_json(j, s);
   }
+  const profile base_profile = s.profile;
   if (ulysses_) s.ulysses = *ulysses_;
   if (ring_) s.ring = *ring_;
   if (heads_) s.heads = *heads_;
@@ -80,10 +90,13 @@ scenario scenario_flags::resolve() const {
   if (!ring_backward_.empty()) s.ring_backward = ring_backward_;
   if (!ring_forward_.empty()) s.ring_forward = ring_forward_;
   if (!cp_fsdp_mode_.empty()) s.cp_fsdp_mode = cp_fsdp_mode_;
+  if (micro_step_) s.micro_step = *micro_step_;
+  if (tiles_) s.tiles = *tiles_;
   const bool overridden = ulysses_ || ring_ || heads_ || kv_heads_ || head_dim_ || hidden_ ||
                           intermediate_ || layers_ || vocab_ || seed_ || !docs_.empty() ||
-                          !profile_.empty() || no_zigzag_ || !ring_backward_.empty() ||
-                          !ring_forward_.empty() || !cp_fsdp_mode_.empty();
+                          (!profile_.empty() && s.profile != base_profile) || no_zigzag_ ||
+                          !ring_backward_.empty() || !ring_forward_.empty() ||
+                          !cp_fsdp_mode_.empty() || micro_step_ || tiles_;
   if (overridden && config_.empty()) s.name = "custom";
   validate(s);
   return s;

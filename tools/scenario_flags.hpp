@@ -20,6 +20,7 @@ class scenario_flags {
  private:
   std::string scenario_name_, config_, docs_, profile_, ring_backward_, ring_forward_,
       cp_fsdp_mode_;
+  std::optional<int> micro_step_, tiles_;
   std::optional<int> ulysses_, ring_, heads_, kv_heads_, head_dim_, hidden_, intermediate_, layers_,
       vocab_;
   std::optional<std::uint64_t> seed_;

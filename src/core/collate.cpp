@@ -95,11 +95,7 @@ void check_xorl_shift(const packed_batch& b) {
 collated_batch collate(const packed_batch& in, const collate_options& opt) {
   if (opt.ulysses < 1 || opt.ring < 1)
     fail<config_error>("ulysses={} and ring={} must both be at least 1", opt.ulysses, opt.ring);
-  if (opt.profile == profile::veomni && opt.ring > 1)
-    fail<config_error>(
-        "profile veomni does not support ring attention (ring={}; VeOmni raises when the cp size "
-        "> 1); use --ring 1 or --profile xorl",
-        opt.ring);
+  require_ring_supported(opt.profile, opt.ring);
   check_shapes(in);
   collated_batch out;
   out.options = opt;
@@ -110,8 +106,10 @@ collated_batch collate(const packed_batch& in, const collate_options& opt) {
   packed_batch b = in;
   const bool has_mask = b.attention_mask.has_value();
   if (!has_mask) b.attention_mask = std::vector<std::int64_t>(L, 1);
-  if (opt.profile == profile::veomni) {
-    // Shift on the whole packed row: labels = pad(labels[1:], (0,1), -100).
+  if (opt.profile == profile::deepspeed) require_deepspeed_seqlen(L, U, "the row");
+  if (shifts_whole_row(opt.profile)) {
+    // Shift on the whole packed row (VeOmni's collator, DeepSpeed's adapter): labels =
+    // pad(labels[1:], (0,1), -100).
     std::rotate(b.labels.begin(), b.labels.begin() + 1, b.labels.end());
     b.labels.back() = ignore_index;
   } else if (opt.profile == profile::xorl) {
@@ -177,7 +175,7 @@ collated_batch collate(const packed_batch& in, const collate_options& opt) {
   }
   const std::int64_t maxlen = max_seqlen(cu);
 
-  // Slicing: xorl ceil(N/C), veomni floor(N/U); N is a multiple of both.
+  // Slicing: xorl ceil(N/C), veomni and deepspeed N/U; N is a multiple of both.
   const std::int64_t chunk = opt.profile == profile::xorl ? (N + C - 1) / C : N / U;
   out.chunk = chunk;
   const int nranks = opt.profile == profile::xorl ? C : U;
@@ -186,8 +184,10 @@ collated_batch collate(const packed_batch& in, const collate_options& opt) {
     rb.cp_rank = r;
     rb.input_ids = slice(ids, r * chunk, chunk);
     rb.labels = slice(labels, r * chunk, chunk);
-    rb.position_ids = opt.profile == profile::veomni ? slice(pos, r * chunk, chunk) : pos;
-    if (has_mask) rb.attention_mask = mask;
+    rb.position_ids = opt.profile == profile::xorl ? pos : slice(pos, r * chunk, chunk);
+    // DeepSpeed cuts every 2-D integer key like input_ids; the others pass the whole mask.
+    if (has_mask)
+      rb.attention_mask = opt.profile == profile::deepspeed ? slice(mask, r * chunk, chunk) : mask;
     rb.cu_seqlens = cu;
     rb.max_seqlen = maxlen;
     rb.tail_padding_length = tail;
@@ -207,7 +207,8 @@ collate_options options_of(const scenario& s) {
 }
 
 packed_batch make_batch(const scenario& s) {
-  rng g(s.seed * 0x51ed27u + 17);
+  // DeepSpeed: one row per source rank (micro-step), the same documents, different draws.
+  rng g(s.seed * 0x51ed27u + 17 + 7919u * static_cast<std::uint64_t>(s.micro_step));
   packed_batch b;
   b.position_ids = position_ids_from_docs(s.docs);
   const auto n = b.position_ids.size();

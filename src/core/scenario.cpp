@@ -12,10 +12,21 @@ namespace seqpar {
 profile parse_profile(std::string_view s) {
   if (s == "xorl") return profile::xorl;
   if (s == "veomni") return profile::veomni;
-  fail<config_error>("profile '{}' is unknown; use xorl or veomni", s);
+  if (s == "deepspeed") return profile::deepspeed;
+  fail<config_error>("profile '{}' is unknown; use xorl, veomni or deepspeed", s);
 }
 
-std::string_view profile_name(profile p) { return p == profile::xorl ? "xorl" : "veomni"; }
+std::string_view profile_name(profile p) {
+  switch (p) {
+    case profile::xorl:
+      return "xorl";
+    case profile::veomni:
+      return "veomni";
+    case profile::deepspeed:
+      return "deepspeed";
+  }
+  return "?";
+}
 
 std::int64_t scenario::total_tokens() const {
   std::int64_t n = 0;
@@ -49,6 +60,28 @@ static void require_positive(const char* what, std::int64_t v, std::int64_t max)
     fail<config_error>("{}={} is out of range; use a value in [1, {}]", what, v, max);
 }
 
+void require_ring_supported(profile p, int ring) {
+  if (ring <= 1 || p == profile::xorl) return;
+  if (p == profile::veomni)
+    fail<config_error>(
+        "profile veomni does not support ring attention (ring={}; VeOmni raises when the cp size "
+        "> 1); use --ring 1 or --profile xorl",
+        ring);
+  fail<config_error>(
+      "profile deepspeed does not support ring attention (ring={}; DeepSpeed ALST's "
+      "UlyssesSPAttentionHF is Ulysses only); use --ring 1 or --profile xorl",
+      ring);
+}
+
+void require_deepspeed_seqlen(std::int64_t tokens, int ulysses, std::string_view row) {
+  if (ulysses < 1 || tokens % ulysses == 0) return;
+  fail<layout_error>(
+      "{} has {} tokens, not divisible by ulysses={}: DeepSpeed's UlyssesSPDataLoaderAdapter "
+      "does not pad and raises \"batch's seqlen={} isn't divisible by sp-size={}\"; pad upstream "
+      "with the data collator's pad_to_multiple_of={} (here to {} tokens)",
+      row, tokens, ulysses, tokens, ulysses, ulysses, (tokens + ulysses - 1) / ulysses * ulysses);
+}
+
 void validate(const scenario& s) {
   require_positive("ulysses", s.ulysses, 1024);
   require_positive("ring", s.ring, 1024);
@@ -78,11 +111,14 @@ void validate(const scenario& s) {
         "num_kv_heads={} is not divisible by ulysses={} (each rank must hold whole KV heads; xorl "
         "fails deep inside a reshape here); use ulysses in {}",
         s.kv_heads, s.ulysses, join_set(valid_ulysses_sizes(s.heads, s.kv_heads)));
-  if (s.profile == profile::veomni && s.ring > 1)
+  require_ring_supported(s.profile, s.ring);
+  if (s.micro_step < 0 || s.micro_step >= s.ulysses ||
+      (s.profile != profile::deepspeed && s.micro_step != 0))
     fail<config_error>(
-        "profile veomni does not support ring attention (ring={}; VeOmni raises when the cp size "
-        "> 1); use --ring 1 or --profile xorl",
-        s.ring);
+        "micro_step={} is out of range: it is the SP rank whose sample the DeepSpeed micro-step "
+        "processes, in [0, ulysses={}) with --profile deepspeed, and 0 otherwise",
+        s.micro_step, s.ulysses);
+  require_positive("tiles", s.tiles, 1 << 20);
   if (s.ring_backward != "allgather" && s.ring_backward != "ring")
     fail<config_error>("ring_backward '{}' is unknown; use allgather or ring", s.ring_backward);
   if (s.ring_forward != "p2p" && s.ring_forward != "allgather")
@@ -117,6 +153,7 @@ void validate(const scenario& s) {
     }
     start += s.docs[i];
   }
+  if (s.profile == profile::deepspeed) require_deepspeed_seqlen(start, s.ulysses, "the row");
   if (start > (std::int64_t{1} << 26))
     fail<layout_error>("{} tokens in total is more than the supported {}", start,
                        std::int64_t{1} << 26);
@@ -161,6 +198,12 @@ const std::vector<scenario>& builtin_scenarios() {
     add("qwen2.5-7b", 2, 1, 14, 2, 8, 56, {5, 31, 12});
     // Mistral-7B with MHA-like U=Hkv: 32/8 → 8/8.
     add("mha-8", 8, 1, 8, 8, 8, 32, {64, 7});
+    // DeepSpeed ALST (Hugging Face Trainer + UlyssesSPAttentionHF): U=4 > Hkv=2 (KV heads
+    // repeated), 52 tokens cut 13 per rank so every document crosses a rank boundary, tiled MLP
+    // and logits+loss with a last tile shorter than the others (13 rows → 4+4+4+1).
+    add("alst", 4, 1, 8, 2, 16, 64, {24, 16, 12});
+    v.back().profile = profile::deepspeed;
+    v.back().tiles = 4;
     return v;
   }();
   return all;

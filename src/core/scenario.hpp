@@ -6,10 +6,16 @@
 
 namespace seqpar {
 
-/// Which framework's collation and loss semantics to reproduce (SEMANTICS.md §1, §5).
-enum class profile { xorl, veomni };
+/// Which framework's collation and loss semantics to reproduce (SEMANTICS.md §1, §5, §7b):
+/// xorl, VeOmni, or DeepSpeed ALST (UlyssesSPDataLoaderAdapter + UlyssesSPAttentionHF, SP over
+/// DP: no SP padding, no ring, contiguous chunks).
+enum class profile { xorl, veomni, deepspeed };
 profile parse_profile(std::string_view s);
 std::string_view profile_name(profile p);
+/// VeOmni and DeepSpeed shift the labels of the whole packed row themselves and weight each
+/// rank's mean loss by its valid tokens (FSDP / ZeRO then average the gradients); xorl receives
+/// labels shifted per document and sums.
+inline bool shifts_whole_row(profile p) { return p != profile::xorl; }
 
 /// One SP training step to simulate: parallel sizes, attention shapes, model sizes and the
 /// documents packed into the single row. Sizes are global (pre-sharding).
@@ -33,6 +39,14 @@ struct scenario {
   std::string cp_fsdp_mode = "all";         ///< all | ulysses_only | ring_only | none
   double ignore_fraction = 0.15;  ///< share of labels set to -100 (in runs) by the generator
   std::int64_t pad_token_id = 0;
+  /// DeepSpeed (SP over DP): the micro-step, i.e. which SP rank's dataloader sample every rank
+  /// processes, in [0, ulysses). The generator draws one row per source rank (same documents,
+  /// different tokens and labels). 0 for the other profiles.
+  int micro_step = 0;
+  /// ALST's tiled compute in the SP step (TiledMLP, tiled logits + loss): the local sequence is
+  /// cut like torch.chunk(n, tiles) — ceil(n/tiles) rows per tile, the last shorter — and the
+  /// forward is recomputed per tile in the backward. 1 = untiled.
+  int tiles = 1;
 
   int cp() const { return ulysses * ring; }
   std::int64_t total_tokens() const;
@@ -41,6 +55,13 @@ struct scenario {
 /// Checks every rule of SEMANTICS.md §1–3 and §6 up front; throws config_error / layout_error
 /// naming the rule, the values and a fix.
 void validate(const scenario& s);
+
+/// VeOmni and DeepSpeed ALST have no ring attention: throws config_error for ring > 1.
+void require_ring_supported(profile p, int ring);
+
+/// DeepSpeed's adapter does not pad: a row of `tokens` must divide by `ulysses`; throws
+/// layout_error naming pad_to_multiple_of otherwise. `row` names the row in the message.
+void require_deepspeed_seqlen(std::int64_t tokens, int ulysses, std::string_view row);
 
 /// The U values that these heads accept (Hq % U == 0 and the KV rule), for error messages.
 std::vector<int> valid_ulysses_sizes(int heads, int kv_heads);

@@ -10,7 +10,8 @@
 
 namespace seqpar::io {
 
-nlohmann::json scenario_to_json(const scenario& s) {
+namespace {
+nlohmann::json scenario_fields(const scenario& s) {
   return {{"name", s.name},
           {"profile", profile_name(s.profile)},
           {"ulysses", s.ulysses},
@@ -31,14 +32,23 @@ nlohmann::json scenario_to_json(const scenario& s) {
           {"cp_fsdp_mode", s.cp_fsdp_mode},
           {"pad_token_id", s.pad_token_id}};
 }
+}  // namespace
+
+nlohmann::json scenario_to_json(const scenario& s) {
+  auto j = scenario_fields(s);
+  // Optional fields, present only where they mean something.
+  if (s.profile == profile::deepspeed) j["micro_step"] = s.micro_step;
+  if (s.tiles != 1) j["tiles"] = s.tiles;
+  return j;
+}
 
 scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   if (!j.is_object()) fail<config_error>("a scenario must be a JSON object, got {}", j.type_name());
   static const std::vector<std::string> known = {
-      "name",          "profile",      "ulysses",      "ring",        "cp_size",
-      "heads",         "kv_heads",     "head_dim",     "hidden",      "intermediate",
-      "layers",        "vocab",        "docs",         "seed",        "zigzag",
-      "ring_backward", "ring_forward", "cp_fsdp_mode", "pad_token_id"};
+      "name",         "profile",    "ulysses", "ring",          "cp_size",      "heads",
+      "kv_heads",     "head_dim",   "hidden",  "intermediate",  "layers",       "vocab",
+      "docs",         "seed",       "zigzag",  "ring_backward", "ring_forward", "cp_fsdp_mode",
+      "pad_token_id", "micro_step", "tiles"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
       fail<config_error>("scenario key '{}' is unknown; known keys: {}", it.key(),
@@ -74,6 +84,8 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   get("ring_forward", s.ring_forward);
   get("cp_fsdp_mode", s.cp_fsdp_mode);
   get("pad_token_id", s.pad_token_id);
+  get("micro_step", s.micro_step);
+  get("tiles", s.tiles);
   if (j.contains("cp_size") && j.at("cp_size") != s.cp())
     fail<config_error>(
         "scenario cp_size={} disagrees with ulysses*ring={}*{}={}; drop cp_size or "
@@ -94,6 +106,8 @@ std::string scenario_command(const scenario& s, const std::string& sub) {
   if (s.ring_backward != "allgather") cmd += " --ring-backward " + s.ring_backward;
   if (s.ring_forward != "p2p") cmd += " --ring-forward " + s.ring_forward;
   if (s.cp_fsdp_mode != "all") cmd += " --cp-fsdp-mode " + s.cp_fsdp_mode;
+  if (s.micro_step != 0) cmd += fmt::format(" --micro-step {}", s.micro_step);
+  if (s.tiles != 1) cmd += fmt::format(" --tiles {}", s.tiles);
   return cmd;
 }
 

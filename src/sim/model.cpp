@@ -349,7 +349,25 @@ struct layer_cache {
   ulysses_saved saved;
 };
 
+/// One tile of the SwiGLU MLP's forward: gate, up and their product, for `m` rows.
+template <class T>
+struct mlp_tile {
+  mat<T> gate, up, act;
+  mlp_tile(const mat<T>& m, const model_params<T>& p, const std::string& layer)
+      : gate(ops::linear_fwd(m, p[layer + "w_gate"])),
+        up(ops::linear_fwd(m, p[layer + "w_up"])),
+        act(ops::swiglu_fwd(gate, up)) {}
+};
+
 }  // namespace
+
+std::vector<std::pair<Eigen::Index, Eigen::Index>> ops::tile_rows(Eigen::Index n, int tiles) {
+  std::vector<std::pair<Eigen::Index, Eigen::Index>> out;
+  if (n <= 0) return out;
+  const Eigen::Index step = (n + std::max(tiles, 1) - 1) / std::max(tiles, 1);
+  for (Eigen::Index b = 0; b < n; b += step) out.emplace_back(b, std::min(step, n - b));
+  return out;
+}
 
 template <class T>
 step_output<T> train_step(const model_params<T>& p, const scenario& s, const rank_tokens_input& in,
@@ -400,6 +418,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   out.grads = p.zeros_like();
   auto& gr = out.grads;
   const auto L = [](int l, const char* what) { return fmt::format("L{}.{}", l, what); };
+  const auto tiles = ops::tile_rows(n, s.tiles);
 
   // Forward.
   mat<T> x = ops::embedding_fwd(p["embed"], ids);
@@ -417,18 +436,44 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
     c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "wo")]);
     c.mlp_normed = ops::rms_norm_fwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp);
-    c.gate = ops::linear_fwd(c.mlp_normed, p[L(l, "w_gate")]);
-    c.up = ops::linear_fwd(c.mlp_normed, p[L(l, "w_up")]);
-    c.act = ops::swiglu_fwd(c.gate, c.up);
-    x = c.x_mid + ops::linear_fwd(c.act, p[L(l, "w_down")]);
+    if (tiles.size() > 1) {
+      // TiledMLP: tile by tile, nothing of the intermediate width is kept for the backward.
+      x = c.x_mid;
+      for (const auto& [b, len] : tiles) {
+        const mlp_tile<T> t(c.mlp_normed.middleRows(b, len), p, L(l, ""));
+        x.middleRows(b, len) += ops::linear_fwd(t.act, p[L(l, "w_down")]);
+      }
+    } else {
+      c.gate = ops::linear_fwd(c.mlp_normed, p[L(l, "w_gate")]);
+      c.up = ops::linear_fwd(c.mlp_normed, p[L(l, "w_up")]);
+      c.act = ops::swiglu_fwd(c.gate, c.up);
+      x = c.x_mid + ops::linear_fwd(c.act, p[L(l, "w_down")]);
+    }
   }
   col<T> r_final;
   const mat<T> final_normed = ops::rms_norm_fwd(x, p["final_norm"], r_final);
-  out.logits = ops::linear_fwd(final_normed, p["lm_head"]);
+
+  // Logits and the local cross-entropy sum (tiled: tile by tile, like ALST's tiled loss; the
+  // logits are still returned for the comparison, the backward recomputes them per tile).
+  std::int64_t n_local = 0;
+  double ce_sum = 0;
+  if (tiles.size() > 1) {
+    out.logits.resize(n, s.vocab);
+    for (const auto& [b, len] : tiles) {
+      out.logits.middleRows(b, len) =
+          ops::linear_fwd(mat<T>(final_normed.middleRows(b, len)), p["lm_head"]);
+      std::int64_t valid = 0;
+      ce_sum += ops::cross_entropy_fwd(
+          mat<T>(out.logits.middleRows(b, len)),
+          labels.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(len)), valid);
+      n_local += valid;
+    }
+  } else {
+    out.logits = ops::linear_fwd(final_normed, p["lm_head"]);
+    ce_sum = ops::cross_entropy_fwd(out.logits, labels, n_local);
+  }
 
   // Loss (SEMANTICS.md §5).
-  std::int64_t n_local = 0;
-  const double ce_sum = ops::cross_entropy_fwd(out.logits, labels, n_local);
   const bool reduce_loss = env.loss_group.size() > 1;
   std::int64_t n_global = n_local;
   if (reduce_loss)
@@ -440,7 +485,8 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     contribution = ce_sum;
     coef = 1.0 / denom;
   } else {
-    // VeOmni ReduceLoss: ℓ = s/n (0 without valid tokens); L = Σ ℓ·n / max(N, 1);
+    // VeOmni ReduceLoss, DeepSpeed ALST's weighted all_gather of rank losses: ℓ = s/n (0
+    // without valid tokens, as ALST's logits.sum()·0); L = Σ ℓ·n / max(N, 1);
     // ∂L/∂ℓ = P·n/max(N, 1) and ∂ℓ/∂logits = (softmax − onehot)/n.
     const double ell = n_local > 0 ? ce_sum / static_cast<double>(n_local) : 0.0;
     contribution = ell * static_cast<double>(n_local);
@@ -454,18 +500,44 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   out.loss = loss_sum / denom;
 
   // Backward.
-  const mat<T> dlogits = ops::cross_entropy_bwd(out.logits, labels, coef);
-  mat<T> dx = ops::rms_norm_bwd(x, p["final_norm"], r_final,
-                                ops::linear_bwd(final_normed, p["lm_head"], dlogits, gr["lm_head"]),
-                                gr["final_norm"]);
+  mat<T> dfinal;
+  if (tiles.size() > 1) {
+    dfinal.resize(n, s.hidden);
+    for (const auto& [b, len] : tiles) {
+      const mat<T> rows = final_normed.middleRows(b, len);
+      const mat<T> logits = ops::linear_fwd(rows, p["lm_head"]);  // recomputed
+      const mat<T> dlogits = ops::cross_entropy_bwd(
+          logits, labels.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(len)), coef);
+      dfinal.middleRows(b, len) = ops::linear_bwd(rows, p["lm_head"], dlogits, gr["lm_head"]);
+    }
+  } else {
+    const mat<T> dlogits = ops::cross_entropy_bwd(out.logits, labels, coef);
+    dfinal = ops::linear_bwd(final_normed, p["lm_head"], dlogits, gr["lm_head"]);
+  }
+  mat<T> dx = ops::rms_norm_bwd(x, p["final_norm"], r_final, dfinal, gr["final_norm"]);
   for (int l = s.layers - 1; l >= 0; --l) {
     auto& c = caches[static_cast<std::size_t>(l)];
     // MLP: x = x_mid + swiglu(m·w_gate, m·w_up)·w_down, m = rms_norm(x_mid).
-    const mat<T> dact = ops::linear_bwd(c.act, p[L(l, "w_down")], dx, gr[L(l, "w_down")]);
-    mat<T> dgate, dup;
-    ops::swiglu_bwd(c.gate, c.up, dact, dgate, dup);
-    mat<T> dm = ops::linear_bwd(c.mlp_normed, p[L(l, "w_gate")], dgate, gr[L(l, "w_gate")]);
-    dm += ops::linear_bwd(c.mlp_normed, p[L(l, "w_up")], dup, gr[L(l, "w_up")]);
+    mat<T> dm;
+    if (tiles.size() > 1) {
+      dm.resize(n, s.hidden);
+      for (const auto& [b, len] : tiles) {
+        const mat<T> m = c.mlp_normed.middleRows(b, len);
+        const mlp_tile<T> t(m, p, L(l, ""));  // the forward, recomputed
+        const mat<T> dact = ops::linear_bwd(t.act, p[L(l, "w_down")], mat<T>(dx.middleRows(b, len)),
+                                            gr[L(l, "w_down")]);
+        mat<T> dgate, dup;
+        ops::swiglu_bwd(t.gate, t.up, dact, dgate, dup);
+        dm.middleRows(b, len) = ops::linear_bwd(m, p[L(l, "w_gate")], dgate, gr[L(l, "w_gate")]) +
+                                ops::linear_bwd(m, p[L(l, "w_up")], dup, gr[L(l, "w_up")]);
+      }
+    } else {
+      const mat<T> dact = ops::linear_bwd(c.act, p[L(l, "w_down")], dx, gr[L(l, "w_down")]);
+      mat<T> dgate, dup;
+      ops::swiglu_bwd(c.gate, c.up, dact, dgate, dup);
+      dm = ops::linear_bwd(c.mlp_normed, p[L(l, "w_gate")], dgate, gr[L(l, "w_gate")]);
+      dm += ops::linear_bwd(c.mlp_normed, p[L(l, "w_up")], dup, gr[L(l, "w_up")]);
+    }
     const mat<T> dx_mid =
         dx + ops::rms_norm_bwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp, dm, gr[L(l, "mlp_norm")]);
     // Attention: x_mid = x_in + attn(rope(a·wq), rope(a·wk), a·wv)·wo, a = rms_norm(x_in).
@@ -485,7 +557,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   }
   ops::embedding_bwd(dx, ids, gr["embed"]);
   out.embed_out_grad = std::move(dx);
-  if (env.profile == seqpar::profile::veomni && env.loss_group.size() > 1)
+  if (shifts_whole_row(env.profile) && env.loss_group.size() > 1)
     out.embed_out_grad /= static_cast<T>(env.loss_group.size());  // undo the ∂L/∂ℓ factor P
 
   // Gradient sync: one flat buffer per reduction, parameters in their fixed order.

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/communicator.hpp"
@@ -124,6 +125,11 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
 /// Per-op forward/backward pieces of the decoder, exposed for gradient tests. Backward functions
 /// return the input gradient and ACCUMULATE (+=) parameter gradients into the given matrices.
 namespace ops {
+
+/// Row ranges [begin, length) of torch.chunk(n rows, tiles): ceil(n/tiles) rows each, the last
+/// shorter, so fewer than `tiles` ranges where the division leaves too few rows (10 rows, 4
+/// tiles → 3+3+3+1; 6 rows, 4 tiles → 2+2+2). None for n = 0.
+std::vector<std::pair<Eigen::Index, Eigen::Index>> tile_rows(Eigen::Index n, int tiles);
 
 /// y = x·w (x [n, in], w [in, out]).
 template <class T>

@@ -46,7 +46,7 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
   mesh_config mc;
   mc.ring = s.ring;
   mc.ulysses = s.ulysses;
-  mc.mode = s.profile == profile::veomni ? cp_fsdp_mode::all : parse_cp_fsdp_mode(s.cp_fsdp_mode);
+  mc.mode = shifts_whole_row(s.profile) ? cp_fsdp_mode::all : parse_cp_fsdp_mode(s.cp_fsdp_mode);
   const device_mesh mesh(mc);
   const int k = comm.rank();
   sp_env env;
@@ -59,9 +59,10 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
   env.fsdp_group = named(group_kind::fsdp, mesh, k);
   if (!mesh.group_of(group_kind::sp_grad_sync, k).empty())
     env.sp_grad_sync_group = named(group_kind::sp_grad_sync, mesh, k);
-  // xorl sets FSDP's gradient divide factor to 1 (a sum); VeOmni's FSDP averages and its loss
-  // backward multiplies by the SP size to undo it (SEMANTICS.md §5).
-  env.fsdp_divide = s.profile == profile::veomni ? static_cast<double>(env.fsdp_group.size()) : 1.0;
+  // xorl sets FSDP's gradient divide factor to 1 (a sum); VeOmni's FSDP and DeepSpeed's ZeRO
+  // average, and their loss backward multiplies by the SP size to undo it (SEMANTICS.md §5;
+  // DeepSpeed: the differentiable all_gather of the per-rank losses).
+  env.fsdp_divide = shifts_whole_row(s.profile) ? static_cast<double>(env.fsdp_group.size()) : 1.0;
   const auto cu = cb.ranks.front().cu_seqlens;
   if (s.ring == 1) {
     auto docs = causal_docs(s, cu);
@@ -87,7 +88,7 @@ rank_tokens_input rank_input(const scenario& s, const collated_batch& cb, int k)
   rank_tokens_input in;
   in.input_ids = rb.input_ids;
   in.labels = rb.labels;
-  if (s.profile == profile::veomni) {
+  if (s.profile != profile::xorl) {
     in.positions = rb.position_ids;
   } else {
     const auto first = rb.position_ids.begin() + k * cb.chunk;

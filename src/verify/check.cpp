@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -66,8 +67,9 @@ ref::batch reference_batch(const scenario& s, const packed_batch& b) {
   ref::batch rb;
   rb.input_ids = b.input_ids;
   rb.labels = b.labels;
-  // The shift VeOmni's collator applies to the whole row (xorl's labels come shifted per document).
-  if (s.profile == profile::veomni && !rb.labels.empty()) {
+  // The shift VeOmni's collator and DeepSpeed's adapter apply to the whole row (xorl's labels
+  // come shifted per document).
+  if (shifts_whole_row(s.profile) && !rb.labels.empty()) {
     std::rotate(rb.labels.begin(), rb.labels.begin() + 1, rb.labels.end());
     rb.labels.back() = ignore_index;
   }
@@ -239,6 +241,64 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
   rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
 }
 
+/// DeepSpeed ALST's claim (seed 001): SP over DP — U micro-steps, micro-step i running SP rank
+/// i's sample on all U ranks, gradients accumulated over the micro-steps — equals DP over the
+/// same U samples, one per rank, gradients averaged. Both sides are token-normalised per sample
+/// (each micro-step's loss is its sample's mean over valid tokens), so they agree for any token
+/// budgets. Micro-step `s.micro_step` reuses the step the main rows compared.
+template <class T>
+void add_sp_over_dp_rows(check_report& rep, const scenario& s, const check_options& opt,
+                         const model_params<double>& p64, const step_output<double>& ref_here,
+                         const std::vector<step_output<T>>& outs_here) {
+  const auto p = p64.template cast<T>();
+  const double inv = 1.0 / s.ulysses;
+  double dp_loss = 0, sp_loss = 0;
+  std::vector<std::vector<double>> dp_grads(p64.size()), sp_grads(p64.size());
+  std::vector<int> worst_rank(p64.size(), 0);
+  auto accumulate = [&](const step_output<double>& ref, const std::vector<step_output<T>>& outs) {
+    dp_loss += inv * ref.loss;
+    sp_loss += inv * outs.front().loss;
+    for (std::size_t i = 0; i < p64.size(); ++i) {
+      auto add = [&](std::vector<double>& acc, const std::vector<double>& v) {
+        if (acc.empty()) acc.assign(v.size(), 0.0);
+        for (std::size_t e = 0; e < v.size(); ++e) acc[e] += inv * v[e];
+      };
+      add(dp_grads[i], values_of(ref.grads.values[i]));
+      // Every rank holds the same gradient after the sync; rank 0's is accumulated and the
+      // others are held to it by the main rows of each micro-step.
+      add(sp_grads[i], values_of(outs.front().grads.values[i]));
+    }
+  };
+  for (int m = 0; m < s.ulysses; ++m) {
+    if (m == s.micro_step) {
+      accumulate(ref_here, outs_here);
+      continue;
+    }
+    scenario sm = s;
+    sm.micro_step = m;
+    if (opt.progress)
+      opt.progress(fmt::format("SP over DP: micro-step {} of {} (SP rank {}'s sample)", m + 1,
+                               s.ulysses, m));
+    const auto batch = make_batch(sm);
+    auto cb = collate(batch, options_of(sm));
+    if (opt.transform_collated) opt.transform_collated(cb);
+    accumulate(run_reference(sm, batch, p64), run_sp<T>(sm, cb, p, opt));
+  }
+  const double tol = rep.tolerance;
+  auto loss = compare("sp_over_dp.loss", {sp_loss}, {dp_loss}, tol);
+  loss.note =
+      fmt::format("mean over {} micro-steps vs DP over the same {} samples, reference {:.12g}",
+                  s.ulysses, s.ulysses, dp_loss);
+  rep.rows.push_back(loss);
+  double grad_scale = 0;
+  for (const auto& g : dp_grads)
+    for (double v : g) grad_scale = std::max(grad_scale, std::abs(v));
+  for (std::size_t i = 0; i < p64.size(); ++i)
+    rep.rows.push_back(compare("sp_over_dp.grad." + p64.names[i], sp_grads[i], dp_grads[i], tol,
+                               1e-3 * grad_scale));
+  rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
+}
+
 /// What every check starts from: the report header, the batch, its collation (after the
 /// options' transform, which only the SP side sees) and the float64 parameters.
 struct check_run {
@@ -281,6 +341,8 @@ check_report run_typed(const scenario& s, const check_options& opt) {
   rep.sp_seconds = seconds_since(t0);
 
   add_rows(rep, s, cb, ref, outs);
+  if (s.profile == profile::deepspeed && opt.sp_over_dp && !opt.recorder && s.ulysses > 1)
+    add_sp_over_dp_rows<T>(rep, s, opt, p64, ref, outs);
   return rep;
 }
 

@@ -22,6 +22,12 @@ struct check_options {
   /// Called with a short line at each stage of a run (for progress output).
   std::function<void(std::string_view)> progress;
   comm_recorder* recorder = nullptr;  ///< records every collective of the SP run
+  /// --profile deepspeed: also run every micro-step (SP rank i's sample, i < U) and compare SP
+  /// over DP (the micro-steps' losses and gradients averaged, as gradient accumulation over
+  /// the U micro-steps does) with DP over the same U samples (the oracle on each sample,
+  /// averaged as DP's gradient all-reduce does): rows "sp_over_dp.*". Off while recording (the
+  /// trace holds one micro-step).
+  bool sp_over_dp = true;
   /// Corrupt one transport call of the SP run (tests of the checker itself).
   fault_spec fault;
 
@@ -75,7 +81,8 @@ double tolerance_for(const scenario& s, dtype t, std::string* model = nullptr);
 /// core) and non-SP (the independent oracle ref::train_step on the unpadded row: what training
 /// without SP computes, sharing no SP code), compared:
 /// loss, logits (gathered and unpadded), embedding-output gradients per token, every
-/// parameter gradient (on every rank after the gradient sync), and the layout invariants.
+/// parameter gradient (on every rank after the gradient sync), and the layout invariants;
+/// with --profile deepspeed also the SP-over-DP rows (check_options::sp_over_dp).
 check_report run_check(const scenario& s, const check_options& opt = {});
 
 /// The same check with one cp rank per process of `world` (e.g. MPI under mpiexec): world

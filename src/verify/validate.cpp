@@ -307,7 +307,7 @@ std::vector<comm_group> attention_groups(const scenario& s) {
   mesh_config mc;
   mc.ring = s.ring;
   mc.ulysses = s.ulysses;
-  mc.mode = s.profile == profile::veomni ? cp_fsdp_mode::all : parse_cp_fsdp_mode(s.cp_fsdp_mode);
+  mc.mode = shifts_whole_row(s.profile) ? cp_fsdp_mode::all : parse_cp_fsdp_mode(s.cp_fsdp_mode);
   const device_mesh mesh(mc);
   std::vector<comm_group> out;
   for (group_kind kind : {group_kind::ulysses, group_kind::ring})

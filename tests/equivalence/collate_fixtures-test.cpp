@@ -89,4 +89,108 @@ TEST(collate_fixtures, equal_the_framework_or_refuse_what_it_refuses) {
   EXPECT_GE(refused, 10);
 }
 
+// ---- DeepSpeed ALST's UlyssesSPDataLoaderAdapter (data/deepspeed,
+// gen_deepspeed_adapter_fixtures.py)
+
+std::vector<fs::path> deepspeed_fixtures() {
+  std::vector<fs::path> out;
+  for (const auto& e :
+       fs::directory_iterator(fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data/deepspeed"))
+    if (e.path().extension() == ".json") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The rule seqpar's message must name for each refusal the adapter raised.
+std::string expected_rule(const std::string& adapter_message) {
+  if (adapter_message.find("isn't divisible by sp-size") != std::string::npos)
+    return "pad_to_multiple_of";
+  if (adapter_message.find("position_ids") != std::string::npos) return "no position_ids";
+  if (adapter_message.find("must match input_ids's shape") != std::string::npos)
+    return "must match input_ids's shape";
+  if (adapter_message == "'labels'") return "no labels";
+  return "<unknown adapter error: " + adapter_message + ">";
+}
+
+TEST(collate_fixtures, deepspeed_equal_the_real_adapter_or_refuse_what_it_refuses) {
+  int compared = 0, refused = 0;
+  for (const auto& p : deepspeed_fixtures()) {
+    std::ifstream in(p);
+    const auto fx = nlohmann::ordered_json::parse(in);
+    SCOPED_TRACE(p.filename().string());
+    const int U = fx.at("ulysses");
+    const auto samples = seqpar::io::samples_from_json(fx.at("input"), U, p.string());
+    if (fx.at("outcome") == "error") {
+      const std::string rule = expected_rule(fx.at("error").at("message"));
+      try {
+        seqpar::collate_deepspeed(samples, U);
+        ADD_FAILURE() << "accepted what the adapter refused: " << fx.at("error").dump();
+      } catch (const seqpar::layout_error& e) {
+        EXPECT_NE(std::string(e.what()).find(rule), std::string::npos)
+            << e.what() << "\n  should name: " << rule;
+      }
+      ++refused;
+      continue;
+    }
+    seqpar::ds_collated c;
+    ASSERT_NO_THROW(c = seqpar::collate_deepspeed(samples, U));
+    const auto got = seqpar::io::ds_collated_to_json(c);
+    const auto& want = fx.at("micro_steps");
+    ASSERT_EQ(got.at("micro_steps").size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const auto& gs = got.at("micro_steps")[i];
+      EXPECT_EQ(gs.at("source_rank"), want[i].at("source_rank"));
+      ASSERT_EQ(gs.at("ranks").size(), want[i].at("ranks").size());
+      for (std::size_t r = 0; r < want[i].at("ranks").size(); ++r) {
+        SCOPED_TRACE(testing::Message() << "micro-step " << i << " rank " << r);
+        const auto& g = gs.at("ranks")[r];
+        const auto& w = want[i].at("ranks")[r];
+        // Key by key, in the adapter's order (labels gone, shift_labels last).
+        std::vector<std::string> gk, wk;
+        for (auto it = g.begin(); it != g.end(); ++it) gk.push_back(it.key());
+        for (auto it = w.begin(); it != w.end(); ++it) wk.push_back(it.key());
+        EXPECT_EQ(gk, wk);
+        for (auto it = w.begin(); it != w.end(); ++it)
+          EXPECT_EQ(g.value(it.key(), nlohmann::ordered_json()), it.value()) << it.key();
+      }
+    }
+    ++compared;
+  }
+  EXPECT_GE(compared, 13);
+  EXPECT_GE(refused, 5);
+}
+
+// The per-sample collation the check runs (collate on one packed row) is the adapter's.
+TEST(collate_fixtures, deepspeed_packed_row_collation_matches_the_adapter) {
+  int compared = 0;
+  for (const auto& p : deepspeed_fixtures()) {
+    std::ifstream in(p);
+    const auto fx = nlohmann::ordered_json::parse(in);
+    if (fx.at("outcome") != "ok") continue;
+    SCOPED_TRACE(p.filename().string());
+    const int U = fx.at("ulysses");
+    const auto& rows = fx.at("input").at("rows");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      seqpar::packed_batch b;
+      b.input_ids = rows[i].at("input_ids").get<std::vector<std::int64_t>>();
+      b.labels = rows[i].at("labels").get<std::vector<std::int64_t>>();
+      b.position_ids = rows[i].at("position_ids").get<std::vector<std::int64_t>>();
+      seqpar::collate_options o;
+      o.profile = seqpar::profile::deepspeed;
+      o.ulysses = U;
+      const auto cb = seqpar::collate(b, o);
+      for (int r = 0; r < U; ++r) {
+        const auto& w = fx.at("micro_steps")[i].at("ranks")[static_cast<std::size_t>(r)];
+        const auto& rb = cb.ranks[static_cast<std::size_t>(r)];
+        EXPECT_EQ(rb.input_ids, w.at("input_ids").get<std::vector<std::int64_t>>());
+        EXPECT_EQ(rb.labels, w.at("shift_labels").get<std::vector<std::int64_t>>());
+        EXPECT_EQ(rb.position_ids, w.at("position_ids").get<std::vector<std::int64_t>>());
+      }
+      EXPECT_EQ(cb.padded_length, cb.original_length);  // the adapter never pads
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 30);
+}
+
 }  // namespace

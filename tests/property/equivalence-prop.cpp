@@ -35,6 +35,14 @@ RC_GTEST_PROP(equivalence, ulysses_step_equals_non_sp_in_f64, ()) {
   assert_equivalent(s, dtype::f64);
 }
 
+// DeepSpeed ALST: the micro-step's SP step equals the oracle on that sample, the tiled step
+// equals the untiled oracle, and SP over DP (all U micro-steps) equals DP over the U samples.
+RC_GTEST_PROP(equivalence, deepspeed_step_and_sp_over_dp_equal_non_sp_in_f64, ()) {
+  const auto s = *gens::deepspeed_check_scenario();
+  RC_TAG(s.ulysses, s.tiles > 1 ? "tiled" : "untiled");
+  assert_equivalent(s, dtype::f64);
+}
+
 RC_GTEST_PROP(equivalence, ring_and_hybrid_step_equals_non_sp_in_f64, ()) {
   const auto s = *gens::ring_check_scenario();
   RC_TAG(s.ring, s.zigzag ? "zigzag" : "contiguous", s.ring_backward);

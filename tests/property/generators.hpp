@@ -118,6 +118,32 @@ inline rc::Gen<scenario> ulysses_check_scenario() {
   });
 }
 
+/// DeepSpeed ALST scenarios: U ∈ 1..8 (GQA, KV repeat when U > Hkv), any documents with the
+/// last one lengthened so the row divides by U (the adapter does not pad), any micro-step (whose
+/// sample the step runs), tiled MLP and logits+loss with 1..5 tiles (last tile shorter, tiles
+/// with no valid label).
+inline rc::Gen<scenario> deepspeed_check_scenario() {
+  return rc::gen::mapcat(rc::gen::inRange(1, 9), [](int U) {
+    return rc::gen::mapcat(
+        rc::gen::tuple(heads_for(U), rc::gen::inRange(0, U), rc::gen::inRange(1, 6)),
+        [U](const std::tuple<std::pair<int, int>, int, int>& t) {
+          scenario s;
+          s.name = "generated";
+          s.profile = profile::deepspeed;
+          s.ulysses = U;
+          s.heads = std::get<0>(t).first;
+          s.kv_heads = std::get<0>(t).second;
+          s.micro_step = std::get<1>(t);
+          s.tiles = std::get<2>(t);
+          return rc::gen::map(with_model(s, 12, 1), [U](scenario g) {
+            const auto total = g.total_tokens();
+            g.docs.back() += (U - total % U) % U;
+            return g;
+          });
+        });
+  });
+}
+
 /// Ring and hybrid scenarios (issue: ring attention): R ∈ 1..4, U ∈ 1..4, zigzag on/off
 /// (documents aligned to 2R under zigzag), GQA, both backward variants and the all-gather
 /// forward, every cp_fsdp_mode.

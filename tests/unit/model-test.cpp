@@ -268,7 +268,7 @@ sim::sp_env make_env(communicator& comm, compute& comp, const scenario& s, profi
   const attention_docs docs{cu, cu, true, 1.0 / std::sqrt(static_cast<double>(s.head_dim))};
   env.make_inner = [docs](compute& c) { return std::make_unique<local_attention>(c, docs); };
   env.fsdp_group = dp;
-  env.fsdp_divide = prof == profile::veomni ? dp.size() : 1.0;
+  env.fsdp_divide = shifts_whole_row(prof) ? dp.size() : 1.0;
   return env;
 }
 
@@ -366,6 +366,50 @@ TEST(model, no_valid_tokens_gives_zero_loss_and_gradients) {
       EXPECT_TRUE(out.grads.values[i].isZero(0.0)) << profile_name(prof) << " " << p.names[i];
     EXPECT_TRUE(out.embed_out_grad.isZero(0.0));
   }
+}
+
+TEST(model_ops, tile_rows_cut_like_torch_chunk) {
+  using rows = std::vector<std::pair<Eigen::Index, Eigen::Index>>;
+  EXPECT_EQ(ops::tile_rows(10, 4), (rows{{0, 3}, {3, 3}, {6, 3}, {9, 1}}));
+  EXPECT_EQ(ops::tile_rows(6, 4), (rows{{0, 2}, {2, 2}, {4, 2}}));  // fewer tiles than asked
+  EXPECT_EQ(ops::tile_rows(3, 8), (rows{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(ops::tile_rows(9, 1), (rows{{0, 9}}));
+  EXPECT_TRUE(ops::tile_rows(0, 3).empty());
+}
+
+// ALST's tiled MLP and tiled logits+loss recompute the forward tile by tile: the same step as
+// untiled up to summation order, for every tile count (a last tile shorter, tiles of one row,
+// more tiles than rows) and with a tile whose labels are all ignored.
+TEST(model, tiled_mlp_and_loss_equal_the_untiled_step) {
+  for (profile prof : {profile::xorl, profile::deepspeed}) {
+    scenario s = tiny_scenario(2);
+    const auto p = sim::model_params<double>::init(s);
+    auto in = tiny_tokens(s);
+    for (std::size_t i = 0; i < 4; ++i) in.labels[i] = sim::ignore_label;  // tile 0 of 4: none
+    const auto untiled = single_step(p, s, in, prof);
+    for (int tiles : {2, 3, 4, 9, 20}) {
+      SCOPED_TRACE(testing::Message() << profile_name(prof) << " tiles " << tiles);
+      s.tiles = tiles;
+      const auto tiled = single_step(p, s, in, prof);
+      EXPECT_NEAR(tiled.loss, untiled.loss, 1e-12 * std::abs(untiled.loss));
+      EXPECT_EQ(tiled.valid_tokens, untiled.valid_tokens);
+      EXPECT_LE(normwise(tiled.logits, untiled.logits), 1e-12);
+      EXPECT_LE(normwise(tiled.embed_out_grad, untiled.embed_out_grad), 1e-12);
+      for (std::size_t i = 0; i < p.size(); ++i)
+        EXPECT_LE(normwise(tiled.grads.values[i], untiled.grads.values[i]), 1e-12) << p.names[i];
+    }
+  }
+}
+
+TEST(model, tiled_step_without_valid_labels_is_zero_not_nan) {
+  scenario s = tiny_scenario(1);
+  s.tiles = 3;
+  const auto p = sim::model_params<double>::init(s);
+  auto in = tiny_tokens(s);
+  std::fill(in.labels.begin(), in.labels.end(), sim::ignore_label);
+  const auto out = single_step(p, s, in, profile::deepspeed);
+  EXPECT_EQ(out.loss, 0.0);
+  for (std::size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(out.grads.values[i].isZero(0.0));
 }
 
 TEST(model, steps_are_bitwise_deterministic) {
