@@ -62,6 +62,30 @@ echo '{"input_ids":[1,2,3,4,5,6,7,8],"labels":[2,3,4,-100,6,7,8,-100],"position_
 expect 2 "silently drops the 4 token(s)" -- collate --ring 2 --batch "$tmp/cont.json"
 expect 2 "" -- collate --ulysses 2
 
+# DeepSpeed ALST (--profile deepspeed): the adapter's rules, each with the fix.
+expect 2 "pad_to_multiple_of=4 (here to 56 tokens)" -- check --profile deepspeed --docs 24,16,13
+expect 2 "profile deepspeed does not support ring attention (ring=2" -- plan --profile deepspeed --ring 2
+expect 2 "micro_step=4 is out of range" -- check --profile deepspeed --micro-step 4
+expect 2 "micro_step=1 is out of range" -- plan --micro-step 1
+expect 2 "tiles=0 is out of range" -- check --tiles 0
+echo '{"input_ids":[1,2,3],"labels":[1,2,3]}' > "$tmp/ds_nopos.json"
+expect 2 "sample of SP rank 0 has no position_ids" -- collate --profile deepspeed --ulysses 2 --batch "$tmp/ds_nopos.json"
+echo '{"input_ids":[1,2,3,4],"labels":[1,2,3,4],"position_ids":[0,1,2,3],"attention_mask":[1,1,1]}' > "$tmp/ds_mask.json"
+expect 2 "'attention_mask' has 3 entries but input_ids has 4" -- collate --profile deepspeed --ulysses 2 --batch "$tmp/ds_mask.json"
+echo '{"rows":[{"input_ids":[1,2,3,4],"labels":[1,2,3,4],"position_ids":[0,1,2,3]},{"input_ids":[1,2,3],"labels":[1,2,3],"position_ids":[0,1,2]}]}' > "$tmp/ds_odd.json"
+expect 2 "the sample of SP rank 1 (micro-step 1) has 3 tokens, not divisible by ulysses=2" -- collate --profile deepspeed --ulysses 2 --batch "$tmp/ds_odd.json"
+expect 2 "2 samples for ulysses=3" -- collate --profile deepspeed --ulysses 3 --batch "$tmp/ds_odd.json"
+echo '{"input_ids":[1,2,3,4],"position_ids":[0,1,2,3]}' > "$tmp/ds_nolabels.json"
+expect 2 "has no labels tensor" -- collate --profile deepspeed --ulysses 2 --batch "$tmp/ds_nolabels.json"
+echo '{"input_ids":[1,2,3,4],"labels":[1,2,3,4],"position_ids":[0,1,2,3],"mask":[[[1,1,1,1]]]}' > "$tmp/ds_3d.json"
+expect 2 "'mask' is a 3-D tensor" -- collate --profile deepspeed --ulysses 2 --batch "$tmp/ds_3d.json"
+echo '{"input_ids":[5,6,7,8],"labels":[5,6,-100,8],"position_ids":[0,1,0,1],"src":"a"}' > "$tmp/ds_ok.json"
+expect 0 '{"cp_rank":1,"input_ids":[7,8],"position_ids":[0,1],"src":"a","shift_labels":[8,-100]}' -- collate --profile deepspeed --ulysses 2 --batch "$tmp/ds_ok.json" --json
+expect 0 "micro-step 1 (sample of SP rank 1)" -- collate --profile deepspeed --ulysses 2 --batch "$tmp/ds_ok.json"
+expect 0 "sp_over_dp.grad.lm_head" -- check -q --profile deepspeed
+expect 0 "equivalence PASS" -- record --profile deepspeed --micro-step 2 --out "$tmp/rec-ds.jsonl"
+expect 0 "consistent" -- replay "$tmp/rec-ds.jsonl"
+
 # No partial output file: a failing run leaves nothing behind.
 expect 2 "labels are not shifted" -- collate --batch "$tmp/unshifted.json" --out "$tmp/out.json"
 [ ! -e "$tmp/out.json" ] || { fail "partial output left at $tmp/out.json"; }

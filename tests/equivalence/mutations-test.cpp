@@ -104,6 +104,22 @@ TEST(mutations, labels_shifted_after_slicing) {
   EXPECT_FALSE(rows.count("logits")) << "labels do not change the forward: " << str(rows);
 }
 
+TEST(mutations, deepspeed_labels_shifted_after_sharding) {
+  // Shifting each rank's chunk instead of the whole sample: the last label of every chunk is
+  // lost — in the micro-step's rows and in the SP-over-DP rows.
+  auto s = make(4, 1, 8, 2, {9, 14, 5}, profile::deepspeed);
+  const auto rows = caught(s, collated(shift_labels_after_slicing));
+  EXPECT_TRUE(rows.count("loss") && rows.count("sp_over_dp.loss")) << str(rows);
+  EXPECT_FALSE(rows.count("logits")) << "labels do not change the forward: " << str(rows);
+}
+
+TEST(mutations, deepspeed_position_ids_made_per_rank_after_sharding) {
+  auto s = make(4, 1, 8, 2, {9, 14, 5}, profile::deepspeed);
+  s.tiles = 3;
+  const auto rows = caught(s, collated(position_ids_local_per_rank));
+  EXPECT_TRUE(rows.count("logits") && rows.count("sp_over_dp.grad.L0.wq")) << str(rows);
+}
+
 TEST(mutations, wrong_pad_value) {
   const auto rows = caught(make(4, 1, 8, 2, {9, 14}), collated(pad_labels_with_zero));
   EXPECT_TRUE(rows.count("loss")) << str(rows);

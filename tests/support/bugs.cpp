@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "core/cu_seqlens.hpp"
@@ -14,8 +15,9 @@ namespace seqpar::test {
 // ---- collation
 
 void shift_labels_after_slicing(collated_batch& cb) {
-  if (cb.options.profile != profile::veomni)
-    fail<config_error>("shift_labels_after_slicing models VeOmni's collator (profile veomni)");
+  if (!shifts_whole_row(cb.options.profile))
+    fail<config_error>(
+        "shift_labels_after_slicing models a whole-row shift (profile veomni or deepspeed)");
   // The unshifted labels of global token t are the shifted ones of token t−1; a slice's first
   // unshifted label comes from the previous rank's last shifted label (rank 0's is rotated out
   // below, so any value does).
@@ -29,6 +31,21 @@ void shift_labels_after_slicing(collated_batch& cb) {
     std::rotate(unshifted.begin(), unshifted.begin() + 1, unshifted.end());
     unshifted.back() = ignore_index;
     rb.labels = std::move(unshifted);
+  }
+}
+
+void position_ids_local_per_rank(collated_batch& cb) {
+  if (cb.options.profile != profile::deepspeed)
+    fail<config_error>(
+        "position_ids_local_per_rank models DeepSpeed's adapter (profile deepspeed)");
+  std::vector<std::int32_t> cu = {0};
+  for (auto& rb : cb.ranks) {
+    std::iota(rb.position_ids.begin(), rb.position_ids.end(), 0);
+    cu.push_back(static_cast<std::int32_t>(cu.back() + rb.position_ids.size()));
+  }
+  for (auto& rb : cb.ranks) {
+    rb.cu_seqlens = cu;
+    rb.max_seqlen = cb.chunk;
   }
 }
 

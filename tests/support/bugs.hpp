@@ -20,6 +20,11 @@ namespace seqpar::test {
 /// whole-row shift is undone per rank, then each slice is shifted on its own), so the last
 /// label of every slice is -100 instead of the first token of the next slice.
 void shift_labels_after_slicing(collated_batch& cb);
+/// DeepSpeed: the dataloader's position_ids left out, so each rank makes its own
+/// arange(chunk) after sharding (the Trainer's default): the attention then sees every chunk
+/// as a document of its own and RoPE restarts per chunk (the hazard the adapter's
+/// "Ulysses SP requires position_ids" error guards against).
+void position_ids_local_per_rank(collated_batch& cb);
 /// Labels of the padded tokens are 0 (a real token id) instead of -100.
 void pad_labels_with_zero(collated_batch& cb);
 /// cu_seqlens stop at the unpadded length although the padded tail is attended.
