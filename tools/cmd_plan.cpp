@@ -26,13 +26,23 @@ struct stage {
 std::vector<stage> stages_of(const scenario& s, const collated_batch& cb) {
   const std::int64_t c = cb.chunk, U = s.ulysses, D = s.head_dim;
   const std::int64_t hkv = repeated_kv_heads(s.kv_heads, s.ulysses);
-  std::vector<stage> st = {{"input_ids", {c}},
-                           {"hidden", {c, s.hidden}},
-                           {"q.local", {c, s.heads, D}},
-                           {"kv.local", {c, s.kv_heads, 2, D}}};
-  if (hkv != s.kv_heads) st.push_back({"kv.repeated", {c, hkv, 2, D}});
-  st.push_back({"q.heads_sharded", {c * U, s.heads / U, D}});
-  st.push_back({"kv.heads_sharded", {c * U, 2 * hkv / U, D}});
+  std::vector<stage> st = {
+      {"input_ids", {c}}, {"hidden", {c, s.hidden}}, {"q.local", {c, s.heads, D}}};
+  if (fused_kv_exchange(s.profile)) {
+    st.push_back({"kv.local", {c, s.kv_heads, 2, D}});
+    if (hkv != s.kv_heads) st.push_back({"kv.repeated", {c, hkv, 2, D}});
+    st.push_back({"q.heads_sharded", {c * U, s.heads / U, D}});
+    st.push_back({"kv.heads_sharded", {c * U, 2 * hkv / U, D}});
+  } else {
+    // DeepSpeed: k and v separately, [sl_l, bs, hc, hs] with bs = 1 dropped.
+    for (const char* t : {"k", "v"}) {
+      st.push_back({fmt::format("{}.local", t), {c, s.kv_heads, D}});
+      if (hkv != s.kv_heads) st.push_back({fmt::format("{}.repeated", t), {c, hkv, D}});
+    }
+    st.push_back({"q.heads_sharded", {c * U, s.heads / U, D}});
+    st.push_back({"k.heads_sharded", {c * U, hkv / U, D}});
+    st.push_back({"v.heads_sharded", {c * U, hkv / U, D}});
+  }
   st.push_back({"attn.out", {c * U, s.heads / U, D}});
   st.push_back({"attn.lse", {c * U, s.heads / U}});
   st.push_back({"attn.out.seq_sharded", {c, s.heads, D}});
@@ -113,6 +123,13 @@ std::string plan_text(const scenario& s, const collated_batch& cb) {
   o += fmt::format(
       "scenario {}: profile {}, ulysses {} × ring {} = cp {}, heads {}/{} kv, dim {}\n", s.name,
       profile_name(s.profile), s.ulysses, s.ring, s.cp(), s.heads, s.kv_heads, s.head_dim);
+  if (s.profile == profile::deepspeed)
+    o += fmt::format(
+        "deepspeed: micro-step {} of {} (SP over DP: every rank runs SP rank {}'s sample); "
+        "no padding; cu_seqlens derived by the attention from the all-gathered position_ids; "
+        "q, k, v exchanged by three all-to-alls{}\n",
+        s.micro_step, s.ulysses, s.micro_step,
+        s.tiles > 1 ? fmt::format("; MLP and logits+loss tiled ×{}", s.tiles) : "");
   o += fmt::format("documents {} → {} tokens, padded to {} ({} per rank); cu_seqlens {}\n\n",
                    fmt::join(s.docs, ","), cb.original_length, cb.padded_length, cb.chunk,
                    fmt::join(attention_cu_seqlens(cb), ","));

@@ -1,5 +1,7 @@
 #include "core/cost.hpp"
 
+#include <fmt/format.h>
+
 #include "core/ulysses_plan.hpp"
 
 namespace seqpar {
@@ -18,12 +20,21 @@ layer_cost attention_layer_cost(const scenario& s, const collated_batch& cb, dty
     c.items.push_back(std::move(x));
   };
   if (U > 1) {
+    const bool fused = fused_kv_exchange(s.profile);
+    auto kv = [&](const char* dir, bool fwd) {
+      if (fused) {
+        a2a(fmt::format("attn.kv.{}", dir), 2 * hkv, fwd);
+      } else {
+        a2a(fmt::format("attn.k.{}", dir), hkv, fwd);
+        a2a(fmt::format("attn.v.{}", dir), hkv, fwd);
+      }
+    };
     a2a("attn.q.fwd", s.heads, true);
-    a2a("attn.kv.fwd", 2 * hkv, true);
+    kv("fwd", true);
     a2a("attn.out.fwd", s.heads, true);
     a2a("attn.out.bwd", s.heads, false);
     a2a("attn.q.bwd", s.heads, false);
-    a2a("attn.kv.bwd", 2 * hkv, false);
+    kv("bwd", false);
   }
   if (R > 1) {
     // After the Ulysses all-to-all a ring rank holds N/R tokens of Hkv'/U KV heads.

@@ -16,6 +16,9 @@ std::string_view profile_name(profile p);
 /// rank's mean loss by its valid tokens (FSDP / ZeRO then average the gradients); xorl receives
 /// labels shifted per document and sums.
 inline bool shifts_whole_row(profile p) { return p != profile::xorl; }
+/// xorl (and seqpar for VeOmni) exchange K and V in one fused all-to-all; DeepSpeed's
+/// UlyssesSPAttentionHF exchanges q, k and v in three.
+inline bool fused_kv_exchange(profile p) { return p != profile::deepspeed; }
 
 /// One SP training step to simulate: parallel sizes, attention shapes, model sizes and the
 /// documents packed into the single row. Sizes are global (pre-sharding).

@@ -54,8 +54,8 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
   env.comp = &comp;
   env.profile = s.profile;
   env.loss_group = named(group_kind::sp, mesh, k);
-  env.ulysses =
-      ulysses_config{named(group_kind::ulysses, mesh, k), s.heads, s.kv_heads, s.head_dim, true};
+  env.ulysses = ulysses_config{named(group_kind::ulysses, mesh, k), s.heads, s.kv_heads, s.head_dim,
+                               fused_kv_exchange(s.profile)};
   env.fsdp_group = named(group_kind::fsdp, mesh, k);
   if (!mesh.group_of(group_kind::sp_grad_sync, k).empty())
     env.sp_grad_sync_group = named(group_kind::sp_grad_sync, mesh, k);
