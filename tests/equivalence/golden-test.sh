@@ -71,7 +71,7 @@ compare() {
   fi
 }
 
-scenarios=(default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8)
+scenarios=(default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8 alst)
 for s in "${scenarios[@]}"; do
   run "plan.$s" -- plan --scenario "$s"
   run "plan.$s.json" -- plan --scenario "$s" --json
@@ -103,6 +103,15 @@ PY
   read -r -a args <"$tmp/$name.args"
   run "collate.$name.json" -- collate "${args[@]}" --batch "$name.batch.json" --json
   run "collate.$name" -- collate "${args[@]}" --batch "$name.batch.json"
+done
+
+for name in ok_u2_v2 ok_u3_v1 ok_u4_v0; do
+  f="$src/tests/equivalence/data/deepspeed/$name.json"
+  python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); json.dump(c["input"], open(sys.argv[2], "w")); print(c["ulysses"])' \
+    "$f" "$tmp/ds_$name.batch.json" >"$tmp/ds_$name.u"
+  u=$(cat "$tmp/ds_$name.u")
+  run "collate.deepspeed_$name.json" -- collate --profile deepspeed --ulysses "$u" --batch "ds_$name.batch.json" --json
+  run "collate.deepspeed_$name" -- collate --profile deepspeed --ulysses "$u" --batch "ds_$name.batch.json"
 done
 
 run "mesh.xorl" -- mesh --dp-shard 2 --ring 2 --ulysses 4 --cp-fsdp-mode ulysses_only
