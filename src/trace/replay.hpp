@@ -23,6 +23,7 @@ inline constexpr const char* dtype_mismatch = "COLLECTIVE_DTYPE_MISMATCH";
 inline constexpr const char* state_mismatch = "COLLECTIVE_STATE_MISMATCH";
 inline constexpr const char* missing_rank = "MISSING_RANK";   ///< the hang diagnosis
 inline constexpr const char* p2p_mismatch = "P2P_MISMATCH";   ///< send/recv pairing
+inline constexpr const char* ring_peer = "RING_PEER";         ///< a ring step not to its neighbour
 inline constexpr const char* sp_shape = "SP_SHAPE_MISMATCH";  ///< vs the re-derived plan
 inline constexpr const char* sp_heads = "SP_HEADS";           ///< head layout rules
 inline constexpr const char* sp_config = "SP_CONFIG";         ///< the trace's scenario

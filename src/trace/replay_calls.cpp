@@ -260,12 +260,42 @@ void checker::check_equal_numel(const std::vector<const call_record*>& recs, boo
                      "every member must contribute the same number of elements");
 }
 
+/// Ring attention's forward passes each K/V block to the next member of the ring group and
+/// receives from the previous one (group order), at every step.
+void checker::check_ring_peer(const call_record& r) {
+  if (r.tag.find(".ring.fwd") == std::string::npos) return;
+  const auto* members = group_ranks(r.group);
+  if (!members || members->size() < 3) return;  // with 2 members the only peer is right
+  const int n = static_cast<int>(members->size());
+  const int i = index_in(*members, r.rank);
+  if (i < 0) return;
+  ++rep_.checked["ring_peer_checks"];
+  const bool send = r.op == "send";
+  const int want = (*members)[static_cast<std::size_t>(send ? (i + 1) % n : (i + n - 1) % n)];
+  if (*r.peer == want) return;
+  const int hops = ((index_in(*members, *r.peer) - i) % n + n) % n;
+  add({category::ring_peer, r.rank, r.group, r.seq, r.tag, r.op,
+       fmt::format("{} rank {}", send ? "send to" : "recv from", *r.peer),
+       fmt::format("{} rank {} (the {} member of ring group {} [{}])",
+                   send ? "send to" : "recv from", want, send ? "next" : "previous", r.group,
+                   fmt::join(*members, ",")),
+       index_in(*members, *r.peer) < 0
+           ? fmt::format("rank {} is not in the ring group: the peer is a global rank where a "
+                         "group rank was meant, or the wrong group",
+                         *r.peer)
+           : fmt::format("ring attention passes K/V one hop per step; this rank {} {} hop(s) "
+                         "away (an off-by-one in the peer or a rank mapping mixed up)",
+                         send ? "sends" : "receives from", send ? hops : (n - hops) % n),
+       r.line});
+}
+
 void checker::on_p2p(call_record&& r) {
   if (!r.peer) {
     note("p2p: some records name no peer, so they were not paired");
     return;
   }
   const bool send = r.op == "send";
+  check_ring_peer(r);
   const auto key =
       send ? std::make_tuple(r.group, r.rank, *r.peer) : std::make_tuple(r.group, *r.peer, r.rank);
   auto& mine = send ? sends_[key] : recvs_[key];

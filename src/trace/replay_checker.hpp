@@ -157,6 +157,8 @@ class checker {
                             const std::vector<const call_record*>& recs, int P,
                             const std::string& op);
 
+  void check_ring_peer(const call_record& r);
+
   void check_same_size(const std::string&, std::int64_t,
                        const std::vector<const call_record*>& recs);
 

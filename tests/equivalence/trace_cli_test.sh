@@ -123,6 +123,48 @@ if "$py" -c "import torch.distributed" 2>/dev/null; then
     "$tmp/nd.jsonl" "$tmp/scen.json"
   check "replay 5-D job" 0 "$seqpar" replay "$tmp/nd.jsonl"
   expect_in "replay 5-D job" "$tmp/out" "sp_logical_layouts 16"
+  # Real broken jobs: the culprit rank and the cause, with the scenario in meta and without.
+  nometa() { "$py" -c 'import json,sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("type") == "meta": r.pop("config", None)
+    print(json.dumps(r))' "$1" >"$2"; }
+  for m in stale_out_splits float64_rank; do
+    "$py" "$src/tests/equivalence/scripts/recorder_ulysses_nd.py" $m "$tmp/$m.jsonl" "$tmp/scen.json" \
+      >/dev/null 2>&1
+    nometa "$tmp/$m.jsonl" "$tmp/$m.nometa.jsonl"
+  done
+  for t in stale_out_splits stale_out_splits.nometa; do
+    check "replay real $t" 1 "$seqpar" replay "$tmp/$t.jsonl"
+    expect_in "replay real $t" "$tmp/out" "rank 1's split list is stale"
+  done
+  for t in float64_rank float64_rank.nometa; do
+    check "replay real $t" 1 "$seqpar" replay "$tmp/$t.jsonl"
+    expect_in "replay real $t" "$tmp/out" "[COLLECTIVE_DTYPE_MISMATCH] rank 1 seq 0"
+  done
+  "$seqpar" check --json -q --ulysses 1 --ring 4 --heads 2 --kv-heads 2 --head-dim 8 \
+    --docs 16,8 --layers 1 |
+    "$py" -c "import json,sys; print(json.dumps(json.load(sys.stdin)['scenario']))" >"$tmp/scen_r4.json"
+  for m in healthy wrong_peer cu_from_zigzag_ids grad_op_mismatch; do
+    "$py" "$src/tests/equivalence/scripts/recorder_ring.py" $m "$tmp/ring_$m.jsonl" \
+      "$tmp/scen_r4.json" >/dev/null 2>&1
+    nometa "$tmp/ring_$m.jsonl" "$tmp/ring_$m.nometa.jsonl"
+  done
+  check "replay real ring" 0 "$seqpar" replay "$tmp/ring_healthy.jsonl"
+  expect_in "replay real ring" "$tmp/out" "layout_vs_plan 4, p2p_pairs 12, p2p_records 24, ring_peer_checks 24"
+  for t in ring_wrong_peer ring_wrong_peer.nometa; do
+    check "replay real $t" 1 "$seqpar" replay "$tmp/$t.jsonl"
+    expect_in "replay real $t" "$tmp/out" "1. [RING_PEER] rank 2 seq 0 of ring0"
+  done
+  for t in ring_grad_op_mismatch ring_grad_op_mismatch.nometa; do
+    check "replay real $t" 1 "$seqpar" replay "$tmp/$t.jsonl"
+    expect_in "replay real $t" "$tmp/out" "[COLLECTIVE_TYPE_MISMATCH] rank 1 seq 6 of ring0 grad.sync all_gather"
+  done
+  # The layouts alone show it (position ids restart inside documents), scenario or not.
+  for t in ring_cu_from_zigzag_ids ring_cu_from_zigzag_ids.nometa; do
+    check "replay real $t" 1 "$seqpar" replay "$tmp/$t.jsonl"
+    expect_in "replay real $t" "$tmp/out" "cu_seqlens were computed from zigzagged position_ids"
+  done
   check "replay crashed job" 1 "$seqpar" replay "$tmp/hang.jsonl"
   expect_in "replay crashed job" "$tmp/out" "rank 3 never reached seq 1 of world"
 else

@@ -4,8 +4,13 @@ with split sizes on a 4-D input, recorded by tools/seqpar_recorder.py with the s
 
     recorder_ulysses_nd.py MODE OUT.jsonl SCENARIO_JSON
 MODE: healthy | kv_not_repeated (KV head 1 < P sent as is) | seq_not_padded (15 tokens, 8 + 7)
+      | stale_out_splits (16 tokens, 8 + 8; rank 1 passes the receive splits [9, 7] of an
+        earlier step)
+      | float64_rank (rank 1 runs its attention in float64 and sends float64 q)
+The broken ones fail inside gloo (size mismatch) or time out; every rank's stream survives.
 Writes OUT.jsonl (merged) for `seqpar replay`.
 """
+import datetime
 import json
 import os
 import sys
@@ -29,7 +34,7 @@ def scatter_heads(x, P, tag, splits=None):
         with REC.tag(tag):
             dist.all_to_all_single(recv, send)
         return recv.reshape(P * s, bs, h // P, d)
-    recv = torch.empty(sum(splits), bs, h // P, d)
+    recv = torch.empty(sum(splits), bs, h // P, d, dtype=x.dtype)
     with REC.tag(tag):
         dist.all_to_all_single(recv, send.reshape(P, s * bs, h // P, d), splits, None)
     return recv
@@ -49,16 +54,21 @@ def work(rank, P, mode, out, config, port):
     global REC
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=P)
+    dist.init_process_group("gloo", rank=rank, world_size=P,
+                            timeout=datetime.timedelta(seconds=3))
     REC = spr.Recorder(out, config=config)
     REC.name_group(dist.group.WORLD, "ulysses0")
     torch.manual_seed(rank)
     lens = [8, 7] if mode == "seq_not_padded" else [8, 8]
     s = lens[rank]
-    q = torch.randn(s, BS, H, D)
-    k = torch.randn(s, BS, HKV, D)
-    v = torch.randn(s, BS, HKV, D)
-    if mode == "seq_not_padded":
+    dtype = torch.float64 if mode == "float64_rank" and rank == 1 else torch.float32
+    q = torch.randn(s, BS, H, D, dtype=dtype)
+    k = torch.randn(s, BS, HKV, D, dtype=dtype)
+    v = torch.randn(s, BS, HKV, D, dtype=dtype)
+    if mode == "stale_out_splits":
+        # Rank 1 keeps the receive splits of an earlier step.
+        qg = scatter_heads(q, P, "L0.attn.q.fwd", splits=[9, 7] if rank == 1 else lens)
+    elif mode == "seq_not_padded":
         qg = scatter_heads(q, P, "L0.attn.q.fwd", splits=lens)
     else:
         qg = scatter_heads(q, P, "L0.attn.q.fwd")
@@ -88,5 +98,10 @@ def work(rank, P, mode, out, config, port):
 if __name__ == "__main__":
     mode, out, config = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
     port = 29700 + os.getpid() % 200
-    mp.spawn(work, args=(2, mode, out, config, port), nprocs=2)
+    try:
+        mp.spawn(work, args=(2, mode, out, config, port), nprocs=2)
+    except Exception as e:  # the broken modes end inside gloo: expected
+        if mode in ("healthy", "kv_not_repeated", "seq_not_padded"):
+            raise
+        print(f"job ended: {type(e).__name__}", file=sys.stderr)
     spr.merge(out, [f"{out}.rank{r}" for r in range(2)])
