@@ -80,6 +80,9 @@ expect_in "replay legacy healthy" "$tmp/out" "not checked: profiler-legacy: 4 fi
 check "import legacy hang" 0 "$seqpar" import --from kineto "$samples/profiler_legacy_hang" --out "$tmp/lg.jsonl"
 check "replay legacy hang" 1 "$seqpar" replay "$tmp/lg.jsonl"
 expect_in "replay legacy hang" "$tmp/out" "rank 3 never reached seq 1 of default_pg"
+check "import legacy op mismatch" 0 "$seqpar" import --from kineto "$samples/profiler_legacy_op_mismatch" --out "$tmp/lo.jsonl"
+check "replay legacy op mismatch" 1 "$seqpar" replay "$tmp/lo.jsonl"
+expect_in "replay legacy op mismatch" "$tmp/out" "[COLLECTIVE_TYPE_MISMATCH] rank 3 seq 1 of default_pg gloo:all_gather"
 # Zero collectives is never "consistent": import and replay refuse with exit 2.
 echo '[{"name": "aten::mm", "ph": "X", "ts": 1, "dur": 2, "args": {}}]' >"$tmp/rank0.json"
 check "import no collective" 2 "$seqpar" import --from kineto "$tmp/rank0.json" --out "$tmp/none.jsonl"

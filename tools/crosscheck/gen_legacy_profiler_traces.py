@@ -3,12 +3,13 @@
 --from kineto`: torch.profiler(record_shapes=True) on a CPU build without Kineto writes a bare JSON
 array whose collectives are backend events ("gloo:all_to_all", "gloo:all_reduce") with empty args.
 
-    /usr/bin/python3 tools/crosscheck/gen_legacy_profiler_traces.py P OUT_DIR [hang]
+    /usr/bin/python3 tools/crosscheck/gen_legacy_profiler_traces.py P OUT_DIR [hang|op_mismatch]
 
 P gloo processes on localhost each run an all_to_all_single of a [2P, 4, 8] tensor and an
 all_reduce of 16 values, and export OUT_DIR/rank<r>.json. With `hang`, the last rank skips the
 all_reduce: the others wait until gloo's 4 s timeout, catch the error and still export (a rank
-that gloo aborts instead loses its file — run again until every rank wrote one).
+that gloo aborts instead loses its file — run again until every rank wrote one). With
+`op_mismatch`, the last rank all-gathers its 16 values where the others all-reduce them.
 """
 import datetime
 import os
@@ -20,7 +21,7 @@ import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
 
-def work(rank, P, out, hang):
+def work(rank, P, out, mode):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = "29533"
     dist.init_process_group("gloo", rank=rank, world_size=P, timeout=datetime.timedelta(seconds=4))
@@ -29,15 +30,17 @@ def work(rank, P, out, hang):
         y = torch.empty_like(x)
         dist.all_to_all_single(y, x)
         g = torch.randn(16)
-        if not (hang and rank == P - 1):
-            try:
+        try:
+            if mode == "op_mismatch" and rank == P - 1:
+                dist.all_gather([torch.empty_like(g) for _ in range(P)], g)
+            elif not (mode == "hang" and rank == P - 1):
                 dist.all_reduce(g)
-            except RuntimeError as e:
-                print(f"rank {rank}: {str(e)[:80]}", file=sys.stderr)
+        except RuntimeError as e:
+            print(f"rank {rank}: {str(e)[:80]}", file=sys.stderr)
     prof.export_chrome_trace(f"{out}/rank{rank}.json")
 
 
 if __name__ == "__main__":
-    P, out, hang = int(sys.argv[1]), sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "hang"
+    P, out, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "healthy"
     os.makedirs(out, exist_ok=True)
-    mp.spawn(work, args=(P, out, hang), nprocs=P)
+    mp.spawn(work, args=(P, out, mode), nprocs=P)
