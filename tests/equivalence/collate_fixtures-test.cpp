@@ -14,10 +14,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::vector<fs::path> fixtures() {
+std::vector<fs::path> fixtures(const char* folder = "collate") {
   std::vector<fs::path> out;
   for (const auto& e :
-       fs::directory_iterator(fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data/collate"))
+       fs::directory_iterator(fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data" / folder))
     if (e.path().extension() == ".json") out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
@@ -92,14 +92,7 @@ TEST(collate_fixtures, equal_the_framework_or_refuse_what_it_refuses) {
 // ---- DeepSpeed ALST's UlyssesSPDataLoaderAdapter (data/deepspeed,
 // gen_deepspeed_adapter_fixtures.py)
 
-std::vector<fs::path> deepspeed_fixtures() {
-  std::vector<fs::path> out;
-  for (const auto& e :
-       fs::directory_iterator(fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data/deepspeed"))
-    if (e.path().extension() == ".json") out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+std::vector<fs::path> deepspeed_fixtures() { return fixtures("deepspeed"); }
 
 // The rule seqpar's message must name for each refusal the adapter raised.
 std::string expected_rule(const std::string& adapter_message) {

@@ -11,15 +11,14 @@ MODE: healthy | wrong_peer (rank 2 sends its block two hops ahead, to rank 0, at
 Writes OUT.jsonl (merged) for `seqpar replay`.
 """
 import datetime
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools"))
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+import recorded_job
 import seqpar_recorder as spr
 
 DOCS, H, HKV, D = [16, 8], 2, 2, 8
@@ -83,12 +82,4 @@ def work(rank, R, mode, out, config, port):
 
 
 if __name__ == "__main__":
-    mode, out, config = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
-    port = 29500 + os.getpid() % 100
-    try:
-        mp.spawn(work, args=(4, mode, out, config, port), nprocs=4)
-    except Exception as e:  # the broken collectives end in gloo's timeout: expected
-        if mode not in ("wrong_peer", "grad_op_mismatch"):
-            raise
-        print(f"job ended: {type(e).__name__}", file=sys.stderr)
-    spr.merge(out, [f"{out}.rank{r}" for r in range(4)])
+    recorded_job.main(work, 4, ("healthy", "cu_from_zigzag_ids"), 29500)

@@ -11,15 +11,14 @@ The broken ones fail inside gloo (size mismatch) or time out; every rank's strea
 Writes OUT.jsonl (merged) for `seqpar replay`.
 """
 import datetime
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools"))
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+import recorded_job
 import seqpar_recorder as spr
 
 H, HKV, D, BS = 4, 1, 8, 1
@@ -96,12 +95,4 @@ def work(rank, P, mode, out, config, port):
 
 
 if __name__ == "__main__":
-    mode, out, config = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
-    port = 29700 + os.getpid() % 200
-    try:
-        mp.spawn(work, args=(2, mode, out, config, port), nprocs=2)
-    except Exception as e:  # the broken modes end inside gloo: expected
-        if mode in ("healthy", "kv_not_repeated", "seq_not_padded"):
-            raise
-        print(f"job ended: {type(e).__name__}", file=sys.stderr)
-    spr.merge(out, [f"{out}.rank{r}" for r in range(2)])
+    recorded_job.main(work, 2, ("healthy", "kv_not_repeated", "seq_not_padded"), 29700)
