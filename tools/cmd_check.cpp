@@ -20,6 +20,7 @@ struct check_args {
   scenario_flags flags;
   std::string backend = "sim", dtype_name = "f64";
   bool json = false, quiet = false, naive = false, no_sp_over_dp = false;
+  int threads = 0;
 };
 
 dtype parse_dtype(const std::string& s) {
@@ -86,6 +87,11 @@ action add_check(CLI::App& app) {
       ->capture_default_str();
   add_report_flags(*sub, a->json, a->quiet);
   sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
+  sub->add_option("--threads", a->threads,
+                  "workers of the non-SP reference (0 = every core); results are bitwise identical "
+                  "at any count")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   sub->add_flag("--no-sp-over-dp", a->no_sp_over_dp,
                 "deepspeed: compare only the scenario's micro-step, not SP over DP across all U "
                 "micro-steps");
@@ -108,6 +114,7 @@ action add_check(CLI::App& app) {
             opt.type = parse_dtype(a->dtype_name);
             opt.naive_attention = a->naive;
             opt.sp_over_dp = !a->no_sp_over_dp;
+            opt.threads = a->threads;
             return a->flags.resolve();
           },
           opt, print);
@@ -116,6 +123,7 @@ action add_check(CLI::App& app) {
     opt.type = parse_dtype(a->dtype_name);
     opt.naive_attention = a->naive;
     opt.sp_over_dp = !a->no_sp_over_dp;
+    opt.threads = a->threads;
     const auto rep = verify::run_check(s, opt);
     print(rep);
     return rep.pass ? 0 : 1;

@@ -4,7 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "core/error.hpp"
 
@@ -187,6 +191,36 @@ Eigen::VectorXd attention_probs(const matrix& q, const matrix& k, Eigen::Index i
   return p / p.sum();
 }
 
+/// Runs item(i) for i in [0, n) on `threads` workers (0 = every core), largest first by
+/// `weight`; which worker runs an item never changes what the item computes.
+template <class Weight, class Item>
+void parallel_items(std::size_t n, int threads, Weight weight, Item item) {
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t x, std::size_t y) { return weight(x) > weight(y); });
+  unsigned workers = threads > 0 ? static_cast<unsigned>(threads)
+                                 : std::max(1u, std::thread::hardware_concurrency());
+  workers = static_cast<unsigned>(std::min<std::size_t>(workers, n));
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto work = [&] {
+    try {
+      for (std::size_t i; (i = next.fetch_add(1)) < n;) item(order[i]);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      next = n;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < workers; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
 }  // namespace
 
 matrix rope(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions) {
@@ -199,47 +233,79 @@ matrix rope_backward(const matrix& dy, int heads, int head_dim,
 }
 
 matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
-                 int head_dim, std::span<const std::int64_t> position_ids) {
+                 int head_dim, std::span<const std::int64_t> position_ids, int threads) {
   check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   matrix out = matrix::Zero(q.rows(), q.cols());
-  for (const auto& [a, e] : documents(position_ids))
-    for (int h = 0; h < heads; ++h) {
-      const int g = h * kv_heads / heads;
-      for (Eigen::Index i = a; i < e; ++i) {
-        const Eigen::VectorXd p = attention_probs(q, k, i, a, h, g, head_dim, scale);
-        out.block(i, Eigen::Index{h} * head_dim, 1, head_dim) =
-            p.transpose() * v.block(a, Eigen::Index{g} * head_dim, i - a + 1, head_dim);
-      }
-    }
+  const auto docs = documents(position_ids);
+  const auto per_doc = static_cast<std::size_t>(heads);
+  parallel_items(
+      docs.size() * per_doc, threads,
+      [&](std::size_t item) {
+        const auto& [a, e] = docs[item / per_doc];
+        return e - a;
+      },
+      [&](std::size_t item) {
+        const auto& [a, e] = docs[item / per_doc];
+        const int h = static_cast<int>(item % per_doc);
+        const int g = h * kv_heads / heads;
+        for (Eigen::Index i = a; i < e; ++i) {
+          const Eigen::VectorXd p = attention_probs(q, k, i, a, h, g, head_dim, scale);
+          out.block(i, Eigen::Index{h} * head_dim, 1, head_dim) =
+              p.transpose() * v.block(a, Eigen::Index{g} * head_dim, i - a + 1, head_dim);
+        }
+      });
   return out;
 }
 
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
-                        matrix& dv) {
+                        matrix& dv, int threads) {
   check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   dq = matrix::Zero(q.rows(), q.cols());
   dk = matrix::Zero(k.rows(), k.cols());
   dv = matrix::Zero(v.rows(), v.cols());
-  for (const auto& [a, e] : documents(position_ids))
+  const auto docs = documents(position_ids);
+  const auto per_doc = static_cast<std::size_t>(kv_heads);
+  // One item: the query heads of KV group g (h·kv_heads/heads == g, ascending) over one
+  // document, token by token. The group's K, V and their gradients are contiguous copies, so
+  // an item streams only its own data; written back once at the end.
+  auto group_item = [&](std::size_t item) {
+    const auto& [a, e] = docs[item / per_doc];
+    const int g = static_cast<int>(item % per_doc);
+    const Eigen::Index kc = Eigen::Index{g} * head_dim, n = e - a;
+    const matrix kg = k.block(a, kc, n, head_dim), vg = v.block(a, kc, n, head_dim);
+    matrix dkg = matrix::Zero(n, head_dim), dvg = matrix::Zero(n, head_dim);
     for (int h = 0; h < heads; ++h) {
-      const int g = h * kv_heads / heads;
-      const Eigen::Index qc = Eigen::Index{h} * head_dim, kc = Eigen::Index{g} * head_dim;
+      if (h * kv_heads / heads != g) continue;
+      const Eigen::Index qc = Eigen::Index{h} * head_dim;
       for (Eigen::Index i = a; i < e; ++i) {
         const Eigen::Index len = i - a + 1;
-        const Eigen::VectorXd p = attention_probs(q, k, i, a, h, g, head_dim, scale);
+        const auto query = q.block(i, qc, 1, head_dim);
+        Eigen::VectorXd p = (kg.topRows(len) * query.transpose()) * scale;
+        p = (p.array() - p.maxCoeff()).exp().matrix();
+        p /= p.sum();
         const auto d_o = dout.block(i, qc, 1, head_dim);
         // o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp); s = scale·K·q.
-        dv.block(a, kc, len, head_dim) += p * d_o;
-        const Eigen::VectorXd dp = v.block(a, kc, len, head_dim) * d_o.transpose();
+        dvg.topRows(len) += p * d_o;
+        const Eigen::VectorXd dp = vg.topRows(len) * d_o.transpose();
         const Eigen::VectorXd ds = p.cwiseProduct((dp.array() - p.dot(dp)).matrix()) * scale;
-        dq.block(i, qc, 1, head_dim) += ds.transpose() * k.block(a, kc, len, head_dim);
-        dk.block(a, kc, len, head_dim) += ds * q.block(i, qc, 1, head_dim);
+        dq.block(i, qc, 1, head_dim) += ds.transpose() * kg.topRows(len);
+        dkg.topRows(len) += ds * query;
       }
     }
+    dk.block(a, kc, n, head_dim) = dkg;
+    dv.block(a, kc, n, head_dim) = dvg;
+  };
+  parallel_items(
+      docs.size() * per_doc, threads,
+      [&](std::size_t item) {
+        const auto& [a, e] = docs[item / per_doc];
+        return e - a;
+      },
+      group_item);
 }
 
 matrix swiglu(const matrix& gate, const matrix& up) {
@@ -341,7 +407,7 @@ struct layer_activations {
 
 }  // namespace
 
-step_result train_step(const scenario& s, const weights& w, const batch& b) {
+step_result train_step(const scenario& s, const weights& w, const batch& b, int threads) {
   check_weights(s, w);
   if (b.labels.size() != b.input_ids.size() || b.position_ids.size() != b.input_ids.size())
     fail<shape_error>(
@@ -369,7 +435,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b) {
     c.q = ops::rope(ops::linear(c.a, w.at(L(l, "wq"))), H, D, pos);
     c.k = ops::rope(ops::linear(c.a, w.at(L(l, "wk"))), Hkv, D, pos);
     c.v = ops::linear(c.a, w.at(L(l, "wv")));
-    c.o = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos);
+    c.o = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads);
     c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")));
     c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")));
     c.gate = ops::linear(c.m, w.at(L(l, "w_gate")));
@@ -403,7 +469,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b) {
 
     const matrix d_o = ops::linear_backward(c.o, w.at(L(l, "wo")), dx_mid, gr.at(L(l, "wo")));
     matrix dq, dk, dv;
-    ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv);
+    ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv, threads);
     matrix da = ops::linear_backward(c.a, w.at(L(l, "wq")), ops::rope_backward(dq, H, D, pos),
                                      gr.at(L(l, "wq")));
     da += ops::linear_backward(c.a, w.at(L(l, "wk")), ops::rope_backward(dk, Hkv, D, pos),

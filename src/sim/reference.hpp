@@ -72,7 +72,9 @@ struct step_result {
 /// Forward, loss and backward of the whole row. Throws config_error when `w` does not hold
 /// exactly the parameters of `s` (names and shapes), shape_error on an inconsistent batch or an
 /// id/label outside the vocabulary.
-step_result train_step(const scenario& s, const weights& w, const batch& b);
+/// `threads` (0 = every core) parallelise the attention (see ops::attention); the result is
+/// bitwise identical at any thread count.
+step_result train_step(const scenario& s, const weights& w, const batch& b, int threads = 0);
 
 /// Document boundaries [begin, end) of a packed row: a document starts at index 0 and wherever
 /// position_id == 0.
@@ -109,13 +111,18 @@ matrix rope_backward(const matrix& dy, int heads, int head_dim,
 /// Causal attention within documents: q [tokens, heads·head_dim], k and v [tokens,
 /// kv_heads·head_dim]; for query head h (KV head g = floor(h·kv_heads/heads)) and token i of
 /// document [a, e): o_i = Σ_{a ≤ j ≤ i} softmax_j(scale·q_i·k_j) v_j, scale = 1/sqrt(head_dim).
+/// `threads` workers (0 = every core) share the (document, query head) pairs; each pair is
+/// computed exactly as one thread would and written to its own rows and columns, so the result
+/// is bitwise identical at any thread count.
 matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
-                 int head_dim, std::span<const std::int64_t> position_ids);
-/// dq, dk, dv (overwritten) from dout.
+                 int head_dim, std::span<const std::int64_t> position_ids, int threads = 1);
+/// dq, dk, dv (overwritten) from dout. Work items are (document, KV head): one item adds its
+/// group's query heads in head order, token order — the single-thread summation order — into
+/// rows and columns no other item touches, so dk and dv are bitwise identical at any count.
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
-                        matrix& dv);
+                        matrix& dv, int threads = 1);
 
 /// y = silu(gate)·up, silu(g) = g·sigmoid(g).
 matrix swiglu(const matrix& gate, const matrix& up);

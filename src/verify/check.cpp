@@ -123,8 +123,8 @@ std::vector<double> gather_tokens(const collated_batch& cb, const std::vector<ma
 /// The non-SP step: the independent oracle (sim/reference.hpp) on the unpadded row, as training
 /// without SP sees it. It shares no code with the SP step; the two meet only in add_rows.
 step_output<double> run_reference(const scenario& s, const packed_batch& b,
-                                  const model_params<double>& p) {
-  const auto r = ref::train_step(s, as_reference_weights(p), reference_batch(s, b));
+                                  const model_params<double>& p, int threads) {
+  const auto r = ref::train_step(s, as_reference_weights(p), reference_batch(s, b), threads);
   step_output<double> out;
   out.loss = r.loss;
   out.valid_tokens = r.valid_tokens;
@@ -282,7 +282,7 @@ void add_sp_over_dp_rows(check_report& rep, const scenario& s, const check_optio
     const auto batch = make_batch(sm);
     auto cb = collate(batch, options_of(sm));
     if (opt.transform_collated) opt.transform_collated(cb);
-    accumulate(run_reference(sm, batch, p64), run_sp<T>(sm, cb, p, opt));
+    accumulate(run_reference(sm, batch, p64, opt.threads), run_sp<T>(sm, cb, p, opt));
   }
   const double tol = rep.tolerance;
   auto loss = compare("sp_over_dp.loss", {sp_loss}, {dp_loss}, tol);
@@ -330,7 +330,7 @@ check_report run_typed(const scenario& s, const check_options& opt) {
 
   say(fmt::format("non-SP reference: {} tokens on one rank (float64)", cb.original_length));
   auto t0 = std::chrono::steady_clock::now();
-  const auto ref = run_reference(s, batch, p64);
+  const auto ref = run_reference(s, batch, p64, opt.threads);
   rep.reference_seconds = seconds_since(t0);
 
   say(fmt::format("SP step: {} ranks (ulysses {} × ring {}), {} tokens each ({})", s.cp(),
@@ -423,7 +423,7 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
     say(fmt::format("non-SP reference on rank 0: {} tokens (float64, in process)",
                     cb.original_length));
     t0 = std::chrono::steady_clock::now();
-    const auto ref = run_reference(s, batch, p64);
+    const auto ref = run_reference(s, batch, p64, opt.threads);
     rep.reference_seconds = seconds_since(t0);
     add_rows(rep, s, cb, ref, outs);
     verdict = rep.pass ? 1 : 0;

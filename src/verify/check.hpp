@@ -19,6 +19,9 @@ namespace seqpar::verify {
 struct check_options {
   dtype type = dtype::f64;       ///< SP run precision; the reference is always float64
   bool naive_attention = false;  ///< the materialising oracle kernels instead of the tiled ones
+  /// Workers of the non-SP reference's attention (0 = every core); its result is bitwise
+  /// identical at any count. The SP ranks run on threads of their own.
+  int threads = 0;
   /// Called with a short line at each stage of a run (for progress output).
   std::function<void(std::string_view)> progress;
   comm_recorder* recorder = nullptr;  ///< records every collective of the SP run

@@ -132,9 +132,24 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     if r.get("type") == "meta": r.pop("config", None)
     print(json.dumps(r))' "$1" >"$2"; }
+  # The jobs run at once (each on its own port); most of their time is gloo's timeout.
+  "$seqpar" check --json -q --ulysses 1 --ring 4 --heads 2 --kv-heads 2 --head-dim 8 \
+    --docs 16,8 --layers 1 |
+    "$py" -c "import json,sys; print(json.dumps(json.load(sys.stdin)['scenario']))" >"$tmp/scen_r4.json"
+  port=29810
   for m in stale_out_splits float64_rank; do
-    "$py" "$src/tests/equivalence/scripts/recorder_ulysses_nd.py" $m "$tmp/$m.jsonl" "$tmp/scen.json" \
-      >/dev/null 2>&1
+    port=$((port + 7))
+    SEQPAR_JOB_PORT=$port "$py" "$src/tests/equivalence/scripts/recorder_ulysses_nd.py" $m \
+      "$tmp/$m.jsonl" "$tmp/scen.json" >/dev/null 2>&1 &
+  done
+  for m in healthy wrong_peer cu_from_zigzag_ids grad_op_mismatch; do
+    port=$((port + 7))
+    SEQPAR_JOB_PORT=$port "$py" "$src/tests/equivalence/scripts/recorder_ring.py" $m \
+      "$tmp/ring_$m.jsonl" "$tmp/scen_r4.json" >/dev/null 2>&1 &
+  done
+  wait
+  for m in stale_out_splits float64_rank ring_healthy ring_wrong_peer ring_cu_from_zigzag_ids \
+    ring_grad_op_mismatch; do
     nometa "$tmp/$m.jsonl" "$tmp/$m.nometa.jsonl"
   done
   for t in stale_out_splits stale_out_splits.nometa; do
@@ -144,14 +159,6 @@ for line in open(sys.argv[1]):
   for t in float64_rank float64_rank.nometa; do
     check "replay real $t" 1 "$seqpar" replay "$tmp/$t.jsonl"
     expect_in "replay real $t" "$tmp/out" "[COLLECTIVE_DTYPE_MISMATCH] rank 1 seq 0"
-  done
-  "$seqpar" check --json -q --ulysses 1 --ring 4 --heads 2 --kv-heads 2 --head-dim 8 \
-    --docs 16,8 --layers 1 |
-    "$py" -c "import json,sys; print(json.dumps(json.load(sys.stdin)['scenario']))" >"$tmp/scen_r4.json"
-  for m in healthy wrong_peer cu_from_zigzag_ids grad_op_mismatch; do
-    "$py" "$src/tests/equivalence/scripts/recorder_ring.py" $m "$tmp/ring_$m.jsonl" \
-      "$tmp/scen_r4.json" >/dev/null 2>&1
-    nometa "$tmp/ring_$m.jsonl" "$tmp/ring_$m.nometa.jsonl"
   done
   check "replay real ring" 0 "$seqpar" replay "$tmp/ring_healthy.jsonl"
   expect_in "replay real ring" "$tmp/out" "layout_vs_plan 4, p2p_pairs 12, p2p_records 24, ring_peer_checks 24"

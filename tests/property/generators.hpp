@@ -118,12 +118,13 @@ inline rc::Gen<scenario> ulysses_check_scenario() {
   });
 }
 
-/// DeepSpeed ALST scenarios: U ∈ 1..8 (GQA, KV repeat when U > Hkv), any documents with the
+/// DeepSpeed ALST scenarios: U ∈ 1..4 (GQA, KV repeat when U > Hkv; every micro-step runs, so
+/// the cost grows as U², and U up to 8 is covered by the Ulysses generator), any documents with the
 /// last one lengthened so the row divides by U (the adapter does not pad), any micro-step (whose
 /// sample the step runs), tiled MLP and logits+loss with 1..5 tiles (last tile shorter, tiles
 /// with no valid label).
 inline rc::Gen<scenario> deepspeed_check_scenario() {
-  return rc::gen::mapcat(rc::gen::inRange(1, 9), [](int U) {
+  return rc::gen::mapcat(rc::gen::inRange(1, 5), [](int U) {
     return rc::gen::mapcat(
         rc::gen::tuple(heads_for(U), rc::gen::inRange(0, U), rc::gen::inRange(1, 6)),
         [U](const std::tuple<std::pair<int, int>, int, int>& t) {

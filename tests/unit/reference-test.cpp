@@ -4,6 +4,7 @@
 #include "sim/reference.hpp"
 
 #include <gtest/gtest.h>
+#include <algorithm>
 
 #include <cmath>
 #include <cstdint>
@@ -275,6 +276,34 @@ TEST(reference, documents_do_not_see_each_other) {
   const auto after = ref::train_step(s, w, b);
   EXPECT_EQ(before.logits.bottomRows(4), after.logits.bottomRows(4));
   EXPECT_NE(before.logits.row(2), after.logits.row(2));
+}
+
+TEST(reference, step_is_bitwise_identical_at_any_thread_count) {
+  // Documents of different lengths (the largest first in the work order), GQA groups of 3.
+  scenario s = tiny(4);
+  s.heads = 6;
+  s.kv_heads = 2;
+  ref::batch b;
+  for (int len : {5, 17, 1, 9, 12}) {
+    for (int i = 0; i < len; ++i) {
+      b.position_ids.push_back(i);
+      b.input_ids.push_back((7 * static_cast<int>(b.input_ids.size()) + 3) % s.vocab);
+    }
+  }
+  b.labels = b.input_ids;
+  std::rotate(b.labels.begin(), b.labels.begin() + 1, b.labels.end());
+  b.labels.back() = -100;
+  const auto w = tiny_weights(s);
+  const auto one = ref::train_step(s, w, b, 1);
+  for (int threads : {2, 7, 0}) {
+    SCOPED_TRACE(threads);
+    const auto many = ref::train_step(s, w, b, threads);
+    EXPECT_EQ(many.loss, one.loss);
+    EXPECT_EQ(many.logits, one.logits);
+    EXPECT_EQ(many.embed_out_grad, one.embed_out_grad);
+    for (std::size_t i = 0; i < one.grads.values.size(); ++i)
+      EXPECT_EQ(many.grads.values[i], one.grads.values[i]) << one.grads.names[i];
+  }
 }
 
 TEST(reference, rejects_weights_that_do_not_fit_the_scenario) {

@@ -1,0 +1,137 @@
+// reference_bench: the float64 non-SP reference step of `seqpar check` (the independent oracle,
+// src/sim/reference.hpp) on 1 thread and on every core, measured in the same run.
+//
+// size = bytes of the row's float64 hidden states (tokens·hidden·8), count = tokens, packed as
+// three documents in proportion 2:1:1 (the 32K check shape: 16384, 8192, 8192 at 32K).
+// One iteration is one reference step (forward, loss, backward); ratio = time on 1 thread / time
+// on this variant's threads (1.00 for the 1-thread row); #wrong = gradient, logit and loss
+// values that are not bitwise equal to the 1-thread step of the same size.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "bench/driver.hpp"
+#include "core/collate.hpp"
+#include "verify/check.hpp"
+
+namespace {
+
+using namespace seqpar;
+
+struct reference_scaling {
+  static constexpr int hidden = 64;
+  std::vector<int> threads;  ///< per variant; 0 = every core
+  scenario scen;
+  verify::reference_inputs inputs;
+  int variant_threads = 1;
+  ref::step_result last;
+  std::map<std::int64_t, ref::step_result> single;  ///< the 1-thread step per size
+  std::map<std::int64_t, double> single_seconds;
+  double seconds = 0;
+  int runs = 0;
+
+  static scenario make(std::int64_t tokens) {
+    scenario s;
+    s.name = "bench";
+    s.ulysses = 4;
+    s.ring = 2;
+    s.heads = 8;
+    s.kv_heads = 2;
+    s.head_dim = 16;
+    s.hidden = hidden;
+    s.intermediate = 128;
+    s.docs.clear();
+    const std::int64_t quarter = std::max<std::int64_t>(tokens / 4 / 16, 1) * 16;
+    s.docs = {2 * quarter, quarter, quarter};
+    return s;
+  }
+
+  static std::int64_t differing(const ref::step_result& a, const ref::step_result& b) {
+    std::int64_t n = a.loss != b.loss;
+    n += (a.logits.array() != b.logits.array()).count();
+    n += (a.embed_out_grad.array() != b.embed_out_grad.array()).count();
+    for (std::size_t i = 0; i < a.grads.values.size(); ++i)
+      n += (a.grads.values[i].array() != b.grads.values[i].array()).count();
+    return n;
+  }
+
+  bench::operation op() {
+    bench::operation o;
+    o.name = "non-SP reference step (float64, the oracle)";
+    o.backend = "eigen";
+    o.kind = bench::table_kind::compute;
+    for (int t : threads) o.variants.push_back({"double", fmt::format("threads={}", t)});
+    o.size = [](std::int64_t bytes, std::size_t, int) {
+      const std::int64_t tokens = make(bytes / (hidden * 8)).total_tokens();
+      return std::pair{tokens, tokens * hidden * 8};
+    };
+    o.init = [this](const bench::point& p, std::uint64_t) {
+      scen = make(p.count);
+      inputs = verify::reference_inputs_of(scen);
+      variant_threads = threads[p.variant];
+      seconds = 0;
+      runs = 0;
+    };
+    o.run = [this] {
+      const auto t0 = std::chrono::steady_clock::now();
+      last = ref::train_step(scen, inputs.weights, inputs.batch, variant_threads);
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++runs;
+    };
+    o.check = [this](const bench::point& p, std::uint64_t) -> std::int64_t {
+      if (variant_threads == 1) {
+        single[p.count] = last;
+        return 0;
+      }
+      const auto it = single.find(p.count);
+      return it == single.end() ? 0 : differing(last, it->second);
+    };
+    o.rate_unit = "Ktok/s";
+    o.finish = [this](const bench::point& p, bench::row& r) {
+      const double t = seconds / std::max(runs, 1);
+      if (variant_threads == 1) single_seconds[p.count] = t;
+      r.time_us = t * 1e6;
+      r.rate = static_cast<double>(p.count) / std::max(t, 1e-12) / 1e3;
+      const auto it = single_seconds.find(p.count);
+      r.ratio = it == single_seconds.end() ? 0 : it->second / std::max(t, 1e-12);
+    };
+    o.measure_baseline = [](const std::string& type) {
+      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
+                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
+    };
+    o.ratio_meaning = "speed-up: reference step time on 1 thread / on this row's threads";
+    o.notes = {"Hq=8 Hkv=2 d=16 hidden=64, 1 layer, documents 2:1:1; count = tokens",
+               fmt::format("threads=0 is every core ({} here); #wrong: values not bitwise equal "
+                           "to the 1-thread step",
+                           std::thread::hardware_concurrency())};
+    return o;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::options defaults;
+  defaults.min_bytes = 2 << 20;  // 4K, 8K tokens
+  defaults.max_bytes = 4 << 20;
+  defaults.iters = 1;
+  defaults.warmup = 0;
+  bench::options quick = defaults;
+  quick.min_bytes = quick.max_bytes = 512 << 10;  // 1K tokens
+  bench::driver d("reference_bench",
+                  "The float64 non-SP reference step on 1 thread vs every core (bitwise equal).",
+                  defaults, quick);
+  if (auto rc = d.parse(argc, argv)) return *rc;
+  return d.guarded([&] {
+    reference_scaling r;
+    r.threads = {1, 0};
+    auto op = r.op();
+    auto group = bench::single_rank();
+    const auto rows = d.run(*group, op);
+    return d.report(op, 1, rows);
+  });
+}
