@@ -34,7 +34,7 @@ void scenario_flags::add_to(CLI::App& app) {
                  "deepspeed: which SP rank's sample the micro-step processes (0..U-1)");
   app.add_option("--tiles", tiles_,
                  "tiled MLP and logits+loss in the SP step (ALST; torch.chunk cut, 1 = off)");
-  app.add_option("--seed", seed_, "data and weight seed");
+  app.add_option("--seed", seed_, "data and weight seed (≥ 0)")->check(CLI::NonNegativeNumber);
   app.add_flag("--no-zigzag", no_zigzag_, "ring: contiguous layout instead of zigzag");
   app.add_option("--ring-backward", ring_backward_, "ring backward: allgather | ring");
   app.add_option("--ring-forward", ring_forward_,

@@ -86,6 +86,42 @@ expect 0 "sp_over_dp.grad.lm_head" -- check -q --profile deepspeed
 expect 0 "equivalence PASS" -- record --profile deepspeed --micro-step 2 --out "$tmp/rec-ds.jsonl"
 expect 0 "consistent" -- replay "$tmp/rec-ds.jsonl"
 
+# More of the catalogue: every subcommand, each rule with its values and its fix.
+expect 2 "mesh size dp_shard=0 is invalid: every dimension needs at least 1 rank; use --dp-shard 1" -- mesh --dp-shard 0
+expect 2 "mesh size tp=0 is invalid" -- mesh --ulysses 2 --tp 0
+expect 2 "cp_fsdp_mode ulysses_only is not available with profile veomni" -- mesh --profile veomni --cp-fsdp-mode ulysses_only --ulysses 2
+expect 2 "profile 'foo' is not valid; use one of xorl, veomni" -- mesh --profile foo
+expect 2 "cannot read trace '$tmp/none.jsonl'" -- replay "$tmp/none.jsonl"
+printf '%s\n%s\n' '{"type":"meta","schema":"seqpar-trace/1","world_size":2}' '{"type":"collective","rank":0' >"$tmp/cut.jsonl"
+expect 2 "cut.jsonl:2: not valid JSON" -- replay "$tmp/cut.jsonl"
+expect 2 "cannot write '$tmp/no/dir/r.html'" -- replay "$(dirname "$0")/../../traces/healthy_xorl_u4_gqa.jsonl" --html "$tmp/no/dir/r.html"
+[ ! -e "$tmp/no/dir/r.html" ] || fail "partial html left"
+expect 2 "head_dim=0 is out of range; use a value in [1, 1024]" -- plan --head-dim 0
+expect 2 "hidden=0 is out of range" -- plan --hidden 0
+expect 2 "layers=0 is out of range; use a value in [1, 64]" -- plan --layers 0
+expect 2 "vocab=1 is out of range; use a value in [2," -- plan --vocab 1
+expect 2 "ring_backward 'foo' is unknown; use allgather or ring" -- plan --ring-backward foo --ring 2 --docs 8
+expect 2 "ring_forward 'foo' is unknown; use p2p or allgather" -- plan --ring-forward foo --ring 2 --docs 8
+echo '{"ulysses":2,"ring":1,"cp_size":4}' >"$tmp/cp.json"
+expect 2 "scenario cp_size=4 disagrees with ulysses*ring=2*1=2" -- plan --config "$tmp/cp.json"
+expect 2 "83886080 tokens in total is more than the supported 67108864" -- plan --docs 16777216,16777216,16777216,16777216,16777216
+expect 2 "--dtype 'bf16' is unknown; the CPU reference runs f64 or f32" -- check --dtype bf16
+expect 2 "seqpar: error: --threads: Value -1 not in range 0 to 4096" -- check --threads -1
+expect 2 "seqpar: error: --seed" -- plan --seed -1
+echo '[1,2]' >"$tmp/arr.json"
+expect 2 "a batch must be a JSON object with input_ids, labels, position_ids" -- collate --batch "$tmp/arr.json"
+echo '{"input_ids":[1,2],"labels":[2,-100],"position_ids":[0,1],"attention_mask":[1]}' >"$tmp/mask1.json"
+expect 2 "'attention_mask' has 1 entries but input_ids has 2" -- collate --batch "$tmp/mask1.json"
+echo '{"input_ids":[1,2],"labels":[2,-100],"position_ids":[0,-1]}' >"$tmp/neg.json"
+expect 2 "position_ids[1] = -1 is negative" -- collate --batch "$tmp/neg.json"
+echo '{"input_ids":[1,2],"labels":[2,-100],"position_ids":[1,2]}' >"$tmp/nozero.json"
+expect 2 "position_ids contain no 0, so the row has no document start" -- collate --batch "$tmp/nozero.json"
+echo '{"rows":{"a":1}}' >"$tmp/rows.json"
+expect 2 "'rows' must be an array of samples and the only key" -- collate --profile deepspeed --ulysses 2 --batch "$tmp/rows.json"
+expect 2 "profile veomni does not support ring attention (ring=2" -- collate --profile veomni --ulysses 2 --ring 2 --batch "$tmp/ds_ok.json"
+expect 2 "input '$tmp/nothing' does not exist" -- import --from fr "$tmp/nothing" --out "$tmp/imp.jsonl"
+expect 2 "seqpar: error: --out is required; run 'seqpar record --help'" -- record --ulysses 2
+
 # No partial output file: a failing run leaves nothing behind.
 expect 2 "labels are not shifted" -- collate --batch "$tmp/unshifted.json" --out "$tmp/out.json"
 [ ! -e "$tmp/out.json" ] || { fail "partial output left at $tmp/out.json"; }
