@@ -1,8 +1,12 @@
-// seqpar replay TRACE [--json] [--html OUT]: cross-rank consistency and SP layout checks of a
-// recorded or imported trace. Exit 0 consistent, 1 a problem found, 2 unreadable trace.
+// seqpar replay TRACE... [--json] [--html OUT]: cross-rank consistency and SP layout checks of a
+// recorded or imported trace, or of several per-rank files of one run (a failed run's flight
+// records: give their directory). Exit 0 consistent, 1 a problem found, 2 unreadable trace.
 #include <fmt/core.h>
 
+#include <sstream>
+
 #include "cli.hpp"
+#include "trace/flight.hpp"
 #include "trace/replay.hpp"
 #include "trace/trace_io.hpp"
 
@@ -15,16 +19,33 @@ action add_replay(CLI::App& app) {
       "all-to-all splits agree pairwise, send/recv pair up, and (with a scenario in meta) every "
       "shape and cu_seqlens matches the re-derived layout");
   struct opts {
-    std::string trace, html;
+    std::vector<std::string> traces;
+    std::string html;
     bool json = false;
   };
   auto o = std::make_shared<opts>();
-  sub->add_option("TRACE", o->trace, "trace file (JSON lines)")->required();
+  sub->add_option("TRACE", o->traces,
+                  "trace file (JSON lines); several files of one run, or a directory of them "
+                  "(the flight records of a failed run), are merged")
+      ->required();
   sub->add_flag("--json", o->json, "JSON report on stdout");
   sub->add_option("--html", o->html, "write a self-contained HTML report to this file");
   return [o]() {
-    auto in = trace::reader::open(o->trace);
-    const auto rep = replay::run(*in);
+    std::vector<std::string> files;
+    for (const auto& t : o->traces)
+      for (auto& f : trace::trace_files(t)) files.push_back(std::move(f));
+    replay::report rep;
+    if (files.size() == 1 && o->traces.size() == 1 && files[0] == o->traces[0]) {
+      auto in = trace::reader::open(files[0]);  // streaming: any size
+      rep = replay::run(*in);
+    } else {
+      std::istringstream merged(trace::merge_traces(files).text());
+      const auto name = o->traces.size() == 1
+                            ? fmt::format("{} ({} files)", o->traces[0], files.size())
+                            : fmt::format("{} files", files.size());
+      trace::reader in(merged, name);
+      rep = replay::run(in);
+    }
     if (!o->html.empty()) io::write_atomic(o->html, replay::to_html(rep));
     if (o->json)
       fmt::print("{}\n", replay::to_json(rep).dump(2));

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "core/flight_recorder.hpp"
 
 namespace seqpar {
 
@@ -39,6 +40,19 @@ void check_count(std::int64_t count, const char* op, const comm_group& g, int ra
 
 }  // namespace
 
+template <class F>
+void communicator::in_flight(const comm_record& r, const comm_group& g, F&& run) {
+  if (!flight_) return run();
+  flight_scope scope(flight_, r, g);
+  try {
+    run();
+  } catch (const std::exception& e) {
+    scope.failed(e.what());
+    throw;
+  }
+  scope.done();
+}
+
 // Every call's arguments are checked here, once, whether or not a recorder is attached, so a
 // backend only moves data; what needs the other members (matching calls) is the backend's.
 comm_record communicator::base_record(const comm_group& g, const char* op, dtype t,
@@ -72,7 +86,7 @@ void communicator::all_to_all(const comm_group& g, const void* send,
   r.in_splits.assign(send_counts.begin(), send_counts.end());
   r.out_splits.assign(recv_counts.begin(), recv_counts.end());
   if (recorder_) recorder_->add(r);
-  do_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  in_flight(r, g, [&] { do_all_to_all(g, send, send_counts, recv, recv_counts, t); });
 }
 
 void communicator::all_gather(const comm_group& g, const void* send, std::int64_t count, void* recv,
@@ -80,7 +94,7 @@ void communicator::all_gather(const comm_group& g, const void* send, std::int64_
   auto r = base_record(g, "all_gather", t, info);
   check_count(count, "all_gather", g, rank());
   if (recorder_) recorder_->add(r);
-  do_all_gather(g, send, count, recv, t);
+  in_flight(r, g, [&] { do_all_gather(g, send, count, recv, t); });
 }
 
 void communicator::reduce_scatter(const comm_group& g, const void* send, void* recv,
@@ -88,7 +102,7 @@ void communicator::reduce_scatter(const comm_group& g, const void* send, void* r
   auto r = base_record(g, "reduce_scatter", t, info);
   check_count(count, "reduce_scatter", g, rank());
   if (recorder_) recorder_->add(r);
-  do_reduce_scatter(g, send, recv, count, t);
+  in_flight(r, g, [&] { do_reduce_scatter(g, send, recv, count, t); });
 }
 
 void communicator::all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t,
@@ -96,7 +110,7 @@ void communicator::all_reduce(const comm_group& g, void* buf, std::int64_t count
   auto r = base_record(g, "all_reduce", t, info);
   check_count(count, "all_reduce", g, rank());
   if (recorder_) recorder_->add(r);
-  do_all_reduce(g, buf, count, t);
+  in_flight(r, g, [&] { do_all_reduce(g, buf, count, t); });
 }
 
 void communicator::send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t,
@@ -110,7 +124,8 @@ void communicator::send_recv(const comm_group& g, std::span<const p2p_op> ops, d
                   g.name, info.tag, rank(), op.peer, g.size());
     check_count(op.count, "send_recv", g, rank());
   }
-  if (recorder_) {
+  std::vector<comm_record> recs;
+  if (recorder_ || flight_) {
     for (const auto& op : ops) {
       comm_record r;
       r.kind = "p2p";
@@ -122,16 +137,26 @@ void communicator::send_recv(const comm_group& g, std::span<const p2p_op> ops, d
       r.peer = g.ranks[op.peer];
       r.shape = op.shape.empty() ? std::vector<std::int64_t>{op.count} : op.shape;
       r.tag = info.tag;
-      recorder_->add(std::move(r));
+      if (recorder_) recorder_->add(r);
+      recs.push_back(std::move(r));
     }
   }
-  do_send_recv(g, ops, t);
+  if (!flight_) return do_send_recv(g, ops, t);
+  std::vector<std::uint64_t> tokens;
+  for (const auto& r : recs) tokens.push_back(flight_->begin(r, g));
+  try {
+    do_send_recv(g, ops, t);
+  } catch (const std::exception& e) {
+    for (auto k : tokens) flight_->end(rank(), k, e.what());
+    throw;
+  }
+  for (auto k : tokens) flight_->end(rank(), k);
 }
 
 void communicator::barrier(const comm_group& g, const op_info& info) {
   auto r = base_record(g, "barrier", dtype::f32, info);
   if (recorder_) recorder_->add(r);
-  do_barrier(g);
+  in_flight(r, g, [&] { do_barrier(g); });
 }
 
 }  // namespace seqpar

@@ -11,6 +11,8 @@
 
 namespace seqpar {
 
+class flight_recorder;
+
 /// A process group: an ordered list of global ranks and a name ("ulysses0", "ring1", …).
 /// Group-relative index i means ranks[i]; per-peer counts are in that order.
 struct comm_group {
@@ -94,8 +96,21 @@ class communicator {
                  const op_info& info = {});
   void barrier(const comm_group& g, const op_info& info = {});
 
+  /// Runs `work`, local to this rank, while the other members of `g` may be waiting for it in
+  /// a call: backends with a watchdog keep them informed that this rank is alive (MPI sends
+  /// heartbeats); the default just runs it.
+  virtual void while_busy(const comm_group& g, const std::function<void()>& work) {
+    (void)g;
+    work();
+  }
+
   void set_recorder(comm_recorder* r) { recorder_ = r; }
   comm_recorder* recorder() const { return recorder_; }
+  /// Keeps this rank's recent calls, each marked started before the transport runs it and
+  /// completed (or failed) after (core/flight_recorder.hpp). Attach it to the transport, not
+  /// to a decorator, so that a call a decorator drops is not in the record.
+  void set_flight_recorder(flight_recorder* f) { flight_ = f; }
+  flight_recorder* flight() const { return flight_; }
 
  protected:
   virtual void do_all_to_all(const comm_group& g, const void* send,
@@ -115,7 +130,11 @@ class communicator {
 
  private:
   comm_record base_record(const comm_group& g, const char* op, dtype t, const op_info& info);
+  /// Runs the transport call `run` between the flight recorder's begin and end.
+  template <class F>
+  void in_flight(const comm_record& r, const comm_group& g, F&& run);
   comm_recorder* recorder_ = nullptr;
+  flight_recorder* flight_ = nullptr;
   const op_info* info_ = nullptr;  ///< the current call's; see call_info()
   static inline const op_info no_info_{};
   std::map<std::string, std::int64_t> seq_;  ///< per group name

@@ -71,6 +71,16 @@ using state = thread_world::state;
 
 std::string describe(const comm_group& g) { return fmt::format("'{}' {}", g.name, g.ranks); }
 
+// Bytes a member moves in the call (what the watchdog deadline scales with).
+std::int64_t slot_bytes(const rendezvous_slot& s, int members) {
+  std::int64_t elements = s.count;
+  if (std::strcmp(s.op, "all_gather") == 0) elements = s.count * members;
+  for (auto c : s.send_counts) elements += c;
+  for (auto c : s.recv_counts) elements += c;
+  for (const auto& o : s.ops) elements += o.count;
+  return elements * static_cast<std::int64_t>(dtype_size(s.type));
+}
+
 std::string call_name(const rendezvous_slot& s, std::int64_t seq) {
   return s.tag.empty() ? fmt::format("{} #{}", s.op, seq)
                        : fmt::format("{} #{} ({})", s.op, seq, s.tag);
@@ -246,7 +256,7 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
     st_.cv.notify_all();
   }
   const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + st_.timeout;
+  const auto deadline = start + watchdog_deadline(st_.timeout, slot_bytes(mine, g.size()));
   st_.doing[static_cast<std::size_t>(rank_)] =
       fmt::format("waiting in {} on group '{}'", call_name(mine, seq_), g_.name);
   while (r_->arrived != g_.size()) {
@@ -286,7 +296,7 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
       message = fmt::format(
           "watchdog: {} on group {} waited {:.3g} s; members that never arrived: {}; arrived: "
           "ranks {}. Every member must make the same calls on a group in the same order; if the "
-          "ranks are merely slow, raise the world's timeout",
+          "ranks are merely slow, raise the deadline (seqpar check --timeout SECONDS)",
           call_name(mine, seq_), describe(g_), waited.count(), fmt::join(who, ", "), arrived);
     }
     st_.doing[static_cast<std::size_t>(rank_)] = "failed";

@@ -3,6 +3,7 @@
 // built on (the in-process host communicator of src/sim and the device-local GPU one of
 // src/gpu), and the thread launch that turns a failing rank into an abort instead of a hang.
 // Standard C++ only: the transports differ in how they move bytes, not in how ranks meet.
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +16,17 @@
 #include "core/communicator.hpp"
 
 namespace seqpar {
+
+/// The watchdog's deadline for one call: `base` per 64 MiB the member moves, at least `base`
+/// (a large transfer may take longer, and so may the compute before it on the other ranks).
+/// Shared by every backend's watchdog.
+inline std::chrono::milliseconds watchdog_deadline(std::chrono::milliseconds base,
+                                                   std::int64_t bytes) {
+  constexpr double unit = 64.0 * 1024 * 1024;
+  const double scale = 1.0 + static_cast<double>(std::max<std::int64_t>(bytes, 0)) / unit;
+  return std::chrono::milliseconds(
+      static_cast<std::int64_t>(static_cast<double>(base.count()) * scale));
+}
 
 /// What one member brings to a round: its call and the buffers the others read. Pointers stay
 /// valid until the member's rendezvous::finish() returns.

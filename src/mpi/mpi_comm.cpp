@@ -6,15 +6,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <list>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "core/comm_checks.hpp"
 #include "core/error.hpp"
+#include "core/thread_world.hpp"  // watchdog_deadline
 
 namespace seqpar::mpi {
 
@@ -100,6 +107,9 @@ void mpi_session::abort_world(const std::string& message, int code) {
   std::fflush(stdout);
   fmt::print(stderr, "seqpar: error: {}{}\n", named ? "" : prefix, message);
   std::fflush(stderr);
+  // mpiexec forwards the ranks' output asynchronously and stops forwarding when the abort
+  // kills the job: give the message a moment to reach the user first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
@@ -214,12 +224,50 @@ struct mpi_communicator::impl {
 
   mpi_options opt;
   MPI_Comm world = MPI_COMM_NULL;
+  /// The control plane, a duplicate of the world: heartbeats, abort notices and their
+  /// acknowledgements, polled by every watched wait.
+  MPI_Comm ctl = MPI_COMM_NULL;
+  int me = 0;
   std::map<std::string, group_entry> groups;
+  /// Per world rank: when it last sent a heartbeat, when it last said it was busy (local
+  /// work the others wait for), and what it said it was doing.
+  std::vector<std::chrono::steady_clock::time_point> heard, heard_busy;
+  std::vector<std::string> doing;
+  std::vector<char> acked;  ///< per world rank (announce_abort)
+  /// Heartbeats in flight, with their payloads (kept until each send completes).
+  std::list<std::pair<std::string, MPI_Request>> beats_out;
+  std::string notice;  ///< abort notice payload
+  const char ack = 1;  ///< acknowledgement payload
 
   ~impl() {
     if (!mpi_active()) return;
+    // Heartbeats still in flight: a moment to leave, then MPI keeps their buffers (leaked on
+    // purpose: a request may not outlive its buffer). Heartbeats received but not read are
+    // drained, so no message is left on the control plane.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!beats_out.empty() && std::chrono::steady_clock::now() < until)
+      for (auto it = beats_out.begin(); it != beats_out.end();) {
+        int flag = 0;
+        MPI_Test(&it->second, &flag, MPI_STATUS_IGNORE);
+        it = flag ? beats_out.erase(it) : std::next(it);
+      }
+    if (!beats_out.empty()) {
+      auto* kept = new std::list<std::pair<std::string, MPI_Request>>(std::move(beats_out));
+      for (auto& b : *kept) MPI_Request_free(&b.second);
+    }
+    if (ctl != MPI_COMM_NULL)
+      for (int flag = 1; flag;) {
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, ctl, &flag, &st) != MPI_SUCCESS) break;
+        if (!flag) break;
+        int n = 0;
+        MPI_Get_count(&st, MPI_CHAR, &n);
+        std::string text(static_cast<std::size_t>(std::max(n, 0)), '\0');
+        MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, st.MPI_TAG, ctl, MPI_STATUS_IGNORE);
+      }
     for (auto& [name, e] : groups)
       if (e.comm != MPI_COMM_NULL) MPI_Comm_free(&e.comm);
+    if (ctl != MPI_COMM_NULL) MPI_Comm_free(&ctl);
     if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
   }
 };
@@ -232,10 +280,19 @@ mpi_communicator::mpi_communicator(mpi_options opt) : impl_(std::make_unique<imp
   check_mpi(MPI_Comm_set_errhandler(impl_->world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(impl_->world, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(impl_->world, &size_), "MPI_Comm_size");
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->ctl), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_set_errhandler(impl_->ctl, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  impl_->me = rank_;
+  impl_->heard.assign(static_cast<std::size_t>(size_), std::chrono::steady_clock::time_point{});
+  impl_->heard_busy = impl_->heard;
+  impl_->doing.assign(static_cast<std::size_t>(size_), "");
+  impl_->acked.assign(static_cast<std::size_t>(size_), 0);
   host_ = processor_name();
 }
 
 mpi_communicator::~mpi_communicator() = default;
+
+void mpi_communicator::set_timeout(std::chrono::milliseconds t) { impl_->opt.timeout = t; }
 
 namespace {
 
@@ -244,12 +301,6 @@ std::string describe(const comm_group& g) { return fmt::format("'{}' {}", g.name
 std::string call_name(const char* op, std::int64_t seq, const std::string& tag) {
   return tag.empty() ? fmt::format("{} #{}", op, seq) : fmt::format("{} #{} ({})", op, seq, tag);
 }
-
-struct call_context {
-  MPI_Comm comm;
-  int me;
-  std::int64_t seq;
-};
 
 // The whole-call validation of verify_calls: every member holds every descriptor, so all reach
 // the same verdict and throw the same error (nobody is left inside MPI). The messages follow
@@ -325,6 +376,267 @@ void validate(const comm_group& g, std::int64_t seq, const std::string& tag,
 
 }  // namespace
 
+// ---- the watchdog: control plane and watched waits ----
+//
+// A rank that waits longer than a quarter of the deadline tells every other rank, on the
+// control plane, what it waits in ("waiting in all_reduce #1 (loss.sum) on 'sp0'"), and keeps
+// doing so; a rank doing local work the others wait for (while_busy) says "busy: …". When a
+// wait reaches its deadline, the members that never arrived are named with what they last said:
+// silent (stopped, hung in compute, dead) or alive and waiting elsewhere (a different call
+// order: deadlock). Only "busy" heartbeats of a missing member extend the deadline.
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+constexpr int tag_descriptor = 1;  ///< on group communicators (data messages use tag 0)
+constexpr int tag_heartbeat = 1, tag_abort = 2, tag_ack = 3;  ///< on the control plane
+
+// Completes the heartbeat sends that have left.
+void reap_beats(mpi_communicator::impl& im) {
+  for (auto it = im.beats_out.begin(); it != im.beats_out.end();) {
+    int flag = 0;
+    MPI_Test(&it->second, &flag, MPI_STATUS_IGNORE);
+    it = flag ? im.beats_out.erase(it) : std::next(it);
+  }
+}
+
+// Tells every other rank `what` (a heartbeat).
+void send_beats(mpi_communicator::impl& im, int world_size, const std::string& what) {
+  reap_beats(im);
+  if (im.beats_out.size() > static_cast<std::size_t>(64 * world_size)) return;  // a peer is stuck
+  for (int r = 0; r < world_size; ++r) {
+    if (r == im.me) continue;
+    auto& b = im.beats_out.emplace_back(what, MPI_REQUEST_NULL);
+    if (MPI_Isend(b.first.data(), static_cast<int>(b.first.size()), MPI_CHAR, r, tag_heartbeat,
+                  im.ctl, &b.second) != MPI_SUCCESS)
+      im.beats_out.pop_back();
+  }
+}
+
+// Receives whatever the control plane holds: heartbeats (noted), acknowledgements (noted),
+// an abort notice (peer_abort, unless `in_announce`: then it counts as an acknowledgement).
+void poll_control(mpi_communicator::impl& im, bool in_announce = false) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, im.ctl, &flag, &st), "MPI_Iprobe");
+    if (!flag) return;
+    int n = 0;
+    MPI_Get_count(&st, MPI_CHAR, &n);
+    std::string text(static_cast<std::size_t>(std::max(n, 0)), '\0');
+    check_mpi(
+        MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, st.MPI_TAG, im.ctl, MPI_STATUS_IGNORE),
+        "MPI_Recv");
+    const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+    if (st.MPI_TAG == tag_heartbeat) {
+      im.heard[src] = steady::now();
+      if (text.rfind("busy", 0) == 0) im.heard_busy[src] = im.heard[src];
+      im.doing[src] = std::move(text);
+    } else if (st.MPI_TAG == tag_ack || (st.MPI_TAG == tag_abort && in_announce)) {
+      im.acked[src] = 1;
+    } else if (st.MPI_TAG == tag_abort) {
+      throw peer_abort(st.MPI_SOURCE,
+                       fmt::format("aborted: rank {} failed: {}", st.MPI_SOURCE, text));
+    }
+  }
+}
+
+// What a watched wait waits for.
+struct watched {
+  const comm_group& g;
+  std::string call;                 ///< "all_to_all #3 (L0.attn.q.fwd)"
+  std::chrono::milliseconds limit;  ///< the deadline (scaled); 0 = none
+  bool arrivals_known;              ///< verify_calls: descriptor receipts show who arrived
+};
+
+double seconds(steady::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// "rank 2 (silent for 2.1 s)" or "rank 3 (alive, last said: waiting in …)".
+std::string describe_member(const mpi_communicator::impl& im, int r, steady::time_point start,
+                            steady::time_point now) {
+  const auto k = static_cast<std::size_t>(r);
+  if (im.heard[k] > start)
+    return fmt::format("rank {} (alive {:.2g} s ago, {})", r, seconds(now - im.heard[k]),
+                       im.doing[k]);
+  return fmt::format("rank {} (silent for {:.3g} s: stopped, hung in local work, or dead)", r,
+                     seconds(now - start));
+}
+
+// Completes every request, polling the control plane. arrival_of[k] = the group member whose
+// arrival request k shows (its descriptor), -1 for a transfer. At the deadline — measured from
+// the start or from the latest "busy" heartbeat of a member that has not arrived — throws the
+// watchdog error naming the members that never arrived (or, once all arrived, the silent
+// ones). statuses (optional) gets each request's status.
+void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Request>& reqs,
+                  const std::vector<int>& arrival_of, const watched& w,
+                  std::vector<MPI_Status>* statuses = nullptr) {
+  if (statuses) statuses->assign(reqs.size(), MPI_Status{});
+  const auto start = steady::now();
+  const auto period = std::max(std::chrono::milliseconds(50), im.opt.timeout / 4);
+  auto next_beat = start + period;
+  int idle = 0;
+  for (;;) {
+    bool all = true;
+    for (std::size_t k = 0; k < reqs.size(); ++k) {
+      if (reqs[k] == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Status st;
+      check_mpi(MPI_Test(&reqs[k], &flag, &st), "MPI_Test");
+      if (flag) {
+        if (statuses) (*statuses)[k] = st;
+      } else {
+        all = false;
+      }
+    }
+    if (all) return;
+    poll_control(im);
+    const auto now = steady::now();
+    if (im.opt.timeout.count() > 0 && now >= next_beat) {
+      send_beats(im, world_size, fmt::format("waiting in {} on '{}'", w.call, w.g.name));
+      next_beat = now + period;
+    }
+    if (w.limit.count() > 0) {
+      std::vector<int> missing;  // world ranks
+      auto since = start;
+      for (std::size_t k = 0; k < reqs.size(); ++k)
+        if (reqs[k] != MPI_REQUEST_NULL && k < arrival_of.size() && arrival_of[k] >= 0) {
+          const int r = w.g.ranks[static_cast<std::size_t>(arrival_of[k])];
+          if (std::find(missing.begin(), missing.end(), r) != missing.end()) continue;
+          missing.push_back(r);
+          since = std::max(since, im.heard_busy[static_cast<std::size_t>(r)]);
+        }
+      if (now - since >= w.limit) {
+        const double waited = seconds(now - start), limit_s = seconds(w.limit);
+        std::vector<std::string> who;
+        if (!missing.empty()) {
+          std::vector<int> arrived;
+          for (int r : missing) who.push_back(describe_member(im, r, start, now));
+          for (int r : w.g.ranks)
+            if (std::find(missing.begin(), missing.end(), r) == missing.end()) arrived.push_back(r);
+          fail<error>(
+              "watchdog: {} on group {} waited {:.3g} s (deadline {:.3g} s); members that never "
+              "arrived: {}; arrived: ranks {}. A rank that stopped without dying (stalled, "
+              "deadlocked, stopped by a debugger or SIGSTOP) or that skipped this call leaves "
+              "the others waiting here; if the ranks are merely slow, raise --timeout",
+              w.call, describe(w.g), waited, limit_s, fmt::join(who, ", "), arrived);
+        }
+        // Every member arrived (or arrivals are unknown): name the members gone silent.
+        for (int r : w.g.ranks)
+          if (r != im.me &&
+              now - std::max(start, im.heard[static_cast<std::size_t>(r)]) >= w.limit / 2)
+            who.push_back(describe_member(im, r, start, now));
+        fail<error>(
+            "watchdog: {} on group {} did not complete within {:.3g} s{}{}. A member stopped "
+            "inside the call (stalled, or stopped by SIGSTOP) or the network stalls; if the "
+            "transfer is merely slow, raise --timeout",
+            w.call, describe(w.g), limit_s,
+            w.arrivals_known ? ": every member arrived, the transfer did not finish"
+                             : " (which members arrived is known only with verify_calls)",
+            who.empty() ? "" : fmt::format("; members gone silent: {}", fmt::join(who, ", ")));
+      }
+    }
+    // Spin briefly (small calls finish in microseconds), then back off.
+    if (++idle > 2000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+std::int64_t bytes_of(std::int64_t elements, dtype t) {
+  return elements * static_cast<std::int64_t>(dtype_size(t));
+}
+
+struct call_context {
+  MPI_Comm comm;
+  int me;
+  std::int64_t seq;
+  watched w;
+};
+
+// Starts one nonblocking MPI call (`start` fills the request; `fn` names it) and completes it
+// under the watchdog.
+template <class Start>
+void complete(mpi_communicator::impl& im, int world_size, const call_context& ctx, Start&& start,
+              const char* fn) {
+  std::vector<MPI_Request> rq(1, MPI_REQUEST_NULL);
+  check_mpi(start(rq.data()), fn);
+  wait_watched(im, world_size, rq, {-1}, ctx.w);
+}
+
+}  // namespace
+
+void mpi_communicator::while_busy(const comm_group& g, const std::function<void()>& work) {
+  auto& im = *impl_;
+  if (im.opt.timeout.count() <= 0 || g.size() <= 1) return work();
+  std::exception_ptr failure;
+  bool done = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread worker([&] {
+    try {
+      work();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::lock_guard lock(mu);
+    done = true;
+    cv.notify_all();
+  });
+  const auto period = std::max(std::chrono::milliseconds(50), im.opt.timeout / 4);
+  const auto what = fmt::format("busy: local work before its next call on '{}'", g.name);
+  std::unique_lock lock(mu);
+  while (!done) {
+    lock.unlock();
+    send_beats(im, size_, what);
+    lock.lock();
+    cv.wait_for(lock, period, [&] { return done; });
+  }
+  lock.unlock();
+  worker.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+int mpi_communicator::announce_abort(const std::string& message, std::chrono::milliseconds grace) {
+  auto& im = *impl_;
+  auto& notice = im.notice;  // stays valid while the sends are in flight
+  notice = message.substr(0, 4000);
+  std::vector<MPI_Request> reqs;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request rq = MPI_REQUEST_NULL;
+    if (MPI_Isend(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, r, tag_abort, im.ctl,
+                  &rq) == MPI_SUCCESS)
+      reqs.push_back(rq);
+  }
+  const auto until = steady::now() + grace;
+  int acks = 0;
+  while (steady::now() < until) {
+    try {
+      poll_control(im, true);
+    } catch (const std::exception&) {
+      break;
+    }
+    acks = 0;
+    for (int r = 0; r < size_; ++r) acks += r != rank_ && im.acked[static_cast<std::size_t>(r)];
+    if (acks == size_ - 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& rq : reqs) MPI_Request_free(&rq);
+  return acks;
+}
+
+void mpi_communicator::acknowledge_abort(int announcer) {
+  auto& im = *impl_;
+  MPI_Request rq = MPI_REQUEST_NULL;
+  if (MPI_Isend(&im.ack, 1, MPI_CHAR, announcer, tag_ack, im.ctl, &rq) != MPI_SUCCESS) return;
+  // Wait for it to leave (bounded): the announcer kills the job soon after.
+  const auto until = steady::now() + std::chrono::seconds(2);
+  int flag = 0;
+  while (!flag && steady::now() < until) {
+    MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
+    if (!flag) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!flag) MPI_Request_free(&rq);
+}
+
 // Calls an MPI function and turns a non-success code into backend_error naming it.
 #define SEQPAR_MPI(fn, ...) check_mpi(fn(__VA_ARGS__), #fn)
 
@@ -333,7 +645,8 @@ namespace {
 // Resolves the group (creating its MPI communicator on first use) and, with verify_calls,
 // exchanges and validates the call descriptors.
 call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, int world_size,
-                   const std::string& tag, const descriptor& mine, std::span<const p2p_op> ops) {
+                   const std::string& tag, const descriptor& mine, std::span<const p2p_op> ops,
+                   std::int64_t bytes) {
   auto it = im.groups.find(g.name);
   if (it == im.groups.end()) {
     auto sorted = g.ranks;
@@ -353,6 +666,35 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
     // different groups by overlapping members apart (a hash of the name and ranks).
     std::size_t h = std::hash<std::string>{}(fmt::format("{}|{}", g.name, g.ranks));
     const int tag_id = static_cast<int>(h % 32000);
+    // MPI_Comm_create_group blocks until every member calls it, beyond the watchdog's reach:
+    // the members first meet in a watched handshake, so a member that never comes is named.
+    {
+      const int n = g.size(), me = g.index_of(rank);
+      const int token = 1;
+      std::vector<int> in(static_cast<std::size_t>(n), 0);
+      std::vector<MPI_Request> reqs;
+      std::vector<int> arrival;
+      for (int j = 0; j < n; ++j) {
+        if (j == me) continue;
+        MPI_Request rq = MPI_REQUEST_NULL;
+        SEQPAR_MPI(MPI_Irecv, &in[static_cast<std::size_t>(j)], 1, MPI_INT, g.ranks[j], tag_id,
+                   im.world, &rq);
+        reqs.push_back(rq);
+        arrival.push_back(j);
+      }
+      for (int j = 0; j < n; ++j) {
+        if (j == me) continue;
+        MPI_Request rq = MPI_REQUEST_NULL;
+        SEQPAR_MPI(MPI_Isend, &token, 1, MPI_INT, g.ranks[j], tag_id, im.world, &rq);
+        reqs.push_back(rq);
+        arrival.push_back(-1);
+      }
+      wait_watched(im, world_size, reqs, arrival,
+                   watched{g,
+                           fmt::format("the first call ({}, creating the group's communicator)",
+                                       op_name(mine.op)),
+                           im.opt.timeout, true});
+    }
     MPI_Comm c = MPI_COMM_NULL;
     const int rc = MPI_Comm_create_group(im.world, sub, tag_id, &c);
     MPI_Group_free(&sub);
@@ -369,9 +711,16 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
         g.name, it->second.ranks, rank, g.ranks);
   }
   auto& e = it->second;
-  call_context ctx{e.comm, g.index_of(rank), e.calls++};
+  const auto seq = e.calls++;
+  call_context ctx{e.comm, g.index_of(rank), seq,
+                   watched{g, call_name(op_name(mine.op), seq, tag),
+                           im.opt.timeout.count() > 0 ? watchdog_deadline(im.opt.timeout, bytes)
+                                                      : std::chrono::milliseconds(0),
+                           im.opt.verify_calls}};
   if (!im.opt.verify_calls) return ctx;
 
+  // Every member sends its descriptor to every other member, so each one's arrival is a
+  // message of its own: the watchdog can name the members that never came.
   const int n = g.size();
   const std::size_t width = 3 + 2 * static_cast<std::size_t>(n);
   std::vector<std::int64_t> out(width, 0), all(width * n, 0);
@@ -380,8 +729,26 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
   out[2] = mine.count;
   for (std::size_t j = 0; j < mine.send_counts.size(); ++j) out[3 + j] = mine.send_counts[j];
   for (std::size_t j = 0; j < mine.recv_counts.size(); ++j) out[3 + n + j] = mine.recv_counts[j];
-  SEQPAR_MPI(MPI_Allgather_c, out.data(), static_cast<MPI_Count>(width), MPI_INT64_T, all.data(),
-             static_cast<MPI_Count>(width), MPI_INT64_T, ctx.comm);
+  std::copy(out.begin(), out.end(), all.begin() + static_cast<std::ptrdiff_t>(ctx.me * width));
+  std::vector<MPI_Request> reqs;
+  std::vector<int> arrival;
+  for (int j = 0; j < n; ++j) {
+    if (j == ctx.me) continue;
+    MPI_Request rq = MPI_REQUEST_NULL;
+    SEQPAR_MPI(MPI_Irecv, all.data() + j * width, static_cast<int>(width), MPI_INT64_T, j,
+               tag_descriptor, ctx.comm, &rq);
+    reqs.push_back(rq);
+    arrival.push_back(j);
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j == ctx.me) continue;
+    MPI_Request rq = MPI_REQUEST_NULL;
+    SEQPAR_MPI(MPI_Isend, out.data(), static_cast<int>(width), MPI_INT64_T, j, tag_descriptor,
+               ctx.comm, &rq);
+    reqs.push_back(rq);
+    arrival.push_back(-1);
+  }
+  wait_watched(im, world_size, reqs, arrival, ctx.w);
   std::vector<descriptor> d(n);
   for (int j = 0; j < n; ++j) {
     const auto* row = all.data() + j * width;
@@ -411,8 +778,14 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
       total += counts[j];
     }
     std::vector<std::int64_t> flat(static_cast<std::size_t>(std::max<MPI_Aint>(total, 1)));
-    SEQPAR_MPI(MPI_Allgatherv_c, mine_ops.data(), static_cast<MPI_Count>(mine_ops.size()),
-               MPI_INT64_T, flat.data(), counts.data(), displs.data(), MPI_INT64_T, ctx.comm);
+    complete(
+        im, world_size, ctx,
+        [&](MPI_Request* rq) {
+          return MPI_Iallgatherv_c(mine_ops.data(), static_cast<MPI_Count>(mine_ops.size()),
+                                   MPI_INT64_T, flat.data(), counts.data(), displs.data(),
+                                   MPI_INT64_T, ctx.comm, rq);
+        },
+        "MPI_Iallgatherv_c");
     for (int j = 0; j < n; ++j)
       p2p[j].assign(flat.begin() + displs[j], flat.begin() + displs[j] + counts[j]);
   }
@@ -433,7 +806,8 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
                   0,
                   {send_counts.begin(), send_counts.end()},
                   {recv_counts.begin(), recv_counts.end()}};
-  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag, mine, {});
+  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag, mine, {},
+                         bytes_of(total_send + total_recv, t));
   const int n = g.size();
   std::vector<MPI_Count> sc(n), rc(n);
   std::vector<MPI_Aint> sd(n), rd(n);
@@ -455,15 +829,20 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
     src = copy.data();
   }
   const auto type = mpi_type(t);
-  SEQPAR_MPI(MPI_Alltoallv_c, src, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type,
-             ctx.comm);
+  complete(
+      *impl_, size_, ctx,
+      [&](MPI_Request* rq) {
+        return MPI_Ialltoallv_c(src, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type,
+                                ctx.comm, rq);
+      },
+      "MPI_Ialltoallv_c");
 }
 
 void mpi_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,
                                      void* recv, dtype t) {
-  const auto ctx =
-      enter(*impl_, g, rank_, size_, call_info().tag,
-            descriptor{op_all_gather, static_cast<std::int64_t>(t), count, {}, {}}, {});
+  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
+                         descriptor{op_all_gather, static_cast<std::int64_t>(t), count, {}, {}}, {},
+                         bytes_of(count * (1 + g.size()), t));
   const auto block = static_cast<std::size_t>(count) * dtype_size(t);
   std::vector<std::byte> copy;
   const void* src = send;
@@ -472,37 +851,52 @@ void mpi_communicator::do_all_gather(const comm_group& g, const void* send, std:
     src = copy.data();
   }
   const auto type = mpi_type(t);
-  SEQPAR_MPI(MPI_Allgather_c, src, count, type, recv, count, type, ctx.comm);
+  complete(
+      *impl_, size_, ctx,
+      [&](MPI_Request* rq) {
+        return MPI_Iallgather_c(src, count, type, recv, count, type, ctx.comm, rq);
+      },
+      "MPI_Iallgather_c");
 }
 
 void mpi_communicator::do_reduce_scatter(const comm_group& g, const void* send, void* recv,
                                          std::int64_t count, dtype t) {
   check_reducible(t, "reduce_scatter", g);
-  const auto ctx =
-      enter(*impl_, g, rank_, size_, call_info().tag,
-            descriptor{op_reduce_scatter, static_cast<std::int64_t>(t), count, {}, {}}, {});
+  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
+                         descriptor{op_reduce_scatter, static_cast<std::int64_t>(t), count, {}, {}},
+                         {}, bytes_of(2 * count * g.size(), t));
   // Deterministic: member i receives block i of every member (Alltoall), then sums them in
   // member order. MPI_Reduce_scatter_block would be free to add them in any order.
   const int n = g.size();
   const auto block = static_cast<std::size_t>(count) * dtype_size(t);
   std::vector<std::byte> blocks(block * n);
   const auto type = mpi_type(t);
-  SEQPAR_MPI(MPI_Alltoall_c, send, count, type, blocks.data(), count, type, ctx.comm);
+  complete(
+      *impl_, size_, ctx,
+      [&](MPI_Request* rq) {
+        return MPI_Ialltoall_c(send, count, type, blocks.data(), count, type, ctx.comm, rq);
+      },
+      "MPI_Ialltoall_c");
   sum_in_group_order(t, blocks.data(), n, count, static_cast<std::byte*>(recv));
 }
 
 void mpi_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) {
   check_reducible(t, "all_reduce", g);
-  const auto ctx =
-      enter(*impl_, g, rank_, size_, call_info().tag,
-            descriptor{op_all_reduce, static_cast<std::int64_t>(t), count, {}, {}}, {});
+  const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
+                         descriptor{op_all_reduce, static_cast<std::int64_t>(t), count, {}, {}}, {},
+                         bytes_of(count * (1 + g.size()), t));
   // Deterministic: every member gathers every contribution (Allgather), then sums them in
   // member order. MPI_Allreduce would be free to add them in any order.
   const int n = g.size();
   const auto block = static_cast<std::size_t>(count) * dtype_size(t);
   std::vector<std::byte> blocks(block * n);
   const auto type = mpi_type(t);
-  SEQPAR_MPI(MPI_Allgather_c, buf, count, type, blocks.data(), count, type, ctx.comm);
+  complete(
+      *impl_, size_, ctx,
+      [&](MPI_Request* rq) {
+        return MPI_Iallgather_c(buf, count, type, blocks.data(), count, type, ctx.comm, rq);
+      },
+      "MPI_Iallgather_c");
   sum_in_group_order(t, blocks.data(), n, count, static_cast<std::byte*>(buf));
 }
 
@@ -514,7 +908,11 @@ void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op>
                                     static_cast<std::int64_t>(ops.size()),
                                     {},
                                     {}},
-                         ops);
+                         ops, [&] {
+                           std::int64_t n = 0;
+                           for (const auto& o : ops) n += o.count;
+                           return bytes_of(n, t);
+                         }());
   // Receive into a staging area when a recv buffer overlaps a buffer this rank sends from.
   std::vector<std::byte> stage(comm_checks::recv_stage_bytes(ops, esz));
   const bool staged = !stage.empty();
@@ -538,14 +936,8 @@ void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op>
     }
     reqs.push_back(rq);
   }
-  std::vector<MPI_Status> st(reqs.size());
-  const int rc = MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), st.data());
-  if (rc == MPI_ERR_IN_STATUS) {
-    for (std::size_t k = 0; k < st.size(); ++k)
-      if (st[k].MPI_ERROR != MPI_SUCCESS && st[k].MPI_ERROR != MPI_ERR_PENDING)
-        check_mpi(st[k].MPI_ERROR, expect[k] < 0 ? "MPI_Isend_c" : "MPI_Irecv_c");
-  }
-  check_mpi(rc, "MPI_Waitall");
+  std::vector<MPI_Status> st;
+  wait_watched(*impl_, size_, reqs, std::vector<int>(reqs.size(), -1), ctx.w, &st);
   // Without verify_calls a shorter message than expected arrives silently: report it.
   for (std::size_t k = 0; k < st.size(); ++k) {
     if (expect[k] < 0) continue;
@@ -568,8 +960,10 @@ void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op>
 
 void mpi_communicator::do_barrier(const comm_group& g) {
   const auto ctx =
-      enter(*impl_, g, rank_, size_, call_info().tag, descriptor{op_barrier, 0, 0, {}, {}}, {});
-  SEQPAR_MPI(MPI_Barrier, ctx.comm);
+      enter(*impl_, g, rank_, size_, call_info().tag, descriptor{op_barrier, 0, 0, {}, {}}, {}, 0);
+  complete(
+      *impl_, size_, ctx, [&](MPI_Request* rq) { return MPI_Ibarrier(ctx.comm, rq); },
+      "MPI_Ibarrier");
 }
 
 }  // namespace seqpar::mpi

@@ -1,12 +1,15 @@
 #pragma once
 // The MPI (MPICH) communicator: one process per rank, host buffers. No MPI type crosses this
 // header, so code that only holds a `communicator&` never includes mpi.h.
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 
 #include "core/communicator.hpp"
+#include "core/error.hpp"
 
 namespace seqpar::mpi {
 
@@ -52,6 +55,23 @@ struct mpi_options {
   /// truncating, corrupting or hanging inside MPI. Costs one small collective per call
   /// (two for send_recv); benchmarks turn it off.
   bool verify_calls = true;
+  /// The watchdog: how long a call may wait for its group, per 64 MiB it moves (at least
+  /// once), before this rank gives up with an error naming the call, the group and the members
+  /// that never arrived (with verify_calls every member's arrival is a message of its own, so
+  /// the missing ones are known). A member doing long local work announces itself with
+  /// while_busy's heartbeats. 0 = wait forever.
+  std::chrono::milliseconds timeout{60000};
+};
+
+/// Thrown on a rank whose wait was ended by another rank's abort notice
+/// (mpi_communicator::announce_abort): that rank has reported the failure already.
+class peer_abort : public seqpar::error {
+ public:
+  peer_abort(int rank, const std::string& what) : error(what), rank_(rank) {}
+  int rank() const { return rank_; }  ///< the world rank that announced the abort
+
+ private:
+  int rank_;
 };
 
 /// communicator over MPI_COMM_WORLD (duplicated): rank() is the world rank. A comm_group
@@ -82,6 +102,20 @@ class mpi_communicator : public communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
   const std::string& host() const { return host_; }
+  /// Changes the watchdog's deadline (mpi_options::timeout) for the calls that follow.
+  void set_timeout(std::chrono::milliseconds t);
+
+  /// Heartbeats: runs `work` on a helper thread while this (MPI) thread tells every other
+  /// member of `g` several times per watchdog period that this rank is alive, so that members
+  /// waiting for it (e.g. for rank 0's reference) do not give up; a stalled rank sends none.
+  void while_busy(const comm_group& g, const std::function<void()>& work) override;
+
+  /// This rank failed with `message`: tells every other rank (so those waiting in a call stop,
+  /// leave their flight record and acknowledge) and waits up to `grace` for their acknowledgements.
+  /// Returns how many acknowledged. Call before mpi_session::abort_world.
+  int announce_abort(const std::string& message, std::chrono::milliseconds grace);
+  /// On a rank stopped by peer_abort: acknowledge to the announcing rank.
+  void acknowledge_abort(int announcer);
 
   struct impl;  ///< MPI handles and the group cache (opaque)
 

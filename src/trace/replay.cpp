@@ -56,7 +56,12 @@ void checker::on_call(call_record&& r) {
     return;
   }
   seen_[r.group].insert(r.rank);
-  if (r.line >= last_line_of_rank_[r.rank].first) last_line_of_rank_[r.rank] = {r.line, r.group};
+  if (r.line >= last_line_of_rank_[r.rank].first) {
+    last_line_of_rank_[r.rank] = {r.line, r.group};
+    blocked_in_[r.rank] = r.state && *r.state == "started"
+                              ? fmt::format("seq {} of {} ({} {})", r.seq, r.group, r.op, r.tag)
+                              : std::string();
+  }
   auto& last = last_seen_[{r.group, r.rank}];
   if (r.seq >= last.seq) last = {r.seq, r.tag};
   if (r.seq < opt_.timeline_limit) {
@@ -151,8 +156,14 @@ void checker::finish() {
       if (seq < opt_.timeline_limit) rep_.timeline[group][seq][m].missing = true;
       // The rank is stuck where its own last record is; gaps in its other groups follow.
       if (auto lg = last_line_of_rank_.find(m);
-          lg != last_line_of_rank_.end() && lg->second.second != group)
+          lg != last_line_of_rank_.end() && lg->second.second != group) {
         p.phase = 2;
+        if (const auto& b = blocked_in_[m]; !b.empty())
+          p.cause += fmt::format(
+              "; rank {} is itself blocked in {}, which never completed: a consequence of "
+              "the finding there",
+              m, b);
+      }
       add(std::move(p));
     }
     check_collective(group, seq, recs, members);

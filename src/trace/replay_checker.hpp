@@ -199,6 +199,9 @@ class checker {
   std::map<std::pair<std::string, std::string>, std::size_t> per_cat_;
   std::set<int> sp_reported_;
   std::map<int, std::pair<std::int64_t, std::string>> last_line_of_rank_;  ///< line, group
+  /// Per rank: its last call when that call never returned (state "started": the rank was
+  /// blocked in it when the record was written), as "seq S of G (tag)"; else empty.
+  std::map<int, std::string> blocked_in_;
 
  public:
   void saw_rank(int r) { seen_any_.insert(r); }

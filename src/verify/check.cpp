@@ -6,19 +6,23 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <optional>
 
 #include "core/collate.hpp"
 #include "core/error.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/layout.hpp"
 #include "core/mesh.hpp"
 #include "core/timing.hpp"
 #include "core/ulysses.hpp"
+#include "io/scenario_json.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
 #include "sim/isa.hpp"
 #include "sim/model.hpp"
 #include "sim/sp_setup.hpp"
+#include "trace/flight.hpp"
 
 namespace seqpar::verify {
 
@@ -153,13 +157,55 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
   return train_step(p, s, rank_input(s, cb, k), env);
 }
 
+/// Rethrows `e` with `note` after its message, keeping seqpar's error types.
+[[noreturn]] void rethrow_with_note(std::exception_ptr e, const std::string& note) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const shape_error& x) {
+    throw shape_error(x.what() + note);
+  } catch (const config_error& x) {
+    throw config_error(x.what() + note);
+  } catch (const layout_error& x) {
+    throw layout_error(x.what() + note);
+  } catch (const trace_error& x) {
+    throw trace_error(x.what() + note);
+  } catch (const std::exception& x) {
+    throw error(x.what() + note);
+  }
+}
+
+}  // namespace
+
+std::string flight_note(const std::string& dir, std::size_t files) {
+  if (files == 0) return fmt::format(" (no flight record could be written to {})", dir);
+  return fmt::format(
+      ". Flight records of {} rank(s) (their last calls) are in {}/: `seqpar replay {}` names "
+      "the rank that diverged or never arrived",
+      files, dir, dir);
+}
+
+namespace {
+
 template <class T>
 std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
                                    const model_params<T>& p, const check_options& opt) {
   std::vector<step_output<T>> outs(static_cast<std::size_t>(s.cp()));
-  run_ranks(s.cp(), [&](communicator& comm) {
-    outs[static_cast<std::size_t>(comm.rank())] = sp_rank_step(comm, s, cb, p, opt);
-  });
+  inproc_world world(s.cp());
+  if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
+  flight_recorder flight;
+  try {
+    run_ranks(world, [&](communicator& comm) {
+      comm.set_flight_recorder(&flight);
+      outs[static_cast<std::size_t>(comm.rank())] = sp_rank_step(comm, s, cb, p, opt);
+    });
+  } catch (const std::exception& e) {
+    if (opt.flight_dir.empty()) throw;
+    std::vector<int> ranks(static_cast<std::size_t>(s.cp()));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    const auto files = trace::write_flight_records(opt.flight_dir, flight, ranks,
+                                                   {s.cp(), io::scenario_to_json(s), e.what()});
+    rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
+  }
   return outs;
 }
 
@@ -423,9 +469,11 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
     say(fmt::format("non-SP reference on rank 0: {} tokens (float64, in process)",
                     cb.original_length));
     t0 = std::chrono::steady_clock::now();
-    const auto ref = run_reference(s, batch, p64, opt.threads);
+    // The others wait for the verdict meanwhile: heartbeats keep their watchdogs informed.
+    std::optional<step_output<double>> ref;
+    world.while_busy(all, [&] { ref = run_reference(s, batch, p64, opt.threads); });
     rep.reference_seconds = seconds_since(t0);
-    add_rows(rep, s, cb, ref, outs);
+    add_rows(rep, s, cb, *ref, outs);
     verdict = rep.pass ? 1 : 0;
   }
   // Every process learns rank 0's verdict (rank 0 contributes it, the others 0).

@@ -1,4 +1,5 @@
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -25,6 +26,14 @@ struct check_options {
   /// Called with a short line at each stage of a run (for progress output).
   std::function<void(std::string_view)> progress;
   comm_recorder* recorder = nullptr;  ///< records every collective of the SP run
+  /// The watchdog's deadline per collective: a call may wait this long for its group per
+  /// 64 MiB it moves (at least once) before the run is aborted naming the members that never
+  /// arrived. 0 = the default, 60 s.
+  std::chrono::milliseconds timeout{0};
+  /// Where a run whose transport fails (an error, the watchdog) leaves the flight records of
+  /// its ranks, rank-<R>.jsonl each (every rank's last calls, seqpar-trace/1), for `seqpar
+  /// replay DIR`; the error message names them. Empty = none written.
+  std::string flight_dir;
   /// --profile deepspeed: also run every micro-step (SP rank i's sample, i < U) and compare SP
   /// over DP (the micro-steps' losses and gradients averaged, as gradient accumulation over
   /// the U micro-steps does) with DP over the same U samples (the oracle on each sample,
@@ -79,6 +88,10 @@ reference_inputs reference_inputs_of(const scenario& s);
 /// The relative tolerance for a scenario and precision, and the model behind it.
 /// float64: 1e-10 (only summation order differs). float32: see error_model in the report.
 double tolerance_for(const scenario& s, dtype t, std::string* model = nullptr);
+
+/// The sentence a failed run's error ends with: where its flight records went (`files` of
+/// them) and how to judge them.
+std::string flight_note(const std::string& dir, std::size_t files);
 
 /// One training step of `s`, SP (cp = U·R ranks emulated as threads, the batch collated by the
 /// core) and non-SP (the independent oracle ref::train_step on the unpadded row: what training

@@ -3,12 +3,18 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/flight_recorder.hpp"
+#include "io/scenario_json.hpp"
 #include "mpi/mpi_comm.hpp"
+#include "trace/flight.hpp"
 
 namespace seqpar::verify {
 
@@ -54,15 +60,39 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
   }
 
   // Phase 2, distributed: a failure on one rank aborts the job instead of leaving the others
-  // inside a collective.
+  // inside a collective. The watchdog ends a wait for a rank that stopped without dying; every
+  // rank it can reach leaves its flight record first.
+  if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
+  flight_recorder flight;
+  world.set_flight_recorder(&flight);
+  const auto leave_record = [&](const std::string& reason) -> std::size_t {
+    if (opt.flight_dir.empty()) return 0;
+    const int mine[] = {me};
+    return trace::write_flight_records(opt.flight_dir, flight, mine,
+                                       {P, io::scenario_to_json(s), reason})
+        .size();
+  };
   try {
     if (me != 0) opt.progress = nullptr;
     auto rep = verify::run_check_distributed(world, s, opt);
     rep.backend = "mpi";
     if (me == 0) print(rep);
     return rep.pass ? 0 : 1;
+  } catch (const mpi::peer_abort& e) {
+    // Another rank failed and reports it; leave this rank's record and wait for the end.
+    leave_record(e.what());
+    world.acknowledge_abort(e.rank());
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    std::_Exit(2);
   } catch (const std::exception& e) {
-    mpi::mpi_session::abort_world(e.what(), 2);
+    const std::string message = e.what();
+    const auto own = leave_record(message);
+    const int acks = world.announce_abort(message, std::chrono::seconds(3));
+    mpi::mpi_session::abort_world(
+        opt.flight_dir.empty()
+            ? message
+            : message + flight_note(opt.flight_dir, own + static_cast<std::size_t>(acks)),
+        2);
   }
 }
 

@@ -1,13 +1,15 @@
 // `seqpar check --backend mpi` with one rank that fails mid-step, for the never-hang tests
 // (check-mpi-test.sh): the same distributed check (verify::check_mpi) over a communicator that
-// throws or SIGKILLs itself at a chosen call (tests/support/failing_comm.hpp).
+// throws, SIGKILLs or SIGSTOPs itself at a chosen call (tests/support/failing_comm.hpp).
 //
-//   mpiexec -n P failing_rank_check (--throw-at | --die-at) RANK:TAG[:N] [scenario flags]
+//   mpiexec -n P failing_rank_check (--throw-at | --die-at | --stop-at) RANK:TAG[:N]
+//     [--timeout S] [--flight-record DIR] [scenario flags]
 //
 // Exit codes as seqpar check's: 0 pass, 1 a difference, 2 invalid input or a failed rank.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -21,21 +23,28 @@ int main(int argc, char** argv) {
   CLI::App app("runs the MPI check with one failing rank");
   cli::scenario_flags flags;
   flags.add_to(app);
-  std::string throw_at, die_at;
+  std::string throw_at, die_at, stop_at, flight_dir;
+  double timeout_s = 0;
   app.add_option("--throw-at", throw_at, "RANK:TAG[:N]: that rank throws seqpar::error there");
   app.add_option("--die-at", die_at, "RANK:TAG[:N]: that rank raises SIGKILL on itself there");
+  app.add_option("--stop-at", stop_at, "RANK:TAG[:N]: that rank raises SIGSTOP on itself there");
+  app.add_option("--timeout", timeout_s, "the watchdog's deadline in seconds (0 = default)");
+  app.add_option("--flight-record", flight_dir, "where failing ranks leave their flight records");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    if (throw_at.empty() == die_at.empty())
-      fail<config_error>("give exactly one of --throw-at and --die-at");
-    const auto spec = throw_at.empty()
-                          ? test::parse_failure(test::failure_spec::action::kill, die_at)
-                          : test::parse_failure(test::failure_spec::action::throw_error, throw_at);
+    if (!throw_at.empty() + !die_at.empty() + !stop_at.empty() != 1)
+      fail<config_error>("give exactly one of --throw-at, --die-at and --stop-at");
+    const auto spec =
+        !throw_at.empty() ? test::parse_failure(test::failure_spec::action::throw_error, throw_at)
+        : !die_at.empty() ? test::parse_failure(test::failure_spec::action::kill, die_at)
+                          : test::parse_failure(test::failure_spec::action::stop, stop_at);
     verify::check_options opt;
+    opt.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+    opt.flight_dir = flight_dir;
     opt.wrap_communicator = [spec](communicator& inner) -> std::unique_ptr<communicator> {
       return std::make_unique<test::failing_communicator>(inner, spec);
     };

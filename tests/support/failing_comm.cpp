@@ -1,8 +1,10 @@
 #include "support/failing_comm.hpp"
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <stdexcept>
+#include <thread>
 
 #include "core/error.hpp"
 
@@ -39,6 +41,16 @@ void failing_communicator::maybe_fail(const char* op, const comm_group& g) {
     std::fflush(stdout);
     std::fflush(stderr);
     std::raise(SIGKILL);
+  }
+  if (spec_.what == failure_spec::action::stop) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::raise(SIGSTOP);
+    return;  // resumed (SIGCONT): go on with the call
+  }
+  if (spec_.what == failure_spec::action::stall) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(spec_.stall_ms));
+    return;
   }
   fail<error>("injected failure: rank {} throws at {} ({}) on group '{}'", rank(), op, tag, g.name);
 }

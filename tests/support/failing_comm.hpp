@@ -11,10 +11,14 @@ namespace seqpar::test {
 /// equals `tag` (`*` = any call), before the call reaches the transport, so the other ranks are
 /// left inside that collective.
 struct failure_spec {
-  enum class action { none, throw_error, kill } what = action::none;
+  /// throw_error: throws seqpar::error; kill: SIGKILL on its own process; stop: SIGSTOP on its
+  /// own process (stalled, not dead: the watchdog's case); stall: this thread sleeps
+  /// `stall_ms` before going on (a stalled rank of the in-process backend).
+  enum class action { none, throw_error, kill, stop, stall } what = action::none;
   int rank = 0;
   std::string tag = "*";
   std::int64_t call = 0;
+  std::int64_t stall_ms = 0;
 };
 
 /// Parses "R:TAG" or "R:TAG:N" (N = call index among the matches, default 0); throws

@@ -1,0 +1,158 @@
+#include "trace/flight.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/error.hpp"
+#include "io/file.hpp"
+
+namespace seqpar::trace {
+
+std::string flight_text(const flight_recorder& fr, int rank, const flight_meta& m) {
+  meta_record meta;
+  meta.world_size = m.world_size;
+  meta.config = m.config;
+  meta.groups = fr.groups();
+  meta.source = "seqpar-flight";
+  if (const auto dropped = fr.dropped(rank))
+    meta.notes.push_back(
+        fmt::format("rank {} kept its last {} calls; its {} earlier calls are not in this record",
+                    rank, fr.capacity(), dropped));
+  auto head = to_json(meta);
+  head["rank"] = rank;
+  if (!m.reason.empty()) head["reason"] = m.reason;
+  std::string out = dump_line(head) + "\n";
+  for (const auto& e : fr.calls(rank)) {
+    auto j = to_json(from_comm_record(e.call));
+    j["t_start"] = e.t_start;
+    if (e.t_end >= 0) j["t_end"] = e.t_end;
+    if (!e.error.empty()) j["error"] = e.error;
+    out += dump_line(j);
+    out += '\n';
+  }
+  return out;
+}
+
+std::vector<std::string> write_flight_records(const std::string& dir, const flight_recorder& fr,
+                                              std::span<const int> ranks, const flight_meta& m) {
+  std::vector<std::string> written;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  for (int r : ranks) {
+    const auto path = (std::filesystem::path(dir) / fmt::format("rank-{}.jsonl", r)).string();
+    try {
+      io::write_atomic(path, flight_text(fr, r, m));
+      written.push_back(path);
+    } catch (const std::exception&) {
+      // The run's own error is what the user needs first; the missing file shows in replay.
+    }
+  }
+  return written;
+}
+
+std::vector<std::string> trace_files(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return {path};
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(path, ec))
+    if (e.is_regular_file(ec) && e.path().extension() == ".jsonl") out.push_back(e.path().string());
+  if (ec) fail<trace_error>("{}: the directory cannot be listed: {}", path, ec.message());
+  std::sort(out.begin(), out.end());
+  if (out.empty())
+    fail<trace_error>(
+        "{}: the directory holds no *.jsonl trace; give a trace file, or the directory a failed "
+        "run wrote its flight records to (rank-<R>.jsonl)",
+        path);
+  return out;
+}
+
+trace_data merge_traces(const std::vector<std::string>& paths) {
+  trace_data out;
+  bool have_meta = false;
+  std::string first_with_meta;
+  for (const auto& path : paths) {
+    auto in = reader::open(path);
+    while (auto rec = in->next()) {
+      if (auto* m = std::get_if<meta_record>(&*rec)) {
+        if (!have_meta) {
+          out.meta = *m;
+          have_meta = true;
+          first_with_meta = path;
+          continue;
+        }
+        if (m->world_size != out.meta.world_size)
+          fail<trace_error>(
+              "{} is a trace of a world of {} ranks but {} of {}: replay the files of one run "
+              "together",
+              path, m->world_size, first_with_meta, out.meta.world_size);
+        if (!out.meta.config && m->config) out.meta.config = m->config;
+        for (const auto& [name, ranks] : m->groups) {
+          auto [it, fresh] = out.meta.groups.emplace(name, ranks);
+          if (!fresh && it->second != ranks)
+            fail<trace_error>("{} lists group '{}' as {} but {} lists it as {}", path, name, ranks,
+                              first_with_meta, it->second);
+        }
+        for (const auto& n : m->notes)
+          if (std::find(out.meta.notes.begin(), out.meta.notes.end(), n) == out.meta.notes.end())
+            out.meta.notes.push_back(n);
+      } else if (auto* c = std::get_if<call_record>(&*rec)) {
+        out.calls.push_back(std::move(*c));
+      } else if (auto* l = std::get_if<layout_record>(&*rec)) {
+        out.layouts.push_back(std::move(*l));
+      }
+    }
+  }
+  if (!have_meta) {
+    // Without a meta the world is what the files show.
+    int top = 0;
+    for (const auto& c : out.calls) top = std::max(top, c.rank + 1);
+    for (const auto& l : out.layouts) top = std::max(top, l.rank + 1);
+    out.meta.world_size = std::max(top, 1);
+  }
+  // Windows: on each group, the calls every member that left records still holds.
+  std::map<std::string, std::map<int, std::int64_t>> first_seq;  // group → rank → lowest seq
+  for (const auto& c : out.calls) {
+    auto& f = first_seq[c.group];
+    auto it = f.find(c.rank);
+    if (it == f.end() || c.seq < it->second) f[c.rank] = c.seq;
+  }
+  std::map<std::string, std::int64_t> cut;
+  for (const auto& [group, f] : first_seq) {
+    std::int64_t hi = 0;
+    for (const auto& [rank, seq] : f) hi = std::max(hi, seq);
+    if (hi > 0) {
+      cut[group] = hi;
+      out.meta.notes.push_back(fmt::format(
+          "group {}: calls before seq {} are not in every member's record (each rank keeps its "
+          "last calls only), so they were not compared",
+          group, hi));
+    }
+  }
+  if (!cut.empty())
+    std::erase_if(out.calls, [&](const call_record& c) {
+      auto it = cut.find(c.group);
+      return it != cut.end() && c.seq < it->second;
+    });
+  std::set<int> ranks_seen;
+  for (const auto& c : out.calls) ranks_seen.insert(c.rank);
+  for (const auto& l : out.layouts) ranks_seen.insert(l.rank);
+  std::vector<int> absent;
+  for (int r = 0; r < out.meta.world_size; ++r)
+    if (!ranks_seen.contains(r)) absent.push_back(r);
+  if (!absent.empty() && paths.size() > 1)
+    out.meta.notes.push_back(fmt::format(
+        "rank(s) {} left no record in these {} files (stopped or killed before writing one, or "
+        "its file was not given)",
+        absent, paths.size()));
+  // Rank by rank, each rank's calls in its own order (the files may come in any order).
+  std::stable_sort(out.calls.begin(), out.calls.end(),
+                   [](const call_record& a, const call_record& b) { return a.rank < b.rank; });
+  return out;
+}
+
+}  // namespace seqpar::trace

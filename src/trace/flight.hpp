@@ -1,0 +1,46 @@
+#pragma once
+// Flight records on disk: what a failed seqpar run leaves behind (one `seqpar-trace/1` file per
+// rank, written from core's flight_recorder), and the merge that turns several per-rank files
+// of one run back into one trace for replay.
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/flight_recorder.hpp"
+#include "trace/trace_io.hpp"
+
+namespace seqpar::trace {
+
+/// What every flight record of a run shares.
+struct flight_meta {
+  int world_size = 0;
+  std::optional<nlohmann::json> config;  ///< the scenario (scenario_to_json), when known
+  std::string reason;                    ///< why the run stopped (the error, the signal)
+};
+
+/// Rank `rank`'s flight record as trace text: meta (source "seqpar-flight", the groups the
+/// calls used, the scenario, the reason) and the kept calls, each with its state ("started"
+/// for a call that never returned), "t_start"/"t_end" (seconds) and the "error" it threw.
+std::string flight_text(const flight_recorder& fr, int rank, const flight_meta& m);
+
+/// Writes DIR/rank-<R>.jsonl for each of `ranks` (creating DIR; each file atomic) and returns
+/// the paths. Never throws: a rank that fails already has an error to report; a file that
+/// cannot be written is left out of the result.
+std::vector<std::string> write_flight_records(const std::string& dir, const flight_recorder& fr,
+                                              std::span<const int> ranks, const flight_meta& m);
+
+/// Several traces of one run (per-rank flight records, per-rank recorder files) as one trace:
+/// the first meta with every file's groups united; the layouts; the calls. Each rank's ring
+/// keeps only its last calls, so on every group the calls below the highest first seq of any
+/// member are dropped (not every member still holds them) and named in the meta's notes, as
+/// are the ranks of the world that left no file. trace_error for unreadable files or traces of
+/// different worlds.
+trace_data merge_traces(const std::vector<std::string>& paths);
+
+/// The trace files a replay argument names: a file as is; a directory's *.jsonl files, sorted.
+std::vector<std::string> trace_files(const std::string& path);
+
+}  // namespace seqpar::trace
