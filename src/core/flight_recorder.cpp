@@ -8,6 +8,7 @@ flight_recorder::flight_recorder(std::size_t capacity)
     : capacity_(std::max<std::size_t>(capacity, 1)), t0_(std::chrono::steady_clock::now()) {}
 
 std::uint64_t flight_recorder::begin(const comm_record& r, const comm_group& g) {
+  if (frozen_.load()) return not_recorded;
   const std::chrono::duration<double> t = std::chrono::steady_clock::now() - t0_;
   std::lock_guard lock(mu_);
   if (!groups_.contains(g.name)) groups_[g.name] = g.ranks;
@@ -25,6 +26,7 @@ std::uint64_t flight_recorder::begin(const comm_record& r, const comm_group& g) 
 
 void flight_recorder::end(int rank, std::uint64_t token, const std::string& error) {
   const std::chrono::duration<double> t = std::chrono::steady_clock::now() - t0_;
+  if (token == not_recorded) return;
   std::lock_guard lock(mu_);
   auto it = rings_.find(rank);
   if (it == rings_.end() || token >= it->second.next || it->second.next - token > capacity_)

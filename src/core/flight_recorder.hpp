@@ -4,6 +4,7 @@
 // fails — an error, the watchdog, a signal — can leave each rank's recent history behind as a
 // `seqpar-trace/1` file (trace/flight.hpp writes it) for `seqpar replay` to judge. Standard C++
 // only; thread-safe (the in-process backend's ranks are threads sharing one recorder).
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +35,11 @@ class flight_recorder {
   /// The call returned (`error` empty) or threw `error`.
   void end(int rank, std::uint64_t token, const std::string& error = {});
 
+  /// The watchdog ended the run: calls that begin from now on are not recorded (a stalled rank
+  /// that resumes after the abort would otherwise appear to have made the call it never made
+  /// in time). Thread-safe, cheap.
+  void freeze() { frozen_.store(true); }
+
   /// Rank `rank`'s kept calls, oldest first.
   std::vector<entry> calls(int rank) const;
   /// Ranks that made at least one call.
@@ -49,7 +55,9 @@ class flight_recorder {
     std::vector<entry> slots;
     std::uint64_t next = 0;  ///< tokens issued; slot of token t is t % capacity
   };
+  static constexpr std::uint64_t not_recorded = ~std::uint64_t{0};
   std::size_t capacity_;
+  std::atomic<bool> frozen_{false};
   std::chrono::steady_clock::time_point t0_;
   mutable std::mutex mu_;
   std::map<int, ring> rings_;

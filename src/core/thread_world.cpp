@@ -39,7 +39,7 @@ struct thread_world::state {
       : size(n),
         timeout(t),
         exited(static_cast<std::size_t>(n), 0),
-        doing(static_cast<std::size_t>(n), "running") {}
+        doing(static_cast<std::size_t>(n), "busy in its own code, in no call") {}
 
   int size;
   std::chrono::milliseconds timeout;
@@ -53,9 +53,12 @@ struct thread_world::state {
   std::vector<std::string> doing;  ///< per rank, for diagnostics: where it is now
   std::map<std::string, group_state> groups;
 
+  std::function<void(int, const std::string&)> abort_hook;
+
   void abort_locked(int rank, const std::string& message) {
     if (aborted) return;
     aborted = true;
+    if (abort_hook) abort_hook(rank, message);
     abort_rank = rank;
     abort_message = message;
     cv.notify_all();
@@ -214,6 +217,11 @@ void thread_world::abort(int rank, const std::string& message) {
   s_->abort_locked(rank, message);
 }
 
+void thread_world::set_abort_hook(std::function<void(int, const std::string&)> hook) {
+  std::lock_guard lock(s_->mu);
+  s_->abort_hook = std::move(hook);
+}
+
 bool thread_world::aborted() const {
   std::lock_guard lock(s_->mu);
   return s_->aborted;
@@ -305,7 +313,7 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
     st_.abort_locked(rank_, message);
     throw error(message);
   }
-  st_.doing[static_cast<std::size_t>(rank_)] = "running";
+  st_.doing[static_cast<std::size_t>(rank_)] = "busy in its own code, in no call";
   if (r_->error_kind != 0) {
     const auto kind = r_->error_kind;
     auto message = r_->message;

@@ -81,6 +81,10 @@ class thread_world {
   /// The message of the first abort() (empty while healthy).
   std::string abort_message() const;
 
+  /// Called once, under the world's lock, with the failing rank and the message when the world
+  /// is first aborted (keep it short: e.g. freeze a flight recorder). Set before the run.
+  void set_abort_hook(std::function<void(int rank, const std::string& message)> hook);
+
   /// Marks `rank` as having left its program: a round that still waits for it fails at once
   /// instead of waiting for the watchdog. `failed` only changes the diagnostics.
   void mark_exited(int rank, bool failed);

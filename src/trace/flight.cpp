@@ -19,13 +19,14 @@ std::string flight_text(const flight_recorder& fr, int rank, const flight_meta& 
   meta.config = m.config;
   meta.groups = fr.groups();
   meta.source = "seqpar-flight";
+  meta.failed_rank = m.failed_rank;
+  meta.reason = m.reason;
   if (const auto dropped = fr.dropped(rank))
     meta.notes.push_back(
         fmt::format("rank {} kept its last {} calls; its {} earlier calls are not in this record",
                     rank, fr.capacity(), dropped));
   auto head = to_json(meta);
   head["rank"] = rank;
-  if (!m.reason.empty()) head["reason"] = m.reason;
   std::string out = dump_line(head) + "\n";
   for (const auto& e : fr.calls(rank)) {
     auto j = to_json(from_comm_record(e.call));
@@ -91,6 +92,8 @@ trace_data merge_traces(const std::vector<std::string>& paths) {
               "together",
               path, m->world_size, first_with_meta, out.meta.world_size);
         if (!out.meta.config && m->config) out.meta.config = m->config;
+        if (out.meta.failed_rank < 0) out.meta.failed_rank = m->failed_rank;
+        if (out.meta.reason.empty()) out.meta.reason = m->reason;
         for (const auto& [name, ranks] : m->groups) {
           auto [it, fresh] = out.meta.groups.emplace(name, ranks);
           if (!fresh && it->second != ranks)

@@ -19,6 +19,7 @@ struct flight_meta {
   int world_size = 0;
   std::optional<nlohmann::json> config;  ///< the scenario (scenario_to_json), when known
   std::string reason;                    ///< why the run stopped (the error, the signal)
+  int failed_rank = -1;  ///< the rank whose own error ended the run; -1: watchdog, signal
 };
 
 /// Rank `rank`'s flight record as trace text: meta (source "seqpar-flight", the groups the

@@ -30,6 +30,19 @@ void checker::on_meta(const meta_record& m) {
   rep_.world_size = m.world_size;
   rep_.groups = m.groups;
   for (const auto& n : m.notes) note(fmt::format("{}: {}", m.source, n));
+  if (m.failed_rank >= 0) {
+    problem p{category::rank_failed,
+              m.failed_rank,
+              "",
+              -1,
+              "",
+              "",
+              fmt::format("rank {} stopped the run with its own error", m.failed_rank),
+              "",
+              m.reason,
+              m.line};
+    add(std::move(p));
+  }
   if (m.config)
     build_model(*m.config);
   else
@@ -58,6 +71,8 @@ void checker::on_call(call_record&& r) {
   seen_[r.group].insert(r.rank);
   if (r.line >= last_line_of_rank_[r.rank].first) {
     last_line_of_rank_[r.rank] = {r.line, r.group};
+    last_state_[r.rank] = r.state;
+    if (r.state && *r.state == "started") states_meaningful_ = true;
     blocked_in_[r.rank] = r.state && *r.state == "started"
                               ? fmt::format("seq {} of {} ({} {})", r.seq, r.group, r.op, r.tag)
                               : std::string();
@@ -155,9 +170,13 @@ void checker::finish() {
       }
       if (seq < opt_.timeline_limit) rep_.timeline[group][seq][m].missing = true;
       // The rank is stuck where its own last record is; gaps in its other groups follow.
+      // A rank stuck where its own last record is misses later calls of its other groups:
+      // those gaps are consequences. With states recorded, only a rank whose last call never
+      // completed is stuck; a rank whose last call completed is free, and its gap is a cause.
       if (auto lg = last_line_of_rank_.find(m);
           lg != last_line_of_rank_.end() && lg->second.second != group) {
-        p.phase = 2;
+        const auto& state = last_state_[m];
+        if (!states_meaningful_ || !state || *state != "completed") p.phase = 2;
         if (const auto& b = blocked_in_[m]; !b.empty())
           p.cause += fmt::format(
               "; rank {} is itself blocked in {}, which never completed: a consequence of "
@@ -175,13 +194,31 @@ void checker::finish() {
       for (const auto& r : q) {
         const auto& [group, src, dst] = key;
         const bool send = side == &sends_;
-        add({category::p2p_mismatch, r.rank, group, r.seq, r.tag, r.op,
-             send ? fmt::format("send to rank {}", dst) : fmt::format("recv from rank {}", src),
-             send ? fmt::format("a matching recv posted by rank {}", dst)
-                  : fmt::format("a matching send posted by rank {}", src),
-             fmt::format("rank {} never posted the matching {} (hang)", send ? dst : src,
-                         send ? "recv" : "send"),
-             r.line});
+        const int partner = send ? dst : src;
+        problem p{
+            category::p2p_mismatch,
+            r.rank,
+            group,
+            r.seq,
+            r.tag,
+            r.op,
+            send ? fmt::format("send to rank {}", dst) : fmt::format("recv from rank {}", src),
+            send ? fmt::format("a matching recv posted by rank {}", dst)
+                 : fmt::format("a matching send posted by rank {}", src),
+            fmt::format("rank {} never posted the matching {} (hang)", partner,
+                        send ? "recv" : "send"),
+            r.line};
+        // A partner blocked in a call of another group is held up there: a consequence.
+        if (auto lg = last_line_of_rank_.find(partner); lg != last_line_of_rank_.end() &&
+                                                        lg->second.second != group &&
+                                                        !blocked_in_[partner].empty()) {
+          p.phase = 2;
+          p.cause += fmt::format(
+              "; rank {} is itself blocked in {}, which never completed: a consequence of the "
+              "finding there",
+              partner, blocked_in_[partner]);
+        }
+        add(std::move(p));
       }
   check_layouts();
   for (auto& [g, members] : seen_)

@@ -27,6 +27,7 @@ inline constexpr const char* ring_peer = "RING_PEER";         ///< a ring step n
 inline constexpr const char* sp_shape = "SP_SHAPE_MISMATCH";  ///< vs the re-derived plan
 inline constexpr const char* sp_heads = "SP_HEADS";           ///< head layout rules
 inline constexpr const char* sp_config = "SP_CONFIG";         ///< the trace's scenario
+inline constexpr const char* rank_failed = "RANK_FAILED";     ///< flight records: its own error
 inline constexpr const char* cu_seqlens = "CU_SEQLENS";       ///< collator output
 inline constexpr const char* zigzag = "ZIGZAG_ALIGNMENT";     ///< documents vs 2R
 }  // namespace category

@@ -202,6 +202,12 @@ class checker {
   /// Per rank: its last call when that call never returned (state "started": the rank was
   /// blocked in it when the record was written), as "seq S of G (tag)"; else empty.
   std::map<int, std::string> blocked_in_;
+  /// Per rank: the state of its last call, when the source records states.
+  std::map<int, std::optional<std::string>> last_state_;
+  /// Some call is "started": the source marks calls completed only when they return, so a
+  /// "completed" last call means the rank was free (a recorder that writes every call as
+  /// completed says nothing about it).
+  bool states_meaningful_ = false;
 
  public:
   void saw_rank(int r) { seen_any_.insert(r); }

@@ -105,6 +105,9 @@ meta_record parse_meta(const line_ctx& c, const nlohmann::json& j) {
     m.config = *cfg;
   }
   if (const auto* src = find(j, "source")) m.source = as_string(c, *src, "source");
+  if (const auto* v = find(j, "failed_rank"))
+    m.failed_rank = as_rank(c, *v, "failed_rank", m.world_size);
+  if (const auto* v = find(j, "reason")) m.reason = as_string(c, *v, "reason");
   if (const auto* n = find(j, "notes")) {
     if (!n->is_array()) c.fail("'notes' must be an array of strings");
     for (std::size_t i = 0; i < n->size(); ++i)
@@ -284,6 +287,8 @@ nlohmann::json to_json(const meta_record& m) {
   j["groups"] = std::move(g);
   if (m.source != "seqpar") j["source"] = m.source;
   if (!m.notes.empty()) j["notes"] = m.notes;
+  if (m.failed_rank >= 0) j["failed_rank"] = m.failed_rank;
+  if (!m.reason.empty()) j["reason"] = m.reason;
   return j;
 }
 

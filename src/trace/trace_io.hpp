@@ -31,6 +31,10 @@ struct meta_record {
   std::string source = "seqpar";                   ///< seqpar | fr | kineto | nccl-log | recorder
   /// What the source does not record (replay lists these under "not checked").
   std::vector<std::string> notes;
+  /// Flight records (source "seqpar-flight"): the rank whose own error ended the run (-1 when
+  /// none did: the watchdog, a signal) and why the run ended.
+  int failed_rank = -1;
+  std::string reason;
   std::int64_t line = 0;
 };
 

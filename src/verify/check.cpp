@@ -193,6 +193,11 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
   inproc_world world(s.cp());
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
   flight_recorder flight;
+  // After a watchdog abort, a stalled rank that wakes up must not appear to have made the call
+  // it missed; after an error, ranks still arriving at the call are victims and are recorded.
+  world.set_abort_hook([&flight](int, const std::string& message) {
+    if (message.starts_with("watchdog")) flight.freeze();
+  });
   try {
     run_ranks(world, [&](communicator& comm) {
       comm.set_flight_recorder(&flight);
@@ -202,8 +207,11 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
     if (opt.flight_dir.empty()) throw;
     std::vector<int> ranks(static_cast<std::size_t>(s.cp()));
     std::iota(ranks.begin(), ranks.end(), 0);
-    const auto files = trace::write_flight_records(opt.flight_dir, flight, ranks,
-                                                   {s.cp(), io::scenario_to_json(s), e.what()});
+    // The rank whose own error ended the run; none when the watchdog did (the waiter that
+    // fired is not the culprit: the records name the rank that never arrived).
+    const int failed = world.abort_message().starts_with("watchdog") ? -1 : world.failed_rank();
+    const auto files = trace::write_flight_records(
+        opt.flight_dir, flight, ranks, {s.cp(), io::scenario_to_json(s), e.what(), failed});
     rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
   }
   return outs;

@@ -65,13 +65,18 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
   flight_recorder flight;
   world.set_flight_recorder(&flight);
-  const auto leave_record = [&](const std::string& reason) -> std::size_t {
+  const auto leave_record = [&](const std::string& reason, int failed) -> std::size_t {
     if (opt.flight_dir.empty()) return 0;
     const int mine[] = {me};
     return trace::write_flight_records(opt.flight_dir, flight, mine,
-                                       {P, io::scenario_to_json(s), reason})
+                                       {P, io::scenario_to_json(s), reason, failed})
         .size();
   };
+  // A watchdog's finding names the rank that never arrived, not the one that waited.
+  const auto by_watchdog = [](const std::string& m) {
+    return m.find("watchdog: ") != std::string::npos;
+  };
+
   try {
     if (me != 0) opt.progress = nullptr;
     auto rep = verify::run_check_distributed(world, s, opt);
@@ -80,13 +85,13 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     return rep.pass ? 0 : 1;
   } catch (const mpi::peer_abort& e) {
     // Another rank failed and reports it; leave this rank's record and wait for the end.
-    leave_record(e.what());
+    leave_record(e.what(), by_watchdog(e.what()) ? -1 : e.rank());
     world.acknowledge_abort(e.rank());
     std::this_thread::sleep_for(std::chrono::seconds(30));
     std::_Exit(2);
   } catch (const std::exception& e) {
     const std::string message = e.what();
-    const auto own = leave_record(message);
+    const auto own = leave_record(message, by_watchdog(message) ? -1 : me);
     const int acks = world.announce_abort(message, std::chrono::seconds(3));
     mpi::mpi_session::abort_world(
         opt.flight_dir.empty()
