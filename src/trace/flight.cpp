@@ -4,12 +4,21 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "core/error.hpp"
 #include "io/file.hpp"
+
+#include <pthread.h>
+#include <signal.h>
 
 namespace seqpar::trace {
 
@@ -54,6 +63,69 @@ std::vector<std::string> write_flight_records(const std::string& dir, const flig
     }
   }
   return written;
+}
+
+namespace {
+
+// The run the signal watcher writes records for (one at a time: a check runs one SP step).
+struct signal_target {
+  std::mutex mu;
+  const flight_recorder* fr = nullptr;
+  std::vector<int> ranks;
+  flight_meta meta;
+  std::string dir;
+};
+
+signal_target& target() {
+  static signal_target t;
+  return t;
+}
+
+}  // namespace
+
+flight_on_signal::flight_on_signal(const flight_recorder& fr, std::vector<int> ranks, flight_meta m,
+                                   std::string dir) {
+  auto& t = target();
+  std::lock_guard lock(t.mu);
+  t.fr = dir.empty() ? nullptr : &fr;
+  t.ranks = std::move(ranks);
+  t.meta = std::move(m);
+  t.dir = std::move(dir);
+}
+
+flight_on_signal::~flight_on_signal() {
+  auto& t = target();
+  std::lock_guard lock(t.mu);
+  t.fr = nullptr;
+}
+
+void watch_signals_for_flight_records() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+    if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return;
+    std::thread([set] {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) return;
+      auto& t = target();
+      std::unique_lock lock(t.mu, std::try_to_lock);
+      if (lock.owns_lock() && t.fr) {
+        auto m = t.meta;
+        m.reason = fmt::format("stopped by signal {} ({})", sig, strsignal(sig));
+        m.failed_rank = -1;
+        const auto files = write_flight_records(t.dir, *t.fr, t.ranks, m);
+        std::fflush(stdout);
+        fmt::print(stderr,
+                   "seqpar: error: {}; flight records of {} rank(s) (their last calls) are in "
+                   "{}/: `seqpar replay {}` shows where each rank was\n",
+                   m.reason, files.size(), t.dir, t.dir);
+        std::fflush(stderr);
+      }
+      std::_Exit(128 + sig);
+    }).detach();
+  });
 }
 
 std::vector<std::string> trace_files(const std::string& path) {

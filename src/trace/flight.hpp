@@ -33,6 +33,24 @@ std::string flight_text(const flight_recorder& fr, int rank, const flight_meta& 
 std::vector<std::string> write_flight_records(const std::string& dir, const flight_recorder& fr,
                                               std::span<const int> ranks, const flight_meta& m);
 
+/// While alive, SIGINT, SIGTERM and SIGHUP write this run's flight records (`ranks` of `fr`, to
+/// `dir`, the reason naming the signal) before the process ends, once the process has called
+/// watch_signals_for_flight_records(); without it (or with `dir` empty) it does nothing.
+class flight_on_signal {
+ public:
+  flight_on_signal(const flight_recorder& fr, std::vector<int> ranks, flight_meta m,
+                   std::string dir);
+  ~flight_on_signal();
+  flight_on_signal(const flight_on_signal&) = delete;
+  flight_on_signal& operator=(const flight_on_signal&) = delete;
+};
+
+/// Call first thing in main(), before any thread exists: blocks SIGINT, SIGTERM and SIGHUP in
+/// every thread and waits for them on a thread of its own, which writes the flight records of
+/// the run registered by flight_on_signal (if any), prints where they are, and exits with
+/// 128 + the signal number, as the default action would.
+void watch_signals_for_flight_records();
+
 /// Several traces of one run (per-rank flight records, per-rank recorder files) as one trace:
 /// the first meta with every file's groups united; the layouts; the calls. Each rank's ring
 /// keeps only its last calls, so on every group the calls below the highest first seq of any

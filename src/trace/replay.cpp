@@ -30,6 +30,7 @@ void checker::on_meta(const meta_record& m) {
   rep_.world_size = m.world_size;
   rep_.groups = m.groups;
   for (const auto& n : m.notes) note(fmt::format("{}: {}", m.source, n));
+  rep_.run_ended = m.reason;
   if (m.failed_rank >= 0) {
     problem p{category::rank_failed,
               m.failed_rank,

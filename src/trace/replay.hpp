@@ -72,6 +72,7 @@ struct report {
   std::int64_t problems_total = 0;
   std::map<std::string, std::int64_t> checked;  ///< what was checked, counted
   std::vector<std::string> unchecked;           ///< what could not be checked, and why
+  std::string run_ended;  ///< flight records: why the run ended (its error, the watchdog, a signal)
   int world_size = 0;
   std::map<std::string, std::vector<int>> groups;
   /// group → seq → rank → cell; the first `timeline_limit` seqs of each group.

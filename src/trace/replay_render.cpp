@@ -30,6 +30,7 @@ std::string to_text(const report& r) {
       out += fmt::format("     … {} more not listed\n",
                          r.problems_total - static_cast<std::int64_t>(r.problems.size()));
   }
+  if (!r.run_ended.empty()) out += fmt::format("the run ended: {}\n", r.run_ended);
   std::vector<std::string> counts;
   for (const auto& [k, v] : r.checked) counts.push_back(fmt::format("{} {}", k, v));
   out += fmt::format("checked: {}\n", fmt::join(counts, ", "));
@@ -51,12 +52,14 @@ nlohmann::json to_json(const report& r) {
   }
   nlohmann::json checked = nlohmann::json::object();
   for (const auto& [k, v] : r.checked) checked[k] = v;
-  return {{"trace", r.source},
-          {"consistent", r.consistent},
-          {"problems_total", r.problems_total},
-          {"problems", std::move(probs)},
-          {"checked", std::move(checked)},
-          {"unchecked", r.unchecked}};
+  nlohmann::json j = {{"trace", r.source},
+                      {"consistent", r.consistent},
+                      {"problems_total", r.problems_total},
+                      {"problems", std::move(probs)},
+                      {"checked", std::move(checked)},
+                      {"unchecked", r.unchecked}};
+  if (!r.run_ended.empty()) j["run_ended"] = r.run_ended;
+  return j;
 }
 
 namespace {

@@ -195,6 +195,10 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
   flight_recorder flight;
   // After a watchdog abort, a stalled rank that wakes up must not appear to have made the call
   // it missed; after an error, ranks still arriving at the call are victims and are recorded.
+  std::vector<int> all_ranks(static_cast<std::size_t>(s.cp()));
+  std::iota(all_ranks.begin(), all_ranks.end(), 0);
+  const trace::flight_on_signal on_signal(flight, all_ranks, {s.cp(), io::scenario_to_json(s)},
+                                          opt.flight_dir);
   world.set_abort_hook([&flight](int, const std::string& message) {
     if (message.starts_with("watchdog")) flight.freeze();
   });
@@ -205,13 +209,11 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
     });
   } catch (const std::exception& e) {
     if (opt.flight_dir.empty()) throw;
-    std::vector<int> ranks(static_cast<std::size_t>(s.cp()));
-    std::iota(ranks.begin(), ranks.end(), 0);
     // The rank whose own error ended the run; none when the watchdog did (the waiter that
     // fired is not the culprit: the records name the rank that never arrived).
     const int failed = world.abort_message().starts_with("watchdog") ? -1 : world.failed_rank();
     const auto files = trace::write_flight_records(
-        opt.flight_dir, flight, ranks, {s.cp(), io::scenario_to_json(s), e.what(), failed});
+        opt.flight_dir, flight, all_ranks, {s.cp(), io::scenario_to_json(s), e.what(), failed});
     rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
   }
   return outs;

@@ -148,6 +148,16 @@ expect 0 '"rows":[{"max_abs"' -- check -q --json
 expect 2 "--dtype 'f16' is unknown" -- check --dtype f16
 expect 2 "--backend gpu is not available" -- check --backend gpu
 expect 2 "num_heads=8 is not divisible by ulysses=3" -- check --ulysses 3
+expect 2 "--timeout: Value 0 not in range" -- check --timeout 0
+expect 2 "--timeout: Value -3 not in range" -- check --timeout -3
+# Replay of a failed run's flight records (a directory of per-rank files).
+mkdir -p "$tmp/emptydir"
+expect 2 "the directory holds no *.jsonl trace" -- replay "$tmp/emptydir"
+mkdir -p "$tmp/twoworlds"
+"$seqpar" record --ulysses 2 --docs 8 --heads 4 --kv-heads 2 --out "$tmp/twoworlds/a.jsonl" > /dev/null 2>&1
+"$seqpar" record --ulysses 4 --docs 8 --heads 4 --kv-heads 4 --out "$tmp/twoworlds/b.jsonl" > /dev/null 2>&1
+expect 2 "b.jsonl is a trace of a world of 8 ranks but $tmp/twoworlds/a.jsonl of 4: replay the files of one run together" -- replay "$tmp/twoworlds"
+expect 2 "cannot read trace '$tmp/twoworlds/none.jsonl'" -- replay "$tmp/twoworlds/a.jsonl" "$tmp/twoworlds/none.jsonl"
 # Recorded traces of every built-in scenario replay clean.
 for sc in default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8; do
   expect 0 "equivalence PASS" -- record --scenario "$sc" --out "$tmp/rec-$sc.jsonl"
@@ -158,5 +168,27 @@ expect 2 "cannot write" -- record --out "$tmp/no/such/dir/t.jsonl"
 for sub in check collate plan mesh record; do
   expect 0 "Example" -- "$sub" --help
 done
+
+# SIGTERM during a check leaves every rank's flight record (exit 128 + 15), and replay reads
+# them and says why the run ended.
+"$seqpar" check --ulysses 2 --ring 2 --layers 2 --docs 3000,3000 --heads 4 --kv-heads 2 \
+  --flight-record "$tmp/sigfr" > "$tmp/sig.out" 2>&1 &
+job=$!
+for _ in $(seq 1 400); do grep -q "SP step" "$tmp/sig.out" && break; sleep 0.05; done
+sleep 0.2
+kill -TERM "$job"
+wait "$job"
+rc=$?
+if [ "$rc" -ne 143 ] || ! grep -q "stopped by signal 15" "$tmp/sig.out" ||
+   [ "$(ls "$tmp/sigfr" 2> /dev/null | wc -l)" -ne 4 ]; then
+  fail "SIGTERM: exit $rc (want 143), records: $(ls "$tmp/sigfr" 2>&1 | tr '\n' ' '): $(tail -2 "$tmp/sig.out")"
+else
+  ok
+  out=$("$seqpar" replay "$tmp/sigfr" 2>&1)
+  rc=$?
+  if [ "$rc" -ge 2 ] || [[ "$out" != *"the run ended: stopped by signal 15"* ]]; then
+    fail "SIGTERM: replay of the records exit $rc: $(head -3 <<< "$out")"
+  else ok; fi
+fi
 
 finish
