@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # fuzz/run.sh SECONDS [JOBS]: builds the libFuzzer harness with clang in build-fuzz/ and fuzzes
-# the trace and batch readers for SECONDS (default 60) with bounded memory, seeded with the
-# traces of traces/ and the collate fixtures. Crashes land in build-fuzz/fuzz-artifacts/.
+# every reader of user files (trace reader + replay, batch and DeepSpeed sample readers, the
+# Flight Recorder, profiler and NCCL log importers, the flight-record merge) for SECONDS
+# (default 60) with bounded memory, seeded with the committed traces, import samples and
+# fixtures. Crashes land in build-fuzz/fuzz-artifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -27,6 +29,26 @@ for f in tests/equivalence/data/collate/*.json; do
   [ $i -ge 8 ] && break
 done
 printf '\x01{"input_ids":[1,2,3],"labels":[2,3,-100],"position_ids":[0,1,2]}' >"$seeds/batch-min.json"
+# Importers (byte 0: 2 Flight Recorder, 3 profiler, 4 NCCL log), the DeepSpeed samples reader (5)
+# and the flight-record merge (6: two files cut at a 0xff byte), seeded from the committed real
+# samples.
+seed() {  # seed SELECTOR NAME FILE
+  { printf "\\x$1"; head -c 60000 "$3"; } >"$seeds/$2"
+}
+for f in traces/import-samples/fr*/*.json; do seed 02 "fr-$(basename "$(dirname "$f")")-$(basename "$f")" "$f"; done
+for f in traces/import-samples/kineto*/*.json traces/import-samples/profiler_legacy_*/*.json; do
+  seed 03 "prof-$(basename "$(dirname "$f")")-$(basename "$f")" "$f"
+done
+for f in traces/import-samples/nccl/*.log; do seed 04 "nccl-$(basename "$f")" "$f"; done
+for f in tests/equivalence/data/deepspeed/*.json; do
+  [ -f "$f" ] || continue
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); b=d.get("input", d.get("samples", d)); sys.stdout.buffer.write(b"\x05"+json.dumps(b).encode()[:20000])' "$f" \
+    >"$seeds/ds-$(basename "$f")" 2>/dev/null || rm -f "$seeds/ds-$(basename "$f")"
+done
+real=(traces/*real_gloo*.jsonl)
+if [ ${#real[@]} -ge 2 ]; then
+  { printf '\x06'; head -c 30000 "${real[0]}"; printf '\xff'; head -c 30000 "${real[1]}"; } >"$seeds/merge-0"
+fi
 par=()
 # -jobs>1 forks workers that log to fuzz-N.log in the current directory: run them in build-fuzz.
 [ "$jobs" -gt 1 ] && par=(-jobs="$jobs" -workers="$jobs")

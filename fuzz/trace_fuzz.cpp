@@ -1,45 +1,96 @@
-// libFuzzer harness for the readers of untrusted files: the seqpar-trace/1 reader (and replay,
-// which consumes whatever the reader accepts) and the collate batch reader. The first byte
-// picks the target; the rest is the file. Any exception other than seqpar::error, a crash, a
-// hang or unbounded memory is a finding.
+// libFuzzer harness for every reader of a file a user feeds seqpar. The first byte picks the
+// target (byte % 7); the rest is the file:
+//   0 the seqpar-trace/1 reader, and replay on whatever it accepts (text, JSON, HTML reports)
+//   1 the collate batch reader (xorl / VeOmni rows)
+//   2 the Flight Recorder JSON importer        3 the profiler importer (Kineto and legacy export)
+//   4 the NCCL INFO log importer               5 the DeepSpeed samples reader (collate input)
+//   6 flight-record merge: the input cut in two at its first 0xff byte, read as two rank files
+// Importer output is replayed too. Any exception other than seqpar::error, a crash, a hang or
+// unbounded memory is a finding.
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 #include "io/batch_json.hpp"
+#include "trace/flight.hpp"
+#include "trace/import/import.hpp"
 #include "trace/replay.hpp"
 #include "trace/trace_io.hpp"
+
+namespace {
+
+void replay_text(const std::string& text, bool html) {
+  std::istringstream in(text);
+  seqpar::trace::reader r(in, "fuzz");
+  seqpar::replay::options opt;
+  opt.timeline_limit = 64;
+  auto rep = seqpar::replay::run(r, opt);
+  (void)seqpar::replay::to_text(rep);
+  (void)seqpar::replay::to_json(rep).dump();
+  if (html) (void)seqpar::replay::to_html(rep);
+}
+
+// The importers read files: one scratch file per fuzzing process.
+std::string scratch(int k, const std::string& text) {
+  const auto path = "/tmp/seqpar-fuzz-" + std::to_string(getpid()) + "-" + std::to_string(k);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  if (data[0] % 2 == 0) {
-    std::istringstream in(text);
-    seqpar::trace::reader r(in, "fuzz");
-    seqpar::replay::options opt;
-    opt.timeline_limit = 64;
-    try {
-      auto rep = seqpar::replay::run(r, opt);
-      (void)seqpar::replay::to_text(rep);
-      (void)seqpar::replay::to_json(rep).dump();
-      if (data[0] % 4 == 0) (void)seqpar::replay::to_html(rep);
-    } catch (const seqpar::error&) {
+  const int target = data[0] % 7;
+  try {
+    switch (target) {
+      case 0:
+        replay_text(text, data[0] % 4 == 0);
+        break;
+      case 1:
+      case 5: {
+        nlohmann::ordered_json j;
+        try {
+          j = nlohmann::ordered_json::parse(text);
+        } catch (const nlohmann::json::exception&) {
+          return 0;  // the CLI reports a parse error as invalid input
+        }
+        if (target == 1)
+          (void)seqpar::io::batch_from_json(nlohmann::json(j), "fuzz");
+        else
+          (void)seqpar::io::samples_from_json(j, 1 + data[0] % 4, "fuzz");
+        break;
+      }
+      case 2:
+      case 3:
+      case 4: {
+        const std::vector<std::string> files{scratch(0, text)};
+        const auto t = target == 2   ? seqpar::import::from_fr(files)
+                       : target == 3 ? seqpar::import::from_kineto(files)
+                                     : seqpar::import::from_nccl_log(files);
+        replay_text(t.text(), false);
+        break;
+      }
+      case 6: {
+        const auto cut = text.find('\xff');
+        const std::vector<std::string> files{
+            scratch(0, text.substr(0, cut)),
+            scratch(1, cut == std::string::npos ? std::string() : text.substr(cut + 1))};
+        replay_text(seqpar::trace::merge_traces(files).text(), false);
+        break;
+      }
     }
-  } else {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception&) {
-      return 0;  // the CLI reports a parse error as invalid input
-    }
-    try {
-      (void)seqpar::io::batch_from_json(j, "fuzz");
-    } catch (const seqpar::error&) {
-    }
+  } catch (const seqpar::error&) {
   }
   return 0;
 }

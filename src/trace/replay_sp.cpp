@@ -124,7 +124,11 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
          ref.line});
     return;
   }
-  auto [seq_sharded, heads_sharded] = expected_a2a(*t);
+  // Named copies, not a structured binding: lambdas below use them (clang < 16 cannot capture
+  // structured bindings, and the fuzz build uses clang).
+  const auto expected = expected_a2a(*t);
+  const dims& seq_sharded = expected.first;
+  const dims& heads_sharded = expected.second;
   const dims& exp_in = t->gather_seq ? seq_sharded : heads_sharded;
   const dims& exp_out = t->gather_seq ? heads_sharded : seq_sharded;
   // N-D layouts are read as [tokens, heads, head_dim] (logical_shape); the KV-head totals a

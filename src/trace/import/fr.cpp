@@ -160,7 +160,10 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     std::int64_t coll_seq;
   };
   std::vector<pending> calls;
-  for (const auto& [rank, e] : entries) {
+  for (const auto& entry : entries) {
+    // Named, not a structured binding: the lambda below uses `e` (clang < 16, the fuzz build).
+    const int rank = entry.rank;
+    const auto& e = entry.e;
     const auto where = fmt::format("rank {} record {}", rank,
                                    field(e, "record_id") ? field(e, "record_id")->dump() : "?");
     const auto* pgv = field(e, "process_group");
