@@ -15,7 +15,7 @@
 namespace seqpar::gpu {
 
 /// P virtual ranks on one device: core's thread_world (the rendezvous of every group and the
-/// world's failure state; watchdog 120 s by default) plus the device they share.
+/// world's failure state; watchdog 60 s by default) plus the device they share.
 class device_local_world : public thread_world {
  public:
   device_local_world(int world_size, int device)
@@ -63,6 +63,6 @@ class device_local_communicator : public communicator {
 void run_device_ranks(int P, int device,
                       const std::function<void(communicator&, cuda_compute&)>& body,
                       comm_recorder* recorder = nullptr,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(120));
+                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace seqpar::gpu

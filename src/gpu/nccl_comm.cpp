@@ -60,7 +60,7 @@ struct nccl_communicator::impl {
   cudaStream_t stream = nullptr;   ///< NCCL's stream
   cudaEvent_t ready = nullptr;
   void* one = nullptr;  ///< a float on the device for barrier()
-  std::chrono::milliseconds timeout{300000};
+  std::chrono::milliseconds timeout{60000};
   bool failed = false;
   std::string failure;
 };

@@ -27,7 +27,7 @@ class nccl_communicator : public communicator {
   /// `stream`: the compute stream (cudaStream_t as void*) whose work precedes each call; null =
   /// the legacy default stream.
   nccl_communicator(const nccl_id& id, int rank, int world_size, int device, void* stream,
-                    std::chrono::milliseconds timeout = std::chrono::seconds(300));
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60));
   ~nccl_communicator() override;
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
@@ -46,7 +46,7 @@ class nccl_communicator : public communicator {
   /// Bootstrap over MPI_COMM_WORLD (MPI initialised by the caller): rank 0 creates the id and
   /// MPI_Bcast sends it; world rank and size are MPI's. `device`: see mpi_local_device().
   static std::unique_ptr<nccl_communicator> from_mpi(
-      int device, void* stream, std::chrono::milliseconds timeout = std::chrono::seconds(300));
+      int device, void* stream, std::chrono::milliseconds timeout = std::chrono::seconds(60));
   /// One GPU per process: the local rank on the node (MPI_COMM_TYPE_SHARED) modulo the visible
   /// devices. Call it first, create the cuda_compute on that device, then from_mpi.
   static int mpi_local_device();
