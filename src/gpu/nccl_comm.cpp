@@ -13,6 +13,7 @@
 #include <mpi.h>
 #endif
 
+#include "core/thread_world.hpp"  // watchdog_deadline
 #include "gpu/cuda_check.hpp"
 
 namespace seqpar::gpu {
@@ -187,8 +188,10 @@ void after_compute(nccl_communicator::impl& im, int rank_) {
 
 /// Waits for the NCCL stream, polling the communicator's async error; on error or timeout
 /// aborts every communicator of this rank and raises.
-void wait_done(nccl_communicator::impl& im, ncclComm_t comm, const std::string& what, int rank_) {
+void wait_done(nccl_communicator::impl& im, ncclComm_t comm, const std::string& what, int rank_,
+               std::int64_t bytes) {
   const auto t0 = std::chrono::steady_clock::now();
+  const auto limit = watchdog_deadline(im.timeout, bytes);
   for (int spins = 0;; ++spins) {
     const cudaError_t q = cudaStreamQuery(im.stream);
     if (q == cudaSuccess) return;
@@ -202,11 +205,12 @@ void wait_done(nccl_communicator::impl& im, ncclComm_t comm, const std::string& 
         abort_all(im, "ncclCommGetAsyncError", static_cast<int>(async),
                   fmt::format("{} during {}", ncclGetErrorString(async), what), rank_);
     }
-    if (std::chrono::steady_clock::now() - t0 > im.timeout)
+    if (std::chrono::steady_clock::now() - t0 > limit)
       abort_all(im, "timeout", -1,
-                fmt::format("{} did not complete within {} ms (a peer died or never called it); "
+                fmt::format("watchdog: {} did not complete within {} ms (a peer stopped, died or "
+                            "never called it; raise --timeout if it is merely slow); "
                             "communicators aborted",
-                            what, im.timeout.count()),
+                            what, limit.count()),
                 rank_);
     if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
@@ -229,12 +233,18 @@ std::string what_of(const char* op, const comm_group& g, const op_info& info) {
 /// deadline (the message names the op, the group and the call's tag).
 template <class Issue>
 void on_stream(nccl_communicator::impl& im, int device, int rank_, const comm_group& g,
-               const char* op, const op_info& info, const Issue& issue) {
+               const char* op, const op_info& info, std::int64_t bytes, const Issue& issue) {
   ncclComm_t comm = comm_of(im, g, rank_);
   SEQPAR_CUDA(cudaSetDevice, device);
   after_compute(im, rank_);
   issue(comm);
-  wait_done(im, comm, what_of(op, g, info), rank_);
+  wait_done(im, comm, what_of(op, g, info), rank_, bytes);
+}
+
+std::int64_t total_of(std::span<const std::int64_t> counts) {
+  std::int64_t n = 0;
+  for (auto c : counts) n += c;
+  return n;
 }
 
 }  // namespace
@@ -242,7 +252,9 @@ void on_stream(nccl_communicator::impl& im, int device, int rank_, const comm_gr
 void nccl_communicator::do_all_to_all(const comm_group& g, const void* send,
                                       std::span<const std::int64_t> send_counts, void* recv,
                                       std::span<const std::int64_t> recv_counts, dtype t) {
-  on_stream(*impl_, device_, rank_, g, "all_to_all", call_info(), [&](ncclComm_t comm) {
+  const auto bytes =
+      (total_of(send_counts) + total_of(recv_counts)) * static_cast<std::int64_t>(dtype_size(t));
+  on_stream(*impl_, device_, rank_, g, "all_to_all", call_info(), bytes, [&](ncclComm_t comm) {
     const auto esz = static_cast<std::int64_t>(dtype_size(t));
     if (g.size() == 1) {
       copy_local(*impl_, recv, send, recv_counts[0], t, rank_);
@@ -277,7 +289,8 @@ void nccl_communicator::do_all_to_all(const comm_group& g, const void* send,
 
 void nccl_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,
                                       void* recv, dtype t) {
-  on_stream(*impl_, device_, rank_, g, "all_gather", call_info(), [&](ncclComm_t comm) {
+  const auto bytes = count * (1 + g.size()) * static_cast<std::int64_t>(dtype_size(t));
+  on_stream(*impl_, device_, rank_, g, "all_gather", call_info(), bytes, [&](ncclComm_t comm) {
     if (g.size() == 1)
       copy_local(*impl_, recv, send, count, t, rank_);
     else
@@ -288,7 +301,8 @@ void nccl_communicator::do_all_gather(const comm_group& g, const void* send, std
 
 void nccl_communicator::do_reduce_scatter(const comm_group& g, const void* send, void* recv,
                                           std::int64_t count, dtype t) {
-  on_stream(*impl_, device_, rank_, g, "reduce_scatter", call_info(), [&](ncclComm_t comm) {
+  const auto bytes = count * (1 + g.size()) * static_cast<std::int64_t>(dtype_size(t));
+  on_stream(*impl_, device_, rank_, g, "reduce_scatter", call_info(), bytes, [&](ncclComm_t comm) {
     if (g.size() == 1)
       copy_local(*impl_, recv, send, count, t, rank_);
     else
@@ -298,7 +312,8 @@ void nccl_communicator::do_reduce_scatter(const comm_group& g, const void* send,
 }
 
 void nccl_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) {
-  on_stream(*impl_, device_, rank_, g, "all_reduce", call_info(), [&](ncclComm_t comm) {
+  const auto bytes = 2 * count * static_cast<std::int64_t>(dtype_size(t));
+  on_stream(*impl_, device_, rank_, g, "all_reduce", call_info(), bytes, [&](ncclComm_t comm) {
     if (g.size() > 1)
       SEQPAR_NCCL(comm, ncclAllReduce, buf, buf, static_cast<std::size_t>(count), nccl_type(t),
                   ncclSum, comm, impl_->stream);
@@ -306,7 +321,10 @@ void nccl_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64
 }
 
 void nccl_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) {
-  on_stream(*impl_, device_, rank_, g, "send_recv", call_info(), [&](ncclComm_t comm) {
+  std::int64_t elements = 0;
+  for (const auto& op : ops) elements += op.count;
+  const auto bytes = elements * static_cast<std::int64_t>(dtype_size(t));
+  on_stream(*impl_, device_, rank_, g, "send_recv", call_info(), bytes, [&](ncclComm_t comm) {
     if (g.size() == 1) {
       // A ring of one: the k-th recv takes the k-th send.
       std::vector<const p2p_op*> sends;
@@ -338,7 +356,7 @@ void nccl_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op
 }
 
 void nccl_communicator::do_barrier(const comm_group& g) {
-  on_stream(*impl_, device_, rank_, g, "barrier", call_info(), [&](ncclComm_t comm) {
+  on_stream(*impl_, device_, rank_, g, "barrier", call_info(), 0, [&](ncclComm_t comm) {
     if (g.size() > 1)
       SEQPAR_NCCL(comm, ncclAllReduce, impl_->one, impl_->one, 1, ncclFloat32, ncclSum, comm,
                   impl_->stream);

@@ -251,9 +251,12 @@ validate_report run_validate_local(const scenario& s, const validate_options& op
                   s.ring, rep.device, dtype_name(opt.type)));
   auto t0 = std::chrono::steady_clock::now();
   std::vector<capture> got(static_cast<std::size_t>(s.cp()));
-  run_device_ranks(s.cp(), opt.device, [&](communicator& comm, cuda_compute& c) {
-    run_rank(comm, c, s, cb, opt.type, opt.type, got[static_cast<std::size_t>(comm.rank())]);
-  });
+  run_device_ranks(
+      s.cp(), opt.device,
+      [&](communicator& comm, cuda_compute& c) {
+        run_rank(comm, c, s, cb, opt.type, opt.type, got[static_cast<std::size_t>(comm.rank())]);
+      },
+      nullptr, opt.timeout.count() > 0 ? opt.timeout : std::chrono::seconds(60));
   rep.gpu_seconds = seconds_since(t0);
 
   say("CPU reference: the same algorithms in float64");
@@ -347,7 +350,8 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
   capture got;
   {
     cuda_compute c(device, rank);
-    auto comm = nccl_communicator::from_mpi(device, c.stream());
+    auto comm = nccl_communicator::from_mpi(
+        device, c.stream(), opt.timeout.count() > 0 ? opt.timeout : std::chrono::seconds(60));
     const auto groups = attention_groups(s);
     comm->prepare_groups(groups);
     run_rank(*comm, c, s, cb, opt.type, opt.type, got);

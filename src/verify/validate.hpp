@@ -3,6 +3,7 @@
 // core algorithms of src/core, unchanged) on the GPU backend and on the CPU reference (float64),
 // compared stage by stage on every rank. Only the attention sub-layer runs on the GPU; the
 // decoder's other ops (projections, RMSNorm, RoPE, MLP, loss) are not part of this comparison.
+#include <chrono>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -17,6 +18,8 @@ namespace seqpar::verify {
 struct validate_options {
   dtype type = dtype::f32;  ///< GPU precision: f32 or bf16 (the reference is always float64)
   int device = 0;           ///< device-local mode: the GPU of all virtual ranks
+  /// The watchdog's deadline per call, per 64 MiB it moves (0 = the backend's default, 60 s).
+  std::chrono::milliseconds timeout{0};
   std::function<void(std::string_view)> progress;
 };
 

@@ -150,6 +150,7 @@ expect 2 "--backend gpu is not available" -- check --backend gpu
 expect 2 "num_heads=8 is not divisible by ulysses=3" -- check --ulysses 3
 expect 2 "--timeout: Value 0 not in range" -- check --timeout 0
 expect 2 "--timeout: Value -3 not in range" -- check --timeout -3
+expect 2 "--timeout: Value 0 not in range" -- validate --timeout 0
 # Replay of a failed run's flight records (a directory of per-rank files).
 mkdir -p "$tmp/emptydir"
 expect 2 "the directory holds no *.jsonl trace" -- replay "$tmp/emptydir"
