@@ -39,7 +39,8 @@ struct thread_world::state {
       : size(n),
         timeout(t),
         exited(static_cast<std::size_t>(n), 0),
-        doing(static_cast<std::size_t>(n), "busy in its own code, in no call") {}
+        doing(static_cast<std::size_t>(n), "busy in its own code, in no call"),
+        waiting_in(static_cast<std::size_t>(n), {std::string(), -1}) {}
 
   int size;
   std::chrono::milliseconds timeout;
@@ -51,6 +52,8 @@ struct thread_world::state {
   std::string abort_message;
   std::vector<char> exited;
   std::vector<std::string> doing;  ///< per rank, for diagnostics: where it is now
+  /// Per rank: the round (group name, seq) it waits in for others to arrive; name empty if none.
+  std::vector<std::pair<std::string, std::int64_t>> waiting_in;
   std::map<std::string, group_state> groups;
 
   std::function<void(int, const std::string&)> abort_hook;
@@ -82,6 +85,25 @@ std::int64_t slot_bytes(const rendezvous_slot& s, int members) {
   for (auto c : s.recv_counts) elements += c;
   for (const auto& o : s.ops) elements += o.count;
   return elements * static_cast<std::int64_t>(dtype_size(s.type));
+}
+
+// "rank 1 (waiting in …), which waits for rank 3 (busy in its own code, in no call)": a missing
+// member that is itself waiting is followed to the members it waits for, so the watchdog names
+// the rank at the end of the chain.
+std::string waits_chain(const thread_world::state& st, int r, int depth) {
+  const auto k = static_cast<std::size_t>(r);
+  auto text = fmt::format("rank {} ({})", r, st.doing[k]);
+  const auto& [name, seq] = st.waiting_in[k];
+  if (name.empty() || depth >= st.size) return text;
+  const auto g = st.groups.find(name);
+  if (g == st.groups.end()) return text;
+  const auto round = g->second.rounds.find(seq);
+  if (round == g->second.rounds.end()) return text;
+  std::vector<std::string> next;
+  for (std::size_t j = 0; j < round->second.slots.size(); ++j)
+    if (!round->second.slots[j]) next.push_back(waits_chain(st, g->second.ranks[j], depth + 1));
+  if (!next.empty()) text += fmt::format(", which waits for {}", fmt::join(next, " and "));
+  return text;
 }
 
 std::string call_name(const rendezvous_slot& s, std::int64_t seq) {
@@ -267,9 +289,11 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
   const auto deadline = start + watchdog_deadline(st_.timeout, slot_bytes(mine, g.size()));
   st_.doing[static_cast<std::size_t>(rank_)] =
       fmt::format("waiting in {} on group '{}'", call_name(mine, seq_), g_.name);
+  st_.waiting_in[static_cast<std::size_t>(rank_)] = {g_.name, seq_};
   while (r_->arrived != g_.size()) {
     if (st_.aborted) {
       st_.doing[static_cast<std::size_t>(rank_)] = "failed";
+      st_.waiting_in[static_cast<std::size_t>(rank_)] = {std::string(), -1};
       st_.throw_aborted();
     }
     std::vector<int> missing, exited, arrived;
@@ -288,10 +312,7 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
       continue;
     }
     std::vector<std::string> who;
-    for (int j : missing) {
-      const int r = g_.ranks[static_cast<std::size_t>(j)];
-      who.push_back(fmt::format("rank {} ({})", r, st_.doing[static_cast<std::size_t>(r)]));
-    }
+    for (int j : missing) who.push_back(waits_chain(st_, g_.ranks[static_cast<std::size_t>(j)], 0));
     std::string message;
     if (!exited.empty()) {
       message = fmt::format(
@@ -308,12 +329,14 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
           call_name(mine, seq_), describe(g_), waited.count(), fmt::join(who, ", "), arrived);
     }
     st_.doing[static_cast<std::size_t>(rank_)] = "failed";
+    st_.waiting_in[static_cast<std::size_t>(rank_)] = {std::string(), -1};
     // The round keeps a pointer to this member's slot: abort first, so that no later arrival
     // can complete the round and read it after this member has gone.
     st_.abort_locked(rank_, message);
     throw error(message);
   }
   st_.doing[static_cast<std::size_t>(rank_)] = "busy in its own code, in no call";
+  st_.waiting_in[static_cast<std::size_t>(rank_)] = {std::string(), -1};
   if (r_->error_kind != 0) {
     const auto kind = r_->error_kind;
     auto message = r_->message;
@@ -325,9 +348,12 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
 
 rendezvous::~rendezvous() {
   if (left_) return;
-  // Left between arrival and finish (the caller threw while reading): the others may still be
-  // reading this member's buffers, so the world cannot go on.
+  // Left between arrival and finish (the caller threw while reading): counted as done so that
+  // no member waits for it, but the others may still be reading this member's buffers, so the
+  // world cannot go on.
   std::lock_guard lock(st_.mu);
+  ++r_->done;
+  st_.cv.notify_all();
   st_.abort_locked(rank_, fmt::format("rank {} left {} on group '{}' before the others had read "
                                       "its buffers",
                                       rank_, call_name(mine_, seq_), g_.name));
@@ -341,23 +367,21 @@ void rendezvous::finish() {
   std::unique_lock lock(st_.mu);
   if (++r_->done == g_.size()) st_.cv.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + st_.timeout;
+  // Even when the world is aborted meanwhile (another rank failed elsewhere), wait until every
+  // member has finished reading: leaving now would release this member's send buffer while a
+  // peer still copies from it. Reading is a bounded copy, so this wait is short.
   while (r_->done != g_.size()) {
-    // A member that failed while reading aborts the world; its buffers may be gone.
-    if (st_.aborted) {
+    if (st_.cv.wait_until(lock, deadline) == std::cv_status::timeout && r_->done != g_.size()) {
       left_ = true;  // the round is abandoned with the world
-      st_.throw_aborted();
-    }
-    if (st_.cv.wait_until(lock, deadline) == std::cv_status::timeout && r_->done != g_.size() &&
-        !st_.aborted) {
+      if (st_.aborted) st_.throw_aborted();
       const auto message = fmt::format(
           "watchdog: {} on group {}: {} of {} members finished reading within {} ms",
           call_name(mine_, seq_), describe(g_), r_->done, g_.size(), st_.timeout.count());
       st_.abort_locked(rank_, message);
-      left_ = true;
       throw error(message);
     }
   }
-  leave_locked();
+  leave_locked();  // complete: if the world was aborted meanwhile, the next call throws
 }
 
 void rendezvous::leave_locked() {

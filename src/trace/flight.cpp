@@ -34,9 +34,8 @@ std::string flight_text(const flight_recorder& fr, int rank, const flight_meta& 
     meta.notes.push_back(
         fmt::format("rank {} kept its last {} calls; its {} earlier calls are not in this record",
                     rank, fr.capacity(), dropped));
-  auto head = to_json(meta);
-  head["rank"] = rank;
-  std::string out = dump_line(head) + "\n";
+  meta.rank_of_file = rank;
+  std::string out = dump_line(to_json(meta)) + "\n";
   for (const auto& e : fr.calls(rank)) {
     auto j = to_json(from_comm_record(e.call));
     j["t_start"] = e.t_start;
@@ -148,12 +147,15 @@ trace_data merge_traces(const std::vector<std::string>& paths) {
   trace_data out;
   bool have_meta = false;
   std::string first_with_meta;
+  std::set<int> recorded;  // ranks whose flight record was read (their meta names them)
   for (const auto& path : paths) {
     auto in = reader::open(path);
     while (auto rec = in->next()) {
       if (auto* m = std::get_if<meta_record>(&*rec)) {
+        if (m->rank_of_file >= 0) recorded.insert(m->rank_of_file);
         if (!have_meta) {
           out.meta = *m;
+          out.meta.rank_of_file = -1;
           have_meta = true;
           first_with_meta = path;
           continue;
@@ -213,7 +215,8 @@ trace_data merge_traces(const std::vector<std::string>& paths) {
       auto it = cut.find(c.group);
       return it != cut.end() && c.seq < it->second;
     });
-  std::set<int> ranks_seen;
+  out.meta.ranks_recorded.assign(recorded.begin(), recorded.end());
+  std::set<int> ranks_seen(recorded.begin(), recorded.end());
   for (const auto& c : out.calls) ranks_seen.insert(c.rank);
   for (const auto& l : out.layouts) ranks_seen.insert(l.rank);
   std::vector<int> absent;

@@ -31,6 +31,8 @@ void checker::on_meta(const meta_record& m) {
   rep_.groups = m.groups;
   for (const auto& n : m.notes) note(fmt::format("{}: {}", m.source, n));
   rep_.run_ended = m.reason;
+  for (int r : m.ranks_recorded) saw_rank(r);
+  interrupted_ = m.reason.starts_with("stopped by signal");
   if (m.failed_rank >= 0) {
     problem p{category::rank_failed,
               m.failed_rank,
@@ -157,10 +159,18 @@ void checker::finish() {
       } else if (it->second.seq < seq) {
         p.observed = fmt::format("last seen seq {}, tag {}", it->second.seq, shown(it->second.tag));
         p.expected = fmt::format("seq {} ({}) like rank {}", seq, shown(ref.tag), ref.rank);
-        p.cause = fmt::format(
-            "rank {} never reached seq {} of {} (last seen seq {}, tag {}): "
-            "the other members wait for it (hang)",
-            m, seq, group, it->second.seq, shown(it->second.tag));
+        const auto& state = last_state_[m];
+        if (interrupted_ && states_meaningful_ && state && *state == "completed")
+          p.cause = fmt::format(
+              "when the run was stopped ({}), rank {} had not reached seq {} of {}: its last "
+              "call (seq {}, tag {}) had completed, so it was working outside any call — slow, "
+              "or stuck in local work",
+              rep_.run_ended, m, seq, group, it->second.seq, shown(it->second.tag));
+        else
+          p.cause = fmt::format(
+              "rank {} never reached seq {} of {} (last seen seq {}, tag {}): "
+              "the other members wait for it (hang)",
+              m, seq, group, it->second.seq, shown(it->second.tag));
       } else {
         p.observed = fmt::format("no call at seq {}, but calls up to seq {}", seq, it->second.seq);
         p.expected = fmt::format("seq {} ({}) like rank {}", seq, ref.tag, ref.rank);
@@ -206,8 +216,13 @@ void checker::finish() {
             send ? fmt::format("send to rank {}", dst) : fmt::format("recv from rank {}", src),
             send ? fmt::format("a matching recv posted by rank {}", dst)
                  : fmt::format("a matching send posted by rank {}", src),
-            fmt::format("rank {} never posted the matching {} (hang)", partner,
-                        send ? "recv" : "send"),
+            fmt::format("rank {} never posted the matching {} (hang){}", partner,
+                        send ? "recv" : "send",
+                        seen_any_.contains(partner)
+                            ? ""
+                            : fmt::format("; rank {} has no record in the trace at all (its "
+                                          "dump is missing?)",
+                                          partner)),
             r.line};
         // A partner blocked in a call of another group is held up there: a consequence.
         if (auto lg = last_line_of_rank_.find(partner); lg != last_line_of_rank_.end() &&

@@ -208,6 +208,8 @@ class checker {
   /// "completed" last call means the rank was free (a recorder that writes every call as
   /// completed says nothing about it).
   bool states_meaningful_ = false;
+  /// The trace's meta says a signal stopped the run (flight records).
+  bool interrupted_ = false;
 
  public:
   void saw_rank(int r) { seen_any_.insert(r); }

@@ -108,6 +108,13 @@ meta_record parse_meta(const line_ctx& c, const nlohmann::json& j) {
   if (const auto* v = find(j, "failed_rank"))
     m.failed_rank = as_rank(c, *v, "failed_rank", m.world_size);
   if (const auto* v = find(j, "reason")) m.reason = as_string(c, *v, "reason");
+  if (const auto* v = find(j, "rank")) m.rank_of_file = as_rank(c, *v, "rank", m.world_size);
+  if (const auto* v = find(j, "ranks_recorded")) {
+    if (!v->is_array()) c.fail("'ranks_recorded' must be an array of ranks");
+    for (std::size_t i = 0; i < v->size(); ++i)
+      m.ranks_recorded.push_back(
+          as_rank(c, (*v)[i], fmt::format("ranks_recorded[{}]", i), m.world_size));
+  }
   if (const auto* n = find(j, "notes")) {
     if (!n->is_array()) c.fail("'notes' must be an array of strings");
     for (std::size_t i = 0; i < n->size(); ++i)
@@ -289,6 +296,8 @@ nlohmann::json to_json(const meta_record& m) {
   if (!m.notes.empty()) j["notes"] = m.notes;
   if (m.failed_rank >= 0) j["failed_rank"] = m.failed_rank;
   if (!m.reason.empty()) j["reason"] = m.reason;
+  if (!m.ranks_recorded.empty()) j["ranks_recorded"] = m.ranks_recorded;
+  if (m.rank_of_file >= 0) j["rank"] = m.rank_of_file;
   return j;
 }
 

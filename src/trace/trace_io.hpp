@@ -35,6 +35,11 @@ struct meta_record {
   /// none did: the watchdog, a signal) and why the run ended.
   int failed_rank = -1;
   std::string reason;
+  /// Merged flight records: the ranks whose file was read (a rank with a file but no call made
+  /// no call; a rank without one left no record).
+  std::vector<int> ranks_recorded;
+  /// A flight record's meta: the rank whose file this is (-1 otherwise).
+  int rank_of_file = -1;
   std::int64_t line = 0;
 };
 
