@@ -51,15 +51,19 @@ job_ends() {
 
 small=(--ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1)
 
-# 1. Rank 2 stops itself (SIGSTOP) at its loss.sum all_reduce: the others name it within the
-#    2 s deadline (plus start-up and the 3 s grace for acknowledgements).
-if job_ends stop-at 20 'members that never arrived: rank 2 (silent for' -- \
-    "$mpiexec" -n 4 "$failing" --stop-at 2:loss.sum --timeout 2 --flight-record "$tmp/stop" "${small[@]}"; then
-  files=$(ls "$tmp/stop" 2> /dev/null | tr '\n' ' ')
-  [ "$files" = "rank-0.jsonl rank-1.jsonl rank-3.jsonl " ] && ok || fail "stop-at: flight records: '$files' (want ranks 0, 1, 3)"
-  grep -q '"state":"started"' "$tmp/stop/rank-0.jsonl" && ok || fail "stop-at: rank 0's record has no call in flight"
-  replay_names "$tmp/stop" 2 stop-at
-fi
+# 1. Rank 2 stops itself (SIGSTOP) at three stages — its first Ulysses all-to-all (the group's
+#    first contact), a ring step (send/recv) and the loss all_reduce: the others name it within
+#    the 2 s deadline (plus start-up and the 3 s grace for acknowledgements).
+for stage in L0.attn.q.fwd L0.attn.ring.fwd.step0 loss.sum; do
+  dir="$tmp/stop-$stage"
+  if job_ends "stop-$stage" 20 'never arrived: rank 2 (silent for' -- \
+      "$mpiexec" -n 4 "$failing" --stop-at "2:$stage" --timeout 2 --flight-record "$dir" "${small[@]}"; then
+    files=$(ls "$dir" 2> /dev/null | tr '\n' ' ')
+    [ "$files" = "rank-0.jsonl rank-1.jsonl rank-3.jsonl " ] && ok || fail "stop at $stage: flight records: '$files' (want ranks 0, 1, 3)"
+    grep -q '"state":"started"' "$dir/rank-0.jsonl" "$dir/rank-3.jsonl" && ok || fail "stop at $stage: no call in flight in the records"
+    replay_names "$dir" 2 "stop at $stage"
+  fi
+done
 
 # 2. Rank 1 throws at loss.sum: every rank leaves its record; replay names rank 1, the one
 #    that never made the call the others are inside.
