@@ -233,7 +233,8 @@ struct mpi_communicator::impl {
   /// work the others wait for), and what it said it was doing.
   std::vector<std::chrono::steady_clock::time_point> heard, heard_busy;
   std::vector<std::string> doing;
-  std::vector<char> acked;  ///< per world rank (announce_abort)
+  std::vector<char> acked;   ///< per world rank (announce_abort)
+  std::vector<char> silent;  ///< per world rank: named silent by this rank's watchdog
   /// Heartbeats in flight, with their payloads (kept until each send completes).
   std::list<std::pair<std::string, MPI_Request>> beats_out;
   std::string notice;  ///< abort notice payload
@@ -287,6 +288,7 @@ mpi_communicator::mpi_communicator(mpi_options opt) : impl_(std::make_unique<imp
   impl_->heard_busy = impl_->heard;
   impl_->doing.assign(static_cast<std::size_t>(size_), "");
   impl_->acked.assign(static_cast<std::size_t>(size_), 0);
+  impl_->silent.assign(static_cast<std::size_t>(size_), 0);
   host_ = processor_name();
 }
 
@@ -510,7 +512,11 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
         std::vector<std::string> who;
         if (!missing.empty()) {
           std::vector<int> arrived;
-          for (int r : missing) who.push_back(describe_member(im, r, start, now));
+          for (int r : missing) {
+            who.push_back(describe_member(im, r, start, now));
+            if (im.heard[static_cast<std::size_t>(r)] <= start)
+              im.silent[static_cast<std::size_t>(r)] = 1;
+          }
           for (int r : w.g.ranks)
             if (std::find(missing.begin(), missing.end(), r) == missing.end()) arrived.push_back(r);
           fail<error>(
@@ -523,8 +529,10 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
         // Every member arrived (or arrivals are unknown): name the members gone silent.
         for (int r : w.g.ranks)
           if (r != im.me &&
-              now - std::max(start, im.heard[static_cast<std::size_t>(r)]) >= w.limit / 2)
+              now - std::max(start, im.heard[static_cast<std::size_t>(r)]) >= w.limit / 2) {
             who.push_back(describe_member(im, r, start, now));
+            im.silent[static_cast<std::size_t>(r)] = 1;
+          }
         fail<error>(
             "watchdog: {} on group {} did not complete within {:.3g} s{}{}. A member stopped "
             "inside the call (stalled, or stopped by SIGSTOP) or the network stalls; if the "
@@ -614,9 +622,17 @@ int mpi_communicator::announce_abort(const std::string& message, std::chrono::mi
     } catch (const std::exception&) {
       break;
     }
+    // Done when every rank acknowledged, except those the watchdog found silent (a stopped rank
+    // never will).
     acks = 0;
-    for (int r = 0; r < size_; ++r) acks += r != rank_ && im.acked[static_cast<std::size_t>(r)];
-    if (acks == size_ - 1) break;
+    bool all = true;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const auto k = static_cast<std::size_t>(r);
+      acks += im.acked[k];
+      all = all && (im.acked[k] || im.silent[k]);
+    }
+    if (all) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (auto& rq : reqs) MPI_Request_free(&rq);
