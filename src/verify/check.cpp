@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 
@@ -302,11 +303,23 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
 /// same U samples, one per rank, gradients averaged. Both sides are token-normalised per sample
 /// (each micro-step's loss is its sample's mean over valid tokens), so they agree for any token
 /// budgets. Micro-step `s.micro_step` reuses the step the main rows compared.
+/// One SP-over-DP micro-step: the oracle on its sample and every SP rank's output.
+template <class T>
+struct micro_result {
+  step_output<double> ref;
+  std::vector<step_output<T>> outs;
+};
+
+/// Whether a check of `s` adds the SP-over-DP rows.
+bool wants_sp_over_dp(const scenario& s, const check_options& opt) {
+  return s.profile == profile::deepspeed && opt.sp_over_dp && !opt.recorder && s.ulysses > 1;
+}
+
 template <class T>
 void add_sp_over_dp_rows(check_report& rep, const scenario& s, const check_options& opt,
                          const model_params<double>& p64, const step_output<double>& ref_here,
-                         const std::vector<step_output<T>>& outs_here) {
-  const auto p = p64.template cast<T>();
+                         const std::vector<step_output<T>>& outs_here,
+                         const std::function<micro_result<T>(const scenario& sm)>& micro) {
   const double inv = 1.0 / s.ulysses;
   double dp_loss = 0, sp_loss = 0;
   std::vector<std::vector<double>> dp_grads(p64.size()), sp_grads(p64.size());
@@ -335,10 +348,8 @@ void add_sp_over_dp_rows(check_report& rep, const scenario& s, const check_optio
     if (opt.progress)
       opt.progress(fmt::format("SP over DP: micro-step {} of {} (SP rank {}'s sample)", m + 1,
                                s.ulysses, m));
-    const auto batch = make_batch(sm);
-    auto cb = collate(batch, options_of(sm));
-    if (opt.transform_collated) opt.transform_collated(cb);
-    accumulate(run_reference(sm, batch, p64, opt.threads), run_sp<T>(sm, cb, p, opt));
+    const auto r = micro(sm);
+    accumulate(r.ref, r.outs);
   }
   const double tol = rep.tolerance;
   auto loss = compare("sp_over_dp.loss", {sp_loss}, {dp_loss}, tol);
@@ -397,8 +408,14 @@ check_report run_typed(const scenario& s, const check_options& opt) {
   rep.sp_seconds = seconds_since(t0);
 
   add_rows(rep, s, cb, ref, outs);
-  if (s.profile == profile::deepspeed && opt.sp_over_dp && !opt.recorder && s.ulysses > 1)
-    add_sp_over_dp_rows<T>(rep, s, opt, p64, ref, outs);
+  if (wants_sp_over_dp(s, opt))
+    add_sp_over_dp_rows<T>(rep, s, opt, p64, ref, outs, [&](const scenario& sm) {
+      const auto p = p64.template cast<T>();
+      const auto b = make_batch(sm);
+      auto c = collate(b, options_of(sm));
+      if (opt.transform_collated) opt.transform_collated(c);
+      return micro_result<T>{run_reference(sm, b, p64, opt.threads), run_sp<T>(sm, c, p, opt)};
+    });
   return rep;
 }
 
@@ -472,6 +489,28 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
   world.all_gather(all, mine.data(), static_cast<std::int64_t>(mine.size()), gathered.data(),
                    dtype::f64, op_info{"check.gather", {}, {}});
 
+  // --profile deepspeed: the other micro-steps (SP rank m's sample on every rank), each SP step
+  // run by every process and gathered to rank 0, which compares SP over DP with DP over the same
+  // samples once all have run.
+  std::map<int, std::vector<step_output<T>>> micro_outs;
+  if (wants_sp_over_dp(s, opt))
+    for (int m = 0; m < s.ulysses; ++m) {
+      if (m == s.micro_step) continue;
+      scenario sm = s;
+      sm.micro_step = m;
+      say(fmt::format("SP over DP: micro-step {} of {} (SP rank {}'s sample)", m + 1, s.ulysses,
+                      m));
+      auto cm = collate(make_batch(sm), options_of(sm));
+      if (opt.transform_collated) opt.transform_collated(cm);
+      const auto part = pack(sp_rank_step<T>(world, sm, cm, p, opt));
+      std::vector<double> all_parts(part.size() * static_cast<std::size_t>(P));
+      world.all_gather(all, part.data(), static_cast<std::int64_t>(part.size()), all_parts.data(),
+                       dtype::f64, op_info{"check.gather.micro", {}, {}});
+      if (me == 0)
+        for (int r = 0; r < P; ++r)
+          micro_outs[m].push_back(unpack(all_parts.data() + r * part.size(), p));
+    }
+
   std::int32_t verdict = 0;
   if (me == 0) {
     std::vector<step_output<T>> outs;
@@ -480,10 +519,17 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
                     cb.original_length));
     t0 = std::chrono::steady_clock::now();
     // The others wait for the verdict meanwhile: heartbeats keep their watchdogs informed.
-    std::optional<step_output<double>> ref;
-    world.while_busy(all, [&] { ref = run_reference(s, batch, p64, opt.threads); });
-    rep.reference_seconds = seconds_since(t0);
-    add_rows(rep, s, cb, *ref, outs);
+    world.while_busy(all, [&] {
+      const auto ref = run_reference(s, batch, p64, opt.threads);
+      rep.reference_seconds = seconds_since(t0);
+      add_rows(rep, s, cb, ref, outs);
+      if (wants_sp_over_dp(s, opt))
+        add_sp_over_dp_rows<T>(rep, s, opt, p64, ref, outs, [&](const scenario& sm) {
+          const auto b = make_batch(sm);
+          return micro_result<T>{run_reference(sm, b, p64, opt.threads),
+                                 std::move(micro_outs.at(sm.micro_step))};
+        });
+    });
     verdict = rep.pass ? 1 : 0;
   }
   // Every process learns rank 0's verdict (rank 0 contributes it, the others 0).

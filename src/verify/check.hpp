@@ -104,6 +104,7 @@ check_report run_check(const scenario& s, const check_options& opt = {});
 /// The same check with one cp rank per process of `world` (e.g. MPI under mpiexec): world
 /// rank k runs cp rank k's SP step (world.world_size() must equal s.cp(), else config_error),
 /// every rank's loss, logits, embedding-output gradients and parameter gradients are gathered
+/// (with --profile deepspeed every micro-step's, for the SP-over-DP rows)
 /// (all_gather on group "check.world"), and world rank 0 runs the non-SP reference in process
 /// and builds the same rows as run_check. Every rank must call it with the same arguments.
 /// Returns on every rank; `rows` (and reference_seconds) are filled on rank 0 only, `pass` on
