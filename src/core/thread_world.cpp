@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -31,6 +32,15 @@ struct rendezvous_group {
   std::map<std::int64_t, rendezvous_round> rounds;
 };
 
+/// Where a rank is, for diagnostics; rendered only when a message needs it (a rank's slot and
+/// group name stay valid while it waits).
+struct rank_activity {
+  enum kind_t { busy, waiting, failed, returned } kind = busy;
+  const rendezvous_slot* slot = nullptr;
+  std::int64_t seq = 0;
+  const std::string* group = nullptr;
+};
+
 struct thread_world::state {
   using round = rendezvous_round;
   using group_state = rendezvous_group;
@@ -39,8 +49,8 @@ struct thread_world::state {
       : size(n),
         timeout(t),
         exited(static_cast<std::size_t>(n), 0),
-        doing(static_cast<std::size_t>(n), "busy in its own code, in no call"),
-        waiting_in(static_cast<std::size_t>(n), {std::string(), -1}) {}
+        doing(static_cast<std::size_t>(n)),
+        spin(n <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
   int size;
   std::chrono::milliseconds timeout;
@@ -51,12 +61,37 @@ struct thread_world::state {
   int abort_rank = -1;
   std::string abort_message;
   std::vector<char> exited;
-  std::vector<std::string> doing;  ///< per rank, for diagnostics: where it is now
-  /// Per rank: the round (group name, seq) it waits in for others to arrive; name empty if none.
-  std::vector<std::pair<std::string, std::int64_t>> waiting_in;
+  std::vector<rank_activity> doing;  ///< per rank, for diagnostics: where it is now
   std::map<std::string, group_state> groups;
 
   std::function<void(int, const std::string&)> abort_hook;
+  /// Bumped (under mu) by every notify: a waiter spins on it briefly before sleeping on cv.
+  std::atomic<std::uint64_t> gen{0};
+  /// Spin before sleeping only when every rank can have a core (else spinning steals the time
+  /// of the rank being waited for).
+  bool spin = false;
+
+  /// Wakes every waiter. Call with mu held.
+  void notify_locked() {
+    gen.fetch_add(1, std::memory_order_release);
+    cv.notify_all();
+  }
+  /// Waits (mu held through `lock`) until something is notified or `deadline`: first a short
+  /// spin without the lock (a partner that is running arrives within microseconds; a sleep and
+  /// wake-up costs tens), then the condition variable. Returns false at the deadline.
+  bool wait_locked(std::unique_lock<std::mutex>& lock,
+                   std::chrono::steady_clock::time_point deadline) {
+    const auto seen = gen.load(std::memory_order_acquire);
+    if (spin) {
+      lock.unlock();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+      for (int i = 0; gen.load(std::memory_order_acquire) == seen; ++i)
+        if ((i & 63) == 63 && std::chrono::steady_clock::now() >= until) break;
+      lock.lock();
+      if (gen.load(std::memory_order_acquire) != seen) return true;
+    }
+    return cv.wait_until(lock, deadline) == std::cv_status::no_timeout;
+  }
 
   void abort_locked(int rank, const std::string& message) {
     if (aborted) return;
@@ -64,7 +99,7 @@ struct thread_world::state {
     if (abort_hook) abort_hook(rank, message);
     abort_rank = rank;
     abort_message = message;
-    cv.notify_all();
+    notify_locked();
   }
   [[noreturn]] void throw_aborted() const {
     fail<error>("aborted: rank {} failed: {}", abort_rank, abort_message);
@@ -87,28 +122,42 @@ std::int64_t slot_bytes(const rendezvous_slot& s, int members) {
   return elements * static_cast<std::int64_t>(dtype_size(s.type));
 }
 
+std::string call_name(const rendezvous_slot& s, std::int64_t seq) {
+  return s.tag.empty() ? fmt::format("{} #{}", s.op, seq)
+                       : fmt::format("{} #{} ({})", s.op, seq, s.tag);
+}
+
+std::string describe_activity(const rank_activity& a) {
+  switch (a.kind) {
+    case rank_activity::waiting:
+      return fmt::format("waiting in {} on group '{}'", call_name(*a.slot, a.seq), *a.group);
+    case rank_activity::failed:
+      return "failed";
+    case rank_activity::returned:
+      return "returned from its program";
+    case rank_activity::busy:
+      break;
+  }
+  return "busy in its own code, in no call";
+}
+
 // "rank 1 (waiting in …), which waits for rank 3 (busy in its own code, in no call)": a missing
 // member that is itself waiting is followed to the members it waits for, so the watchdog names
 // the rank at the end of the chain.
 std::string waits_chain(const thread_world::state& st, int r, int depth) {
   const auto k = static_cast<std::size_t>(r);
-  auto text = fmt::format("rank {} ({})", r, st.doing[k]);
-  const auto& [name, seq] = st.waiting_in[k];
-  if (name.empty() || depth >= st.size) return text;
-  const auto g = st.groups.find(name);
+  auto text = fmt::format("rank {} ({})", r, describe_activity(st.doing[k]));
+  const auto& a = st.doing[k];
+  if (a.kind != rank_activity::waiting || depth >= st.size) return text;
+  const auto g = st.groups.find(*a.group);
   if (g == st.groups.end()) return text;
-  const auto round = g->second.rounds.find(seq);
+  const auto round = g->second.rounds.find(a.seq);
   if (round == g->second.rounds.end()) return text;
   std::vector<std::string> next;
   for (std::size_t j = 0; j < round->second.slots.size(); ++j)
     if (!round->second.slots[j]) next.push_back(waits_chain(st, g->second.ranks[j], depth + 1));
   if (!next.empty()) text += fmt::format(", which waits for {}", fmt::join(next, " and "));
   return text;
-}
-
-std::string call_name(const rendezvous_slot& s, std::int64_t seq) {
-  return s.tag.empty() ? fmt::format("{} #{}", s.op, seq)
-                       : fmt::format("{} #{} ({})", s.op, seq, s.tag);
 }
 
 thread_world::state::group_state& group_for(thread_world::state& st, const comm_group& g,
@@ -262,8 +311,9 @@ std::string thread_world::abort_message() const {
 void thread_world::mark_exited(int rank, bool failed) {
   std::lock_guard lock(s_->mu);
   s_->exited.at(static_cast<std::size_t>(rank)) = 1;
-  s_->doing.at(static_cast<std::size_t>(rank)) = failed ? "failed" : "returned from its program";
-  s_->cv.notify_all();
+  s_->doing.at(static_cast<std::size_t>(rank)).kind =
+      failed ? rank_activity::failed : rank_activity::returned;
+  s_->notify_locked();
 }
 
 // ---- rendezvous ----
@@ -283,18 +333,25 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
     auto [kind, message] = validate(g, seq_, *r_);
     r_->error_kind = kind;
     r_->message = std::move(message);
-    st_.cv.notify_all();
+    st_.notify_locked();
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + watchdog_deadline(st_.timeout, slot_bytes(mine, g.size()));
-  st_.doing[static_cast<std::size_t>(rank_)] =
-      fmt::format("waiting in {} on group '{}'", call_name(mine, seq_), g_.name);
-  st_.waiting_in[static_cast<std::size_t>(rank_)] = {g_.name, seq_};
+  auto& doing = st_.doing[static_cast<std::size_t>(rank_)];
+  if (r_->arrived != g_.size()) doing = {rank_activity::waiting, &mine, seq_, &g_.name};
   while (r_->arrived != g_.size()) {
     if (st_.aborted) {
-      st_.doing[static_cast<std::size_t>(rank_)] = "failed";
-      st_.waiting_in[static_cast<std::size_t>(rank_)] = {std::string(), -1};
+      doing.kind = rank_activity::failed;
       st_.throw_aborted();
+    }
+    bool any_exited = false;
+    for (int j = 0; j < g_.size(); ++j)
+      any_exited = any_exited || (!r_->slots[static_cast<std::size_t>(j)] &&
+                                  st_.exited[static_cast<std::size_t>(g_.ranks[j])]);
+    const bool timed_out = std::chrono::steady_clock::now() >= deadline;
+    if (!any_exited && !timed_out) {
+      st_.wait_locked(lock, deadline);
+      continue;
     }
     std::vector<int> missing, exited, arrived;
     for (int j = 0; j < g_.size(); ++j) {
@@ -305,11 +362,6 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
         missing.push_back(j);
         if (st_.exited[static_cast<std::size_t>(r)]) exited.push_back(r);
       }
-    }
-    const bool timed_out = std::chrono::steady_clock::now() >= deadline;
-    if (exited.empty() && !timed_out) {
-      st_.cv.wait_until(lock, deadline);
-      continue;
     }
     std::vector<std::string> who;
     for (int j : missing) who.push_back(waits_chain(st_, g_.ranks[static_cast<std::size_t>(j)], 0));
@@ -328,15 +380,13 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
           "ranks are merely slow, raise the deadline (seqpar check --timeout SECONDS)",
           call_name(mine, seq_), describe(g_), waited.count(), fmt::join(who, ", "), arrived);
     }
-    st_.doing[static_cast<std::size_t>(rank_)] = "failed";
-    st_.waiting_in[static_cast<std::size_t>(rank_)] = {std::string(), -1};
+    doing.kind = rank_activity::failed;
     // The round keeps a pointer to this member's slot: abort first, so that no later arrival
     // can complete the round and read it after this member has gone.
     st_.abort_locked(rank_, message);
     throw error(message);
   }
-  st_.doing[static_cast<std::size_t>(rank_)] = "busy in its own code, in no call";
-  st_.waiting_in[static_cast<std::size_t>(rank_)] = {std::string(), -1};
+  doing.kind = rank_activity::busy;
   if (r_->error_kind != 0) {
     const auto kind = r_->error_kind;
     auto message = r_->message;
@@ -353,7 +403,7 @@ rendezvous::~rendezvous() {
   // world cannot go on.
   std::lock_guard lock(st_.mu);
   ++r_->done;
-  st_.cv.notify_all();
+  st_.notify_locked();
   st_.abort_locked(rank_, fmt::format("rank {} left {} on group '{}' before the others had read "
                                       "its buffers",
                                       rank_, call_name(mine_, seq_), g_.name));
@@ -365,13 +415,15 @@ const rendezvous_slot& rendezvous::slot(int member) const {
 
 void rendezvous::finish() {
   std::unique_lock lock(st_.mu);
-  if (++r_->done == g_.size()) st_.cv.notify_all();
+  if (++r_->done == g_.size()) st_.notify_locked();
   const auto deadline = std::chrono::steady_clock::now() + st_.timeout;
   // Even when the world is aborted meanwhile (another rank failed elsewhere), wait until every
   // member has finished reading: leaving now would release this member's send buffer while a
   // peer still copies from it. Reading is a bounded copy, so this wait is short.
   while (r_->done != g_.size()) {
-    if (st_.cv.wait_until(lock, deadline) == std::cv_status::timeout && r_->done != g_.size()) {
+    const bool woke = st_.wait_locked(lock, deadline);
+    if (r_->done == g_.size()) break;
+    if (!woke || std::chrono::steady_clock::now() >= deadline) {
       left_ = true;  // the round is abandoned with the world
       if (st_.aborted) st_.throw_aborted();
       const auto message = fmt::format(

@@ -198,8 +198,8 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
   // it missed; after an error, ranks still arriving at the call are victims and are recorded.
   std::vector<int> all_ranks(static_cast<std::size_t>(s.cp()));
   std::iota(all_ranks.begin(), all_ranks.end(), 0);
-  const trace::flight_on_signal on_signal(flight, all_ranks, {s.cp(), io::scenario_to_json(s)},
-                                          opt.flight_dir);
+  const trace::flight_on_signal on_signal(
+      flight, all_ranks, {s.cp(), io::scenario_to_json(s), {}, -1}, opt.flight_dir);
   world.set_abort_hook([&flight](int, const std::string& message) {
     if (message.starts_with("watchdog")) flight.freeze();
   });

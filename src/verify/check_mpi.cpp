@@ -65,7 +65,7 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
   flight_recorder flight;
   world.set_flight_recorder(&flight);
-  const trace::flight_on_signal on_signal(flight, {me}, {P, io::scenario_to_json(s)},
+  const trace::flight_on_signal on_signal(flight, {me}, {P, io::scenario_to_json(s), {}, -1},
                                           opt.flight_dir);
   const auto leave_record = [&](const std::string& reason, int failed) -> std::size_t {
     if (opt.flight_dir.empty()) return 0;
