@@ -3,6 +3,7 @@
 // writer is atomic; the importers read the documented formats (traces/import-samples/).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -368,6 +369,34 @@ TEST(trace_import, nccl_debug_log) {
   EXPECT_EQ(rep.problems.front().category, replay::category::size_mismatch);
   EXPECT_EQ(rep.problems.front().rank, 1);
   EXPECT_EQ(rep.checked.at("p2p_pairs"), 2);
+}
+
+// A fuzzer finding: a 3.5 KB crafted log line made the regex-based NCCL line parser backtrack
+// for more than 13 s (ASan build). The tokenizer reads it at once; it holds no collective.
+TEST(trace_import, nccl_log_line_that_made_regex_backtrack) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(
+      import::from_nccl_log({root + "/tests/equivalence/data/fuzz/nccl_log_backtracking.log"}),
+      trace_error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+// Long digit runs and long names are read without std::regex recursion (stack depth).
+TEST(trace_import, long_fields_do_not_exhaust_the_stack) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto path = (dir / "seqpar-kineto-long-digits.json").string();
+  {
+    std::ofstream out(path);
+    out << R"({"traceEvents":[{"name":"record_param_comms","ph":"X","args":{"Rank":0,)"
+        << R"("Collective name":"all_to_allv","In split size":")" << std::string(2000000, '7')
+        << R"("}}]})";
+  }
+  try {
+    (void)import::from_kineto({path});
+  } catch (const trace_error&) {
+  }
+  std::filesystem::remove(path);
+  SUCCEED();
 }
 
 TEST(trace_replay, html_is_self_contained) {

@@ -214,7 +214,9 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
       // "nccl:send 0->1" / "nccl:recv 1<-0": group-local ranks.
       static const std::regex re(R"((send|recv)\s+(\d+)\s*(->|<-)\s*(\d+))");
       std::smatch m;
-      if (std::regex_search(prof, m, re)) {
+      // Profiling names are short ("nccl:send 0->1"); a longer one is not searched (libstdc++'s
+      // regex recursion is per character).
+      if (prof.size() <= 256 && std::regex_search(prof, m, re)) {
         const int peer_local = std::stoi(m[4].str().substr(0, 7));
         const auto& members = t.meta.groups[c.group];
         if (peer_local < static_cast<int>(members.size()))

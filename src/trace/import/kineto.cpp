@@ -57,12 +57,17 @@ split_list parse_splits(const json& a, const char* key) {
   if (!v) return s;
   std::string text = v->is_string() ? v->get<std::string>() : v->dump();
   s.truncated = text.find("...") != std::string::npos;
-  static const std::regex num(R"(\d+)");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), num); it != std::sregex_iterator();
-       ++it) {
-    const auto t = it->str();
-    if (t.size() > 15) continue;
-    s.values.push_back(std::stoll(t));
+  // Every run of digits (no std::regex: its recursion per character overflows the stack on a
+  // long run).
+  for (std::size_t i = 0; i < text.size();) {
+    if (text[i] < '0' || text[i] > '9') {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    if (j - i <= 15) s.values.push_back(std::stoll(text.substr(i, j - i)));
+    i = j;
   }
   s.present = !s.values.empty() || s.truncated;
   return s;

@@ -6,10 +6,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <optional>
 #include <set>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "trace/import/import.hpp"
@@ -54,15 +56,71 @@ struct op_line {
   std::string file;
 };
 
+bool all_digits(std::string_view t) {
+  return !t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+bool is_hex_pointer(std::string_view t) {
+  return t.size() > 2 && t[0] == '0' && (t[1] == 'x' || t[1] == 'X') &&
+         std::all_of(t.begin() + 2, t.end(), [](char c) { return std::isxdigit(c) != 0; });
+}
+// A decimal field as the regex-era parser read it: -1 when longer than 15 digits.
+long long number(std::string_view t) { return t.size() > 15 ? -1LL : std::stoll(std::string(t)); }
+
+/// One log line in NCCL's INFO form, split without regular expressions (libstdc++'s std::regex
+/// backtracks exponentially on crafted lines: a 3.5 KB line took over 13 s — found by fuzzing):
+/// "host:pid:tid [dev] … NCCL INFO <tokens>".
+struct info_line {
+  std::string proc;                    ///< host:pid
+  std::vector<std::string_view> info;  ///< whitespace-separated tokens after "NCCL INFO"
+};
+
+// Whitespace-separated tokens of `text`.
+std::vector<std::string_view> tokens(std::string_view text) {
+  std::vector<std::string_view> out;
+  while (!text.empty()) {
+    const auto b = text.find_first_not_of(" \t\r");
+    if (b == std::string_view::npos) break;
+    text.remove_prefix(b);
+    const auto e = text.find_first_of(" \t\r");
+    out.push_back(text.substr(0, e));
+    if (e == std::string_view::npos) break;
+    text.remove_prefix(e);
+  }
+  return out;
+}
+
+// "host:pid:tid" (host without ':', pid and tid decimal) → "host:pid", else empty.
+std::string_view process_of(std::string_view t) {
+  const auto c1 = t.find(':');
+  const auto c2 = c1 == std::string_view::npos ? c1 : t.find(':', c1 + 1);
+  if (c1 == 0 || c2 == std::string_view::npos) return {};
+  if (!all_digits(t.substr(c1 + 1, c2 - c1 - 1)) || !all_digits(t.substr(c2 + 1))) return {};
+  return t.substr(0, c2);
+}
+
+std::optional<info_line> split_info_line(const std::string& line) {
+  const auto at = line.find("NCCL INFO ");
+  if (at == std::string::npos) return std::nullopt;
+  // Before it (after any prefix such as a timestamp): "host:pid:tid [dev]".
+  const auto before = tokens(std::string_view(line).substr(0, at));
+  for (std::size_t k = 0; k + 1 < before.size(); ++k) {
+    const auto proc = process_of(before[k]);
+    const auto dev = before[k + 1];
+    if (proc.empty() || dev.size() < 3 || dev.front() != '[' || dev.back() != ']' ||
+        !all_digits(dev.substr(1, dev.size() - 2)))
+      continue;
+    return info_line{std::string(proc), tokens(std::string_view(line).substr(at + 10))};
+  }
+  return std::nullopt;
+}
+
+const std::set<std::string_view> collective_names = {"AllReduce", "AllGather", "ReduceScatter",
+                                                     "Broadcast", "Reduce",    "AllToAll",
+                                                     "AlltoAll",  "Send",      "Recv"};
+
 }  // namespace
 
 trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
-  static const std::regex op_re(
-      R"(([^\s:]+):(\d+):\d+ \[\d+\].*NCCL INFO (AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|AllToAll|AlltoAll|Send|Recv): opCount [0-9a-fA-Fx]+ sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) op \d+ root (-?\d+) comm (\S+) \[nranks=(\d+)\](.*))");
-  static const std::regex init_re(
-      R"(([^\s:]+):(\d+):\d+ \[\d+\].*NCCL INFO .*comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+)(.*))");
-  static const std::regex commid_re(R"(commId (0x[0-9a-fA-F]+))");
-  static const std::regex globalrank_re(R"(globalrank (\d+))");
   std::map<comm_key, comm_info> comms;
   std::map<std::string, int> comms_per_proc;
   std::vector<op_line> ops;
@@ -76,21 +134,37 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
     while (std::getline(in, line)) {
       ++n;
       if (line.size() > 4096 || line.find("NCCL INFO") == std::string::npos) continue;
-      std::smatch m;
-      if (std::regex_search(line, m, op_re)) {
+      const auto parsed = split_info_line(line);
+      if (!parsed) continue;
+      const auto& t = parsed->info;
+      auto tok = [&](std::size_t i) { return i < t.size() ? t[i] : std::string_view(); };
+      // "<Name>: opCount X sendbuff S recvbuff R count N datatype D op O root T comm C
+      // [nranks=K] …"
+      const auto name = tok(0).empty() ? tok(0) : tok(0).substr(0, tok(0).size() - 1);
+      const auto nranks_tok = tok(17);
+      const bool op_line_form =
+          !tok(0).empty() && tok(0).back() == ':' && collective_names.contains(name) &&
+          tok(1) == "opCount" && tok(3) == "sendbuff" && tok(5) == "recvbuff" &&
+          tok(7) == "count" && all_digits(tok(8)) && tok(9) == "datatype" && all_digits(tok(10)) &&
+          tok(11) == "op" && all_digits(tok(12)) && tok(13) == "root" &&
+          (all_digits(tok(14)) ||
+           (tok(14).size() > 1 && tok(14)[0] == '-' && all_digits(tok(14).substr(1)))) &&
+          tok(15) == "comm" && !tok(16).empty() && nranks_tok.starts_with("[nranks=") &&
+          nranks_tok.ends_with("]") && all_digits(nranks_tok.substr(8, nranks_tok.size() - 9));
+      if (op_line_form) {
         op_line o;
-        o.key = {m[1].str() + ":" + m[2].str(), m[7].str()};
-        o.name = m[3];
-        auto num = [&](int i) { return m[i].str().size() > 15 ? -1LL : std::stoll(m[i].str()); };
-        o.count = num(4);
-        o.datatype = static_cast<int>(num(5));
-        o.root = static_cast<int>(std::max<long long>(-1, std::min<long long>(num(6), 1 << 20)));
-        o.nranks = static_cast<int>(std::min<long long>(num(8), 1 << 20));
+        o.key = {parsed->proc, std::string(tok(16))};
+        o.name = std::string(name);
+        o.count = number(tok(8));
+        o.datatype = static_cast<int>(number(tok(10)));
+        o.root = static_cast<int>(
+            std::max<long long>(-1, std::min<long long>(number(tok(14)), 1 << 20)));
+        o.nranks = static_cast<int>(
+            std::min<long long>(number(nranks_tok.substr(8, nranks_tok.size() - 9)), 1 << 20));
         o.globalrank = -1;
-        const std::string rest = m[9];
-        std::smatch g;
-        if (std::regex_search(rest, g, globalrank_re) && g[1].str().size() < 8)
-          o.globalrank = std::stoi(g[1]);
+        for (std::size_t i = 18; i + 1 < t.size(); ++i)
+          if (t[i] == "globalrank" && all_digits(t[i + 1]) && t[i + 1].size() < 8)
+            o.globalrank = std::stoi(std::string(t[i + 1]));
         o.line = n;
         o.file = path;
         if (o.count < 0 || o.nranks <= 0)
@@ -98,19 +172,28 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files) {
         if (std::find(proc_order.begin(), proc_order.end(), o.key.proc) == proc_order.end())
           proc_order.push_back(o.key.proc);
         ops.push_back(std::move(o));
-      } else if (std::regex_search(line, m, init_re)) {
-        comm_key k{m[1].str() + ":" + m[2].str(), m[3].str()};
-        if (m[4].str().size() > 7 || m[5].str().size() > 7) continue;
-        auto& c = comms[k];
-        if (c.nranks == 0) c.order = comms_per_proc[k.proc]++;
-        c.rank = std::stoi(m[4]);
-        c.nranks = std::stoi(m[5]);
-        std::smatch id;
-        const std::string rest = m[6];
-        if (std::regex_search(rest, id, commid_re)) c.id = id[1];
-        if (std::find(proc_order.begin(), proc_order.end(), k.proc) == proc_order.end())
-          proc_order.push_back(k.proc);
+        continue;
       }
+      // "… comm 0x… rank R nranks N …" (the last such run on the line), "commId 0x…" after it.
+      std::size_t at = t.size();
+      for (std::size_t i = 0; i + 5 < t.size(); ++i)
+        if (t[i] == "comm" && is_hex_pointer(t[i + 1]) && t[i + 2] == "rank" &&
+            all_digits(t[i + 3]) && t[i + 4] == "nranks" && all_digits(t[i + 5]))
+          at = i;
+      if (at == t.size()) continue;
+      if (t[at + 3].size() > 7 || t[at + 5].size() > 7) continue;
+      comm_key k{parsed->proc, std::string(t[at + 1])};
+      auto& c = comms[k];
+      if (c.nranks == 0) c.order = comms_per_proc[k.proc]++;
+      c.rank = std::stoi(std::string(t[at + 3]));
+      c.nranks = std::stoi(std::string(t[at + 5]));
+      for (std::size_t i = at + 6; i + 1 < t.size(); ++i)
+        if (t[i] == "commId" && is_hex_pointer(t[i + 1])) {
+          c.id = std::string(t[i + 1]);
+          break;
+        }
+      if (std::find(proc_order.begin(), proc_order.end(), k.proc) == proc_order.end())
+        proc_order.push_back(k.proc);
     }
   }
   if (ops.empty())
