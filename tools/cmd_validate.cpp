@@ -27,6 +27,7 @@ struct validate_args {
   std::string dtype_name = "f32";
   int device = 0;
   double timeout_s = 60;
+  std::string flight_dir = "seqpar-flight";
   bool json = false, quiet = false;
 };
 
@@ -100,6 +101,10 @@ action add_validate(CLI::App& app) {
                   "rank aborts naming the call")
       ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
+  sub->add_option("--flight-record", a->flight_dir,
+                  "where a run whose transport fails leaves every rank's last calls "
+                  "(rank-<R>.jsonl, for seqpar replay DIR); '' = nowhere")
+      ->capture_default_str();
   add_report_flags(*sub, a->json, a->quiet);
   return [a]() -> int {
 #if !defined(SEQPAR_HAVE_GPU)
@@ -114,6 +119,7 @@ action add_validate(CLI::App& app) {
     opt.type = parse_gpu_dtype(a->dtype_name);
     opt.device = a->device;
     opt.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a->timeout_s * 1000.0));
+    opt.flight_dir = a->flight_dir;
     std::string why;
     if (gpu::device_count(&why) <= 0) {
       fmt::print(stderr, "seqpar: no CUDA device: {}\n", why);

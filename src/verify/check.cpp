@@ -158,8 +158,9 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
   return train_step(p, s, rank_input(s, cb, k), env);
 }
 
-/// Rethrows `e` with `note` after its message, keeping seqpar's error types.
-[[noreturn]] void rethrow_with_note(std::exception_ptr e, const std::string& note) {
+}  // namespace
+
+void rethrow_with_note(std::exception_ptr e, const std::string& note) {
   try {
     std::rethrow_exception(e);
   } catch (const shape_error& x) {
@@ -174,8 +175,6 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
     throw error(x.what() + note);
   }
 }
-
-}  // namespace
 
 std::string flight_note(const std::string& dir, std::size_t files) {
   if (files == 0) return fmt::format(" (no flight record could be written to {})", dir);

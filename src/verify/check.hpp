@@ -1,5 +1,6 @@
 #pragma once
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -92,6 +93,9 @@ double tolerance_for(const scenario& s, dtype t, std::string* model = nullptr);
 /// The sentence a failed run's error ends with: where its flight records went (`files` of
 /// them) and how to judge them.
 std::string flight_note(const std::string& dir, std::size_t files);
+
+/// Rethrows `e` with `note` after its message, keeping seqpar's error types.
+[[noreturn]] void rethrow_with_note(std::exception_ptr e, const std::string& note);
 
 /// One training step of `s`, SP (cp = U·R ranks emulated as threads, the batch collated by the
 /// core) and non-SP (the independent oracle ref::train_step on the unpadded row: what training

@@ -16,6 +16,7 @@
 #endif
 
 #include "core/collate.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/layout.hpp"
 #include "core/mesh.hpp"
 #include "core/rng.hpp"
@@ -26,9 +27,12 @@
 #include "gpu/device_local_comm.hpp"
 #include "gpu/kernels/bf16.hpp"
 #include "gpu/nccl_comm.hpp"
+#include "io/scenario_json.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
 #include "sim/sp_setup.hpp"
+#include "trace/flight.hpp"
+#include "verify/check.hpp"
 
 namespace seqpar::verify {
 
@@ -251,12 +255,23 @@ validate_report run_validate_local(const scenario& s, const validate_options& op
                   s.ring, rep.device, dtype_name(opt.type)));
   auto t0 = std::chrono::steady_clock::now();
   std::vector<capture> got(static_cast<std::size_t>(s.cp()));
-  run_device_ranks(
-      s.cp(), opt.device,
-      [&](communicator& comm, cuda_compute& c) {
-        run_rank(comm, c, s, cb, opt.type, opt.type, got[static_cast<std::size_t>(comm.rank())]);
-      },
-      nullptr, opt.timeout.count() > 0 ? opt.timeout : std::chrono::seconds(60));
+  flight_recorder flight;
+  try {
+    run_device_ranks(
+        s.cp(), opt.device,
+        [&](communicator& comm, cuda_compute& c) {
+          comm.set_flight_recorder(&flight);
+          run_rank(comm, c, s, cb, opt.type, opt.type, got[static_cast<std::size_t>(comm.rank())]);
+        },
+        nullptr, opt.timeout.count() > 0 ? opt.timeout : std::chrono::seconds(60));
+  } catch (const std::exception& e) {
+    if (opt.flight_dir.empty()) throw;
+    std::vector<int> ranks(static_cast<std::size_t>(s.cp()));
+    for (int r = 0; r < s.cp(); ++r) ranks[static_cast<std::size_t>(r)] = r;
+    const auto files = trace::write_flight_records(opt.flight_dir, flight, ranks,
+                                                   {s.cp(), io::scenario_to_json(s), e.what(), -1});
+    rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
+  }
   rep.gpu_seconds = seconds_since(t0);
 
   say("CPU reference: the same algorithms in float64");
@@ -354,8 +369,20 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
         device, c.stream(), opt.timeout.count() > 0 ? opt.timeout : std::chrono::seconds(60));
     const auto groups = attention_groups(s);
     comm->prepare_groups(groups);
-    run_rank(*comm, c, s, cb, opt.type, opt.type, got);
-    c.synchronize();
+    flight_recorder flight;
+    comm->set_flight_recorder(&flight);
+    try {
+      run_rank(*comm, c, s, cb, opt.type, opt.type, got);
+      c.synchronize();
+    } catch (const std::exception& e) {
+      // NCCL aborts every rank's communicators on an error or the deadline: each rank leaves
+      // its own record.
+      if (opt.flight_dir.empty()) throw;
+      const int mine[] = {rank};
+      const auto files = trace::write_flight_records(opt.flight_dir, flight, mine,
+                                                     {size, io::scenario_to_json(s), e.what(), -1});
+      rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
+    }
   }
   rep.gpu_seconds = seconds_since(t0);
 

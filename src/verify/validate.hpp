@@ -20,6 +20,9 @@ struct validate_options {
   int device = 0;           ///< device-local mode: the GPU of all virtual ranks
   /// The watchdog's deadline per call, per 64 MiB it moves (0 = the backend's default, 60 s).
   std::chrono::milliseconds timeout{0};
+  /// Where a run whose transport fails leaves its ranks' flight records (as check does); empty
+  /// = none.
+  std::string flight_dir;
   std::function<void(std::string_view)> progress;
 };
 
