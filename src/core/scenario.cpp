@@ -37,7 +37,8 @@ std::int64_t scenario::total_tokens() const {
 std::string join_set(const std::vector<int>& v) { return fmt::format("{{{}}}", fmt::join(v, ",")); }
 
 static bool ulysses_fits(int u, int heads, int kv_heads) {
-  if (u < 1 || heads % u != 0) return false;
+  // kv_heads < 1 fits nothing (a fuzzed trace's config reached here with 0: no division by it).
+  if (u < 1 || kv_heads < 1 || heads % u != 0) return false;
   return u > kv_heads ? u % kv_heads == 0 : kv_heads % u == 0;
 }
 

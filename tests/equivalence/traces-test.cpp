@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/scenario.hpp"
 #include "io/scenario_json.hpp"
 #include "scenario_flags.hpp"
 #include "trace/import/import.hpp"
@@ -379,6 +380,16 @@ TEST(trace_import, nccl_log_line_that_made_regex_backtrack) {
       import::from_nccl_log({root + "/tests/equivalence/data/fuzz/nccl_log_backtracking.log"}),
       trace_error);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+// A fuzzer finding: a trace whose meta.config has kv_heads 0 divided by zero (SIGFPE) while
+// replay described the valid Ulysses sizes. Now the config is reported and the malformed line
+// after it is a trace_error.
+TEST(trace_replay, config_with_zero_kv_heads_is_reported_not_a_crash) {
+  auto in =
+      trace::reader::open(root + "/tests/equivalence/data/fuzz/replay_config_kv_heads_zero.jsonl");
+  EXPECT_THROW((void)replay::run(*in), trace_error);
+  EXPECT_TRUE(valid_ulysses_sizes(4, 0).empty());
 }
 
 // Long digit runs and long names are read without std::regex recursion (stack depth).
