@@ -68,7 +68,7 @@ template <class Json>
 Json parse_batch_file(const std::string& path) {
   try {
     return Json::parse(io::read_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, out_of_range (1e99999)
     fail<layout_error>("{} is not valid JSON: {}", path, e.what());
   }
 }

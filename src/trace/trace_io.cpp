@@ -268,7 +268,7 @@ std::optional<record> reader::next() {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, out_of_range (1e99999)
       std::string what = e.what();
       // nlohmann's message starts with "[json.exception.parse_error.101] "; keep the rest.
       if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);

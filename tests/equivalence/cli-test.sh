@@ -151,6 +151,12 @@ expect 2 "num_heads=8 is not divisible by ulysses=3" -- check --ulysses 3
 expect 2 "--timeout: Value 0 not in range" -- check --timeout 0
 expect 2 "--timeout: Value -3 not in range" -- check --timeout -3
 expect 2 "--timeout: Value 0 not in range" -- validate --timeout 0
+# Fuzzer finding: a number beyond double range is a JSON error with exit 2, not an internal error.
+printf '{"type":"meta","schema":"seqpar-trace/1","world_size":1e99999}\n' > "$tmp/huge.jsonl"
+expect 2 "not valid JSON: number overflow parsing '1e99999'" -- replay "$tmp/huge.jsonl"
+echo '{"input_ids": [1e99999]}' > "$tmp/huge-batch.json"
+expect 2 "is not valid JSON: [json.exception.out_of_range.406] number overflow" -- collate --batch "$tmp/huge-batch.json"
+expect 2 "not a Flight Recorder JSON dump" -- import --from fr "$(dirname "$0")/data/fuzz/fr_number_out_of_range.json" --out "$tmp/fr-huge.jsonl"
 # Replay of a failed run's flight records (a directory of per-rank files).
 mkdir -p "$tmp/emptydir"
 expect 2 "the directory holds no *.jsonl trace" -- replay "$tmp/emptydir"

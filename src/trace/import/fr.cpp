@@ -79,7 +79,7 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     json dump;
     try {
       dump = json::parse(io::read_file(path));
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, out_of_range (a number like 1e99999)
       fail<trace_error>(
           "{}: not a Flight Recorder JSON dump ({}); pickle dumps need "
           "tools/fr_pickle_to_json.py first",

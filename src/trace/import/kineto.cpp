@@ -107,7 +107,7 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
     json doc;
     try {
       doc = json::parse(io::read_file(path));
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, out_of_range (a number like 1e99999)
       fail<trace_error>("{}: not a chrome-trace JSON file: {}", path, e.what());
     } catch (const seqpar::error& e) {
       throw trace_error(e.what());
