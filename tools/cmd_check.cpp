@@ -21,11 +21,7 @@ struct check_args {
   std::string backend = "sim", dtype_name = "f64";
   bool json = false, quiet = false, naive = false, no_sp_over_dp = false;
   int threads = 0;
-  double timeout_s = 60;
-  std::string flight_dir = "seqpar-flight";
-  std::chrono::milliseconds timeout() const {
-    return std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000.0));
-  }
+  run_guard_flags guard;
 };
 
 dtype parse_dtype(const std::string& s) {
@@ -97,15 +93,7 @@ action add_check(CLI::App& app) {
                   "at any count")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  sub->add_option("--timeout", a->timeout_s,
-                  "watchdog: seconds a collective may wait for its group (per 64 MiB it moves) "
-                  "before the run ends naming the ranks that never arrived")
-      ->check(CLI::Range(0.001, 86400.0))
-      ->capture_default_str();
-  sub->add_option("--flight-record", a->flight_dir,
-                  "where a run whose transport fails leaves every rank's last calls "
-                  "(rank-<R>.jsonl, for seqpar replay DIR); '' = nowhere")
-      ->capture_default_str();
+  add_run_guard_flags(*sub, a->guard);
   sub->add_flag("--no-sp-over-dp", a->no_sp_over_dp,
                 "deepspeed: compare only the scenario's micro-step, not SP over DP across all U "
                 "micro-steps");
@@ -129,8 +117,8 @@ action add_check(CLI::App& app) {
             opt.naive_attention = a->naive;
             opt.sp_over_dp = !a->no_sp_over_dp;
             opt.threads = a->threads;
-            opt.timeout = a->timeout();
-            opt.flight_dir = a->flight_dir;
+            opt.timeout = a->guard.timeout();
+            opt.flight_dir = a->guard.flight_dir;
             return a->flags.resolve();
           },
           opt, print);
@@ -140,8 +128,8 @@ action add_check(CLI::App& app) {
     opt.naive_attention = a->naive;
     opt.sp_over_dp = !a->no_sp_over_dp;
     opt.threads = a->threads;
-    opt.timeout = a->timeout();
-    opt.flight_dir = a->flight_dir;
+    opt.timeout = a->guard.timeout();
+    opt.flight_dir = a->guard.flight_dir;
     const auto rep = verify::run_check(s, opt);
     print(rep);
     return rep.pass ? 0 : 1;

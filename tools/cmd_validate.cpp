@@ -26,8 +26,7 @@ struct validate_args {
   scenario_flags flags;
   std::string dtype_name = "f32";
   int device = 0;
-  double timeout_s = 60;
-  std::string flight_dir = "seqpar-flight";
+  run_guard_flags guard;
   bool json = false, quiet = false;
 };
 
@@ -96,15 +95,7 @@ action add_validate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--device", a->device, "CUDA device of the single-GPU mode")
       ->capture_default_str();
-  sub->add_option("--timeout", a->timeout_s,
-                  "watchdog: seconds a collective may wait (per 64 MiB it moves) before every "
-                  "rank aborts naming the call")
-      ->check(CLI::Range(0.001, 86400.0))
-      ->capture_default_str();
-  sub->add_option("--flight-record", a->flight_dir,
-                  "where a run whose transport fails leaves every rank's last calls "
-                  "(rank-<R>.jsonl, for seqpar replay DIR); '' = nowhere")
-      ->capture_default_str();
+  add_run_guard_flags(*sub, a->guard);
   add_report_flags(*sub, a->json, a->quiet);
   return [a]() -> int {
 #if !defined(SEQPAR_HAVE_GPU)
@@ -118,8 +109,8 @@ action add_validate(CLI::App& app) {
     verify::validate_options opt;
     opt.type = parse_gpu_dtype(a->dtype_name);
     opt.device = a->device;
-    opt.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a->timeout_s * 1000.0));
-    opt.flight_dir = a->flight_dir;
+    opt.timeout = a->guard.timeout();
+    opt.flight_dir = a->guard.flight_dir;
     std::string why;
     if (gpu::device_count(&why) <= 0) {
       fmt::print(stderr, "seqpar: no CUDA device: {}\n", why);

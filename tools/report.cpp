@@ -14,6 +14,18 @@ void add_report_flags(CLI::App& sub, bool& json, bool& quiet) {
   sub.add_flag("--quiet,-q", quiet, "no progress lines on stderr");
 }
 
+void add_run_guard_flags(CLI::App& sub, run_guard_flags& f) {
+  sub.add_option("--timeout", f.timeout_s,
+                 "watchdog: seconds a collective may wait for its group (per 64 MiB it moves) "
+                 "before the run ends naming the ranks that never arrived")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  sub.add_option("--flight-record", f.flight_dir,
+                 "where a run whose transport fails leaves every rank's last calls "
+                 "(rank-<R>.jsonl, for seqpar replay DIR); '' = nowhere")
+      ->capture_default_str();
+}
+
 std::function<void(std::string_view)> progress_printer(bool quiet) {
   if (quiet) return nullptr;
   const auto t0 = std::chrono::steady_clock::now();

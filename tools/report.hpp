@@ -3,6 +3,8 @@
 // lines on stderr, and the cells of a compared_tensor row in text and JSON.
 #include <CLI/CLI.hpp>
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -14,6 +16,16 @@ namespace seqpar::cli {
 
 /// --json (machine-readable report) and --quiet (no progress lines).
 void add_report_flags(CLI::App& sub, bool& json, bool& quiet);
+
+/// The watchdog and flight-record flags of every subcommand that runs distributed ranks.
+struct run_guard_flags {
+  double timeout_s = 60;                     ///< --timeout: per collective, per 64 MiB it moves
+  std::string flight_dir = "seqpar-flight";  ///< --flight-record ('' = none)
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000.0));
+  }
+};
+void add_run_guard_flags(CLI::App& sub, run_guard_flags& f);
 
 /// Progress lines "[  1.23s] what" on stderr, timed from now; none when quiet.
 std::function<void(std::string_view)> progress_printer(bool quiet);
