@@ -569,6 +569,30 @@ void complete(mpi_communicator::impl& im, int world_size, const call_context& ct
   wait_watched(im, world_size, rq, {-1}, ctx.w);
 }
 
+// Every member sends `width` int64 values (`all` row `me`) to every other member and receives
+// theirs into their rows, point to point under the watchdog: each receipt is that member's
+// arrival, so a member that never comes is named. `peer(j)` = member j's rank in `comm`.
+template <class Peer>
+void exchange_rows(mpi_communicator::impl& im, int world_size, MPI_Comm comm, int tag, int n,
+                   int me, std::vector<std::int64_t>& all, std::size_t width, Peer&& peer,
+                   const watched& w) {
+  std::vector<MPI_Request> reqs;
+  std::vector<int> arrival;
+  for (int send = 0; send < 2; ++send)
+    for (int j = 0; j < n; ++j) {
+      if (j == me) continue;
+      MPI_Request rq = MPI_REQUEST_NULL;
+      const int rc = send ? MPI_Isend(all.data() + me * width, static_cast<int>(width), MPI_INT64_T,
+                                      peer(j), tag, comm, &rq)
+                          : MPI_Irecv(all.data() + j * width, static_cast<int>(width), MPI_INT64_T,
+                                      peer(j), tag, comm, &rq);
+      check_mpi(rc, send ? "MPI_Isend" : "MPI_Irecv");
+      reqs.push_back(rq);
+      arrival.push_back(send ? -1 : j);
+    }
+  wait_watched(im, world_size, reqs, arrival, w);
+}
+
 }  // namespace
 
 void mpi_communicator::while_busy(const comm_group& g, const std::function<void()>& work) {
@@ -685,31 +709,14 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
     // MPI_Comm_create_group blocks until every member calls it, beyond the watchdog's reach:
     // the members first meet in a watched handshake, so a member that never comes is named.
     {
-      const int n = g.size(), me = g.index_of(rank);
-      const int token = 1;
-      std::vector<int> in(static_cast<std::size_t>(n), 0);
-      std::vector<MPI_Request> reqs;
-      std::vector<int> arrival;
-      for (int j = 0; j < n; ++j) {
-        if (j == me) continue;
-        MPI_Request rq = MPI_REQUEST_NULL;
-        SEQPAR_MPI(MPI_Irecv, &in[static_cast<std::size_t>(j)], 1, MPI_INT, g.ranks[j], tag_id,
-                   im.world, &rq);
-        reqs.push_back(rq);
-        arrival.push_back(j);
-      }
-      for (int j = 0; j < n; ++j) {
-        if (j == me) continue;
-        MPI_Request rq = MPI_REQUEST_NULL;
-        SEQPAR_MPI(MPI_Isend, &token, 1, MPI_INT, g.ranks[j], tag_id, im.world, &rq);
-        reqs.push_back(rq);
-        arrival.push_back(-1);
-      }
-      wait_watched(im, world_size, reqs, arrival,
-                   watched{g,
-                           fmt::format("the first call ({}, creating the group's communicator)",
-                                       op_name(mine.op)),
-                           im.opt.timeout, true});
+      std::vector<std::int64_t> tokens(static_cast<std::size_t>(g.size()), 1);
+      exchange_rows(
+          im, world_size, im.world, tag_id, g.size(), g.index_of(rank), tokens, 1,
+          [&](int j) { return g.ranks[static_cast<std::size_t>(j)]; },
+          watched{g,
+                  fmt::format("the first call ({}, creating the group's communicator)",
+                              op_name(mine.op)),
+                  im.opt.timeout, true});
     }
     MPI_Comm c = MPI_COMM_NULL;
     const int rc = MPI_Comm_create_group(im.world, sub, tag_id, &c);
@@ -746,25 +753,9 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
   for (std::size_t j = 0; j < mine.send_counts.size(); ++j) out[3 + j] = mine.send_counts[j];
   for (std::size_t j = 0; j < mine.recv_counts.size(); ++j) out[3 + n + j] = mine.recv_counts[j];
   std::copy(out.begin(), out.end(), all.begin() + static_cast<std::ptrdiff_t>(ctx.me * width));
-  std::vector<MPI_Request> reqs;
-  std::vector<int> arrival;
-  for (int j = 0; j < n; ++j) {
-    if (j == ctx.me) continue;
-    MPI_Request rq = MPI_REQUEST_NULL;
-    SEQPAR_MPI(MPI_Irecv, all.data() + j * width, static_cast<int>(width), MPI_INT64_T, j,
-               tag_descriptor, ctx.comm, &rq);
-    reqs.push_back(rq);
-    arrival.push_back(j);
-  }
-  for (int j = 0; j < n; ++j) {
-    if (j == ctx.me) continue;
-    MPI_Request rq = MPI_REQUEST_NULL;
-    SEQPAR_MPI(MPI_Isend, out.data(), static_cast<int>(width), MPI_INT64_T, j, tag_descriptor,
-               ctx.comm, &rq);
-    reqs.push_back(rq);
-    arrival.push_back(-1);
-  }
-  wait_watched(im, world_size, reqs, arrival, ctx.w);
+  exchange_rows(
+      im, world_size, ctx.comm, tag_descriptor, n, ctx.me, all, width, [](int j) { return j; },
+      ctx.w);
   std::vector<descriptor> d(n);
   for (int j = 0; j < n; ++j) {
     const auto* row = all.data() + j * width;
