@@ -15,7 +15,7 @@ void scenario_flags::add_to(CLI::App& app) {
   app.add_option(
       "--scenario", scenario_name_,
       "built-in scenario: default, ulysses, ring, qwen3-8b, llama3-8b, qwen2.5-7b, mha-8, alst "
-      "(the base of --profile deepspeed)");
+      "(the base of --profile deepspeed), qwen3.5 (hybrid GatedDeltaNet + softmax, VeOmni)");
   app.add_option("--config", config_, "scenario JSON file (keys as in check --json 'scenario')");
   app.add_option("--ulysses,-u", ulysses_, "Ulysses group size U");
   app.add_option("--ring,-r", ring_, "ring attention group size R (cp = U*R)");
@@ -40,6 +40,17 @@ void scenario_flags::add_to(CLI::App& app) {
   app.add_option("--ring-forward", ring_forward_,
                  "ring forward: p2p (ring attention) | allgather (llama3-style, its own backward)");
   app.add_option("--cp-fsdp-mode", cp_fsdp_mode_, "all | ulysses_only | ring_only | none");
+  app.add_option("--layer-pattern", layer_pattern_,
+                 "layer kinds repeated over the layers: S softmax attention, L GatedDeltaNet "
+                 "(Ulysses only), e.g. LLLS");
+  app.add_option("--linear-heads", linear_heads_, "GatedDeltaNet key and value heads: HK,HV")
+      ->delimiter(',')
+      ->expected(2);
+  app.add_option("--linear-head-dims", linear_head_dims_,
+                 "GatedDeltaNet key and value head dims: DK,DV")
+      ->delimiter(',')
+      ->expected(2);
+  app.add_option("--conv-kernel", conv_kernel_, "GatedDeltaNet causal convolution width");
 }
 
 static std::vector<std::int64_t> parse_docs(const std::string& text) {
@@ -92,11 +103,23 @@ scenario scenario_flags::resolve() const {
   if (!cp_fsdp_mode_.empty()) s.cp_fsdp_mode = cp_fsdp_mode_;
   if (micro_step_) s.micro_step = *micro_step_;
   if (tiles_) s.tiles = *tiles_;
+  if (!layer_pattern_.empty()) s.layer_pattern = layer_pattern_;
+  if (!linear_heads_.empty()) {
+    s.linear_k_heads = linear_heads_[0];
+    s.linear_v_heads = linear_heads_[1];
+  }
+  if (!linear_head_dims_.empty()) {
+    s.linear_k_dim = linear_head_dims_[0];
+    s.linear_v_dim = linear_head_dims_[1];
+  }
+  if (conv_kernel_) s.conv_kernel = *conv_kernel_;
   const bool overridden = ulysses_ || ring_ || heads_ || kv_heads_ || head_dim_ || hidden_ ||
                           intermediate_ || layers_ || vocab_ || seed_ || !docs_.empty() ||
                           (!profile_.empty() && s.profile != base_profile) || no_zigzag_ ||
                           !ring_backward_.empty() || !ring_forward_.empty() ||
-                          !cp_fsdp_mode_.empty() || micro_step_ || tiles_;
+                          !cp_fsdp_mode_.empty() || micro_step_ || tiles_ ||
+                          !layer_pattern_.empty() || !linear_heads_.empty() ||
+                          !linear_head_dims_.empty() || conv_kernel_;
   if (overridden && config_.empty()) s.name = "custom";
   validate(s);
   return s;

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/scenario.hpp"
 
@@ -20,7 +21,9 @@ class scenario_flags {
  private:
   std::string scenario_name_, config_, docs_, profile_, ring_backward_, ring_forward_,
       cp_fsdp_mode_;
-  std::optional<int> micro_step_, tiles_;
+  std::optional<int> micro_step_, tiles_, conv_kernel_;
+  std::string layer_pattern_;
+  std::vector<int> linear_heads_, linear_head_dims_;
   std::optional<int> ulysses_, ring_, heads_, kv_heads_, head_dim_, hidden_, intermediate_, layers_,
       vocab_;
   std::optional<std::uint64_t> seed_;

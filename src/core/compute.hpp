@@ -69,6 +69,55 @@ class compute {
   virtual void lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out_new,
                          const tensor& lse_new) = 0;
 
+  // ---- GatedDeltaNet (linear attention, SEMANTICS.md §7) on heads-sharded tensors. Documents
+  // are docs.cu_q (causal; cu_k and scale unused): no convolution window and no recurrent state
+  // crosses a document start. Rows past the last entry belong to no document (output 0).
+
+  /// Columns side by side: parts `[S, …]` (each viewed as `[S, numel/S]`) → `[S, Σ widths]`.
+  virtual tensor concat_columns(const std::vector<tensor>& parts) = 0;
+  /// The inverse: `[S, Σ widths]` → one `[S, widths[i]]` tensor per width.
+  virtual std::vector<tensor> split_columns(const tensor& x,
+                                            std::span<const std::int64_t> widths) = 0;
+  /// Causal depthwise convolution, then SiLU: x, y `[S, C]`; channel c is convolved with row
+  /// rows[c] of w_full `[C_full, kernel]` (the parameter as a whole, read through the rank's
+  /// channel map): y[t, c] = silu(Σ_j w_full[rows[c], j]·x[t − kernel + 1 + j, c]) over the
+  /// taps inside t's document.
+  virtual tensor causal_conv_forward(const tensor& x, const tensor& w_full,
+                                     std::span<const std::int64_t> rows,
+                                     const attention_docs& docs) = 0;
+  /// dx (overwritten) and dw_full's rows rows[c] (added to) from dy.
+  virtual void causal_conv_backward(const tensor& x, const tensor& w_full,
+                                    std::span<const std::int64_t> rows, const attention_docs& docs,
+                                    const tensor& dy, tensor& dx, tensor& dw_full) = 0;
+  /// a, b `[S, H]`; A_log, dt_bias `[H_full]`, read at head_offset + h:
+  /// g = −exp(A_log)·softplus(a + dt_bias), beta = sigmoid(b) (both `[S, H]`, overwritten).
+  virtual void delta_gates_forward(const tensor& a, const tensor& b, const tensor& A_log,
+                                   const tensor& dt_bias, std::int64_t head_offset, tensor& g,
+                                   tensor& beta) = 0;
+  /// da, db (overwritten); dA_log, ddt_bias `[H_full]` (added to at head_offset + h).
+  virtual void delta_gates_backward(const tensor& a, const tensor& b, const tensor& A_log,
+                                    const tensor& dt_bias, std::int64_t head_offset,
+                                    const tensor& dg, const tensor& dbeta, tensor& da, tensor& db,
+                                    tensor& dA_log, tensor& ddt_bias) = 0;
+  /// The gated delta rule (FLA's chunk_gated_delta_rule with use_qk_l2norm_in_kernel): q, k
+  /// `[S, H, dk]` (one per value head: GQA repeats come in already), v, out `[S, H, dv]`, g,
+  /// beta `[S, H]`; q and k are l2-normalised (eps 1e-6), q scaled by 1/sqrt(dk), the state
+  /// [dk, dv] starts at 0 in every document: S ← e^g·S; S ← S + k(beta·(v − Sᵀk))ᵀ; o = Sᵀq.
+  virtual void gated_delta_forward(const tensor& q, const tensor& k, const tensor& v,
+                                   const tensor& g, const tensor& beta, const attention_docs& docs,
+                                   tensor& out) = 0;
+  /// dq, dk, dv, dg, dbeta (overwritten) from dout.
+  virtual void gated_delta_backward(const tensor& q, const tensor& k, const tensor& v,
+                                    const tensor& g, const tensor& beta, const attention_docs& docs,
+                                    const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
+                                    tensor& dg, tensor& dbeta) = 0;
+  /// Gated RMSNorm per head (Qwen3_5RMSNormGated): x, z `[S, H, d]`, w `[d]`:
+  /// y = x/sqrt(mean_d x² + 1e-6)·w·silu(z).
+  virtual tensor gated_rms_norm_forward(const tensor& x, const tensor& z, const tensor& w) = 0;
+  /// dx, dz (overwritten), dw (added to) from dy.
+  virtual void gated_rms_norm_backward(const tensor& x, const tensor& z, const tensor& w,
+                                       const tensor& dy, tensor& dx, tensor& dz, tensor& dw) = 0;
+
   /// Host copies for comparison and tests.
   virtual std::vector<double> to_host(const tensor& x) = 0;
   virtual tensor from_host(dtype t, shape_t s, std::span<const double> values) = 0;

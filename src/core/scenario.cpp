@@ -61,6 +61,43 @@ static void require_positive(const char* what, std::int64_t v, std::int64_t max)
     fail<config_error>("{}={} is out of range; use a value in [1, {}]", what, v, max);
 }
 
+std::vector<int> valid_linear_ulysses_sizes(int k_heads, int v_heads) {
+  std::vector<int> out;
+  for (int u = 1; u <= k_heads; ++u)
+    if (k_heads % u == 0 && v_heads % u == 0) out.push_back(u);
+  return out;
+}
+
+static void validate_linear_layers(const scenario& s) {
+  if (s.layer_pattern.empty() || s.layer_pattern.find_first_not_of("SL") != std::string::npos)
+    fail<config_error>(
+        "layer_pattern '{}' is not a string of S (softmax attention) and L (GatedDeltaNet) "
+        "layers; use e.g. LLLS (Qwen3.5: three linear layers, then one softmax layer)",
+        s.layer_pattern);
+  if (!s.has_linear_layers()) return;
+  require_positive("linear_k_heads", s.linear_k_heads, 4096);
+  require_positive("linear_v_heads", s.linear_v_heads, 4096);
+  require_positive("linear_k_dim", s.linear_k_dim, 1024);
+  require_positive("linear_v_dim", s.linear_v_dim, 1024);
+  require_positive("conv_kernel", s.conv_kernel, 64);
+  if (s.linear_v_heads % s.linear_k_heads != 0)
+    fail<config_error>(
+        "linear_v_heads={} is not a multiple of linear_k_heads={} (GatedDeltaNet repeats each "
+        "query/key head Hv/Hk times); use linear_k_heads in {}",
+        s.linear_v_heads, s.linear_k_heads, join_set(divisors(s.linear_v_heads)));
+  if (s.linear_k_heads % s.ulysses != 0 || s.linear_v_heads % s.ulysses != 0)
+    fail<config_error>(
+        "ulysses={} must divide linear_k_heads={} and linear_v_heads={} (VeOmni's GatedDeltaNet "
+        "scatters whole key and value heads; it asserts the same); use ulysses in {}",
+        s.ulysses, s.linear_k_heads, s.linear_v_heads,
+        join_set(valid_linear_ulysses_sizes(s.linear_k_heads, s.linear_v_heads)));
+  if (s.ring > 1)
+    fail<config_error>(
+        "ring={} with GatedDeltaNet layers (layer_pattern '{}'): linear attention has no ring "
+        "algorithm (VeOmni runs it with Ulysses only); use --ring 1, or a pattern of S layers only",
+        s.ring, s.layer_pattern);
+}
+
 void require_ring_supported(profile p, int ring) {
   if (ring <= 1 || p == profile::xorl) return;
   if (p == profile::veomni)
@@ -113,6 +150,7 @@ void validate(const scenario& s) {
         "fails deep inside a reshape here); use ulysses in {}",
         s.kv_heads, s.ulysses, join_set(valid_ulysses_sizes(s.heads, s.kv_heads)));
   require_ring_supported(s.profile, s.ring);
+  validate_linear_layers(s);
   if (s.micro_step < 0 || s.micro_step >= s.ulysses ||
       (s.profile != profile::deepspeed && s.micro_step != 0))
     fail<config_error>(
@@ -205,6 +243,19 @@ const std::vector<scenario>& builtin_scenarios() {
     add("alst", 4, 1, 8, 2, 16, 64, {24, 16, 12});
     v.back().profile = profile::deepspeed;
     v.back().tiles = 4;
+    // Qwen3.5 (VeOmni, the hybrid of seed 000): Qwen3.5-27B's head layout — softmax 24 Q / 4 KV
+    // heads, GatedDeltaNet 16 key / 48 value heads, conv kernel 4, three linear layers then one
+    // softmax layer — with head dims 256/128 cut to 16/8 and a short row: a single-token
+    // document and one shorter than the kernel, every document crossing a rank boundary.
+    add("qwen3.5", 4, 1, 24, 4, 16, 64, {37, 1, 3, 29, 17});
+    v.back().profile = profile::veomni;
+    v.back().layer_pattern = "LLLS";
+    v.back().layers = 4;
+    v.back().linear_k_heads = 16;
+    v.back().linear_v_heads = 48;
+    v.back().linear_k_dim = 8;
+    v.back().linear_v_dim = 8;
+    v.back().conv_kernel = 4;
     return v;
   }();
   return all;

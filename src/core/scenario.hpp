@@ -51,7 +51,33 @@ struct scenario {
   /// forward is recomputed per tile in the backward. 1 = untiled.
   int tiles = 1;
 
+  /// Layer kinds, repeated over the layers (layer l is layer_pattern[l % size]): 'S' softmax
+  /// attention (Ulysses and ring), 'L' linear attention (GatedDeltaNet as VeOmni's
+  /// Qwen3_5GatedDeltaNet, Ulysses only; SEMANTICS.md §7). "S": every layer softmax.
+  std::string layer_pattern = "S";
+  int linear_k_heads = 2;  ///< GatedDeltaNet key (and query) heads Hk
+  int linear_v_heads = 4;  ///< GatedDeltaNet value heads Hv (a multiple of Hk: GQA)
+  int linear_k_dim = 8;    ///< dk
+  int linear_v_dim = 8;    ///< dv
+  int conv_kernel = 4;     ///< the causal depthwise convolution's width
+
   int cp() const { return ulysses * ring; }
+  /// Whether layer l is a GatedDeltaNet layer (false for a pattern character other than 'L';
+  /// validate() rejects those).
+  bool layer_is_linear(int l) const {
+    return !layer_pattern.empty() && l >= 0 &&
+           layer_pattern[static_cast<std::size_t>(l) % layer_pattern.size()] == 'L';
+  }
+  bool has_linear_layers() const {
+    for (int l = 0; l < layers; ++l)
+      if (layer_is_linear(l)) return true;
+    return false;
+  }
+  bool has_softmax_layers() const {
+    for (int l = 0; l < layers; ++l)
+      if (!layer_is_linear(l)) return true;
+    return false;
+  }
   std::int64_t total_tokens() const;
 };
 
@@ -68,6 +94,8 @@ void require_deepspeed_seqlen(std::int64_t tokens, int ulysses, std::string_view
 
 /// The U values that these heads accept (Hq % U == 0 and the KV rule), for error messages.
 std::vector<int> valid_ulysses_sizes(int heads, int kv_heads);
+/// The U values a GatedDeltaNet layer accepts: U divides both Hk and Hv.
+std::vector<int> valid_linear_ulysses_sizes(int k_heads, int v_heads);
 
 /// Position ids of documents packed back to back: each document counts 0..len-1.
 std::vector<std::int64_t> position_ids_from_docs(const std::vector<std::int64_t>& docs);

@@ -25,7 +25,18 @@ void check_local(const tensor& x, const char* name, std::int64_t s, int heads, i
                       name, fmt::join(x.shape, ","), s, heads, d);
 }
 
-/// Sequence-sharded `[S/U, H, D]` → heads-sharded `[S, H/U, D]` (gather sequence, scatter heads).
+tensor repeat_kv(compute& c, const tensor& x, int rep) {
+  if (rep == 1) return x;
+  return c.repeat_heads(x, rep);
+}
+
+tensor sum_repeated_kv(compute& c, const tensor& dx, int rep) {
+  if (rep == 1) return dx;
+  return c.sum_repeated_heads(dx, rep);
+}
+
+}  // namespace
+
 tensor gather_seq_scatter_heads(communicator& comm, compute& c, const comm_group& g,
                                 const tensor& x, const std::string& tag) {
   const int U = g.size();
@@ -40,7 +51,6 @@ tensor gather_seq_scatter_heads(communicator& comm, compute& c, const comm_group
   return full;
 }
 
-/// Heads-sharded `[S, H/U, D]` → sequence-sharded `[S/U, H, D]` (gather heads, scatter sequence).
 tensor gather_heads_scatter_seq(communicator& comm, compute& c, const comm_group& g,
                                 const tensor& x, const std::string& tag) {
   const int U = g.size();
@@ -55,18 +65,6 @@ tensor gather_heads_scatter_seq(communicator& comm, compute& c, const comm_group
   c.unpack_to_seq(geo, wire, out);
   return out;
 }
-
-tensor repeat_kv(compute& c, const tensor& x, int rep) {
-  if (rep == 1) return x;
-  return c.repeat_heads(x, rep);
-}
-
-tensor sum_repeated_kv(compute& c, const tensor& dx, int rep) {
-  if (rep == 1) return dx;
-  return c.sum_repeated_heads(dx, rep);
-}
-
-}  // namespace
 
 tensor ulysses_forward(communicator& comm, compute& c, const ulysses_config& cfg,
                        inner_attention& inner, const tensor& q, const tensor& k, const tensor& v,

@@ -34,6 +34,15 @@ class local_attention : public inner_attention {
   attention_docs docs_;
 };
 
+/// The Ulysses all-to-all: sequence-sharded `[S/U, H, D]` → heads-sharded `[S, H/U, D]`
+/// (gather the sequence, scatter the heads; DeepSpeed's and VeOmni's gather_seq_scatter_heads).
+/// Tagged `tag`; H must divide by U.
+tensor gather_seq_scatter_heads(communicator& comm, compute& c, const comm_group& g,
+                                const tensor& x, const std::string& tag);
+/// Its inverse: heads-sharded `[S, H/U, D]` → sequence-sharded `[S/U, H, D]`.
+tensor gather_heads_scatter_seq(communicator& comm, compute& c, const comm_group& g,
+                                const tensor& x, const std::string& tag);
+
 /// One Ulysses attention sub-layer (DeepSpeed-Ulysses, SEMANTICS.md §3).
 struct ulysses_config {
   comm_group group;  ///< the Ulysses group, in Ulysses rank order

@@ -187,6 +187,57 @@ tensor cuda_compute::clone(const tensor& x) {
   return out;
 }
 
+// GatedDeltaNet: not on the GPU yet. The refusal names the way out (the CPU backend checks
+// the same layers).
+namespace {
+[[noreturn]] void no_linear_attention(const char* op) {
+  fail<config_error>(
+      "the CUDA backend has no GatedDeltaNet kernels yet ({}); run layer patterns with L layers "
+      "on the CPU reference (seqpar check, --backend sim or mpi)",
+      op);
+}
+}  // namespace
+
+tensor cuda_compute::concat_columns(const std::vector<tensor>&) {
+  no_linear_attention("concat_columns");
+}
+std::vector<tensor> cuda_compute::split_columns(const tensor&, std::span<const std::int64_t>) {
+  no_linear_attention("split_columns");
+}
+tensor cuda_compute::causal_conv_forward(const tensor&, const tensor&,
+                                         std::span<const std::int64_t>, const attention_docs&) {
+  no_linear_attention("causal_conv_forward");
+}
+void cuda_compute::causal_conv_backward(const tensor&, const tensor&, std::span<const std::int64_t>,
+                                        const attention_docs&, const tensor&, tensor&, tensor&) {
+  no_linear_attention("causal_conv_backward");
+}
+void cuda_compute::delta_gates_forward(const tensor&, const tensor&, const tensor&, const tensor&,
+                                       std::int64_t, tensor&, tensor&) {
+  no_linear_attention("delta_gates_forward");
+}
+void cuda_compute::delta_gates_backward(const tensor&, const tensor&, const tensor&, const tensor&,
+                                        std::int64_t, const tensor&, const tensor&, tensor&,
+                                        tensor&, tensor&, tensor&) {
+  no_linear_attention("delta_gates_backward");
+}
+void cuda_compute::gated_delta_forward(const tensor&, const tensor&, const tensor&, const tensor&,
+                                       const tensor&, const attention_docs&, tensor&) {
+  no_linear_attention("gated_delta_forward");
+}
+void cuda_compute::gated_delta_backward(const tensor&, const tensor&, const tensor&, const tensor&,
+                                        const tensor&, const attention_docs&, const tensor&,
+                                        tensor&, tensor&, tensor&, tensor&, tensor&) {
+  no_linear_attention("gated_delta_backward");
+}
+tensor cuda_compute::gated_rms_norm_forward(const tensor&, const tensor&, const tensor&) {
+  no_linear_attention("gated_rms_norm_forward");
+}
+void cuda_compute::gated_rms_norm_backward(const tensor&, const tensor&, const tensor&,
+                                           const tensor&, tensor&, tensor&, tensor&) {
+  no_linear_attention("gated_rms_norm_backward");
+}
+
 std::vector<double> cuda_compute::to_host(const tensor& x) {
   SEQPAR_CUDA(cudaSetDevice, device_);
   std::vector<unsigned char> raw(x.bytes());

@@ -39,16 +39,26 @@ nlohmann::json scenario_to_json(const scenario& s) {
   // Optional fields, present only where they mean something.
   if (s.profile == profile::deepspeed) j["micro_step"] = s.micro_step;
   if (s.tiles != 1) j["tiles"] = s.tiles;
+  if (s.has_linear_layers()) {
+    j["layer_pattern"] = s.layer_pattern;
+    j["linear_k_heads"] = s.linear_k_heads;
+    j["linear_v_heads"] = s.linear_v_heads;
+    j["linear_k_dim"] = s.linear_k_dim;
+    j["linear_v_dim"] = s.linear_v_dim;
+    j["conv_kernel"] = s.conv_kernel;
+  }
   return j;
 }
 
 scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   if (!j.is_object()) fail<config_error>("a scenario must be a JSON object, got {}", j.type_name());
   static const std::vector<std::string> known = {
-      "name",         "profile",    "ulysses", "ring",          "cp_size",      "heads",
-      "kv_heads",     "head_dim",   "hidden",  "intermediate",  "layers",       "vocab",
-      "docs",         "seed",       "zigzag",  "ring_backward", "ring_forward", "cp_fsdp_mode",
-      "pad_token_id", "micro_step", "tiles"};
+      "name",          "profile",       "ulysses",        "ring",           "cp_size",
+      "heads",         "kv_heads",      "head_dim",       "hidden",         "intermediate",
+      "layers",        "vocab",         "docs",           "seed",           "zigzag",
+      "ring_backward", "ring_forward",  "cp_fsdp_mode",   "pad_token_id",   "micro_step",
+      "tiles",         "layer_pattern", "linear_k_heads", "linear_v_heads", "linear_k_dim",
+      "linear_v_dim",  "conv_kernel"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
       fail<config_error>("scenario key '{}' is unknown; known keys: {}", it.key(),
@@ -86,6 +96,12 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   get("pad_token_id", s.pad_token_id);
   get("micro_step", s.micro_step);
   get("tiles", s.tiles);
+  get("layer_pattern", s.layer_pattern);
+  get("linear_k_heads", s.linear_k_heads);
+  get("linear_v_heads", s.linear_v_heads);
+  get("linear_k_dim", s.linear_k_dim);
+  get("linear_v_dim", s.linear_v_dim);
+  get("conv_kernel", s.conv_kernel);
   if (j.contains("cp_size") && j.at("cp_size") != s.cp())
     fail<config_error>(
         "scenario cp_size={} disagrees with ulysses*ring={}*{}={}; drop cp_size or "
@@ -108,6 +124,11 @@ std::string scenario_command(const scenario& s, const std::string& sub) {
   if (s.cp_fsdp_mode != "all") cmd += " --cp-fsdp-mode " + s.cp_fsdp_mode;
   if (s.micro_step != 0) cmd += fmt::format(" --micro-step {}", s.micro_step);
   if (s.tiles != 1) cmd += fmt::format(" --tiles {}", s.tiles);
+  if (s.has_linear_layers())
+    cmd += fmt::format(
+        " --layer-pattern {} --linear-heads {},{} --linear-head-dims {},{} --conv-kernel {}",
+        s.layer_pattern, s.linear_k_heads, s.linear_v_heads, s.linear_k_dim, s.linear_v_dim,
+        s.conv_kernel);
   return cmd;
 }
 

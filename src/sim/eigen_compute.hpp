@@ -33,6 +33,29 @@ class eigen_compute final : public compute {
                           tensor& dq, tensor& dk, tensor& dv) override;
   void lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out_new,
                  const tensor& lse_new) override;
+  tensor concat_columns(const std::vector<tensor>& parts) override;
+  std::vector<tensor> split_columns(const tensor& x, std::span<const std::int64_t> widths) override;
+  tensor causal_conv_forward(const tensor& x, const tensor& w_full,
+                             std::span<const std::int64_t> rows,
+                             const attention_docs& docs) override;
+  void causal_conv_backward(const tensor& x, const tensor& w_full,
+                            std::span<const std::int64_t> rows, const attention_docs& docs,
+                            const tensor& dy, tensor& dx, tensor& dw_full) override;
+  void delta_gates_forward(const tensor& a, const tensor& b, const tensor& A_log,
+                           const tensor& dt_bias, std::int64_t head_offset, tensor& g,
+                           tensor& beta) override;
+  void delta_gates_backward(const tensor& a, const tensor& b, const tensor& A_log,
+                            const tensor& dt_bias, std::int64_t head_offset, const tensor& dg,
+                            const tensor& dbeta, tensor& da, tensor& db, tensor& dA_log,
+                            tensor& ddt_bias) override;
+  void gated_delta_forward(const tensor& q, const tensor& k, const tensor& v, const tensor& g,
+                           const tensor& beta, const attention_docs& docs, tensor& out) override;
+  void gated_delta_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& g,
+                            const tensor& beta, const attention_docs& docs, const tensor& dout,
+                            tensor& dq, tensor& dk, tensor& dv, tensor& dg, tensor& dbeta) override;
+  tensor gated_rms_norm_forward(const tensor& x, const tensor& z, const tensor& w) override;
+  void gated_rms_norm_backward(const tensor& x, const tensor& z, const tensor& w, const tensor& dy,
+                               tensor& dx, tensor& dz, tensor& dw) override;
   std::vector<double> to_host(const tensor& x) override;
   tensor from_host(dtype t, shape_t s, std::span<const double> values) override;
 

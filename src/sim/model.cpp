@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "core/linear_attention.hpp"
 #include "core/rng.hpp"
 
 namespace seqpar::sim {
@@ -20,7 +21,9 @@ namespace {
 struct param_spec {
   std::string name;
   std::int64_t rows, cols;
-  enum class kind { embed, proj, norm } k;
+  /// conv: 1/sqrt(kernel)·u; a_log: log(1 + 0.75·(u + 1)) (decay rates A in [1, 2.5]);
+  /// dt_bias: 0.5·u.
+  enum class kind { embed, proj, norm, conv, a_log, dt_bias } k;
 };
 
 std::vector<param_spec> param_specs(const scenario& s) {
@@ -28,13 +31,27 @@ std::vector<param_spec> param_specs(const scenario& s) {
   const std::int64_t h = s.hidden, qd = std::int64_t{s.heads} * s.head_dim,
                      kvd = std::int64_t{s.kv_heads} * s.head_dim, f = s.intermediate, v = s.vocab;
   std::vector<param_spec> out{{"embed", v, h, k::embed}};
+  const std::int64_t K = std::int64_t{s.linear_k_heads} * s.linear_k_dim,
+                     V = std::int64_t{s.linear_v_heads} * s.linear_v_dim, hv = s.linear_v_heads;
   for (int l = 0; l < s.layers; ++l) {
     const auto n = [&](const char* what) { return fmt::format("L{}.{}", l, what); };
     out.push_back({n("attn_norm"), 1, h, k::norm});
-    out.push_back({n("wq"), h, qd, k::proj});
-    out.push_back({n("wk"), h, kvd, k::proj});
-    out.push_back({n("wv"), h, kvd, k::proj});
-    out.push_back({n("wo"), qd, h, k::proj});
+    if (s.layer_is_linear(l)) {
+      out.push_back({n("in_qkv"), h, 2 * K + V, k::proj});
+      out.push_back({n("in_z"), h, V, k::proj});
+      out.push_back({n("in_b"), h, hv, k::proj});
+      out.push_back({n("in_a"), h, hv, k::proj});
+      out.push_back({n("conv"), 2 * K + V, s.conv_kernel, k::conv});
+      out.push_back({n("A_log"), 1, hv, k::a_log});
+      out.push_back({n("dt_bias"), 1, hv, k::dt_bias});
+      out.push_back({n("gdn_norm"), 1, s.linear_v_dim, k::norm});
+      out.push_back({n("out_proj"), V, h, k::proj});
+    } else {
+      out.push_back({n("wq"), h, qd, k::proj});
+      out.push_back({n("wk"), h, kvd, k::proj});
+      out.push_back({n("wv"), h, kvd, k::proj});
+      out.push_back({n("wo"), qd, h, k::proj});
+    }
     out.push_back({n("mlp_norm"), 1, h, k::norm});
     out.push_back({n("w_gate"), h, f, k::proj});
     out.push_back({n("w_up"), h, f, k::proj});
@@ -68,11 +85,16 @@ model_params<T> model_params<T>::init(const scenario& s) {
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const auto& sp = specs[i];
     mat<T> m(sp.rows, sp.cols);
-    const double scale =
-        sp.k == param_spec::kind::proj ? 1.0 / std::sqrt(static_cast<double>(sp.rows)) : 1.0;
+    using k = param_spec::kind;
+    const double scale = sp.k == k::proj   ? 1.0 / std::sqrt(static_cast<double>(sp.rows))
+                         : sp.k == k::conv ? 1.0 / std::sqrt(static_cast<double>(sp.cols))
+                                           : 1.0;
     for (std::int64_t e = 0; e < m.size(); ++e) {
       const double u = uniform_pm1(s.seed, i, static_cast<std::uint64_t>(e));
-      const double val = sp.k == param_spec::kind::norm ? 1.0 + 0.1 * u : scale * u;
+      const double val = sp.k == k::norm      ? 1.0 + 0.1 * u
+                         : sp.k == k::a_log   ? std::log(1.0 + 0.75 * (u + 1.0))
+                         : sp.k == k::dt_bias ? 0.5 * u
+                                              : scale * u;
       m.data()[e] = static_cast<T>(val);
     }
     out.names.push_back(sp.name);
@@ -347,7 +369,37 @@ struct layer_cache {
   mat<T> x_in, attn_normed, attn_out, x_mid, mlp_normed, gate, up, act;
   col<T> r_attn, r_mlp;
   ulysses_saved saved;
+  // A GatedDeltaNet layer: its whole parameters as backend tensors, and what the core keeps.
+  gdn_weights gdn_w;
+  gdn_saved gdn;
 };
+
+/// [rows, cols] host matrix → backend tensor of shape s.
+template <class T>
+tensor as_tensor(compute& c, const mat<T>& m, shape_t s) {
+  const std::vector<double> v(m.data(), m.data() + m.size());
+  return c.from_host(dtype_of<T>(), std::move(s), v);
+}
+
+/// m += the backend tensor t (same element count).
+template <class T>
+void add_host(compute& c, const tensor& t, mat<T>& m) {
+  const auto v = c.to_host(t);
+  if (static_cast<std::int64_t>(v.size()) != m.size())
+    fail<shape_error>("model: gradient of {} elements for a parameter of {}", v.size(), m.size());
+  for (Eigen::Index e = 0; e < m.size(); ++e)
+    m.data()[e] += static_cast<T>(v[static_cast<std::size_t>(e)]);
+}
+
+gdn_config gdn_config_of(const scenario& s, const comm_group& ulysses_group) {
+  gdn_config g;
+  g.group = ulysses_group;
+  g.k_heads = s.linear_k_heads;
+  g.v_heads = s.linear_v_heads;
+  g.k_dim = s.linear_k_dim;
+  g.v_dim = s.linear_v_dim;
+  return g;
+}
 
 /// One tile of the SwiGLU MLP's forward: gate, up and their product, for `m` rows.
 template <class T>
@@ -410,6 +462,9 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   if (env.sp_grad_sync_group) check_member(comm, *env.sp_grad_sync_group, "sp_grad_sync");
 
   const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
+  const int Hk = s.linear_k_heads, Hv = s.linear_v_heads;
+  const std::int64_t Kl = std::int64_t{Hk} * s.linear_k_dim, Vl = std::int64_t{Hv} * s.linear_v_dim;
+  const gdn_config gcfg = gdn_config_of(s, ucfg.group);
   const std::span<const std::int64_t> ids(in.input_ids), labels(in.labels), pos(in.positions);
   auto inner = env.make_inner(comp);
   if (!inner) fail<config_error>("model: make_inner returned no attention");
@@ -427,14 +482,36 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     auto& c = caches[static_cast<std::size_t>(l)];
     c.x_in = x;
     c.attn_normed = ops::rms_norm_fwd(x, p[L(l, "attn_norm")], c.r_attn);
-    const mat<T> q = ops::rope_fwd(ops::linear_fwd(c.attn_normed, p[L(l, "wq")]), H, D, pos);
-    const mat<T> k = ops::rope_fwd(ops::linear_fwd(c.attn_normed, p[L(l, "wk")]), Hkv, D, pos);
-    const mat<T> v = ops::linear_fwd(c.attn_normed, p[L(l, "wv")]);
-    const tensor o = ulysses_forward(comm, comp, ucfg, *inner, to_tensor(comp, q, H, D),
-                                     to_tensor(comp, k, Hkv, D), to_tensor(comp, v, Hkv, D),
-                                     c.saved, L(l, "attn"));
-    c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
-    c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "wo")]);
+    if (s.layer_is_linear(l)) {
+      // GatedDeltaNet (core/linear_attention): projections here, the SP path in core.
+      const auto K = Kl, V = Vl;
+      const mat<T> mixed = ops::linear_fwd(c.attn_normed, p[L(l, "in_qkv")]);
+      const mat<T> z = ops::linear_fwd(c.attn_normed, p[L(l, "in_z")]);
+      const mat<T> b = ops::linear_fwd(c.attn_normed, p[L(l, "in_b")]);
+      const mat<T> a = ops::linear_fwd(c.attn_normed, p[L(l, "in_a")]);
+      c.gdn_w.conv = as_tensor(comp, p[L(l, "conv")], {2 * K + V, s.conv_kernel});
+      c.gdn_w.A_log = as_tensor(comp, p[L(l, "A_log")], {Hv});
+      c.gdn_w.dt_bias = as_tensor(comp, p[L(l, "dt_bias")], {Hv});
+      c.gdn_w.norm = as_tensor(comp, p[L(l, "gdn_norm")], {s.linear_v_dim});
+      const tensor y =
+          gdn_forward(comm, comp, gcfg, env.linear_docs, c.gdn_w,
+                      to_tensor(comp, mat<T>(mixed.leftCols(K)), Hk, s.linear_k_dim),
+                      to_tensor(comp, mat<T>(mixed.middleCols(K, K)), Hk, s.linear_k_dim),
+                      to_tensor(comp, mat<T>(mixed.rightCols(V)), Hv, s.linear_v_dim),
+                      to_tensor(comp, z, Hv, s.linear_v_dim), to_tensor(comp, b, Hv, 1),
+                      to_tensor(comp, a, Hv, 1), c.gdn, L(l, "gdn"));
+      c.attn_out = from_tensor<T>(comp, y, n, V);
+      c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "out_proj")]);
+    } else {
+      const mat<T> q = ops::rope_fwd(ops::linear_fwd(c.attn_normed, p[L(l, "wq")]), H, D, pos);
+      const mat<T> k = ops::rope_fwd(ops::linear_fwd(c.attn_normed, p[L(l, "wk")]), Hkv, D, pos);
+      const mat<T> v = ops::linear_fwd(c.attn_normed, p[L(l, "wv")]);
+      const tensor o = ulysses_forward(comm, comp, ucfg, *inner, to_tensor(comp, q, H, D),
+                                       to_tensor(comp, k, Hkv, D), to_tensor(comp, v, Hkv, D),
+                                       c.saved, L(l, "attn"));
+      c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
+      c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "wo")]);
+    }
     c.mlp_normed = ops::rms_norm_fwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp);
     if (tiles.size() > 1) {
       // TiledMLP: tile by tile, nothing of the intermediate width is kept for the backward.
@@ -540,6 +617,31 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     }
     const mat<T> dx_mid =
         dx + ops::rms_norm_bwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp, dm, gr[L(l, "mlp_norm")]);
+    if (s.layer_is_linear(l)) {
+      const auto K = Kl, V = Vl;
+      const mat<T> dn =
+          ops::linear_bwd(c.attn_out, p[L(l, "out_proj")], dx_mid, gr[L(l, "out_proj")]);
+      const gdn_grads g = gdn_backward(comm, comp, gcfg, env.linear_docs, c.gdn_w, c.gdn,
+                                       to_tensor(comp, dn, Hv, s.linear_v_dim), L(l, "gdn"));
+      c.gdn = {};
+      mat<T> dmixed(n, 2 * K + V);
+      dmixed << from_tensor<T>(comp, g.dq, n, K), from_tensor<T>(comp, g.dk, n, K),
+          from_tensor<T>(comp, g.dv, n, V);
+      mat<T> da = ops::linear_bwd(c.attn_normed, p[L(l, "in_qkv")], dmixed, gr[L(l, "in_qkv")]);
+      da += ops::linear_bwd(c.attn_normed, p[L(l, "in_z")], from_tensor<T>(comp, g.dz, n, V),
+                            gr[L(l, "in_z")]);
+      da += ops::linear_bwd(c.attn_normed, p[L(l, "in_b")], from_tensor<T>(comp, g.db, n, Hv),
+                            gr[L(l, "in_b")]);
+      da += ops::linear_bwd(c.attn_normed, p[L(l, "in_a")], from_tensor<T>(comp, g.da, n, Hv),
+                            gr[L(l, "in_a")]);
+      add_host(comp, g.dconv, gr[L(l, "conv")]);
+      add_host(comp, g.dA_log, gr[L(l, "A_log")]);
+      add_host(comp, g.ddt_bias, gr[L(l, "dt_bias")]);
+      add_host(comp, g.dnorm, gr[L(l, "gdn_norm")]);
+      dx = dx_mid +
+           ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
+      continue;
+    }
     // Attention: x_mid = x_in + attn(rope(a·wq), rope(a·wk), a·wv)·wo, a = rms_norm(x_in).
     const mat<T> dattn = ops::linear_bwd(c.attn_out, p[L(l, "wo")], dx_mid, gr[L(l, "wo")]);
     const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved,

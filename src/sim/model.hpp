@@ -86,6 +86,9 @@ struct sp_env {
   ulysses_config ulysses;
   /// Attention on the gathered sequence (local varlen, or ring); called once per step.
   std::function<std::unique_ptr<inner_attention>(compute&)> make_inner;
+  /// The documents of the gathered row for GatedDeltaNet layers (their convolution and state
+  /// restart at each): the collated cu_seqlens, as VeOmni passes cu_seq_lens_q.
+  attention_docs linear_docs;
   comm_group fsdp_group;  ///< gradients SUMmed here first, then divided by fsdp_divide
   std::optional<comm_group> sp_grad_sync_group;  ///< then SUMmed here (cp_fsdp_mode)
   double fsdp_divide = 1.0;  ///< xorl: 1 (sum); veomni: fsdp group size (FSDP averages)

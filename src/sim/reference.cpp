@@ -52,12 +52,26 @@ std::vector<parameter_shape> parameter_shapes(const scenario& s) {
   const Eigen::Index h = s.hidden, q = Eigen::Index{s.heads} * s.head_dim,
                      kv = Eigen::Index{s.kv_heads} * s.head_dim, f = s.intermediate, v = s.vocab;
   std::vector<parameter_shape> out{{"embed", v, h}};
+  const Eigen::Index K = Eigen::Index{s.linear_k_heads} * s.linear_k_dim,
+                     V = Eigen::Index{s.linear_v_heads} * s.linear_v_dim, hv = s.linear_v_heads;
   for (int l = 0; l < s.layers; ++l) {
     out.push_back({layer_name(l, "attn_norm"), 1, h});
-    out.push_back({layer_name(l, "wq"), h, q});
-    out.push_back({layer_name(l, "wk"), h, kv});
-    out.push_back({layer_name(l, "wv"), h, kv});
-    out.push_back({layer_name(l, "wo"), q, h});
+    if (s.layer_is_linear(l)) {
+      out.push_back({layer_name(l, "in_qkv"), h, 2 * K + V});
+      out.push_back({layer_name(l, "in_z"), h, V});
+      out.push_back({layer_name(l, "in_b"), h, hv});
+      out.push_back({layer_name(l, "in_a"), h, hv});
+      out.push_back({layer_name(l, "conv"), 2 * K + V, s.conv_kernel});
+      out.push_back({layer_name(l, "A_log"), 1, hv});
+      out.push_back({layer_name(l, "dt_bias"), 1, hv});
+      out.push_back({layer_name(l, "gdn_norm"), 1, s.linear_v_dim});
+      out.push_back({layer_name(l, "out_proj"), V, h});
+    } else {
+      out.push_back({layer_name(l, "wq"), h, q});
+      out.push_back({layer_name(l, "wk"), h, kv});
+      out.push_back({layer_name(l, "wv"), h, kv});
+      out.push_back({layer_name(l, "wo"), q, h});
+    }
     out.push_back({layer_name(l, "mlp_norm"), 1, h});
     out.push_back({layer_name(l, "w_gate"), h, f});
     out.push_back({layer_name(l, "w_up"), h, f});
@@ -380,6 +394,308 @@ matrix cross_entropy_backward(const matrix& logits, std::span<const std::int64_t
   return d;
 }
 
+// ---- GatedDeltaNet.
+
+namespace {
+
+double softplus(double x) { return x > 20.0 ? x : std::log1p(std::exp(x)); }
+double silu(double x) { return x * sigmoid(x); }
+/// d silu / dx.
+double silu_grad(double x) {
+  const double s = sigmoid(x);
+  return s * (1.0 + x * (1.0 - s));
+}
+
+/// The document start of every token (index of the token where its document began).
+std::vector<Eigen::Index> document_starts(std::span<const std::int64_t> position_ids) {
+  std::vector<Eigen::Index> start(position_ids.size());
+  Eigen::Index a = 0;
+  for (std::size_t t = 0; t < position_ids.size(); ++t) {
+    if (t > 0 && position_ids[t] == 0) a = static_cast<Eigen::Index>(t);
+    start[t] = a;
+  }
+  return start;
+}
+
+void check_conv_shapes(const matrix& x, const matrix& w, std::size_t positions) {
+  if (w.rows() != x.cols() || w.cols() < 1 || static_cast<std::size_t>(x.rows()) != positions)
+    fail<shape_error>(
+        "reference: causal convolution of x [{}, {}] with weight [{}, {}] and {} positions; the "
+        "weight needs one row per channel",
+        x.rows(), x.cols(), w.rows(), w.cols(), positions);
+}
+
+/// The convolution's pre-activation at token t.
+double conv_pre(const matrix& x, const matrix& w, Eigen::Index t, Eigen::Index c, Eigen::Index a) {
+  const Eigen::Index K = w.cols();
+  double acc = 0;
+  for (Eigen::Index j = 0; j < K; ++j) {
+    const Eigen::Index src = t - (K - 1) + j;
+    if (src >= a) acc += w(c, j) * x(src, c);
+  }
+  return acc;
+}
+
+struct delta_shapes {
+  int k_heads, v_heads, rep;
+  Eigen::Index dk, dv;
+};
+
+delta_shapes check_delta_shapes(const matrix& q, const matrix& k, const matrix& v, const matrix& g,
+                                const matrix& beta, int k_heads, int v_heads, std::size_t n) {
+  const Eigen::Index T = q.rows();
+  if (k_heads < 1 || v_heads < 1 || v_heads % k_heads != 0 || q.cols() % k_heads != 0 ||
+      v.cols() % v_heads != 0 || k.cols() != q.cols() || k.rows() != T || v.rows() != T ||
+      g.rows() != T || beta.rows() != T || g.cols() != v_heads || beta.cols() != v_heads ||
+      static_cast<std::size_t>(T) != n)
+    fail<shape_error>(
+        "reference: gated delta rule of q [{}, {}], k [{}, {}], v [{}, {}], g [{}, {}], beta "
+        "[{}, {}] with {} positions, k_heads={} v_heads={}",
+        q.rows(), q.cols(), k.rows(), k.cols(), v.rows(), v.cols(), g.rows(), g.cols(), beta.rows(),
+        beta.cols(), n, k_heads, v_heads);
+  return {k_heads, v_heads, v_heads / k_heads, q.cols() / k_heads, v.cols() / v_heads};
+}
+
+constexpr double l2norm_eps = 1e-6;
+
+/// x/sqrt(|x|² + eps) of one head's row, and 1/sqrt(|x|² + eps).
+Eigen::VectorXd l2_normalised(const matrix& x, Eigen::Index t, Eigen::Index col0, Eigen::Index d,
+                              double& inv) {
+  const Eigen::VectorXd row = x.block(t, col0, 1, d).transpose();
+  inv = 1.0 / std::sqrt(row.squaredNorm() + l2norm_eps);
+  return row * inv;
+}
+
+/// The items of the delta rule: (document, key head) pairs.
+struct delta_item {
+  Eigen::Index begin, end;
+  int key_head;
+};
+
+std::vector<delta_item> delta_items(std::span<const std::int64_t> position_ids, int k_heads) {
+  std::vector<delta_item> items;
+  for (const auto& [a, e] : documents(position_ids))
+    for (int kh = 0; kh < k_heads; ++kh) items.push_back({a, e, kh});
+  return items;
+}
+
+}  // namespace
+
+matrix causal_conv_silu(const matrix& x, const matrix& w,
+                        std::span<const std::int64_t> position_ids) {
+  check_conv_shapes(x, w, position_ids.size());
+  const auto start = document_starts(position_ids);
+  matrix y(x.rows(), x.cols());
+  for (Eigen::Index t = 0; t < x.rows(); ++t)
+    for (Eigen::Index c = 0; c < x.cols(); ++c)
+      y(t, c) = silu(conv_pre(x, w, t, c, start[static_cast<std::size_t>(t)]));
+  return y;
+}
+
+void causal_conv_silu_backward(const matrix& x, const matrix& w, const matrix& dy,
+                               std::span<const std::int64_t> position_ids, matrix& dx, matrix& dw) {
+  check_conv_shapes(x, w, position_ids.size());
+  const auto start = document_starts(position_ids);
+  const Eigen::Index K = w.cols();
+  dx = matrix::Zero(x.rows(), x.cols());
+  for (Eigen::Index t = 0; t < x.rows(); ++t) {
+    const Eigen::Index a = start[static_cast<std::size_t>(t)];
+    for (Eigen::Index c = 0; c < x.cols(); ++c) {
+      const double dpre = dy(t, c) * silu_grad(conv_pre(x, w, t, c, a));
+      for (Eigen::Index j = 0; j < K; ++j) {
+        const Eigen::Index src = t - (K - 1) + j;
+        if (src < a) continue;
+        dw(c, j) += dpre * x(src, c);
+        dx(src, c) += dpre * w(c, j);
+      }
+    }
+  }
+}
+
+void delta_gates(const matrix& a, const matrix& b, const matrix& A_log, const matrix& dt_bias,
+                 matrix& g, matrix& beta) {
+  const Eigen::Index H = a.cols();
+  if (b.rows() != a.rows() || b.cols() != H || A_log.rows() != 1 || A_log.cols() != H ||
+      dt_bias.rows() != 1 || dt_bias.cols() != H)
+    fail<shape_error>(
+        "reference: gates of a [{}, {}], b [{}, {}], A_log [{}, {}], dt_bias [{}, {}]; all need "
+        "one column per value head",
+        a.rows(), a.cols(), b.rows(), b.cols(), A_log.rows(), A_log.cols(), dt_bias.rows(),
+        dt_bias.cols());
+  g.resize(a.rows(), H);
+  beta.resize(a.rows(), H);
+  for (Eigen::Index t = 0; t < a.rows(); ++t)
+    for (Eigen::Index h = 0; h < H; ++h) {
+      g(t, h) = -std::exp(A_log(0, h)) * softplus(a(t, h) + dt_bias(0, h));
+      beta(t, h) = sigmoid(b(t, h));
+    }
+}
+
+void delta_gates_backward(const matrix& a, const matrix& b, const matrix& A_log,
+                          const matrix& dt_bias, const matrix& dg, const matrix& dbeta, matrix& da,
+                          matrix& db, matrix& dA_log, matrix& ddt_bias) {
+  const Eigen::Index H = a.cols();
+  da.resize(a.rows(), H);
+  db.resize(a.rows(), H);
+  for (Eigen::Index t = 0; t < a.rows(); ++t)
+    for (Eigen::Index h = 0; h < H; ++h) {
+      const double A = std::exp(A_log(0, h)), x = a(t, h) + dt_bias(0, h);
+      // g = −A·softplus(x): dg/dx = −A·sigmoid(x), dg/dA_log = −A·softplus(x) = g.
+      const double d_x = dg(t, h) * -A * sigmoid(x);
+      da(t, h) = d_x;
+      ddt_bias(0, h) += d_x;
+      dA_log(0, h) += dg(t, h) * -A * softplus(x);
+      const double s = sigmoid(b(t, h));
+      db(t, h) = dbeta(t, h) * s * (1.0 - s);
+    }
+}
+
+matrix gated_delta_rule(const matrix& q, const matrix& k, const matrix& v, const matrix& g,
+                        const matrix& beta, int k_heads, int v_heads,
+                        std::span<const std::int64_t> position_ids, int threads) {
+  const auto sh = check_delta_shapes(q, k, v, g, beta, k_heads, v_heads, position_ids.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(sh.dk));
+  matrix out = matrix::Zero(v.rows(), v.cols());
+  const auto items = delta_items(position_ids, k_heads);
+  parallel_items(
+      items.size(), threads, [&](std::size_t i) { return items[i].end - items[i].begin; },
+      [&](std::size_t i) {
+        const auto& it = items[i];
+        for (int r = 0; r < sh.rep; ++r) {
+          const int h = it.key_head * sh.rep + r;
+          matrix S = matrix::Zero(sh.dk, sh.dv);
+          for (Eigen::Index t = it.begin; t < it.end; ++t) {
+            double inv = 0;
+            const Eigen::VectorXd qh = l2_normalised(q, t, it.key_head * sh.dk, sh.dk, inv) * scale;
+            const Eigen::VectorXd kh = l2_normalised(k, t, it.key_head * sh.dk, sh.dk, inv);
+            const Eigen::VectorXd vt = v.block(t, h * sh.dv, 1, sh.dv).transpose();
+            S *= std::exp(g(t, h));
+            const Eigen::VectorXd delta = beta(t, h) * (vt - S.transpose() * kh);
+            S += kh * delta.transpose();
+            out.block(t, h * sh.dv, 1, sh.dv) = (S.transpose() * qh).transpose();
+          }
+        }
+      });
+  return out;
+}
+
+void gated_delta_rule_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& g,
+                               const matrix& beta, const matrix& dout, int k_heads, int v_heads,
+                               std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
+                               matrix& dv, matrix& dg, matrix& dbeta, int threads) {
+  const auto sh = check_delta_shapes(q, k, v, g, beta, k_heads, v_heads, position_ids.size());
+  if (dout.rows() != v.rows() || dout.cols() != v.cols())
+    fail<shape_error>("reference: gated delta rule backward: dout [{}, {}], expected [{}, {}]",
+                      dout.rows(), dout.cols(), v.rows(), v.cols());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(sh.dk));
+  dq = matrix::Zero(q.rows(), q.cols());
+  dk = matrix::Zero(k.rows(), k.cols());
+  dv = matrix::Zero(v.rows(), v.cols());
+  dg = matrix::Zero(g.rows(), g.cols());
+  dbeta = matrix::Zero(beta.rows(), beta.cols());
+  const auto items = delta_items(position_ids, k_heads);
+  parallel_items(
+      items.size(), threads, [&](std::size_t i) { return items[i].end - items[i].begin; },
+      [&](std::size_t i) {
+        const auto& it = items[i];
+        const Eigen::Index n = it.end - it.begin, c0 = it.key_head * sh.dk;
+        // The normalised q and k of the key head, shared by its value heads.
+        matrix qn(n, sh.dk), kn(n, sh.dk);
+        Eigen::VectorXd q_inv(n), k_inv(n);
+        for (Eigen::Index j = 0; j < n; ++j) {
+          qn.row(j) = l2_normalised(q, it.begin + j, c0, sh.dk, q_inv(j)).transpose() * scale;
+          kn.row(j) = l2_normalised(k, it.begin + j, c0, sh.dk, k_inv(j)).transpose();
+        }
+        matrix dqn = matrix::Zero(n, sh.dk), dkn = matrix::Zero(n, sh.dk);
+        for (int r = 0; r < sh.rep; ++r) {
+          const int h = it.key_head * sh.rep + r;
+          // The forward again, keeping every state: states[j] is S after token j, states[−1] = 0.
+          std::vector<matrix> states(static_cast<std::size_t>(n) + 1, matrix::Zero(sh.dk, sh.dv));
+          std::vector<Eigen::VectorXd> deltas(static_cast<std::size_t>(n)), mem(deltas.size());
+          for (Eigen::Index j = 0; j < n; ++j) {
+            const Eigen::Index t = it.begin + j;
+            const auto J = static_cast<std::size_t>(j);
+            const matrix decayed = states[J] * std::exp(g(t, h));
+            mem[J] = decayed.transpose() * kn.row(j).transpose();
+            const Eigen::VectorXd vt = v.block(t, h * sh.dv, 1, sh.dv).transpose();
+            deltas[J] = beta(t, h) * (vt - mem[J]);
+            states[J + 1] = decayed + kn.row(j).transpose() * deltas[J].transpose();
+          }
+          matrix dS = matrix::Zero(sh.dk, sh.dv);
+          for (Eigen::Index j = n - 1; j >= 0; --j) {
+            const Eigen::Index t = it.begin + j;
+            const auto J = static_cast<std::size_t>(j);
+            const Eigen::VectorXd d_o = dout.block(t, h * sh.dv, 1, sh.dv).transpose();
+            // o = Sᵀq̂.
+            dS += qn.row(j).transpose() * d_o.transpose();
+            dqn.row(j) += (states[J + 1] * d_o).transpose();
+            // S = S' + k̂δᵀ.
+            const Eigen::VectorXd d_delta = dS.transpose() * kn.row(j).transpose();
+            dkn.row(j) += (dS * deltas[J]).transpose();
+            // δ = β(v − u), u = S'ᵀk̂.
+            const Eigen::VectorXd vt = v.block(t, h * sh.dv, 1, sh.dv).transpose();
+            dv.block(t, h * sh.dv, 1, sh.dv) = (beta(t, h) * d_delta).transpose();
+            dbeta(t, h) = d_delta.dot(vt - mem[J]);
+            const Eigen::VectorXd du = -beta(t, h) * d_delta;
+            const double alpha = std::exp(g(t, h));
+            const matrix decayed = states[J] * alpha;
+            dS += kn.row(j).transpose() * du.transpose();  // now dL/dS'
+            dkn.row(j) += (decayed * du).transpose();
+            // S' = αS.
+            dg(t, h) = (dS.cwiseProduct(states[J])).sum() * alpha;
+            dS *= alpha;
+          }
+        }
+        // Through the normalisations: d(x/|x|)/dx = (I − x̂x̂ᵀ)/|x| (|x| with eps).
+        for (Eigen::Index j = 0; j < n; ++j) {
+          const Eigen::RowVectorXd qh = qn.row(j) / scale, khat = kn.row(j);
+          const Eigen::RowVectorXd gq = dqn.row(j) * scale, gk = dkn.row(j);
+          dq.block(it.begin + j, c0, 1, sh.dk) = q_inv(j) * (gq - qh * qh.dot(gq));
+          dk.block(it.begin + j, c0, 1, sh.dk) = k_inv(j) * (gk - khat * khat.dot(gk));
+        }
+      });
+}
+
+matrix gated_rms_norm(const matrix& x, const matrix& z, const matrix& w, int v_heads) {
+  const Eigen::Index d = v_heads > 0 ? x.cols() / v_heads : 0;
+  if (v_heads < 1 || d * v_heads != x.cols() || z.rows() != x.rows() || z.cols() != x.cols() ||
+      w.rows() != 1 || w.cols() != d)
+    fail<shape_error>(
+        "reference: gated RMSNorm of x [{}, {}], z [{}, {}], w [{}, {}] with {} value heads",
+        x.rows(), x.cols(), z.rows(), z.cols(), w.rows(), w.cols(), v_heads);
+  matrix y(x.rows(), x.cols());
+  for (Eigen::Index t = 0; t < x.rows(); ++t)
+    for (int h = 0; h < v_heads; ++h) {
+      const auto xs = x.block(t, h * d, 1, d);
+      const double r = 1.0 / std::sqrt(xs.squaredNorm() / static_cast<double>(d) + rms_norm_eps);
+      for (Eigen::Index j = 0; j < d; ++j)
+        y(t, h * d + j) = xs(0, j) * r * w(0, j) * silu(z(t, h * d + j));
+    }
+  return y;
+}
+
+void gated_rms_norm_backward(const matrix& x, const matrix& z, const matrix& w, int v_heads,
+                             const matrix& dy, matrix& dx, matrix& dz, matrix& dw) {
+  (void)gated_rms_norm(x, z, w, v_heads);  // the shape checks
+  const Eigen::Index d = x.cols() / v_heads;
+  dx.resize(x.rows(), x.cols());
+  dz.resize(z.rows(), z.cols());
+  for (Eigen::Index t = 0; t < x.rows(); ++t)
+    for (int h = 0; h < v_heads; ++h) {
+      const Eigen::RowVectorXd xs = x.block(t, h * d, 1, d);
+      const double r = 1.0 / std::sqrt(xs.squaredNorm() / static_cast<double>(d) + rms_norm_eps);
+      // y_j = x_j·r·w_j·silu(z_j): the RMSNorm backward with dy_j·silu(z_j) as its dy.
+      Eigen::RowVectorXd gn(d);
+      for (Eigen::Index j = 0; j < d; ++j) {
+        const double zj = z(t, h * d + j), dyj = dy(t, h * d + j);
+        gn(j) = dyj * silu(zj) * w(0, j);
+        dw(0, j) += dyj * silu(zj) * xs(j) * r;
+        dz(t, h * d + j) = dyj * xs(j) * r * w(0, j) * silu_grad(zj);
+      }
+      dx.block(t, h * d, 1, d) = r * gn - xs * (r * r * r * gn.dot(xs) / static_cast<double>(d));
+    }
+}
+
 }  // namespace ops
 
 // ------------------------------------------------------------------------------------------------
@@ -400,9 +716,19 @@ void check_weights(const scenario& s, const weights& w) {
   }
 }
 
-/// What the forward of one layer keeps for the backward.
+/// What the forward of one layer keeps for the backward (a GatedDeltaNet layer also: the
+/// projections qkv, z, gate inputs ga/gb, the convolution's output, the gates g and beta).
 struct layer_activations {
   matrix x_in, a, q, k, v, o, x_mid, m, gate, up, act;
+  matrix qkv, z, ga, gb, conv, g, beta;
+};
+
+/// The columns [q | k | v] of the GatedDeltaNet's mixed projection.
+struct qkv_split {
+  Eigen::Index K, V;
+  explicit qkv_split(const scenario& s)
+      : K(Eigen::Index{s.linear_k_heads} * s.linear_k_dim),
+        V(Eigen::Index{s.linear_v_heads} * s.linear_v_dim) {}
 };
 
 }  // namespace
@@ -432,11 +758,27 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     auto& c = acts[static_cast<std::size_t>(l)];
     c.x_in = x;
     c.a = ops::rms_norm(x, w.at(L(l, "attn_norm")));
-    c.q = ops::rope(ops::linear(c.a, w.at(L(l, "wq"))), H, D, pos);
-    c.k = ops::rope(ops::linear(c.a, w.at(L(l, "wk"))), Hkv, D, pos);
-    c.v = ops::linear(c.a, w.at(L(l, "wv")));
-    c.o = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads);
-    c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")));
+    if (s.layer_is_linear(l)) {
+      // GatedDeltaNet: x_mid = x + out_proj(gated_norm(delta_rule(conv(a·in_qkv)), a·in_z)).
+      const qkv_split sp(s);
+      c.qkv = ops::linear(c.a, w.at(L(l, "in_qkv")));
+      c.z = ops::linear(c.a, w.at(L(l, "in_z")));
+      c.gb = ops::linear(c.a, w.at(L(l, "in_b")));
+      c.ga = ops::linear(c.a, w.at(L(l, "in_a")));
+      c.conv = ops::causal_conv_silu(c.qkv, w.at(L(l, "conv")), pos);
+      ops::delta_gates(c.ga, c.gb, w.at(L(l, "A_log")), w.at(L(l, "dt_bias")), c.g, c.beta);
+      c.o = ops::gated_delta_rule(c.conv.leftCols(sp.K), c.conv.middleCols(sp.K, sp.K),
+                                  c.conv.rightCols(sp.V), c.g, c.beta, s.linear_k_heads,
+                                  s.linear_v_heads, pos, threads);
+      c.q = ops::gated_rms_norm(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads);
+      c.x_mid = x + ops::linear(c.q, w.at(L(l, "out_proj")));
+    } else {
+      c.q = ops::rope(ops::linear(c.a, w.at(L(l, "wq"))), H, D, pos);
+      c.k = ops::rope(ops::linear(c.a, w.at(L(l, "wk"))), Hkv, D, pos);
+      c.v = ops::linear(c.a, w.at(L(l, "wv")));
+      c.o = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads);
+      c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")));
+    }
     c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")));
     c.gate = ops::linear(c.m, w.at(L(l, "w_gate")));
     c.up = ops::linear(c.m, w.at(L(l, "w_up")));
@@ -467,6 +809,33 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     const matrix dx_mid =
         dx + ops::rms_norm_backward(c.x_mid, w.at(L(l, "mlp_norm")), dm, gr.at(L(l, "mlp_norm")));
 
+    if (s.layer_is_linear(l)) {
+      const qkv_split sp(s);
+      const matrix dn =
+          ops::linear_backward(c.q, w.at(L(l, "out_proj")), dx_mid, gr.at(L(l, "out_proj")));
+      matrix d_o, dz;
+      ops::gated_rms_norm_backward(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads, dn, d_o, dz,
+                                   gr.at(L(l, "gdn_norm")));
+      matrix dq, dk, dv, dg, dbeta;
+      ops::gated_delta_rule_backward(c.conv.leftCols(sp.K), c.conv.middleCols(sp.K, sp.K),
+                                     c.conv.rightCols(sp.V), c.g, c.beta, d_o, s.linear_k_heads,
+                                     s.linear_v_heads, pos, dq, dk, dv, dg, dbeta, threads);
+      matrix dga, dgb;
+      ops::delta_gates_backward(c.ga, c.gb, w.at(L(l, "A_log")), w.at(L(l, "dt_bias")), dg, dbeta,
+                                dga, dgb, gr.at(L(l, "A_log")), gr.at(L(l, "dt_bias")));
+      matrix dconv(c.conv.rows(), c.conv.cols());
+      dconv << dq, dk, dv;
+      matrix dqkv;
+      ops::causal_conv_silu_backward(c.qkv, w.at(L(l, "conv")), dconv, pos, dqkv,
+                                     gr.at(L(l, "conv")));
+      matrix da = ops::linear_backward(c.a, w.at(L(l, "in_qkv")), dqkv, gr.at(L(l, "in_qkv")));
+      da += ops::linear_backward(c.a, w.at(L(l, "in_z")), dz, gr.at(L(l, "in_z")));
+      da += ops::linear_backward(c.a, w.at(L(l, "in_b")), dgb, gr.at(L(l, "in_b")));
+      da += ops::linear_backward(c.a, w.at(L(l, "in_a")), dga, gr.at(L(l, "in_a")));
+      dx = dx_mid +
+           ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));
+      continue;
+    }
     const matrix d_o = ops::linear_backward(c.o, w.at(L(l, "wo")), dx_mid, gr.at(L(l, "wo")));
     matrix dq, dk, dv;
     ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv, threads);

@@ -36,7 +36,10 @@ inline constexpr std::int64_t ignore_label = -100;
 /// "L{l}.wk", "L{l}.wv" [hidden, kv_heads·head_dim], "L{l}.wo" [heads·head_dim, hidden],
 /// "L{l}.mlp_norm" [1, hidden], "L{l}.w_gate", "L{l}.w_up" [hidden, intermediate], "L{l}.w_down"
 /// [intermediate, hidden]; "final_norm" [1, hidden]; "lm_head" [hidden, vocab]. Projections
-/// are [in, out]: y = x·W.
+/// are [in, out]: y = x·W. A GatedDeltaNet layer (scenario::layer_is_linear) has, instead of
+/// wq/wk/wv/wo: "L{l}.in_qkv" [hidden, 2K+V], "L{l}.in_z" [hidden, V], "L{l}.in_b",
+/// "L{l}.in_a" [hidden, Hv], "L{l}.conv" [2K+V, kernel], "L{l}.A_log", "L{l}.dt_bias" [1, Hv],
+/// "L{l}.gdn_norm" [1, dv], "L{l}.out_proj" [V, hidden] (K = Hk·dk, V = Hv·dv).
 struct weights {
   std::vector<std::string> names;
   std::vector<matrix> values;
@@ -136,6 +139,50 @@ double cross_entropy_sum(const matrix& logits, std::span<const std::int64_t> lab
 /// d(coef·cross_entropy_sum)/dlogits.
 matrix cross_entropy_backward(const matrix& logits, std::span<const std::int64_t> labels,
                               double coef);
+
+// ---- GatedDeltaNet (Qwen3.5's linear attention; SEMANTICS.md §7), by its definition.
+
+/// Causal depthwise convolution then SiLU, within documents: x and y [tokens, C], w [C, kernel];
+/// for token t of document [a, e): y[t, c] = silu(Σ_{j<kernel, t−kernel+1+j ≥ a}
+/// w[c, j]·x[t−kernel+1+j, c]) (PyTorch's Conv1d with groups = C, left padding kernel−1).
+matrix causal_conv_silu(const matrix& x, const matrix& w,
+                        std::span<const std::int64_t> position_ids);
+/// dx (overwritten) and dw (added to) from dy.
+void causal_conv_silu_backward(const matrix& x, const matrix& w, const matrix& dy,
+                               std::span<const std::int64_t> position_ids, matrix& dx, matrix& dw);
+
+/// The decay and write strength of every token and value head: g [tokens, Hv] =
+/// −exp(A_log)·softplus(a + dt_bias), beta = sigmoid(b) (A_log, dt_bias [1, Hv]).
+void delta_gates(const matrix& a, const matrix& b, const matrix& A_log, const matrix& dt_bias,
+                 matrix& g, matrix& beta);
+/// da, db (overwritten), dA_log, ddt_bias (added to) from dg, dbeta.
+void delta_gates_backward(const matrix& a, const matrix& b, const matrix& A_log,
+                          const matrix& dt_bias, const matrix& dg, const matrix& dbeta, matrix& da,
+                          matrix& db, matrix& dA_log, matrix& ddt_bias);
+
+/// The gated delta rule in its recurrent form, within documents (the state starts at 0 at every
+/// document start). q, k [tokens, Hk·dk], v [tokens, Hv·dv], g, beta [tokens, Hv]; value head h
+/// reads query/key head h / (Hv/Hk) (repeat_interleave). With q̂ = q/sqrt(|q|² + 1e-6)/sqrt(dk),
+/// k̂ = k/sqrt(|k|² + 1e-6) (FLA's use_qk_l2norm_in_kernel) and S [dk, dv]:
+///   S ← exp(g_t)·S;  δ = beta_t·(v_t − Sᵀk̂_t);  S ← S + k̂_t δᵀ;  o_t = Sᵀq̂_t.
+/// Returns o [tokens, Hv·dv]. Workers share the (document, key head) pairs (bitwise identical at
+/// any count).
+matrix gated_delta_rule(const matrix& q, const matrix& k, const matrix& v, const matrix& g,
+                        const matrix& beta, int k_heads, int v_heads,
+                        std::span<const std::int64_t> position_ids, int threads = 1);
+/// dq, dk, dv, dg, dbeta (overwritten) from dout, by the recurrence run backwards in time (the
+/// states of a document kept); dq/dk sum over the value heads that share a key head.
+void gated_delta_rule_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& g,
+                               const matrix& beta, const matrix& dout, int k_heads, int v_heads,
+                               std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
+                               matrix& dv, matrix& dg, matrix& dbeta, int threads = 1);
+
+/// Gated RMSNorm per value head (Qwen3_5RMSNormGated): x, z [tokens, Hv·dv], w [1, dv];
+/// y = x/sqrt(mean_head x² + eps)·w·silu(z).
+matrix gated_rms_norm(const matrix& x, const matrix& z, const matrix& w, int v_heads);
+/// dx, dz (overwritten), dw (added to) from dy.
+void gated_rms_norm_backward(const matrix& x, const matrix& z, const matrix& w, int v_heads,
+                             const matrix& dy, matrix& dx, matrix& dz, matrix& dw);
 
 }  // namespace ops
 

@@ -36,6 +36,7 @@ sp_env single_rank_env(communicator& comm, compute& comp, const scenario& s,
   env.loss_group = self;
   env.ulysses = ulysses_config{self, s.heads, s.kv_heads, s.head_dim, true};
   auto docs = causal_docs(s, std::move(cu));
+  env.linear_docs = docs;
   env.make_inner = [docs](compute& c) { return std::make_unique<local_attention>(c, docs); };
   env.fsdp_group = self;
   env.fsdp_divide = 1.0;
@@ -64,6 +65,7 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
   // DeepSpeed: the differentiable all_gather of the per-rank losses).
   env.fsdp_divide = shifts_whole_row(s.profile) ? static_cast<double>(env.fsdp_group.size()) : 1.0;
   const auto cu = cb.ranks.front().cu_seqlens;
+  env.linear_docs = causal_docs(s, cu);
   if (s.ring == 1) {
     auto docs = causal_docs(s, cu);
     env.make_inner = [docs](compute& c) { return std::make_unique<local_attention>(c, docs); };

@@ -53,6 +53,52 @@ class forwarding_compute : public compute {
                  const tensor& lse_new) override {
     inner_->lse_merge(out_acc, lse_acc, out_new, lse_new);
   }
+  tensor concat_columns(const std::vector<tensor>& parts) override {
+    return inner_->concat_columns(parts);
+  }
+  std::vector<tensor> split_columns(const tensor& x,
+                                    std::span<const std::int64_t> widths) override {
+    return inner_->split_columns(x, widths);
+  }
+  tensor causal_conv_forward(const tensor& x, const tensor& w_full,
+                             std::span<const std::int64_t> rows,
+                             const attention_docs& docs) override {
+    return inner_->causal_conv_forward(x, w_full, rows, docs);
+  }
+  void causal_conv_backward(const tensor& x, const tensor& w_full,
+                            std::span<const std::int64_t> rows, const attention_docs& docs,
+                            const tensor& dy, tensor& dx, tensor& dw_full) override {
+    inner_->causal_conv_backward(x, w_full, rows, docs, dy, dx, dw_full);
+  }
+  void delta_gates_forward(const tensor& a, const tensor& b, const tensor& A_log,
+                           const tensor& dt_bias, std::int64_t head_offset, tensor& g,
+                           tensor& beta) override {
+    inner_->delta_gates_forward(a, b, A_log, dt_bias, head_offset, g, beta);
+  }
+  void delta_gates_backward(const tensor& a, const tensor& b, const tensor& A_log,
+                            const tensor& dt_bias, std::int64_t head_offset, const tensor& dg,
+                            const tensor& dbeta, tensor& da, tensor& db, tensor& dA_log,
+                            tensor& ddt_bias) override {
+    inner_->delta_gates_backward(a, b, A_log, dt_bias, head_offset, dg, dbeta, da, db, dA_log,
+                                 ddt_bias);
+  }
+  void gated_delta_forward(const tensor& q, const tensor& k, const tensor& v, const tensor& g,
+                           const tensor& beta, const attention_docs& docs, tensor& out) override {
+    inner_->gated_delta_forward(q, k, v, g, beta, docs, out);
+  }
+  void gated_delta_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& g,
+                            const tensor& beta, const attention_docs& docs, const tensor& dout,
+                            tensor& dq, tensor& dk, tensor& dv, tensor& dg,
+                            tensor& dbeta) override {
+    inner_->gated_delta_backward(q, k, v, g, beta, docs, dout, dq, dk, dv, dg, dbeta);
+  }
+  tensor gated_rms_norm_forward(const tensor& x, const tensor& z, const tensor& w) override {
+    return inner_->gated_rms_norm_forward(x, z, w);
+  }
+  void gated_rms_norm_backward(const tensor& x, const tensor& z, const tensor& w, const tensor& dy,
+                               tensor& dx, tensor& dz, tensor& dw) override {
+    inner_->gated_rms_norm_backward(x, z, w, dy, dx, dz, dw);
+  }
   std::vector<double> to_host(const tensor& x) override { return inner_->to_host(x); }
   tensor from_host(dtype t, shape_t s, std::span<const double> values) override {
     return inner_->from_host(t, std::move(s), values);
