@@ -40,12 +40,16 @@ double tolerance_for(const scenario& s, dtype t, std::string* model) {
   }
   // float32 against the float64 oracle. Rounding errors of a length-K reduction grow like
   // sqrt(K)·eps (random-walk model), K = the longest reduction in the step (attention over a
-  // document, hidden, intermediate or vocabulary width); each residual sub-layer and the head
+  // document, or GatedDeltaNet's state accumulated over a document, hidden, intermediate,
+  // vocabulary or q|k|v projection width); each residual sub-layer and the head
   // can amplify them by the conditioning of softmax and RMSNorm (taken as 8 per stage).
   const double eps = std::numeric_limits<float>::epsilon();
   std::int64_t k =
       std::max<std::int64_t>({s.hidden, s.intermediate, s.vocab, s.heads * s.head_dim});
-  for (auto d : s.docs) k = std::max(k, d);
+  for (auto d : s.docs) k = std::max(k, d);  // softmax over a document; the delta-rule state
+  if (s.has_linear_layers())                 // GatedDeltaNet's q|k|v projection width
+    k = std::max<std::int64_t>(k, 2 * std::int64_t{s.linear_k_heads} * s.linear_k_dim +
+                                      std::int64_t{s.linear_v_heads} * s.linear_v_dim);
   const int stages = 2 * s.layers + 2;
   const double tol = 8.0 * eps * std::sqrt(static_cast<double>(k)) * stages;
   if (model)

@@ -201,6 +201,116 @@ TEST(reference, attention_backward_matches_finite_differences) {
   EXPECT_LT(rel_err(dv, numeric_grad(f, v)), fd_tol);
 }
 
+// ---- GatedDeltaNet ----
+
+TEST(reference, causal_conv_backward_matches_finite_differences_within_documents) {
+  for (int kernel : {1, 2, 4}) {
+    SCOPED_TRACE(kernel);
+    matrix x = random_matrix(tokens, 5, 30), w = random_matrix(5, kernel, 31);
+    const matrix r = random_matrix(tokens, 5, 32);
+    const auto f = [&] { return ops::causal_conv_silu(x, w, positions).cwiseProduct(r).sum(); };
+    matrix dx, dw = matrix::Zero(5, kernel);
+    ops::causal_conv_silu_backward(x, w, r, positions, dx, dw);
+    EXPECT_LT(rel_err(dx, numeric_grad(f, x)), fd_tol);
+    EXPECT_LT(rel_err(dw, numeric_grad(f, w)), fd_tol);
+  }
+}
+
+TEST(reference, causal_conv_is_the_left_padded_depthwise_convolution_of_each_document) {
+  const matrix x = random_matrix(tokens, 2, 33), w = random_matrix(2, 3, 34);
+  const matrix y = ops::causal_conv_silu(x, w, positions);
+  const auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  // Token 7 is position 2 of the document starting at 5: taps 5, 6, 7.
+  EXPECT_NEAR(y(7, 1), silu(w(1, 0) * x(5, 1) + w(1, 1) * x(6, 1) + w(1, 2) * x(7, 1)), 1e-15);
+  // Token 6 (position 1): the tap before the document start is zero padding.
+  EXPECT_NEAR(y(6, 0), silu(w(0, 1) * x(5, 0) + w(0, 2) * x(6, 0)), 1e-15);
+  // The one-token document at 8 sees only itself.
+  EXPECT_NEAR(y(8, 0), silu(w(0, 2) * x(8, 0)), 1e-15);
+}
+
+TEST(reference, delta_gates_backward_matches_finite_differences) {
+  matrix a = random_matrix(tokens, 4, 35, 3.0), b = random_matrix(tokens, 4, 36, 3.0),
+         A_log = random_matrix(1, 4, 37), dt = random_matrix(1, 4, 38);
+  const matrix rg = random_matrix(tokens, 4, 39), rb = random_matrix(tokens, 4, 40);
+  const auto f = [&] {
+    matrix g, beta;
+    ops::delta_gates(a, b, A_log, dt, g, beta);
+    return g.cwiseProduct(rg).sum() + beta.cwiseProduct(rb).sum();
+  };
+  matrix da, db, dA = matrix::Zero(1, 4), ddt = matrix::Zero(1, 4);
+  ops::delta_gates_backward(a, b, A_log, dt, rg, rb, da, db, dA, ddt);
+  EXPECT_LT(rel_err(da, numeric_grad(f, a)), fd_tol);
+  EXPECT_LT(rel_err(db, numeric_grad(f, b)), fd_tol);
+  EXPECT_LT(rel_err(dA, numeric_grad(f, A_log)), fd_tol);
+  EXPECT_LT(rel_err(ddt, numeric_grad(f, dt)), fd_tol);
+}
+
+TEST(reference, gated_delta_rule_backward_matches_finite_differences_with_gqa) {
+  const int Hk = 2, Hv = 4, dk = 3, dv = 2;
+  matrix q = random_matrix(tokens, Hk * dk, 41), k = random_matrix(tokens, Hk * dk, 42),
+         v = random_matrix(tokens, Hv * dv, 43), g = random_matrix(tokens, Hv, 44, 0.5),
+         beta = random_matrix(tokens, Hv, 45, 0.5);
+  g.array() -= 0.5;     // decays in (−1, 0)
+  beta.array() += 0.5;  // strengths in (0, 1)
+  const matrix r = random_matrix(tokens, Hv * dv, 46);
+  const auto f = [&] {
+    return ops::gated_delta_rule(q, k, v, g, beta, Hk, Hv, positions).cwiseProduct(r).sum();
+  };
+  matrix dq, dk_, dv_, dg, dbeta;
+  ops::gated_delta_rule_backward(q, k, v, g, beta, r, Hk, Hv, positions, dq, dk_, dv_, dg, dbeta);
+  EXPECT_LT(rel_err(dq, numeric_grad(f, q)), fd_tol);
+  EXPECT_LT(rel_err(dk_, numeric_grad(f, k)), fd_tol);
+  EXPECT_LT(rel_err(dv_, numeric_grad(f, v)), fd_tol);
+  EXPECT_LT(rel_err(dg, numeric_grad(f, g)), fd_tol);
+  EXPECT_LT(rel_err(dbeta, numeric_grad(f, beta)), fd_tol);
+}
+
+TEST(reference, gated_delta_rule_of_one_head_by_hand) {
+  // dk = dv = 1: k̂ = k/sqrt(k² + 1e-6), q̂ likewise (scale 1); S is a scalar.
+  const std::vector<std::int64_t> pos = {0, 1};
+  matrix q(2, 1), k(2, 1), v(2, 1), g(2, 1), beta(2, 1);
+  q << 0.5, -2.0;
+  k << 1.5, 0.25;
+  v << 0.75, -1.0;
+  g << -0.1, -0.7;
+  beta << 0.6, 0.3;
+  const auto n = [](double x) { return x / std::sqrt(x * x + 1e-6); };
+  double S = 0;
+  S *= std::exp(-0.1);
+  S += n(1.5) * 0.6 * (0.75 - S * n(1.5));
+  const double o0 = S * n(0.5);
+  S *= std::exp(-0.7);
+  S += n(0.25) * 0.3 * (-1.0 - S * n(0.25));
+  const double o1 = S * n(-2.0);
+  const matrix o = ops::gated_delta_rule(q, k, v, g, beta, 1, 1, pos);
+  EXPECT_NEAR(o(0, 0), o0, 1e-15);
+  EXPECT_NEAR(o(1, 0), o1, 1e-15);
+}
+
+TEST(reference, gated_delta_rule_restarts_its_state_at_every_document) {
+  const int Hk = 1, Hv = 2, dk = 2, dv = 2;
+  matrix q = random_matrix(tokens, Hk * dk, 47), k = random_matrix(tokens, Hk * dk, 48),
+         v = random_matrix(tokens, Hv * dv, 49), g = -random_matrix(tokens, Hv, 50).cwiseAbs(),
+         beta = random_matrix(tokens, Hv, 51).cwiseAbs();
+  const matrix before = ops::gated_delta_rule(q, k, v, g, beta, Hk, Hv, positions);
+  v.row(3) *= 5;  // a token of the first document
+  const matrix after = ops::gated_delta_rule(q, k, v, g, beta, Hk, Hv, positions);
+  EXPECT_EQ(before.bottomRows(4), after.bottomRows(4));
+  EXPECT_NE(before.row(4), after.row(4));
+}
+
+TEST(reference, gated_rms_norm_backward_matches_finite_differences) {
+  matrix x = random_matrix(tokens, 6, 52), z = random_matrix(tokens, 6, 53, 2.0),
+         w = random_matrix(1, 3, 54);
+  const matrix r = random_matrix(tokens, 6, 55);
+  const auto f = [&] { return ops::gated_rms_norm(x, z, w, 2).cwiseProduct(r).sum(); };
+  matrix dx, dz, dw = matrix::Zero(1, 3);
+  ops::gated_rms_norm_backward(x, z, w, 2, r, dx, dz, dw);
+  EXPECT_LT(rel_err(dx, numeric_grad(f, x)), fd_tol);
+  EXPECT_LT(rel_err(dz, numeric_grad(f, z)), fd_tol);
+  EXPECT_LT(rel_err(dw, numeric_grad(f, w)), fd_tol);
+}
+
 // ---- the whole step ----
 
 scenario tiny(int head_dim) {
@@ -253,6 +363,30 @@ TEST(reference, step_gradients_match_finite_differences_of_the_loss) {
     matrix by_id = matrix::Zero(s.vocab, s.hidden);
     ops::embedding_backward(out.embed_out_grad, b.input_ids, by_id);
     EXPECT_LT(rel_err(by_id, out.grads.at("embed")), 1e-15);
+  }
+}
+
+TEST(reference, hybrid_step_gradients_match_finite_differences_of_the_loss) {
+  // A GatedDeltaNet layer (GQA 1 → 2 value heads, kernel 3) then a softmax layer.
+  scenario s = tiny(4);
+  s.layer_pattern = "LS";
+  s.linear_k_heads = 1;
+  s.linear_v_heads = 2;
+  s.linear_k_dim = 3;
+  s.linear_v_dim = 2;
+  s.conv_kernel = 3;
+  ref::weights w = tiny_weights(s);
+  w.at("L0.A_log").array() -= 1.0;  // tiny_weights draws [1, n] rows as norm weights ≈ 1
+  const ref::batch b = tiny_batch();
+  const auto out = ref::train_step(s, w, b);
+  EXPECT_NO_THROW((void)w.at("L0.conv"));
+  for (std::size_t i = 0; i < w.values.size(); ++i) {
+    const auto f = [&] { return ref::train_step(s, w, b).loss; };
+    // Richardson: (4·D(h/2) − D(h))/3 cancels the O(h²) term of the central difference, which
+    // the normalisations and exponentials of this layer make ~1e-7 at h = 1e-5.
+    const matrix fd =
+        (4 * numeric_grad(f, w.values[i], 5e-6) - numeric_grad(f, w.values[i], 1e-5)) / 3;
+    EXPECT_LT(rel_err(out.grads.values[i], fd), fd_tol) << w.names[i];
   }
 }
 
