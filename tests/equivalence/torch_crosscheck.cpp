@@ -53,7 +53,20 @@ std::vector<scenario> extra_scenarios() {
   s.vocab = 50;
   s.docs = {9, 1, 14};
   s.seed = 7;
-  return {s};
+  // GatedDeltaNet then softmax, xorl's labels: GQA 1 → 3 value heads, odd head dims, kernel 2,
+  // a document longer than FLA's 64-token chunk, one of one token and one of two.
+  scenario g = s;
+  g.name = "gdn-xorl-kernel2";
+  g.profile = seqpar::profile::xorl;
+  g.layer_pattern = "LS";
+  g.linear_k_heads = 1;
+  g.linear_v_heads = 3;
+  g.linear_k_dim = 5;
+  g.linear_v_dim = 3;
+  g.conv_kernel = 2;
+  g.docs = {70, 1, 2, 9};
+  g.seed = 11;
+  return {s, g};
 }
 
 std::vector<scenario> all_scenarios() {

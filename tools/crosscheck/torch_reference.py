@@ -139,24 +139,103 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nn.Module):
+def document_bounds(position_ids):
+    """[(begin, end)] of the documents of one row (a document starts where position_id == 0)."""
+    starts = [i for i, p in enumerate(position_ids.tolist()) if p == 0 or i == 0]
+    return list(zip(starts, starts[1:] + [position_ids.numel()]))
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear-attention layer as its Hugging Face module is laid out (in_proj_qkv,
+    in_proj_z, in_proj_b, in_proj_a, a depthwise causal nn.Conv1d without bias, A_log, dt_bias,
+    a gated RMSNorm over each value head, out_proj), with varlen documents: the convolution and
+    the recurrent state restart at every document. The delta rule runs as its recurrence, one
+    token at a time, all heads at once; autograd gives the backward."""
+
     def __init__(self, cfg, eps):
         super().__init__()
+        hidden = cfg["hidden"]
+        self.hk, self.hv = cfg["linear_k_heads"], cfg["linear_v_heads"]
+        self.dk, self.dv = cfg["linear_k_dim"], cfg["linear_v_dim"]
+        self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+        channels = 2 * self.key_dim + self.value_dim
+        kernel = cfg["conv_kernel"]
+        self.in_proj_qkv = nn.Linear(hidden, channels, bias=False, dtype=f64)
+        self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False, dtype=f64)
+        self.in_proj_b = nn.Linear(hidden, self.hv, bias=False, dtype=f64)
+        self.in_proj_a = nn.Linear(hidden, self.hv, bias=False, dtype=f64)
+        self.conv1d = nn.Conv1d(channels, channels, kernel, groups=channels, bias=False,
+                                padding=kernel - 1, dtype=f64)
+        self.A_log = nn.Parameter(torch.zeros(self.hv, dtype=f64))
+        self.dt_bias = nn.Parameter(torch.ones(self.hv, dtype=f64))
+        self.norm_weight = nn.Parameter(torch.ones(self.dv, dtype=f64))
+        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False, dtype=f64)
+        self.eps = eps
+
+    @staticmethod
+    def unit(x):
+        return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+    def forward(self, x, bounds):
+        s = x.shape[1]
+        mixed = self.in_proj_qkv(x)[0]  # [S, C]
+        conv = []
+        for a, e in bounds:  # Conv1d pads both sides by kernel−1; the first e−a outputs are causal
+            y = self.conv1d(mixed[a:e].T[None])[0, :, : e - a]
+            conv.append(F.silu(y).T)
+        conv = torch.cat(conv)
+        q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rep = self.hv // self.hk
+        q = self.unit(q.reshape(s, self.hk, self.dk)).repeat_interleave(rep, dim=1) / math.sqrt(self.dk)
+        k = self.unit(k.reshape(s, self.hk, self.dk)).repeat_interleave(rep, dim=1)
+        v = v.reshape(s, self.hv, self.dv)
+        beta = torch.sigmoid(self.in_proj_b(x)[0])
+        g = -self.A_log.exp() * F.softplus(self.in_proj_a(x)[0] + self.dt_bias)
+        outs = []
+        for a, e in bounds:
+            state = torch.zeros(self.hv, self.dk, self.dv, dtype=f64)
+            for t in range(a, e):
+                state = state * g[t].exp()[:, None, None]
+                remembered = torch.einsum("hkv,hk->hv", state, k[t])
+                delta = beta[t][:, None] * (v[t] - remembered)
+                state = state + k[t][:, :, None] * delta[:, None, :]
+                outs.append(torch.einsum("hkv,hk->hv", state, q[t]))
+        core = torch.stack(outs)  # [S, Hv, dv]
+        z = self.in_proj_z(x)[0].reshape(s, self.hv, self.dv)
+        normed = core * torch.rsqrt(core.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        gated = self.norm_weight * normed * F.silu(z)
+        return self.out_proj(gated.reshape(1, s, self.value_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, eps, linear):
+        super().__init__()
         self.input_layernorm = RMSNorm(cfg["hidden"], eps)
-        self.self_attn = Attention(cfg)
+        self.linear = linear
+        if linear:
+            self.linear_attn = GatedDeltaNet(cfg, eps)
+        else:
+            self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg["hidden"], eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, rotary, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin, mask)
+    def forward(self, x, rotary, cos, sin, mask, bounds):
+        a = self.input_layernorm(x)
+        mixer = self.linear_attn(a, bounds) if self.linear else self.self_attn(a, rotary, cos, sin, mask)
+        x = x + mixer
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def is_linear(cfg, l):
+    pattern = cfg.get("layer_pattern", "S")
+    return pattern[l % len(pattern)] == "L"
 
 
 class Decoder(nn.Module):
     def __init__(self, cfg, eps, theta):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg["vocab"], cfg["hidden"], dtype=f64)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, eps) for _ in range(cfg["layers"]))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, eps, is_linear(cfg, l)) for l in range(cfg["layers"]))
         self.norm = RMSNorm(cfg["hidden"], eps)
         self.lm_head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False, dtype=f64)
         self.rotary = Rotary(cfg["head_dim"], theta)
@@ -166,28 +245,45 @@ class Decoder(nn.Module):
         embedded.retain_grad()
         cos, sin = self.rotary.cos_sin(position_ids)
         mask = document_mask(position_ids)
+        bounds = document_bounds(position_ids[0])
         x = embedded
         for layer in self.layers:
-            x = layer(x, self.rotary, cos, sin, mask)
+            x = layer(x, self.rotary, cos, sin, mask, bounds)
         return self.lm_head(self.norm(x)), embedded
 
 
-def seqpar_names(layers):
+def seqpar_names(cfg):
     """seqpar's parameter name -> (torch parameter path, stored transposed?). seqpar keeps
     projections as [in, out] (y = x·W); nn.Linear keeps weight as [out, in] (y = x·Wᵀ)."""
     names = {"embed": ("embed_tokens.weight", False)}
-    for l in range(layers):
+    for l in range(cfg["layers"]):
         p = f"layers.{l}."
         names.update({
             f"L{l}.attn_norm": (p + "input_layernorm.weight", False),
-            f"L{l}.wq": (p + "self_attn.q_proj.weight", True),
-            f"L{l}.wk": (p + "self_attn.k_proj.weight", True),
-            f"L{l}.wv": (p + "self_attn.v_proj.weight", True),
-            f"L{l}.wo": (p + "self_attn.o_proj.weight", True),
             f"L{l}.mlp_norm": (p + "post_attention_layernorm.weight", False),
             f"L{l}.w_gate": (p + "mlp.gate_proj.weight", True),
             f"L{l}.w_up": (p + "mlp.up_proj.weight", True),
             f"L{l}.w_down": (p + "mlp.down_proj.weight", True),
+        })
+        if is_linear(cfg, l):
+            g = p + "linear_attn."
+            names.update({
+                f"L{l}.in_qkv": (g + "in_proj_qkv.weight", True),
+                f"L{l}.in_z": (g + "in_proj_z.weight", True),
+                f"L{l}.in_b": (g + "in_proj_b.weight", True),
+                f"L{l}.in_a": (g + "in_proj_a.weight", True),
+                f"L{l}.conv": (g + "conv1d.weight", False),  # [C, 1, kernel] vs seqpar's [C, kernel]
+                f"L{l}.A_log": (g + "A_log", False),
+                f"L{l}.dt_bias": (g + "dt_bias", False),
+                f"L{l}.gdn_norm": (g + "norm_weight", False),
+                f"L{l}.out_proj": (g + "out_proj.weight", True),
+            })
+            continue
+        names.update({
+            f"L{l}.wq": (p + "self_attn.q_proj.weight", True),
+            f"L{l}.wk": (p + "self_attn.k_proj.weight", True),
+            f"L{l}.wv": (p + "self_attn.v_proj.weight", True),
+            f"L{l}.wo": (p + "self_attn.o_proj.weight", True),
         })
     names["final_norm"] = ("norm.weight", False)
     names["lm_head"] = ("lm_head.weight", True)
@@ -199,7 +295,7 @@ def run(case):
     conv = case["conventions"]
     model = Decoder(cfg, conv["rms_norm_eps"], conv["rope_theta"])
     params = dict(model.named_parameters())
-    names = seqpar_names(cfg["layers"])
+    names = seqpar_names(cfg)
     if sorted(names) != sorted(t["name"] for t in case["weights"]):
         sys.exit(f"{cfg['name']}: parameter names differ from the model's: "
                  f"{sorted(t['name'] for t in case['weights'])}")
