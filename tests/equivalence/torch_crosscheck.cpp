@@ -16,13 +16,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/scenario.hpp"
 #include "io/scenario_json.hpp"
+#include "sim/eigen_compute.hpp"
 #include "sim/reference.hpp"
 #include "verify/check.hpp"
 
@@ -203,15 +207,146 @@ bool compare(const scenario& s, const fs::path& dir) {
   return ok;
 }
 
+// ---- VeOmni's own GatedDeltaNet functions (tools/crosscheck/gdn_veomni.py).
+
+/// Inputs for VeOmni's delta rule and gated norm: random, written with the fixture (the
+/// comparison reads them back from it, so the generator's platform does not matter).
+void gdn_dump(const fs::path& file) {
+  const int hk = 2, hv = 6, dk = 8, dv = 4;
+  const std::vector<std::int32_t> cu = {0, 100, 101, 106, 136};  // 100 > FLA's 64-token chunk
+  const Eigen::Index T = cu.back();
+  std::mt19937_64 gen(2026);
+  const auto random = [&](Eigen::Index r, Eigen::Index c, double lo, double hi) {
+    std::uniform_real_distribution<double> u(lo, hi);
+    matrix m(r, c);
+    for (Eigen::Index e = 0; e < m.size(); ++e) m.data()[e] = u(gen);
+    return m;
+  };
+  const json tensors = {tensor_json("q", random(T, hk * dk, -1, 1)),
+                        tensor_json("k", random(T, hk * dk, -1, 1)),
+                        tensor_json("v", random(T, hv * dv, -1, 1)),
+                        tensor_json("g", random(T, hv, -1, 0)),
+                        tensor_json("beta", random(T, hv, 0, 1)),
+                        tensor_json("x", random(T, hv * dv, -2, 2)),
+                        tensor_json("z", random(T, hv * dv, -3, 3)),
+                        tensor_json("norm_weight", random(1, dv, 0.5, 1.5))};
+  const json j = {{"k_heads", hk},     {"v_heads", hv},    {"k_dim", dk},
+                  {"v_dim", dv},       {"cu_seqlens", cu}, {"rms_norm_eps", ref::rms_norm_eps},
+                  {"tensors", tensors}};
+  std::ofstream(file) << j.dump() << '\n';
+}
+
+/// seqpar's GatedDeltaNet operations (the oracle's recurrence, the CPU backend's chunked form,
+/// the gated RMSNorm) against VeOmni's functions' outputs in `file`.
+bool gdn_compare(const fs::path& file) {
+  std::ifstream f(file);
+  if (!f)
+    seqpar::fail("{}: missing (regenerate: see tools/crosscheck/gdn_veomni.py)", file.string());
+  const json j = json::parse(f);
+  const json& in = j.at("inputs");
+  std::map<std::string, matrix> t;
+  for (const auto& x : in.at("tensors")) t[x.at("name")] = decode(x, file.string());
+  for (const auto& x : j.at("outputs")) t[x.at("name")] = decode(x, file.string());
+  const int hk = in.at("k_heads"), hv = in.at("v_heads"), dk = in.at("k_dim"), dv = in.at("v_dim");
+  const auto cu = in.at("cu_seqlens").get<std::vector<std::int32_t>>();
+  std::vector<std::int64_t> pos;
+  std::int64_t longest = 1;
+  for (std::size_t i = 0; i + 1 < cu.size(); ++i) {
+    longest = std::max<std::int64_t>(longest, cu[i + 1] - cu[i]);
+    for (std::int32_t p = 0; p < cu[i + 1] - cu[i]; ++p) pos.push_back(p);
+  }
+  const Eigen::Index T = static_cast<Eigen::Index>(pos.size());
+  // VeOmni's functions compute in float32: the random-walk model of the check, 8·eps·sqrt(K)
+  // with K the longest document the state accumulates over.
+  const double f32_tol =
+      8.0 * std::numeric_limits<float>::epsilon() * std::sqrt(static_cast<double>(longest));
+
+  const matrix oracle =
+      ref::ops::gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], hk, hv, pos);
+  // The CPU backend's chunked form, fed as the SP path feeds it (heads repeated).
+  seqpar::sim::eigen_compute c;
+  const auto to_t = [&](const matrix& m, seqpar::shape_t sh) {
+    return c.from_host(seqpar::dtype::f64, std::move(sh),
+                       std::span<const double>(m.data(), m.size()));
+  };
+  const int rep = hv / hk;
+  seqpar::attention_docs docs;
+  docs.cu_q = cu;
+  docs.cu_k = cu;
+  seqpar::tensor out;
+  c.gated_delta_forward(c.repeat_heads(to_t(t["q"], {T, hk, dk}), rep),
+                        c.repeat_heads(to_t(t["k"], {T, hk, dk}), rep), to_t(t["v"], {T, hv, dv}),
+                        to_t(t["g"], {T, hv}), to_t(t["beta"], {T, hv}), docs, out);
+  const auto host = c.to_host(out);
+  const matrix chunked = Eigen::Map<const matrix>(host.data(), T, hv * dv);
+  matrix unit_q(T, hk * dk);
+  for (Eigen::Index r = 0; r < T; ++r)
+    for (int h = 0; h < hk; ++h) {
+      const auto row = t["q"].block(r, h * dk, 1, dk);
+      unit_q.block(r, h * dk, 1, dk) = row / std::sqrt(row.squaredNorm() + 1e-6);
+    }
+  const matrix gated = ref::ops::gated_rms_norm(t["x"], t["z"], t["norm_weight"], hv);
+
+  struct row {
+    std::string ours, theirs;
+    const matrix* got;
+    double tol;
+  };
+  const std::vector<row> rows = {
+      {"oracle recurrence", "veomni.recurrent_gated_delta_rule", &oracle, f32_tol},
+      {"oracle recurrence", "veomni.chunk_gated_delta_rule", &oracle, f32_tol},
+      {"cpu chunked", "veomni.chunk_gated_delta_rule", &chunked, f32_tol},
+      {"oracle gated rms norm", "veomni.rms_norm_gated", &gated, f32_tol},
+      {"l2norm (eps inside the root)", "veomni.l2norm.q", &unit_q, 1e-14}};
+  bool ok = true;
+  for (const auto& r : rows) {
+    const double e = rel_err(*r.got, t[r.theirs]);
+    const bool pass = e <= r.tol;
+    ok = ok && pass;
+    fmt::print("{:<30} vs {:<36} max rel {:.3e}  tolerance {:.1e}  {}\n", r.ours, r.theirs, e,
+               r.tol, pass ? "PASS" : "FAIL");
+  }
+  // A control: the same comparison must fail for a delta rule whose state crosses the
+  // document boundaries (one document over the whole row), or it could not see that mistake.
+  std::vector<std::int64_t> one_doc(pos.size());
+  std::iota(one_doc.begin(), one_doc.end(), 0);
+  const double crossing = rel_err(
+      ref::ops::gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], hk, hv, one_doc),
+      t["veomni.chunk_gated_delta_rule"]);
+  const bool control = crossing > 100 * f32_tol;
+  ok = ok && control;
+  fmt::print("{:<30} vs {:<36} max rel {:.3e}  must exceed {:.1e}  {}\n",
+             "control: state across docs", "veomni.chunk_gated_delta_rule", crossing, 100 * f32_tol,
+             control ? "PASS" : "FAIL");
+  fmt::print(
+      "{}: seqpar's GatedDeltaNet vs VeOmni's own torch functions ({}; {} documents, {} "
+      "tokens; float32 tolerance 8·eps·sqrt({}))\n",
+      ok ? "PASS" : "FAIL", j.at("producer").get<std::string>(), cu.size() - 1, T, longest);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3 || (std::string(argv[1]) != "dump" && std::string(argv[1]) != "compare")) {
-    std::cerr << "usage: torch_crosscheck dump|compare DIR [SCENARIO…]\n";
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc == 3 && (mode == "gdn-dump" || mode == "gdn-compare")) {
+    try {
+      if (mode == "gdn-dump") {
+        gdn_dump(argv[2]);
+        return 0;
+      }
+      return gdn_compare(argv[2]) ? 0 : 1;
+    } catch (const std::exception& e) {
+      std::cerr << "torch_crosscheck: " << e.what() << '\n';
+      return 2;
+    }
+  }
+  if (argc < 3 || (mode != "dump" && mode != "compare")) {
+    std::cerr << "usage: torch_crosscheck dump|compare DIR [SCENARIO…]\n"
+                 "       torch_crosscheck gdn-dump|gdn-compare FILE\n";
     return 2;
   }
   try {
-    const std::string mode = argv[1];
     const fs::path dir = argv[2];
     std::vector<scenario> scens;
     for (int i = 3; i < argc; ++i) {

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# seqpar's GatedDeltaNet against VeOmni's own torch functions run now (the committed fixture
+# data/torch/gdn-veomni.json is checked by gdn_veomni_fixture). Needs torch and VeOmni's Qwen3.5
+# modelling file: $VEOMNI_QWEN3_5 (the file), $VEOMNI_DIR (a checkout), or an importable veomni
+# package. Exit 77 (meson SKIP) when either is missing.
+#   gdn_veomni_live-test.sh TORCH_CROSSCHECK SOURCE_DIR
+set -u
+tc=$1
+src=$2
+py=""
+for cand in ${PYTHON:-} python3 /usr/bin/python3; do
+  if "$cand" -c 'import torch' 2>/dev/null; then
+    py=$cand
+    break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "SKIP: no python3 here can import torch (apt-get install python3-torch)"
+  exit 77
+fi
+rel=veomni/models/transformers/qwen3_5/generated/patched_modeling_qwen3_5_gpu.py
+file=${VEOMNI_QWEN3_5:-}
+[ -z "$file" ] && [ -n "${VEOMNI_DIR:-}" ] && file=$VEOMNI_DIR/$rel
+if [ -z "$file" ]; then
+  pkg=$("$py" -c 'import os, veomni; print(os.path.dirname(os.path.dirname(veomni.__file__)))' 2>/dev/null)
+  [ -n "$pkg" ] && file=$pkg/$rel
+fi
+if [ -z "$file" ] || [ ! -f "$file" ]; then
+  echo "SKIP: VeOmni's $rel not found (set VEOMNI_DIR to a VeOmni checkout)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$tc" gdn-dump "$tmp/in.json" || exit 1
+"$py" "$src/tools/crosscheck/gdn_veomni.py" --veomni "$file" "$tmp/in.json" "$tmp/out.json" || exit 1
+"$tc" gdn-compare "$tmp/out.json"
