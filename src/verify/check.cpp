@@ -149,8 +149,6 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
 template <class T>
 step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
                             const model_params<T>& p, const check_options& opt) {
-  std::unique_ptr<compute> comp = std::make_unique<eigen_compute>(opt.naive_attention);
-  if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp));
   const int k = comm.rank();
   std::optional<faulty_communicator> faulty;
   communicator* link = &comm;
@@ -158,6 +156,8 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
   std::unique_ptr<communicator> wrapped;
   if (opt.wrap_communicator) link = (wrapped = opt.wrap_communicator(*link)).get();
   if (opt.recorder) link->set_recorder(opt.recorder);
+  std::unique_ptr<compute> comp = std::make_unique<eigen_compute>(opt.naive_attention);
+  if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp), *link);
   sp_env env = cp_rank_env(*link, *comp, s, cb);
   return train_step(p, s, rank_input(s, cb, k), env);
 }

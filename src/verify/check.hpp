@@ -51,9 +51,11 @@ struct check_options {
   /// Applied to the collated batch right after collation, before any SP rank runs; the layout
   /// rows judge the transformed batch.
   std::function<void(collated_batch&)> transform_collated;
-  /// Given each SP rank's compute backend, returns the one that rank uses (e.g. a decorator
-  /// forwarding to it). Called once per rank, on that rank's thread or process.
-  std::function<std::unique_ptr<compute>(std::unique_ptr<compute>)> wrap_compute;
+  /// Given each SP rank's compute backend and the communicator its step uses, returns the
+  /// compute that rank uses (e.g. a decorator forwarding to it; one that models a tensor sent
+  /// where it should not go may call the communicator). Called once per rank, on that rank's
+  /// thread or process.
+  std::function<std::unique_ptr<compute>(std::unique_ptr<compute>, communicator&)> wrap_compute;
   /// Given each SP rank's communicator (after the fault injector, if any), returns the one its
   /// training step uses; the wrapper must forward to it. Called once per rank. The distributed
   /// check's own gathers (rows to rank 0, the verdict) bypass it.

@@ -132,6 +132,71 @@ TEST(mutations, kv_heads_repeated_blockwise_instead_of_interleaved) {
   EXPECT_TRUE(rows.count("logits")) << str(rows);
 }
 
+// ---- GatedDeltaNet (VeOmni's hand-written Ulysses path; SEMANTICS.md §7)
+
+/// A GatedDeltaNet layer then a softmax layer under U = 2 (VeOmni): GQA 2 → 4 value heads,
+/// kernel 4, documents shorter than the kernel and one token long, boundaries inside ranks.
+scenario gdn(int U = 2) {
+  scenario s = make(U, 1, 4, 2, {9, 1, 2, 12}, profile::veomni);
+  s.layers = 2;
+  s.layer_pattern = "LS";
+  s.linear_k_heads = 2;
+  s.linear_v_heads = 4;
+  s.linear_k_dim = 4;
+  s.linear_v_dim = 4;
+  s.conv_kernel = 4;
+  return s;
+}
+
+/// The linear layer's parameter gradients, one of which must fail for a bug of that layer.
+bool linear_grads_fail(const std::set<std::string>& rows) {
+  for (const char* p :
+       {"conv", "A_log", "dt_bias", "in_qkv", "in_z", "in_b", "in_a", "gdn_norm", "out_proj"})
+    if (rows.count(std::string("grad.L0.") + p)) return true;
+  return false;
+}
+
+TEST(mutations, gdn_z_sent_through_the_all_to_all) {
+  const auto rows = caught(gdn(), computed<z_through_all_to_all>());
+  EXPECT_TRUE(rows.count("logits") && rows.count("grad.L0.in_z")) << str(rows);
+}
+
+TEST(mutations, gdn_whole_conv_weight_on_every_rank) {
+  const auto rows = caught(gdn(), computed<conv_weight_not_sliced>());
+  EXPECT_TRUE(rows.count("logits") && rows.count("grad.L0.conv")) << str(rows);
+}
+
+TEST(mutations, gdn_A_log_and_dt_bias_not_sliced) {
+  const auto rows = caught(gdn(), computed<gates_not_sliced>());
+  EXPECT_TRUE(rows.count("logits") && rows.count("grad.L0.A_log") && rows.count("grad.L0.dt_bias"))
+      << str(rows);
+}
+
+TEST(mutations, gdn_convolution_crossing_a_document_boundary) {
+  const auto rows = caught(gdn(), computed<conv_crosses_documents>());
+  EXPECT_TRUE(rows.count("logits") && linear_grads_fail(rows)) << str(rows);
+}
+
+TEST(mutations, gdn_recurrent_state_crossing_a_document_boundary) {
+  const auto rows = caught(gdn(), computed<state_crosses_documents>());
+  EXPECT_TRUE(rows.count("logits") && linear_grads_fail(rows)) << str(rows);
+}
+
+TEST(mutations, gdn_b_and_a_on_the_wrong_heads) {
+  const auto rows = caught(gdn(), transported<b_a_on_wrong_heads>());
+  EXPECT_TRUE(rows.count("logits") && linear_grads_fail(rows)) << str(rows);
+}
+
+TEST(mutations, gdn_bugs_are_invisible_without_sp_where_they_should_be) {
+  // With U = 1 the rank holds every head and the whole row's documents: the slicing and
+  // exchange bugs change nothing (so the check does not blame correct non-SP code) …
+  for (const auto& bug : {computed<z_through_all_to_all>(), computed<conv_weight_not_sliced>(),
+                          computed<gates_not_sliced>(), transported<b_a_on_wrong_heads>()})
+    EXPECT_TRUE(failing_rows(gdn(1), bug).empty());
+  // … while the document bugs are bugs of any step.
+  EXPECT_FALSE(failing_rows(gdn(1), computed<state_crosses_documents>()).empty());
+}
+
 TEST(mutations, cu_seqlens_not_covering_padding) {
   const auto rows = caught(make(4, 1, 8, 2, {9, 14}), collated(cu_seqlens_stop_before_padding));
   EXPECT_TRUE(rows.count("layout.uncovered_tokens")) << str(rows);

@@ -9,6 +9,7 @@
 #include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
 #include "core/layout.hpp"
+#include "core/ulysses.hpp"
 
 namespace seqpar::test {
 
@@ -179,6 +180,128 @@ void all_to_all_blocks_one_peer_off::do_all_to_all(const comm_group& g, const vo
     if (len != 0) std::memcpy(bytes + at, got.data() + offset[j], len);
     at += len;
   }
+}
+
+// ---- GatedDeltaNet
+
+namespace {
+
+/// The documents of a row of `rows` tokens as one.
+attention_docs as_one_document(const attention_docs& docs, std::int64_t rows) {
+  attention_docs one = docs;
+  one.cu_q = {0, static_cast<std::int32_t>(rows)};
+  one.cu_k = one.cu_q;
+  return one;
+}
+
+}  // namespace
+
+z_through_all_to_all::z_through_all_to_all(std::unique_ptr<compute> inner, communicator& comm)
+    : forwarding_compute(std::move(inner)), comm_(comm), group_{"bug.z", {}} {
+  for (int r = 0; r < comm.world_size(); ++r) group_.ranks.push_back(r);
+}
+
+tensor z_through_all_to_all::exchanged(const tensor& z, const tensor& like) {
+  return gather_seq_scatter_heads(comm_, *this, group_, z, "bug.z").reshaped(like.shape);
+}
+
+tensor z_through_all_to_all::gated_rms_norm_forward(const tensor& x, const tensor& z,
+                                                    const tensor& w) {
+  return forwarding_compute::gated_rms_norm_forward(x, exchanged(z, x), w);
+}
+
+void z_through_all_to_all::gated_rms_norm_backward(const tensor& x, const tensor& z,
+                                                   const tensor& w, const tensor& dy, tensor& dx,
+                                                   tensor& dz, tensor& dw) {
+  const tensor z_held = exchanged(z, x);
+  tensor dz_held;
+  forwarding_compute::gated_rms_norm_backward(x, z_held, w, dy, dx, dz_held, dw);
+  // Back through the exchange: the held gate is [S, Hv/U, dv] in truth.
+  const int U = group_.size();
+  const shape_t heads_sharded{x.shape[0] * U, x.shape[1] / U, x.shape[2]};
+  dz = gather_heads_scatter_seq(comm_, *this, group_, dz_held.reshaped(heads_sharded), "bug.dz");
+}
+
+tensor conv_weight_not_sliced::causal_conv_forward(const tensor& x, const tensor& w_full,
+                                                   std::span<const std::int64_t> rows,
+                                                   const attention_docs& docs) {
+  std::vector<std::int64_t> first(rows.size());
+  std::iota(first.begin(), first.end(), 0);
+  return forwarding_compute::causal_conv_forward(x, w_full, first, docs);
+}
+
+void conv_weight_not_sliced::causal_conv_backward(const tensor& x, const tensor& w_full,
+                                                  std::span<const std::int64_t> rows,
+                                                  const attention_docs& docs, const tensor& dy,
+                                                  tensor& dx, tensor& dw_full) {
+  std::vector<std::int64_t> first(rows.size());
+  std::iota(first.begin(), first.end(), 0);
+  forwarding_compute::causal_conv_backward(x, w_full, first, docs, dy, dx, dw_full);
+}
+
+void gates_not_sliced::delta_gates_forward(const tensor& a, const tensor& b, const tensor& A_log,
+                                           const tensor& dt_bias, std::int64_t, tensor& g,
+                                           tensor& beta) {
+  forwarding_compute::delta_gates_forward(a, b, A_log, dt_bias, 0, g, beta);
+}
+
+void gates_not_sliced::delta_gates_backward(const tensor& a, const tensor& b, const tensor& A_log,
+                                            const tensor& dt_bias, std::int64_t, const tensor& dg,
+                                            const tensor& dbeta, tensor& da, tensor& db,
+                                            tensor& dA_log, tensor& ddt_bias) {
+  forwarding_compute::delta_gates_backward(a, b, A_log, dt_bias, 0, dg, dbeta, da, db, dA_log,
+                                           ddt_bias);
+}
+
+tensor conv_crosses_documents::causal_conv_forward(const tensor& x, const tensor& w_full,
+                                                   std::span<const std::int64_t> rows,
+                                                   const attention_docs& docs) {
+  return forwarding_compute::causal_conv_forward(x, w_full, rows,
+                                                 as_one_document(docs, x.shape[0]));
+}
+
+void conv_crosses_documents::causal_conv_backward(const tensor& x, const tensor& w_full,
+                                                  std::span<const std::int64_t> rows,
+                                                  const attention_docs& docs, const tensor& dy,
+                                                  tensor& dx, tensor& dw_full) {
+  forwarding_compute::causal_conv_backward(x, w_full, rows, as_one_document(docs, x.shape[0]), dy,
+                                           dx, dw_full);
+}
+
+void state_crosses_documents::gated_delta_forward(const tensor& q, const tensor& k, const tensor& v,
+                                                  const tensor& g, const tensor& beta,
+                                                  const attention_docs& docs, tensor& out) {
+  forwarding_compute::gated_delta_forward(q, k, v, g, beta, as_one_document(docs, q.shape[0]), out);
+}
+
+void state_crosses_documents::gated_delta_backward(const tensor& q, const tensor& k,
+                                                   const tensor& v, const tensor& g,
+                                                   const tensor& beta, const attention_docs& docs,
+                                                   const tensor& dout, tensor& dq, tensor& dk,
+                                                   tensor& dv, tensor& dg, tensor& dbeta) {
+  forwarding_compute::gated_delta_backward(q, k, v, g, beta, as_one_document(docs, q.shape[0]),
+                                           dout, dq, dk, dv, dg, dbeta);
+}
+
+void b_a_on_wrong_heads::do_all_to_all(const comm_group& g, const void* send,
+                                       std::span<const std::int64_t> send_counts, void* recv,
+                                       std::span<const std::int64_t> recv_counts, dtype t) {
+  const std::string& tag = call_info().tag;
+  const auto ends_with = [&](const char* suffix) {
+    const std::string s(suffix);
+    return tag.size() >= s.size() && tag.compare(tag.size() - s.size(), s.size(), s) == 0;
+  };
+  const int n = g.size();
+  if (n < 2 || !(ends_with(".b.fwd") || ends_with(".a.fwd")))
+    return forwarding_communicator::do_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  // Ulysses blocks are equal: the block for member j becomes the one meant for j+1.
+  const auto block = static_cast<std::size_t>(send_counts[0]) * dtype_size(t);
+  const auto* in = static_cast<const std::byte*>(send);
+  std::vector<std::byte> rotated(block * static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j)
+    std::memcpy(rotated.data() + static_cast<std::size_t>(j) * block,
+                in + static_cast<std::size_t>((j + 1) % n) * block, block);
+  forwarding_communicator::do_all_to_all(g, rotated.data(), send_counts, recv, recv_counts, t);
 }
 
 void ring_peers_off_by_one::do_send_recv(const comm_group& g, std::span<const p2p_op> ops,

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "core/collate.hpp"
@@ -59,7 +60,92 @@ class kv_heads_repeated_blockwise : public forwarding_compute {
   tensor sum_repeated_heads(const tensor& dx, int rep) override;
 };
 
+// ---- GatedDeltaNet bugs (VeOmni's Qwen3_5GatedDeltaNet under Ulysses; SEMANTICS.md §7). The
+// scenarios these are used with have R = 1 and no data parallelism, so the Ulysses group is the
+// whole world.
+
+/// z (the output gate) sent through the all-to-all with q, k, v, b, a: the gate each rank then
+/// holds is `[S, Hv/U, dv]` — the same element count as its `[S/U, Hv, dv]` output — and the
+/// gated norm reads it in the output's layout. The backward is the true gradient of that.
+class z_through_all_to_all : public forwarding_compute {
+ public:
+  z_through_all_to_all(std::unique_ptr<compute> inner, communicator& comm);
+  tensor gated_rms_norm_forward(const tensor& x, const tensor& z, const tensor& w) override;
+  void gated_rms_norm_backward(const tensor& x, const tensor& z, const tensor& w, const tensor& dy,
+                               tensor& dx, tensor& dz, tensor& dw) override;
+
+ private:
+  tensor exchanged(const tensor& z, const tensor& like);
+  communicator& comm_;
+  comm_group group_;
+};
+
+/// The whole conv weight used on every rank: channel c of the local q|k|v convolved with row c
+/// of the unsliced `[2K+V, kernel]` weight (what a kernel indexing channels by position does
+/// with it), instead of the rank's rows (_get_local_conv1d_weight).
+class conv_weight_not_sliced : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  tensor causal_conv_forward(const tensor& x, const tensor& w_full,
+                             std::span<const std::int64_t> rows,
+                             const attention_docs& docs) override;
+  void causal_conv_backward(const tensor& x, const tensor& w_full,
+                            std::span<const std::int64_t> rows, const attention_docs& docs,
+                            const tensor& dy, tensor& dx, tensor& dw_full) override;
+};
+
+/// A_log and dt_bias not sliced to the rank's value heads: every rank reads heads [0, Hv/U).
+class gates_not_sliced : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void delta_gates_forward(const tensor& a, const tensor& b, const tensor& A_log,
+                           const tensor& dt_bias, std::int64_t head_offset, tensor& g,
+                           tensor& beta) override;
+  void delta_gates_backward(const tensor& a, const tensor& b, const tensor& A_log,
+                            const tensor& dt_bias, std::int64_t head_offset, const tensor& dg,
+                            const tensor& dbeta, tensor& da, tensor& db, tensor& dA_log,
+                            tensor& ddt_bias) override;
+};
+
+/// The causal convolution run over the gathered row as one sequence (cu_seqlens not passed):
+/// a document's first kernel−1 tokens read the previous document's last ones.
+class conv_crosses_documents : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  tensor causal_conv_forward(const tensor& x, const tensor& w_full,
+                             std::span<const std::int64_t> rows,
+                             const attention_docs& docs) override;
+  void causal_conv_backward(const tensor& x, const tensor& w_full,
+                            std::span<const std::int64_t> rows, const attention_docs& docs,
+                            const tensor& dy, tensor& dx, tensor& dw_full) override;
+};
+
+/// The delta rule run over the gathered row as one sequence: the recurrent state carries from
+/// one document into the next.
+class state_crosses_documents : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void gated_delta_forward(const tensor& q, const tensor& k, const tensor& v, const tensor& g,
+                           const tensor& beta, const attention_docs& docs, tensor& out) override;
+  void gated_delta_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& g,
+                            const tensor& beta, const attention_docs& docs, const tensor& dout,
+                            tensor& dq, tensor& dk, tensor& dv, tensor& dg, tensor& dbeta) override;
+};
+
 // ---- transport bugs: decorators over an SP rank's communicator (check_options::wrap_communicator)
+
+/// b and a scattered on the wrong heads: every all_to_all whose tag ends in ".b.fwd" or ".a.fwd"
+/// sends member j the block of heads meant for member j+1, so rank u's gates are computed from
+/// rank u+1's heads of b and a (as with b/a sliced at the wrong head offset).
+class b_a_on_wrong_heads : public forwarding_communicator {
+ public:
+  using forwarding_communicator::forwarding_communicator;
+
+ protected:
+  void do_all_to_all(const comm_group& g, const void* send,
+                     std::span<const std::int64_t> send_counts, void* recv,
+                     std::span<const std::int64_t> recv_counts, dtype t) override;
+};
 
 /// Gradient sync with AVG instead of SUM: every all_reduce whose tag starts with "grad." is
 /// divided by its group size after the (correct) sum.
@@ -102,11 +188,15 @@ class ring_peers_off_by_one : public forwarding_communicator {
 
 // ---- helpers for check_options
 
-/// A check_options::wrap_compute that installs decorator D on every SP rank.
+/// A check_options::wrap_compute that installs decorator D on every SP rank (D built from the
+/// inner compute, or from the inner compute and the rank's communicator).
 template <class D>
-std::function<std::unique_ptr<compute>(std::unique_ptr<compute>)> wrap_compute_in() {
-  return [](std::unique_ptr<compute> inner) -> std::unique_ptr<compute> {
-    return std::make_unique<D>(std::move(inner));
+std::function<std::unique_ptr<compute>(std::unique_ptr<compute>, communicator&)> wrap_compute_in() {
+  return [](std::unique_ptr<compute> inner, communicator& comm) -> std::unique_ptr<compute> {
+    if constexpr (std::is_constructible_v<D, std::unique_ptr<compute>, communicator&>)
+      return std::make_unique<D>(std::move(inner), comm);
+    else
+      return std::make_unique<D>(std::move(inner));
   };
 }
 
