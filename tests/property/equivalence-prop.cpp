@@ -49,6 +49,25 @@ RC_GTEST_PROP(equivalence, ring_and_hybrid_step_equals_non_sp_in_f64, ()) {
   assert_equivalent(s, dtype::f64);
 }
 
+// GatedDeltaNet layers (alone and in hybrids): Ulysses path in core ≡ the oracle's recurrence.
+RC_GTEST_PROP(equivalence, linear_attention_step_equals_non_sp_in_f64, ()) {
+  const auto s = *gens::linear_check_scenario();
+  RC_TAG(s.ulysses, s.layer_pattern, s.conv_kernel);
+  assert_equivalent(s, dtype::f64);
+}
+
+// float32 with dk, dv in 8..16. At small head dims the layer is ill-conditioned in ways no
+// implementation avoids: l2norm and the gated RMSNorm over 1 or 2 elements map almost every
+// vector to ±1 (their exact gradient is ~eps/x², which float32 computes as 1 − x̂²), and
+// q̂·k̂ of two unit vectors in 2..4 dimensions is often near 0, so the output carries the
+// dot product's cancellation. Real models use 128; float64 (above) covers dk, dv from 1.
+RC_GTEST_PROP(equivalence, linear_attention_f32_step_is_within_the_error_model, ()) {
+  auto s = *gens::linear_check_scenario();
+  s.linear_k_dim += 7;
+  s.linear_v_dim += 7;
+  assert_equivalent(s, dtype::f32);
+}
+
 RC_GTEST_PROP(equivalence, f32_step_is_within_the_error_model, ()) {
   const auto s = *gens::ring_check_scenario();
   assert_equivalent(s, dtype::f32);

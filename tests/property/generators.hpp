@@ -118,6 +118,38 @@ inline rc::Gen<scenario> ulysses_check_scenario() {
   });
 }
 
+/// GatedDeltaNet (hybrid) scenarios (issue: linear attention): U ∈ 1..4, Hk = U·{1,2}, Hv/Hk
+/// ∈ 1..3, dk and dv 1..8, conv kernel 2..4, layer patterns L, LS, SL, LLS over 1..2 layers,
+/// both profiles; documents 1..40 tokens (shorter than the kernel, single tokens, one spanning
+/// every rank), labels with -100 runs.
+inline rc::Gen<scenario> linear_check_scenario() {
+  return rc::gen::mapcat(rc::gen::inRange(1, 5), [](int U) {
+    return rc::gen::mapcat(
+        rc::gen::tuple(heads_for(U), rc::gen::arbitrary<bool>(), rc::gen::inRange(1, 3),
+                       rc::gen::inRange(1, 4), rc::gen::inRange(1, 9), rc::gen::inRange(1, 9),
+                       rc::gen::inRange(2, 5),
+                       rc::gen::element<std::string>("L", "LS", "SL", "LLS")),
+        [U](const std::tuple<std::pair<int, int>, bool, int, int, int, int, int, std::string>& t) {
+          scenario s;
+          s.name = "generated";
+          s.ulysses = U;
+          s.heads = std::get<0>(t).first;
+          s.kv_heads = std::get<0>(t).second;
+          s.profile = std::get<1>(t) ? profile::veomni : profile::xorl;
+          s.linear_k_heads = U * std::get<2>(t);
+          s.linear_v_heads = s.linear_k_heads * std::get<3>(t);
+          s.linear_k_dim = std::get<4>(t);
+          s.linear_v_dim = std::get<5>(t);
+          s.conv_kernel = std::get<6>(t);
+          s.layer_pattern = std::get<7>(t);
+          return rc::gen::map(with_model(s, 40, 1), [](scenario g) {
+            g.head_dim = 1 + g.head_dim % 8;  // the softmax layers stay small
+            return g;
+          });
+        });
+  });
+}
+
 /// DeepSpeed ALST scenarios: U ∈ 1..4 (GQA, KV repeat when U > Hkv; every micro-step runs, so
 /// the cost grows as U², and U up to 8 is covered by the Ulysses generator), any documents with the
 /// last one lengthened so the row divides by U (the adapter does not pad), any micro-step (whose
