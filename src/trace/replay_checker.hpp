@@ -89,18 +89,21 @@ struct sp_model {
 
 /// A Ulysses all-to-all tag `L{l}.attn.{q,kv,k,v,out}.{fwd,bwd}`: its heads and direction.
 struct a2a_tag {
-  std::string what;  ///< q, kv, k, v, out
-  bool gather_seq;   ///< seq-sharded in → heads-sharded out (q.fwd, kv.fwd, out.bwd)
+  std::string what;     ///< q, kv, k, v, out; GatedDeltaNet also b, a
+  bool gather_seq;      ///< seq-sharded in → heads-sharded out (q.fwd, kv.fwd, out.bwd)
+  bool linear = false;  ///< a GatedDeltaNet layer's (L*.gdn.*) rather than softmax attention's
 };
 
 inline std::optional<a2a_tag> parse_a2a_tag(const std::string& tag) {
-  static const std::regex re(R"(^L\d+\.attn\.(q|kv|k|v|out)\.(fwd|bwd)$)");
+  static const std::regex re(R"(^L\d+\.(attn|gdn)\.(q|kv|k|v|b|a|out)\.(fwd|bwd)$)");
   std::smatch m;
   if (!std::regex_match(tag, m, re)) return std::nullopt;
-  const std::string what = m[1], dir = m[2];
+  const std::string layer = m[1], what = m[2], dir = m[3];
+  const bool linear = layer == "gdn";
+  if (linear ? what == "kv" : what == "b" || what == "a") return std::nullopt;
   const bool fwd = dir == "fwd";
   const bool gather = what == "out" ? !fwd : fwd;
-  return a2a_tag{what, gather};
+  return a2a_tag{what, gather, linear};
 }
 
 class checker {

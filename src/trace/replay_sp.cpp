@@ -59,6 +59,14 @@ void checker::build_model(const nlohmann::json& cfg) {
 
 std::pair<dims, dims> checker::expected_a2a(const a2a_tag& t) const {
   const auto& m = *model_;
+  if (t.linear) {  // GatedDeltaNet: q, k [Hk, dk]; v, out [Hv, dv]; b, a [Hv, 1]
+    const auto& s = m.s;
+    const std::int64_t H = t.what == "q" || t.what == "k" ? s.linear_k_heads : s.linear_v_heads;
+    const std::int64_t D = t.what == "q" || t.what == "k"     ? s.linear_k_dim
+                           : t.what == "v" || t.what == "out" ? s.linear_v_dim
+                                                              : 1;
+    return {{m.chunk, H, D}, {m.U * m.chunk, H / m.U, D}};
+  }
   const std::int64_t H = t.what == "q" || t.what == "out" ? m.hq
                          : t.what == "kv"                 ? 2 * m.hkv_rep
                                                           : m.hkv_rep;
@@ -133,7 +141,7 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
   const dims& exp_out = t->gather_seq ? heads_sharded : seq_sharded;
   // N-D layouts are read as [tokens, heads, head_dim] (logical_shape); the KV-head totals a
   // rank may hold when KV heads were not repeated (per rank on the heads-sharded side).
-  const bool kv = t->what == "kv" || t->what == "k" || t->what == "v";
+  const bool kv = !t->linear && (t->what == "kv" || t->what == "k" || t->what == "v");
   const std::int64_t kv_mul = t->what == "kv" ? 2 : 1;
   auto view = [&](const dims& obs, bool seq_side) {
     const dims& exp = seq_side ? seq_sharded : heads_sharded;
@@ -188,6 +196,15 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
       } else if (obs[0] != exp[0]) {
         cause = all_shapes ? sequence_cause(group_tokens)
                            : fmt::format("tokens differ from the collator's {} per rank", m.chunk);
+      } else if (obs[heads_dim] != exp[heads_dim] && t->linear) {
+        const std::int64_t full = seq_side ? obs[1] : obs[1] * m.U;
+        const bool key = t->what == "q" || t->what == "k";
+        cause = fmt::format(
+            "{} heads in total where the GatedDeltaNet layer has {}={} (ulysses={} scatters "
+            "whole heads{})",
+            full, key ? "linear_k_heads" : "linear_v_heads",
+            key ? m.s.linear_k_heads : m.s.linear_v_heads, m.U,
+            t->what == "b" || t->what == "a" ? "; b and a carry one value per value head" : "");
       } else if (obs[heads_dim] != exp[heads_dim]) {
         const std::int64_t full = seq_side ? obs[1] : obs[1] * m.U;
         if ((t->what == "kv" && full == 2 * m.hkv && m.hkv < m.U) ||
@@ -209,7 +226,14 @@ void checker::check_sp(const std::vector<const call_record*>& recs, const std::s
                                 : fmt::format("max(kv_heads={}, ulysses)", m.hkv),
                             m.U);
       } else {
-        cause = fmt::format("head_dim {} where the scenario has head_dim={}", obs.back(), m.D);
+        cause =
+            t->linear
+                ? fmt::format("head dim {} where the GatedDeltaNet layer's {} is {}", obs.back(),
+                              t->what == "q" || t->what == "k"     ? "linear_k_dim"
+                              : t->what == "v" || t->what == "out" ? "linear_v_dim"
+                                                                   : "per-head gate width",
+                              exp[2])
+                : fmt::format("head_dim {} where the scenario has head_dim={}", obs.back(), m.D);
       }
       add({category::sp_shape, r->rank, group, r->seq, r->tag, r->op, observed(side, recorded, obs),
            show(exp), cause, r->line});

@@ -39,12 +39,18 @@ synth_trace synthesize(const scenario& s) {
   }
 
   // Parameters FSDP reduce-scatters (padded to a multiple of C, as FSDP2 pads its flat shard).
-  const std::int64_t params =
-      static_cast<std::int64_t>(s.layers) *
-          (static_cast<std::int64_t>(s.hidden) * (s.heads + 2 * s.kv_heads) * s.head_dim +
-           static_cast<std::int64_t>(s.heads) * s.head_dim * s.hidden +
-           3 * static_cast<std::int64_t>(s.hidden) * s.intermediate) +
-      2 * static_cast<std::int64_t>(s.vocab) * s.hidden;
+  // (Projections, the GatedDeltaNet's conv weight and the embeddings; norms and per-head
+  // vectors are left out.)
+  std::int64_t params = 2 * static_cast<std::int64_t>(s.vocab) * s.hidden;
+  for (int l = 0; l < s.layers; ++l) {
+    const std::int64_t h = s.hidden, K = std::int64_t{s.linear_k_heads} * s.linear_k_dim,
+                       V = std::int64_t{s.linear_v_heads} * s.linear_v_dim;
+    params += 3 * h * s.intermediate;
+    params += s.layer_is_linear(l) ? h * (2 * K + V) + h * V + 2 * h * s.linear_v_heads +
+                                         (2 * K + V) * s.conv_kernel + V * h
+                                   : h * (s.heads + 2 * s.kv_heads) * s.head_dim +
+                                         std::int64_t{s.heads} * s.head_dim * h;
+  }
   const std::int64_t shard = (params + C - 1) / C;
 
   for (int k = 0; k < C; ++k) {
@@ -64,18 +70,32 @@ synth_trace synthesize(const scenario& s) {
       return x;
     };
     // Ulysses all-to-all: gather the sequence (seq-sharded → heads-sharded) or scatter it.
-    auto a2a = [&](const std::string& tag, std::int64_t H, bool gather_seq) {
+    auto a2a = [&](const std::string& tag, std::int64_t H, bool gather_seq, std::int64_t d = 0) {
       if (U == 1) return;
+      const std::int64_t hd = d > 0 ? d : D;
       auto x = base(ug, "all_to_all", tag);
-      const dims seq_sharded{c, H, D}, heads_sharded{U * c, H / U, D};
+      const dims seq_sharded{c, H, hd}, heads_sharded{U * c, H / U, hd};
       x.in_shape = gather_seq ? seq_sharded : heads_sharded;
       x.out_shape = gather_seq ? heads_sharded : seq_sharded;
-      x.in_splits = dims(static_cast<std::size_t>(U), c * (H / U) * D);
+      x.in_splits = dims(static_cast<std::size_t>(U), c * (H / U) * hd);
       x.out_splits = x.in_splits;
       t.calls.push_back(std::move(x));
     };
     const dims ring_kv{U * c, hkv / U, D};
+    // GatedDeltaNet (core/linear_attention): q, k, v, b, a gathered; the output scattered back.
+    const std::int64_t hk = s.linear_k_heads, hv = s.linear_v_heads, dk = s.linear_k_dim,
+                       dv = s.linear_v_dim;
     for (int l = 0; l < s.layers; ++l) {
+      if (s.layer_is_linear(l)) {
+        const auto G = fmt::format("L{}.gdn", l);
+        a2a(G + ".q.fwd", hk, true, dk);
+        a2a(G + ".k.fwd", hk, true, dk);
+        a2a(G + ".v.fwd", hv, true, dv);
+        a2a(G + ".b.fwd", hv, true, 1);
+        a2a(G + ".a.fwd", hv, true, 1);
+        a2a(G + ".out.fwd", hv, false, dv);
+        continue;
+      }
       const auto L = fmt::format("L{}.attn", l);
       a2a(L + ".q.fwd", hq, true);
       a2a(L + ".kv.fwd", hkv, true);
@@ -105,6 +125,16 @@ synth_trace synthesize(const scenario& s) {
     ar("loss.valid_tokens", "int64");
     ar("loss.sum", "float32");
     for (int l = s.layers - 1; l >= 0; --l) {
+      if (s.layer_is_linear(l)) {
+        const auto G = fmt::format("L{}.gdn", l);
+        a2a(G + ".out.bwd", hv, true, dv);
+        a2a(G + ".a.bwd", hv, false, 1);
+        a2a(G + ".b.bwd", hv, false, 1);
+        a2a(G + ".v.bwd", hv, false, dv);
+        a2a(G + ".k.bwd", hk, false, dk);
+        a2a(G + ".q.bwd", hk, false, dk);
+        continue;
+      }
       const auto L = fmt::format("L{}.attn", l);
       a2a(L + ".out.bwd", hq, true);
       if (R > 1) {

@@ -37,6 +37,17 @@ check "json report" 1 "$seqpar" replay --json "$src/traces/broken_dtype_mismatch
 expect_in "json report" "$tmp/out" '"category": "COLLECTIVE_DTYPE_MISMATCH"'
 expect_in "json report" "$tmp/out" '"consistent": false'
 
+# GatedDeltaNet layers: a recorded qwen3.5 step (L*.gdn.{q,k,v,b,a,out}.{fwd,bwd}) replays
+# clean with every all-to-all's shape derived from the scenario; b sent with the wrong head
+# layout on one rank is named with the GatedDeltaNet's own head count.
+check "record qwen3.5" 0 "$seqpar" record --scenario qwen3.5 --out "$tmp/q35.jsonl"
+check "replay qwen3.5" 0 "$seqpar" replay "$tmp/q35.jsonl"
+expect_in "replay qwen3.5" "$tmp/out" "sp_shape_checks 168"
+sed 's/"in_shape":\[22,48,1\],\("in_splits":\[264,264,264,264\],"op":"all_to_all","out_shape":\[88,12,1\],"out_splits":\[264,264,264,264\],"rank":1,"seq":3\)/"in_shape":[22,16,3],\1/' \
+  "$tmp/q35.jsonl" >"$tmp/q35_bad.jsonl"
+check "replay qwen3.5 wrong b heads" 1 "$seqpar" replay "$tmp/q35_bad.jsonl"
+expect_in "replay qwen3.5 wrong b heads" "$tmp/out" "16 heads in total where the GatedDeltaNet layer has linear_v_heads=48"
+
 # --html: one self-contained page; written only on success of the read.
 check "html" 1 "$seqpar" replay "$src/traces/broken_seq_not_divisible_by_u.jsonl" --html "$tmp/r.html"
 expect_in "html" "$tmp/r.html" "<svg"
