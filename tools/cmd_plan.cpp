@@ -7,6 +7,7 @@
 #include "cli.hpp"
 #include "core/cost.hpp"
 #include "core/layout.hpp"
+#include "core/linear_attention.hpp"
 #include "core/ring_schedule.hpp"
 #include "core/ulysses_plan.hpp"
 #include "io/scenario_json.hpp"
@@ -88,21 +89,56 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
                      {"bytes_per_call", c.bytes_per_call()},
                      {"bytes_sent", c.bytes_sent},
                      {"bytes_per_link", c.bytes_per_link}});
-  return {{"scenario", io::scenario_to_json(s)},
-          {"original_length", cb.original_length},
-          {"padded_length", cb.padded_length},
-          {"tokens_per_rank", cb.chunk},
-          {"cu_seqlens", cu},
-          {"ranks", ranks},
-          {"balance",
-           {{"layout", s.zigzag && s.ring > 1 ? "zigzag" : "contiguous"},
-            {"zigzag", balance_json(ring_balance(cb))},
-            {"contiguous", balance_json(contiguous_balance(cb))}}},
-          {"bytes_per_layer",
-           {{"dtype", "float32"},
-            {"forward", cost.forward_bytes},
-            {"backward", cost.backward_bytes},
-            {"collectives", items}}}};
+  nlohmann::json out = {{"scenario", io::scenario_to_json(s)},
+                        {"original_length", cb.original_length},
+                        {"padded_length", cb.padded_length},
+                        {"tokens_per_rank", cb.chunk},
+                        {"cu_seqlens", cu},
+                        {"ranks", ranks},
+                        {"balance",
+                         {{"layout", s.zigzag && s.ring > 1 ? "zigzag" : "contiguous"},
+                          {"zigzag", balance_json(ring_balance(cb))},
+                          {"contiguous", balance_json(contiguous_balance(cb))}}},
+                        {"bytes_per_layer",
+                         {{"dtype", "float32"},
+                          {"forward", cost.forward_bytes},
+                          {"backward", cost.backward_bytes},
+                          {"collectives", items}}}};
+  if (s.has_linear_layers()) {
+    const auto lc = linear_layer_cost(s, cb, dtype::f32);
+    nlohmann::json litems = nlohmann::json::array();
+    for (const auto& c : lc.items)
+      litems.push_back({{"tag", c.tag},
+                        {"op", c.op},
+                        {"group", c.group},
+                        {"calls", c.calls},
+                        {"bytes_per_call", c.bytes_per_call()},
+                        {"bytes_sent", c.bytes_sent},
+                        {"bytes_per_link", c.bytes_per_link}});
+    nlohmann::json layers = nlohmann::json::array(), per_rank = nlohmann::json::array();
+    for (int l = 0; l < s.layers; ++l)
+      if (s.layer_is_linear(l)) layers.push_back(l);
+    gdn_config g;
+    for (int u = 0; u < s.ulysses; ++u) g.group.ranks.push_back(u);
+    g.k_heads = s.linear_k_heads;
+    g.v_heads = s.linear_v_heads;
+    g.k_dim = s.linear_k_dim;
+    g.v_dim = s.linear_v_dim;
+    const int hk = s.linear_k_heads / s.ulysses, hv = s.linear_v_heads / s.ulysses;
+    for (int u = 0; u < s.ulysses; ++u)
+      per_rank.push_back({{"ulysses_rank", u},
+                          {"key_heads", {u * hk, u * hk + hk}},
+                          {"value_heads", {u * hv, u * hv + hv}},
+                          {"conv_rows", g.conv_rows(u)}});
+    out["linear_layers"] = {{"layers", layers},
+                            {"ranks", per_rank},
+                            {"bytes_per_layer",
+                             {{"dtype", "float32"},
+                              {"forward", lc.forward_bytes},
+                              {"backward", lc.backward_bytes},
+                              {"collectives", litems}}}};
+  }
+  return out;
 }
 
 std::string ranges_of(const std::vector<std::int64_t>& t) {
@@ -116,6 +152,41 @@ std::string ranges_of(const std::vector<std::int64_t>& t) {
     i = j + 1;
   }
   return out;
+}
+
+/// The GatedDeltaNet layers: which of them, the heads and conv channels each rank holds after
+/// the all-to-all, and the bytes one such layer moves.
+std::string linear_text(const scenario& s, const collated_batch& cb) {
+  std::vector<int> layers;
+  for (int l = 0; l < s.layers; ++l)
+    if (s.layer_is_linear(l)) layers.push_back(l);
+  const int U = s.ulysses, hk = s.linear_k_heads / U, hv = s.linear_v_heads / U;
+  const std::int64_t K = std::int64_t{s.linear_k_heads} * s.linear_k_dim,
+                     V = std::int64_t{s.linear_v_heads} * s.linear_v_dim,
+                     lk = std::int64_t{hk} * s.linear_k_dim, lv = std::int64_t{hv} * s.linear_v_dim;
+  std::string o = fmt::format(
+      "\nGatedDeltaNet layers {} (pattern {}): key heads {} × dk {}, value heads {} × dv {}, "
+      "conv kernel {} over {} channels; z stays local, q, k, v, b, a go through the "
+      "all-to-all\n",
+      fmt::join(layers, ","), s.layer_pattern, s.linear_k_heads, s.linear_k_dim, s.linear_v_heads,
+      s.linear_v_dim, s.conv_kernel, 2 * K + V);
+  o += fmt::format("{:>4}  {:<12} {:<12} {:<40} {}\n", "u", "key heads", "value heads",
+                   "conv weight rows (q | k | v)", "A_log/dt_bias");
+  for (int u = 0; u < U; ++u)
+    o += fmt::format("{:>4}  {:<12} {:<12} {:<40} [{}, {})\n", u,
+                     fmt::format("{}-{}", u * hk, u * hk + hk - 1),
+                     fmt::format("{}-{}", u * hv, u * hv + hv - 1),
+                     fmt::format("[{},{}) [{},{}) [{},{})", u * lk, u * lk + lk, K + u * lk,
+                                 K + u * lk + lk, 2 * K + u * lv, 2 * K + u * lv + lv),
+                     u * hv, u * hv + hv);
+  const auto cost = linear_layer_cost(s, cb, dtype::f32);
+  o += "bytes per rank per GatedDeltaNet layer (float32):\n";
+  for (const auto& c : cost.items)
+    o += fmt::format("  {:<20} {:<14} {:<8} ×{:<3} sent {:>10}  per call {:>10}  per link {:>10}\n",
+                     c.tag, c.op, c.group, c.calls, c.bytes_sent, c.bytes_per_call(),
+                     c.bytes_per_link);
+  o += fmt::format("  forward {} B, backward {} B\n", cost.forward_bytes, cost.backward_bytes);
+  return o;
 }
 
 std::string plan_text(const scenario& s, const collated_batch& cb) {
@@ -162,6 +233,7 @@ std::string plan_text(const scenario& s, const collated_batch& cb) {
                      c.tag, c.op, c.group, c.calls, c.bytes_sent, c.bytes_per_call(),
                      c.bytes_per_link);
   o += fmt::format("  forward {} B, backward {} B\n", cost.forward_bytes, cost.backward_bytes);
+  if (s.has_linear_layers()) o += linear_text(s, cb);
   return o;
 }
 

@@ -66,6 +66,33 @@ layer_cost attention_layer_cost(const scenario& s, const collated_batch& cb, dty
   return c;
 }
 
+layer_cost linear_layer_cost(const scenario& s, const collated_batch& cb, dtype t) {
+  layer_cost c;
+  const auto b = static_cast<std::int64_t>(dtype_size(t));
+  const int U = s.ulysses;
+  if (U <= 1) return c;
+  auto a2a = [&](const char* what, const char* dir, int heads, int dim) {
+    const a2a_geometry g{cb.chunk, 1, heads, dim, U};
+    collective_cost x{fmt::format("gdn.{}.{}", what, dir), "all_to_all", "ulysses", 1, 0, 0};
+    x.bytes_per_link = g.block() * b;
+    x.bytes_sent = (U - 1) * g.block() * b;
+    (dir[0] == 'f' ? c.forward_bytes : c.backward_bytes) += x.bytes_sent;
+    c.items.push_back(std::move(x));
+  };
+  const int hk = s.linear_k_heads, hv = s.linear_v_heads, dk = s.linear_k_dim, dv = s.linear_v_dim;
+  for (const char* dir : {"fwd", "bwd"}) {
+    const bool fwd = dir[0] == 'f';
+    if (!fwd) a2a("out", dir, hv, dv);
+    a2a("q", dir, hk, dk);
+    a2a("k", dir, hk, dk);
+    a2a("v", dir, hv, dv);
+    a2a("b", dir, hv, 1);
+    a2a("a", dir, hv, 1);
+    if (fwd) a2a("out", dir, hv, dv);
+  }
+  return c;
+}
+
 double attention_flops(std::int64_t causal_pairs, int heads, int head_dim) {
   return 4.0 * static_cast<double>(causal_pairs) * heads * head_dim;
 }

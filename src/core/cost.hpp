@@ -29,6 +29,10 @@ struct layer_cost {
 };
 layer_cost attention_layer_cost(const scenario& s, const collated_batch& cb, dtype t);
 
+/// The same for one GatedDeltaNet layer (core/linear_attention): q, k, v, b, a gathered and the
+/// output scattered back, forward; the mirror backward (z is not exchanged).
+layer_cost linear_layer_cost(const scenario& s, const collated_batch& cb, dtype t);
+
 /// Causal attention FLOPs of a token set, FlashAttention convention: 4·d·Hq per (q,k) pair.
 double attention_flops(std::int64_t causal_pairs, int heads, int head_dim);
 

@@ -29,6 +29,20 @@ expect 2 "ulysses=6 > num_kv_heads=4 needs ulysses % num_kv_heads == 0" -- plan 
 expect 2 "num_kv_heads=6 is not divisible by ulysses=4" -- plan --heads 12 --kv-heads 6 --ulysses 4
 expect 2 "not a multiple of num_kv_heads=3" -- plan --heads 8 --kv-heads 3 --ulysses 1
 expect 2 "has length 7, not divisible by 2*ring=4" -- plan --ulysses 1 --ring 2 --docs 8,7
+# GatedDeltaNet layers (SEMANTICS.md §7).
+expect 2 "layer_pattern 'LXS' is not a string of S (softmax attention) and L (GatedDeltaNet)" -- plan --ring 1 --layer-pattern LXS
+expect 2 "ulysses=4 must divide linear_k_heads=2 and linear_v_heads=4" -- plan --ring 1 --ulysses 4 --heads 8 --kv-heads 4 --layer-pattern LS --linear-heads 2,4
+expect 2 "use ulysses in {1,2}" -- check --ring 1 --ulysses 4 --heads 8 --kv-heads 4 --layer-pattern L --linear-heads 2,6
+expect 2 "linear_v_heads=6 is not a multiple of linear_k_heads=4" -- plan --ring 1 --ulysses 2 --layer-pattern L --linear-heads 4,6
+expect 2 "ring=2 with GatedDeltaNet layers (layer_pattern 'LS'): linear attention has no ring algorithm" -- check --ulysses 2 --ring 2 --layer-pattern LS
+expect 2 "conv_kernel=0 is out of range" -- plan --ring 1 --layer-pattern L --conv-kernel 0
+expect 2 "linear_k_dim=0 is out of range" -- plan --ring 1 --layer-pattern L --linear-head-dims 0,4
+expect 2 "--linear-heads" -- plan --ring 1 --layer-pattern L --linear-heads 2
+# The worked example of SEMANTICS.md §7: Hk 2, Hv 4, dk = dv = 4, U 2 → rank 1 convolves rows
+# [4,8) [12,16) [24,32) and reads A_log[2:4].
+expect 0 "   1  1-1          2-3          [4,8) [12,16) [24,32)                    [2, 4)" -- plan --ring 1 --ulysses 2 --heads 4 --kv-heads 2 --layer-pattern L --linear-heads 2,4 --linear-head-dims 4,4
+expect 0 "PASS" -- check --scenario qwen3.5
+expect 0 "PASS" -- check --scenario qwen3.5 --dtype f32
 expect 2 "pad it to 8" -- plan --ulysses 1 --ring 2 --docs 8,7
 expect 2 "profile veomni does not support ring attention" -- plan --profile veomni --ulysses 2 --ring 2 --docs 8
 expect 2 "ulysses=0 is out of range" -- plan --ulysses 0
