@@ -39,6 +39,8 @@ rows_equal() {
 rows_equal ulysses2 2 -- --ulysses 2 --ring 1 --layers 1 --docs 9,6 --heads 4 --kv-heads 2
 rows_equal ulysses2-f32-veomni 2 -- --profile veomni --ulysses 2 --ring 1 --layers 1 --docs 7,4 --heads 4 --kv-heads 2 --dtype f32
 rows_equal hybrid4 4 -- --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1
+# GatedDeltaNet: Qwen3.5's hybrid (three linear layers, one softmax) on 4 processes.
+rows_equal qwen3.5 4 -- --scenario qwen3.5
 # DeepSpeed ALST: the micro-step's rows and the SP-over-DP rows (every micro-step's SP step run
 # by the processes, DP over the same samples on rank 0) equal the in-process check's.
 rows_equal alst4-sp-over-dp 4 -- --profile deepspeed --layers 1
