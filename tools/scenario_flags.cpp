@@ -51,6 +51,9 @@ void scenario_flags::add_to(CLI::App& app) {
       ->delimiter(',')
       ->expected(2);
   app.add_option("--conv-kernel", conv_kernel_, "GatedDeltaNet causal convolution width");
+  app.add_flag("--qk-norm", qk_norm_, "softmax layers: per-head RMSNorm of q and k (Qwen3)");
+  app.add_flag("--output-gate", output_gate_,
+               "softmax layers: sigmoid output gate before o_proj (Qwen3.5)");
 }
 
 static std::vector<std::int64_t> parse_docs(const std::string& text) {
@@ -113,13 +116,15 @@ scenario scenario_flags::resolve() const {
     s.linear_v_dim = linear_head_dims_[1];
   }
   if (conv_kernel_) s.conv_kernel = *conv_kernel_;
+  if (qk_norm_) s.qk_norm = true;
+  if (output_gate_) s.output_gate = true;
   const bool overridden = ulysses_ || ring_ || heads_ || kv_heads_ || head_dim_ || hidden_ ||
                           intermediate_ || layers_ || vocab_ || seed_ || !docs_.empty() ||
                           (!profile_.empty() && s.profile != base_profile) || no_zigzag_ ||
                           !ring_backward_.empty() || !ring_forward_.empty() ||
                           !cp_fsdp_mode_.empty() || micro_step_ || tiles_ ||
                           !layer_pattern_.empty() || !linear_heads_.empty() ||
-                          !linear_head_dims_.empty() || conv_kernel_;
+                          !linear_head_dims_.empty() || conv_kernel_ || qk_norm_ || output_gate_;
   if (overridden && config_.empty()) s.name = "custom";
   validate(s);
   return s;

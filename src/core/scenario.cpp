@@ -256,6 +256,8 @@ const std::vector<scenario>& builtin_scenarios() {
     v.back().linear_k_dim = 8;
     v.back().linear_v_dim = 8;
     v.back().conv_kernel = 4;
+    v.back().qk_norm = true;
+    v.back().output_gate = true;
     return v;
   }();
   return all;

@@ -60,6 +60,13 @@ struct scenario {
   int linear_k_dim = 8;    ///< dk
   int linear_v_dim = 8;    ///< dv
   int conv_kernel = 4;     ///< the causal depthwise convolution's width
+  /// Softmax layers (Qwen3 / Qwen3.5): per-head RMSNorm of q and k over head_dim before RoPE,
+  /// weights "L{l}.q_norm", "L{l}.k_norm" [1, head_dim].
+  bool qk_norm = false;
+  /// Softmax layers (Qwen3.5's attn_output_gate): attention output × sigmoid(a·wg) per
+  /// element before the output projection, "L{l}.wg" [hidden, heads·head_dim] (Qwen3.5 packs
+  /// it into q_proj, interleaved per head; the same product, another column order).
+  bool output_gate = false;
 
   int cp() const { return ulysses * ring; }
   /// Whether layer l is a GatedDeltaNet layer (false for a pattern character other than 'L';

@@ -39,6 +39,8 @@ nlohmann::json scenario_to_json(const scenario& s) {
   // Optional fields, present only where they mean something.
   if (s.profile == profile::deepspeed) j["micro_step"] = s.micro_step;
   if (s.tiles != 1) j["tiles"] = s.tiles;
+  if (s.qk_norm) j["qk_norm"] = true;
+  if (s.output_gate) j["output_gate"] = true;
   if (s.has_linear_layers()) {
     j["layer_pattern"] = s.layer_pattern;
     j["linear_k_heads"] = s.linear_k_heads;
@@ -102,6 +104,8 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   get("linear_k_dim", s.linear_k_dim);
   get("linear_v_dim", s.linear_v_dim);
   get("conv_kernel", s.conv_kernel);
+  get("qk_norm", s.qk_norm);
+  get("output_gate", s.output_gate);
   if (j.contains("cp_size") && j.at("cp_size") != s.cp())
     fail<config_error>(
         "scenario cp_size={} disagrees with ulysses*ring={}*{}={}; drop cp_size or "
@@ -124,6 +128,8 @@ std::string scenario_command(const scenario& s, const std::string& sub) {
   if (s.cp_fsdp_mode != "all") cmd += " --cp-fsdp-mode " + s.cp_fsdp_mode;
   if (s.micro_step != 0) cmd += fmt::format(" --micro-step {}", s.micro_step);
   if (s.tiles != 1) cmd += fmt::format(" --tiles {}", s.tiles);
+  if (s.qk_norm) cmd += " --qk-norm";
+  if (s.output_gate) cmd += " --output-gate";
   if (s.has_linear_layers())
     cmd += fmt::format(
         " --layer-pattern {} --linear-heads {},{} --linear-head-dims {},{} --conv-kernel {}",

@@ -51,6 +51,11 @@ std::vector<param_spec> param_specs(const scenario& s) {
       out.push_back({n("wk"), h, kvd, k::proj});
       out.push_back({n("wv"), h, kvd, k::proj});
       out.push_back({n("wo"), qd, h, k::proj});
+      if (s.qk_norm) {
+        out.push_back({n("q_norm"), 1, s.head_dim, k::norm});
+        out.push_back({n("k_norm"), 1, s.head_dim, k::norm});
+      }
+      if (s.output_gate) out.push_back({n("wg"), h, qd, k::proj});
     }
     out.push_back({n("mlp_norm"), 1, h, k::norm});
     out.push_back({n("w_gate"), h, f, k::proj});
@@ -369,6 +374,10 @@ struct layer_cache {
   mat<T> x_in, attn_normed, attn_out, x_mid, mlp_normed, gate, up, act;
   col<T> r_attn, r_mlp;
   ulysses_saved saved;
+  // Softmax options: q, k before their per-head norm (and its 1/rms), the attention output
+  // before the sigmoid gate and the gate's input.
+  mat<T> q_pre, k_pre, attn_raw, gate_pre;
+  col<T> r_q, r_k;
   // A GatedDeltaNet layer: its whole parameters as backend tensors, and what the core keeps.
   gdn_weights gdn_w;
   gdn_saved gdn;
@@ -389,6 +398,30 @@ void add_host(compute& c, const tensor& t, mat<T>& m) {
     fail<shape_error>("model: gradient of {} elements for a parameter of {}", v.size(), m.size());
   for (Eigen::Index e = 0; e < m.size(); ++e)
     m.data()[e] += static_cast<T>(v[static_cast<std::size_t>(e)]);
+}
+
+/// RMSNorm of each head of x [n, heads·d] over its d values (weight [1, d]); r per (token, head).
+template <class T>
+mat<T> per_head_norm_fwd(const mat<T>& x, const mat<T>& w, int heads, col<T>& r) {
+  const Eigen::Index d = x.cols() / heads;
+  const mat<T> y =
+      ops::rms_norm_fwd(mat<T>(Eigen::Map<const mat<T>>(x.data(), x.rows() * heads, d)), w, r);
+  return Eigen::Map<const mat<T>>(y.data(), x.rows(), x.cols());
+}
+
+template <class T>
+mat<T> per_head_norm_bwd(const mat<T>& x, const mat<T>& w, int heads, const col<T>& r,
+                         const mat<T>& dy, mat<T>& dw) {
+  const Eigen::Index d = x.cols() / heads;
+  const mat<T> dx =
+      ops::rms_norm_bwd(mat<T>(Eigen::Map<const mat<T>>(x.data(), x.rows() * heads, d)), w, r,
+                        mat<T>(Eigen::Map<const mat<T>>(dy.data(), x.rows() * heads, d)), dw);
+  return Eigen::Map<const mat<T>>(dx.data(), x.rows(), x.cols());
+}
+
+template <class T>
+mat<T> sigmoid_of(const mat<T>& g) {
+  return g.unaryExpr([](T v) { return T(1) / (T(1) + std::exp(-v)); });
 }
 
 gdn_config gdn_config_of(const scenario& s, const comm_group& ulysses_group) {
@@ -503,13 +536,23 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       c.attn_out = from_tensor<T>(comp, y, n, V);
       c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "out_proj")]);
     } else {
-      const mat<T> q = ops::rope_fwd(ops::linear_fwd(c.attn_normed, p[L(l, "wq")]), H, D, pos);
-      const mat<T> k = ops::rope_fwd(ops::linear_fwd(c.attn_normed, p[L(l, "wk")]), Hkv, D, pos);
+      c.q_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wq")]);
+      c.k_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wk")]);
+      const mat<T> q = ops::rope_fwd(
+          s.qk_norm ? per_head_norm_fwd(c.q_pre, p[L(l, "q_norm")], H, c.r_q) : c.q_pre, H, D, pos);
+      const mat<T> k = ops::rope_fwd(
+          s.qk_norm ? per_head_norm_fwd(c.k_pre, p[L(l, "k_norm")], Hkv, c.r_k) : c.k_pre, Hkv, D,
+          pos);
       const mat<T> v = ops::linear_fwd(c.attn_normed, p[L(l, "wv")]);
       const tensor o = ulysses_forward(comm, comp, ucfg, *inner, to_tensor(comp, q, H, D),
                                        to_tensor(comp, k, Hkv, D), to_tensor(comp, v, Hkv, D),
                                        c.saved, L(l, "attn"));
       c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
+      if (s.output_gate) {  // Qwen3.5: attention output ∘ sigmoid(a·wg), per token (local)
+        c.attn_raw = c.attn_out;
+        c.gate_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wg")]);
+        c.attn_out = c.attn_raw.cwiseProduct(sigmoid_of(c.gate_pre));
+      }
       c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "wo")]);
     }
     c.mlp_normed = ops::rms_norm_fwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp);
@@ -643,15 +686,26 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       continue;
     }
     // Attention: x_mid = x_in + attn(rope(a·wq), rope(a·wk), a·wv)·wo, a = rms_norm(x_in).
-    const mat<T> dattn = ops::linear_bwd(c.attn_out, p[L(l, "wo")], dx_mid, gr[L(l, "wo")]);
+    mat<T> dattn = ops::linear_bwd(c.attn_out, p[L(l, "wo")], dx_mid, gr[L(l, "wo")]);
+    mat<T> da = mat<T>::Zero(n, s.hidden);
+    if (s.output_gate) {
+      const mat<T> sg = sigmoid_of(c.gate_pre);
+      const mat<T> dgate = dattn.cwiseProduct(c.attn_raw)
+                               .cwiseProduct(sg.cwiseProduct((T(1) - sg.array()).matrix()));
+      da += ops::linear_bwd(c.attn_normed, p[L(l, "wg")], dgate, gr[L(l, "wg")]);
+      dattn = dattn.cwiseProduct(sg);
+    }
     const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved,
                                          to_tensor(comp, dattn, H, D), L(l, "attn"));
     c.saved = {};
-    const mat<T> dq = ops::rope_bwd(from_tensor<T>(comp, g.dq, n, std::int64_t{H} * D), H, D, pos);
-    const mat<T> dk =
-        ops::rope_bwd(from_tensor<T>(comp, g.dk, n, std::int64_t{Hkv} * D), Hkv, D, pos);
+    mat<T> dq = ops::rope_bwd(from_tensor<T>(comp, g.dq, n, std::int64_t{H} * D), H, D, pos);
+    mat<T> dk = ops::rope_bwd(from_tensor<T>(comp, g.dk, n, std::int64_t{Hkv} * D), Hkv, D, pos);
+    if (s.qk_norm) {
+      dq = per_head_norm_bwd(c.q_pre, p[L(l, "q_norm")], H, c.r_q, dq, gr[L(l, "q_norm")]);
+      dk = per_head_norm_bwd(c.k_pre, p[L(l, "k_norm")], Hkv, c.r_k, dk, gr[L(l, "k_norm")]);
+    }
     const mat<T> dv = from_tensor<T>(comp, g.dv, n, std::int64_t{Hkv} * D);
-    mat<T> da = ops::linear_bwd(c.attn_normed, p[L(l, "wq")], dq, gr[L(l, "wq")]);
+    da += ops::linear_bwd(c.attn_normed, p[L(l, "wq")], dq, gr[L(l, "wq")]);
     da += ops::linear_bwd(c.attn_normed, p[L(l, "wk")], dk, gr[L(l, "wk")]);
     da += ops::linear_bwd(c.attn_normed, p[L(l, "wv")], dv, gr[L(l, "wv")]);
     dx = dx_mid +

@@ -71,6 +71,11 @@ std::vector<parameter_shape> parameter_shapes(const scenario& s) {
       out.push_back({layer_name(l, "wk"), h, kv});
       out.push_back({layer_name(l, "wv"), h, kv});
       out.push_back({layer_name(l, "wo"), q, h});
+      if (s.qk_norm) {
+        out.push_back({layer_name(l, "q_norm"), 1, s.head_dim});
+        out.push_back({layer_name(l, "k_norm"), 1, s.head_dim});
+      }
+      if (s.output_gate) out.push_back({layer_name(l, "wg"), h, q});
     }
     out.push_back({layer_name(l, "mlp_norm"), 1, h});
     out.push_back({layer_name(l, "w_gate"), h, f});
@@ -721,7 +726,29 @@ void check_weights(const scenario& s, const weights& w) {
 struct layer_activations {
   matrix x_in, a, q, k, v, o, x_mid, m, gate, up, act;
   matrix qkv, z, ga, gb, conv, g, beta;
+  matrix q_pre, k_pre, attn, gate_pre;  // before q/k norm; before the output gate; its input
 };
+
+/// RMSNorm of every head of x [tokens, heads·d] over its d values, weight [1, d].
+matrix per_head_rms_norm(const matrix& x, const matrix& w, int heads) {
+  const Eigen::Index d = x.cols() / heads;
+  const matrix rows = Eigen::Map<const matrix>(x.data(), x.rows() * heads, d);
+  const matrix y = ops::rms_norm(rows, w);
+  return Eigen::Map<const matrix>(y.data(), x.rows(), x.cols());
+}
+
+matrix per_head_rms_norm_backward(const matrix& x, const matrix& w, int heads, const matrix& dy,
+                                  matrix& dw) {
+  const Eigen::Index d = x.cols() / heads;
+  const matrix rows = Eigen::Map<const matrix>(x.data(), x.rows() * heads, d);
+  const matrix drows = Eigen::Map<const matrix>(dy.data(), x.rows() * heads, d);
+  const matrix dx = ops::rms_norm_backward(rows, w, drows, dw);
+  return Eigen::Map<const matrix>(dx.data(), x.rows(), x.cols());
+}
+
+matrix sigmoid_of(const matrix& g) {
+  return g.unaryExpr([](double x) { return 1.0 / (1.0 + std::exp(-x)); });
+}
 
 /// The columns [q | k | v] of the GatedDeltaNet's mixed projection.
 struct qkv_split {
@@ -773,10 +800,19 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       c.q = ops::gated_rms_norm(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads);
       c.x_mid = x + ops::linear(c.q, w.at(L(l, "out_proj")));
     } else {
-      c.q = ops::rope(ops::linear(c.a, w.at(L(l, "wq"))), H, D, pos);
-      c.k = ops::rope(ops::linear(c.a, w.at(L(l, "wk"))), Hkv, D, pos);
+      c.q_pre = ops::linear(c.a, w.at(L(l, "wq")));
+      c.k_pre = ops::linear(c.a, w.at(L(l, "wk")));
+      c.q = ops::rope(s.qk_norm ? per_head_rms_norm(c.q_pre, w.at(L(l, "q_norm")), H) : c.q_pre, H,
+                      D, pos);
+      c.k = ops::rope(s.qk_norm ? per_head_rms_norm(c.k_pre, w.at(L(l, "k_norm")), Hkv) : c.k_pre,
+                      Hkv, D, pos);
       c.v = ops::linear(c.a, w.at(L(l, "wv")));
-      c.o = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads);
+      c.attn = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads);
+      c.o = c.attn;
+      if (s.output_gate) {  // o ∘ sigmoid(a·wg)
+        c.gate_pre = ops::linear(c.a, w.at(L(l, "wg")));
+        c.o = c.attn.cwiseProduct(sigmoid_of(c.gate_pre));
+      }
       c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")));
     }
     c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")));
@@ -836,13 +872,26 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
            ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));
       continue;
     }
-    const matrix d_o = ops::linear_backward(c.o, w.at(L(l, "wo")), dx_mid, gr.at(L(l, "wo")));
+    matrix d_o = ops::linear_backward(c.o, w.at(L(l, "wo")), dx_mid, gr.at(L(l, "wo")));
+    matrix da = matrix::Zero(c.a.rows(), c.a.cols());
+    if (s.output_gate) {  // o = attn ∘ σ(g): d attn = d_o ∘ σ(g), dg = d_o ∘ attn ∘ σ(1 − σ)
+      const matrix sg = sigmoid_of(c.gate_pre);
+      const matrix dgate =
+          d_o.cwiseProduct(c.attn).cwiseProduct(sg.cwiseProduct((1.0 - sg.array()).matrix()));
+      da += ops::linear_backward(c.a, w.at(L(l, "wg")), dgate, gr.at(L(l, "wg")));
+      d_o = d_o.cwiseProduct(sg);
+    }
     matrix dq, dk, dv;
     ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv, threads);
-    matrix da = ops::linear_backward(c.a, w.at(L(l, "wq")), ops::rope_backward(dq, H, D, pos),
-                                     gr.at(L(l, "wq")));
-    da += ops::linear_backward(c.a, w.at(L(l, "wk")), ops::rope_backward(dk, Hkv, D, pos),
-                               gr.at(L(l, "wk")));
+    dq = ops::rope_backward(dq, H, D, pos);
+    dk = ops::rope_backward(dk, Hkv, D, pos);
+    if (s.qk_norm) {
+      dq = per_head_rms_norm_backward(c.q_pre, w.at(L(l, "q_norm")), H, dq, gr.at(L(l, "q_norm")));
+      dk =
+          per_head_rms_norm_backward(c.k_pre, w.at(L(l, "k_norm")), Hkv, dk, gr.at(L(l, "k_norm")));
+    }
+    da += ops::linear_backward(c.a, w.at(L(l, "wq")), dq, gr.at(L(l, "wq")));
+    da += ops::linear_backward(c.a, w.at(L(l, "wk")), dk, gr.at(L(l, "wk")));
     da += ops::linear_backward(c.a, w.at(L(l, "wv")), dv, gr.at(L(l, "wv")));
     dx = dx_mid +
          ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));

@@ -298,11 +298,18 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
   double grad_scale = 0;
   for (const auto& g : ref.grads.values)
     grad_scale = std::max(grad_scale, static_cast<double>(g.cwiseAbs().maxCoeff()));
+  // GatedDeltaNet's A_log and dt_bias hold one value per head whose gradient sums every
+  // token's gate derivative, terms of both signs that largely cancel: rounding is relative to
+  // the terms, not to the sum, so those rows are judged against 1e-2 of the largest gradient.
+  const auto floor_of = [&](const std::string& name) {
+    const bool per_head_gate = name.ends_with(".A_log") || name.ends_with(".dt_bias");
+    return (per_head_gate ? 1e-2 : 1e-3) * grad_scale;
+  };
   for (std::size_t i = 0; i < ref.grads.values.size(); ++i) {
     compared_tensor worst;
     for (std::size_t k = 0; k < outs.size(); ++k) {
       auto c = compare("grad." + ref.grads.names[i], values_of(outs[k].grads.values[i]),
-                       values_of(ref.grads.values[i]), tol, 1e-3 * grad_scale);
+                       values_of(ref.grads.values[i]), tol, floor_of(ref.grads.names[i]));
       if (k == 0 || c.max_rel > worst.max_rel || !c.pass) {
         c.rank = static_cast<int>(k);
         if (!c.pass) c.note = fmt::format("worst on cp rank {}: {}", k, c.note);

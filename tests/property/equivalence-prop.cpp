@@ -56,15 +56,16 @@ RC_GTEST_PROP(equivalence, linear_attention_step_equals_non_sp_in_f64, ()) {
   assert_equivalent(s, dtype::f64);
 }
 
-// float32 with dk, dv in 8..16. At small head dims the layer is ill-conditioned in ways no
-// implementation avoids: l2norm and the gated RMSNorm over 1 or 2 elements map almost every
-// vector to ±1 (their exact gradient is ~eps/x², which float32 computes as 1 − x̂²), and
-// q̂·k̂ of two unit vectors in 2..4 dimensions is often near 0, so the output carries the
-// dot product's cancellation. Real models use 128; float64 (above) covers dk, dv from 1.
+// float32 with dk, dv (and the softmax head_dim) in 8..16. At small head dims the layer is
+// ill-conditioned in ways no implementation avoids: l2norm and the gated RMSNorm over 1 or 2
+// elements map almost every vector to ±1 (their exact gradient is ~eps/x², which float32 computes
+// as 1 − x̂²), and q̂·k̂ of two unit vectors in 2..4 dimensions is often near 0, so the output carries
+// the dot product's cancellation. Real models use 128; float64 (above) covers dk, dv from 1.
 RC_GTEST_PROP(equivalence, linear_attention_f32_step_is_within_the_error_model, ()) {
   auto s = *gens::linear_check_scenario();
   s.linear_k_dim += 7;
   s.linear_v_dim += 7;
+  s.head_dim += 7;  // the same for the per-head q/k norm of the softmax layers
   assert_equivalent(s, dtype::f32);
 }
 

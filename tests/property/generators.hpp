@@ -121,7 +121,8 @@ inline rc::Gen<scenario> ulysses_check_scenario() {
 /// GatedDeltaNet (hybrid) scenarios (issue: linear attention): U ∈ 1..4, Hk = U·{1,2}, Hv/Hk
 /// ∈ 1..3, dk and dv 1..8, conv kernel 2..4, layer patterns L, LS, SL, LLS over 1..2 layers,
 /// both profiles; documents 1..40 tokens (shorter than the kernel, single tokens, one spanning
-/// every rank), labels with -100 runs.
+/// every rank), labels with -100 runs; the softmax layers with and without q/k norm and the
+/// output gate.
 inline rc::Gen<scenario> linear_check_scenario() {
   return rc::gen::mapcat(rc::gen::inRange(1, 5), [](int U) {
     return rc::gen::mapcat(
@@ -142,10 +143,14 @@ inline rc::Gen<scenario> linear_check_scenario() {
           s.linear_v_dim = std::get<5>(t);
           s.conv_kernel = std::get<6>(t);
           s.layer_pattern = std::get<7>(t);
-          return rc::gen::map(with_model(s, 40, 1), [](scenario g) {
-            g.head_dim = 1 + g.head_dim % 8;  // the softmax layers stay small
-            return g;
-          });
+          return rc::gen::map(rc::gen::pair(with_model(s, 40, 1), rc::gen::inRange(0, 4)),
+                              [](const std::pair<scenario, int>& p) {
+                                scenario g = p.first;
+                                g.head_dim = 1 + g.head_dim % 8;  // the softmax layers stay small
+                                g.qk_norm = (p.second & 1) != 0;  // Qwen3.5's softmax-layer options
+                                g.output_gate = (p.second & 2) != 0;
+                                return g;
+                              });
         });
   });
 }

@@ -367,9 +367,12 @@ TEST(reference, step_gradients_match_finite_differences_of_the_loss) {
 }
 
 TEST(reference, hybrid_step_gradients_match_finite_differences_of_the_loss) {
-  // A GatedDeltaNet layer (GQA 1 → 2 value heads, kernel 3) then a softmax layer.
+  // A GatedDeltaNet layer (GQA 1 → 2 value heads, kernel 3) then a softmax layer with q/k norm
+  // and the sigmoid output gate (Qwen3.5's).
   scenario s = tiny(4);
   s.layer_pattern = "LS";
+  s.qk_norm = true;
+  s.output_gate = true;
   s.linear_k_heads = 1;
   s.linear_v_heads = 2;
   s.linear_k_dim = 3;
@@ -380,6 +383,8 @@ TEST(reference, hybrid_step_gradients_match_finite_differences_of_the_loss) {
   const ref::batch b = tiny_batch();
   const auto out = ref::train_step(s, w, b);
   EXPECT_NO_THROW((void)w.at("L0.conv"));
+  EXPECT_NO_THROW((void)w.at("L1.q_norm"));
+  EXPECT_NO_THROW((void)w.at("L1.wg"));
   for (std::size_t i = 0; i < w.values.size(); ++i) {
     const auto f = [&] { return ref::train_step(s, w, b).loss; };
     // Richardson: (4·D(h/2) − D(h))/3 cancels the O(h²) term of the central difference, which

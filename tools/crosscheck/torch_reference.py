@@ -104,7 +104,7 @@ def document_mask(position_ids):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, eps):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
         hidden = cfg["hidden"]
@@ -112,18 +112,33 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False, dtype=f64)
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False, dtype=f64)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False, dtype=f64)
+        # Qwen3-style per-head RMSNorm of q and k over head_dim (before RoPE), and Qwen3.5's
+        # sigmoid output gate (a projection of its own here; Qwen3.5 packs it into q_proj).
+        self.qk_norm = cfg.get("qk_norm", False)
+        self.output_gate = cfg.get("output_gate", False)
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps)
+            self.k_norm = RMSNorm(self.head_dim, eps)
+        if self.output_gate:
+            self.g_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False, dtype=f64)
 
     def forward(self, x, rotary, cos, sin, mask):
         b, s, _ = x.shape
+        heads = lambda t, n: t.view(b, s, n, self.head_dim)
+        q, k = heads(self.q_proj(x), self.heads), heads(self.k_proj(x), self.kv_heads)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rotary.apply(q.transpose(1, 2), cos, sin)
+        k = rotary.apply(k.transpose(1, 2), cos, sin)
         split = lambda t, n: t.view(b, s, n, self.head_dim).transpose(1, 2)
-        q = rotary.apply(split(self.q_proj(x), self.heads), cos, sin)
-        k = rotary.apply(split(self.k_proj(x), self.kv_heads), cos, sin)
         v = split(self.v_proj(x), self.kv_heads)
         k = repeat_kv(k, self.heads // self.kv_heads)
         v = repeat_kv(v, self.heads // self.kv_heads)
         scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim) + mask
         probs = torch.softmax(scores, dim=-1)
         out = (probs @ v).transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+        if self.output_gate:
+            out = out * torch.sigmoid(self.g_proj(x))
         return self.o_proj(out)
 
 
@@ -215,7 +230,7 @@ class DecoderLayer(nn.Module):
         if linear:
             self.linear_attn = GatedDeltaNet(cfg, eps)
         else:
-            self.self_attn = Attention(cfg)
+            self.self_attn = Attention(cfg, eps)
         self.post_attention_layernorm = RMSNorm(cfg["hidden"], eps)
         self.mlp = SwiGLU(cfg)
 
@@ -285,6 +300,11 @@ def seqpar_names(cfg):
             f"L{l}.wv": (p + "self_attn.v_proj.weight", True),
             f"L{l}.wo": (p + "self_attn.o_proj.weight", True),
         })
+        if cfg.get("qk_norm", False):
+            names[f"L{l}.q_norm"] = (p + "self_attn.q_norm.weight", False)
+            names[f"L{l}.k_norm"] = (p + "self_attn.k_norm.weight", False)
+        if cfg.get("output_gate", False):
+            names[f"L{l}.wg"] = (p + "self_attn.g_proj.weight", True)
     names["final_norm"] = ("norm.weight", False)
     names["lm_head"] = ("lm_head.weight", True)
     return names
