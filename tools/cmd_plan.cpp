@@ -56,6 +56,30 @@ nlohmann::json balance_json(const balance& b) {
           {"ratio", std::isfinite(b.ratio) ? nlohmann::json(b.ratio) : nlohmann::json("inf")}};
 }
 
+/// One layer's collectives: JSON rows and text lines (with the forward/backward totals).
+nlohmann::json cost_json(const layer_cost& cost) {
+  nlohmann::json items = nlohmann::json::array();
+  for (const auto& c : cost.items)
+    items.push_back({{"tag", c.tag},
+                     {"op", c.op},
+                     {"group", c.group},
+                     {"calls", c.calls},
+                     {"bytes_per_call", c.bytes_per_call()},
+                     {"bytes_sent", c.bytes_sent},
+                     {"bytes_per_link", c.bytes_per_link}});
+  return items;
+}
+
+std::string cost_text(const layer_cost& cost) {
+  std::string o;
+  for (const auto& c : cost.items)
+    o += fmt::format("  {:<20} {:<14} {:<8} ×{:<3} sent {:>10}  per call {:>10}  per link {:>10}\n",
+                     c.tag, c.op, c.group, c.calls, c.bytes_sent, c.bytes_per_call(),
+                     c.bytes_per_link);
+  return o +
+         fmt::format("  forward {} B, backward {} B\n", cost.forward_bytes, cost.backward_bytes);
+}
+
 nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
   nlohmann::json ranks = nlohmann::json::array();
   const auto cu = attention_cu_seqlens(cb);
@@ -80,15 +104,7 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
          {"attention_work", causal_work(ring_rank_tokens(cb, r), cu) * (s.heads / s.ulysses)}});
   }
   const auto cost = attention_layer_cost(s, cb, dtype::f32);
-  nlohmann::json items = nlohmann::json::array();
-  for (const auto& c : cost.items)
-    items.push_back({{"tag", c.tag},
-                     {"op", c.op},
-                     {"group", c.group},
-                     {"calls", c.calls},
-                     {"bytes_per_call", c.bytes_per_call()},
-                     {"bytes_sent", c.bytes_sent},
-                     {"bytes_per_link", c.bytes_per_link}});
+  const nlohmann::json items = cost_json(cost);
   nlohmann::json out = {{"scenario", io::scenario_to_json(s)},
                         {"original_length", cb.original_length},
                         {"padded_length", cb.padded_length},
@@ -106,15 +122,6 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
                           {"collectives", items}}}};
   if (s.has_linear_layers()) {
     const auto lc = linear_layer_cost(s, cb, dtype::f32);
-    nlohmann::json litems = nlohmann::json::array();
-    for (const auto& c : lc.items)
-      litems.push_back({{"tag", c.tag},
-                        {"op", c.op},
-                        {"group", c.group},
-                        {"calls", c.calls},
-                        {"bytes_per_call", c.bytes_per_call()},
-                        {"bytes_sent", c.bytes_sent},
-                        {"bytes_per_link", c.bytes_per_link}});
     nlohmann::json layers = nlohmann::json::array(), per_rank = nlohmann::json::array();
     for (int l = 0; l < s.layers; ++l)
       if (s.layer_is_linear(l)) layers.push_back(l);
@@ -136,7 +143,7 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
                              {{"dtype", "float32"},
                               {"forward", lc.forward_bytes},
                               {"backward", lc.backward_bytes},
-                              {"collectives", litems}}}};
+                              {"collectives", cost_json(lc)}}}};
   }
   return out;
 }
@@ -179,14 +186,8 @@ std::string linear_text(const scenario& s, const collated_batch& cb) {
                      fmt::format("[{},{}) [{},{}) [{},{})", u * lk, u * lk + lk, K + u * lk,
                                  K + u * lk + lk, 2 * K + u * lv, 2 * K + u * lv + lv),
                      u * hv, u * hv + hv);
-  const auto cost = linear_layer_cost(s, cb, dtype::f32);
   o += "bytes per rank per GatedDeltaNet layer (float32):\n";
-  for (const auto& c : cost.items)
-    o += fmt::format("  {:<20} {:<14} {:<8} ×{:<3} sent {:>10}  per call {:>10}  per link {:>10}\n",
-                     c.tag, c.op, c.group, c.calls, c.bytes_sent, c.bytes_per_call(),
-                     c.bytes_per_link);
-  o += fmt::format("  forward {} B, backward {} B\n", cost.forward_bytes, cost.backward_bytes);
-  return o;
+  return o + cost_text(linear_layer_cost(s, cb, dtype::f32));
 }
 
 std::string plan_text(const scenario& s, const collated_batch& cb) {
@@ -226,13 +227,8 @@ std::string plan_text(const scenario& s, const collated_batch& cb) {
       "{:<10} {}  max/min {:.3f}\n",
       s.ring > 1 && s.zigzag ? "zigzag" : "layout", fmt::join(zz.work, " "), zz.ratio, "contiguous",
       fmt::join(ct.work, " "), ct.ratio);
-  const auto cost = attention_layer_cost(s, cb, dtype::f32);
   o += "\nbytes per rank per attention layer (float32):\n";
-  for (const auto& c : cost.items)
-    o += fmt::format("  {:<20} {:<14} {:<8} ×{:<3} sent {:>10}  per call {:>10}  per link {:>10}\n",
-                     c.tag, c.op, c.group, c.calls, c.bytes_sent, c.bytes_per_call(),
-                     c.bytes_per_link);
-  o += fmt::format("  forward {} B, backward {} B\n", cost.forward_bytes, cost.backward_bytes);
+  o += cost_text(attention_layer_cost(s, cb, dtype::f32));
   if (s.has_linear_layers()) o += linear_text(s, cb);
   return o;
 }

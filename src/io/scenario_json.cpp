@@ -60,7 +60,7 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
       "layers",        "vocab",         "docs",           "seed",           "zigzag",
       "ring_backward", "ring_forward",  "cp_fsdp_mode",   "pad_token_id",   "micro_step",
       "tiles",         "layer_pattern", "linear_k_heads", "linear_v_heads", "linear_k_dim",
-      "linear_v_dim",  "conv_kernel"};
+      "linear_v_dim",  "conv_kernel",   "qk_norm",        "output_gate"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
       fail<config_error>("scenario key '{}' is unknown; known keys: {}", it.key(),

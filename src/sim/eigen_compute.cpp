@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "sim/attention.hpp"
+#include "sim/float_dispatch.hpp"
 
 namespace seqpar::sim {
 
@@ -20,20 +21,6 @@ tensor host_tensor(dtype t, shape_t s) {
 }
 
 namespace {
-
-/// Runs f.template operator()<T>() for the tensor's floating dtype.
-template <class F>
-decltype(auto) by_float(dtype t, F&& f) {
-  switch (t) {
-    case dtype::f64:
-      return f.template operator()<double>();
-    case dtype::f32:
-      return f.template operator()<float>();
-    default:
-      break;
-  }
-  fail<shape_error>("the CPU reference computes in float64 or float32, not {}", dtype_name(t));
-}
 
 void same_shape(const tensor& a, const tensor& b, const char* op) {
   if (a.shape != b.shape || a.type != b.type)

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "sim/eigen_compute.hpp"
+#include "sim/float_dispatch.hpp"
 
 namespace seqpar::sim {
 
@@ -19,19 +20,6 @@ template <class T>
 using rmat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class T>
 using rvec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
-
-template <class F>
-decltype(auto) on_float(dtype t, F&& f) {
-  switch (t) {
-    case dtype::f64:
-      return f.template operator()<double>();
-    case dtype::f32:
-      return f.template operator()<float>();
-    default:
-      break;
-  }
-  fail<shape_error>("the CPU reference computes in float64 or float32, not {}", dtype_name(t));
-}
 
 template <class T>
 T sigmoid(T x) {
@@ -236,7 +224,7 @@ tensor eigen_compute::causal_conv_forward(const tensor& x, const tensor& w_full,
   tensor y = zeros(x.type, x.shape);
   const auto start = row_starts(docs, S);
   const std::int64_t K = w_full.shape[1];
-  on_float(x.type, [&]<class T>() {
+  by_float(x.type, [&]<class T>() {
     const T *xs = x.as<T>(), *w = w_full.as<T>();
     T* ys = y.as<T>();
     for (std::int64_t t = 0; t < S; ++t) {
@@ -267,7 +255,7 @@ void eigen_compute::causal_conv_backward(const tensor& x, const tensor& w_full,
   dx = zeros(x.type, x.shape);
   const auto start = row_starts(docs, S);
   const std::int64_t K = w_full.shape[1];
-  on_float(x.type, [&]<class T>() {
+  by_float(x.type, [&]<class T>() {
     const T *xs = x.as<T>(), *w = w_full.as<T>(), *d = dy.as<T>();
     T *dxs = dx.as<T>(), *dw = dw_full.as<T>();
     for (std::int64_t t = 0; t < S; ++t) {
@@ -301,7 +289,7 @@ void eigen_compute::delta_gates_forward(const tensor& a, const tensor& b, const 
                       shape_str(A_log), shape_str(dt_bias), head_offset));
   g = empty(a.type, {S, H});
   beta = empty(a.type, {S, H});
-  on_float(a.type, [&]<class T>() {
+  by_float(a.type, [&]<class T>() {
     const T *as = a.as<T>(), *bs = b.as<T>(), *A = A_log.as<T>(), *dt = dt_bias.as<T>();
     T *gs = g.as<T>(), *bt = beta.as<T>();
     for (std::int64_t t = 0; t < S; ++t)
@@ -326,7 +314,7 @@ void eigen_compute::delta_gates_backward(const tensor& a, const tensor& b, const
                       shape_str(dbeta), shape_str(dA_log)));
   da = empty(a.type, a.shape);
   db = empty(a.type, a.shape);
-  on_float(a.type, [&]<class T>() {
+  by_float(a.type, [&]<class T>() {
     const T *as = a.as<T>(), *bs = b.as<T>(), *A = A_log.as<T>(), *dt = dt_bias.as<T>();
     const T *dgs = dg.as<T>(), *dbs = dbeta.as<T>();
     T *das = da.as<T>(), *dbo = db.as<T>(), *dA = dA_log.as<T>(), *ddt = ddt_bias.as<T>();
@@ -347,7 +335,7 @@ void eigen_compute::delta_gates_backward(const tensor& a, const tensor& b, const
 void eigen_compute::gated_delta_forward(const tensor& q, const tensor& k, const tensor& v,
                                         const tensor& g, const tensor& beta,
                                         const attention_docs& docs, tensor& out) {
-  on_float(q.type, [&]<class T>() {
+  by_float(q.type, [&]<class T>() {
     check_delta<T>(q, k, v, g, beta, "gated_delta_forward");
     out = zeros(q.type, v.shape);
     const int H = static_cast<int>(q.shape[1]);
@@ -365,7 +353,7 @@ void eigen_compute::gated_delta_backward(const tensor& q, const tensor& k, const
                                          const tensor& g, const tensor& beta,
                                          const attention_docs& docs, const tensor& dout, tensor& dq,
                                          tensor& dk, tensor& dv, tensor& dg, tensor& dbeta) {
-  on_float(q.type, [&]<class T>() {
+  by_float(q.type, [&]<class T>() {
     check_delta<T>(q, k, v, g, beta, "gated_delta_backward");
     require(dout.shape == v.shape && dout.type == v.type, "gated_delta_backward",
             fmt::format("dout {}, expected {}", shape_str(dout), shape_str(v)));
@@ -450,7 +438,7 @@ tensor eigen_compute::gated_rms_norm_forward(const tensor& x, const tensor& z, c
                       shape_str(z), shape_str(w)));
   tensor y = empty(x.type, x.shape);
   const std::int64_t d = x.shape[2], rows = x.numel() / d;
-  on_float(x.type, [&]<class T>() {
+  by_float(x.type, [&]<class T>() {
     const T *xs = x.as<T>(), *zs = z.as<T>(), *ws = w.as<T>();
     T* ys = y.as<T>();
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -473,7 +461,7 @@ void eigen_compute::gated_rms_norm_backward(const tensor& x, const tensor& z, co
   dx = empty(x.type, x.shape);
   dz = empty(x.type, x.shape);
   const std::int64_t d = x.shape[2], rows = x.numel() / d;
-  on_float(x.type, [&]<class T>() {
+  by_float(x.type, [&]<class T>() {
     const T *xs = x.as<T>(), *zs = z.as<T>(), *ws = w.as<T>(), *dys = dy.as<T>();
     T *dxs = dx.as<T>(), *dzs = dz.as<T>(), *dws = dw.as<T>();
     rvec<T> gn(d);

@@ -7,17 +7,7 @@
 set -u
 tc=$1
 src=$2
-py=""
-for cand in ${PYTHON:-} python3 /usr/bin/python3; do
-  if "$cand" -c 'import torch' 2>/dev/null; then
-    py=$cand
-    break
-  fi
-done
-if [ -z "$py" ]; then
-  echo "SKIP: no python3 here can import torch (apt-get install python3-torch)"
-  exit 77
-fi
+. "$(dirname "$0")/torch_python.sh"
 rel=veomni/models/transformers/qwen3_5/generated/patched_modeling_qwen3_5_gpu.py
 file=${VEOMNI_QWEN3_5:-}
 [ -z "$file" ] && [ -n "${VEOMNI_DIR:-}" ] && file=$VEOMNI_DIR/$rel

@@ -6,18 +6,7 @@
 set -u
 tc=$1
 src=$2
-# The first of $PYTHON, python3 on PATH and Debian's /usr/bin/python3 (python3-torch) that has it.
-py=""
-for cand in ${PYTHON:-} python3 /usr/bin/python3; do
-  if "$cand" -c 'import torch' 2>/dev/null; then
-    py=$cand
-    break
-  fi
-done
-if [ -z "$py" ]; then
-  echo "SKIP: no python3 here can import torch (apt-get install python3-torch)"
-  exit 77
-fi
+. "$(dirname "$0")/torch_python.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$tc" dump "$tmp/in" >/dev/null || exit 1
