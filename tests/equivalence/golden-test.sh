@@ -71,7 +71,7 @@ compare() {
   fi
 }
 
-scenarios=(default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8 alst)
+scenarios=(default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8 alst qwen3.5)
 for s in "${scenarios[@]}"; do
   run "plan.$s" -- plan --scenario "$s"
   run "plan.$s.json" -- plan --scenario "$s" --json
