@@ -49,12 +49,12 @@ case "${1:-}" in
     meson test -C build --print-errorlogs --num-processes "$jobs"
     # Sanitizers: the CPU reference is the oracle, so it must be free of UB and leaks. The unit
     # and property suites (the oracle's own code) are rebuilt at -O1 without debug info, MPI, CUDA
-    # or the CLI: only their targets are built, and the properties run 100 cases each (400 in
+    # or the CLI: only their targets are built, and the properties run 50 cases each (400 in
     # the optimized build above), to keep CI within budget.
     if [ ! -f build-asan/build.ninja ]; then
       echo "setup: configuring build-asan"
       meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dgpu=disabled \
-        -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=100
+        -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=50
     fi
     mapfile -t asan_targets < <(ninja -C build-asan -t targets all |
       sed -n 's#^\(tests/\(unit\|property\)/[^/:]*-\(test\|prop\)\): .*#\1#p')

@@ -123,6 +123,45 @@ TEST(linear_attention, chunked_delta_rule_equals_the_recurrence_in_f32_to_roundi
   expect_delta_rule_matches_the_recurrence(dtype::f32, 2e-5);
 }
 
+TEST(linear_attention, chunked_backward_matches_finite_differences_of_the_chunked_forward) {
+  // Directly, not only through the oracle: a 70-token document spans two chunks.
+  sim::eigen_compute c;
+  const std::vector<std::int64_t> docs_len = {70, 1, 4};
+  const auto docs = docs_of(docs_len);
+  const Eigen::Index S = 75, H = 2, dk = 3, dv = 2;
+  std::vector<matrix> in = {random_matrix(S, H * dk, 21), random_matrix(S, H * dk, 22),
+                            random_matrix(S, H * dv, 23), random_matrix(S, H, 24, -0.5, 0.0),
+                            random_matrix(S, H, 25, 0.0, 1.0)};
+  const std::vector<shape_t> shapes = {{S, H, dk}, {S, H, dk}, {S, H, dv}, {S, H}, {S, H}};
+  const matrix r = random_matrix(S, H * dv, 26);
+  const auto f = [&] {
+    tensor out;
+    c.gated_delta_forward(to_tensor(c, in[0], shapes[0]), to_tensor(c, in[1], shapes[1]),
+                          to_tensor(c, in[2], shapes[2]), to_tensor(c, in[3], shapes[3]),
+                          to_tensor(c, in[4], shapes[4]), docs, out);
+    return to_matrix(c, out, S, H * dv).cwiseProduct(r).sum();
+  };
+  std::vector<tensor> grads(5);
+  c.gated_delta_backward(to_tensor(c, in[0], shapes[0]), to_tensor(c, in[1], shapes[1]),
+                         to_tensor(c, in[2], shapes[2]), to_tensor(c, in[3], shapes[3]),
+                         to_tensor(c, in[4], shapes[4]), docs, to_tensor(c, r, {S, H, dv}),
+                         grads[0], grads[1], grads[2], grads[3], grads[4]);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    matrix fd(in[i].rows(), in[i].cols());
+    for (Eigen::Index e = 0; e < in[i].size(); ++e) {
+      const double keep = in[i].data()[e], h = 1e-5;
+      in[i].data()[e] = keep + h;
+      const double up = f();
+      in[i].data()[e] = keep - h;
+      const double down = f();
+      in[i].data()[e] = keep;
+      fd.data()[e] = (up - down) / (2 * h);
+    }
+    EXPECT_LT(rel_err(to_matrix(c, grads[i], in[i].rows(), in[i].cols()), fd), 1e-7)
+        << "input " << i << " (q, k, v, g, beta)";
+  }
+}
+
 TEST(linear_attention, rows_past_the_last_document_are_zero) {
   sim::eigen_compute c;
   const delta_inputs in;
