@@ -6,7 +6,6 @@
 // size = bytes of Q (S·Hq·d·sizeof(type)), count = S. FLOPs as attention_bench: causal
 // fwd = 4·S²·Hq·d/2, bwd = 2.5·fwd. #wrong: 4 sampled forward rows against a direct double
 // softmax on the host (bench/attention_oracle.hpp).
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -18,6 +17,7 @@
 #include "bench/attention_oracle.hpp"
 #include "bench/driver.hpp"
 #include "bench/gpu_util.hpp"
+#include "gpu/cublas_lazy.hpp"
 #include "gpu/kernels/attention.hpp"
 #include "gpu/launch.hpp"
 
@@ -41,14 +41,14 @@ struct gpu_attention {
 
   gpu_attention() {
     bench::cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
-    if (const auto st = cublasCreate(&blas); st != CUBLAS_STATUS_SUCCESS)
+    if (const auto st = seqpar::gpu::cublas().create(&blas); st != CUBLAS_STATUS_SUCCESS)
       throw backend_error("cublasCreate", static_cast<int>(st), "cannot create a cuBLAS handle", 0,
                           "");
-    cublasSetStream(blas, stream);
+    seqpar::gpu::cublas().set_stream(blas, stream);
   }
   ~gpu_attention() {
     bufs.clear();
-    cublasDestroy(blas);
+    seqpar::gpu::cublas().destroy(blas);
     cudaStreamDestroy(stream);
   }
 
@@ -176,9 +176,9 @@ struct gpu_attention {
       const float one = 1.f, zero = 0.f;
       const cudaDataType_t ct = bf16 ? CUDA_R_16BF : CUDA_R_32F;
       auto gemm = [&] {
-        const auto st = cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, gemm_n, gemm_n, gemm_n, &one,
-                                     a.p, ct, gemm_n, b.p, ct, gemm_n, &zero, c.p, ct, gemm_n,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        const auto st = seqpar::gpu::cublas().gemm_ex(
+            blas, CUBLAS_OP_N, CUBLAS_OP_N, gemm_n, gemm_n, gemm_n, &one, a.p, ct, gemm_n, b.p, ct,
+            gemm_n, &zero, c.p, ct, gemm_n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS)
           throw backend_error("cublasGemmEx", static_cast<int>(st), "GEMM baseline failed", 0, "");
       };

@@ -1,7 +1,6 @@
 // cuda_compute: argument checks, memory, cuBLAS; kernels through the launchers of kernels.cu.
 #include "gpu/cuda_compute.hpp"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,6 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "gpu/cublas_lazy.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels/attention.hpp"
 #include "gpu/kernels/bf16.hpp"
@@ -85,10 +85,11 @@ cuda_compute::cuda_compute(int device, int rank) : impl_(new impl), device_(devi
     fail<shape_error>("cuda_compute: device {} does not exist; {} device(s) visible", device, n);
   SEQPAR_CUDA(cudaSetDevice, device_);
   SEQPAR_CUDA(cudaStreamCreateWithFlags, &impl_->stream, cudaStreamNonBlocking);
-  const cublasStatus_t st = cublasCreate(&impl_->blas);
+  const auto& blas = cublas();
+  const cublasStatus_t st = blas.create(&impl_->blas);
   if (st != CUBLAS_STATUS_SUCCESS)
-    raise("cublasCreate", static_cast<int>(st), cublasGetStatusString(st), rank_);
-  cublasSetStream(impl_->blas, impl_->stream);
+    raise("cublasCreate", static_cast<int>(st), blas.status_string(st), rank_);
+  blas.set_stream(impl_->blas, impl_->stream);
 }
 
 cuda_compute::~cuda_compute() {
@@ -96,7 +97,7 @@ cuda_compute::~cuda_compute() {
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
   for (auto& b : impl_->bufs)
     if (b.p) cudaFree(b.p);
-  if (impl_->blas) cublasDestroy(impl_->blas);
+  if (impl_->blas) cublas().destroy(impl_->blas);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
@@ -586,13 +587,13 @@ void cuda_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tenso
     default:
       fail<shape_error>("gemm: {} is not supported", dtype_name(a.type));
   }
-  const cublasStatus_t st = cublasGemmEx(
+  const cublasStatus_t st = cublas().gemm_ex(
       impl_->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), pa, b.data, type,
       static_cast<int>(b.shape[1]), a.data, type, static_cast<int>(a.shape[1]), pb, c.data, type,
       static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
-    raise("cublasGemmEx", static_cast<int>(st), cublasGetStatusString(st), rank_);
+    raise("cublasGemmEx", static_cast<int>(st), cublas().status_string(st), rank_);
 }
 
 void cuda_compute::rope(const tensor& x, tensor& y, int heads, int head_dim,

@@ -132,10 +132,12 @@ void delta_chunk_forward(const delta_head<T>& hd, std::int64_t c0, std::int64_t 
   L.solveInPlace(rhs_w);
   L.solveInPlace(rhs_u);
   const rmat<T> delta = rhs_w - rhs_u * S;
-  const rmat<T> o = gam.array().exp().matrix().asDiagonal() * (Q * S) +
-                    (Q * K.transpose()).cwiseProduct(dec) * delta;
-  for (std::int64_t i = 0; i < n; ++i)
-    Eigen::Map<rvec<T>>(hd.at(out, c0 + i, hd.dv), hd.dv) = o.row(i);
+  if (out != nullptr) {  // nullptr: only the state is wanted (the backward's checkpoints)
+    const rmat<T> o = gam.array().exp().matrix().asDiagonal() * (Q * S) +
+                      (Q * K.transpose()).cwiseProduct(dec) * delta;
+    for (std::int64_t i = 0; i < n; ++i)
+      Eigen::Map<rvec<T>>(hd.at(out, c0 + i, hd.dv), hd.dv) = o.row(i);
+  }
   const T last = gam(n - 1);
   Eigen::Matrix<T, Eigen::Dynamic, 1> w(n);
   for (std::int64_t i = 0; i < n; ++i) w(i) = std::exp(last - gam(i));
@@ -371,10 +373,9 @@ void eigen_compute::gated_delta_backward(const tensor& q, const tensor& k, const
         std::vector<rmat<T>> checkpoints;
         {
           rmat<T> S = rmat<T>::Zero(hd.dk, hd.dv);
-          tensor discard = zeros(q.type, v.shape);
           for (std::int64_t c0 = a; c0 < e; c0 += delta_chunk) {
             checkpoints.push_back(S);
-            delta_chunk_forward(hd, c0, std::min(c0 + delta_chunk, e), S, discard.as<T>());
+            delta_chunk_forward<T>(hd, c0, std::min(c0 + delta_chunk, e), S, nullptr);
           }
         }
         // Chunks in reverse: the chunk's token states again from its checkpoint, then the
