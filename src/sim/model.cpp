@@ -343,11 +343,17 @@ void embedding_bwd(const mat<T>& dy, std::span<const std::int64_t> ids, mat<T>& 
 
 namespace {
 
+/// Host matrix → backend tensor of shape s (same element count; exact for f32 and f64).
+template <class T>
+tensor as_tensor(compute& c, const mat<T>& m, shape_t s) {
+  const std::vector<double> v(m.data(), m.data() + m.size());
+  return c.from_host(dtype_of<T>(), std::move(s), v);
+}
+
 /// [n, heads·d] host matrix → backend tensor [n, heads, d] (exact for f32/f64).
 template <class T>
 tensor to_tensor(compute& c, const mat<T>& m, int heads, int d) {
-  const std::vector<double> v(m.data(), m.data() + m.size());
-  return c.from_host(dtype_of<T>(), {m.rows(), heads, d}, v);
+  return as_tensor(c, m, {m.rows(), heads, d});
 }
 
 template <class T>
@@ -382,13 +388,6 @@ struct layer_cache {
   gdn_weights gdn_w;
   gdn_saved gdn;
 };
-
-/// [rows, cols] host matrix → backend tensor of shape s.
-template <class T>
-tensor as_tensor(compute& c, const mat<T>& m, shape_t s) {
-  const std::vector<double> v(m.data(), m.data() + m.size());
-  return c.from_host(dtype_of<T>(), std::move(s), v);
-}
 
 /// m += the backend tensor t (same element count).
 template <class T>
