@@ -153,6 +153,83 @@ void communicator::send_recv(const comm_group& g, std::span<const p2p_op> ops, d
   for (auto k : tokens) flight_->end(rank(), k);
 }
 
+std::int64_t communicator::do_start_all_to_all(const comm_group& g, const void* send,
+                                               std::span<const std::int64_t> send_counts,
+                                               void* recv,
+                                               std::span<const std::int64_t> recv_counts, dtype t) {
+  do_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  return 0;
+}
+
+comm_handle communicator::start_all_to_all(const comm_group& g, const void* send,
+                                           std::span<const std::int64_t> send_counts, void* recv,
+                                           std::span<const std::int64_t> recv_counts, dtype t,
+                                           const op_info& info) {
+  auto r = base_record(g, "all_to_all", t, info);
+  if (static_cast<int>(send_counts.size()) != g.size() ||
+      static_cast<int>(recv_counts.size()) != g.size())
+    fail<error>("all_to_all on '{}' ({}): {} send and {} recv counts for a group of {}", g.name,
+                info.tag, send_counts.size(), recv_counts.size(), g.size());
+  for (auto c : send_counts) check_count(c, "all_to_all", g, rank());
+  for (auto c : recv_counts) check_count(c, "all_to_all", g, rank());
+  r.in_splits.assign(send_counts.begin(), send_counts.end());
+  r.out_splits.assign(recv_counts.begin(), recv_counts.end());
+  r.async = true;
+  r.handle = next_handle_++;
+  if (recorder_) recorder_->add(r);
+  started_call call{r, g, info, 0, 0};
+  // The flight recorder keeps it "started" until its wait completes it.
+  if (flight_) call.flight_token = flight_->begin(r, g);
+  try {
+    call.token = do_start_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  } catch (const std::exception& e) {
+    if (flight_) flight_->end(rank(), call.flight_token, e.what());
+    throw;
+  }
+  const auto id = r.handle;
+  started_.emplace(id, std::move(call));
+  return comm_handle(id);
+}
+
+void communicator::wait(comm_handle& h) {
+  const auto it = started_.find(h.id());
+  if (it == started_.end())
+    fail<error>(
+        "rank {}: wait on handle {} which is {}; wait once on each handle start_all_to_all "
+        "returned",
+        rank(), h.id(),
+        !h.valid() ? "not a started call (empty or already waited)"
+                   : (h.id() < next_handle_ ? "already waited" : "not this communicator's"));
+  started_call call = std::move(it->second);
+  started_.erase(it);
+  h.id_ = -1;
+  info_ = &call.info;
+  comm_record w;
+  w.kind = "wait";
+  w.rank = rank();
+  w.group = call.rec.group;
+  w.seq = call.rec.seq;
+  w.op = call.rec.op;
+  w.type = call.rec.type;
+  w.tag = call.rec.tag;
+  w.handle = call.rec.handle;
+  w.async = true;
+  if (recorder_) recorder_->add(w);
+  try {
+    do_wait(call.token);
+  } catch (const std::exception& e) {
+    if (flight_) flight_->end(rank(), call.flight_token, e.what());
+    throw;
+  }
+  if (flight_) flight_->end(rank(), call.flight_token);
+}
+
+std::vector<std::string> communicator::pending() const {
+  std::vector<std::string> out;
+  for (const auto& [id, call] : started_) out.push_back(call.rec.tag);
+  return out;
+}
+
 void communicator::barrier(const comm_group& g, const op_info& info) {
   auto r = base_record(g, "barrier", dtype::f32, info);
   if (recorder_) recorder_->add(r);

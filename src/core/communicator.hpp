@@ -38,6 +38,10 @@ struct comm_record {
   std::vector<std::int64_t> shape;                  ///< p2p: message shape
   std::string tag;                                  ///< e.g. "L0.attn.qkv.fwd"
   std::string state = "completed";
+  /// Nonblocking calls: the handle of a call started with start_all_to_all (kind "collective",
+  /// `async` true) and of its completion (kind "wait"); -1 for blocking calls.
+  std::int64_t handle = -1;
+  bool async = false;
 };
 
 /// Receives every call made through a communicator when attached. Thread-safe.
@@ -65,6 +69,29 @@ struct p2p_op {
   void* buf;  ///< const for sends
   std::int64_t count;
   std::vector<std::int64_t> shape;  ///< for recording; empty = {count}
+};
+
+/// A nonblocking call in flight (communicator::start_all_to_all). Complete it with
+/// communicator::wait exactly once, before reading its receive buffer or writing its send
+/// buffer; waiting invalidates it. Move-only.
+class comm_handle {
+ public:
+  comm_handle() = default;
+  comm_handle(const comm_handle&) = delete;
+  comm_handle& operator=(const comm_handle&) = delete;
+  comm_handle(comm_handle&& o) noexcept : id_(o.id_) { o.id_ = -1; }
+  comm_handle& operator=(comm_handle&& o) noexcept {
+    id_ = o.id_;
+    o.id_ = -1;
+    return *this;
+  }
+  bool valid() const { return id_ >= 0; }
+  std::int64_t id() const { return id_; }
+
+ private:
+  friend class communicator;
+  explicit comm_handle(std::int64_t id) : id_(id) {}
+  std::int64_t id_ = -1;
 };
 
 /// Transport interface the SP algorithms are written against (SPMD: one object per rank).
@@ -96,6 +123,21 @@ class communicator {
                  const op_info& info = {});
   void barrier(const comm_group& g, const op_info& info = {});
 
+  /// Nonblocking all_to_all (MPI_Ialltoallv / NCCL on a communication stream): the same
+  /// contract as all_to_all, completed by wait(). Every member starts its calls in the same
+  /// order; waits may come in any order. Until the wait, the send buffer must not change and
+  /// the receive buffer holds no defined data (the in-process backend fills it with a NaN
+  /// pattern). The handle numbers a rank's nonblocking calls from 0.
+  comm_handle start_all_to_all(const comm_group& g, const void* send,
+                               std::span<const std::int64_t> send_counts, void* recv,
+                               std::span<const std::int64_t> recv_counts, dtype t,
+                               const op_info& info = {});
+  /// Completes a started call; `h` becomes invalid. A handle that is invalid, already waited
+  /// or not this communicator's throws, naming it.
+  void wait(comm_handle& h);
+  /// Tags of the calls started and not yet waited, in start order.
+  std::vector<std::string> pending() const;
+
   /// Runs `work`, local to this rank, while the other members of `g` may be waiting for it in
   /// a call: backends with a watchdog keep them informed that this rank is alive (MPI sends
   /// heartbeats); the default just runs it.
@@ -123,6 +165,14 @@ class communicator {
   virtual void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) = 0;
   virtual void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) = 0;
   virtual void do_barrier(const comm_group& g) = 0;
+  /// Starts a nonblocking all_to_all; returns a token that do_wait receives. The default
+  /// completes the call at once with do_all_to_all (correct, without overlap), for backends
+  /// with no nonblocking transport.
+  virtual std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
+                                           std::span<const std::int64_t> send_counts, void* recv,
+                                           std::span<const std::int64_t> recv_counts, dtype t);
+  /// Completes the call `token` names (default: nothing left to do).
+  virtual void do_wait(std::int64_t token) { (void)token; }
 
   /// The op_info of the public call being served: valid only inside a do_* override
   /// (wrappers forward it, backends name the tag in their errors).
@@ -138,6 +188,17 @@ class communicator {
   const op_info* info_ = nullptr;  ///< the current call's; see call_info()
   static inline const op_info no_info_{};
   std::map<std::string, std::int64_t> seq_;  ///< per group name
+  /// A started nonblocking call: its record (for the wait's), the backend's token, the flight
+  /// recorder's token and the op_info (its tag stays valid for do_wait's call_info()).
+  struct started_call {
+    comm_record rec;
+    comm_group group;
+    op_info info;
+    std::int64_t token = 0;
+    std::uint64_t flight_token = 0;
+  };
+  std::map<std::int64_t, started_call> started_;
+  std::int64_t next_handle_ = 0;
 };
 
 }  // namespace seqpar

@@ -185,6 +185,160 @@ void inproc_communicator::do_barrier(const comm_group& g) {
   rv.finish();
 }
 
+// ---- nonblocking all_to_all ----
+
+/// One nonblocking call of a group: each member's copy of its send buffer and counts, filled
+/// at start; members read at wait; the last reader removes it.
+struct inproc_world::async_table {
+  struct member {
+    bool started = false;
+    std::vector<std::byte> data;  ///< the send buffer as it was at start
+    std::vector<std::int64_t> send_counts, recv_counts;
+    dtype type = dtype::f32;
+    std::string tag;
+  };
+  struct round {
+    std::vector<member> members;
+    int started = 0, read = 0;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::pair<std::string, std::int64_t>, round> rounds;
+};
+
+inproc_world::inproc_world(int world_size)
+    : thread_world(world_size), async_(std::make_unique<async_table>()) {}
+inproc_world::~inproc_world() = default;
+
+namespace {
+
+/// Fills a receive buffer that holds nothing defined yet: quiet NaNs with the payload 0x5EC
+/// ("seqpar", recognisable in a debugger) for floats, 0xFF bytes otherwise.
+void poison(void* buf, std::int64_t count, dtype t) {
+  if (t == dtype::f64) {
+    std::uint64_t bits = 0x7FF80000000005ECull;
+    auto* p = static_cast<std::byte*>(buf);
+    for (std::int64_t i = 0; i < count; ++i) std::memcpy(p + i * 8, &bits, 8);
+  } else if (t == dtype::f32) {
+    std::uint32_t bits = 0x7FC005ECu;
+    auto* p = static_cast<std::byte*>(buf);
+    for (std::int64_t i = 0; i < count; ++i) std::memcpy(p + i * 4, &bits, 4);
+  } else {
+    std::memset(buf, 0xFF, static_cast<std::size_t>(count) * dtype_size(t));
+  }
+}
+
+}  // namespace
+
+std::int64_t inproc_communicator::do_start_all_to_all(const comm_group& g, const void* send,
+                                                      std::span<const std::int64_t> send_counts,
+                                                      void* recv,
+                                                      std::span<const std::int64_t> recv_counts,
+                                                      dtype t) {
+  const auto esz = dtype_size(t);
+  const std::int64_t total_send = comm_checks::total(send_counts);
+  const std::int64_t total_recv = comm_checks::total(recv_counts);
+  if (overlaps(send, total_send * esz, recv, total_recv * esz))
+    fail<error>(
+        "nonblocking all_to_all on group '{}' ({}): rank {}'s send and receive buffers overlap; "
+        "a nonblocking call needs separate buffers (the receive buffer is written while the "
+        "send buffer must stay unchanged)",
+        g.name, call_info().tag, rank_);
+  auto& tab = *world_.async_;
+  const std::int64_t round = async_rounds_[g.name]++;
+  const int me = g.index_of(rank_);
+  {
+    std::lock_guard lock(tab.mu);
+    auto& r = tab.rounds[{g.name, round}];
+    if (r.members.empty()) r.members.resize(static_cast<std::size_t>(g.size()));
+    auto& m = r.members[static_cast<std::size_t>(me)];
+    const auto* p = static_cast<const std::byte*>(send);
+    m.data.assign(p, p + total_send * esz);
+    m.send_counts.assign(send_counts.begin(), send_counts.end());
+    m.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+    m.type = t;
+    m.tag = call_info().tag;
+    m.started = true;
+    ++r.started;
+  }
+  tab.cv.notify_all();
+  poison(recv, total_recv, t);
+  const auto token = next_token_++;
+  started_[token] = {
+      g.name, round, me, send, recv, {recv_counts.begin(), recv_counts.end()}, call_info().tag};
+  return token;
+}
+
+void inproc_communicator::do_wait(std::int64_t token) {
+  const auto it = started_.find(token);
+  if (it == started_.end())
+    fail<error>("rank {}: the in-process backend has no nonblocking call {}", rank_, token);
+  const started mine = std::move(it->second);
+  started_.erase(it);
+  auto& tab = *world_.async_;
+  const auto key = std::make_pair(mine.group, mine.round);
+  const auto deadline = std::chrono::steady_clock::now() + world_.timeout();
+  std::unique_lock lock(tab.mu);
+  auto& r = tab.rounds.at(key);
+  const int n = static_cast<int>(r.members.size());
+  while (r.started < n) {
+    if (world_.aborted())
+      fail<error>("aborted: rank {} failed: {}", world_.failed_rank(), world_.abort_message());
+    if (tab.cv.wait_for(lock, std::chrono::milliseconds(20)) == std::cv_status::timeout &&
+        std::chrono::steady_clock::now() > deadline) {
+      std::vector<int> missing;
+      for (int j = 0; j < n; ++j)
+        if (!r.members[static_cast<std::size_t>(j)].started) missing.push_back(j);
+      const auto msg = fmt::format(
+          "watchdog: nonblocking all_to_all {} (call {} on group '{}') waited {} ms for "
+          "members {} to start it",
+          mine.tag, mine.round, mine.group, world_.timeout().count(), fmt::join(missing, ","));
+      lock.unlock();
+      world_.abort(rank_, msg);
+      fail<error>("{}", msg);
+    }
+  }
+  // Every member has started: check the round, then copy this rank's blocks.
+  const auto& own = r.members[static_cast<std::size_t>(mine.me)];
+  for (int j = 0; j < n; ++j) {
+    const auto& m = r.members[static_cast<std::size_t>(j)];
+    const std::int64_t sent = m.send_counts[static_cast<std::size_t>(mine.me)];
+    const std::int64_t expected = own.recv_counts[static_cast<std::size_t>(j)];
+    if (m.type != own.type || sent != expected) {
+      const auto msg = fmt::format(
+          "nonblocking all_to_all {} (call {} on group '{}'): member {} sends {} {} elements to "
+          "member {}, which expects {} {} (tag there: {}); every member must start the same "
+          "calls in the same order with counts that pair up",
+          mine.tag, mine.round, mine.group, j, sent, dtype_name(m.type), mine.me, expected,
+          dtype_name(own.type), m.tag);
+      if (sent != expected) throw shape_error(msg);
+      throw error(msg);
+    }
+  }
+  const auto esz = dtype_size(own.type);
+  auto* out = static_cast<std::byte*>(mine.recv);
+  std::int64_t dst_off = 0;
+  for (int j = 0; j < n; ++j) {
+    const auto& m = r.members[static_cast<std::size_t>(j)];
+    std::int64_t src_off = 0;
+    for (int k = 0; k < mine.me; ++k) src_off += m.send_counts[static_cast<std::size_t>(k)];
+    const auto cnt = mine.recv_counts[static_cast<std::size_t>(j)];
+    copy_bytes(out + dst_off * esz, m.data.data() + src_off * esz,
+               static_cast<std::size_t>(cnt) * esz);
+    dst_off += cnt;
+  }
+  // The send buffer must be unchanged until the wait (MPI_Ialltoallv's rule).
+  const bool changed =
+      !own.data.empty() && std::memcmp(own.data.data(), mine.send, own.data.size()) != 0;
+  if (++r.read == n) tab.rounds.erase(key);
+  lock.unlock();
+  if (changed)
+    fail<error>(
+        "nonblocking all_to_all {} on group '{}': rank {} changed its send buffer before the "
+        "call completed; keep it unchanged until wait returns",
+        mine.tag, mine.group, rank_);
+}
+
 // ---- run_ranks ----
 
 void run_ranks(int P, const std::function<void(communicator&)>& body, comm_recorder* recorder) {

@@ -1,6 +1,7 @@
 #pragma once
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,7 +15,13 @@ namespace seqpar {
 /// group and the world's failure state, default watchdog 60 s). One world serves one run.
 class inproc_world : public thread_world {
  public:
-  explicit inproc_world(int world_size) : thread_world(world_size) {}
+  explicit inproc_world(int world_size);
+  ~inproc_world();
+  struct async_table;  ///< nonblocking calls in flight; inproc_comm.cpp
+
+ private:
+  friend class inproc_communicator;
+  std::unique_ptr<async_table> async_;
 };
 
 /// The communicator of one emulated rank. Host buffers; every dtype moves as raw bytes
@@ -29,6 +36,13 @@ class inproc_world : public thread_world {
 /// requires (a member with nothing to exchange passes an empty list); sends and recvs between
 /// a (src, dst) pair are matched in posting order. Buffers may alias (in-place all_reduce,
 /// recv overlapping send): results are staged and written once every member has read.
+///
+/// Nonblocking all_to_all is truly deferred: start copies the send buffer aside and fills the
+/// receive buffer with a NaN pattern (bytes 0xFF for other dtypes); the data arrive only in
+/// wait, once every member has started the call (matched per group in start order), so a read
+/// before wait sees the pattern whatever the thread schedule. wait also checks that the send
+/// buffer still holds what was started (error naming the tag otherwise): a buffer reused before
+/// its all-to-all completed is reported, as real transports would silently send garbage.
 class inproc_communicator : public communicator {
  public:
   inproc_communicator(inproc_world& world, int rank);
@@ -46,10 +60,27 @@ class inproc_communicator : public communicator {
   void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override;
   void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override;
   void do_barrier(const comm_group& g) override;
+  std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
+                                   std::span<const std::int64_t> send_counts, void* recv,
+                                   std::span<const std::int64_t> recv_counts, dtype t) override;
+  void do_wait(std::int64_t token) override;
 
  private:
   inproc_world& world_;
   int rank_;
+  /// This rank's started calls: token → where the round lives and what to check at wait.
+  struct started {
+    std::string group;
+    std::int64_t round = 0;
+    int me = 0;  ///< this rank's index in the group
+    const void* send = nullptr;
+    void* recv = nullptr;
+    std::vector<std::int64_t> recv_counts;
+    std::string tag;
+  };
+  std::map<std::int64_t, started> started_;
+  std::map<std::string, std::int64_t> async_rounds_;  ///< per group: nonblocking calls started
+  std::int64_t next_token_ = 0;
 };
 
 /// Runs `body` on P threads, one inproc_communicator each (ranks 0..P-1), and joins them.

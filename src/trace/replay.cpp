@@ -88,6 +88,8 @@ void checker::on_call(call_record&& r) {
     cell.tag = r.tag;
   }
   if (!r.dtype && r.op != "barrier") ++rep_.checked["dtype_absent"];
+  check_used_before_wait(r.rank, r.tag, r.line);
+  if (r.handle) on_async_start(r);
   if (r.p2p) return on_p2p(std::move(r));
   auto key = std::make_pair(r.group, r.seq);
   auto& v = pending_[key];
@@ -123,6 +125,7 @@ void checker::finish() {
         "collectives); record the step again with tools/seqpar_recorder.py installed before "
         "the first collective",
         rep_.source);
+  finish_async();
   // Incomplete (group, seq): the ranks that never made that call.
   std::set<std::pair<std::string, int>> reported;
   for (auto& [key, recs] : pending_) {
@@ -305,6 +308,9 @@ report run(trace::reader& in, const options& opt) {
     } else if (auto* l = std::get_if<layout_record>(&*rec)) {
       c.saw_rank(l->rank);
       c.on_layout(std::move(*l));
+    } else if (auto* w = std::get_if<trace::wait_record>(&*rec)) {
+      c.saw_rank(w->rank);
+      c.on_wait(std::move(*w));
     }
   }
   c.finish();

@@ -30,6 +30,7 @@ inline constexpr const char* sp_config = "SP_CONFIG";         ///< the trace's s
 inline constexpr const char* rank_failed = "RANK_FAILED";     ///< flight records: its own error
 inline constexpr const char* cu_seqlens = "CU_SEQLENS";       ///< collator output
 inline constexpr const char* zigzag = "ZIGZAG_ALIGNMENT";     ///< documents vs 2R
+inline constexpr const char* async_wait = "ASYNC_WAIT";       ///< nonblocking calls: start and wait
 }  // namespace category
 
 /// One finding. rank/seq are -1 and group/tag empty where they do not apply.

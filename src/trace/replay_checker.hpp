@@ -115,6 +115,7 @@ class checker {
   void on_call(call_record&& r);
 
   void on_layout(layout_record&& l);
+  void on_wait(trace::wait_record&& w);
 
   void finish();
 
@@ -166,6 +167,20 @@ class checker {
                        const std::vector<const call_record*>& recs);
 
   void check_equal_numel(const std::vector<const call_record*>& recs, bool by_input);
+
+  // ---- nonblocking calls (replay_async.cpp) ---------------------------------------------
+  /// A started call of `rank` that has not been waited yet.
+  struct in_flight_call {
+    std::string group, tag;
+    std::int64_t seq = 0, line = 0;
+    bool reported = false;  ///< already named as used before its wait
+  };
+  void on_async_start(const call_record& r);
+  /// A call or wait of `rank` tagged `tag`: names every started call whose data it needs.
+  void check_used_before_wait(int rank, const std::string& tag, std::int64_t line);
+  void finish_async();
+  std::map<int, std::map<std::int64_t, in_flight_call>> in_flight_;  ///< rank → handle → call
+  std::map<int, std::set<std::int64_t>> waited_;                     ///< rank → handles
 
   // ---- p2p ------------------------------------------------------------------------------
 

@@ -182,7 +182,27 @@ call_record parse_call(const line_ctx& c, const nlohmann::json& j, bool p2p,
   if (const auto* v = find(j, "peer")) r.peer = as_rank(c, *v, "peer", world);
   if (p2p && r.peer && *r.peer == r.rank)
     c.fail("p2p {} of rank {} names itself as peer", r.op, r.rank);
+  const auto* async = find(j, "async");
+  if (async && !async->is_boolean()) c.fail("'async' must be true or false");
+  const bool is_async = async && async->get<bool>();
+  const auto* handle = find(j, "handle");
+  if (is_async != (handle != nullptr))
+    c.fail("a nonblocking call has \"async\": true and a \"handle\"; this record has {}",
+           is_async ? "no handle" : "a handle but no \"async\": true");
+  if (handle) r.handle = as_int(c, *handle, "handle", 0, max_count);
   return r;
+}
+
+wait_record parse_wait(const line_ctx& c, const nlohmann::json& j, std::optional<int> world) {
+  wait_record w;
+  w.line = c.line;
+  w.rank = as_rank(c, need(c, j, "rank", "wait"), "rank", world);
+  w.group = as_string(c, need(c, j, "group", "wait"), "group");
+  if (w.group.empty()) c.fail("'group' is empty");
+  w.seq = as_int(c, need(c, j, "seq", "wait"), "seq", 0, max_count);
+  w.handle = as_int(c, need(c, j, "handle", "wait"), "handle", 0, max_count);
+  if (const auto* v = find(j, "tag")) w.tag = as_string(c, *v, "tag");
+  return w;
 }
 
 layout_record parse_layout(const line_ctx& c, const nlohmann::json& j, std::optional<int> world) {
@@ -224,7 +244,8 @@ record parse_record(const nlohmann::json& j, const std::string& source, std::int
   if (type == "collective") return parse_call(c, j, false, world_size);
   if (type == "p2p") return parse_call(c, j, true, world_size);
   if (type == "layout") return parse_layout(c, j, world_size);
-  c.fail("record type '{}' is unknown; types are meta, collective, p2p, layout", type);
+  if (type == "wait") return parse_wait(c, j, world_size);
+  c.fail("record type '{}' is unknown; types are meta, collective, p2p, layout, wait", type);
 }
 
 reader::reader(std::istream& in, std::string source) : in_(in), source_(std::move(source)) {}
@@ -322,7 +343,21 @@ nlohmann::json to_json(const call_record& c) {
   if (c.out_numel) j["out_numel"] = *c.out_numel;
   j["tag"] = c.tag;
   if (c.state) j["state"] = *c.state;
+  if (c.handle) {
+    j["async"] = true;
+    j["handle"] = *c.handle;
+  }
   return j;
+}
+
+nlohmann::json to_json(const wait_record& w) {
+  return {{"type", "wait"}, {"rank", w.rank},     {"group", w.group},
+          {"seq", w.seq},   {"handle", w.handle}, {"tag", w.tag}};
+}
+
+void writer::add(const comm_record& r) {
+  if (r.kind != "wait") return add(from_comm_record(r));
+  add(wait_record{r.rank, r.group, r.seq, r.handle, r.tag, 0});
 }
 
 nlohmann::json to_json(const layout_record& l) {
@@ -346,6 +381,7 @@ call_record from_comm_record(const comm_record& r) {
   c.dtype = std::string(dtype_name(r.type));
   c.tag = r.tag;
   c.state = r.state;
+  if (r.async) c.handle = r.handle;
   if (c.p2p) {
     c.peer = r.peer;
     c.shape = r.shape;
@@ -371,6 +407,7 @@ std::string trace_data::text() const {
   writer w(meta);
   for (const auto& l : layouts) w.add(l);
   for (const auto& c : calls) w.add(c);
+  for (const auto& x : waits) w.add(x);
   return w.text();
 }
 

@@ -60,6 +60,19 @@ struct call_record {
   std::optional<dims> shape;                        ///< p2p: message shape
   std::string tag;
   std::optional<std::string> state;  ///< completed | started | scheduled
+  /// A nonblocking call ("async": true): its handle, which the rank's wait record names.
+  std::optional<std::int64_t> handle;
+  std::int64_t line = 0;
+};
+
+/// `{"type":"wait",…}`: rank `rank` completed the nonblocking call it started with handle
+/// `handle` (its call record has the same group, seq and handle).
+struct wait_record {
+  int rank = 0;
+  std::string group;
+  std::int64_t seq = 0;
+  std::int64_t handle = 0;
+  std::string tag;
   std::int64_t line = 0;
 };
 
@@ -74,7 +87,7 @@ struct layout_record {
   std::int64_t line = 0;
 };
 
-using record = std::variant<meta_record, call_record, layout_record>;
+using record = std::variant<meta_record, call_record, layout_record, wait_record>;
 
 /// Reads a trace line by line; every malformed line is a trace_error naming the source, the
 /// line number and what is wrong. Blank lines are skipped.
@@ -104,6 +117,7 @@ record parse_record(const nlohmann::json& j, const std::string& source, std::int
 nlohmann::json to_json(const meta_record& m);
 nlohmann::json to_json(const call_record& c);
 nlohmann::json to_json(const layout_record& l);
+nlohmann::json to_json(const wait_record& w);
 /// A Communicator record as a trace record.
 call_record from_comm_record(const comm_record& r);
 
@@ -115,6 +129,7 @@ struct trace_data {
   meta_record meta;
   std::vector<call_record> calls;  ///< rank by rank, each rank's calls in issue order
   std::vector<layout_record> layouts;
+  std::vector<wait_record> waits;  ///< written after each rank's calls (order within a rank kept)
 
   /// The trace as seqpar-trace/1 text: meta, layouts, then calls.
   std::string text() const;
@@ -126,7 +141,9 @@ class writer {
  public:
   explicit writer(meta_record meta) : meta_(std::move(meta)) {}
   void add(const call_record& c) { lines_.push_back(dump_line(to_json(c))); }
-  void add(const comm_record& r) { add(from_comm_record(r)); }
+  void add(const wait_record& w) { lines_.push_back(dump_line(to_json(w))); }
+  /// A communicator record: a call, or (kind "wait") the completion of a nonblocking one.
+  void add(const comm_record& r);
   void add(const layout_record& l) { lines_.push_back(dump_line(to_json(l))); }
   /// The whole trace text (meta first).
   std::string text() const;

@@ -34,11 +34,34 @@ class forwarding_communicator : public communicator {
     inner_.send_recv(g, ops, t, call_info());
   }
   void do_barrier(const comm_group& g) override { inner_.barrier(g, call_info()); }
+  std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
+                                   std::span<const std::int64_t> send_counts, void* recv,
+                                   std::span<const std::int64_t> recv_counts, dtype t) override {
+    const auto token = next_token_++;
+    handles_.emplace(
+        token, inner_.start_all_to_all(g, send, send_counts, recv, recv_counts, t, call_info()));
+    return token;
+  }
+  void do_wait(std::int64_t token) override {
+    auto it = handles_.find(token);
+    comm_handle h = std::move(it->second);
+    handles_.erase(it);
+    inner_.wait(h);
+  }
+  /// The inner communicator's handle of a started call (for decorators that reorder waits).
+  comm_handle take_inner_handle(std::int64_t token) {
+    auto it = handles_.find(token);
+    comm_handle h = std::move(it->second);
+    handles_.erase(it);
+    return h;
+  }
 
   communicator& inner() { return inner_; }
 
  private:
   communicator& inner_;
+  std::map<std::int64_t, comm_handle> handles_;
+  std::int64_t next_token_ = 0;
 };
 
 }  // namespace seqpar::test
