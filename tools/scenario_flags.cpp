@@ -54,6 +54,13 @@ void scenario_flags::add_to(CLI::App& app) {
   app.add_flag("--qk-norm", qk_norm_, "softmax layers: per-head RMSNorm of q and k (Qwen3)");
   app.add_flag("--output-gate", output_gate_,
                "softmax layers: sigmoid output gate before o_proj (Qwen3.5)");
+  app.add_option("--qk-norm-type", qk_norm_type_,
+                 "with --qk-norm (implied): rmsnorm | layernorm (with bias)");
+  app.add_flag("--qkv-bias", qkv_bias_, "softmax layers: biases on the q, k, v projections");
+  app.add_flag("--o-bias", o_bias_, "softmax layers: bias on the output projection");
+  app.add_option("--ulysses-strategy", ulysses_strategy_,
+                 "softmax layers' Ulysses: auto (the framework's choice) | sync | async "
+                 "(projections overlapped with per-tensor all-to-alls)");
 }
 
 static std::vector<std::int64_t> parse_docs(const std::string& text) {
@@ -118,13 +125,21 @@ scenario scenario_flags::resolve() const {
   if (conv_kernel_) s.conv_kernel = *conv_kernel_;
   if (qk_norm_) s.qk_norm = true;
   if (output_gate_) s.output_gate = true;
-  const bool overridden = ulysses_ || ring_ || heads_ || kv_heads_ || head_dim_ || hidden_ ||
-                          intermediate_ || layers_ || vocab_ || seed_ || !docs_.empty() ||
-                          (!profile_.empty() && s.profile != base_profile) || no_zigzag_ ||
-                          !ring_backward_.empty() || !ring_forward_.empty() ||
-                          !cp_fsdp_mode_.empty() || micro_step_ || tiles_ ||
-                          !layer_pattern_.empty() || !linear_heads_.empty() ||
-                          !linear_head_dims_.empty() || conv_kernel_ || qk_norm_ || output_gate_;
+  if (!qk_norm_type_.empty()) {
+    s.qk_norm = true;
+    s.qk_norm_type = qk_norm_type_;
+  }
+  if (qkv_bias_) s.qkv_bias = true;
+  if (o_bias_) s.o_bias = true;
+  // The strategy is how the step runs, not what it computes: the scenario keeps its name.
+  if (!ulysses_strategy_.empty()) s.ulysses_strategy = ulysses_strategy_;
+  const bool overridden =
+      ulysses_ || ring_ || heads_ || kv_heads_ || head_dim_ || hidden_ || intermediate_ ||
+      layers_ || vocab_ || seed_ || !docs_.empty() ||
+      (!profile_.empty() && s.profile != base_profile) || no_zigzag_ || !ring_backward_.empty() ||
+      !ring_forward_.empty() || !cp_fsdp_mode_.empty() || micro_step_ || tiles_ ||
+      !layer_pattern_.empty() || !linear_heads_.empty() || !linear_head_dims_.empty() ||
+      conv_kernel_ || qk_norm_ || output_gate_ || !qk_norm_type_.empty() || qkv_bias_ || o_bias_;
   if (overridden && config_.empty()) s.name = "custom";
   validate(s);
   return s;

@@ -27,7 +27,9 @@ class scenario_flags {
   std::optional<int> ulysses_, ring_, heads_, kv_heads_, head_dim_, hidden_, intermediate_, layers_,
       vocab_;
   std::optional<std::uint64_t> seed_;
-  bool no_zigzag_ = false, qk_norm_ = false, output_gate_ = false;
+  bool no_zigzag_ = false, qk_norm_ = false, output_gate_ = false, qkv_bias_ = false,
+       o_bias_ = false;
+  std::string qk_norm_type_, ulysses_strategy_;
 };
 
 }  // namespace seqpar::cli

@@ -17,6 +17,10 @@ struct attention_docs {
   double scale = 1.0;
 };
 
+/// Per-head normalisation of q/k over head_dim (Qwen3's q_norm/k_norm; VeOmni's async path
+/// offers both kinds, with weight and — LayerNorm — bias).
+enum class norm_kind { rms, layer };
+
 /// What an SP algorithm needs from a device (DESIGN.md "Layers"). Tensors are `[tokens,
 /// heads, head_dim]` for Q/K/V/outputs and `[tokens, heads]` for LSE, one packed row.
 /// Implemented by the CPU reference (Eigen, src/sim) and the CUDA backend (src/gpu).
@@ -117,6 +121,21 @@ class compute {
   /// dx, dz (overwritten), dw (added to) from dy.
   virtual void gated_rms_norm_backward(const tensor& x, const tensor& z, const tensor& w,
                                        const tensor& dy, tensor& dx, tensor& dz, tensor& dw) = 0;
+
+  /// y = norm(x) per (token, head) over the last dim of x `[S, H, D]`: RMSNorm x·r·w with
+  /// r = 1/√(mean x² + eps); LayerNorm (x − μ)·r·w + b with r = 1/√(var + eps) (biased
+  /// variance). w, b hold D values; b is ignored for RMSNorm. Computed in x's dtype. The
+  /// default runs on the host (to_host/from_host): correct on every backend, slow on a device.
+  virtual tensor head_norm_forward(const tensor& x, const tensor& w, const tensor& b, norm_kind k,
+                                   double eps);
+  /// Its backward: returns dx; adds the weight (and LayerNorm bias) gradients, summed over
+  /// tokens and heads, to dw and db (D values each, in double).
+  virtual tensor head_norm_backward(const tensor& x, const tensor& w, norm_kind k, double eps,
+                                    const tensor& dy, std::vector<double>& dw,
+                                    std::vector<double>& db);
+  /// x `[S, …]` += b broadcast over the rows (b holds numel(x)/S values): a projection's bias.
+  /// Default on the host, like head_norm_forward.
+  virtual void add_bias(tensor& x, const tensor& b);
 
   /// Host copies for comparison and tests.
   virtual std::vector<double> to_host(const tensor& x) = 0;

@@ -68,6 +68,19 @@ std::vector<int> valid_linear_ulysses_sizes(int k_heads, int v_heads) {
   return out;
 }
 
+static void validate_attention_options(const scenario& s) {
+  if (s.qk_norm_type != "rmsnorm" && s.qk_norm_type != "layernorm")
+    fail<config_error>("qk_norm_type '{}' is unknown; use rmsnorm or layernorm", s.qk_norm_type);
+  if (s.ulysses_strategy != "auto" && s.ulysses_strategy != "sync" && s.ulysses_strategy != "async")
+    fail<config_error>("ulysses_strategy '{}' is unknown; use auto, sync or async",
+                       s.ulysses_strategy);
+  if (s.ulysses_strategy == "async" && s.profile == profile::deepspeed)
+    fail<config_error>(
+        "ulysses_strategy=async with profile deepspeed: DeepSpeed's UlyssesSPAttentionHF has only "
+        "the synchronous all-to-alls; use --ulysses-strategy sync (or auto), or profile veomni "
+        "or xorl");
+}
+
 static void validate_linear_layers(const scenario& s) {
   if (s.layer_pattern.empty() || s.layer_pattern.find_first_not_of("SL") != std::string::npos)
     fail<config_error>(
@@ -120,6 +133,34 @@ void require_deepspeed_seqlen(std::int64_t tokens, int ulysses, std::string_view
       row, tokens, ulysses, tokens, ulysses, ulysses, (tokens + ulysses - 1) / ulysses * ulysses);
 }
 
+ulysses_strategy_choice resolve_ulysses_strategy(const scenario& s) {
+  if (s.ulysses_strategy == "async") return {true, "async: forced (--ulysses-strategy async)"};
+  if (s.ulysses_strategy == "sync") return {false, "sync: forced (--ulysses-strategy sync)"};
+  switch (s.profile) {
+    case profile::xorl:
+      if (s.ulysses > 1 && s.ring == 1 && s.ulysses <= s.kv_heads)
+        return {true, fmt::format("async: xorl's get_cp_strategy picks UlyssesAsyncStrategy when "
+                                  "ulysses_size {} <= num_kv_heads {} (ring 1)",
+                                  s.ulysses, s.kv_heads)};
+      if (s.ring > 1)
+        return {false, fmt::format("sync: xorl runs HybridUlyssesRingStrategy with the sync "
+                                   "Ulysses all-to-alls when ring {} > 1",
+                                   s.ring)};
+      if (s.ulysses > s.kv_heads)
+        return {false, fmt::format("sync: xorl's get_cp_strategy picks UlyssesSyncStrategy when "
+                                   "ulysses_size {} > num_kv_heads {} (KV heads repeated)",
+                                   s.ulysses, s.kv_heads)};
+      return {false, "sync: no Ulysses group (ulysses 1)"};
+    case profile::veomni:
+      return {false,
+              "sync: VeOmni's accelerator.enable_async defaults to false "
+              "(--ulysses-strategy async turns it on)"};
+    case profile::deepspeed:
+      return {false, "sync: DeepSpeed's UlyssesSPAttentionHF is synchronous"};
+  }
+  return {false, "sync"};
+}
+
 void validate(const scenario& s) {
   require_positive("ulysses", s.ulysses, 1024);
   require_positive("ring", s.ring, 1024);
@@ -151,6 +192,7 @@ void validate(const scenario& s) {
         s.kv_heads, s.ulysses, join_set(valid_ulysses_sizes(s.heads, s.kv_heads)));
   require_ring_supported(s.profile, s.ring);
   validate_linear_layers(s);
+  validate_attention_options(s);
   if (s.micro_step < 0 || s.micro_step >= s.ulysses ||
       (s.profile != profile::deepspeed && s.micro_step != 0))
     fail<config_error>(

@@ -67,6 +67,17 @@ struct scenario {
   /// element before the output projection, "L{l}.wg" [hidden, heads·head_dim] (Qwen3.5 packs
   /// it into q_proj, interleaved per head; the same product, another column order).
   bool output_gate = false;
+  /// With qk_norm: "rmsnorm" (Qwen3) or "layernorm" (weight and bias "L{l}.q_norm_bias",
+  /// "L{l}.k_norm_bias"; VeOmni's async path offers both).
+  std::string qk_norm_type = "rmsnorm";
+  /// Softmax layers: biases of the q, k, v projections ("L{l}.bq", "L{l}.bk", "L{l}.bv"; Qwen2)
+  /// and of the output projection ("L{l}.bo").
+  bool qkv_bias = false;
+  bool o_bias = false;
+  /// Softmax layers' Ulysses implementation: "sync" (projections, then the all-to-alls), "async"
+  /// (each projection overlapping the previous all-to-all: VeOmni's enable_async, xorl's
+  /// UlyssesAsyncStrategy) or "auto" (the framework's own choice; resolve_ulysses_strategy).
+  std::string ulysses_strategy = "auto";
 
   int cp() const { return ulysses * ring; }
   /// Whether layer l is a GatedDeltaNet layer (false for a pattern character other than 'L';
@@ -87,6 +98,16 @@ struct scenario {
   }
   std::int64_t total_tokens() const;
 };
+
+/// Which Ulysses implementation the softmax layers run, and why (plan prints the reason).
+struct ulysses_strategy_choice {
+  bool async = false;
+  std::string reason;
+};
+/// What `ulysses_strategy` means for this scenario: xorl's get_cp_strategy picks async when
+/// 1 < U ≤ Hkv and ring = 1 (hybrid runs its sync Ulysses), VeOmni runs sync unless
+/// enable_async (ulysses_strategy "async"), DeepSpeed has only sync. "sync"/"async" force it.
+ulysses_strategy_choice resolve_ulysses_strategy(const scenario& s);
 
 /// Checks every rule of SEMANTICS.md §1–3 and §6 up front; throws config_error / layout_error
 /// naming the rule, the values and a fix.

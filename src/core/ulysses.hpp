@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <string>
 
 #include "core/communicator.hpp"
@@ -75,5 +76,56 @@ struct qkv_grads {
 qkv_grads ulysses_backward(communicator& comm, compute& c, const ulysses_config& cfg,
                            inner_attention& inner, const ulysses_saved& saved, const tensor& dout,
                            const std::string& tag);
+
+// ------------------------------------------------------------------------------------------------
+// Async Ulysses (VeOmni's AsyncUlyssesQKVProjection / AsyncUlyssesOutputProjection; xorl's
+// UlyssesAsyncStrategy): each projection overlaps the previous tensor's all-to-all.
+
+/// The model's computations the async path calls, at the points VeOmni calls them. Local
+/// tensors are `[S/U, heads, D]`; gathered ones `[S, heads/U, D]`.
+struct ulysses_async_hooks {
+  /// This rank's projections (bias included), called in the order q, k, v, each after the
+  /// previous tensor's all-to-all was started.
+  std::function<tensor()> project_q, project_k, project_v;
+  /// On the gathered, trimmed q and k (per-head norm, RoPE of the gathered positions); called
+  /// once both have arrived, before v is collected. Empty = identity.
+  std::function<tensor(const tensor&)> post_q, post_k;
+  /// Backward of post_q / post_k (gradient in → gradient out); empty = identity.
+  std::function<tensor(const tensor&)> post_q_backward, post_k_backward;
+  /// The projections' backward, given the sequence-local gradient of their output (KV repeat
+  /// already summed): weight (and bias) gradients and the input gradient. Called v, k, q, each
+  /// while the next gradient's all-to-all is in flight.
+  std::function<void(const tensor&)> project_v_backward, project_k_backward, project_q_backward;
+  /// The output projection's weight gradient, run while the output gradient's all-to-all is in
+  /// flight (AsyncUlyssesOutputProjection's backward). Empty = nothing.
+  std::function<void()> output_weight_backward;
+};
+
+/// Kept from the async forward for its backward.
+struct ulysses_async_saved {
+  tensor q, k, v, out, lse;      ///< gathered, trimmed, after post_q/post_k
+  std::int64_t padded_rows = 0;  ///< rows the all-to-alls gathered (U · S/U)
+};
+
+/// Forward: q, k, v projected and exchanged one after another with nonblocking all-to-alls
+/// (`<tag>.q.fwd`, `.k.fwd`, `.v.fwd`; K and V heads repeat-interleaved U/Hkv times before theirs
+/// when U > Hkv), each gathered tensor trimmed to `unpadded_rows` (VeOmni's unpadded_dim_size:
+/// rows the sequence had before it was padded to a multiple of U; 0 = no trim), the inner
+/// attention, then the output padded back and exchanged (`<tag>.out.fwd`, blocking, as VeOmni).
+/// Returns the attention output `[S/U, Hq, D]` before the output projection.
+tensor ulysses_async_forward(communicator& comm, compute& c, const ulysses_config& cfg,
+                             inner_attention& inner, const ulysses_async_hooks& hooks,
+                             ulysses_async_saved& saved, std::int64_t unpadded_rows,
+                             const std::string& tag);
+
+/// Backward, given the gradient of the forward's output `[S/U, Hq, D]`: its all-to-all
+/// (`<tag>.out.bwd`, nonblocking, overlapping output_weight_backward), the attention backward,
+/// then v, k, q gradients exchanged (`<tag>.v.bwd`, `.k.bwd`, `.q.bwd`) in VeOmni's order, each
+/// overlapping the previous tensor's projection backward. Every call's gradient reaches the
+/// hooks; nothing is returned.
+void ulysses_async_backward(communicator& comm, compute& c, const ulysses_config& cfg,
+                            inner_attention& inner, const ulysses_async_hooks& hooks,
+                            const ulysses_async_saved& saved, const tensor& dout,
+                            const std::string& tag);
 
 }  // namespace seqpar

@@ -33,6 +33,7 @@ class device_local_world : public thread_world {
 /// bf16, f64) add the members' blocks in group order with cuda_compute::add: deterministic.
 /// Checks what a real transport cannot report: members calling different ops, dtypes or counts
 /// at the same call number, unpaired all_to_all counts, send/recv without a partner.
+/// Nonblocking calls (start_all_to_all) complete at start here: communicator's default.
 class device_local_communicator : public communicator {
  public:
   device_local_communicator(device_local_world& world, int rank, cuda_compute& compute);

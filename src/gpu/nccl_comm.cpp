@@ -13,6 +13,7 @@
 #include <mpi.h>
 #endif
 
+#include "core/comm_checks.hpp"
 #include "core/thread_world.hpp"  // watchdog_deadline
 #include "gpu/cuda_check.hpp"
 
@@ -64,6 +65,15 @@ struct nccl_communicator::impl {
   std::chrono::milliseconds timeout{60000};
   bool failed = false;
   std::string failure;
+  /// A nonblocking all_to_all issued on `stream` and not yet waited.
+  struct pending_op {
+    cudaEvent_t done = nullptr;  ///< recorded on `stream` right after the call
+    comm_group group;            ///< by value: the caller's may be gone by the wait
+    std::string what;            ///< "all_to_all on 'g' (tag)", for the watchdog's messages
+    std::int64_t bytes = 0;      ///< scales the deadline
+  };
+  std::map<std::int64_t, pending_op> pending;  ///< by token (do_start_all_to_all's)
+  std::int64_t next_token = 0;
 };
 
 namespace {
@@ -96,7 +106,10 @@ void check_nccl(nccl_communicator::impl& im, ncclResult_t r, const char* call, n
 
 }  // namespace
 
-#define SEQPAR_NCCL(comm, fn, ...) check_nccl(*impl_, fn(__VA_ARGS__), #fn, (comm), rank_)
+/// SEQPAR_NCCL_ON(im, comm, ncclSend, …): calls fn(args…) and on failure aborts every
+/// communicator of `im` and raises; needs a `rank_` in scope.
+#define SEQPAR_NCCL_ON(im, comm, fn, ...) check_nccl((im), fn(__VA_ARGS__), #fn, (comm), rank_)
+#define SEQPAR_NCCL(comm, fn, ...) SEQPAR_NCCL_ON(*impl_, comm, fn, __VA_ARGS__)
 
 nccl_communicator::nccl_communicator(const nccl_id& id, int rank, int world_size, int device,
                                      void* stream, std::chrono::milliseconds timeout)
@@ -119,6 +132,7 @@ nccl_communicator::~nccl_communicator() {
       if (s.owned && s.comm) ncclCommDestroy(s.comm);
     if (impl_->world) ncclCommDestroy(impl_->world);
   }
+  for (auto& [token, p] : impl_->pending) cudaEventDestroy(p.done);
   if (impl_->one) cudaFree(impl_->one);
   if (impl_->ready) cudaEventDestroy(impl_->ready);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
@@ -186,17 +200,18 @@ void after_compute(nccl_communicator::impl& im, int rank_) {
   SEQPAR_CUDA(cudaStreamWaitEvent, im.stream, im.ready, 0);
 }
 
-/// Waits for the NCCL stream, polling the communicator's async error; on error or timeout
-/// aborts every communicator of this rank and raises.
+/// Waits for the NCCL stream (or, given `until`, for that event recorded on it), polling the
+/// communicator's async error; on error or timeout aborts every communicator of this rank and
+/// raises.
 void wait_done(nccl_communicator::impl& im, ncclComm_t comm, const std::string& what, int rank_,
-               std::int64_t bytes) {
+               std::int64_t bytes, cudaEvent_t until = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto limit = watchdog_deadline(im.timeout, bytes);
   for (int spins = 0;; ++spins) {
-    const cudaError_t q = cudaStreamQuery(im.stream);
+    const cudaError_t q = until ? cudaEventQuery(until) : cudaStreamQuery(im.stream);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady)
-      abort_all(im, "cudaStreamQuery", static_cast<int>(q),
+      abort_all(im, until ? "cudaEventQuery" : "cudaStreamQuery", static_cast<int>(q),
                 fmt::format("{} ({})", cudaGetErrorString(q), what), rank_);
     if (comm) {
       ncclResult_t async = ncclSuccess;
@@ -247,6 +262,43 @@ std::int64_t total_of(std::span<const std::int64_t> counts) {
   return n;
 }
 
+/// Enqueues an all_to_all on the communication stream (blocking and nonblocking calls alike):
+/// a local copy for a group of one, ncclAlltoAll for equal splits, else one group of per-peer
+/// sends and receives.
+void issue_all_to_all(nccl_communicator::impl& im, ncclComm_t comm, const comm_group& g,
+                      const void* send, std::span<const std::int64_t> send_counts, void* recv,
+                      std::span<const std::int64_t> recv_counts, dtype t, int rank_) {
+  const auto esz = static_cast<std::int64_t>(dtype_size(t));
+  if (g.size() == 1) {
+    copy_local(im, recv, send, recv_counts[0], t, rank_);
+    return;
+  }
+  bool uniform = true;
+  for (std::size_t j = 0; j < send_counts.size(); ++j)
+    uniform = uniform && send_counts[j] == send_counts[0] && recv_counts[j] == send_counts[0];
+  if (uniform) {
+    SEQPAR_NCCL_ON(im, comm, ncclAlltoAll, send, recv, static_cast<std::size_t>(send_counts[0]),
+                   nccl_type(t), comm, im.stream);
+    return;
+  }
+  // Per-peer counts: one group of sends and receives (NCCL matches them per peer pair).
+  SEQPAR_NCCL_ON(im, comm, ncclGroupStart);
+  std::int64_t so = 0, ro = 0;
+  for (int j = 0; j < g.size(); ++j) {
+    const auto sc = send_counts[static_cast<std::size_t>(j)];
+    const auto rc = recv_counts[static_cast<std::size_t>(j)];
+    if (sc > 0)
+      SEQPAR_NCCL_ON(im, comm, ncclSend, static_cast<const std::byte*>(send) + so * esz,
+                     static_cast<std::size_t>(sc), nccl_type(t), j, comm, im.stream);
+    if (rc > 0)
+      SEQPAR_NCCL_ON(im, comm, ncclRecv, static_cast<std::byte*>(recv) + ro * esz,
+                     static_cast<std::size_t>(rc), nccl_type(t), j, comm, im.stream);
+    so += sc;
+    ro += rc;
+  }
+  SEQPAR_NCCL_ON(im, comm, ncclGroupEnd);
+}
+
 }  // namespace
 
 void nccl_communicator::do_all_to_all(const comm_group& g, const void* send,
@@ -255,36 +307,67 @@ void nccl_communicator::do_all_to_all(const comm_group& g, const void* send,
   const auto bytes =
       (total_of(send_counts) + total_of(recv_counts)) * static_cast<std::int64_t>(dtype_size(t));
   on_stream(*impl_, device_, rank_, g, "all_to_all", call_info(), bytes, [&](ncclComm_t comm) {
-    const auto esz = static_cast<std::int64_t>(dtype_size(t));
-    if (g.size() == 1) {
-      copy_local(*impl_, recv, send, recv_counts[0], t, rank_);
-    } else {
-      bool uniform = true;
-      for (std::size_t j = 0; j < send_counts.size(); ++j)
-        uniform = uniform && send_counts[j] == send_counts[0] && recv_counts[j] == send_counts[0];
-      if (uniform) {
-        SEQPAR_NCCL(comm, ncclAlltoAll, send, recv, static_cast<std::size_t>(send_counts[0]),
-                    nccl_type(t), comm, impl_->stream);
-      } else {
-        // Per-peer counts: one group of sends and receives (NCCL matches them per peer pair).
-        SEQPAR_NCCL(comm, ncclGroupStart);
-        std::int64_t so = 0, ro = 0;
-        for (int j = 0; j < g.size(); ++j) {
-          const auto sc = send_counts[static_cast<std::size_t>(j)];
-          const auto rc = recv_counts[static_cast<std::size_t>(j)];
-          if (sc > 0)
-            SEQPAR_NCCL(comm, ncclSend, static_cast<const std::byte*>(send) + so * esz,
-                        static_cast<std::size_t>(sc), nccl_type(t), j, comm, impl_->stream);
-          if (rc > 0)
-            SEQPAR_NCCL(comm, ncclRecv, static_cast<std::byte*>(recv) + ro * esz,
-                        static_cast<std::size_t>(rc), nccl_type(t), j, comm, impl_->stream);
-          so += sc;
-          ro += rc;
-        }
-        SEQPAR_NCCL(comm, ncclGroupEnd);
-      }
-    }
+    issue_all_to_all(*impl_, comm, g, send, send_counts, recv, recv_counts, t, rank_);
   });
+}
+
+std::int64_t nccl_communicator::do_start_all_to_all(const comm_group& g, const void* send,
+                                                    std::span<const std::int64_t> send_counts,
+                                                    void* recv,
+                                                    std::span<const std::int64_t> recv_counts,
+                                                    dtype t) {
+  auto& im = *impl_;
+  const auto esz = static_cast<std::int64_t>(dtype_size(t));
+  const auto total_send = total_of(send_counts), total_recv = total_of(recv_counts);
+  if (comm_checks::overlaps(send, total_send * esz, recv, total_recv * esz))
+    fail<error>(
+        "nonblocking all_to_all on group '{}' ({}): rank {}'s send and receive buffers overlap; "
+        "a nonblocking call needs separate buffers (the receive buffer is written while the "
+        "send buffer must stay unchanged)",
+        g.name, call_info().tag, rank_);
+  ncclComm_t comm = comm_of(im, g, rank_);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  cudaEvent_t done = nullptr;
+  SEQPAR_CUDA(cudaEventCreateWithFlags, &done, cudaEventDisableTiming);
+  try {
+    // The compute stream's work so far (the send data) precedes the call on the
+    // communication stream; the compute stream itself does not wait.
+    after_compute(im, rank_);
+    issue_all_to_all(im, comm, g, send, send_counts, recv, recv_counts, t, rank_);
+    SEQPAR_CUDA(cudaEventRecord, done, im.stream);
+  } catch (...) {
+    cudaEventDestroy(done);
+    throw;
+  }
+  const auto token = im.next_token++;
+  im.pending.emplace(token, impl::pending_op{done, g, what_of("all_to_all", g, call_info()),
+                                             (total_send + total_recv) * esz});
+  return token;
+}
+
+void nccl_communicator::do_wait(std::int64_t token) {
+  auto& im = *impl_;
+  auto node = im.pending.extract(token);
+  if (node.empty())
+    fail<error>("rank {}: the NCCL communicator has no nonblocking call {}", rank_, token);
+  const auto& p = node.mapped();
+  // Released when the wait returns or throws (CUDA frees an event still pending on completion).
+  struct event_guard {
+    cudaEvent_t e;
+    ~event_guard() { cudaEventDestroy(e); }
+  } guard{p.done};
+  if (im.failed)
+    fail<error>(
+        "rank {}: nonblocking {} cannot complete: the NCCL communicator was aborted after an "
+        "earlier failure ({})",
+        rank_, p.what, im.failure);
+  ncclComm_t comm = comm_of(im, p.group, rank_);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  // The compute stream's later work reads the received data: it waits for the call on the
+  // device, and the host waits too, under the blocking calls' watchdog (async errors, deadline
+  // from now), so a dead peer aborts instead of hanging.
+  SEQPAR_CUDA(cudaStreamWaitEvent, im.compute, p.done, 0);
+  wait_done(im, comm, "nonblocking " + p.what, rank_, p.bytes, p.done);
 }
 
 void nccl_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,

@@ -63,6 +63,15 @@ class nccl_communicator : public communicator {
   void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override;
   void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override;
   void do_barrier(const comm_group& g) override;
+  /// Nonblocking all_to_all: the compute stream's work so far precedes it on the communication
+  /// stream (an event), the call is issued there as do_all_to_all issues it, and a completion
+  /// event is recorded after it; the compute stream keeps running. Send and receive buffers
+  /// must not overlap. do_wait makes the compute stream wait for the completion event and
+  /// waits for it on the host under the blocking calls' watchdog (async errors, deadline).
+  std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
+                                   std::span<const std::int64_t> send_counts, void* recv,
+                                   std::span<const std::int64_t> recv_counts, dtype t) override;
+  void do_wait(std::int64_t token) override;
 
  public:
   struct impl;  ///< NCCL and CUDA handles; defined in nccl_comm.cpp

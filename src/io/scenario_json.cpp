@@ -41,6 +41,10 @@ nlohmann::json scenario_to_json(const scenario& s) {
   if (s.tiles != 1) j["tiles"] = s.tiles;
   if (s.qk_norm) j["qk_norm"] = true;
   if (s.output_gate) j["output_gate"] = true;
+  if (s.qk_norm && s.qk_norm_type != "rmsnorm") j["qk_norm_type"] = s.qk_norm_type;
+  if (s.qkv_bias) j["qkv_bias"] = true;
+  if (s.o_bias) j["o_bias"] = true;
+  if (s.ulysses_strategy != "auto") j["ulysses_strategy"] = s.ulysses_strategy;
   if (s.has_linear_layers()) {
     j["layer_pattern"] = s.layer_pattern;
     j["linear_k_heads"] = s.linear_k_heads;
@@ -55,12 +59,17 @@ nlohmann::json scenario_to_json(const scenario& s) {
 scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   if (!j.is_object()) fail<config_error>("a scenario must be a JSON object, got {}", j.type_name());
   static const std::vector<std::string> known = {
-      "name",          "profile",       "ulysses",        "ring",           "cp_size",
-      "heads",         "kv_heads",      "head_dim",       "hidden",         "intermediate",
-      "layers",        "vocab",         "docs",           "seed",           "zigzag",
-      "ring_backward", "ring_forward",  "cp_fsdp_mode",   "pad_token_id",   "micro_step",
-      "tiles",         "layer_pattern", "linear_k_heads", "linear_v_heads", "linear_k_dim",
-      "linear_v_dim",  "conv_kernel",   "qk_norm",        "output_gate"};
+      "name",          "profile",        "ulysses",
+      "ring",          "cp_size",        "heads",
+      "kv_heads",      "head_dim",       "hidden",
+      "intermediate",  "layers",         "vocab",
+      "docs",          "seed",           "zigzag",
+      "ring_backward", "ring_forward",   "cp_fsdp_mode",
+      "pad_token_id",  "micro_step",     "tiles",
+      "layer_pattern", "linear_k_heads", "linear_v_heads",
+      "linear_k_dim",  "linear_v_dim",   "conv_kernel",
+      "qk_norm",       "output_gate",    "qk_norm_type",
+      "qkv_bias",      "o_bias",         "ulysses_strategy"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
       fail<config_error>("scenario key '{}' is unknown; known keys: {}", it.key(),
@@ -106,6 +115,10 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   get("conv_kernel", s.conv_kernel);
   get("qk_norm", s.qk_norm);
   get("output_gate", s.output_gate);
+  get("qk_norm_type", s.qk_norm_type);
+  get("qkv_bias", s.qkv_bias);
+  get("o_bias", s.o_bias);
+  get("ulysses_strategy", s.ulysses_strategy);
   if (j.contains("cp_size") && j.at("cp_size") != s.cp())
     fail<config_error>(
         "scenario cp_size={} disagrees with ulysses*ring={}*{}={}; drop cp_size or "
@@ -130,6 +143,10 @@ std::string scenario_command(const scenario& s, const std::string& sub) {
   if (s.tiles != 1) cmd += fmt::format(" --tiles {}", s.tiles);
   if (s.qk_norm) cmd += " --qk-norm";
   if (s.output_gate) cmd += " --output-gate";
+  if (s.qk_norm && s.qk_norm_type != "rmsnorm") cmd += " --qk-norm-type " + s.qk_norm_type;
+  if (s.qkv_bias) cmd += " --qkv-bias";
+  if (s.o_bias) cmd += " --o-bias";
+  if (s.ulysses_strategy != "auto") cmd += " --ulysses-strategy " + s.ulysses_strategy;
   if (s.has_linear_layers())
     cmd += fmt::format(
         " --layer-pattern {} --linear-heads {},{} --linear-head-dims {},{} --conv-kernel {}",

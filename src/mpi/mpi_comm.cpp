@@ -239,23 +239,47 @@ struct mpi_communicator::impl {
   std::list<std::pair<std::string, MPI_Request>> beats_out;
   std::string notice;  ///< abort notice payload
   const char ack = 1;  ///< acknowledgement payload
+  /// A nonblocking all_to_all started and not yet waited: its request, the count and
+  /// displacement arrays MPI may read until it completes, and what the watchdog's messages
+  /// name (the group by value: the caller's may be gone by the wait).
+  struct pending_op {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<MPI_Count> sc, rc;
+    std::vector<MPI_Aint> sd, rd;
+    comm_group group;
+    std::string call;                    ///< "nonblocking all_to_all #3 (L0.attn.q.fwd)"
+    std::chrono::milliseconds limit{0};  ///< the watchdog's deadline; 0 = none
+    bool arrivals_known = false;         ///< verify_calls: every member arrived at start
+  };
+  std::map<std::int64_t, pending_op> pending;  ///< by token (do_start_all_to_all's)
+  std::int64_t next_token = 0;
 
   ~impl() {
     if (!mpi_active()) return;
     // Heartbeats still in flight: a moment to leave, then MPI keeps their buffers (leaked on
     // purpose: a request may not outlive its buffer). Heartbeats received but not read are
     // drained, so no message is left on the control plane.
+    // Nonblocking calls never waited (or whose wait failed) get the same moment; those still
+    // in flight then keep their arrays (leaked on purpose: MPI may read them until the call
+    // completes, and a nonblocking collective's request may not be freed).
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (!beats_out.empty() && std::chrono::steady_clock::now() < until)
+    while ((!beats_out.empty() || !pending.empty()) && std::chrono::steady_clock::now() < until) {
       for (auto it = beats_out.begin(); it != beats_out.end();) {
         int flag = 0;
         MPI_Test(&it->second, &flag, MPI_STATUS_IGNORE);
         it = flag ? beats_out.erase(it) : std::next(it);
       }
+      for (auto it = pending.begin(); it != pending.end();) {
+        int flag = 0;
+        if (MPI_Test(&it->second.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 1;
+        it = flag ? pending.erase(it) : std::next(it);
+      }
+    }
     if (!beats_out.empty()) {
       auto* kept = new std::list<std::pair<std::string, MPI_Request>>(std::move(beats_out));
       for (auto& b : *kept) MPI_Request_free(&b.second);
     }
+    if (!pending.empty()) new std::map<std::int64_t, pending_op>(std::move(pending));
     if (ctl != MPI_COMM_NULL)
       for (int flag = 1; flag;) {
         MPI_Status st;
@@ -843,6 +867,79 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
                                 ctx.comm, rq);
       },
       "MPI_Ialltoallv_c");
+}
+
+std::int64_t mpi_communicator::do_start_all_to_all(const comm_group& g, const void* send,
+                                                   std::span<const std::int64_t> send_counts,
+                                                   void* recv,
+                                                   std::span<const std::int64_t> recv_counts,
+                                                   dtype t) {
+  const auto esz = dtype_size(t);
+  const std::int64_t total_send = comm_checks::total(send_counts);
+  const std::int64_t total_recv = comm_checks::total(recv_counts);
+  // MPI forbids overlapping buffers, and the blocking path's way out (send from a copy) would
+  // hide what the in-process backend reports: reject it the same way, before any exchange.
+  if (overlaps(send, total_send * esz, recv, total_recv * esz))
+    fail<error>(
+        "nonblocking all_to_all on group '{}' ({}): rank {}'s send and receive buffers overlap; "
+        "a nonblocking call needs separate buffers (the receive buffer is written while the "
+        "send buffer must stay unchanged)",
+        g.name, call_info().tag, rank_);
+  descriptor mine{op_all_to_all,
+                  static_cast<std::int64_t>(t),
+                  0,
+                  {send_counts.begin(), send_counts.end()},
+                  {recv_counts.begin(), recv_counts.end()}};
+  auto& im = *impl_;
+  const auto ctx =
+      enter(im, g, rank_, size_, call_info().tag, mine, {}, bytes_of(total_send + total_recv, t));
+  const int n = g.size();
+  const auto token = im.next_token++;
+  auto& p = im.pending[token];
+  p.sc.resize(n);
+  p.rc.resize(n);
+  p.sd.resize(n);
+  p.rd.resize(n);
+  MPI_Aint so = 0, ro = 0;
+  for (int j = 0; j < n; ++j) {
+    p.sc[j] = send_counts[j];
+    p.rc[j] = recv_counts[j];
+    p.sd[j] = so;
+    p.rd[j] = ro;
+    so += p.sc[j];
+    ro += p.rc[j];
+  }
+  p.group = g;
+  p.call = "nonblocking " + ctx.w.call;
+  p.limit = ctx.w.limit;
+  p.arrivals_known = ctx.w.arrivals_known;
+  const auto type = mpi_type(t);
+  const int rc = MPI_Ialltoallv_c(send, p.sc.data(), p.sd.data(), type, recv, p.rc.data(),
+                                  p.rd.data(), type, ctx.comm, &p.request);
+  if (rc != MPI_SUCCESS) {
+    im.pending.erase(token);
+    check_mpi(rc, "MPI_Ialltoallv_c");
+  }
+  return token;
+}
+
+void mpi_communicator::do_wait(std::int64_t token) {
+  auto& im = *impl_;
+  auto node = im.pending.extract(token);
+  if (node.empty())
+    fail<error>("rank {}: the MPI communicator has no nonblocking call {}", rank_, token);
+  auto& p = node.mapped();
+  // The blocking calls' wait: MPI_Test polling, the control plane (heartbeats saying this rank
+  // waits in this call, abort notices), the watchdog's deadline from now.
+  std::vector<MPI_Request> reqs(1, p.request);
+  try {
+    wait_watched(im, size_, reqs, {-1}, watched{p.group, p.call, p.limit, p.arrivals_known});
+  } catch (...) {
+    // Still in flight: MPI may read its arrays until it completes (the destructor's concern).
+    p.request = reqs[0];
+    im.pending.insert(std::move(node));
+    throw;
+  }
 }
 
 void mpi_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,

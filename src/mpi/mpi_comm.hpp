@@ -130,6 +130,14 @@ class mpi_communicator : public communicator {
   void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override;
   void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override;
   void do_barrier(const comm_group& g) override;
+  /// MPI_Ialltoallv_c after the same checks and descriptor exchange as do_all_to_all (so a
+  /// member that never starts the call is named at start); the send and receive buffers must
+  /// not overlap (error, as in the in-process backend). do_wait completes it under the
+  /// watchdog, measured from the wait: heartbeats say this rank is waiting in that call.
+  std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
+                                   std::span<const std::int64_t> send_counts, void* recv,
+                                   std::span<const std::int64_t> recv_counts, dtype t) override;
+  void do_wait(std::int64_t token) override;
 
  private:
   std::unique_ptr<impl> impl_;

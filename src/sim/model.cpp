@@ -23,7 +23,8 @@ struct param_spec {
   std::int64_t rows, cols;
   /// conv: 1/sqrt(kernel)·u; a_log: log(1 + 0.75·(u + 1)) (decay rates A in [1, 2.5]);
   /// dt_bias: 0.5·u.
-  enum class kind { embed, proj, norm, conv, a_log, dt_bias } k;
+  /// bias: 0.1·u (projection and LayerNorm biases).
+  enum class kind { embed, proj, norm, conv, a_log, dt_bias, bias } k;
 };
 
 std::vector<param_spec> param_specs(const scenario& s) {
@@ -50,10 +51,20 @@ std::vector<param_spec> param_specs(const scenario& s) {
       out.push_back({n("wq"), h, qd, k::proj});
       out.push_back({n("wk"), h, kvd, k::proj});
       out.push_back({n("wv"), h, kvd, k::proj});
+      if (s.qkv_bias) {
+        out.push_back({n("bq"), 1, qd, k::bias});
+        out.push_back({n("bk"), 1, kvd, k::bias});
+        out.push_back({n("bv"), 1, kvd, k::bias});
+      }
       out.push_back({n("wo"), qd, h, k::proj});
+      if (s.o_bias) out.push_back({n("bo"), 1, h, k::bias});
       if (s.qk_norm) {
         out.push_back({n("q_norm"), 1, s.head_dim, k::norm});
         out.push_back({n("k_norm"), 1, s.head_dim, k::norm});
+        if (s.qk_norm_type == "layernorm") {
+          out.push_back({n("q_norm_bias"), 1, s.head_dim, k::bias});
+          out.push_back({n("k_norm_bias"), 1, s.head_dim, k::bias});
+        }
       }
       if (s.output_gate) out.push_back({n("wg"), h, qd, k::proj});
     }
@@ -99,6 +110,7 @@ model_params<T> model_params<T>::init(const scenario& s) {
       const double val = sp.k == k::norm      ? 1.0 + 0.1 * u
                          : sp.k == k::a_log   ? std::log(1.0 + 0.75 * (u + 1.0))
                          : sp.k == k::dt_bias ? 0.5 * u
+                         : sp.k == k::bias    ? 0.1 * u
                                               : scale * u;
       m.data()[e] = static_cast<T>(val);
     }
@@ -384,6 +396,9 @@ struct layer_cache {
   // before the sigmoid gate and the gate's input.
   mat<T> q_pre, k_pre, attn_raw, gate_pre;
   col<T> r_q, r_k;
+  // Async Ulysses: what the core keeps, and the gathered q, k before their norm and RoPE.
+  ulysses_async_saved async_saved;
+  tensor q_gathered, k_gathered;
   // A GatedDeltaNet layer: its whole parameters as backend tensors, and what the core keeps.
   gdn_weights gdn_w;
   gdn_saved gdn;
@@ -421,6 +436,97 @@ mat<T> per_head_norm_bwd(const mat<T>& x, const mat<T>& w, int heads, const col<
 template <class T>
 mat<T> sigmoid_of(const mat<T>& g) {
   return g.unaryExpr([](T v) { return T(1) / (T(1) + std::exp(-v)); });
+}
+
+/// Per-head q/k norm of x [n, heads·d] (host): RMSNorm on the host as ever; LayerNorm through
+/// the backend's head_norm (weight and bias).
+template <class T>
+mat<T> qk_norm_fwd(compute& comp, const scenario& s, const model_params<T>& p, int l,
+                   const char* which, const mat<T>& x, int heads, col<T>& r) {
+  const auto name = fmt::format("L{}.{}_norm", l, which);
+  if (s.qk_norm_type != "layernorm") return per_head_norm_fwd(x, p[name], heads, r);
+  const auto d = x.cols() / heads;
+  const tensor y = comp.head_norm_forward(
+      as_tensor(comp, x, {x.rows(), heads, d}), as_tensor(comp, p[name], {d}),
+      as_tensor(comp, p[name + "_bias"], {d}), norm_kind::layer, rms_norm_eps);
+  return from_tensor<T>(comp, y, x.rows(), x.cols());
+}
+
+template <class T>
+void add_to(mat<T>& m, const std::vector<double>& v) {
+  for (Eigen::Index e = 0; e < m.size(); ++e)
+    m.data()[e] += static_cast<T>(v[static_cast<std::size_t>(e)]);
+}
+
+template <class T>
+mat<T> qk_norm_bwd(compute& comp, const scenario& s, const model_params<T>& p, model_params<T>& gr,
+                   int l, const char* which, const mat<T>& x, int heads, const col<T>& r,
+                   const mat<T>& dy) {
+  const auto name = fmt::format("L{}.{}_norm", l, which);
+  if (s.qk_norm_type != "layernorm") return per_head_norm_bwd(x, p[name], heads, r, dy, gr[name]);
+  const auto d = x.cols() / heads;
+  std::vector<double> dw, db;
+  const tensor dx = comp.head_norm_backward(
+      as_tensor(comp, x, {x.rows(), heads, d}), as_tensor(comp, p[name], {d}), norm_kind::layer,
+      rms_norm_eps, as_tensor(comp, dy, {x.rows(), heads, d}), dw, db);
+  add_to(gr[name], dw);
+  add_to(gr[name + "_bias"], db);
+  return from_tensor<T>(comp, dx, x.rows(), x.cols());
+}
+
+/// x·w (+ bias `b` when the scenario has it): the bias goes through the backend (add_bias).
+template <class T>
+mat<T> projection(compute& comp, const model_params<T>& p, const mat<T>& x, const std::string& w,
+                  const std::string& b, bool with_bias) {
+  mat<T> y = ops::linear_fwd(x, p[w]);
+  if (!with_bias) return y;
+  tensor t = as_tensor(comp, y, {y.rows(), y.cols()});
+  comp.add_bias(t, as_tensor(comp, p[b], {y.cols()}));
+  return from_tensor<T>(comp, t, y.rows(), y.cols());
+}
+
+/// Async Ulysses, after the all-to-all: q (k) norm and RoPE on the gathered rows x
+/// [S, heads/U, D] at positions `gpos`; keeps x for the backward.
+template <class T>
+tensor async_post(compute& comp, const scenario& s, const model_params<T>& p, int l,
+                  const char* which, const tensor& x, tensor& kept,
+                  std::span<const std::int64_t> gpos) {
+  if (static_cast<std::int64_t>(gpos.size()) != x.shape[0])
+    fail<shape_error>("model: async ulysses gathered {} rows but knows {} positions", x.shape[0],
+                      gpos.size());
+  kept = x;
+  const int heads = static_cast<int>(x.shape[1]), d = static_cast<int>(x.shape[2]);
+  tensor y = x;
+  if (s.qk_norm) {
+    const auto name = fmt::format("L{}.{}_norm", l, which);
+    const bool layer = s.qk_norm_type == "layernorm";
+    y = comp.head_norm_forward(x, as_tensor(comp, p[name], {d}),
+                               as_tensor(comp, p[layer ? name + "_bias" : name], {d}),
+                               layer ? norm_kind::layer : norm_kind::rms, rms_norm_eps);
+  }
+  const mat<T> r = ops::rope_fwd(from_tensor<T>(comp, y, x.shape[0], std::int64_t{heads} * d),
+                                 heads, d, gpos, rope_theta);
+  return as_tensor(comp, r, x.shape);
+}
+
+template <class T>
+tensor async_post_backward(compute& comp, const scenario& s, const model_params<T>& p,
+                           model_params<T>& gr, int l, const char* which, const tensor& x,
+                           const tensor& dy, std::span<const std::int64_t> gpos) {
+  const int heads = static_cast<int>(x.shape[1]), d = static_cast<int>(x.shape[2]);
+  const mat<T> dr = ops::rope_bwd(from_tensor<T>(comp, dy, x.shape[0], std::int64_t{heads} * d),
+                                  heads, d, gpos, rope_theta);
+  tensor dn = as_tensor(comp, dr, x.shape);
+  if (!s.qk_norm) return dn;
+  const auto name = fmt::format("L{}.{}_norm", l, which);
+  const bool layer = s.qk_norm_type == "layernorm";
+  std::vector<double> dw, db;
+  tensor dx =
+      comp.head_norm_backward(x, as_tensor(comp, p[name], {d}),
+                              layer ? norm_kind::layer : norm_kind::rms, rms_norm_eps, dn, dw, db);
+  add_to(gr[name], dw);
+  if (layer) add_to(gr[name + "_bias"], db);
+  return dx;
 }
 
 gdn_config gdn_config_of(const scenario& s, const comm_group& ulysses_group) {
@@ -498,6 +604,13 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   const std::int64_t Kl = std::int64_t{Hk} * s.linear_k_dim, Vl = std::int64_t{Hv} * s.linear_v_dim;
   const gdn_config gcfg = gdn_config_of(s, ucfg.group);
   const std::span<const std::int64_t> ids(in.input_ids), labels(in.labels), pos(in.positions);
+  const std::span<const std::int64_t> gpos(env.ulysses_positions);
+  if (env.async_ulysses && s.has_softmax_layers() &&
+      static_cast<std::int64_t>(gpos.size()) != std::int64_t{ucfg.group.size()} * n)
+    fail<config_error>(
+        "model: async ulysses needs the positions of the {} gathered rows (sp_env."
+        "ulysses_positions), got {}",
+        std::int64_t{ucfg.group.size()} * n, gpos.size());
   auto inner = env.make_inner(comp);
   if (!inner) fail<config_error>("model: make_inner returned no attention");
 
@@ -535,24 +648,44 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       c.attn_out = from_tensor<T>(comp, y, n, V);
       c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "out_proj")]);
     } else {
-      c.q_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wq")]);
-      c.k_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wk")]);
-      const mat<T> q = ops::rope_fwd(
-          s.qk_norm ? per_head_norm_fwd(c.q_pre, p[L(l, "q_norm")], H, c.r_q) : c.q_pre, H, D, pos);
-      const mat<T> k = ops::rope_fwd(
-          s.qk_norm ? per_head_norm_fwd(c.k_pre, p[L(l, "k_norm")], Hkv, c.r_k) : c.k_pre, Hkv, D,
-          pos);
-      const mat<T> v = ops::linear_fwd(c.attn_normed, p[L(l, "wv")]);
-      const tensor o = ulysses_forward(comm, comp, ucfg, *inner, to_tensor(comp, q, H, D),
-                                       to_tensor(comp, k, Hkv, D), to_tensor(comp, v, Hkv, D),
-                                       c.saved, L(l, "attn"));
+      const auto proj = [&](const char* w, const char* b) {
+        return projection(comp, p, c.attn_normed, L(l, w), L(l, b), s.qkv_bias);
+      };
+      tensor o;
+      if (!env.async_ulysses) {
+        c.q_pre = proj("wq", "bq");
+        c.k_pre = proj("wk", "bk");
+        const mat<T> q = ops::rope_fwd(
+            s.qk_norm ? qk_norm_fwd(comp, s, p, l, "q", c.q_pre, H, c.r_q) : c.q_pre, H, D, pos);
+        const mat<T> k = ops::rope_fwd(
+            s.qk_norm ? qk_norm_fwd(comp, s, p, l, "k", c.k_pre, Hkv, c.r_k) : c.k_pre, Hkv, D,
+            pos);
+        const mat<T> v = proj("wv", "bv");
+        o = ulysses_forward(comm, comp, ucfg, *inner, to_tensor(comp, q, H, D),
+                            to_tensor(comp, k, Hkv, D), to_tensor(comp, v, Hkv, D), c.saved,
+                            L(l, "attn"));
+      } else {
+        // Async Ulysses (VeOmni's order): q, k, v projected one by one, each overlapping the
+        // previous all-to-all; q/k norm and RoPE on the gathered rows.
+        ulysses_async_hooks hooks;
+        hooks.project_q = [&] { return to_tensor(comp, proj("wq", "bq"), H, D); };
+        hooks.project_k = [&] { return to_tensor(comp, proj("wk", "bk"), Hkv, D); };
+        hooks.project_v = [&] { return to_tensor(comp, proj("wv", "bv"), Hkv, D); };
+        hooks.post_q = [&](const tensor& x) {
+          return async_post(comp, s, p, l, "q", x, c.q_gathered, gpos);
+        };
+        hooks.post_k = [&](const tensor& x) {
+          return async_post(comp, s, p, l, "k", x, c.k_gathered, gpos);
+        };
+        o = ulysses_async_forward(comm, comp, ucfg, *inner, hooks, c.async_saved, 0, L(l, "attn"));
+      }
       c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
       if (s.output_gate) {  // Qwen3.5: attention output ∘ sigmoid(a·wg), per token (local)
         c.attn_raw = c.attn_out;
         c.gate_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wg")]);
         c.attn_out = c.attn_raw.cwiseProduct(sigmoid_of(c.gate_pre));
       }
-      c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "wo")]);
+      c.x_mid = x + projection(comp, p, c.attn_out, L(l, "wo"), L(l, "bo"), s.o_bias);
     }
     c.mlp_normed = ops::rms_norm_fwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp);
     if (tiles.size() > 1) {
@@ -685,7 +818,17 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       continue;
     }
     // Attention: x_mid = x_in + attn(rope(a·wq), rope(a·wk), a·wv)·wo, a = rms_norm(x_in).
-    mat<T> dattn = ops::linear_bwd(c.attn_out, p[L(l, "wo")], dx_mid, gr[L(l, "wo")]);
+    const auto bias_grad = [&](const char* b, const mat<T>& dy) {
+      gr[L(l, b)] += dy.colwise().sum();
+    };
+    const auto wo_grad = [&] {
+      gr[L(l, "wo")].noalias() += c.attn_out.transpose() * dx_mid;
+      if (s.o_bias) bias_grad("bo", dx_mid);
+    };
+    // The async path computes the output projection's weight gradient while the output
+    // gradient's all-to-all is in flight (AsyncUlyssesOutputProjection).
+    mat<T> dattn = dx_mid * p[L(l, "wo")].transpose();
+    if (!env.async_ulysses) wo_grad();
     mat<T> da = mat<T>::Zero(n, s.hidden);
     if (s.output_gate) {
       const mat<T> sg = sigmoid_of(c.gate_pre);
@@ -694,19 +837,47 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       da += ops::linear_bwd(c.attn_normed, p[L(l, "wg")], dgate, gr[L(l, "wg")]);
       dattn = dattn.cwiseProduct(sg);
     }
-    const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved,
-                                         to_tensor(comp, dattn, H, D), L(l, "attn"));
-    c.saved = {};
-    mat<T> dq = ops::rope_bwd(from_tensor<T>(comp, g.dq, n, std::int64_t{H} * D), H, D, pos);
-    mat<T> dk = ops::rope_bwd(from_tensor<T>(comp, g.dk, n, std::int64_t{Hkv} * D), Hkv, D, pos);
-    if (s.qk_norm) {
-      dq = per_head_norm_bwd(c.q_pre, p[L(l, "q_norm")], H, c.r_q, dq, gr[L(l, "q_norm")]);
-      dk = per_head_norm_bwd(c.k_pre, p[L(l, "k_norm")], Hkv, c.r_k, dk, gr[L(l, "k_norm")]);
+    const auto proj_bwd = [&](const char* w, const char* b, const mat<T>& dy) {
+      da += ops::linear_bwd(c.attn_normed, p[L(l, w)], dy, gr[L(l, w)]);
+      if (s.qkv_bias) bias_grad(b, dy);
+    };
+    if (env.async_ulysses) {
+      ulysses_async_hooks hooks;
+      hooks.project_q = hooks.project_k = hooks.project_v = [] { return tensor{}; };
+      hooks.output_weight_backward = wo_grad;
+      hooks.post_q_backward = [&](const tensor& dy) {
+        return async_post_backward(comp, s, p, gr, l, "q", c.q_gathered, dy, gpos);
+      };
+      hooks.post_k_backward = [&](const tensor& dy) {
+        return async_post_backward(comp, s, p, gr, l, "k", c.k_gathered, dy, gpos);
+      };
+      hooks.project_v_backward = [&](const tensor& g) {
+        proj_bwd("wv", "bv", from_tensor<T>(comp, g, n, std::int64_t{Hkv} * D));
+      };
+      hooks.project_k_backward = [&](const tensor& g) {
+        proj_bwd("wk", "bk", from_tensor<T>(comp, g, n, std::int64_t{Hkv} * D));
+      };
+      hooks.project_q_backward = [&](const tensor& g) {
+        proj_bwd("wq", "bq", from_tensor<T>(comp, g, n, std::int64_t{H} * D));
+      };
+      ulysses_async_backward(comm, comp, ucfg, *inner, hooks, c.async_saved,
+                             to_tensor(comp, dattn, H, D), L(l, "attn"));
+      c.async_saved = {};
+      c.q_gathered = c.k_gathered = {};
+    } else {
+      const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved,
+                                           to_tensor(comp, dattn, H, D), L(l, "attn"));
+      c.saved = {};
+      mat<T> dq = ops::rope_bwd(from_tensor<T>(comp, g.dq, n, std::int64_t{H} * D), H, D, pos);
+      mat<T> dk = ops::rope_bwd(from_tensor<T>(comp, g.dk, n, std::int64_t{Hkv} * D), Hkv, D, pos);
+      if (s.qk_norm) {
+        dq = qk_norm_bwd(comp, s, p, gr, l, "q", c.q_pre, H, c.r_q, dq);
+        dk = qk_norm_bwd(comp, s, p, gr, l, "k", c.k_pre, Hkv, c.r_k, dk);
+      }
+      proj_bwd("wq", "bq", dq);
+      proj_bwd("wk", "bk", dk);
+      proj_bwd("wv", "bv", from_tensor<T>(comp, g.dv, n, std::int64_t{Hkv} * D));
     }
-    const mat<T> dv = from_tensor<T>(comp, g.dv, n, std::int64_t{Hkv} * D);
-    da += ops::linear_bwd(c.attn_normed, p[L(l, "wq")], dq, gr[L(l, "wq")]);
-    da += ops::linear_bwd(c.attn_normed, p[L(l, "wk")], dk, gr[L(l, "wk")]);
-    da += ops::linear_bwd(c.attn_normed, p[L(l, "wv")], dv, gr[L(l, "wv")]);
     dx = dx_mid +
          ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
   }

@@ -89,6 +89,11 @@ struct sp_env {
   /// The documents of the gathered row for GatedDeltaNet layers (their convolution and state
   /// restart at each): the collated cu_seqlens, as VeOmni passes cu_seq_lens_q.
   attention_docs linear_docs;
+  /// Softmax layers run async Ulysses (core's ulysses_async_forward/backward) instead of the
+  /// sync all-to-alls; RoPE is then applied after the all-to-all, at the positions of the
+  /// gathered rows: `ulysses_positions` (the Ulysses group members' positions, in member order).
+  bool async_ulysses = false;
+  std::vector<std::int64_t> ulysses_positions;
   comm_group fsdp_group;  ///< gradients SUMmed here first, then divided by fsdp_divide
   std::optional<comm_group> sp_grad_sync_group;  ///< then SUMmed here (cp_fsdp_mode)
   double fsdp_divide = 1.0;  ///< xorl: 1 (sum); veomni: fsdp group size (FSDP averages)

@@ -41,6 +41,9 @@ void check_sizes(const scenario& s) {
         "reference: heads={} is not divisible by kv_heads={}; use kv_heads "
         "dividing heads",
         s.heads, s.kv_heads);
+  if (s.qk_norm_type != "rmsnorm" && s.qk_norm_type != "layernorm")
+    fail<config_error>("reference: qk_norm_type '{}' is unknown; use rmsnorm or layernorm",
+                       s.qk_norm_type);
 }
 
 std::string layer_name(int l, const char* what) { return fmt::format("L{}.{}", l, what); }
@@ -70,10 +73,20 @@ std::vector<parameter_shape> parameter_shapes(const scenario& s) {
       out.push_back({layer_name(l, "wq"), h, q});
       out.push_back({layer_name(l, "wk"), h, kv});
       out.push_back({layer_name(l, "wv"), h, kv});
+      if (s.qkv_bias) {
+        out.push_back({layer_name(l, "bq"), 1, q});
+        out.push_back({layer_name(l, "bk"), 1, kv});
+        out.push_back({layer_name(l, "bv"), 1, kv});
+      }
       out.push_back({layer_name(l, "wo"), q, h});
+      if (s.o_bias) out.push_back({layer_name(l, "bo"), 1, h});
       if (s.qk_norm) {
         out.push_back({layer_name(l, "q_norm"), 1, s.head_dim});
         out.push_back({layer_name(l, "k_norm"), 1, s.head_dim});
+        if (s.qk_norm_type == "layernorm") {
+          out.push_back({layer_name(l, "q_norm_bias"), 1, s.head_dim});
+          out.push_back({layer_name(l, "k_norm_bias"), 1, s.head_dim});
+        }
       }
       if (s.output_gate) out.push_back({layer_name(l, "wg"), h, q});
     }
@@ -154,6 +167,35 @@ matrix rms_norm_backward(const matrix& x, const matrix& w, const matrix& dy, mat
     dw.row(0) += dy.row(i).cwiseProduct(x.row(i)) * r;
     const Eigen::RowVectorXd g = dy.row(i).cwiseProduct(w.row(0));
     dx.row(i) = r * g - x.row(i) * (r * r * r * g.dot(x.row(i)) / width);
+  }
+  return dx;
+}
+
+matrix layer_norm(const matrix& x, const matrix& w, const matrix& b) {
+  matrix y(x.rows(), x.cols());
+  const double width = static_cast<double>(x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    const Eigen::RowVectorXd c = x.row(i).array() - x.row(i).mean();
+    const double r = 1.0 / std::sqrt(c.squaredNorm() / width + rms_norm_eps);
+    y.row(i) = (c * r).cwiseProduct(w.row(0)) + b.row(0);
+  }
+  return y;
+}
+
+matrix layer_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
+                           matrix& db) {
+  // With c = x − mean x, r = (mean c² + eps)^(−1/2), x̂ = c·r and y = x̂∘w + b: for g = dy∘w,
+  // dx = r·(g − mean g − x̂·mean(g∘x̂)) (the mean's and the variance's paths; Σ x̂ = 0).
+  matrix dx(x.rows(), x.cols());
+  const double width = static_cast<double>(x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    const Eigen::RowVectorXd c = x.row(i).array() - x.row(i).mean();
+    const double r = 1.0 / std::sqrt(c.squaredNorm() / width + rms_norm_eps);
+    const Eigen::RowVectorXd xhat = c * r;
+    dw.row(0) += dy.row(i).cwiseProduct(xhat);
+    db.row(0) += dy.row(i);
+    const Eigen::RowVectorXd g = dy.row(i).cwiseProduct(w.row(0));
+    dx.row(i) = r * (g.array() - g.mean() - xhat.array() * (g.dot(xhat) / width)).matrix();
   }
   return dx;
 }
@@ -729,20 +771,23 @@ struct layer_activations {
   matrix q_pre, k_pre, attn, gate_pre;  // before q/k norm; before the output gate; its input
 };
 
-/// RMSNorm of every head of x [tokens, heads·d] over its d values, weight [1, d].
-matrix per_head_rms_norm(const matrix& x, const matrix& w, int heads) {
+/// The q/k norm of every head of x [tokens, heads·d] over its d values, weight [1, d]: RMSNorm,
+/// or LayerNorm when `bias` [1, d] is given (qk_norm_type "layernorm").
+matrix per_head_norm(const matrix& x, const matrix& w, const matrix* bias, int heads) {
   const Eigen::Index d = x.cols() / heads;
   const matrix rows = Eigen::Map<const matrix>(x.data(), x.rows() * heads, d);
-  const matrix y = ops::rms_norm(rows, w);
+  const matrix y = bias ? ops::layer_norm(rows, w, *bias) : ops::rms_norm(rows, w);
   return Eigen::Map<const matrix>(y.data(), x.rows(), x.cols());
 }
 
-matrix per_head_rms_norm_backward(const matrix& x, const matrix& w, int heads, const matrix& dy,
-                                  matrix& dw) {
+/// dx; dw (and dbias, given with a LayerNorm) added to.
+matrix per_head_norm_backward(const matrix& x, const matrix& w, int heads, const matrix& dy,
+                              matrix& dw, matrix* dbias) {
   const Eigen::Index d = x.cols() / heads;
   const matrix rows = Eigen::Map<const matrix>(x.data(), x.rows() * heads, d);
   const matrix drows = Eigen::Map<const matrix>(dy.data(), x.rows() * heads, d);
-  const matrix dx = ops::rms_norm_backward(rows, w, drows, dw);
+  const matrix dx = dbias ? ops::layer_norm_backward(rows, w, drows, dw, *dbias)
+                          : ops::rms_norm_backward(rows, w, drows, dw);
   return Eigen::Map<const matrix>(dx.data(), x.rows(), x.cols());
 }
 
@@ -800,13 +845,27 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       c.q = ops::gated_rms_norm(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads);
       c.x_mid = x + ops::linear(c.q, w.at(L(l, "out_proj")));
     } else {
+      // q = a·wq (+ bq), likewise k and v; q and k normed per head (RMSNorm or LayerNorm),
+      // then rotated.
       c.q_pre = ops::linear(c.a, w.at(L(l, "wq")));
       c.k_pre = ops::linear(c.a, w.at(L(l, "wk")));
-      c.q = ops::rope(s.qk_norm ? per_head_rms_norm(c.q_pre, w.at(L(l, "q_norm")), H) : c.q_pre, H,
-                      D, pos);
-      c.k = ops::rope(s.qk_norm ? per_head_rms_norm(c.k_pre, w.at(L(l, "k_norm")), Hkv) : c.k_pre,
-                      Hkv, D, pos);
       c.v = ops::linear(c.a, w.at(L(l, "wv")));
+      if (s.qkv_bias) {
+        c.q_pre.rowwise() += w.at(L(l, "bq")).row(0);
+        c.k_pre.rowwise() += w.at(L(l, "bk")).row(0);
+        c.v.rowwise() += w.at(L(l, "bv")).row(0);
+      }
+      c.q = c.q_pre;
+      c.k = c.k_pre;
+      if (s.qk_norm) {
+        const bool ln = s.qk_norm_type == "layernorm";
+        c.q = per_head_norm(c.q_pre, w.at(L(l, "q_norm")),
+                            ln ? &w.at(L(l, "q_norm_bias")) : nullptr, H);
+        c.k = per_head_norm(c.k_pre, w.at(L(l, "k_norm")),
+                            ln ? &w.at(L(l, "k_norm_bias")) : nullptr, Hkv);
+      }
+      c.q = ops::rope(c.q, H, D, pos);
+      c.k = ops::rope(c.k, Hkv, D, pos);
       c.attn = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads);
       c.o = c.attn;
       if (s.output_gate) {  // o ∘ sigmoid(a·wg)
@@ -814,6 +873,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
         c.o = c.attn.cwiseProduct(sigmoid_of(c.gate_pre));
       }
       c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")));
+      if (s.o_bias) c.x_mid.rowwise() += w.at(L(l, "bo")).row(0);
     }
     c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")));
     c.gate = ops::linear(c.m, w.at(L(l, "w_gate")));
@@ -872,6 +932,8 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
            ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));
       continue;
     }
+    // A bias's gradient is the column sums of its output's gradient.
+    if (s.o_bias) gr.at(L(l, "bo")) += dx_mid.colwise().sum();
     matrix d_o = ops::linear_backward(c.o, w.at(L(l, "wo")), dx_mid, gr.at(L(l, "wo")));
     matrix da = matrix::Zero(c.a.rows(), c.a.cols());
     if (s.output_gate) {  // o = attn ∘ σ(g): d attn = d_o ∘ σ(g), dg = d_o ∘ attn ∘ σ(1 − σ)
@@ -886,9 +948,16 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     dq = ops::rope_backward(dq, H, D, pos);
     dk = ops::rope_backward(dk, Hkv, D, pos);
     if (s.qk_norm) {
-      dq = per_head_rms_norm_backward(c.q_pre, w.at(L(l, "q_norm")), H, dq, gr.at(L(l, "q_norm")));
-      dk =
-          per_head_rms_norm_backward(c.k_pre, w.at(L(l, "k_norm")), Hkv, dk, gr.at(L(l, "k_norm")));
+      const bool ln = s.qk_norm_type == "layernorm";
+      dq = per_head_norm_backward(c.q_pre, w.at(L(l, "q_norm")), H, dq, gr.at(L(l, "q_norm")),
+                                  ln ? &gr.at(L(l, "q_norm_bias")) : nullptr);
+      dk = per_head_norm_backward(c.k_pre, w.at(L(l, "k_norm")), Hkv, dk, gr.at(L(l, "k_norm")),
+                                  ln ? &gr.at(L(l, "k_norm_bias")) : nullptr);
+    }
+    if (s.qkv_bias) {
+      gr.at(L(l, "bq")) += dq.colwise().sum();
+      gr.at(L(l, "bk")) += dk.colwise().sum();
+      gr.at(L(l, "bv")) += dv.colwise().sum();
     }
     da += ops::linear_backward(c.a, w.at(L(l, "wq")), dq, gr.at(L(l, "wq")));
     da += ops::linear_backward(c.a, w.at(L(l, "wk")), dk, gr.at(L(l, "wk")));

@@ -25,7 +25,7 @@ namespace seqpar::ref {
 /// Row-major double matrix: rows are tokens, or a projection's input features.
 using matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-/// RMSNorm epsilon (inside the root) and RoPE base.
+/// RMSNorm (and the q/k LayerNorm's) epsilon (inside the root) and RoPE base.
 inline constexpr double rms_norm_eps = 1e-6;
 inline constexpr double rope_theta = 10000.0;
 /// The label that contributes nothing to the loss.
@@ -39,7 +39,12 @@ inline constexpr std::int64_t ignore_label = -100;
 /// are [in, out]: y = x·W. A GatedDeltaNet layer (scenario::layer_is_linear) has, instead of
 /// wq/wk/wv/wo: "L{l}.in_qkv" [hidden, 2K+V], "L{l}.in_z" [hidden, V], "L{l}.in_b",
 /// "L{l}.in_a" [hidden, Hv], "L{l}.conv" [2K+V, kernel], "L{l}.A_log", "L{l}.dt_bias" [1, Hv],
-/// "L{l}.gdn_norm" [1, dv], "L{l}.out_proj" [V, hidden] (K = Hk·dk, V = Hv·dv).
+/// "L{l}.gdn_norm" [1, dv], "L{l}.out_proj" [V, hidden] (K = Hk·dk, V = Hv·dv). A softmax layer
+/// adds, by the scenario's options: with qkv_bias "L{l}.bq" [1, heads·head_dim], "L{l}.bk",
+/// "L{l}.bv" [1, kv_heads·head_dim] after wv (q = a·wq + bq, …); with o_bias "L{l}.bo" [1,
+/// hidden] after wo; with qk_norm "L{l}.q_norm", "L{l}.k_norm" [1, head_dim] and, when
+/// qk_norm_type is "layernorm", "L{l}.q_norm_bias", "L{l}.k_norm_bias" [1, head_dim]; with
+/// output_gate "L{l}.wg" [hidden, heads·head_dim].
 struct weights {
   std::vector<std::string> names;
   std::vector<matrix> values;
@@ -101,6 +106,13 @@ matrix linear_backward(const matrix& x, const matrix& w, const matrix& dy, matri
 /// y[i, j] = x[i, j] / sqrt(mean_k x[i, k]² + eps) · w[j].
 matrix rms_norm(const matrix& x, const matrix& w);
 matrix rms_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw);
+
+/// y[i, j] = (x[i, j] − μ_i) / sqrt(σ²_i + eps) · w[j] + b[j], μ_i and σ²_i the mean and the
+/// biased variance of row i (torch.nn.functional.layer_norm), eps = rms_norm_eps.
+matrix layer_norm(const matrix& x, const matrix& w, const matrix& b);
+/// dx (returned); dw, db added to.
+matrix layer_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
+                           matrix& db);
 
 /// Rotary embedding, rotate-half convention, on x [tokens, heads·head_dim]: per head, over the
 /// even prefix of width rot = head_dim − head_dim % 2 (an odd head_dim leaves its last dimension

@@ -66,6 +66,12 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
   env.fsdp_divide = shifts_whole_row(s.profile) ? static_cast<double>(env.fsdp_group.size()) : 1.0;
   const auto cu = cb.ranks.front().cu_seqlens;
   env.linear_docs = causal_docs(s, cu);
+  env.async_ulysses = resolve_ulysses_strategy(s).async;
+  if (env.async_ulysses)
+    for (int member : env.ulysses.group.ranks) {
+      const auto pos = rank_input(s, cb, member).positions;
+      env.ulysses_positions.insert(env.ulysses_positions.end(), pos.begin(), pos.end());
+    }
   if (s.ring == 1) {
     auto docs = causal_docs(s, cu);
     env.make_inner = [docs](compute& c) { return std::make_unique<local_attention>(c, docs); };

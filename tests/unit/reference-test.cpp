@@ -7,9 +7,11 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.hpp"
@@ -109,6 +111,29 @@ TEST(reference, rms_norm_is_x_over_root_mean_square_times_weight) {
   const double inv = 1.0 / std::sqrt(12.5 + ref::rms_norm_eps);
   EXPECT_DOUBLE_EQ(y(0, 0), 3.0 * inv * 2.0);
   EXPECT_DOUBLE_EQ(y(0, 1), 4.0 * inv * 0.5);
+}
+
+TEST(reference, layer_norm_backward_matches_finite_differences) {
+  matrix x = random_matrix(tokens, 6, 60), w = random_matrix(1, 6, 61), b = random_matrix(1, 6, 62);
+  const matrix r = random_matrix(tokens, 6, 63);
+  const auto f = [&] { return ops::layer_norm(x, w, b).cwiseProduct(r).sum(); };
+  matrix dw = matrix::Zero(1, 6), db = matrix::Zero(1, 6);
+  const matrix dx = ops::layer_norm_backward(x, w, r, dw, db);
+  EXPECT_LT(rel_err(dx, numeric_grad(f, x)), fd_tol);
+  EXPECT_LT(rel_err(dw, numeric_grad(f, w)), fd_tol);
+  EXPECT_LT(rel_err(db, numeric_grad(f, b)), fd_tol);
+}
+
+TEST(reference, layer_norm_centres_and_scales_by_the_biased_variance) {
+  matrix x(1, 2);
+  x << 3.0, 5.0;  // mean 4, biased variance 1
+  matrix w(1, 2), b(1, 2);
+  w << 2.0, 0.5;
+  b << 0.25, -1.0;
+  const matrix y = ops::layer_norm(x, w, b);
+  const double inv = 1.0 / std::sqrt(1.0 + ref::rms_norm_eps);
+  EXPECT_DOUBLE_EQ(y(0, 0), -1.0 * inv * 2.0 + 0.25);
+  EXPECT_DOUBLE_EQ(y(0, 1), 1.0 * inv * 0.5 - 1.0);
 }
 
 TEST(reference, rope_backward_matches_finite_differences_even_and_odd_head_dim) {
@@ -411,6 +436,50 @@ TEST(reference, hybrid_step_gradients_match_finite_differences_of_the_loss) {
                        numeric_grad(f, w.values[i], 1e-5, picked)) /
                       3;
     EXPECT_LT(rel_err(out.grads.values[i], fd, picked), fd_tol) << w.names[i];
+  }
+}
+
+TEST(reference, biased_projections_and_layer_norm_qk_norm_gradients_match_finite_differences) {
+  // Qwen2's q/k/v biases, an output-projection bias and the LayerNorm q/k norm (weight and
+  // bias), with the output gate, in both layers; odd head_dim: partial rotary.
+  for (int d : {4, 3}) {
+    SCOPED_TRACE(d);
+    scenario s = tiny(d);
+    s.qkv_bias = true;
+    s.o_bias = true;
+    s.qk_norm = true;
+    s.qk_norm_type = "layernorm";
+    s.output_gate = true;
+    ref::weights w = tiny_weights(s);
+    unsigned seed = 300;
+    for (const char* b : {"bq", "bk", "bv", "bo", "q_norm_bias", "k_norm_bias"})
+      for (int l = 0; l < s.layers; ++l) {
+        matrix& m = w.at("L" + std::to_string(l) + "." + b);
+        m = random_matrix(m.rows(), m.cols(), seed++, 0.5);  // not the ≈ 1 of a norm weight
+      }
+    const std::vector<std::string> order = {
+        "L0.attn_norm", "L0.wq",          "L0.wk",          "L0.wv", "L0.bq",
+        "L0.bk",        "L0.bv",          "L0.wo",          "L0.bo", "L0.q_norm",
+        "L0.k_norm",    "L0.q_norm_bias", "L0.k_norm_bias", "L0.wg", "L0.mlp_norm"};
+    EXPECT_TRUE(std::equal(order.begin(), order.end(), w.names.begin() + 1)) << "the model's order";
+    const ref::batch b = tiny_batch();
+    const auto out = ref::train_step(s, w, b);
+    // The LayerNorm q/k norm ignores a shift of all d values of a head: the q and k biases'
+    // gradients sum to 0 over every head (and are not 0).
+    for (const char* name : {"L1.bq", "L1.bk"}) {
+      const matrix& g = out.grads.at(name);
+      EXPECT_GT(g.cwiseAbs().maxCoeff(), 1e-3) << name;
+      for (Eigen::Index h = 0; h < g.cols() / d; ++h)
+        EXPECT_LT(std::abs(g.middleCols(h * d, d).sum()), 1e-15) << name << " head " << h;
+    }
+    for (std::size_t i = 0; i < w.values.size(); ++i) {
+      const auto f = [&] { return ref::train_step(s, w, b, 1).loss; };
+      // Richardson extrapolation, as in the hybrid test, over every element.
+      const matrix fd =
+          (4 * numeric_grad(f, w.values[i], 2e-4) - numeric_grad(f, w.values[i], 4e-4)) / 3;
+      EXPECT_LT(rel_err(out.grads.values[i], fd), fd_tol) << w.names[i];
+      fprintf(stderr, "DBG d=%d %s %.3e\n", d, w.names[i].c_str(), rel_err(out.grads.values[i], fd));
+    }
   }
 }
 

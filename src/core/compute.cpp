@@ -1,0 +1,140 @@
+#include "core/compute.hpp"
+
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace seqpar {
+
+namespace {
+
+void check_norm_shapes(const tensor& x, const tensor& w, const char* who) {
+  if (x.shape.size() != 3 || w.numel() != x.shape[2])
+    fail<shape_error>(
+        "{}: x is [{}] and the weight holds {} values; expected x [tokens, heads, "
+        "head_dim] and head_dim weights",
+        who, fmt::join(x.shape, ","), w.numel());
+}
+
+/// The per-(token, head) rows of a head norm in T, from host doubles.
+template <class T>
+struct norm_rows {
+  std::int64_t rows, d;
+  std::vector<T> x, w, b;
+  norm_rows(const std::vector<double>& xs, const std::vector<double>& ws,
+            const std::vector<double>& bs, std::int64_t d_)
+      : rows(static_cast<std::int64_t>(xs.size()) / d_),
+        d(d_),
+        x(xs.begin(), xs.end()),
+        w(ws.begin(), ws.end()),
+        b(bs.begin(), bs.end()) {}
+  /// Mean (0 for RMSNorm) and 1/√(var + eps) of row i.
+  std::pair<T, T> stats(std::int64_t i, norm_kind k, double eps) const {
+    const T* r = x.data() + i * d;
+    T mu = 0;
+    if (k == norm_kind::layer) {
+      for (std::int64_t j = 0; j < d; ++j) mu += r[j];
+      mu /= static_cast<T>(d);
+    }
+    T ss = 0;
+    for (std::int64_t j = 0; j < d; ++j) ss += (r[j] - mu) * (r[j] - mu);
+    return {mu, T(1) / std::sqrt(ss / static_cast<T>(d) + static_cast<T>(eps))};
+  }
+};
+
+template <class T>
+std::vector<double> norm_fwd(const norm_rows<T>& n, norm_kind k, double eps) {
+  std::vector<double> y(n.x.size());
+  for (std::int64_t i = 0; i < n.rows; ++i) {
+    const auto [mu, r] = n.stats(i, k, eps);
+    for (std::int64_t j = 0; j < n.d; ++j) {
+      T v = (n.x[i * n.d + j] - mu) * r * n.w[j];
+      if (k == norm_kind::layer) v += n.b[j];
+      y[i * n.d + j] = v;
+    }
+  }
+  return y;
+}
+
+template <class T>
+std::vector<double> norm_bwd(const norm_rows<T>& n, norm_kind k, double eps,
+                             const std::vector<double>& dys, std::vector<double>& dw,
+                             std::vector<double>& db) {
+  std::vector<double> dx(n.x.size());
+  const T dd = static_cast<T>(n.d);
+  std::vector<T> g(static_cast<std::size_t>(n.d)), xh(static_cast<std::size_t>(n.d));
+  for (std::int64_t i = 0; i < n.rows; ++i) {
+    const auto [mu, r] = n.stats(i, k, eps);
+    T mg = 0, mgx = 0;
+    for (std::int64_t j = 0; j < n.d; ++j) {
+      const T dy = static_cast<T>(dys[i * n.d + j]);
+      xh[j] = (n.x[i * n.d + j] - mu) * r;
+      g[j] = dy * n.w[j];
+      dw[j] += static_cast<double>(dy * xh[j]);
+      if (k == norm_kind::layer) db[j] += static_cast<double>(dy);
+      mg += g[j];
+      mgx += g[j] * xh[j];
+    }
+    mg /= dd;
+    mgx /= dd;
+    // LayerNorm: dx = r·(g − mean g − x̂·mean(g x̂)); RMSNorm drops the mean term.
+    for (std::int64_t j = 0; j < n.d; ++j)
+      dx[i * n.d + j] = r * (g[j] - (k == norm_kind::layer ? mg : T(0)) - xh[j] * mgx);
+  }
+  return dx;
+}
+
+}  // namespace
+
+tensor compute::head_norm_forward(const tensor& x, const tensor& w, const tensor& b, norm_kind k,
+                                  double eps) {
+  check_norm_shapes(x, w, "head_norm");
+  const auto xs = to_host(x), ws = to_host(w);
+  const auto bs = k == norm_kind::layer ? to_host(b) : std::vector<double>(ws.size(), 0.0);
+  if (bs.size() != ws.size())
+    fail<shape_error>("head_norm: LayerNorm bias holds {} values, weight {}", bs.size(), ws.size());
+  const auto y = x.type == dtype::f32 ? norm_fwd(norm_rows<float>(xs, ws, bs, x.shape[2]), k, eps)
+                                      : norm_fwd(norm_rows<double>(xs, ws, bs, x.shape[2]), k, eps);
+  return from_host(x.type, x.shape, y);
+}
+
+tensor compute::head_norm_backward(const tensor& x, const tensor& w, norm_kind k, double eps,
+                                   const tensor& dy, std::vector<double>& dw,
+                                   std::vector<double>& db) {
+  check_norm_shapes(x, w, "head_norm backward");
+  if (dy.shape != x.shape)
+    fail<shape_error>("head_norm backward: dy is [{}], x [{}]", fmt::join(dy.shape, ","),
+                      fmt::join(x.shape, ","));
+  const auto d = static_cast<std::size_t>(x.shape[2]);
+  dw.resize(d, 0.0);
+  db.resize(d, 0.0);
+  const auto xs = to_host(x), ws = to_host(w), dys = to_host(dy);
+  const std::vector<double> zeros(d, 0.0);
+  const auto dx = x.type == dtype::f32
+                      ? norm_bwd(norm_rows<float>(xs, ws, zeros, x.shape[2]), k, eps, dys, dw, db)
+                      : norm_bwd(norm_rows<double>(xs, ws, zeros, x.shape[2]), k, eps, dys, dw, db);
+  return from_host(x.type, x.shape, dx);
+}
+
+void compute::add_bias(tensor& x, const tensor& b) {
+  const std::int64_t rows = x.shape.empty() ? 0 : x.shape[0];
+  const std::int64_t width = rows == 0 ? 0 : x.numel() / rows;
+  if (b.numel() != width)
+    fail<shape_error>("add_bias: x is [{}] ({} values per row) but the bias holds {}",
+                      fmt::join(x.shape, ","), width, b.numel());
+  auto xs = to_host(x);
+  const auto bs = to_host(b);
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < width; ++j) {
+      auto& v = xs[static_cast<std::size_t>(i * width + j)];
+      v = x.type == dtype::f32
+              ? static_cast<double>(static_cast<float>(v) +
+                                    static_cast<float>(bs[static_cast<std::size_t>(j)]))
+              : v + bs[static_cast<std::size_t>(j)];
+    }
+  x = from_host(x.type, x.shape, xs);
+}
+
+}  // namespace seqpar
