@@ -29,13 +29,14 @@ std::vector<stage> stages_of(const scenario& s, const collated_batch& cb) {
   const std::int64_t hkv = repeated_kv_heads(s.kv_heads, s.ulysses);
   std::vector<stage> st = {
       {"input_ids", {c}}, {"hidden", {c, s.hidden}}, {"q.local", {c, s.heads, D}}};
-  if (fused_kv_exchange(s.profile)) {
+  if (fused_kv_exchange(s.profile) && !resolve_ulysses_strategy(s).async) {
     st.push_back({"kv.local", {c, s.kv_heads, 2, D}});
     if (hkv != s.kv_heads) st.push_back({"kv.repeated", {c, hkv, 2, D}});
     st.push_back({"q.heads_sharded", {c * U, s.heads / U, D}});
     st.push_back({"kv.heads_sharded", {c * U, 2 * hkv / U, D}});
   } else {
-    // DeepSpeed: k and v separately, [sl_l, bs, hc, hs] with bs = 1 dropped.
+    // DeepSpeed and async Ulysses: k and v separately (DeepSpeed: [sl_l, bs, hc, hs] with
+    // bs = 1 dropped).
     for (const char* t : {"k", "v"}) {
       st.push_back({fmt::format("{}.local", t), {c, s.kv_heads, D}});
       if (hkv != s.kv_heads) st.push_back({fmt::format("{}.repeated", t), {c, hkv, D}});
@@ -80,6 +81,62 @@ std::string cost_text(const layer_cost& cost) {
          fmt::format("  forward {} B, backward {} B\n", cost.forward_bytes, cost.backward_bytes);
 }
 
+/// Async Ulysses: what each rank computes while which all-to-alls are in flight (the same on
+/// every rank: SPMD), forward and backward, as VeOmni's AsyncUlyssesQKVProjection and
+/// AsyncUlyssesOutputProjection order them.
+struct timeline_step {
+  std::string compute;
+  std::vector<std::string> in_flight;
+};
+
+std::vector<timeline_step> async_timeline(const scenario& s) {
+  const bool rep = s.ulysses > s.kv_heads;
+  const std::string bias = s.qkv_bias ? " + b" : "";
+  return {
+      {fmt::format("q = h·Wq{}; start q.fwd", bias), {}},
+      {fmt::format("k = h·Wk{}{}; start k.fwd", bias, rep ? ", repeat_interleave" : ""), {"q.fwd"}},
+      {fmt::format("v = h·Wv{}{}; start v.fwd", bias, rep ? ", repeat_interleave" : ""),
+       {"q.fwd", "k.fwd"}},
+      {"wait q.fwd, trim; wait k.fwd, trim", {"q.fwd", "k.fwd", "v.fwd"}},
+      {(s.qk_norm ? s.qk_norm_type + " of q, k; " : std::string()) +
+           "RoPE at the gathered positions",
+       {"v.fwd"}},
+      {"wait v.fwd, trim; attention; out.fwd (blocking); o = a·Wo", {}},
+      {"backward: dA = dy·Woᵀ; start out.bwd", {}},
+      {"dWo = Aᵀ·dy; wait out.bwd, trim; attention backward; start v.bwd", {"out.bwd"}},
+      {fmt::format("backward of RoPE{} for k, then q; wait v.bwd{}; start k.bwd",
+                   s.qk_norm ? " and " + s.qk_norm_type : "", rep ? ", sum repeats" : ""),
+       {"v.bwd"}},
+      {fmt::format("v projection backward; wait k.bwd{}; start q.bwd", rep ? ", sum repeats" : ""),
+       {"k.bwd"}},
+      {"k projection backward; wait q.bwd; q projection backward", {"q.bwd"}},
+  };
+}
+
+nlohmann::json strategy_json(const scenario& s) {
+  const auto ch = resolve_ulysses_strategy(s);
+  nlohmann::json j = {{"name", ch.async ? "async" : "sync"}, {"reason", ch.reason}};
+  if (ch.async) {
+    nlohmann::json t = nlohmann::json::array();
+    for (const auto& st : async_timeline(s))
+      t.push_back({{"compute", st.compute}, {"in_flight", st.in_flight}});
+    j["timeline"] = t;
+  }
+  return j;
+}
+
+std::string strategy_text(const scenario& s) {
+  const auto ch = resolve_ulysses_strategy(s);
+  std::string o = fmt::format("\nUlysses strategy: {}\n", ch.reason);
+  if (!ch.async) return o;
+  o += "overlap timeline (every rank, per softmax layer; in flight = nonblocking all-to-alls):\n";
+  int i = 0;
+  for (const auto& st : async_timeline(s))
+    o += fmt::format("  {:>2}. {:<72} {}\n", ++i, st.compute,
+                     st.in_flight.empty() ? "—" : fmt::format("{}", fmt::join(st.in_flight, " ")));
+  return o;
+}
+
 nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
   nlohmann::json ranks = nlohmann::json::array();
   const auto cu = attention_cu_seqlens(cb);
@@ -120,6 +177,7 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
                           {"forward", cost.forward_bytes},
                           {"backward", cost.backward_bytes},
                           {"collectives", items}}}};
+  if (s.has_softmax_layers() && s.ulysses > 1) out["ulysses_strategy"] = strategy_json(s);
   if (s.has_linear_layers()) {
     const auto lc = linear_layer_cost(s, cb, dtype::f32);
     nlohmann::json layers = nlohmann::json::array(), per_rank = nlohmann::json::array();
@@ -227,6 +285,7 @@ std::string plan_text(const scenario& s, const collated_batch& cb) {
       "{:<10} {}  max/min {:.3f}\n",
       s.ring > 1 && s.zigzag ? "zigzag" : "layout", fmt::join(zz.work, " "), zz.ratio, "contiguous",
       fmt::join(ct.work, " "), ct.ratio);
+  if (s.has_softmax_layers() && s.ulysses > 1) o += strategy_text(s);
   o += "\nbytes per rank per attention layer (float32):\n";
   o += cost_text(attention_layer_cost(s, cb, dtype::f32));
   if (s.has_linear_layers()) o += linear_text(s, cb);

@@ -19,7 +19,16 @@ layer_cost attention_layer_cost(const scenario& s, const collated_batch& cb, dty
     (fwd ? c.forward_bytes : c.backward_bytes) += x.bytes_sent;
     c.items.push_back(std::move(x));
   };
-  if (U > 1) {
+  const bool async = resolve_ulysses_strategy(s).async;
+  if (U > 1 && async) {
+    // Async Ulysses: one all-to-all per tensor, in VeOmni's order.
+    for (const char* t : {"q", "k", "v"})
+      a2a(fmt::format("attn.{}.fwd", t), *t == 'q' ? s.heads : hkv, true);
+    a2a("attn.out.fwd", s.heads, true);
+    a2a("attn.out.bwd", s.heads, false);
+    for (const char* t : {"v", "k", "q"})
+      a2a(fmt::format("attn.{}.bwd", t), *t == 'q' ? s.heads : hkv, false);
+  } else if (U > 1) {
     const bool fused = fused_kv_exchange(s.profile);
     auto kv = [&](const char* dir, bool fwd) {
       if (fused) {

@@ -380,8 +380,11 @@ call_record from_comm_record(const comm_record& r) {
   c.op = r.op;
   c.dtype = std::string(dtype_name(r.type));
   c.tag = r.tag;
-  c.state = r.state;
-  if (r.async) c.handle = r.handle;
+  // A nonblocking call's start record says nothing about completion: its wait record does.
+  if (r.async)
+    c.handle = r.handle;
+  else
+    c.state = r.state;
   if (c.p2p) {
     c.peer = r.peer;
     c.shape = r.shape;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 r"""One training step of seqpar's decoder in PyTorch (float64, autograd), written the way the
-Hugging Face Llama / Qwen2 / Qwen3 modelling code structures it (nn.Linear projections, an
-RMSNorm module, rotate_half RoPE, repeat_kv for GQA, masked scaled-dot-product attention, a SwiGLU
-MLP, cross-entropy with ignore_index=-100 summed and divided by the number of valid labels).
+Hugging Face Llama / Qwen2 / Qwen3 modelling code structures it (nn.Linear projections, with
+Qwen2's q/k/v biases and an o_proj bias when the scenario asks, an RMSNorm module, rotate_half
+RoPE, repeat_kv for GQA, masked scaled-dot-product attention, a SwiGLU MLP, cross-entropy with
+ignore_index=-100 summed and divided by the number of valid labels).
 It is the external witness for seqpar's own reference (src/sim/reference.hpp).
 
 Input: the JSON that `torch_crosscheck dump DIR` writes per scenario (tests/equivalence/
@@ -108,17 +109,28 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
         hidden = cfg["hidden"]
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False, dtype=f64)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False, dtype=f64)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False, dtype=f64)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False, dtype=f64)
-        # Qwen3-style per-head RMSNorm of q and k over head_dim (before RoPE), and Qwen3.5's
-        # sigmoid output gate (a projection of its own here; Qwen3.5 packs it into q_proj).
+        # Qwen2-style biases on q, k, v (qkv_bias), and one on the output projection (o_bias).
+        qkv_bias, o_bias = cfg.get("qkv_bias", False), cfg.get("o_bias", False)
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=qkv_bias, dtype=f64)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=qkv_bias, dtype=f64)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=qkv_bias, dtype=f64)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=o_bias, dtype=f64)
+        # Qwen3-style per-head RMSNorm of q and k over head_dim (before RoPE), or with
+        # qk_norm_type "layernorm" a per-head nn.LayerNorm (weight and bias, biased variance,
+        # the same eps), and Qwen3.5's sigmoid output gate (a projection of its own here;
+        # Qwen3.5 packs it into q_proj).
         self.qk_norm = cfg.get("qk_norm", False)
         self.output_gate = cfg.get("output_gate", False)
         if self.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, eps)
-            self.k_norm = RMSNorm(self.head_dim, eps)
+            norm_type = cfg.get("qk_norm_type", "rmsnorm")
+            if norm_type == "layernorm":
+                self.q_norm = nn.LayerNorm(self.head_dim, eps=eps, dtype=f64)
+                self.k_norm = nn.LayerNorm(self.head_dim, eps=eps, dtype=f64)
+            elif norm_type == "rmsnorm":
+                self.q_norm = RMSNorm(self.head_dim, eps)
+                self.k_norm = RMSNorm(self.head_dim, eps)
+            else:
+                sys.exit(f"{cfg['name']}: qk_norm_type {norm_type!r} is unknown")
         if self.output_gate:
             self.g_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False, dtype=f64)
 
@@ -300,9 +312,18 @@ def seqpar_names(cfg):
             f"L{l}.wv": (p + "self_attn.v_proj.weight", True),
             f"L{l}.wo": (p + "self_attn.o_proj.weight", True),
         })
+        if cfg.get("qkv_bias", False):
+            names[f"L{l}.bq"] = (p + "self_attn.q_proj.bias", False)
+            names[f"L{l}.bk"] = (p + "self_attn.k_proj.bias", False)
+            names[f"L{l}.bv"] = (p + "self_attn.v_proj.bias", False)
+        if cfg.get("o_bias", False):
+            names[f"L{l}.bo"] = (p + "self_attn.o_proj.bias", False)
         if cfg.get("qk_norm", False):
             names[f"L{l}.q_norm"] = (p + "self_attn.q_norm.weight", False)
             names[f"L{l}.k_norm"] = (p + "self_attn.k_norm.weight", False)
+            if cfg.get("qk_norm_type", "rmsnorm") == "layernorm":
+                names[f"L{l}.q_norm_bias"] = (p + "self_attn.q_norm.bias", False)
+                names[f"L{l}.k_norm_bias"] = (p + "self_attn.k_norm.bias", False)
         if cfg.get("output_gate", False):
             names[f"L{l}.wg"] = (p + "self_attn.g_proj.weight", True)
     names["final_norm"] = ("norm.weight", False)
