@@ -273,10 +273,13 @@ const std::vector<scenario>& builtin_scenarios() {
     add("ring", 1, 4, 4, 2, 16, 48, {32, 16, 8});
     // Qwen3-8B: 32 Q heads / 8 KV heads / dim 128 (heads scaled 1/2, dim 1/8, sequence tiny).
     add("qwen3-8b", 4, 1, 16, 4, 16, 64, {40, 23, 1, 30});
+    v.back().qk_norm = true;  // Qwen3: per-head RMSNorm of q and k
+    // xorl runs it with UlyssesAsyncStrategy (U = 4 <= Hkv = 4): q/k norm after the all-to-all.
     // Llama-3-8B: 32/8 heads, dim 128 → 16/4 heads, dim 8; U=8 repeats each KV head twice.
     add("llama3-8b", 8, 1, 16, 4, 8, 48, {17, 33, 9});
     // Qwen2.5-7B: 28 Q heads / 4 KV heads → 14/2 heads, U=7 (7 > 2 is not a multiple: use 2).
     add("qwen2.5-7b", 2, 1, 14, 2, 8, 56, {5, 31, 12});
+    v.back().qkv_bias = true;  // Qwen2: q, k, v projections with biases
     // Mistral-7B with MHA-like U=Hkv: 32/8 → 8/8.
     add("mha-8", 8, 1, 8, 8, 8, 32, {64, 7});
     // DeepSpeed ALST (Hugging Face Trainer + UlyssesSPAttentionHF): U=4 > Hkv=2 (KV heads

@@ -70,7 +70,18 @@ std::vector<scenario> extra_scenarios() {
   g.conv_kernel = 2;
   g.docs = {70, 1, 2, 9};
   g.seed = 11;
-  return {s, g};
+  // Qwen2's q/k/v biases, an output-projection bias and the LayerNorm q/k norm (weight and
+  // bias) on the default row: seqpar check --heads 4 --kv-heads 2 --qkv-bias --o-bias
+  // --qk-norm-type layernorm.
+  scenario b = seqpar::default_scenario();
+  b.name = "qkv-bias-layernorm-qk";
+  b.heads = 4;
+  b.kv_heads = 2;
+  b.qkv_bias = true;
+  b.o_bias = true;
+  b.qk_norm = true;
+  b.qk_norm_type = "layernorm";
+  return {s, g, b};
 }
 
 std::vector<scenario> all_scenarios() {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/flight_recorder.hpp"
 #include "sim/inproc_comm.hpp"
 #include "support/comm_values.hpp"
 
@@ -369,6 +371,132 @@ TEST(mpi_comm, unverified_transport_still_reports_short_messages) {
   std::vector<double> buf = {static_cast<double>(me)};
   raw.all_reduce(g, buf.data(), 1, dtype::f64);
   EXPECT_EQ(buf[0], n * (n - 1) / 2.0);
+}
+
+// ---- nonblocking all_to_all ----
+
+/// Elements member i sends to member j in nonblocking call k (zeros included; differs per k).
+std::int64_t a2a_count_k(int k, int i, int j) { return (3 * i + 5 * j + 1 + k) % 4 + k; }
+
+TEST(mpi_comm, nonblocking_all_to_alls_waited_out_of_start_order) {
+  constexpr int calls = 3;
+  for (const auto& g : my_groups()) {
+    const int n = g.size(), me = g.index_of(comm().rank());
+    std::vector<std::vector<std::int64_t>> sc(calls, std::vector<std::int64_t>(n)), rc = sc;
+    std::vector<std::vector<double>> send(calls), want(calls), recv(calls);
+    for (int k = 0; k < calls; ++k) {
+      for (int j = 0; j < n; ++j) {
+        sc[k][j] = a2a_count_k(k, me, j);
+        rc[k][j] = a2a_count_k(k, j, me);
+        for (std::int64_t e = 0; e < sc[k][j]; ++e)
+          send[k].push_back(value<double>(60 + k, comm().rank(), j * 16 + e));
+        for (std::int64_t e = 0; e < rc[k][j]; ++e)
+          want[k].push_back(value<double>(60 + k, g.ranks[j], me * 16 + e));
+      }
+      recv[k].assign(want[k].size(), -1.0);
+    }
+    std::vector<comm_handle> h;
+    for (int k = 0; k < calls; ++k)
+      h.push_back(comm().start_all_to_all(g, send[k].data(), sc[k], recv[k].data(), rc[k],
+                                          dtype::f64, tagged("t.ia2a" + std::to_string(k))));
+    EXPECT_EQ(comm().pending(), (std::vector<std::string>{"t.ia2a0", "t.ia2a1", "t.ia2a2"}));
+    // A blocking call on the same group while the three are in flight.
+    double one = 1.0;
+    comm().all_reduce(g, &one, 1, dtype::f64, tagged("t.between"));
+    EXPECT_EQ(one, n) << "group " << g.name;
+    for (int k : {2, 0, 1}) {
+      comm().wait(h[k]);
+      EXPECT_FALSE(h[k].valid());
+      EXPECT_EQ(count_wrong(recv[k], want[k]), 0) << "group " << g.name << " call " << k;
+    }
+    EXPECT_TRUE(comm().pending().empty());
+  }
+}
+
+TEST(mpi_comm, waiting_a_handle_twice_is_an_error) {
+  const auto g = world_group();
+  const int n = g.size(), me = comm().rank();
+  std::vector<std::int64_t> counts(n, 2);
+  std::vector<double> send(2 * n), recv(2 * n), want(2 * n);
+  for (int j = 0; j < n; ++j)
+    for (int e = 0; e < 2; ++e) {
+      send[j * 2 + e] = value<double>(70, me, j * 2 + e);
+      want[j * 2 + e] = value<double>(70, g.ranks[j], me * 2 + e);
+    }
+  auto h = comm().start_all_to_all(g, send.data(), counts, recv.data(), counts, dtype::f64,
+                                   tagged("t.twice"));
+  comm().wait(h);
+  EXPECT_EQ(count_wrong(recv, want), 0);
+  const auto msg = expect_throw<error>([&] { comm().wait(h); });
+  EXPECT_NE(msg.find("already waited"), std::string::npos) << msg;
+  // Nothing was posted: the communicator goes on.
+  double one = 1.0;
+  comm().all_reduce(g, &one, 1, dtype::f64);
+  EXPECT_EQ(one, n);
+}
+
+TEST(mpi_comm, nonblocking_all_to_all_rejects_overlapping_buffers) {
+  const auto g = world_group();
+  const int n = g.size();
+  std::vector<std::int64_t> counts(n, 1);
+  std::vector<double> io(n, 1.0);
+  const auto msg = expect_throw<error>([&] {
+    auto h = comm().start_all_to_all(g, io.data(), counts, io.data(), counts, dtype::f64,
+                                     tagged("t.in_place"));
+    comm().wait(h);
+  });
+  EXPECT_NE(msg.find("send and receive buffers overlap"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("t.in_place"), std::string::npos) << msg;
+  EXPECT_TRUE(comm().pending().empty());
+}
+
+TEST(mpi_comm, nonblocking_wait_watchdog_names_the_call_and_keeps_it_started) {
+  // The buffers outlive `raw`: rank 0's call stays posted after its wait gives up.
+  std::vector<std::int64_t> counts(2, 2);
+  std::vector<double> send(4), recv(4, -1.0), want(4);
+  const int me = comm().rank();
+  const bool member = me < 2;
+  for (int j = 0; j < 2 && member; ++j)
+    for (int e = 0; e < 2; ++e) {
+      send[j * 2 + e] = value<double>(80, me, j * 2 + e);
+      want[j * 2 + e] = value<double>(80, j, me * 2 + e);
+    }
+  // verify_calls off: nothing is exchanged at start, so a member that never starts the call is
+  // noticed by the waiting member's watchdog (with verify_calls it is named at the start).
+  mpi::mpi_options o;
+  o.verify_calls = false;
+  mpi::mpi_communicator raw(o);
+  flight_recorder fr;
+  raw.set_flight_recorder(&fr);
+  const comm_group pair{"t.nb_pair", {0, 1}};
+  if (member) raw.barrier(pair);  // creates the pair's communicator under the long deadline
+  if (me == 0) {
+    raw.set_timeout(std::chrono::milliseconds(300));
+    auto h = raw.start_all_to_all(pair, send.data(), counts, recv.data(), counts, dtype::f64,
+                                  tagged("t.nb_late"));
+    const auto msg = expect_throw<error>([&] { raw.wait(h); });
+    EXPECT_NE(msg.find("watchdog: nonblocking all_to_all #1 (t.nb_late) on group 't.nb_pair'"),
+              std::string::npos)
+        << msg;
+    EXPECT_TRUE(raw.pending().empty());
+    // The flight record shows the call started and never completed: its wait failed.
+    const auto calls = fr.calls(0);
+    ASSERT_FALSE(calls.empty());
+    EXPECT_EQ(calls.back().call.tag, "t.nb_late");
+    EXPECT_TRUE(calls.back().call.async);
+    EXPECT_EQ(calls.back().call.state, "started");
+    EXPECT_NE(calls.back().error.find("watchdog"), std::string::npos) << calls.back().error;
+    raw.set_timeout(std::chrono::seconds(60));
+  }
+  comm().barrier(world_group());  // rank 1 starts its call only after rank 0 gave up
+  if (me == 1) {
+    // Rank 0's call is still posted (the failed wait kept it), so the late one completes.
+    auto h = raw.start_all_to_all(pair, send.data(), counts, recv.data(), counts, dtype::f64,
+                                  tagged("t.nb_late"));
+    raw.wait(h);
+    EXPECT_EQ(count_wrong(recv, want), 0);
+  }
+  if (member) raw.barrier(pair);
 }
 
 /// Prints this rank's failures (ranks other than 0 have no default printer).
