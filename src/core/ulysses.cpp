@@ -150,6 +150,11 @@ struct pending_a2a {
 pending_a2a start_gather_seq(communicator& comm, compute& c, const comm_group& g, const tensor& x,
                              const std::string& tag) {
   const int U = g.size();
+  if (x.shape.size() != 3 || x.shape[1] % U != 0)
+    fail<shape_error>(
+        "async ulysses {}: [{}] has {} heads, which do not split over the {} ranks of '{}'; K and "
+        "V heads are repeat-interleaved to a multiple of U before their all-to-all when U > Hkv",
+        tag, fmt::join(x.shape, ","), x.shape.size() == 3 ? x.shape[1] : 0, U, g.name);
   const a2a_geometry geo{x.shape[0], 1, static_cast<int>(x.shape[1]), static_cast<int>(x.shape[2]),
                          U};
   pending_a2a p;

@@ -7,12 +7,15 @@
 
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "core/ring_attention.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
 #include "support/bugs.hpp"
+#include "trace/replay.hpp"
+#include "trace/trace_io.hpp"
 #include "verify/check.hpp"
 
 namespace {
@@ -329,3 +332,92 @@ TEST(faults, a_corrupted_ring_exchange_is_caught) {
 }
 
 }  // namespace
+
+// ---- async Ulysses (issue 14): overlap bugs
+
+namespace {
+
+scenario async_scenario(int U, int hq, int hkv) {
+  scenario s = make(U, 1, hq, hkv, {24, 9, 15});
+  s.ulysses_strategy = "async";
+  s.qk_norm = true;
+  return s;
+}
+
+/// The async run's trace (as `seqpar record` writes it, without the meta) replayed. The trace
+/// is taken below the bug's decorator: the calls as the buggy program made them.
+replay::report replay_of(const scenario& s, const verify::check_options& bug) {
+  comm_recorder rec;
+  verify::check_options opt;
+  opt.wrap_communicator = [&](communicator& inner) -> std::unique_ptr<communicator> {
+    inner.set_recorder(&rec);
+    if (bug.wrap_communicator) return bug.wrap_communicator(inner);
+    return std::make_unique<forwarding_communicator>(inner);
+  };
+  try {
+    (void)verify::run_check(s, opt);
+  } catch (const error&) {
+  }
+  trace::meta_record meta;
+  meta.world_size = s.cp();
+  trace::writer w(meta);
+  for (const auto& r : rec.records()) w.add(r);
+  std::istringstream in(w.text());
+  trace::reader reader(in, "async.jsonl");
+  return replay::run(reader);
+}
+
+std::set<std::string> categories(const replay::report& r) {
+  std::set<std::string> out;
+  for (const auto& p : r.problems) out.insert(p.category);
+  return out;
+}
+
+}  // namespace
+
+TEST(mutations, async_q_used_before_its_wait) {
+  const auto s = async_scenario(2, 4, 2);
+  const auto bug = transported<q_used_before_its_wait>();
+  const auto rows = caught(s, bug);
+  // The in-process transport poisons receive buffers until their wait: everything downstream
+  // of the attention is NaN.
+  EXPECT_TRUE(rows.count("logits") && rows.count("grad.L0.q_norm")) << str(rows);
+  EXPECT_TRUE(categories(replay_of(s, {})).empty());
+  const auto rep = replay_of(s, bug);
+  ASSERT_TRUE(categories(rep).count(replay::category::async_wait)) << "replay missed it";
+  EXPECT_EQ(rep.problems.front().tag, "L0.attn.q.fwd");
+}
+
+TEST(mutations, async_q_and_v_waits_swapped) {
+  const auto rows = caught(async_scenario(2, 4, 2), transported<q_and_v_waits_swapped>());
+  EXPECT_TRUE(rows.count("logits")) << str(rows);
+}
+
+TEST(mutations, async_qk_norm_over_all_local_heads) {
+  for (const char* kind : {"rmsnorm", "layernorm"}) {
+    auto s = async_scenario(2, 4, 2);
+    s.qk_norm_type = kind;
+    const auto rows = caught(s, computed<qk_norm_over_all_local_heads>());
+    EXPECT_TRUE(rows.count("logits") && rows.count("grad.L0.q_norm")) << kind << ": " << str(rows);
+  }
+  // One head per rank (U = Hq = Hkv): per head and over the rank's heads are the same.
+  EXPECT_TRUE(
+      failing_rows(async_scenario(4, 4, 4), computed<qk_norm_over_all_local_heads>()).empty());
+}
+
+TEST(mutations, async_bias_added_twice) {
+  auto s = async_scenario(2, 4, 2);
+  s.qkv_bias = true;
+  const auto rows = caught(s, computed<bias_added_twice>());
+  EXPECT_TRUE(rows.count("logits") && rows.count("grad.L0.bq")) << str(rows);
+}
+
+TEST(mutations, async_kv_not_repeated_before_the_all_to_all) {
+  const auto rows = caught(async_scenario(4, 8, 2), computed<kv_not_repeated_before_all_to_all>());
+  EXPECT_TRUE(rows.count("error")) << str(rows);
+  try {
+    (void)verify::run_check(async_scenario(4, 8, 2), computed<kv_not_repeated_before_all_to_all>());
+  } catch (const shape_error& e) {
+    EXPECT_NE(std::string(e.what()).find("repeat-interleaved"), std::string::npos) << e.what();
+  }
+}

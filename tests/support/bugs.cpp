@@ -315,4 +315,108 @@ void ring_peers_off_by_one::do_send_recv(const comm_group& g, std::span<const p2
   forwarding_communicator::do_send_recv(g, shifted, t);
 }
 
+// ---- async Ulysses bugs
+
+std::int64_t q_used_before_its_wait::do_start_all_to_all(const comm_group& g, const void* send,
+                                                         std::span<const std::int64_t> send_counts,
+                                                         void* recv,
+                                                         std::span<const std::int64_t> recv_counts,
+                                                         dtype t) {
+  const auto token =
+      forwarding_communicator::do_start_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  tags_[token] = call_info().tag;
+  return token;
+}
+
+void q_used_before_its_wait::do_wait(std::int64_t token) {
+  if (tags_[token].ends_with(".q.fwd")) return deferred_.push_back(token);
+  forwarding_communicator::do_wait(token);
+}
+
+void q_used_before_its_wait::do_all_to_all(const comm_group& g, const void* send,
+                                           std::span<const std::int64_t> send_counts, void* recv,
+                                           std::span<const std::int64_t> recv_counts, dtype t) {
+  forwarding_communicator::do_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  if (!call_info().tag.ends_with(".out.fwd")) return;
+  for (auto token : deferred_) forwarding_communicator::do_wait(token);
+  deferred_.clear();
+}
+
+std::int64_t q_and_v_waits_swapped::do_start_all_to_all(const comm_group& g, const void* send,
+                                                        std::span<const std::int64_t> send_counts,
+                                                        void* recv,
+                                                        std::span<const std::int64_t> recv_counts,
+                                                        dtype t) {
+  const auto token =
+      forwarding_communicator::do_start_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  token_of_[call_info().tag] = token;
+  tag_of_[token] = call_info().tag;
+  return token;
+}
+
+void q_and_v_waits_swapped::do_wait(std::int64_t token) {
+  std::string tag = tag_of_[token];
+  const auto swap = [&](const char* from, const char* to) {
+    if (!tag.ends_with(from)) return false;
+    tag.replace(tag.size() - std::string(from).size(), std::string::npos, to);
+    return true;
+  };
+  if (swap(".q.fwd", ".v.fwd") || swap(".v.fwd", ".q.fwd"))
+    return forwarding_communicator::do_wait(token_of_.at(tag));
+  forwarding_communicator::do_wait(token);
+}
+
+namespace {
+
+/// x [S, H, D] viewed as [S, 1, H·D] and w (b) tiled H times.
+tensor tiled(compute& c, const tensor& v, std::int64_t times) {
+  const auto h = c.to_host(v);
+  std::vector<double> out;
+  for (std::int64_t i = 0; i < times; ++i) out.insert(out.end(), h.begin(), h.end());
+  return c.from_host(v.type, {static_cast<std::int64_t>(out.size())}, out);
+}
+
+std::vector<double> fold(const std::vector<double>& g, std::size_t d) {
+  std::vector<double> out(d, 0.0);
+  for (std::size_t i = 0; i < g.size(); ++i) out[i % d] += g[i];
+  return out;
+}
+
+}  // namespace
+
+tensor qk_norm_over_all_local_heads::head_norm_forward(const tensor& x, const tensor& w,
+                                                       const tensor& b, norm_kind k, double eps) {
+  const auto H = x.shape[1];
+  const tensor y = forwarding_compute::head_norm_forward(
+      x.reshaped({x.shape[0], 1, H * x.shape[2]}), tiled(*this, w, H), tiled(*this, b, H), k, eps);
+  return y.reshaped(x.shape);
+}
+
+tensor qk_norm_over_all_local_heads::head_norm_backward(const tensor& x, const tensor& w,
+                                                        norm_kind k, double eps, const tensor& dy,
+                                                        std::vector<double>& dw,
+                                                        std::vector<double>& db) {
+  const auto H = x.shape[1], D = x.shape[2];
+  const shape_t joint{x.shape[0], 1, H * D};
+  std::vector<double> dwj, dbj;
+  const tensor dx = forwarding_compute::head_norm_backward(x.reshaped(joint), tiled(*this, w, H), k,
+                                                           eps, dy.reshaped(joint), dwj, dbj);
+  const auto d = static_cast<std::size_t>(D);
+  dw.resize(d, 0.0);
+  db.resize(d, 0.0);
+  const auto fw = fold(dwj, d), fb = fold(dbj, d);
+  for (std::size_t j = 0; j < d; ++j) {
+    dw[j] += fw[j];
+    db[j] += fb[j];
+  }
+  return dx.reshaped(x.shape);
+}
+
+void bias_added_twice::add_bias(tensor& x, const tensor& b) {
+  forwarding_compute::add_bias(x, b);
+  forwarding_compute::add_bias(x, b);
+}
+
+tensor kv_not_repeated_before_all_to_all::repeat_heads(const tensor& x, int) { return x; }
+
 }  // namespace seqpar::test

@@ -4,10 +4,12 @@
 // equivalence check catches each of them (mutation testing of the checker). Nothing here is
 // reachable from product code.
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/collate.hpp"
 #include "support/forwarding_communicator.hpp"
@@ -184,6 +186,72 @@ class ring_peers_off_by_one : public forwarding_communicator {
 
  private:
   std::string tag_;
+};
+
+// ---- async Ulysses bugs (VeOmni's AsyncUlyssesQKVProjection; issue: overlap is where SP bugs
+// hide)
+
+/// q's all-to-all waited only after the attention used it (the wait moved past the layer's
+/// output all-to-all): the attention reads q's receive buffer before the data arrived.
+class q_used_before_its_wait : public forwarding_communicator {
+ public:
+  using forwarding_communicator::forwarding_communicator;
+
+ protected:
+  std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
+                                   std::span<const std::int64_t> send_counts, void* recv,
+                                   std::span<const std::int64_t> recv_counts, dtype t) override;
+  void do_wait(std::int64_t token) override;
+  void do_all_to_all(const comm_group& g, const void* send,
+                     std::span<const std::int64_t> send_counts, void* recv,
+                     std::span<const std::int64_t> recv_counts, dtype t) override;
+
+ private:
+  std::map<std::int64_t, std::string> tags_;
+  std::vector<std::int64_t> deferred_;
+};
+
+/// The wait for q completes v's all-to-all and the wait for v completes q's (handles mixed up):
+/// every call is waited once, but q is read before its own call completed.
+class q_and_v_waits_swapped : public forwarding_communicator {
+ public:
+  using forwarding_communicator::forwarding_communicator;
+
+ protected:
+  std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
+                                   std::span<const std::int64_t> send_counts, void* recv,
+                                   std::span<const std::int64_t> recv_counts, dtype t) override;
+  void do_wait(std::int64_t token) override;
+
+ private:
+  std::map<std::string, std::int64_t> token_of_;  ///< tag → token
+  std::map<std::int64_t, std::string> tag_of_;
+};
+
+/// The per-head q/k norm computed over all of the rank's heads together (one RMS over H/U·D
+/// values, the weight tiled) instead of over each head: the norm "over the wrong heads".
+class qk_norm_over_all_local_heads : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  tensor head_norm_forward(const tensor& x, const tensor& w, const tensor& b, norm_kind k,
+                           double eps) override;
+  tensor head_norm_backward(const tensor& x, const tensor& w, norm_kind k, double eps,
+                            const tensor& dy, std::vector<double>& dw,
+                            std::vector<double>& db) override;
+};
+
+/// A projection's bias added twice (F.linear with the bias, then the bias again).
+class bias_added_twice : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void add_bias(tensor& x, const tensor& b) override;
+};
+
+/// K/V heads not repeated before the all-to-all (U > Hkv): the repeat left for after it.
+class kv_not_repeated_before_all_to_all : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  tensor repeat_heads(const tensor& x, int rep) override;
 };
 
 // ---- helpers for check_options

@@ -99,6 +99,16 @@ class forwarding_compute : public compute {
                                tensor& dx, tensor& dz, tensor& dw) override {
     inner_->gated_rms_norm_backward(x, z, w, dy, dx, dz, dw);
   }
+  tensor head_norm_forward(const tensor& x, const tensor& w, const tensor& b, norm_kind k,
+                           double eps) override {
+    return inner_->head_norm_forward(x, w, b, k, eps);
+  }
+  tensor head_norm_backward(const tensor& x, const tensor& w, norm_kind k, double eps,
+                            const tensor& dy, std::vector<double>& dw,
+                            std::vector<double>& db) override {
+    return inner_->head_norm_backward(x, w, k, eps, dy, dw, db);
+  }
+  void add_bias(tensor& x, const tensor& b) override { inner_->add_bias(x, b); }
   std::vector<double> to_host(const tensor& x) override { return inner_->to_host(x); }
   tensor from_host(dtype t, shape_t s, std::span<const double> values) override {
     return inner_->from_host(t, std::move(s), values);
