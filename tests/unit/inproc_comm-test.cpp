@@ -3,7 +3,10 @@
 // computes the block it expects and the tests count wrong elements.
 #include "sim/inproc_comm.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include <algorithm>
 #include <atomic>
@@ -886,3 +889,88 @@ TEST(faulty_comm, invalid_spec_is_a_config_error) {
 }
 
 }  // namespace
+
+// ---- nonblocking all_to_all
+
+namespace {
+
+/// Rank r sends value 100·r + 10·j + i as the i-th of `n` elements for peer j.
+std::vector<double> a2a_payload(int r, int P, int n) {
+  std::vector<double> v;
+  for (int j = 0; j < P; ++j)
+    for (int i = 0; i < n; ++i) v.push_back(100.0 * r + 10.0 * j + i);
+  return v;
+}
+
+}  // namespace
+
+TEST(inproc_comm, nonblocking_all_to_all_waited_in_any_order) {
+  constexpr int P = 3;
+  run_ranks(P, [](communicator& comm) {
+    const comm_group g{"w", {0, 1, 2}};
+    const int r = comm.rank();
+    std::vector<std::vector<double>> send, recv;
+    std::vector<comm_handle> h;
+    for (int n = 1; n <= 3; ++n) {
+      send.push_back(a2a_payload(r, P, n));
+      recv.emplace_back(static_cast<std::size_t>(P * n), -1.0);
+    }
+    for (int n = 1; n <= 3; ++n) {
+      const std::vector<std::int64_t> counts(P, n);
+      h.push_back(comm.start_all_to_all(g, send[n - 1].data(), counts, recv[n - 1].data(), counts,
+                                        dtype::f64, {fmt::format("t.{}", n)}));
+    }
+    EXPECT_EQ(comm.pending().size(), 3u);
+    // Nothing has arrived before the wait: the receive buffer holds the NaN pattern.
+    EXPECT_TRUE(std::isnan(recv[1][0]));
+    for (int i : {2, 0, 1}) comm.wait(h[static_cast<std::size_t>(i)]);
+    EXPECT_TRUE(comm.pending().empty());
+    for (int n = 1; n <= 3; ++n)
+      for (int j = 0; j < P; ++j)
+        for (int i = 0; i < n; ++i)
+          EXPECT_EQ(recv[n - 1][static_cast<std::size_t>(j * n + i)], 100.0 * j + 10.0 * r + i);
+  });
+}
+
+TEST(inproc_comm, nonblocking_wait_twice_or_on_an_empty_handle_throws) {
+  run_ranks(2, [](communicator& comm) {
+    const comm_group g{"w", {0, 1}};
+    std::vector<double> send = a2a_payload(comm.rank(), 2, 1), recv(2);
+    const std::vector<std::int64_t> counts{1, 1};
+    auto h = comm.start_all_to_all(g, send.data(), counts, recv.data(), counts, dtype::f64, {"x"});
+    comm_handle copy_of_id;
+    comm.wait(h);
+    EXPECT_FALSE(h.valid());
+    EXPECT_THROW(comm.wait(h), error);
+    EXPECT_THROW(comm.wait(copy_of_id), error);
+  });
+}
+
+TEST(inproc_comm, nonblocking_send_buffer_changed_before_the_wait_is_reported) {
+  EXPECT_THROW(run_ranks(2,
+                         [](communicator& comm) {
+                           const comm_group g{"w", {0, 1}};
+                           std::vector<double> send = a2a_payload(comm.rank(), 2, 2), recv(4);
+                           const std::vector<std::int64_t> counts{2, 2};
+                           auto h = comm.start_all_to_all(g, send.data(), counts, recv.data(),
+                                                          counts, dtype::f64, {"reused"});
+                           send[0] = -1;  // the buffer reused while the call is in flight
+                           comm.wait(h);
+                         }),
+               error);
+}
+
+TEST(inproc_comm, nonblocking_counts_that_do_not_pair_up_are_a_shape_error) {
+  EXPECT_THROW(run_ranks(2,
+                         [](communicator& comm) {
+                           const comm_group g{"w", {0, 1}};
+                           std::vector<double> send(4, 1.0), recv(4);
+                           const std::vector<std::int64_t> s{2, 2},
+                               r = comm.rank() == 0 ? std::vector<std::int64_t>{2, 2}
+                                                    : std::vector<std::int64_t>{1, 3};
+                           auto h = comm.start_all_to_all(g, send.data(), s, recv.data(), r,
+                                                          dtype::f64, {"bad"});
+                           comm.wait(h);
+                         }),
+               shape_error);
+}
