@@ -37,6 +37,22 @@ RC_GTEST_PROP(equivalence, ulysses_step_equals_non_sp_in_f64, ()) {
 
 // DeepSpeed ALST: the micro-step's SP step equals the oracle on that sample, the tiled step
 // equals the untiled oracle, and SP over DP (all U micro-steps) equals DP over the U samples.
+// Async Ulysses ≡ non-SP, and the same scenario run sync ≡ non-SP: async ≡ sync ≡ non-SP.
+RC_GTEST_PROP(equivalence, async_ulysses_step_equals_sync_and_non_sp_in_f64, ()) {
+  auto s = *gens::async_check_scenario();
+  RC_TAG(s.kv_heads >= s.ulysses ? "U<=Hkv" : "U>Hkv", s.ring > 1 ? "hybrid" : "ulysses",
+         s.qk_norm ? s.qk_norm_type : "no-norm");
+  assert_equivalent(s, dtype::f64);
+  s.ulysses_strategy = "sync";
+  assert_equivalent(s, dtype::f64);
+}
+
+RC_GTEST_PROP(equivalence, async_ulysses_f32_step_is_within_the_error_model, ()) {
+  auto s = *gens::async_check_scenario();
+  s.head_dim += 7;  // the per-head norm over 1..7 values is ill-conditioned in float32
+  assert_equivalent(s, dtype::f32);
+}
+
 RC_GTEST_PROP(equivalence, deepspeed_step_and_sp_over_dp_equal_non_sp_in_f64, ()) {
   const auto s = *gens::deepspeed_check_scenario();
   RC_TAG(s.ulysses, s.tiles > 1 ? "tiled" : "untiled");

@@ -118,6 +118,34 @@ inline rc::Gen<scenario> ulysses_check_scenario() {
   });
 }
 
+/// Async Ulysses scenarios (issue: async Ulysses): U ∈ 1..8 with Hkv ≥ U (no repeat) and
+/// Hkv < U (K, V repeat-interleaved before their all-to-alls), xorl and VeOmni, ring 2 (xorl's
+/// hybrid, forced async) in a quarter of the cases, q/k/v and o biases on or off, q/k norm off,
+/// RMSNorm or LayerNorm; documents of any length (padding), -100 runs, 1..2 layers.
+inline rc::Gen<scenario> async_check_scenario() {
+  return rc::gen::mapcat(rc::gen::inRange(1, 9), [](int U) {
+    return rc::gen::mapcat(
+        rc::gen::tuple(heads_for(U), rc::gen::arbitrary<bool>(), rc::gen::inRange(0, 4),
+                       rc::gen::inRange(0, 3), rc::gen::inRange(0, 4)),
+        [U](const std::tuple<std::pair<int, int>, bool, int, int, int>& t) {
+          scenario s;
+          s.name = "generated";
+          s.ulysses = U;
+          s.heads = std::get<0>(t).first;
+          s.kv_heads = std::get<0>(t).second;
+          s.profile = std::get<1>(t) ? profile::veomni : profile::xorl;
+          s.ulysses_strategy = "async";
+          s.qkv_bias = (std::get<2>(t) & 1) != 0;
+          s.o_bias = (std::get<2>(t) & 2) != 0;
+          s.qk_norm = std::get<3>(t) != 0;
+          s.qk_norm_type = std::get<3>(t) == 2 ? "layernorm" : "rmsnorm";
+          const bool hybrid = s.profile == profile::xorl && std::get<4>(t) == 0 && U <= 4;
+          if (hybrid) s.ring = 2;
+          return with_model(s, 12, hybrid ? 4 : 1);
+        });
+  });
+}
+
 /// GatedDeltaNet (hybrid) scenarios (issue: linear attention): U ∈ 1..4, Hk = U·{1,2}, Hv/Hk
 /// ∈ 1..3, dk and dv 1..8, conv kernel 2..4, layer patterns L, LS, SL, LLS over 1..2 layers,
 /// both profiles; documents 1..40 tokens (shorter than the kernel, single tokens, one spanning
