@@ -74,11 +74,6 @@ static void validate_attention_options(const scenario& s) {
   if (s.ulysses_strategy != "auto" && s.ulysses_strategy != "sync" && s.ulysses_strategy != "async")
     fail<config_error>("ulysses_strategy '{}' is unknown; use auto, sync or async",
                        s.ulysses_strategy);
-  if (s.ulysses_strategy == "async" && s.profile == profile::deepspeed)
-    fail<config_error>(
-        "ulysses_strategy=async with profile deepspeed: DeepSpeed's UlyssesSPAttentionHF has only "
-        "the synchronous all-to-alls; use --ulysses-strategy sync (or auto), or profile veomni "
-        "or xorl");
 }
 
 static void validate_linear_layers(const scenario& s) {
@@ -134,7 +129,11 @@ void require_deepspeed_seqlen(std::int64_t tokens, int ulysses, std::string_view
 }
 
 ulysses_strategy_choice resolve_ulysses_strategy(const scenario& s) {
-  if (s.ulysses_strategy == "async") return {true, "async: forced (--ulysses-strategy async)"};
+  if (s.ulysses_strategy == "async")
+    return {true, s.profile == profile::deepspeed
+                      ? "async: forced (--ulysses-strategy async) — a what-if: DeepSpeed's "
+                        "UlyssesSPAttentionHF itself has only the synchronous all-to-alls"
+                      : "async: forced (--ulysses-strategy async)"};
   if (s.ulysses_strategy == "sync") return {false, "sync: forced (--ulysses-strategy sync)"};
   switch (s.profile) {
     case profile::xorl:

@@ -43,6 +43,16 @@ expect 2 "--linear-heads" -- plan --ring 1 --layer-pattern L --linear-heads 2
 expect 0 "   1  1-1          2-3          [4,8) [12,16) [24,32)                    [2, 4)" -- plan --ring 1 --ulysses 2 --heads 4 --kv-heads 2 --layer-pattern L --linear-heads 2,4 --linear-head-dims 4,4
 expect 0 "PASS" -- check --scenario qwen3.5
 expect 0 "PASS" -- check --scenario qwen3.5 --dtype f32
+# Async Ulysses (issue 14): every built-in passes with the async path; bad values are named.
+for name in default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8 alst qwen3.5; do
+  expect 0 "PASS" -- check --scenario "$name" --ulysses-strategy async
+done
+expect 0 "async: xorl's get_cp_strategy picks UlyssesAsyncStrategy when ulysses_size 4 <= num_kv_heads 4" -- plan --scenario qwen3-8b
+expect 0 "sync: VeOmni's accelerator.enable_async defaults to false" -- plan --profile veomni --ring 1 --ulysses 2 --heads 4 --kv-heads 2
+expect 0 "start q.fwd" -- plan --ring 1 --ulysses 2 --heads 4 --kv-heads 2 --ulysses-strategy async
+expect 2 "ulysses_strategy 'overlap' is unknown; use auto, sync or async" -- plan --ulysses-strategy overlap
+expect 2 "qk_norm_type 'batchnorm' is unknown; use rmsnorm or layernorm" -- check --qk-norm-type batchnorm
+expect 0 "PASS" -- check --ring 1 --ulysses 4 --heads 8 --kv-heads 2 --qkv-bias --o-bias --qk-norm-type layernorm --ulysses-strategy async --dtype f32
 expect 2 "pad it to 8" -- plan --ulysses 1 --ring 2 --docs 8,7
 expect 2 "profile veomni does not support ring attention" -- plan --profile veomni --ulysses 2 --ring 2 --docs 8
 expect 2 "ulysses=0 is out of range" -- plan --ulysses 0

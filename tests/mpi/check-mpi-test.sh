@@ -36,7 +36,11 @@ rows_equal() {
   ok
 }
 
+# xorl picks async Ulysses here (U 2 <= Hkv 2): nonblocking all-to-alls through MPI_Ialltoallv.
 rows_equal ulysses2 2 -- --ulysses 2 --ring 1 --layers 1 --docs 9,6 --heads 4 --kv-heads 2
+# Async forced with U 4 > Hkv 2 (K, V repeated before their all-to-alls), biases, LayerNorm q/k.
+rows_equal async4-veomni 4 -- --profile veomni --ulysses 4 --ring 1 --layers 2 --docs 9,14,3 \
+  --heads 8 --kv-heads 2 --qkv-bias --o-bias --qk-norm-type layernorm --ulysses-strategy async
 rows_equal ulysses2-f32-veomni 2 -- --profile veomni --ulysses 2 --ring 1 --layers 1 --docs 7,4 --heads 4 --kv-heads 2 --dtype f32
 rows_equal hybrid4 4 -- --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1
 # GatedDeltaNet: Qwen3.5's hybrid (three linear layers, one softmax) on 4 processes.
