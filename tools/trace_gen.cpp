@@ -76,6 +76,22 @@ int main(int argc, char** argv) {
     write(dir, "healthy_veomni_u2_mha.jsonl",
           synthesize(base(2, 1, 4, 4, {21, 30}, profile::veomni)));
     write(dir, "healthy_xorl_u4_kv1_repeat.jsonl", synthesize(base(4, 1, 8, 1, {40, 24})));
+    // Async Ulysses (xorl picks it: U 4 <= Hkv 4), Qwen3's q/k norm; and the same trace with
+    // rank 1's wait for q moved after its layer-0 output all-to-all (q read before it arrived).
+    {
+      auto s = base(4, 1, 16, 4, {40, 23, 1, 30}, profile::xorl, 1);
+      s.qk_norm = true;
+      auto t = synthesize(s);
+      write(dir, "healthy_xorl_u4_async_qknorm.jsonl", t);
+      std::size_t out_fwd = 0;
+      for (std::size_t i = 0; i < t.calls.size(); ++i)
+        if (t.calls[i].rank == 1 && t.calls[i].tag == "L0.attn.out.fwd") out_fwd = i;
+      for (auto& [pos, w] : t.waits)
+        if (w.rank == 1 && w.tag == "L0.attn.q.fwd") pos = out_fwd + 1;
+      std::stable_sort(t.waits.begin(), t.waits.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      write(dir, "broken_async_q_waited_after_use.jsonl", t);
+    }
 
     // Sequence not padded to a multiple of U: 1026 tokens split 257,257,257,255.
     {

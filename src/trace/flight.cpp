@@ -182,7 +182,7 @@ trace_data merge_traces(const std::vector<std::string>& paths) {
       } else if (auto* l = std::get_if<layout_record>(&*rec)) {
         out.layouts.push_back(std::move(*l));
       } else if (auto* w = std::get_if<wait_record>(&*rec)) {
-        out.waits.push_back(std::move(*w));
+        out.add_wait(std::move(*w));
       }
     }
   }

@@ -30,13 +30,14 @@ std::string needed_by(const std::string& started, const std::string& next) {
   const auto n = parse_attn(next);
   const bool same_layer = n && n->layer == s->layer;
   if (s->fwd && s->what != "out")
-    return same_layer && n->fwd && n->what == "out" ? "the attention, whose output it exchanges"
-                                                    : "";
+    return same_layer && n->fwd && n->what == "out"
+               ? fmt::format("the attention (its output is what {} exchanges)", next)
+               : "";
   if (!s->fwd && s->what == "out")
-    return same_layer && !n->fwd && n->what != "out" ? "the attention backward, whose input "
-                                                       "gradients it exchanges"
-                                                     : "";
-  if (!s->fwd) return !same_layer ? "the projections' backward, before the next layer" : "";
+    return same_layer && !n->fwd && n->what != "out"
+               ? fmt::format("the attention backward (its gradients are what {} exchanges)", next)
+               : "";
+  if (!s->fwd) return !same_layer ? fmt::format("the projections' backward (before {})", next) : "";
   return {};
 }
 
@@ -63,8 +64,8 @@ void checker::check_used_before_wait(int rank, const std::string& tag, std::int6
     add({category::async_wait, rank, c.group, c.seq, c.tag, "all_to_all",
          fmt::format("handle {} still in flight at {} (line {})", handle, tag, line),
          fmt::format("waited before {}", tag),
-         fmt::format("its receive buffer was used by {} before the all-to-all completed; wait on "
-                     "the handle first",
+         fmt::format("{} read the receive buffer before the all-to-all completed; wait on the "
+                     "handle before it",
                      why),
          c.line});
   }

@@ -81,6 +81,23 @@ synth_trace synthesize(const scenario& s) {
       x.out_splits = x.in_splits;
       t.calls.push_back(std::move(x));
     };
+    // Async Ulysses (core's ulysses_async_*): nonblocking all-to-alls, each waited in turn.
+    const bool async = U > 1 && resolve_ulysses_strategy(s).async;
+    std::int64_t next_handle = 0;
+    std::vector<call_record> in_flight;
+    auto start = [&](const std::string& tag, std::int64_t H, bool gather_seq) {
+      a2a(tag, H, gather_seq);
+      auto& x = t.calls.back();
+      x.state.reset();
+      x.handle = next_handle++;
+      in_flight.push_back(x);
+    };
+    auto wait_all = [&] {
+      for (const auto& x : in_flight)
+        t.add_wait(wait_record{x.rank, x.group, x.seq, *x.handle, x.tag, 0});
+      in_flight.clear();
+    };
+    const std::int64_t hk_rep = hkv / 2;  // K (or V) heads after the repeat
     const dims ring_kv{U * c, hkv / U, D};
     // GatedDeltaNet (core/linear_attention): q, k, v, b, a gathered; the output scattered back.
     const std::int64_t hk = s.linear_k_heads, hv = s.linear_v_heads, dk = s.linear_k_dim,
@@ -97,8 +114,15 @@ synth_trace synthesize(const scenario& s) {
         continue;
       }
       const auto L = fmt::format("L{}.attn", l);
-      a2a(L + ".q.fwd", hq, true);
-      a2a(L + ".kv.fwd", hkv, true);
+      if (async) {
+        start(L + ".q.fwd", hq, true);
+        start(L + ".k.fwd", hk_rep, true);
+        start(L + ".v.fwd", hk_rep, true);
+        wait_all();
+      } else {
+        a2a(L + ".q.fwd", hq, true);
+        a2a(L + ".kv.fwd", hkv, true);
+      }
       for (int step = 1; step < R; ++step) {
         const auto tag = fmt::format("{}.ring.fwd.step{}", L, step);
         auto snd = base(rg, "send", tag);
@@ -136,7 +160,12 @@ synth_trace synthesize(const scenario& s) {
         continue;
       }
       const auto L = fmt::format("L{}.attn", l);
-      a2a(L + ".out.bwd", hq, true);
+      if (async) {
+        start(L + ".out.bwd", hq, true);
+        wait_all();
+      } else {
+        a2a(L + ".out.bwd", hq, true);
+      }
       if (R > 1) {
         auto ag = base(rg, "all_gather", L + ".ring.kv.bwd");
         ag.in_shape = ring_kv;
@@ -146,6 +175,13 @@ synth_trace synthesize(const scenario& s) {
         rs.in_shape = dims{R * U * c, hkv / U, D};
         rs.out_shape = ring_kv;
         t.calls.push_back(std::move(rs));
+      }
+      if (async) {
+        for (const char* x : {"v", "k", "q"}) {
+          start(fmt::format("{}.{}.bwd", L, x), *x == 'q' ? hq : hk_rep, false);
+          wait_all();
+        }
+        continue;
       }
       a2a(L + ".q.bwd", hq, false);
       a2a(L + ".kv.bwd", hkv, false);

@@ -409,8 +409,16 @@ std::string dump_line(const nlohmann::json& j) {
 std::string trace_data::text() const {
   writer w(meta);
   for (const auto& l : layouts) w.add(l);
-  for (const auto& c : calls) w.add(c);
-  for (const auto& x : waits) w.add(x);
+  std::size_t next_wait = 0;
+  const auto waits_before = [&](std::size_t i) {
+    for (; next_wait < waits.size() && waits[next_wait].first <= i; ++next_wait)
+      w.add(waits[next_wait].second);
+  };
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    waits_before(i);
+    w.add(calls[i]);
+  }
+  waits_before(calls.size());
   return w.text();
 }
 

@@ -129,7 +129,10 @@ struct trace_data {
   meta_record meta;
   std::vector<call_record> calls;  ///< rank by rank, each rank's calls in issue order
   std::vector<layout_record> layouts;
-  std::vector<wait_record> waits;  ///< written after each rank's calls (order within a rank kept)
+  /// Waits, each with the number of calls issued before it (its place among the calls).
+  std::vector<std::pair<std::size_t, wait_record>> waits;
+  /// Adds the wait of a nonblocking call after the calls added so far.
+  void add_wait(wait_record w) { waits.emplace_back(calls.size(), std::move(w)); }
 
   /// The trace as seqpar-trace/1 text: meta, layouts, then calls.
   std::string text() const;

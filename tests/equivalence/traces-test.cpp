@@ -60,7 +60,8 @@ const std::string meta2 =
 
 TEST(traces, healthy_examples_are_consistent_and_match_the_plans) {
   for (const auto* name : {"healthy_xorl_u4_gqa.jsonl", "healthy_xorl_u2_r2_zigzag.jsonl",
-                           "healthy_veomni_u2_mha.jsonl", "healthy_xorl_u4_kv1_repeat.jsonl"}) {
+                           "healthy_veomni_u2_mha.jsonl", "healthy_xorl_u4_kv1_repeat.jsonl",
+                           "healthy_xorl_u4_async_qknorm.jsonl"}) {
     SCOPED_TRACE(name);
     const auto rep = replay_file(name);
     EXPECT_TRUE(rep.consistent) << replay::to_text(rep);
@@ -101,6 +102,18 @@ TEST(traces, sequence_not_divisible_by_ulysses) {
       contains(s->observed, "rank 3's in_splits and out_splits disagree with 6 of its links"))
       << s->observed;
   EXPECT_TRUE(contains(s->observed, "0→3: 8224 sent, 8160 expected")) << s->observed;
+}
+
+// Async Ulysses: rank 1's wait for q moved after the layer's output all-to-all (the trace of
+// healthy_xorl_u4_async_qknorm.jsonl with that one line moved).
+TEST(traces, async_q_waited_after_the_attention_used_it) {
+  const auto rep = replay_file("broken_async_q_waited_after_use.jsonl");
+  ASSERT_EQ(rep.problems.size(), 1u);
+  const auto& p = rep.problems.front();
+  EXPECT_EQ(p.category, replay::category::async_wait);
+  EXPECT_EQ(p.rank, 1);
+  EXPECT_EQ(p.tag, "L0.attn.q.fwd");
+  EXPECT_EQ(p.expected, "waited before L0.attn.out.fwd");
 }
 
 TEST(traces, kv_heads_below_ulysses_without_repeat) {
