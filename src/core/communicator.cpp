@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/comm_checks.hpp"
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
 
@@ -72,10 +73,10 @@ comm_record communicator::base_record(const comm_group& g, const char* op, dtype
   return r;
 }
 
-void communicator::all_to_all(const comm_group& g, const void* send,
-                              std::span<const std::int64_t> send_counts, void* recv,
-                              std::span<const std::int64_t> recv_counts, dtype t,
-                              const op_info& info) {
+comm_record communicator::all_to_all_record(const comm_group& g,
+                                            std::span<const std::int64_t> send_counts,
+                                            std::span<const std::int64_t> recv_counts, dtype t,
+                                            const op_info& info) {
   auto r = base_record(g, "all_to_all", t, info);
   if (static_cast<int>(send_counts.size()) != g.size() ||
       static_cast<int>(recv_counts.size()) != g.size())
@@ -85,6 +86,14 @@ void communicator::all_to_all(const comm_group& g, const void* send,
   for (auto c : recv_counts) check_count(c, "all_to_all", g, rank());
   r.in_splits.assign(send_counts.begin(), send_counts.end());
   r.out_splits.assign(recv_counts.begin(), recv_counts.end());
+  return r;
+}
+
+void communicator::all_to_all(const comm_group& g, const void* send,
+                              std::span<const std::int64_t> send_counts, void* recv,
+                              std::span<const std::int64_t> recv_counts, dtype t,
+                              const op_info& info) {
+  const auto r = all_to_all_record(g, send_counts, recv_counts, t, info);
   if (recorder_) recorder_->add(r);
   in_flight(r, g, [&] { do_all_to_all(g, send, send_counts, recv, recv_counts, t); });
 }
@@ -165,15 +174,20 @@ comm_handle communicator::start_all_to_all(const comm_group& g, const void* send
                                            std::span<const std::int64_t> send_counts, void* recv,
                                            std::span<const std::int64_t> recv_counts, dtype t,
                                            const op_info& info) {
-  auto r = base_record(g, "all_to_all", t, info);
-  if (static_cast<int>(send_counts.size()) != g.size() ||
-      static_cast<int>(recv_counts.size()) != g.size())
-    fail<error>("all_to_all on '{}' ({}): {} send and {} recv counts for a group of {}", g.name,
-                info.tag, send_counts.size(), recv_counts.size(), g.size());
-  for (auto c : send_counts) check_count(c, "all_to_all", g, rank());
-  for (auto c : recv_counts) check_count(c, "all_to_all", g, rank());
-  r.in_splits.assign(send_counts.begin(), send_counts.end());
-  r.out_splits.assign(recv_counts.begin(), recv_counts.end());
+  auto r = all_to_all_record(g, send_counts, recv_counts, t, info);
+  // Every transport reads the send buffer until the wait while it writes the receive buffer.
+  const auto esz = dtype_size(t);
+  const auto bytes = [&](std::span<const std::int64_t> counts) {
+    std::size_t n = 0;
+    for (auto c : counts) n += static_cast<std::size_t>(c) * esz;
+    return n;
+  };
+  if (comm_checks::overlaps(send, bytes(send_counts), recv, bytes(recv_counts)))
+    fail<error>(
+        "nonblocking all_to_all on group '{}' ({}): rank {}'s send and receive buffers overlap; "
+        "a nonblocking call needs separate buffers (the receive buffer is written while the "
+        "send buffer must stay unchanged)",
+        g.name, info.tag, rank());
   r.async = true;
   r.handle = next_handle_++;
   if (recorder_) recorder_->add(r);

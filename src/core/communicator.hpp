@@ -180,6 +180,10 @@ class communicator {
 
  private:
   comm_record base_record(const comm_group& g, const char* op, dtype t, const op_info& info);
+  /// base_record of an all_to_all, its counts checked and recorded as splits.
+  comm_record all_to_all_record(const comm_group& g, std::span<const std::int64_t> send_counts,
+                                std::span<const std::int64_t> recv_counts, dtype t,
+                                const op_info& info);
   /// Runs the transport call `run` between the flight recorder's begin and end.
   template <class F>
   void in_flight(const comm_record& r, const comm_group& g, F&& run);

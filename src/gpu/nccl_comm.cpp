@@ -319,12 +319,6 @@ std::int64_t nccl_communicator::do_start_all_to_all(const comm_group& g, const v
   auto& im = *impl_;
   const auto esz = static_cast<std::int64_t>(dtype_size(t));
   const auto total_send = total_of(send_counts), total_recv = total_of(recv_counts);
-  if (comm_checks::overlaps(send, total_send * esz, recv, total_recv * esz))
-    fail<error>(
-        "nonblocking all_to_all on group '{}' ({}): rank {}'s send and receive buffers overlap; "
-        "a nonblocking call needs separate buffers (the receive buffer is written while the "
-        "send buffer must stay unchanged)",
-        g.name, call_info().tag, rank_);
   ncclComm_t comm = comm_of(im, g, rank_);
   SEQPAR_CUDA(cudaSetDevice, device_);
   cudaEvent_t done = nullptr;

@@ -874,17 +874,8 @@ std::int64_t mpi_communicator::do_start_all_to_all(const comm_group& g, const vo
                                                    void* recv,
                                                    std::span<const std::int64_t> recv_counts,
                                                    dtype t) {
-  const auto esz = dtype_size(t);
   const std::int64_t total_send = comm_checks::total(send_counts);
   const std::int64_t total_recv = comm_checks::total(recv_counts);
-  // MPI forbids overlapping buffers, and the blocking path's way out (send from a copy) would
-  // hide what the in-process backend reports: reject it the same way, before any exchange.
-  if (overlaps(send, total_send * esz, recv, total_recv * esz))
-    fail<error>(
-        "nonblocking all_to_all on group '{}' ({}): rank {}'s send and receive buffers overlap; "
-        "a nonblocking call needs separate buffers (the receive buffer is written while the "
-        "send buffer must stay unchanged)",
-        g.name, call_info().tag, rank_);
   descriptor mine{op_all_to_all,
                   static_cast<std::int64_t>(t),
                   0,

@@ -317,19 +317,8 @@ void ring_peers_off_by_one::do_send_recv(const comm_group& g, std::span<const p2
 
 // ---- async Ulysses bugs
 
-std::int64_t q_used_before_its_wait::do_start_all_to_all(const comm_group& g, const void* send,
-                                                         std::span<const std::int64_t> send_counts,
-                                                         void* recv,
-                                                         std::span<const std::int64_t> recv_counts,
-                                                         dtype t) {
-  const auto token =
-      forwarding_communicator::do_start_all_to_all(g, send, send_counts, recv, recv_counts, t);
-  tags_[token] = call_info().tag;
-  return token;
-}
-
 void q_used_before_its_wait::do_wait(std::int64_t token) {
-  if (tags_[token].ends_with(".q.fwd")) return deferred_.push_back(token);
+  if (tag_of(token).ends_with(".q.fwd")) return deferred_.push_back(token);
   forwarding_communicator::do_wait(token);
 }
 
@@ -342,27 +331,15 @@ void q_used_before_its_wait::do_all_to_all(const comm_group& g, const void* send
   deferred_.clear();
 }
 
-std::int64_t q_and_v_waits_swapped::do_start_all_to_all(const comm_group& g, const void* send,
-                                                        std::span<const std::int64_t> send_counts,
-                                                        void* recv,
-                                                        std::span<const std::int64_t> recv_counts,
-                                                        dtype t) {
-  const auto token =
-      forwarding_communicator::do_start_all_to_all(g, send, send_counts, recv, recv_counts, t);
-  token_of_[call_info().tag] = token;
-  tag_of_[token] = call_info().tag;
-  return token;
-}
-
 void q_and_v_waits_swapped::do_wait(std::int64_t token) {
-  std::string tag = tag_of_[token];
+  std::string tag = tag_of(token);
   const auto swap = [&](const char* from, const char* to) {
     if (!tag.ends_with(from)) return false;
     tag.replace(tag.size() - std::string(from).size(), std::string::npos, to);
     return true;
   };
   if (swap(".q.fwd", ".v.fwd") || swap(".v.fwd", ".q.fwd"))
-    return forwarding_communicator::do_wait(token_of_.at(tag));
+    return forwarding_communicator::do_wait(token_of(tag));
   forwarding_communicator::do_wait(token);
 }
 

@@ -198,16 +198,12 @@ class q_used_before_its_wait : public forwarding_communicator {
   using forwarding_communicator::forwarding_communicator;
 
  protected:
-  std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
-                                   std::span<const std::int64_t> send_counts, void* recv,
-                                   std::span<const std::int64_t> recv_counts, dtype t) override;
   void do_wait(std::int64_t token) override;
   void do_all_to_all(const comm_group& g, const void* send,
                      std::span<const std::int64_t> send_counts, void* recv,
                      std::span<const std::int64_t> recv_counts, dtype t) override;
 
  private:
-  std::map<std::int64_t, std::string> tags_;
   std::vector<std::int64_t> deferred_;
 };
 
@@ -218,14 +214,7 @@ class q_and_v_waits_swapped : public forwarding_communicator {
   using forwarding_communicator::forwarding_communicator;
 
  protected:
-  std::int64_t do_start_all_to_all(const comm_group& g, const void* send,
-                                   std::span<const std::int64_t> send_counts, void* recv,
-                                   std::span<const std::int64_t> recv_counts, dtype t) override;
   void do_wait(std::int64_t token) override;
-
- private:
-  std::map<std::string, std::int64_t> token_of_;  ///< tag → token
-  std::map<std::int64_t, std::string> tag_of_;
 };
 
 /// The per-head q/k norm computed over all of the rank's heads together (one RMS over H/U·D

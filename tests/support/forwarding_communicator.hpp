@@ -1,6 +1,9 @@
 #pragma once
 // A communicator that forwards every call (with its tag) to an inner one: the base of
 // test-side decorators that change one kind of call (tests/support/bugs.hpp, failing_comm.hpp).
+#include <map>
+#include <string>
+
 #include "core/communicator.hpp"
 
 namespace seqpar::test {
@@ -40,6 +43,7 @@ class forwarding_communicator : public communicator {
     const auto token = next_token_++;
     handles_.emplace(
         token, inner_.start_all_to_all(g, send, send_counts, recv, recv_counts, t, call_info()));
+    tags_[token] = call_info().tag;
     return token;
   }
   void do_wait(std::int64_t token) override {
@@ -48,12 +52,14 @@ class forwarding_communicator : public communicator {
     handles_.erase(it);
     inner_.wait(h);
   }
-  /// The inner communicator's handle of a started call (for decorators that reorder waits).
-  comm_handle take_inner_handle(std::int64_t token) {
-    auto it = handles_.find(token);
-    comm_handle h = std::move(it->second);
-    handles_.erase(it);
-    return h;
+  /// The tag of the nonblocking call `token` names (for decorators that reorder waits).
+  const std::string& tag_of(std::int64_t token) const { return tags_.at(token); }
+  /// The token of the latest nonblocking call started with `tag`.
+  std::int64_t token_of(const std::string& tag) const {
+    std::int64_t found = -1;
+    for (const auto& [token, t] : tags_)
+      if (t == tag) found = token;
+    return found;
   }
 
   communicator& inner() { return inner_; }
@@ -61,6 +67,7 @@ class forwarding_communicator : public communicator {
  private:
   communicator& inner_;
   std::map<std::int64_t, comm_handle> handles_;
+  std::map<std::int64_t, std::string> tags_;
   std::int64_t next_token_ = 0;
 };
 
