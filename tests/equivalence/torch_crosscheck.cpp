@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -25,8 +26,10 @@
 
 #include "core/error.hpp"
 #include "core/scenario.hpp"
+#include "core/ulysses.hpp"
 #include "io/scenario_json.hpp"
 #include "sim/eigen_compute.hpp"
+#include "sim/inproc_comm.hpp"
 #include "sim/reference.hpp"
 #include "verify/check.hpp"
 
@@ -336,16 +339,210 @@ bool gdn_compare(const fs::path& file) {
   return ok;
 }
 
+// ---- async Ulysses against VeOmni's AsyncUlyssesQKVProjection (tools/crosscheck/
+// async_ulysses_veomni.py): two cases on 2 ranks, 7 tokens (the gathered sequence trimmed to
+// unpadded_dim_size 7 of 8), one with Hkv = U (no repeat), one with Hkv < U (K, V repeated).
+
+struct async_case {
+  const char* name;
+  int heads, kv_heads;
+};
+constexpr async_case async_cases[] = {{"gqa", 4, 2}, {"repeat", 4, 1}};
+constexpr int async_U = 2, async_D = 4, async_hidden = 6, async_tokens = 7;
+
+void async_dump(const fs::path& file) {
+  std::mt19937_64 gen(14);
+  const auto random = [&](Eigen::Index r, Eigen::Index c) {
+    std::uniform_real_distribution<double> u(-1, 1);
+    matrix m(r, c);
+    for (Eigen::Index e = 0; e < m.size(); ++e) m.data()[e] = u(gen);
+    return m;
+  };
+  const int S = async_tokens, local = (S + async_U - 1) / async_U, D = async_D;
+  json cases = json::array();
+  for (const auto& c : async_cases) {
+    const int hkv_rep = std::max(c.kv_heads, async_U);
+    matrix h = random(local * async_U, async_hidden);
+    h.bottomRows(local * async_U - S).setZero();  // VeOmni's SP padding: zeros
+    json tensors = {tensor_json("h", h),
+                    tensor_json("wq", random(c.heads * D, async_hidden)),
+                    tensor_json("bq", random(1, c.heads * D)),
+                    tensor_json("wk", random(c.kv_heads * D, async_hidden)),
+                    tensor_json("bk", random(1, c.kv_heads * D)),
+                    tensor_json("wv", random(c.kv_heads * D, async_hidden)),
+                    tensor_json("bv", random(1, c.kv_heads * D))};
+    for (int r = 0; r < async_U; ++r) {
+      tensors.push_back(tensor_json(fmt::format("gq.r{}", r), random(S, c.heads / async_U * D)));
+      tensors.push_back(tensor_json(fmt::format("gk.r{}", r), random(S, hkv_rep / async_U * D)));
+      tensors.push_back(tensor_json(fmt::format("gv.r{}", r), random(S, hkv_rep / async_U * D)));
+    }
+    cases.push_back({{"name", c.name},
+                     {"heads", c.heads},
+                     {"kv_heads", c.kv_heads},
+                     {"head_dim", D},
+                     {"tokens", S},
+                     {"tensors", tensors}});
+  }
+  std::ofstream(file) << json{{"ulysses", async_U}, {"cases", cases}}.dump() << '\n';
+}
+
+/// The attention the comparison stands in: forward zeros (VeOmni's function ends before the
+/// attention), backward hands core the gradients VeOmni's q, k, v received.
+class given_gradients : public seqpar::inner_attention {
+ public:
+  given_gradients(seqpar::compute& c, seqpar::tensor dq, seqpar::tensor dk, seqpar::tensor dv)
+      : c_(c), dq_(std::move(dq)), dk_(std::move(dk)), dv_(std::move(dv)) {}
+  void forward(const seqpar::tensor& q, const seqpar::tensor&, const seqpar::tensor&,
+               seqpar::tensor& out, seqpar::tensor& lse, const std::string&) override {
+    out = c_.zeros(q.type, q.shape);
+    lse = c_.zeros(q.type, {q.shape[0], q.shape[1]});
+  }
+  void backward(const seqpar::tensor&, const seqpar::tensor&, const seqpar::tensor&,
+                const seqpar::tensor&, const seqpar::tensor&, const seqpar::tensor&,
+                seqpar::tensor& dq, seqpar::tensor& dk, seqpar::tensor& dv,
+                const std::string&) override {
+    dq = dq_;
+    dk = dk_;
+    dv = dv_;
+  }
+
+ private:
+  seqpar::compute& c_;
+  seqpar::tensor dq_, dk_, dv_;
+};
+
+/// seqpar's async Ulysses (core) on the case's inputs: per rank the gathered q, k, v and the
+/// gradients of the hidden states and of every projection weight and bias (VeOmni's names).
+std::map<std::string, matrix> async_ours(const json& sub, std::int64_t unpadded) {
+  std::map<std::string, matrix> t, out;
+  for (const auto& x : sub.at("tensors")) t[x.at("name")] = decode(x, "async case");
+  const int H = sub.at("heads"), Hkv = sub.at("kv_heads"), D = sub.at("head_dim"),
+            S = sub.at("tokens");
+  const int local = (S + async_U - 1) / async_U;
+  const std::string name = sub.at("name");
+  std::mutex mu;
+  seqpar::run_ranks(async_U, [&](seqpar::communicator& comm) {
+    seqpar::sim::eigen_compute c;
+    const int r = comm.rank();
+    const auto to_t = [&](const matrix& m, seqpar::shape_t sh) {
+      const matrix rm = m;  // column-major [rows, cols] → the row-major tensor below
+      std::vector<double> v(static_cast<std::size_t>(m.size()));
+      for (Eigen::Index i = 0; i < m.rows(); ++i)
+        for (Eigen::Index j = 0; j < m.cols(); ++j)
+          v[static_cast<std::size_t>(i * m.cols() + j)] = rm(i, j);
+      return c.from_host(seqpar::dtype::f64, std::move(sh), v);
+    };
+    const auto to_m = [&](const seqpar::tensor& x, Eigen::Index rows) {
+      const auto v = c.to_host(x);
+      const Eigen::Index cols = static_cast<Eigen::Index>(v.size()) / rows;
+      matrix m(rows, cols);
+      for (Eigen::Index i = 0; i < rows; ++i)
+        for (Eigen::Index j = 0; j < cols; ++j) m(i, j) = v[static_cast<std::size_t>(i * cols + j)];
+      return m;
+    };
+    const matrix h = t["h"].middleRows(r * local, local);
+    const int hkv_rep = std::max(Hkv, async_U);
+    const auto gathered = [&](const char* g, int heads) {
+      return to_t(t[fmt::format("{}.r{}", g, r)], {S, heads / async_U, D});
+    };
+    given_gradients inner(c, gathered("gq", H), gathered("gk", hkv_rep), gathered("gv", hkv_rep));
+    seqpar::ulysses_config cfg{{"u", {0, 1}}, H, Hkv, D, false};
+    std::map<std::string, matrix> grads;
+    matrix grad_h = matrix::Zero(local, h.cols());
+    const auto project = [&](const char* w, const char* b, int heads) {
+      seqpar::tensor y = to_t(h * t[w].transpose(), {local, heads, D});
+      c.add_bias(y, to_t(t[b], {t[b].cols()}));
+      return y;
+    };
+    const auto backward = [&](const char* w, const char* b, const seqpar::tensor& g) {
+      const matrix gm = to_m(g, local);  // [local, heads·D]
+      grad_h += gm * t[w];
+      grads[fmt::format("grad_{}", w)] = gm.transpose() * h;
+      grads[fmt::format("grad_{}", b)] = gm.colwise().sum();
+    };
+    seqpar::ulysses_async_hooks hooks;
+    hooks.project_q = [&] { return project("wq", "bq", H); };
+    hooks.project_k = [&] { return project("wk", "bk", Hkv); };
+    hooks.project_v = [&] { return project("wv", "bv", Hkv); };
+    hooks.project_q_backward = [&](const seqpar::tensor& g) { backward("wq", "bq", g); };
+    hooks.project_k_backward = [&](const seqpar::tensor& g) { backward("wk", "bk", g); };
+    hooks.project_v_backward = [&](const seqpar::tensor& g) { backward("wv", "bv", g); };
+    seqpar::ulysses_async_saved saved;
+    (void)seqpar::ulysses_async_forward(comm, c, cfg, inner, hooks, saved, unpadded, "L0.attn");
+    seqpar::ulysses_async_backward(comm, c, cfg, inner, hooks, saved,
+                                   c.zeros(seqpar::dtype::f64, {local, H, D}), "L0.attn");
+    std::lock_guard lock(mu);
+    const std::string p = fmt::format("{}.r{}.", name, r);
+    out[p + "q"] = to_m(saved.q, saved.q.shape[0]);
+    out[p + "k"] = to_m(saved.k, saved.k.shape[0]);
+    out[p + "v"] = to_m(saved.v, saved.v.shape[0]);
+    out[p + "grad_h"] = grad_h;
+    for (auto& [k, m] : grads) out[p + k] = m;
+  });
+  return out;
+}
+
+bool async_compare(const fs::path& file) {
+  std::ifstream f(file);
+  if (!f)
+    seqpar::fail("{}: missing (regenerate: see tools/crosscheck/async_ulysses_veomni.py)",
+                 file.string());
+  const json j = json::parse(f);
+  std::map<std::string, matrix> theirs;
+  for (const auto& x : j.at("outputs")) theirs[x.at("name")] = decode(x, file.string());
+  constexpr double tol = 1e-12;
+  bool ok = true;
+  for (const auto& sub : j.at("inputs").at("cases")) {
+    const auto ours = async_ours(sub, sub.at("tokens").get<std::int64_t>());
+    double worst = 0;
+    std::string where;
+    std::size_t n = 0;
+    for (const auto& [name, m] : ours) {
+      const auto it = theirs.find(name);
+      if (it == theirs.end()) seqpar::fail("{}: VeOmni's output has no {}", file.string(), name);
+      const double e = rel_err(m, it->second);
+      ++n;
+      if (e > worst || where.empty()) {
+        worst = std::max(worst, e);
+        where = name;
+      }
+    }
+    // A control: ignoring unpadded_dim_size keeps the padding row, which VeOmni trims.
+    const auto untrimmed = async_ours(sub, 0);
+    const std::string q0 = fmt::format("{}.r0.q", sub.at("name").get<std::string>());
+    const bool control = !(rel_err(untrimmed.at(q0), theirs.at(q0)) <= tol);
+    const bool pass = worst <= tol && n > 0 && control;
+    ok = ok && pass;
+    fmt::print(
+        "async {:<7} heads {}/{} kv: {} tensors on {} ranks, worst {:.3e} ({}), control "
+        "(unpadded_dim_size ignored) {}  {}\n",
+        sub.at("name").get<std::string>(), sub.at("heads").get<int>(),
+        sub.at("kv_heads").get<int>(), n, async_U, worst, where,
+        control ? "differs" : "DOES NOT DIFFER", pass ? "PASS" : "FAIL");
+  }
+  fmt::print(
+      "{}: seqpar's async Ulysses (core) vs VeOmni's AsyncUlyssesQKVProjection ({}), "
+      "tolerance {:.0e}\n",
+      ok ? "PASS" : "FAIL", j.at("producer").get<std::string>(), tol);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (argc == 3 && (mode == "gdn-dump" || mode == "gdn-compare")) {
+  if (argc == 3 && (mode == "gdn-dump" || mode == "gdn-compare" || mode == "async-dump" ||
+                    mode == "async-compare")) {
     try {
       if (mode == "gdn-dump") {
         gdn_dump(argv[2]);
         return 0;
       }
+      if (mode == "async-dump") {
+        async_dump(argv[2]);
+        return 0;
+      }
+      if (mode == "async-compare") return async_compare(argv[2]) ? 0 : 1;
       return gdn_compare(argv[2]) ? 0 : 1;
     } catch (const std::exception& e) {
       std::cerr << "torch_crosscheck: " << e.what() << '\n';
@@ -354,7 +551,8 @@ int main(int argc, char** argv) {
   }
   if (argc < 3 || (mode != "dump" && mode != "compare")) {
     std::cerr << "usage: torch_crosscheck dump|compare DIR [SCENARIO…]\n"
-                 "       torch_crosscheck gdn-dump|gdn-compare FILE\n";
+                 "       torch_crosscheck gdn-dump|gdn-compare FILE\n"
+                 "       torch_crosscheck async-dump|async-compare FILE\n";
     return 2;
   }
   try {
