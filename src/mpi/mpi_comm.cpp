@@ -215,6 +215,30 @@ void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) {
 
 }  // namespace
 
+namespace {
+
+/// MPI_Ialltoallv_c's per-peer counts and displacements (elements) for seqpar's counts.
+struct a2a_layout {
+  std::vector<MPI_Count> sc, rc;
+  std::vector<MPI_Aint> sd, rd;
+  a2a_layout() = default;
+  a2a_layout(std::span<const std::int64_t> send_counts, std::span<const std::int64_t> recv_counts)
+      : sc(send_counts.begin(), send_counts.end()),
+        rc(recv_counts.begin(), recv_counts.end()),
+        sd(send_counts.size()),
+        rd(recv_counts.size()) {
+    MPI_Aint so = 0, ro = 0;
+    for (std::size_t j = 0; j < sc.size(); ++j) {
+      sd[j] = so;
+      rd[j] = ro;
+      so += static_cast<MPI_Aint>(sc[j]);
+      ro += static_cast<MPI_Aint>(rc[j]);
+    }
+  }
+};
+
+}  // namespace
+
 struct mpi_communicator::impl {
   struct group_entry {
     std::vector<int> ranks;
@@ -244,8 +268,7 @@ struct mpi_communicator::impl {
   /// name (the group by value: the caller's may be gone by the wait).
   struct pending_op {
     MPI_Request request = MPI_REQUEST_NULL;
-    std::vector<MPI_Count> sc, rc;
-    std::vector<MPI_Aint> sd, rd;
+    a2a_layout layout;
     comm_group group;
     std::string call;                    ///< "nonblocking all_to_all #3 (L0.attn.q.fwd)"
     std::chrono::milliseconds limit{0};  ///< the watchdog's deadline; 0 = none
@@ -839,18 +862,7 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
                   {recv_counts.begin(), recv_counts.end()}};
   const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag, mine, {},
                          bytes_of(total_send + total_recv, t));
-  const int n = g.size();
-  std::vector<MPI_Count> sc(n), rc(n);
-  std::vector<MPI_Aint> sd(n), rd(n);
-  MPI_Aint so = 0, ro = 0;
-  for (int j = 0; j < n; ++j) {
-    sc[j] = send_counts[j];
-    rc[j] = recv_counts[j];
-    sd[j] = so;
-    rd[j] = ro;
-    so += sc[j];
-    ro += rc[j];
-  }
+  const a2a_layout l(send_counts, recv_counts);
   // MPI forbids overlapping send and recv buffers: send from a copy then.
   std::vector<std::byte> copy;
   const void* src = send;
@@ -863,8 +875,8 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
   complete(
       *impl_, size_, ctx,
       [&](MPI_Request* rq) {
-        return MPI_Ialltoallv_c(src, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type,
-                                ctx.comm, rq);
+        return MPI_Ialltoallv_c(src, l.sc.data(), l.sd.data(), type, recv, l.rc.data(), l.rd.data(),
+                                type, ctx.comm, rq);
       },
       "MPI_Ialltoallv_c");
 }
@@ -884,29 +896,17 @@ std::int64_t mpi_communicator::do_start_all_to_all(const comm_group& g, const vo
   auto& im = *impl_;
   const auto ctx =
       enter(im, g, rank_, size_, call_info().tag, mine, {}, bytes_of(total_send + total_recv, t));
-  const int n = g.size();
   const auto token = im.next_token++;
   auto& p = im.pending[token];
-  p.sc.resize(n);
-  p.rc.resize(n);
-  p.sd.resize(n);
-  p.rd.resize(n);
-  MPI_Aint so = 0, ro = 0;
-  for (int j = 0; j < n; ++j) {
-    p.sc[j] = send_counts[j];
-    p.rc[j] = recv_counts[j];
-    p.sd[j] = so;
-    p.rd[j] = ro;
-    so += p.sc[j];
-    ro += p.rc[j];
-  }
+  p.layout = a2a_layout(send_counts, recv_counts);
   p.group = g;
   p.call = "nonblocking " + ctx.w.call;
   p.limit = ctx.w.limit;
   p.arrivals_known = ctx.w.arrivals_known;
   const auto type = mpi_type(t);
-  const int rc = MPI_Ialltoallv_c(send, p.sc.data(), p.sd.data(), type, recv, p.rc.data(),
-                                  p.rd.data(), type, ctx.comm, &p.request);
+  const auto& l = p.layout;
+  const int rc = MPI_Ialltoallv_c(send, l.sc.data(), l.sd.data(), type, recv, l.rc.data(),
+                                  l.rd.data(), type, ctx.comm, &p.request);
   if (rc != MPI_SUCCESS) {
     im.pending.erase(token);
     check_mpi(rc, "MPI_Ialltoallv_c");
