@@ -275,7 +275,6 @@ void ulysses_async_backward(communicator& comm, compute& c, const ulysses_config
                             inner_attention& inner, const ulysses_async_hooks& hooks,
                             const ulysses_async_saved& saved, const tensor& dout,
                             const std::string& tag) {
-  check_hooks(hooks);
   const int U = cfg.group.size();
   const int rep = kv_repeat_factor(cfg.kv_heads, U);
   const std::int64_t rows = saved.q.shape[0];

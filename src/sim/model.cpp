@@ -843,7 +843,6 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     };
     if (env.async_ulysses) {
       ulysses_async_hooks hooks;
-      hooks.project_q = hooks.project_k = hooks.project_v = [] { return tensor{}; };
       hooks.output_weight_backward = wo_grad;
       hooks.post_q_backward = [&](const tensor& dy) {
         return async_post_backward(comp, s, p, gr, l, "q", c.q_gathered, dy, gpos);

@@ -425,11 +425,10 @@ std::map<std::string, matrix> async_ours(const json& sub, std::int64_t unpadded)
     seqpar::sim::eigen_compute c;
     const int r = comm.rank();
     const auto to_t = [&](const matrix& m, seqpar::shape_t sh) {
-      const matrix rm = m;  // column-major [rows, cols] → the row-major tensor below
       std::vector<double> v(static_cast<std::size_t>(m.size()));
       for (Eigen::Index i = 0; i < m.rows(); ++i)
         for (Eigen::Index j = 0; j < m.cols(); ++j)
-          v[static_cast<std::size_t>(i * m.cols() + j)] = rm(i, j);
+          v[static_cast<std::size_t>(i * m.cols() + j)] = m(i, j);
       return c.from_host(seqpar::dtype::f64, std::move(sh), v);
     };
     const auto to_m = [&](const seqpar::tensor& x, Eigen::Index rows) {
