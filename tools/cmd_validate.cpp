@@ -12,6 +12,9 @@
 #include "report.hpp"
 #include "scenario_flags.hpp"
 
+#include "io/file.hpp"
+#include "verify/dump.hpp"
+
 #if defined(SEQPAR_HAVE_GPU)
 #include "gpu/cuda_compute.hpp"
 #include "io/scenario_json.hpp"
@@ -28,7 +31,64 @@ struct validate_args {
   int device = 0;
   run_guard_flags guard;
   bool json = false, quiet = false;
+  std::string dump, html;
+  bool all_rows = false;
 };
+
+nlohmann::json dump_json(const verify::dump_report& r) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : r.rows) {
+    auto j = row_json(row.row, "stage", true);
+    j["call"] = row.call;
+    rows.push_back(std::move(j));
+  }
+  nlohmann::json first = nullptr;
+  if (r.first)
+    first = {{"call", r.first->call},   {"call_name", r.first->call_name},
+             {"stage", r.first->stage}, {"ranks", r.first->ranks},
+             {"where", r.first->where}, {"diagnosis", r.first->diagnosis}};
+  const auto& m = r.layout;
+  return {{"pass", r.pass},
+          {"dump", r.dir},
+          {"layout",
+           {{"ulysses", m.ulysses},
+            {"ring", m.ring},
+            {"ring_layout", m.zigzag ? "zigzag" : "contiguous"},
+            {"heads", m.heads},
+            {"kv_heads", m.kv_heads},
+            {"head_dim", m.head_dim},
+            {"scale", m.scale},
+            {"causal", m.causal},
+            {"cu_seqlens", m.cu_seqlens},
+            {"dtype", m.dtype},
+            {"job", m.job}}},
+          {"calls", r.call_names},
+          {"first_difference", first},
+          {"not_dumped", r.not_dumped},
+          {"error_model", r.error_model},
+          {"rows", rows}};
+}
+
+/// validate --dump: no GPU, no scenario flags (the layout is the dump's).
+int run_dump(const validate_args& a, CLI::App& sub) {
+  for (const auto* opt : sub.get_options()) {
+    const auto& n = opt->get_name();
+    if (opt->count() > 0 && n != "--dump" && n != "--html" && n != "--json" && n != "--quiet" &&
+        n != "--all-rows" && n != "--help")
+      fail<config_error>(
+          "{} does not apply to --dump: the layout (ulysses, ring, heads, "
+          "documents, dtype) comes from the dump's rank*.json; drop {}",
+          n, n);
+  }
+  const auto dump = verify::read_dump(a.dump);
+  verify::dump_options opt;
+  opt.progress = progress_printer(a.quiet);
+  const auto rep = verify::validate_dump(dump, opt);
+  if (!a.html.empty()) io::write_atomic(a.html, verify::dump_report_html(rep));
+  io::write_atomic(
+      "-", a.json ? dump_json(rep).dump() + "\n" : verify::dump_report_text(rep, a.all_rows));
+  return rep.pass ? 0 : 1;
+}
 
 #if defined(SEQPAR_HAVE_GPU)
 dtype parse_gpu_dtype(const std::string& s) {
@@ -89,7 +149,16 @@ action add_validate(CLI::App& app) {
       "the GPU and on the CPU reference (float64), and compare every stage on every rank. One GPU "
       "runs all ranks; under mpiexec, one rank per GPU over NCCL. Exit 0 all pass, 1 any "
       "difference, 2 invalid input or no GPU.\n"
-      "Example: seqpar validate --ulysses 2 --ring 2 --dtype bf16");
+      "Example: seqpar validate --ulysses 2 --ring 2 --dtype bf16\n"
+      "With --dump DIR it checks a PyTorch job's own SP attention instead, from the tensors "
+      "tools/seqpar_dump.py wrote (no GPU needed): every stage on every rank against the float64 "
+      "reference, and the first difference diagnosed.\n"
+      "Example: seqpar validate --dump dumps/step0 --html report.html");
+  sub->add_option("--dump", a->dump,
+                  "directory written by tools/seqpar_dump.py (rank*.json + safetensors): check "
+                  "that job's attention instead of running the GPU backend");
+  sub->add_option("--html", a->html, "with --dump: also write a self-contained HTML report here");
+  sub->add_flag("--all-rows", a->all_rows, "with --dump: list passing (rank, stage) rows too");
   a->flags.add_to(*sub);
   sub->add_option("--dtype", a->dtype_name, "f32 | bf16 (GPU run; the reference is float64)")
       ->capture_default_str();
@@ -97,7 +166,9 @@ action add_validate(CLI::App& app) {
       ->capture_default_str();
   add_run_guard_flags(*sub, a->guard);
   add_report_flags(*sub, a->json, a->quiet);
-  return [a]() -> int {
+  return [a, sub]() -> int {
+    if (!a->dump.empty()) return run_dump(*a, *sub);
+    if (!a->html.empty()) fail<config_error>("--html applies to --dump only");
 #if !defined(SEQPAR_HAVE_GPU)
     (void)a->flags.resolve();  // invalid flags still exit 2 with their own message
     fmt::print(stderr,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/html.hpp"
 #include "trace/replay.hpp"
 
 namespace seqpar::replay {
@@ -64,26 +65,7 @@ nlohmann::json to_json(const report& r) {
 
 namespace {
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) switch (c) {
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '&':
-        o += "&amp;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      default:
-        o += c;
-    }
-  return o;
-}
+std::string esc(const std::string& s) { return html_escape(s); }
 
 std::string doc_color(int d) {
   if (d < 0) return "#d0d0d0";

@@ -1,0 +1,99 @@
+#pragma once
+// `seqpar validate --dump DIR`: a PyTorch SP job's attention, dumped rank by rank by
+// tools/seqpar_dump.py (format: tools/dump_format.md), checked stage by stage against the
+// float64 reference. The non-SP attention is rebuilt from the dumped local shards; what every
+// rank should hold at every stage comes from the core layout (zigzag permutation, Ulysses head
+// slices, KV repeat). Data movement (all-to-alls, repeats) must be bit-exact; attention outputs
+// and gradients are compared with a tolerance from the stated error model. The first stage that
+// differs is diagnosed: which rank, heads and tokens, and what the data look like.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/compare.hpp"
+
+namespace seqpar::verify {
+
+/// One attention call of a rank: its files, relative to the dump directory.
+struct dump_call_files {
+  int index = 0;
+  std::string name;
+  std::string forward, backward;  ///< empty when not dumped
+};
+
+/// One rank's meta (rankR.json). The layout fields are identical on every rank.
+struct dump_meta {
+  std::string path;
+  int rank = 0, world_size = 1;
+  int ulysses = 1, ring = 1, ulysses_rank = 0, ring_rank = 0;
+  bool zigzag = true;
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  double scale = 0;
+  bool causal = true;
+  std::vector<std::int32_t> cu_seqlens;
+  std::vector<std::int64_t> position_ids;
+  std::string dtype, job;
+  std::vector<dump_call_files> calls;
+  int cp_rank() const { return ring_rank * ulysses + ulysses_rank; }
+};
+
+/// A dump directory: one meta per SP rank, indexed by cp rank (ring_rank·U + ulysses_rank).
+struct dump_set {
+  std::string dir;
+  std::vector<dump_meta> ranks;
+};
+
+/// Reads DIR/rank*.json and checks that the ranks agree (layout fields), cover every cp rank
+/// once and describe a layout seqpar knows. Throws seqpar::trace_error (unreadable or
+/// malformed file) or config_error (an unsupported layout) naming the file and the fix.
+dump_set read_dump(const std::string& dir);
+
+/// One compared stage of one rank of one call.
+struct dump_row {
+  int call = 0;
+  compared_tensor row;  ///< tensor = stage name, rank = cp rank
+};
+
+/// The first stage (in the order the job runs them) where the dump differs from a correct job.
+struct dump_finding {
+  int call = 0;
+  std::string call_name;
+  std::string stage;
+  std::vector<int> ranks;  ///< cp ranks where that stage differs
+  std::string where;       ///< heads and tokens, e.g. "heads 0–1, tokens 8–15, 24–31"
+  std::string diagnosis;   ///< what the data look like, and the likely cause
+};
+
+struct dump_report {
+  std::string dir;
+  dump_meta layout;  ///< the shared layout fields (rank 0's meta)
+  std::vector<std::string> call_names;
+  std::vector<dump_row> rows;
+  std::vector<std::string> not_dumped;  ///< stages a complete dump would have, per call and rank
+  std::optional<dump_finding> first;
+  bool pass = false;
+  std::string error_model;
+};
+
+/// The stages in the order a job runs them (the order "first difference" follows).
+const std::vector<std::string>& dump_stages();
+
+struct dump_options {
+  std::function<void(std::string_view)> progress;
+};
+
+/// Validates every call of the dump. Throws trace_error for unreadable tensor files and
+/// shape_error where a dump lacks what validation needs (the local shards, out.local).
+dump_report validate_dump(const dump_set& dump, const dump_options& opt = {});
+
+/// The report as a table (failing rows, passing stages folded unless all_rows) with the verdict,
+/// the diagnosis and the error model.
+std::string dump_report_text(const dump_report& r, bool all_rows = false);
+/// The report as a self-contained HTML page: per call a stage × rank grid, the first difference
+/// outlined.
+std::string dump_report_html(const dump_report& r);
+
+}  // namespace seqpar::verify

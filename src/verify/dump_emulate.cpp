@@ -1,0 +1,101 @@
+// Ring attention as key sets (dump_emulate.hpp).
+#include "verify/dump_emulate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace seqpar::verify {
+
+namespace {
+
+/// Index of the document of local row i under cu (the last document when past the end).
+std::size_t doc_of(std::span<const std::int32_t> cu, std::int64_t i) {
+  const auto it = std::upper_bound(cu.begin(), cu.end(), static_cast<std::int32_t>(i));
+  const auto d = static_cast<std::size_t>(std::max<std::ptrdiff_t>(it - cu.begin() - 1, 0));
+  return std::min(d, cu.size() >= 2 ? cu.size() - 2 : 0);
+}
+
+}  // namespace
+
+std::vector<std::vector<std::int64_t>> ring_key_sets(const ring_job& job, int r, std::int64_t i0,
+                                                     std::int64_t i1) {
+  const int R = job.ring;
+  const auto& cu = job.local_cu[static_cast<std::size_t>(r)];
+  std::vector<std::vector<std::int64_t>> keys(static_cast<std::size_t>(i1 - i0));
+  const auto mod = [R](int x) { return ((x % R) + R) % R; };
+  for (int step = 0; step < R; ++step) {
+    const int held = mod(r - step), assumed = mod(r - step + job.section_shift);
+    const auto& kv = job.tokens[static_cast<std::size_t>(held)];
+    const auto m = static_cast<std::int64_t>(kv.size());
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const auto d = doc_of(cu, i);
+      const std::int64_t start = cu[d], end = cu[d + 1], mid = start + (end - start) / 2;
+      for (std::int64_t j = 0; j < m; ++j) {
+        if (doc_of(cu, j) != d) continue;
+        bool sees;
+        if (assumed == r)
+          sees = !job.causal || j <= i;  // diagonal
+        else if (assumed < r)
+          sees = j < mid;  // lower: every query row, the early half of the KV
+        else
+          sees = i >= mid;  // upper: the late half of the query rows, every KV row
+        if (sees) keys[static_cast<std::size_t>(i - i0)].push_back(kv[static_cast<std::size_t>(j)]);
+      }
+    }
+  }
+  return keys;
+}
+
+std::vector<std::vector<std::int64_t>> reference_key_sets(std::span<const std::int64_t> rows,
+                                                          std::span<const std::int32_t> cu,
+                                                          bool causal) {
+  std::vector<std::vector<std::int64_t>> keys(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto d = doc_of(cu, rows[i]);
+    const std::int64_t end = causal ? rows[i] + 1 : cu[d + 1];
+    for (std::int64_t j = cu[d]; j < end; ++j) keys[i].push_back(j);
+  }
+  return keys;
+}
+
+void attention_over_keys(std::span<const double> q, std::span<const double> k,
+                         std::span<const double> v, int H, int Hkv, int D, double scale,
+                         std::span<const std::int64_t> rows,
+                         const std::vector<std::vector<std::int64_t>>& keys,
+                         std::vector<double>& out, std::vector<double>& lse) {
+  const auto n = rows.size();
+  out.assign(n * static_cast<std::size_t>(H * D), 0.0);
+  lse.assign(n * static_cast<std::size_t>(H), -std::numeric_limits<double>::infinity());
+  const int group = H / Hkv;
+  std::vector<double> s;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& ks = keys[i];
+    if (ks.empty()) continue;
+    s.resize(ks.size());
+    for (int h = 0; h < H; ++h) {
+      const double* qi = q.data() + (rows[i] * H + h) * D;
+      const int g = h / group;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (std::size_t j = 0; j < ks.size(); ++j) {
+        const double* kj = k.data() + (ks[j] * Hkv + g) * D;
+        double dot = 0;
+        for (int c = 0; c < D; ++c) dot += qi[c] * kj[c];
+        s[j] = scale * dot;
+        mx = std::max(mx, s[j]);
+      }
+      double l = 0;
+      double* oi = out.data() + (i * static_cast<std::size_t>(H) + static_cast<std::size_t>(h)) * D;
+      for (std::size_t j = 0; j < ks.size(); ++j) {
+        const double p = std::exp(s[j] - mx);
+        l += p;
+        const double* vj = v.data() + (ks[j] * Hkv + g) * D;
+        for (int c = 0; c < D; ++c) oi[c] += p * vj[c];
+      }
+      for (int c = 0; c < D; ++c) oi[c] /= l;
+      lse[i * static_cast<std::size_t>(H) + static_cast<std::size_t>(h)] = mx + std::log(l);
+    }
+  }
+}
+
+}  // namespace seqpar::verify

@@ -1,0 +1,46 @@
+#pragma once
+// What a ring attention job computes, emulated as explicit key sets: for every query row of a
+// ring rank, the global keys its merged output averages over. With the correct schedule this is
+// the reference's mask (same document, causal); with one thing changed (the KV source off by one,
+// cu_seqlens from local position ids) it is what such a broken job computes, which lets
+// `validate --dump` name the cause of a difference. Row-wise, O(S) memory per query row.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace seqpar::verify {
+
+/// A zigzag ring (xorl, SEMANTICS.md §4) as one rank's job sees it.
+struct ring_job {
+  int ring = 1;
+  bool causal = true;
+  /// Global token ids of every ring rank's local rows, in local order.
+  std::vector<std::vector<std::int64_t>> tokens;
+  /// The cu_seqlens each ring rank's attention uses on its local rows (q and KV blocks alike);
+  /// correct: global cu // R.
+  std::vector<std::vector<std::int32_t>> local_cu;
+  /// The section of step i is chosen for source (r − i + section_shift) mod R while the KV held
+  /// is that of (r − i) mod R; 0 is correct.
+  int section_shift = 0;
+};
+
+/// The key multisets of local rows [i0, i1) of ring rank r, as global token ids (callers walk
+/// the rows in blocks, so memory stays O(block · S)).
+std::vector<std::vector<std::int64_t>> ring_key_sets(const ring_job& job, int r, std::int64_t i0,
+                                                     std::int64_t i1);
+
+/// The reference's key sets of the same rows: same document (global cu), causal when asked.
+std::vector<std::vector<std::int64_t>> reference_key_sets(std::span<const std::int64_t> rows,
+                                                          std::span<const std::int32_t> cu,
+                                                          bool causal);
+
+/// Attention of query rows over explicit key multisets in float64. q: [S, H, D], k/v:
+/// [S, Hkv, D] (global, row-major); query row i is global token rows[i]; q head h uses KV head
+/// h / (H / Hkv). out: [rows, H, D], lse: [rows, H] (−inf and 0 where a row has no key).
+void attention_over_keys(std::span<const double> q, std::span<const double> k,
+                         std::span<const double> v, int H, int Hkv, int D, double scale,
+                         std::span<const std::int64_t> rows,
+                         const std::vector<std::vector<std::int64_t>>& keys,
+                         std::vector<double>& out, std::vector<double>& lse);
+
+}  // namespace seqpar::verify

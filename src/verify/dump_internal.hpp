@@ -1,0 +1,88 @@
+#pragma once
+// Shared between dump_validate.cpp (the stage comparison) and dump_diagnose.cpp (what the first
+// differing stage looks like). Global tensors are row-major [S, X, D] in original token order.
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/cu_seqlens.hpp"
+#include "core/zigzag.hpp"
+#include "io/safetensors.hpp"
+#include "verify/dump.hpp"
+
+namespace seqpar::verify::dump_detail {
+
+using vec = std::vector<double>;
+
+/// One dumped tensor, as float64.
+struct tens {
+  std::vector<std::int64_t> shape;
+  vec v;
+  io::st_dtype type = io::st_dtype::f32;
+};
+using stage_map = std::map<std::string, tens>;
+
+/// Unit roundoff of a floating dtype (2^-53, 2^-24, 2^-11, 2^-8); 0 for integers.
+double unit_roundoff(io::st_dtype t);
+/// log of the dtype's largest finite value: where exp() overflows.
+double log_max(io::st_dtype t);
+
+/// The layout of a dump from the core layout engine: which global tokens every rank holds,
+/// locally and after the Ulysses all-to-all, and the head slices.
+struct geometry {
+  explicit geometry(const dump_meta& m);
+  int U, R, P, H, Hkv, D;
+  int rep;  ///< copies of each KV head (U / Hkv when U > Hkv, else 1)
+  int hq;   ///< query heads per rank after the all-to-all
+  int hk;   ///< KV heads per rank after the all-to-all (of the repeated Hkv·rep)
+  std::int64_t S, s, Sg;
+  std::vector<std::int32_t> cu;
+  std::vector<std::int64_t> perm;  ///< rank-ordered row → global token (zigzag or identity)
+  std::vector<std::int64_t> pos;   ///< global token → position id
+
+  std::span<const std::int64_t> tokens(int cp_rank) const;
+  std::span<const std::int64_t> ring_tokens(int ring_rank) const;
+  /// Rank k's local rows [s, X, D] of a global tensor.
+  vec slice_local(const vec& glob, int X, int k) const;
+  /// Rank k's gathered rows [Sg, hx, D]: its ring rank's tokens, heads [u·hx, (u+1)·hx).
+  vec slice_gathered(const vec& glob, int X, int hx, int k) const;
+  /// The inverse of slice_local over all ranks; nullopt when a rank lacks the tensor or its
+  /// shape differs.
+  std::optional<vec> assemble_local(const std::vector<const tens*>& ranks, int X) const;
+  /// The inverse of slice_gathered over all ranks (X = hx·U).
+  std::optional<vec> assemble_gathered(const std::vector<const tens*>& ranks, int hx) const;
+};
+
+/// KV heads repeated rep times, interleaved (repeat_interleave): [S, Hkv, D] → [S, Hkv·rep, D].
+vec repeat_heads(const vec& glob, std::int64_t S, int Hkv, int rep, int D);
+/// The inverse's backward: [rows, Hkv·rep, D] → [rows, Hkv, D], copies summed.
+vec sum_copies(const vec& rep_glob, std::int64_t rows, int Hkv, int rep, int D);
+
+/// The float64 non-SP attention of the whole row (K/V already repeated): out [S, H, D],
+/// lse [S, H]; with dout also dq [S, H, D] and dk, dv [S, Hkv·rep, D] (per copy).
+struct reference_pass {
+  vec out, lse, dq, dk, dv;
+};
+reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, const vec& v_rep,
+                             double scale, bool causal, std::span<const std::int32_t> cu,
+                             const vec* dout);
+
+/// One validated call, for the diagnosis.
+struct call_state {
+  const dump_set& dump;
+  const geometry& g;
+  int call;
+  const std::vector<stage_map>& fwd;
+  const std::vector<stage_map>& bwd;
+  const vec &q, &k, &v, &dout;
+  const reference_pass& ref;
+  double tol_forward, tol_backward;
+};
+
+/// The first differing stage of this call (rows already in rep), described; nullopt when the
+/// call has none.
+std::optional<dump_finding> diagnose(const call_state& c, const dump_report& rep);
+
+}  // namespace seqpar::verify::dump_detail

@@ -1,0 +1,546 @@
+// validate_dump: a dumped PyTorch SP attention call, stage by stage, against the float64
+// reference (dump.hpp). The diagnosis of the first differing stage is in dump_diagnose.cpp.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "sim/attention.hpp"
+#include "verify/dump_internal.hpp"
+
+namespace seqpar::verify {
+
+const std::vector<std::string>& dump_stages() {
+  static const std::vector<std::string> stages{"layout",
+                                               "q.local",
+                                               "k.local",
+                                               "v.local",
+                                               "k.repeated",
+                                               "v.repeated",
+                                               "q.gathered",
+                                               "k.gathered",
+                                               "v.gathered",
+                                               "out.attn",
+                                               "lse",
+                                               "out.local",
+                                               "grad.out.local",
+                                               "grad.out.attn",
+                                               "grad.q.gathered",
+                                               "grad.k.gathered",
+                                               "grad.v.gathered",
+                                               "grad.k.repeated",
+                                               "grad.v.repeated",
+                                               "grad.q.local",
+                                               "grad.k.local",
+                                               "grad.v.local"};
+  return stages;
+}
+
+namespace dump_detail {
+
+double unit_roundoff(io::st_dtype t) {
+  switch (t) {
+    case io::st_dtype::f64:
+      return std::ldexp(1.0, -53);
+    case io::st_dtype::f32:
+      return std::ldexp(1.0, -24);
+    case io::st_dtype::f16:
+      return std::ldexp(1.0, -11);
+    case io::st_dtype::bf16:
+      return std::ldexp(1.0, -8);
+    default:
+      return 0;
+  }
+}
+
+double log_max(io::st_dtype t) {
+  switch (t) {
+    case io::st_dtype::f16:
+      return std::log(65504.0);
+    case io::st_dtype::bf16:
+      return std::log(3.3895313892515355e38);
+    case io::st_dtype::f32:
+      return std::log(3.4028234663852886e38);
+    default:
+      return std::log(1.7976931348623157e308);
+  }
+}
+
+geometry::geometry(const dump_meta& m)
+    : U(m.ulysses),
+      R(m.ring),
+      P(m.ulysses * m.ring),
+      H(m.heads),
+      Hkv(m.kv_heads),
+      D(m.head_dim),
+      rep(m.ulysses > m.kv_heads ? m.ulysses / m.kv_heads : 1),
+      hq(m.heads / m.ulysses),
+      hk(m.kv_heads * rep / m.ulysses),
+      S(m.cu_seqlens.back()),
+      s(S / P),
+      Sg(s * U),
+      cu(m.cu_seqlens) {
+  const auto docs = doc_ranges(cu);
+  if (R > 1 && m.zigzag) {
+    perm = zigzag_permutation(docs, R);
+  } else {
+    perm.resize(static_cast<std::size_t>(S));
+    for (std::int64_t t = 0; t < S; ++t) perm[static_cast<std::size_t>(t)] = t;
+  }
+  pos.resize(static_cast<std::size_t>(S));
+  for (const auto& d : docs)
+    for (std::int64_t t = d.start; t < d.end; ++t) pos[static_cast<std::size_t>(t)] = t - d.start;
+}
+
+std::span<const std::int64_t> geometry::tokens(int k) const {
+  return {perm.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(s),
+          static_cast<std::size_t>(s)};
+}
+std::span<const std::int64_t> geometry::ring_tokens(int r) const {
+  return {perm.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(Sg),
+          static_cast<std::size_t>(Sg)};
+}
+
+vec geometry::slice_local(const vec& glob, int X, int k) const {
+  vec out(static_cast<std::size_t>(s * X * D));
+  const auto row = static_cast<std::size_t>(X * D);
+  const auto tok = tokens(k);
+  for (std::size_t i = 0; i < tok.size(); ++i)
+    std::copy_n(glob.begin() + static_cast<std::ptrdiff_t>(tok[i] * X * D), row,
+                out.begin() + static_cast<std::ptrdiff_t>(i * row));
+  return out;
+}
+
+vec geometry::slice_gathered(const vec& glob, int X, int hx, int k) const {
+  const int u = k % U, r = k / U;
+  vec out(static_cast<std::size_t>(Sg * hx * D));
+  const auto tok = ring_tokens(r);
+  for (std::size_t i = 0; i < tok.size(); ++i)
+    std::copy_n(glob.begin() + static_cast<std::ptrdiff_t>((tok[i] * X + u * hx) * D),
+                static_cast<std::size_t>(hx * D),
+                out.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(hx * D)));
+  return out;
+}
+
+std::optional<vec> geometry::assemble_local(const std::vector<const tens*>& ranks, int X) const {
+  vec glob(static_cast<std::size_t>(S * X * D));
+  const auto row = static_cast<std::size_t>(X * D);
+  for (int k = 0; k < P; ++k) {
+    const tens* t = ranks[static_cast<std::size_t>(k)];
+    if (!t || t->shape != std::vector<std::int64_t>{s, X, D}) return std::nullopt;
+    const auto tok = tokens(k);
+    for (std::size_t i = 0; i < tok.size(); ++i)
+      std::copy_n(t->v.begin() + static_cast<std::ptrdiff_t>(i * row), row,
+                  glob.begin() + static_cast<std::ptrdiff_t>(tok[i] * X * D));
+  }
+  return glob;
+}
+
+std::optional<vec> geometry::assemble_gathered(const std::vector<const tens*>& ranks,
+                                               int hx) const {
+  const int X = hx * U;
+  vec glob(static_cast<std::size_t>(S * X * D));
+  for (int k = 0; k < P; ++k) {
+    const tens* t = ranks[static_cast<std::size_t>(k)];
+    if (!t || t->shape != std::vector<std::int64_t>{Sg, hx, D}) return std::nullopt;
+    const int u = k % U;
+    const auto tok = ring_tokens(k / U);
+    for (std::size_t i = 0; i < tok.size(); ++i)
+      std::copy_n(t->v.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(hx * D)),
+                  static_cast<std::size_t>(hx * D),
+                  glob.begin() + static_cast<std::ptrdiff_t>((tok[i] * X + u * hx) * D));
+  }
+  return glob;
+}
+
+vec repeat_heads(const vec& glob, std::int64_t S, int Hkv, int rep, int D) {
+  if (rep == 1) return glob;
+  vec out(static_cast<std::size_t>(S * Hkv * rep * D));
+  for (std::int64_t t = 0; t < S; ++t)
+    for (int g = 0; g < Hkv; ++g)
+      for (int c = 0; c < rep; ++c)
+        std::copy_n(glob.begin() + (t * Hkv + g) * D, D,
+                    out.begin() + ((t * Hkv + g) * rep + c) * D);
+  return out;
+}
+
+vec sum_copies(const vec& rep_glob, std::int64_t rows, int Hkv, int rep, int D) {
+  vec out(static_cast<std::size_t>(rows * Hkv * D), 0.0);
+  for (std::int64_t t = 0; t < rows; ++t)
+    for (int g = 0; g < Hkv; ++g)
+      for (int c = 0; c < rep; ++c)
+        for (int e = 0; e < D; ++e)
+          out[static_cast<std::size_t>((t * Hkv + g) * D + e)] +=
+              rep_glob[static_cast<std::size_t>(((t * Hkv + g) * rep + c) * D + e)];
+  return out;
+}
+
+reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, const vec& v_rep,
+                             double scale, bool causal, std::span<const std::int32_t> cu,
+                             const vec* dout) {
+  reference_pass p;
+  const sim::attention_args<double> a{q.data(),
+                                      k_rep.data(),
+                                      v_rep.data(),
+                                      g.S,
+                                      g.S,
+                                      g.H,
+                                      g.Hkv * g.rep,
+                                      g.D,
+                                      cu.data(),
+                                      cu.data(),
+                                      static_cast<int>(cu.size()) - 1,
+                                      scale,
+                                      causal};
+  p.out.resize(q.size());
+  p.lse.resize(static_cast<std::size_t>(g.S * g.H));
+  sim::attention_forward(a, p.out.data(), p.lse.data());
+  if (dout) {
+    p.dq.resize(q.size());
+    p.dk.resize(k_rep.size());
+    p.dv.resize(v_rep.size());
+    sim::attention_backward(a, p.out.data(), p.lse.data(), dout->data(), p.dq.data(), p.dk.data(),
+                            p.dv.data());
+  }
+  return p;
+}
+
+}  // namespace dump_detail
+
+namespace {
+
+using namespace dump_detail;
+namespace fs = std::filesystem;
+
+/// Reads one file of a call into stage → tensor.
+stage_map load(const std::string& dir, const std::string& file) {
+  stage_map m;
+  if (file.empty()) return m;
+  const auto path = (fs::path(dir) / file).string();
+  for (const auto& t : io::read_safetensors(path).tensors) {
+    if (t.type != io::st_dtype::f64 && t.type != io::st_dtype::f32 && t.type != io::st_dtype::f16 &&
+        t.type != io::st_dtype::bf16)
+      fail<trace_error>("{}: tensor '{}' is {}; dumps hold F64, F32, F16 or BF16", path, t.name,
+                        io::st_dtype_name(t.type));
+    m[t.name] = tens{t.shape, t.to_f64(), t.type};
+  }
+  return m;
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) { return fmt::format("{}", s); }
+
+/// The validation of one call over all ranks.
+class call_check {
+ public:
+  call_check(const dump_set& d, const geometry& g, int call, dump_report& rep)
+      : d_(d), g_(g), m_(d.ranks.front()), call_(call), rep_(rep) {
+    for (const auto& r : d.ranks) {
+      const auto& f = r.calls[static_cast<std::size_t>(call)];
+      fwd_.push_back(load(d.dir, f.forward));
+      bwd_.push_back(load(d.dir, f.backward));
+    }
+  }
+
+  void run() {
+    check_layout();
+    const int P = g_.P;
+    // Inputs: the local shards, from which the reference rebuilds the whole row.
+    for (const char* st : {"q.local", "k.local", "v.local"})
+      for (int k = 0; k < P; ++k)
+        if (!get(fwd_, k, st))
+          fail<shape_error>(
+              "{}: call {} of rank {} has no '{}': the local shards are what the "
+              "reference is rebuilt from; tap them with dumper.tap(\"{}\", x)",
+              d_.dir, call_, d_.ranks[static_cast<std::size_t>(k)].rank, st, st);
+    const auto q = input("q.local", g_.H);
+    const auto kk = input("k.local", g_.Hkv);
+    const auto vv = input("v.local", g_.Hkv);
+    if (!q || !kk || !vv) return;  // a shard of the wrong shape: its row says so
+    q_ = *q;
+    k_ = *kk;
+    v_ = *vv;
+    k_rep_ = repeat_heads(k_, g_.S, g_.Hkv, g_.rep, g_.D);
+    v_rep_ = repeat_heads(v_, g_.S, g_.Hkv, g_.rep, g_.D);
+    const bool backward = std::all_of(bwd_.begin(), bwd_.end(),
+                                      [](const auto& m) { return m.count("grad.out.local") > 0; });
+    std::optional<vec> dout;
+    if (backward) dout = input_bwd("grad.out.local", g_.H);
+    ref_ =
+        run_reference(g_, q_, k_rep_, v_rep_, m_.scale, m_.causal, g_.cu, dout ? &*dout : nullptr);
+    if (dout) dout_ = *dout;
+    set_tolerances();
+
+    const int Hr = g_.Hkv * g_.rep;
+    for (const auto& [st, src] : {std::pair{"k.repeated", &k_rep_}, {"v.repeated", &v_rep_}})
+      if (any(fwd_, st))
+        for (int k = 0; k < P; ++k)
+          exact(st, k, fwd_, {g_.s, Hr, g_.D}, g_.slice_local(*src, Hr, k));
+    if (g_.U > 1) {
+      for (int k = 0; k < P; ++k)
+        exact("q.gathered", k, fwd_, {g_.Sg, g_.hq, g_.D}, g_.slice_gathered(q_, g_.H, g_.hq, k));
+      for (int k = 0; k < P; ++k)
+        exact("k.gathered", k, fwd_, {g_.Sg, g_.hk, g_.D}, g_.slice_gathered(k_rep_, Hr, g_.hk, k));
+      for (int k = 0; k < P; ++k)
+        exact("v.gathered", k, fwd_, {g_.Sg, g_.hk, g_.D}, g_.slice_gathered(v_rep_, Hr, g_.hk, k));
+      for (int k = 0; k < P; ++k)
+        approx("out.attn", k, fwd_, {g_.Sg, g_.hq, g_.D},
+               g_.slice_gathered(ref_.out, g_.H, g_.hq, k), tol_f_);
+    }
+    if (any(fwd_, "lse"))
+      for (int k = 0; k < P; ++k)
+        approx("lse", k, fwd_, {g_.hq, g_.Sg}, lse_of_rank(ref_.lse, k), tol_f_);
+    const auto attn_out =
+        g_.U > 1 ? g_.assemble_gathered(all(fwd_, "out.attn"), g_.hq) : std::optional<vec>{};
+    for (int k = 0; k < P; ++k) {
+      if (attn_out)
+        exact("out.local", k, fwd_, {g_.s, g_.H, g_.D}, g_.slice_local(*attn_out, g_.H, k));
+      else
+        approx("out.local", k, fwd_, {g_.s, g_.H, g_.D}, g_.slice_local(ref_.out, g_.H, k), tol_f_);
+    }
+    if (!backward) {
+      rep_.not_dumped.push_back(
+          fmt::format("call {}: the backward (no grad.out.local on every rank)", call_));
+      return;
+    }
+    if (!dout) return;
+    if (g_.U > 1) {
+      for (int k = 0; k < P; ++k)
+        exact("grad.out.attn", k, bwd_, {g_.Sg, g_.hq, g_.D},
+              g_.slice_gathered(dout_, g_.H, g_.hq, k));
+      for (int k = 0; k < P; ++k)
+        approx("grad.q.gathered", k, bwd_, {g_.Sg, g_.hq, g_.D},
+               g_.slice_gathered(ref_.dq, g_.H, g_.hq, k), tol_b_);
+      for (int k = 0; k < P; ++k)
+        approx("grad.k.gathered", k, bwd_, {g_.Sg, g_.hk, g_.D},
+               g_.slice_gathered(ref_.dk, Hr, g_.hk, k), tol_b_);
+      for (int k = 0; k < P; ++k)
+        approx("grad.v.gathered", k, bwd_, {g_.Sg, g_.hk, g_.D},
+               g_.slice_gathered(ref_.dv, Hr, g_.hk, k), tol_b_);
+    }
+    const auto gq = gathered_or_ref("grad.q.gathered", g_.hq, ref_.dq);
+    const auto gk = gathered_or_ref("grad.k.gathered", g_.hk, ref_.dk);
+    const auto gv = gathered_or_ref("grad.v.gathered", g_.hk, ref_.dv);
+    for (const auto& [st, src] :
+         {std::pair{"grad.k.repeated", &gk.values}, {"grad.v.repeated", &gv.values}})
+      if (any(bwd_, st))
+        for (int k = 0; k < P; ++k)
+          compare_with(st, k, bwd_, {g_.s, Hr, g_.D}, g_.slice_local(*src, Hr, k),
+                       gk.exact ? 0.0 : tol_b_);
+    for (int k = 0; k < P; ++k)
+      compare_with("grad.q.local", k, bwd_, {g_.s, g_.H, g_.D}, g_.slice_local(gq.values, g_.H, k),
+                   gq.exact ? 0.0 : tol_b_);
+    for (const auto& [st, src] : {std::pair{"grad.k.local", &gk}, {"grad.v.local", &gv}}) {
+      const vec summed = sum_copies(src->values, g_.S, g_.Hkv, g_.rep, g_.D);
+      for (int k = 0; k < P; ++k) {
+        // Summing the rep copies in the job's precision rounds once per addition.
+        const tens* t = get(bwd_, k, st);
+        const double u = t ? unit_roundoff(t->type) : 0;
+        const double tol = src->exact ? (g_.rep > 1 ? 2.0 * g_.rep * u : 0.0) : tol_b_;
+        compare_with(st, k, bwd_, {g_.s, g_.Hkv, g_.D}, g_.slice_local(summed, g_.Hkv, k), tol);
+      }
+    }
+  }
+
+  /// Everything the diagnosis needs.
+  call_state state() const {
+    return call_state{d_, g_, call_, fwd_, bwd_, q_, k_, v_, dout_, ref_, tol_f_, tol_b_};
+  }
+
+ private:
+  const tens* get(const std::vector<stage_map>& side, int k, const std::string& st) const {
+    const auto& m = side[static_cast<std::size_t>(k)];
+    const auto it = m.find(st);
+    return it == m.end() ? nullptr : &it->second;
+  }
+  bool any(const std::vector<stage_map>& side, const std::string& st) const {
+    for (int k = 0; k < g_.P; ++k)
+      if (get(side, k, st)) return true;
+    return false;
+  }
+  std::vector<const tens*> all(const std::vector<stage_map>& side, const std::string& st) const {
+    std::vector<const tens*> v;
+    for (int k = 0; k < g_.P; ++k) v.push_back(get(side, k, st));
+    return v;
+  }
+
+  void add(compared_tensor row) { rep_.rows.push_back({call_, std::move(row)}); }
+
+  /// A row for a stage whose shape is wrong or that one rank did not dump.
+  bool check_present(const std::string& st, int k, const tens* t,
+                     const std::vector<std::int64_t>& want) {
+    compared_tensor row;
+    row.tensor = st;
+    row.rank = k;
+    if (!t) {
+      row.note = "not dumped on this rank (other ranks have it)";
+      row.max_abs = row.max_rel = INFINITY;
+      add(row);
+      return false;
+    }
+    if (t->shape != want) {
+      row.numel = static_cast<std::int64_t>(t->v.size());
+      row.max_abs = row.max_rel = INFINITY;
+      row.note =
+          fmt::format("shape {} where {} was expected", shape_str(t->shape), shape_str(want));
+      add(row);
+      return false;
+    }
+    return true;
+  }
+
+  void compare_with(const std::string& st, int k, const std::vector<stage_map>& side,
+                    const std::vector<std::int64_t>& shape, const vec& want, double tol) {
+    if (!any(side, st)) {
+      if (k == 0) rep_.not_dumped.push_back(fmt::format("call {}: {}", call_, st));
+      return;
+    }
+    const tens* t = get(side, k, st);
+    if (!check_present(st, k, t, shape)) return;
+    auto row = compare_values(st, t->v, want, tol, floor_);
+    row.rank = k;
+    add(std::move(row));
+  }
+  void exact(const std::string& st, int k, const std::vector<stage_map>& side,
+             const std::vector<std::int64_t>& shape, const vec& want) {
+    compare_with(st, k, side, shape, want, 0.0);
+  }
+  void approx(const std::string& st, int k, const std::vector<stage_map>& side,
+              const std::vector<std::int64_t>& shape, const vec& want, double tol) {
+    compare_with(st, k, side, shape, want, tol);
+  }
+
+  /// The whole row of an input stage, or nullopt after a row naming the rank with a wrong shape.
+  std::optional<vec> input_side(const std::vector<stage_map>& side, const char* st, int X) {
+    bool ok = true;
+    for (int k = 0; k < g_.P; ++k) ok &= check_present(st, k, get(side, k, st), {g_.s, X, g_.D});
+    return ok ? g_.assemble_local(all(side, st), X) : std::nullopt;
+  }
+  std::optional<vec> input(const char* st, int X) { return input_side(fwd_, st, X); }
+  std::optional<vec> input_bwd(const char* st, int X) { return input_side(bwd_, st, X); }
+
+  struct source {
+    vec values;
+    bool exact;  ///< from the job's own gathered tensors (data movement) or the reference
+  };
+  /// The job's own gathered gradients put back in global order (U > 1, all ranks dumped them
+  /// with the right shape): the local stages must then be their exact all-to-all. Otherwise the
+  /// reference's.
+  source gathered_or_ref(const char* st, int hx, const vec& ref) const {
+    if (g_.U > 1)
+      if (auto glob = g_.assemble_gathered(all(bwd_, st), hx)) return {std::move(*glob), true};
+    return {ref, false};
+  }
+
+  vec lse_of_rank(const vec& lse_glob, int k) const {
+    // [hq, Sg] from the reference's [S, H].
+    const int u = k % g_.U;
+    const auto tok = g_.ring_tokens(k / g_.U);
+    vec out(static_cast<std::size_t>(g_.hq * g_.Sg));
+    for (int j = 0; j < g_.hq; ++j)
+      for (std::size_t i = 0; i < tok.size(); ++i)
+        out[static_cast<std::size_t>(j) * tok.size() + i] =
+            lse_glob[static_cast<std::size_t>(tok[i] * g_.H + u * g_.hq + j)];
+    return out;
+  }
+
+  void check_layout() {
+    for (int k = 0; k < g_.P; ++k) {
+      const auto& m = d_.ranks[static_cast<std::size_t>(k)];
+      vec got(m.position_ids.begin(), m.position_ids.end()), want;
+      for (auto t : g_.tokens(k))
+        want.push_back(static_cast<double>(g_.pos[static_cast<std::size_t>(t)]));
+      auto row = compare_values("layout", got, want, 0.0);
+      row.rank = k;
+      if (!row.pass) row.note = "position_ids differ from the layout's";
+      add(std::move(row));
+    }
+  }
+
+  void set_tolerances() {
+    // The error model (dump_internal.hpp): stated once, in the report.
+    double L = 0;
+    for (const auto& d : doc_ranges(g_.cu)) L = std::max(L, static_cast<double>(d.size()));
+    const auto max_row = [&](const vec& x, int X) {
+      double mx = 0;
+      for (std::size_t r = 0; r < x.size() / static_cast<std::size_t>(g_.D); ++r) {
+        double n = 0;
+        for (int c = 0; c < g_.D; ++c)
+          n += x[r * static_cast<std::size_t>(g_.D) + static_cast<std::size_t>(c)] *
+               x[r * static_cast<std::size_t>(g_.D) + static_cast<std::size_t>(c)];
+        mx = std::max(mx, std::sqrt(n));
+      }
+      (void)X;
+      return mx;
+    };
+    const double max_s = m_.scale * max_row(q_, g_.H) * max_row(k_, g_.Hkv);
+    double max_lse = 0;
+    for (double x : ref_.lse)
+      if (std::isfinite(x)) max_lse = std::max(max_lse, std::abs(x));
+    // The precision: the coarsest dtype among the dumped outputs.
+    double u = 0;
+    for (const auto* side : {&fwd_, &bwd_})
+      for (const auto& m : *side)
+        for (const auto& [name, t] : m) u = std::max(u, unit_roundoff(t.type));
+    const double base = std::sqrt(L) + max_s + g_.R * (2.0 + 2.0 * max_lse);
+    tol_f_ = 4 * u * base;
+    tol_b_ = 4 * tol_f_;
+    floor_ = 0;
+    rep_.error_model = fmt::format(
+        "data movement (all-to-alls, KV repeat) bit-exact; attention vs the float64 reference on "
+        "the dumped inputs 4·u·(sqrt(L) + max|s| + R·(2 + 2·max|lse|)) = {:.2e}, gradients 4× = "
+        "{:.2e} (u = {:.3g} the unit roundoff of the dump's coarsest dtype, L = {} longest "
+        "document, max|s| ≤ scale·max|q|·max|k| = {:.3g}, max|lse| = {:.3g}, R = {}): rounding of "
+        "the scores (u·|s| per softmax weight), of P, out and the LSE (u·|lse| per merge), and "
+        "sums over L keys",
+        tol_f_, tol_b_, u, static_cast<std::int64_t>(L), max_s, max_lse, g_.R);
+  }
+
+  const dump_set& d_;
+  const geometry& g_;
+  const dump_meta& m_;
+  int call_;
+  dump_report& rep_;
+  std::vector<stage_map> fwd_, bwd_;
+  vec q_, k_, v_, k_rep_, v_rep_, dout_;
+  reference_pass ref_;
+  double tol_f_ = 0, tol_b_ = 0, floor_ = 0;
+};
+
+}  // namespace
+
+dump_report validate_dump(const dump_set& d, const dump_options& opt) {
+  dump_report rep;
+  rep.dir = d.dir;
+  rep.layout = d.ranks.front();
+  const geometry g(rep.layout);
+  // The calls every rank dumped (a job that died leaves fewer on some ranks).
+  std::size_t calls = d.ranks.front().calls.size();
+  for (const auto& r : d.ranks) calls = std::min(calls, r.calls.size());
+  for (const auto& r : d.ranks)
+    if (r.calls.size() > calls)
+      rep.not_dumped.push_back(
+          fmt::format("calls {}… of rank {} (not on every rank)", calls, r.rank));
+  if (calls == 0)
+    fail<shape_error>(
+        "{}: no rank dumped a complete attention call (the job stopped before the "
+        "first call ended, or tapped nothing inside dumper.call())",
+        d.dir);
+  for (std::size_t c = 0; c < calls; ++c) {
+    rep.call_names.push_back(d.ranks.front().calls[c].name);
+    if (opt.progress)
+      opt.progress(fmt::format("call {} ({}): {} ranks", c, rep.call_names.back(), g.P));
+    call_check check(d, g, static_cast<int>(c), rep);
+    check.run();
+    if (!rep.first) rep.first = diagnose(check.state(), rep);
+  }
+  rep.pass =
+      std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.row.pass; });
+  if (rep.pass && !rep.not_dumped.empty() && rep.rows.empty())
+    fail<shape_error>("{}: nothing to compare", d.dir);
+  return rep;
+}
+
+}  // namespace seqpar::verify
