@@ -10,7 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <ranges>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -45,6 +44,12 @@ constexpr std::array<dtype_info, 10> dtypes{{{st_dtype::f64, "F64", 8},
 
 // Safetensors' own bound on the header (the Rust reader's): anything larger is not a dump.
 constexpr std::uint64_t max_header = 100'000'000;
+
+std::string known_dtypes() {
+  std::string s;
+  for (const auto& d : dtypes) s += (s.empty() ? "" : ", ") + std::string(d.name);
+  return s;
+}
 
 const dtype_info& info(st_dtype t) {
   for (const auto& d : dtypes)
@@ -177,7 +182,7 @@ entry parse_entry(const std::string& name, const ojson& v, std::size_t buffer,
   });
   if (d == dtypes.end())
     fail<trace_error>("{}: tensor '{}' has dtype {}; known dtypes are {}", what, name, dt.dump(),
-                      fmt::join(dtypes | std::views::transform(&dtype_info::name), ", "));
+                      known_dtypes());
   e.t.type = d->type;
   const auto& sh = v["shape"];
   if (!sh.is_array())

@@ -37,6 +37,18 @@ std::string ranges(std::vector<std::int64_t> xs) {
   return fmt::format("{}", fmt::join(runs, ", "));
 }
 
+/// "18–23, 0–7": runs of consecutive values in the order given.
+std::string runs_in_order(const std::vector<std::int64_t>& xs) {
+  std::vector<std::string> runs;
+  for (std::size_t i = 0; i < xs.size();) {
+    std::size_t j = i;
+    while (j + 1 < xs.size() && xs[j + 1] == xs[j] + 1) ++j;
+    runs.push_back(i == j ? fmt::format("{}", xs[i]) : fmt::format("{}–{}", xs[i], xs[j]));
+    i = j + 1;
+  }
+  return fmt::format("{}", fmt::join(runs, ", "));
+}
+
 /// How a stage's tensor of rank k maps its rows to (global token, global head).
 struct stage_view {
   enum kind { local, gathered, lse } kind;
@@ -249,7 +261,7 @@ class diagnoser {
           "{} holds every document's zigzag chunks in swapped order: chunk 2R−1−r before chunk "
           "r (position ids {} where {} were expected). Ring rank r must hold chunk r (early) "
           "first, then chunk 2R−1−r (late); the ring's causal sections assume that order",
-          rank_name(k0_), ranges(have), ranges(want));
+          rank_name(k0_), runs_in_order(have), runs_in_order(want));
       return;
     }
     if (all_contiguous) {
@@ -257,13 +269,14 @@ class diagnoser {
           "{} holds a contiguous slice of the row (position ids {}) where the zigzag layout puts "
           "chunks r and 2R−1−r of every document (position ids {}): the zigzag sharding was not "
           "applied (or ring_layout should say contiguous)",
-          rank_name(k0_), ranges(have), ranges(want));
+          rank_name(k0_), runs_in_order(have), runs_in_order(want));
       return;
     }
     f.diagnosis = fmt::format(
         "{}'s position_ids at local rows {} are {} where the {} layout gives {}: the rank holds "
         "other tokens than the layout says",
-        rank_name(k0_), ranges(rows), ranges(have), zig ? "zigzag" : "contiguous", ranges(want));
+        rank_name(k0_), ranges(rows), runs_in_order(have), zig ? "zigzag" : "contiguous",
+        runs_in_order(want));
   }
 
   // ---- data movement --------------------------------------------------------------------------
@@ -311,7 +324,10 @@ class diagnoser {
           fmt::format("{}'s {} differs (data movement, compared bit-exactly)", rank_name(k0_), st_);
       return;
     }
-    if (st_.ends_with(".gathered") && token_major_a2a(f, v)) return;
+    if (st_.ends_with(".gathered") && token_major_a2a(f, v)) {
+      f.where = "every row";
+      return;
+    }
     // Index every source row by its bytes.
     const std::int64_t D = g_.D;
     const auto key = [D](const double* p) {
@@ -458,9 +474,9 @@ class diagnoser {
   void computed(dump_finding& f) {
     const stage_view v = view_of(g_, st_);
     const bool bwd = st_.starts_with("grad.");
-    const double tol = bwd ? c_.tol_backward : c_.tol_forward;
-    const vec ref_glob = glob_of(c_.ref, st_);
     const tens* t = got(k0_, st_);
+    const double tol = c_.model.of(st_, t->type);
+    const vec ref_glob = glob_of(c_.ref, st_);
     const vec want = slice(g_, v, ref_glob, k0_);
     auto [tokens, heads] = wrong_rows(g_, v, k0_, t->v, want, tol);
     f.where = where_of(tokens, heads);
@@ -493,6 +509,7 @@ class diagnoser {
       return;
     }
     for (const auto& h : hypotheses(bwd)) {
+      cross_tokens_.clear();
       const auto alt = h.run();
       if (!alt) continue;
       const vec alt_glob = glob_of(*alt, st_);
@@ -504,6 +521,9 @@ class diagnoser {
       if (!all) continue;
       f.diagnosis = fmt::format("{}'s {} differs from the reference at {}; it equals {}",
                                 rank_name(k0_), st_, f.where, h.cause);
+      if (!cross_tokens_.empty())
+        f.diagnosis +=
+            fmt::format(". Tokens {} attend across a document boundary", ranges(cross_tokens_));
       return;
     }
     f.diagnosis = fmt::format(
@@ -603,6 +623,14 @@ class diagnoser {
       for (std::int64_t i0 = 0; i0 < n; i0 += block) {
         const std::int64_t i1 = std::min(n, i0 + block);
         const auto keys = ring_key_sets(job, r, i0, i1);
+        for (std::int64_t i = i0; i < i1; ++i) {
+          const auto q = tok[static_cast<std::size_t>(i)];
+          for (auto key : keys[static_cast<std::size_t>(i - i0)])
+            if (doc_of_token(key) != doc_of_token(q)) {
+              cross_tokens_.push_back(q);
+              break;
+            }
+        }
         vec out, lse;
         attention_over_keys(
             c_.q, kr, vr, g_.H, Hr, g_.D, c_.dump.ranks.front().scale,
@@ -619,6 +647,11 @@ class diagnoser {
     return p;
   }
 
+  std::int64_t doc_of_token(std::int64_t t) const {
+    return std::upper_bound(g_.cu.begin(), g_.cu.end(), static_cast<std::int32_t>(t)) -
+           g_.cu.begin();
+  }
+
   std::vector<int> failing_ranks() const {
     std::vector<int> ks;
     for (const auto& r : rep_.rows)
@@ -631,6 +664,7 @@ class diagnoser {
   const dump_report& rep_;
   std::string st_;
   int k0_ = 0;
+  std::vector<std::int64_t> cross_tokens_;  ///< of the last ring hypothesis run
 };
 
 }  // namespace

@@ -34,8 +34,8 @@ std::vector<std::vector<std::int64_t>> ring_key_sets(const ring_job& job, int r,
       for (std::int64_t j = 0; j < m; ++j) {
         if (doc_of(cu, j) != d) continue;
         bool sees;
-        if (assumed == r)
-          sees = !job.causal || j <= i;  // diagonal
+        if (step == 0)
+          sees = !job.causal || j <= i;  // diagonal: the rank's own KV
         else if (assumed < r)
           sees = j < mid;  // lower: every query row, the early half of the KV
         else

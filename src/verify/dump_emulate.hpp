@@ -19,8 +19,9 @@ struct ring_job {
   /// The cu_seqlens each ring rank's attention uses on its local rows (q and KV blocks alike);
   /// correct: global cu // R.
   std::vector<std::vector<std::int32_t>> local_cu;
-  /// The section of step i is chosen for source (r − i + section_shift) mod R while the KV held
-  /// is that of (r − i) mod R; 0 is correct.
+  /// Step 0 is the diagonal (causal) block; the section of step i > 0 is chosen for source
+  /// (r − i + section_shift) mod R ("lower" when below r, else "upper") while the KV held is that
+  /// of (r − i) mod R; 0 is correct.
   int section_shift = 0;
 };
 

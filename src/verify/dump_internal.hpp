@@ -69,6 +69,33 @@ reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, 
                              double scale, bool causal, std::span<const std::int32_t> cu,
                              const vec* dout);
 
+/// The tolerances of the computed stages (attention output, LSE, gradients) against the float64
+/// reference on the same dumped inputs. Model: the kernel keeps scores, softmax and sums in
+/// float32 or better (flash-attention, SDPA and torch's CPU bf16 matmuls do; u_int = min(u, 2^-24))
+/// and rounds what it stores to the tensor's dtype (unit roundoff u): the output once per ring
+/// step (R roundings of ≤ u·max|out|), the LSE (u_lse, its dump's dtype, f32 where not dumped)
+/// before each of the R − 1 merges (a weight error u_lse·|lse| on both sides: 2·u_lse·max|lse|·
+/// max|v|), and internally a score error u_int·|s_j| per weight, whose weighted sum Σ p_j·|s_j|
+/// ≤ max|lse| + ln L (the softmax entropy bound), moving out by ≤ 2·max|v| each, plus sums over
+/// L keys (u_int·sqrt(L)·max|v|). First-order bounds, doubled for second-order terms:
+///   forward  2·(u·R·max|out| + 2·u_lse·(R−1)·max|lse|·max|v|
+///               + u_int·(sqrt(L) + 2·(max|lse| + ln L))·max|v|) / max|out|
+///   LSE      2·(u_lse·R·max|lse| + u_int·(max|lse| + ln L)) / max|lse|
+///   gradient 4 × forward (dS = P∘(dP − D) carries the weights' error twice, plus storage).
+/// A naive kernel that materialises the scores in bf16 exceeds it by ~max|s|: worth knowing.
+struct error_model {
+  double max_out = 0, max_v = 0, max_lse = 0, L = 1;
+  int R = 1;
+  double u_lse = 0;  ///< 0: the dumped LSE's dtype is unknown (not dumped): float32
+
+  double forward(double u) const;
+  double lse() const;
+  double backward(double u) const;
+  /// The tolerance of a computed stage held in dtype t.
+  double of(const std::string& stage, io::st_dtype t) const;
+  std::string describe(io::st_dtype out) const;
+};
+
 /// One validated call, for the diagnosis.
 struct call_state {
   const dump_set& dump;
@@ -78,7 +105,7 @@ struct call_state {
   const std::vector<stage_map>& bwd;
   const vec &q, &k, &v, &dout;
   const reference_pass& ref;
-  double tol_forward, tol_backward;
+  const error_model& model;
 };
 
 /// The first differing stage of this call (rows already in rep), described; nullopt when the

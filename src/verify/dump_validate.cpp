@@ -178,6 +178,35 @@ vec sum_copies(const vec& rep_glob, std::int64_t rows, int Hkv, int rep, int D) 
   return out;
 }
 
+double error_model::forward(double u) const {
+  const double u32 = std::ldexp(1.0, -24), ui = std::min(u, u32), ul = u_lse > 0 ? u_lse : u32;
+  const double abs = u * R * max_out + 2 * ul * (R - 1) * max_lse * max_v +
+                     ui * (std::sqrt(L) + 2 * (max_lse + std::log(L))) * max_v;
+  return 2 * abs / std::max(max_out, 1e-300);
+}
+double error_model::lse() const {
+  const double u32 = std::ldexp(1.0, -24), ul = u_lse > 0 ? u_lse : u32;
+  return 2 * (ul * R * max_lse + std::min(ul, u32) * (max_lse + std::log(L))) /
+         std::max(max_lse, 1e-300);
+}
+double error_model::backward(double u) const { return 4 * forward(u); }
+double error_model::of(const std::string& stage, io::st_dtype t) const {
+  if (stage == "lse") return lse();
+  return stage.starts_with("grad.") ? backward(unit_roundoff(t)) : forward(unit_roundoff(t));
+}
+std::string error_model::describe(io::st_dtype out) const {
+  const double u = unit_roundoff(out);
+  return fmt::format(
+      "data movement (all-to-alls, KV repeat) bit-exact; computed stages vs the float64 reference "
+      "on the dumped inputs, for a kernel that keeps scores and sums in float32 or better and "
+      "rounds what it stores: attention 2·(u·R·max|out| + 2·u_lse·(R−1)·max|lse|·max|v| + "
+      "u_int·(sqrt(L) + 2·(max|lse| + ln L))·max|v|)/max|out| = {:.2e} for {} (u = {:.3g}), LSE "
+      "{:.2e}, gradients 4× = {:.2e} (L = {} longest document, R = {}, max|out| = {:.3g}, max|v| "
+      "= {:.3g}, max|lse| = {:.3g}, u_int = min(u, 2^-24), u_lse = the dumped LSE's)",
+      forward(u), io::st_dtype_name(out), u, lse(), backward(u), static_cast<std::int64_t>(L), R,
+      max_out, max_v, max_lse);
+}
+
 reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, const vec& v_rep,
                              double scale, bool causal, std::span<const std::int32_t> cu,
                              const vec* dout) {
@@ -287,18 +316,17 @@ class call_check {
         exact("v.gathered", k, fwd_, {g_.Sg, g_.hk, g_.D}, g_.slice_gathered(v_rep_, Hr, g_.hk, k));
       for (int k = 0; k < P; ++k)
         approx("out.attn", k, fwd_, {g_.Sg, g_.hq, g_.D},
-               g_.slice_gathered(ref_.out, g_.H, g_.hq, k), tol_f_);
+               g_.slice_gathered(ref_.out, g_.H, g_.hq, k));
     }
     if (any(fwd_, "lse"))
-      for (int k = 0; k < P; ++k)
-        approx("lse", k, fwd_, {g_.hq, g_.Sg}, lse_of_rank(ref_.lse, k), tol_f_);
+      for (int k = 0; k < P; ++k) approx("lse", k, fwd_, {g_.hq, g_.Sg}, lse_of_rank(ref_.lse, k));
     const auto attn_out =
         g_.U > 1 ? g_.assemble_gathered(all(fwd_, "out.attn"), g_.hq) : std::optional<vec>{};
     for (int k = 0; k < P; ++k) {
       if (attn_out)
         exact("out.local", k, fwd_, {g_.s, g_.H, g_.D}, g_.slice_local(*attn_out, g_.H, k));
       else
-        approx("out.local", k, fwd_, {g_.s, g_.H, g_.D}, g_.slice_local(ref_.out, g_.H, k), tol_f_);
+        approx("out.local", k, fwd_, {g_.s, g_.H, g_.D}, g_.slice_local(ref_.out, g_.H, k));
     }
     if (!backward) {
       rep_.not_dumped.push_back(
@@ -312,41 +340,49 @@ class call_check {
               g_.slice_gathered(dout_, g_.H, g_.hq, k));
       for (int k = 0; k < P; ++k)
         approx("grad.q.gathered", k, bwd_, {g_.Sg, g_.hq, g_.D},
-               g_.slice_gathered(ref_.dq, g_.H, g_.hq, k), tol_b_);
+               g_.slice_gathered(ref_.dq, g_.H, g_.hq, k));
       for (int k = 0; k < P; ++k)
         approx("grad.k.gathered", k, bwd_, {g_.Sg, g_.hk, g_.D},
-               g_.slice_gathered(ref_.dk, Hr, g_.hk, k), tol_b_);
+               g_.slice_gathered(ref_.dk, Hr, g_.hk, k));
       for (int k = 0; k < P; ++k)
         approx("grad.v.gathered", k, bwd_, {g_.Sg, g_.hk, g_.D},
-               g_.slice_gathered(ref_.dv, Hr, g_.hk, k), tol_b_);
+               g_.slice_gathered(ref_.dv, Hr, g_.hk, k));
     }
     const auto gq = gathered_or_ref("grad.q.gathered", g_.hq, ref_.dq);
     const auto gk = gathered_or_ref("grad.k.gathered", g_.hk, ref_.dk);
     const auto gv = gathered_or_ref("grad.v.gathered", g_.hk, ref_.dv);
-    for (const auto& [st, src] :
-         {std::pair{"grad.k.repeated", &gk.values}, {"grad.v.repeated", &gv.values}})
+    for (const auto& [st, src] : {std::pair{"grad.k.repeated", &gk}, {"grad.v.repeated", &gv}})
       if (any(bwd_, st))
-        for (int k = 0; k < P; ++k)
-          compare_with(st, k, bwd_, {g_.s, Hr, g_.D}, g_.slice_local(*src, Hr, k),
-                       gk.exact ? 0.0 : tol_b_);
-    for (int k = 0; k < P; ++k)
-      compare_with("grad.q.local", k, bwd_, {g_.s, g_.H, g_.D}, g_.slice_local(gq.values, g_.H, k),
-                   gq.exact ? 0.0 : tol_b_);
+        for (int k = 0; k < P; ++k) {
+          if (src->exact)
+            exact(st, k, bwd_, {g_.s, Hr, g_.D}, g_.slice_local(src->values, Hr, k));
+          else
+            approx(st, k, bwd_, {g_.s, Hr, g_.D}, g_.slice_local(src->values, Hr, k));
+        }
+    for (int k = 0; k < P; ++k) {
+      if (gq.exact)
+        exact("grad.q.local", k, bwd_, {g_.s, g_.H, g_.D}, g_.slice_local(gq.values, g_.H, k));
+      else
+        approx("grad.q.local", k, bwd_, {g_.s, g_.H, g_.D}, g_.slice_local(gq.values, g_.H, k));
+    }
     for (const auto& [st, src] : {std::pair{"grad.k.local", &gk}, {"grad.v.local", &gv}}) {
       const vec summed = sum_copies(src->values, g_.S, g_.Hkv, g_.rep, g_.D);
       for (int k = 0; k < P; ++k) {
         // Summing the rep copies in the job's precision rounds once per addition.
         const tens* t = get(bwd_, k, st);
         const double u = t ? unit_roundoff(t->type) : 0;
-        const double tol = src->exact ? (g_.rep > 1 ? 2.0 * g_.rep * u : 0.0) : tol_b_;
-        compare_with(st, k, bwd_, {g_.s, g_.Hkv, g_.D}, g_.slice_local(summed, g_.Hkv, k), tol);
+        if (src->exact)
+          compare_with(st, k, bwd_, {g_.s, g_.Hkv, g_.D}, g_.slice_local(summed, g_.Hkv, k),
+                       g_.rep > 1 ? 2.0 * g_.rep * u : 0.0);
+        else
+          approx(st, k, bwd_, {g_.s, g_.Hkv, g_.D}, g_.slice_local(summed, g_.Hkv, k));
       }
     }
   }
 
   /// Everything the diagnosis needs.
   call_state state() const {
-    return call_state{d_, g_, call_, fwd_, bwd_, q_, k_, v_, dout_, ref_, tol_f_, tol_b_};
+    return call_state{d_, g_, call_, fwd_, bwd_, q_, k_, v_, dout_, ref_, model_};
   }
 
  private:
@@ -399,7 +435,7 @@ class call_check {
     }
     const tens* t = get(side, k, st);
     if (!check_present(st, k, t, shape)) return;
-    auto row = compare_values(st, t->v, want, tol, floor_);
+    auto row = compare_values(st, t->v, want, tol);
     row.rank = k;
     add(std::move(row));
   }
@@ -407,9 +443,11 @@ class call_check {
              const std::vector<std::int64_t>& shape, const vec& want) {
     compare_with(st, k, side, shape, want, 0.0);
   }
+  /// A computed stage: the error model's tolerance for the dtype the rank dumped it in.
   void approx(const std::string& st, int k, const std::vector<stage_map>& side,
-              const std::vector<std::int64_t>& shape, const vec& want, double tol) {
-    compare_with(st, k, side, shape, want, tol);
+              const std::vector<std::int64_t>& shape, const vec& want) {
+    const tens* t = get(side, k, st);
+    compare_with(st, k, side, shape, want, t ? model_.of(st, t->type) : 0.0);
   }
 
   /// The whole row of an input stage, or nullopt after a row naming the rank with a wrong shape.
@@ -460,42 +498,21 @@ class call_check {
   }
 
   void set_tolerances() {
-    // The error model (dump_internal.hpp): stated once, in the report.
-    double L = 0;
-    for (const auto& d : doc_ranges(g_.cu)) L = std::max(L, static_cast<double>(d.size()));
-    const auto max_row = [&](const vec& x, int X) {
-      double mx = 0;
-      for (std::size_t r = 0; r < x.size() / static_cast<std::size_t>(g_.D); ++r) {
-        double n = 0;
-        for (int c = 0; c < g_.D; ++c)
-          n += x[r * static_cast<std::size_t>(g_.D) + static_cast<std::size_t>(c)] *
-               x[r * static_cast<std::size_t>(g_.D) + static_cast<std::size_t>(c)];
-        mx = std::max(mx, std::sqrt(n));
-      }
-      (void)X;
-      return mx;
+    auto& e = model_;
+    for (const auto& d : doc_ranges(g_.cu)) e.L = std::max(e.L, static_cast<double>(d.size()));
+    const auto max_abs = [](const vec& x) {
+      double m = 0;
+      for (double y : x)
+        if (std::isfinite(y)) m = std::max(m, std::abs(y));
+      return m;
     };
-    const double max_s = m_.scale * max_row(q_, g_.H) * max_row(k_, g_.Hkv);
-    double max_lse = 0;
-    for (double x : ref_.lse)
-      if (std::isfinite(x)) max_lse = std::max(max_lse, std::abs(x));
-    // The precision: the coarsest dtype among the dumped outputs.
-    double u = 0;
-    for (const auto* side : {&fwd_, &bwd_})
-      for (const auto& m : *side)
-        for (const auto& [name, t] : m) u = std::max(u, unit_roundoff(t.type));
-    const double base = std::sqrt(L) + max_s + g_.R * (2.0 + 2.0 * max_lse);
-    tol_f_ = 4 * u * base;
-    tol_b_ = 4 * tol_f_;
-    floor_ = 0;
-    rep_.error_model = fmt::format(
-        "data movement (all-to-alls, KV repeat) bit-exact; attention vs the float64 reference on "
-        "the dumped inputs 4·u·(sqrt(L) + max|s| + R·(2 + 2·max|lse|)) = {:.2e}, gradients 4× = "
-        "{:.2e} (u = {:.3g} the unit roundoff of the dump's coarsest dtype, L = {} longest "
-        "document, max|s| ≤ scale·max|q|·max|k| = {:.3g}, max|lse| = {:.3g}, R = {}): rounding of "
-        "the scores (u·|s| per softmax weight), of P, out and the LSE (u·|lse| per merge), and "
-        "sums over L keys",
-        tol_f_, tol_b_, u, static_cast<std::int64_t>(L), max_s, max_lse, g_.R);
+    e.max_out = max_abs(ref_.out);
+    e.max_v = max_abs(v_);
+    e.max_lse = max_abs(ref_.lse);
+    e.R = g_.R;
+    if (const tens* t = get(fwd_, 0, "lse")) e.u_lse = unit_roundoff(t->type);
+    const tens* out = get(fwd_, 0, "out.local");
+    rep_.error_model = e.describe(out ? out->type : io::st_dtype::f32);
   }
 
   const dump_set& d_;
@@ -506,7 +523,7 @@ class call_check {
   std::vector<stage_map> fwd_, bwd_;
   vec q_, k_, v_, k_rep_, v_rep_, dout_;
   reference_pass ref_;
-  double tol_f_ = 0, tol_b_ = 0, floor_ = 0;
+  error_model model_;
 };
 
 }  // namespace
