@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fuzz/run.sh SECONDS [JOBS]: builds the libFuzzer harness with clang in build-fuzz/ and fuzzes
 # every reader of user files (trace reader + replay, batch and DeepSpeed sample readers, the
-# Flight Recorder, profiler and NCCL log importers, the flight-record merge) for SECONDS
+# Flight Recorder, profiler and NCCL log importers, the flight-record merge, the safetensors
+# reader) for SECONDS
 # (default 60) with bounded memory, seeded with the committed traces, import samples and
 # fixtures. Crashes land in build-fuzz/fuzz-artifacts/.
 set -euo pipefail
@@ -49,6 +50,32 @@ real=(traces/*real_gloo*.jsonl)
 if [ ${#real[@]} -ge 2 ]; then
   { printf '\x06'; head -c 30000 "${real[0]}"; printf '\xff'; head -c 30000 "${real[1]}"; } >"$seeds/merge-0"
 fi
+# The safetensors reader (7): small files written with Python's struct and json, as the dump hook
+# writes them (F32 + I64 + metadata; BF16, F16, a scalar, an empty tensor, unpadded).
+python3 - "$seeds" <<'EOF'
+import json, struct, sys
+def st(tensors, meta=None, pad=True):
+    h, data = {}, b""
+    if meta is not None:
+        h["__metadata__"] = meta
+    for name, dtype, shape, raw in tensors:
+        h[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    j = json.dumps(h).encode()
+    j += b" " * (-len(j) % 8 if pad else 0)
+    return b"\x07" + struct.pack("<Q", len(j)) + j + data
+seeds = {
+    "st-f32-i64": st([("q.local", "F32", [2, 2], struct.pack("<4f", 1.5, -2.0, 0.0, 3.25)),
+                      ("ids", "I64", [3], struct.pack("<3q", -1, 0, 2**40))], {"format": "pt"}),
+    "st-half": st([("out.attn", "BF16", [2, 3],
+                    struct.pack("<6H", 0x3f80, 0xc020, 0x7f80, 0xffc0, 1, 0)),
+                   ("lse", "F16", [], struct.pack("<H", 0x3c00)),
+                   ("empty", "F64", [0, 4], b""),
+                   ("m", "U8", [2], b"\x01\xff"), ("b", "BOOL", [1], b"\x01")], pad=False),
+}
+for name, b in seeds.items():
+    open(f"{sys.argv[1]}/{name}", "wb").write(b)
+EOF
 par=()
 # -jobs>1 forks workers that log to fuzz-N.log in the current directory: run them in build-fuzz.
 [ "$jobs" -gt 1 ] && par=(-jobs="$jobs" -workers="$jobs")

@@ -1,10 +1,12 @@
 // libFuzzer harness for every reader of a file a user feeds seqpar. The first byte picks the
-// target (byte % 7); the rest is the file:
+// target (byte % 8); the rest is the file:
 //   0 the seqpar-trace/1 reader, and replay on whatever it accepts (text, JSON, HTML reports)
 //   1 the collate batch reader (xorl / VeOmni rows)
 //   2 the Flight Recorder JSON importer        3 the profiler importer (Kineto and legacy export)
 //   4 the NCCL INFO log importer               5 the DeepSpeed samples reader (collate input)
 //   6 flight-record merge: the input cut in two at its first 0xff byte, read as two rank files
+//   7 the safetensors reader (tensor dumps): what it accepts converts, and writes back and reads
+//     back to the same file
 // Importer output is replayed too. Any exception other than seqpar::error, a crash, a hang or
 // unbounded memory is a finding.
 #include <unistd.h>
@@ -21,6 +23,7 @@
 
 #include "core/error.hpp"
 #include "io/batch_json.hpp"
+#include "io/safetensors.hpp"
 #include "trace/flight.hpp"
 #include "trace/import/import.hpp"
 #include "trace/replay.hpp"
@@ -51,7 +54,7 @@ std::string scratch(int k, const std::string& text) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  const int target = data[0] % 7;
+  const int target = data[0] % 8;
   try {
     switch (target) {
       case 0:
@@ -87,6 +90,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             scratch(0, text.substr(0, cut)),
             scratch(1, cut == std::string::npos ? std::string() : text.substr(cut + 1))};
         replay_text(seqpar::trace::merge_traces(files).text(), false);
+        break;
+      }
+      case 7: {
+        const auto f = seqpar::io::parse_safetensors(text, "fuzz");
+        try {  // what the reader accepts converts, writes and reads back unchanged
+          for (const auto& t : f.tensors) (void)t.to_f64();
+          if (seqpar::io::parse_safetensors(seqpar::io::serialize_safetensors(f), "again") != f)
+            __builtin_trap();
+        } catch (const seqpar::error&) {
+          __builtin_trap();
+        }
         break;
       }
     }
