@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# seqpar validate --dump: exit codes (0 pass, 1 a difference, 2 invalid input), the diagnosis on
+# stdout, the HTML report, one clear message for every invalid dump, no partial output file.
+# Usage: dump_cli-test.sh path/to/seqpar SOURCE_DIR
+set -u
+seqpar=$1
+dumps=$2/tests/equivalence/data/dumps
+. "$(dirname "$0")/../support/harness.sh"
+
+expect() {  # expect CODE "words" -- args…
+  local code=$1 words=$2
+  shift 3
+  local out rc
+  out=$("$seqpar" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$code" ] || [[ "$out" != *"$words"* ]]; then
+    fail "seqpar $* → exit $rc (want $code), output lacks '$words':"
+    echo "$out" | tail -5 | sed 's/^/    /'
+  else
+    ok
+  fi
+  if [[ "$out" == *"internal error"* || "$out" == *"terminate"* ]]; then
+    fail "seqpar $* crashed instead of a clear message"
+  fi
+}
+
+healthy=$(ls "$dumps" | grep -m1 '^ulysses-healthy_u4-f32')
+expect 0 "PASS: " -- validate --dump "$dumps/$healthy" -q
+expect 0 '"pass":true' -- validate --dump "$dumps/$healthy" -q --json
+expect 1 "repeated blockwise" -- validate --dump "$dumps/ulysses-blockwise_repeat-f32" -q
+expect 1 "stage layout" -- validate --dump "$dumps/ring-zigzag_swapped-f32" -q
+expect 1 '"first_difference":{' -- validate --dump "$dumps/ring-local_cu-f32" -q --json
+
+# The HTML report: written on pass and on a difference, with the grid and the diagnosis.
+expect 1 "FAIL" -- validate --dump "$dumps/ulysses-no_scale-f32" -q --html "$tmp/r.html"
+if grep -q "without the softmax scale" "$tmp/r.html" && grep -q 'class="f first"' "$tmp/r.html"; then
+  ok
+else
+  fail "the HTML report lacks the diagnosis or the outlined first difference"
+fi
+
+# Invalid input: exit 2, one message naming the file and the rule, no report file left.
+expect 2 "not a directory" -- validate --dump "$tmp/nowhere" --html "$tmp/none.html"
+[ ! -e "$tmp/none.html" ] && ok || fail "an HTML file was left after invalid input"
+mkdir -p "$tmp/empty"
+expect 2 "no rank*.json meta files" -- validate --dump "$tmp/empty"
+cp -r "$dumps/$healthy" "$tmp/d1"
+echo '{"schema": "seqpar-dump/1", "rank": 0' >"$tmp/d1/rank0.json"
+expect 2 "rank0.json: not valid JSON" -- validate --dump "$tmp/d1"
+cp -r "$dumps/$healthy" "$tmp/d2"
+sed -i 's/"schema": *"seqpar-dump\/1"/"schema": "seqpar-dump\/9"/' "$tmp/d2/rank2.json"
+expect 2 "is not seqpar-dump/1" -- validate --dump "$tmp/d2"
+cp -r "$dumps/$healthy" "$tmp/d3"
+head -c 100 "$dumps/$healthy/rank1/call0000.fwd.safetensors" >"$tmp/d3/rank1/call0000.fwd.safetensors"
+expect 2 "call0000.fwd.safetensors" -- validate --dump "$tmp/d3" --html "$tmp/d3.html"
+[ ! -e "$tmp/d3.html" ] && ok || fail "an HTML file was left after a truncated tensor file"
+cp -r "$dumps/$healthy" "$tmp/d4"
+rm "$tmp/d4/rank3.json"
+expect 2 "no meta for cp rank 3" -- validate --dump "$tmp/d4"
+expect 2 "--ulysses does not apply to --dump" -- validate --dump "$dumps/$healthy" --ulysses 2
+expect 2 "--html applies to --dump only" -- validate --html "$tmp/x.html"
+finish

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The real PyTorch SP jobs rerun now (tools/crosscheck/sp_jobs.py --all: gloo, 2–4 processes per
+# job) and judged by seqpar validate --dump: healthy jobs pass, each broken one is diagnosed at the
+# stage and ranks its entry in data/dumps/expected.json names. Exit 77 (meson SKIP) without torch.
+#   dump_jobs_live-test.sh SEQPAR SOURCE_DIR
+set -u
+seqpar=$1
+src=$2
+. "$(dirname "$0")/torch_python.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$py" "$src/tools/crosscheck/sp_jobs.py" --all "$tmp/dumps" >"$tmp/jobs.log" 2>&1 || {
+  tail -20 "$tmp/jobs.log"
+  exit 1
+}
+for d in "$tmp"/dumps/*/; do
+  name=$(basename "$d")
+  "$seqpar" validate --dump "$d" -q --json >"$tmp/$name.json" 2>"$tmp/$name.err"
+  echo $? >"$tmp/$name.rc"
+done
+"$py" - "$src/tests/equivalence/data/dumps/expected.json" "$tmp" <<'PY'
+import json, os, sys
+expected = json.load(open(sys.argv[1]))
+tmp = sys.argv[2]
+bad = 0
+for name, e in sorted(expected.items()):
+    path = os.path.join(tmp, name + ".json")
+    if not os.path.exists(path):
+        print(f"FAIL {name}: the job produced no dump"); bad += 1; continue
+    rc = int(open(os.path.join(tmp, name + ".rc")).read())
+    rep = json.load(open(path)) if rc in (0, 1) else None
+    if rep is None:
+        print(f"FAIL {name}: exit {rc}: {open(os.path.join(tmp, name + '.err')).read().strip()}"); bad += 1; continue
+    first = rep["first_difference"]
+    if e["healthy"]:
+        ok = rc == 0 and rep["pass"] and first is None
+    else:
+        ok = rc == 1 and first is not None and first["stage"] == e["first_stage"] \
+            and first["ranks"] == e["ranks"]
+    print(("ok   " if ok else "FAIL ") + name + ("" if e["healthy"] else
+          f": {first['stage'] if first else None} ranks {first['ranks'] if first else None}"))
+    bad += not ok
+print(f"{len(expected) - bad} of {len(expected)} jobs judged as expected")
+sys.exit(1 if bad else 0)
+PY

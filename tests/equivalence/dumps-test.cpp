@@ -1,0 +1,245 @@
+// validate --dump on dumps of real PyTorch SP jobs (tools/crosscheck/sp_jobs.py, gloo, 2–4
+// processes; data/dumps/README.md): every healthy job passes, every broken one is diagnosed at
+// the stage, ranks and cause its healthy twin differs at (expected.json, found by comparing the
+// two jobs' tensors in Python). Plus the ring emulator against the reference, and test-side
+// changes to a healthy dump that must be caught.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/cu_seqlens.hpp"
+#include "core/error.hpp"
+#include "core/zigzag.hpp"
+#include "io/file.hpp"
+#include "io/safetensors.hpp"
+#include "sim/attention.hpp"
+#include "verify/dump.hpp"
+#include "verify/dump_emulate.hpp"
+
+namespace fs = std::filesystem;
+using namespace seqpar;
+using namespace seqpar::verify;
+
+namespace {
+
+const fs::path dumps = fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data/dumps";
+
+nlohmann::json expected() {
+  return nlohmann::json::parse(io::read_file((dumps / "expected.json").string()));
+}
+
+/// The words a diagnosis of each broken variant must contain (its cause, in our words).
+const std::map<std::string, std::string> cause_words{
+    {"no_kv_repeat", "must be repeated U/Hkv"},
+    {"blockwise_repeat", "repeated blockwise"},
+    {"a2a_wrong_dims", "token-major"},
+    {"local_cu", "local position ids"},
+    {"zigzag_swapped", "swapped order"},
+    {"no_scale", "without the softmax scale"},
+    {"lse_merge_no_max", "without subtracting their maximum"},
+    {"ring_src_off_by_one", "off by one"},
+    {"kv_grad_not_summed", "did not sum"},
+    {"no_causal", "without the causal mask"},
+};
+
+dump_report run(const fs::path& dir) { return validate_dump(read_dump(dir.string())); }
+
+}  // namespace
+
+TEST(Dumps, EveryRealJobIsJudgedAtTheRightStageRankAndCause) {
+  const auto exp = expected();
+  ASSERT_GE(exp.size(), 12u);
+  int healthy = 0, broken = 0;
+  for (const auto& [dir, e] : exp.items()) {
+    SCOPED_TRACE(dir);
+    const auto rep = run(dumps / dir);
+    if (e.at("healthy").get<bool>()) {
+      ++healthy;
+      EXPECT_TRUE(rep.pass) << dump_report_text(rep);
+      EXPECT_FALSE(rep.first);
+      EXPECT_GE(rep.rows.size(), 10u);  // a pass is about something
+      continue;
+    }
+    ++broken;
+    ASSERT_FALSE(rep.pass);
+    ASSERT_TRUE(rep.first) << dump_report_text(rep);
+    EXPECT_EQ(rep.first->stage, e.at("first_stage").get<std::string>()) << rep.first->diagnosis;
+    EXPECT_EQ(rep.first->ranks, e.at("ranks").get<std::vector<int>>()) << rep.first->diagnosis;
+    const auto& words = cause_words.at(e.at("variant").get<std::string>());
+    EXPECT_NE(rep.first->diagnosis.find(words), std::string::npos)
+        << "diagnosis lacks '" << words << "': " << rep.first->diagnosis;
+  }
+  EXPECT_GE(healthy, 5);
+  EXPECT_GE(broken, 9);
+}
+
+// The emulated zigzag ring with the correct schedule attends exactly the reference's keys: the
+// emulator encodes the ring (sections, sources, local cu_seqlens), so its variants are
+// meaningful.
+TEST(Dumps, TheRingEmulatorWithTheCorrectScheduleIsTheReferenceMask) {
+  for (int R : {2, 3, 4})
+    for (const std::vector<std::int32_t>& cu :
+         {std::vector<std::int32_t>{0, 8 * R}, {0, 4 * R, 10 * R, 12 * R}, {0, 2 * R, 4 * R}}) {
+      const auto docs = doc_ranges(cu);
+      const auto perm = zigzag_permutation(docs, R);
+      const std::int64_t n = cu.back() / R;
+      ring_job job;
+      job.ring = R;
+      const auto local = scale_cu_seqlens_for_ring(cu, R);
+      for (int r = 0; r < R; ++r) {
+        job.tokens.emplace_back(perm.begin() + r * n, perm.begin() + (r + 1) * n);
+        job.local_cu.emplace_back(local.begin(), local.end());
+      }
+      for (int r = 0; r < R; ++r) {
+        auto got = ring_key_sets(job, r, 0, n);
+        auto want = reference_key_sets(job.tokens[static_cast<std::size_t>(r)], cu, true);
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          std::sort(got[i].begin(), got[i].end());
+          ASSERT_EQ(got[i], want[i]) << "R=" << R << " rank " << r << " row " << i;
+        }
+      }
+      // One step chosen for the wrong source changes the keys of some row.
+      job.section_shift = 1;
+      bool differs = false;
+      for (int r = 0; r < R && !differs; ++r) {
+        auto got = ring_key_sets(job, r, 0, n);
+        const auto want = reference_key_sets(job.tokens[static_cast<std::size_t>(r)], cu, true);
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          std::sort(got[i].begin(), got[i].end());
+          differs |= got[i] != want[i];
+        }
+      }
+      EXPECT_TRUE(differs) << "R=" << R;
+    }
+}
+
+TEST(Dumps, AttentionOverKeySetsIsTheReferenceKernel) {
+  const int S = 24, H = 4, Hkv = 2, D = 8;
+  const std::vector<std::int32_t> cu{0, 10, 24};
+  std::mt19937_64 gen(7);
+  std::normal_distribution<double> nd;
+  std::vector<double> q(S * H * D), k(S * Hkv * D), v(S * Hkv * D);
+  for (auto* x : {&q, &k, &v})
+    for (auto& y : *x) y = nd(gen);
+  std::vector<std::int64_t> rows(S);
+  for (int i = 0; i < S; ++i) rows[static_cast<std::size_t>(i)] = i;
+  std::vector<double> out, lse, ref_out(q.size()), ref_lse(S * H);
+  attention_over_keys(q, k, v, H, Hkv, D, 0.3, rows, reference_key_sets(rows, cu, true), out, lse);
+  const sim::attention_args<double> a{q.data(), k.data(),  v.data(),  S, S,   H,   Hkv,
+                                      D,        cu.data(), cu.data(), 2, 0.3, true};
+  sim::attention_forward_naive(a, ref_out.data(), ref_lse.data());
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref_out[i], 1e-13);
+  for (std::size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], ref_lse[i], 1e-13);
+}
+
+namespace {
+
+/// A copy of a healthy fixture in a temporary directory, for test-side changes.
+fs::path copy_fixture(const std::string& name) {
+  const auto dst =
+      fs::temp_directory_path() / ("seqpar-dump-test-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(dst);
+  fs::copy(dumps / name, dst, fs::copy_options::recursive);
+  return dst;
+}
+
+/// Applies f to tensor `stage` of rank k's call-0 file (forward or backward) and writes it back.
+void edit(const fs::path& dir, int k, const std::string& stage,
+          const std::function<void(std::vector<double>&)>& f) {
+  const auto file = dir / fmt::format("rank{}/call0000.{}.safetensors", k,
+                                      stage.starts_with("grad.") ? "bwd" : "fwd");
+  auto st = io::read_safetensors(file.string());
+  for (auto& t : st.tensors)
+    if (t.name == stage) {
+      auto v = t.to_f64();
+      f(v);
+      t = io::make_tensor(t.name, t.shape, v, t.type);
+    }
+  io::write_safetensors(file.string(), st);
+}
+
+std::string healthy_named(const std::string& job) {
+  const auto exp = expected();
+  for (const auto& [dir, e] : exp.items())
+    if (e.at("healthy").get<bool>() && dir.starts_with(job)) return dir;
+  return "";
+}
+
+}  // namespace
+
+// Changes made on the test side to a healthy job's dump, each caught at its stage.
+TEST(Dumps, ChangesToAHealthyDumpAreCaughtWhereTheyAre) {
+  const auto name = healthy_named("ulysses");
+  ASSERT_FALSE(name.empty());
+  {  // one element of one rank's gathered V off by one unit in the last place: bit-exact stage
+    const auto d = copy_fixture(name);
+    edit(d, 1, "v.gathered", [](auto& v) {
+      v[5] = std::nextafter(static_cast<float>(v[5]), 1e9f);  // the dump is float32
+    });
+    const auto rep = run(d);
+    ASSERT_TRUE(rep.first);
+    EXPECT_EQ(rep.first->stage, "v.gathered");
+    EXPECT_EQ(rep.first->ranks, std::vector<int>{1});
+    fs::remove_all(d);
+  }
+  {  // two ranks' outputs exchanged after the reverse all-to-all
+    const auto d = copy_fixture(name);
+    auto a = io::read_safetensors((d / "rank0/call0000.fwd.safetensors").string());
+    auto b = io::read_safetensors((d / "rank1/call0000.fwd.safetensors").string());
+    std::swap(const_cast<io::st_tensor&>(*a.find("out.local")).bytes,
+              const_cast<io::st_tensor&>(*b.find("out.local")).bytes);
+    io::write_safetensors((d / "rank0/call0000.fwd.safetensors").string(), a);
+    io::write_safetensors((d / "rank1/call0000.fwd.safetensors").string(), b);
+    const auto rep = run(d);
+    ASSERT_TRUE(rep.first);
+    EXPECT_EQ(rep.first->stage, "out.local");
+    EXPECT_NE(rep.first->diagnosis.find("where tokens"), std::string::npos) << rep.first->diagnosis;
+    fs::remove_all(d);
+  }
+  {  // a gradient scaled by 1 + 1e-3: far above the float32 tolerance
+    const auto d = copy_fixture(name);
+    edit(d, 0, "grad.q.gathered", [](auto& v) {
+      for (auto& x : v) x *= 1.001;
+    });
+    const auto rep = run(d);
+    ASSERT_TRUE(rep.first);
+    EXPECT_EQ(rep.first->stage, "grad.q.gathered");
+    fs::remove_all(d);
+  }
+}
+
+TEST(Dumps, InvalidDumpsAreNamedErrors) {
+  const auto name = healthy_named("ring");
+  ASSERT_FALSE(name.empty());
+  EXPECT_THROW(read_dump("/nonexistent/dump"), trace_error);
+  {
+    const auto d = copy_fixture(name);
+    fs::remove(d / "rank1.json");
+    try {
+      (void)read_dump(d.string());
+      ADD_FAILURE() << "no error";
+    } catch (const trace_error& e) {
+      EXPECT_NE(std::string(e.what()).find("no meta for cp rank 1"), std::string::npos) << e.what();
+    }
+    fs::remove_all(d);
+  }
+  {
+    const auto d = copy_fixture(name);
+    auto meta = nlohmann::json::parse(io::read_file((d / "rank1.json").string()));
+    meta["heads"] = 6;
+    io::write_atomic((d / "rank1.json").string(), meta.dump());
+    EXPECT_THROW((void)read_dump(d.string()), config_error);
+    fs::remove_all(d);
+  }
+  {
+    const auto d = copy_fixture(name);
+    const auto f = d / "rank0/call0000.fwd.safetensors";
+    const auto bytes = io::read_file(f.string());
+    io::write_atomic(f.string(), bytes.substr(0, bytes.size() / 2));
+    EXPECT_THROW((void)run(d), trace_error);
+    fs::remove_all(d);
+  }
+}

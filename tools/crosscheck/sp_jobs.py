@@ -1,0 +1,845 @@
+#!/usr/bin/env python3
+r"""Real distributed PyTorch sequence-parallel attention jobs (CPU, gloo) that write
+`seqpar-dump/1` dumps through the user hook tools/seqpar_dump.py — healthy Ulysses, zigzag ring
+and hybrid jobs, and broken variants that each change one realistic thing.
+
+Every job spawns U·R processes, builds deterministic global q [S,H,D], k/v [S,Hkv,D] and a loss
+weight w (loss = sum(out * w)), takes the rank's shard (zigzag over the ring, contiguous Ulysses
+pieces inside a ring rank's tokens, cp_rank = ring_rank·U + ulysses_rank), runs ONE attention
+call forward and backward, and dumps it as any user script would.
+
+    python3 sp_jobs.py --list
+    python3 sp_jobs.py --job ulysses --variant healthy_u4 --dtype bf16 --out /tmp/d
+    python3 sp_jobs.py --all tests/equivalence/data/dumps      # dumps + expected.json
+    python3 sp_jobs.py --compare DIR_A DIR_B                   # first stage where they differ
+    python3 sp_jobs.py --selfcheck [ROOT]                      # healthy jobs vs a float64 reference
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))  # tools/, for seqpar_dump
+import seqpar_dump  # noqa: E402
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def _f16_elementwise_ok():
+    try:
+        a = torch.tensor([1.0, 2.0], dtype=torch.float16)
+        torch.log(torch.exp(a) * a / (a + a))
+        return True
+    except RuntimeError:
+        return False
+
+
+# The low precision the lse_merge_no_max variant merges in; torch 1.13's CPU lacks exp/log in f16.
+LOWP = "f16" if _f16_elementwise_ok() else "bf16"
+# q is multiplied so that lse exceeds log(max of LOWP) (11.09 for f16, 88.7 for bf16) on many rows.
+LOWP_QMUL = 8.0 if LOWP == "f16" else 64.0
+
+# ----------------------------------------------------------------------------- job table
+
+_SHAPES = {
+    "ulysses": dict(U=2, R=1, S=32, H=4, Hkv=2, D=8, docs=[12, 20]),
+    "ring": dict(U=1, R=2, S=32, H=4, Hkv=2, D=8, docs=[8, 24]),
+    "hybrid": dict(U=2, R=2, S=32, H=4, Hkv=2, D=8, docs=[12, 20]),
+}
+
+# variant -> (job, overrides, bug, short cause)
+VARIANTS = {
+    ("ulysses", "healthy_u2"): (dict(U=2), None, ""),
+    ("ulysses", "healthy_u4"): (dict(U=4), None, ""),
+    ("ring", "healthy_r2"): (dict(R=2), None, ""),
+    ("ring", "healthy_r4"): (dict(R=4, S=64, docs=[16, 48]), None, ""),
+    ("ring", "healthy_r2_bigq"): (dict(R=2, qmul=LOWP_QMUL), None, ""),
+    ("hybrid", "healthy_u2r2"): (dict(U=2, R=2), None, ""),
+    ("ulysses", "no_kv_repeat"): (
+        dict(U=4), "no_kv_repeat",
+        "KV heads not repeated before the all-to-all: each rank gets half a KV head"),
+    ("ulysses", "blockwise_repeat"): (
+        dict(U=4), "blockwise_repeat",
+        "KV heads tiled (repeat) instead of interleaved: rank u holds KV head u % Hkv"),
+    ("ulysses", "a2a_wrong_dims"): (
+        dict(U=2), "a2a_wrong_dims",
+        "all-to-all on the token-major buffer: splits the sequence instead of the heads"),
+    ("ring", "local_cu"): (
+        dict(R=2), "local_cu",
+        "cu_seqlens from local position_ids: documents merged on ring rank 1"),
+    ("ring", "zigzag_swapped"): (
+        dict(R=2), "zigzag_swapped",
+        "zigzag shard holds the late chunk before the early chunk"),
+    ("ulysses", "no_scale"): (
+        dict(U=2), "no_scale", "softmax scale 1 instead of 1/sqrt(head_dim)"),
+    ("ring", "lse_merge_no_max"): (
+        dict(R=2, qmul=LOWP_QMUL), "lse_merge_no_max",
+        "ring merge exp(lse) without max subtraction overflows in %s" % LOWP),
+    ("ring", "ring_src_off_by_one"): (
+        dict(R=4, S=64, docs=[16, 48]), "ring_src_off_by_one",
+        "ring section chosen for source (r-i+1) mod R while holding KV of (r-i) mod R"),
+    ("ulysses", "kv_grad_not_summed"): (
+        dict(U=4), "kv_grad_not_summed",
+        "KV repeat backward keeps the first copy's gradient instead of summing the copies"),
+    ("ulysses", "no_causal"): (
+        dict(U=2), "no_causal", "causal mask missing inside documents"),
+}
+
+STANDARD = [
+    ("ulysses", "healthy_u2", "f32"),
+    ("ulysses", "healthy_u4", "f32"),
+    ("ulysses", "healthy_u4", "bf16"),
+    ("ring", "healthy_r2", "f32"),
+    ("ring", "healthy_r4", "bf16"),
+    ("hybrid", "healthy_u2r2", "f32"),
+    ("hybrid", "healthy_u2r2", "bf16"),
+    ("ulysses", "no_kv_repeat", "f32"),
+    ("ulysses", "blockwise_repeat", "f32"),
+    ("ulysses", "a2a_wrong_dims", "f32"),
+    ("ring", "local_cu", "f32"),
+    ("ring", "zigzag_swapped", "f32"),
+    ("ulysses", "no_scale", "f32"),
+    ("ring", "lse_merge_no_max", LOWP),
+    ("ring", "ring_src_off_by_one", "f32"),
+    ("ulysses", "kv_grad_not_summed", "f32"),
+    ("ulysses", "no_causal", "f32"),
+]
+
+EXPECTED_CRASH = {"no_kv_repeat"}
+
+
+def make_cfg(job, variant, dtype, seed=0):
+    if (job, variant) not in VARIANTS:
+        raise SystemExit("unknown job/variant %s/%s (see --list)" % (job, variant))
+    over, bug, cause = VARIANTS[(job, variant)]
+    cfg = dict(_SHAPES[job])
+    cfg.update(qmul=1.0)
+    cfg.update(over)
+    cfg.update(job=job, variant=variant, dtype=dtype, seed=int(seed), bug=bug, cause=cause)
+    for L in cfg["docs"]:
+        if L % (2 * cfg["R"]):
+            raise SystemExit("document length %d not divisible by 2R" % L)
+    cfg["cu"] = [0]
+    for L in cfg["docs"]:
+        cfg["cu"].append(cfg["cu"][-1] + L)
+    assert cfg["cu"][-1] == cfg["S"]
+    return cfg
+
+
+def job_string(cfg):
+    return "sp_jobs.py --job %s --variant %s --dtype %s --seed %d" % (
+        cfg["job"], cfg["variant"], cfg["dtype"], cfg["seed"])
+
+
+def parse_job_string(s):
+    toks = s.split()
+    if not toks or toks[0] != "sp_jobs.py":
+        return None
+    kv = dict(zip(toks[1::2], toks[2::2]))
+    return make_cfg(kv["--job"], kv["--variant"], kv["--dtype"], int(kv.get("--seed", 0)))
+
+
+# ----------------------------------------------------------------------------- layout
+
+def global_positions(cu, S):
+    pos = [0] * S
+    for a, b in zip(cu[:-1], cu[1:]):
+        for t in range(a, b):
+            pos[t] = t - a
+    return pos
+
+
+def ring_tokens(cu, R, r, swapped=False):
+    """Global token indices of ring rank r (zigzag): per document chunk r then chunk 2R-1-r."""
+    idx = []
+    for a, b in zip(cu[:-1], cu[1:]):
+        c = (b - a) // (2 * R)
+        early = list(range(a + r * c, a + (r + 1) * c))
+        late = list(range(a + (2 * R - 1 - r) * c, a + (2 * R - r) * c))
+        idx += (late + early) if swapped else (early + late)
+    return idx
+
+
+def shard_tokens(cfg, ring_rank, ulysses_rank, swapped=False):
+    toks = ring_tokens(cfg["cu"], cfg["R"], ring_rank, swapped)
+    p = len(toks) // cfg["U"]
+    return toks[ulysses_rank * p:(ulysses_rank + 1) * p]
+
+
+# ----------------------------------------------------------------------------- masks / kernel
+
+def doc_table(cu, n):
+    cu_t = torch.tensor(cu, dtype=torch.long)
+    ids = torch.arange(n)
+    doc = torch.searchsorted(cu_t[1:], ids, right=True)
+    start, end = cu_t[doc], cu_t[doc + 1]
+    return doc, (start + end) // 2
+
+
+def section_mask(kind, cu, n, causal=True):
+    """[n, n] bool: which local q row may see which KV row of the block, per section kind.
+    diag: causal inside local documents; lower: every q row sees the early half of its
+    document's KV rows; upper: the late half of each document's q rows sees all its KV rows."""
+    doc, mid = doc_table(cu, n)
+    i = torch.arange(n)
+    same = doc[:, None] == doc[None, :]
+    if kind == "diag":
+        return same & (i[None, :] <= i[:, None]) if causal else same
+    if kind == "lower":
+        return same & (i < mid)[None, :]
+    if kind == "upper":
+        return same & (i >= mid)[:, None]
+    raise ValueError(kind)
+
+
+def _cdt(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def attend(q, k, v, mask, scale):
+    """Masked softmax attention; q [n,h,D], k/v [m,hk,D] (GQA: q head i uses KV head
+    i // (h/hk)). Accumulates in float32 like the fused kernels; returns out [n,h,D] in q's dtype
+    and lse [h,n] in float32 (-inf, out 0 on rows that see nothing). Differentiable."""
+    cdt = _cdt(q.dtype)
+    qf, kf, vf = q.to(cdt), k.to(cdt), v.to(cdt)
+    h, hk = qf.shape[1], kf.shape[1]
+    if h != hk:
+        kf = kf.repeat_interleave(h // hk, dim=1)
+        vf = vf.repeat_interleave(h // hk, dim=1)
+    s = torch.einsum("nhd,mhd->hnm", qf, kf) * scale
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - safe.unsqueeze(-1))
+    out = torch.einsum("hnm,mhd->nhd", p, vf)
+    return out.to(q.dtype), lse
+
+
+# ----------------------------------------------------------------------------- collectives
+
+def _wire(t):
+    # gloo has no bfloat16: move the bits as float16 (same size; all-to-all does no arithmetic).
+    return t.view(torch.float16) if t.dtype == torch.bfloat16 else t
+
+
+def _a2a(send, group):
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(_wire(recv), _wire(send), group=group)
+    return recv
+
+
+def seq_to_head(x, U, group):
+    """[s, Hh, D] -> [U*s, Hh/U, D]: scatter heads, gather sequence (Ulysses rank order)."""
+    s, hh, d = x.shape
+    send = x.reshape(s, U, hh // U, d).transpose(0, 1).contiguous()  # head-major blocks
+    return _a2a(send, group).reshape(U * s, hh // U, d)
+
+
+def head_to_seq(y, U, group):
+    """[U*s, h, D] -> [s, U*h, D]: the inverse of seq_to_head."""
+    n, h, d = y.shape
+    s = n // U
+    recv = _a2a(y.reshape(U, s, h, d).contiguous(), group)
+    return recv.transpose(0, 1).reshape(s, U * h, d)
+
+
+class SeqToHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, U, group):
+        ctx.U, ctx.group = U, group
+        return seq_to_head(x.contiguous(), U, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return head_to_seq(g.contiguous(), ctx.U, ctx.group), None, None
+
+
+class HeadToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, U, group):
+        ctx.U, ctx.group = U, group
+        return head_to_seq(y.contiguous(), U, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return seq_to_head(g.contiguous(), ctx.U, ctx.group), None, None
+
+
+class TokenMajorA2A(torch.autograd.Function):
+    """BROKEN (a2a_wrong_dims): all_to_all_single straight on the [s, H, D] buffer, i.e. the
+    sequence is split, then the result is viewed as [U*s, H/U, D]."""
+
+    @staticmethod
+    def forward(ctx, x, U, group):
+        ctx.U, ctx.group, ctx.shape = U, group, x.shape
+        s, hh, d = x.shape
+        return _a2a(x.contiguous(), group).reshape(U * s, hh // U, d)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _a2a(g.contiguous(), ctx.group).reshape(ctx.shape), None, None
+
+
+class RepeatKeepFirstGrad(torch.autograd.Function):
+    """BROKEN (kv_grad_not_summed): repeat_interleave whose backward keeps copy 0's gradient."""
+
+    @staticmethod
+    def forward(ctx, x, rep):
+        ctx.rep = rep
+        return x.repeat_interleave(rep, dim=1)
+
+    @staticmethod
+    def backward(ctx, g):
+        s, hr, d = g.shape
+        return g.reshape(s, hr // ctx.rep, ctx.rep, d)[:, :, 0].contiguous(), None
+
+
+# ----------------------------------------------------------------------------- ring attention
+
+class RingPlan(object):
+    def __init__(self, group, ranks, r, cu_local, scale, sections, merge="softplus",
+                 lowp=torch.bfloat16):
+        self.group = group        # the ring process group
+        self.ranks = ranks        # global ranks of the ring group, in ring-rank order
+        self.R = len(ranks)
+        self.r = r
+        self.cu = cu_local        # the local cu_seqlens this rank uses
+        self.scale = scale
+        self.sections = sections  # kind per step ("diag", "lower", "upper")
+        self.merge = merge
+        self.lowp = lowp
+
+
+def _merge_softplus(o_acc, l_acc, o_new, l_new):
+    d = l_new - l_acc
+    w_acc = torch.exp(-F.softplus(d)).transpose(0, 1).unsqueeze(-1)
+    w_new = torch.exp(-F.softplus(-d)).transpose(0, 1).unsqueeze(-1)
+    return o_acc * w_acc + o_new * w_new, l_acc + F.softplus(d)
+
+
+def _merge_no_max(o_acc, l_acc, o_new, l_new, lowp):
+    # BROKEN (lse_merge_no_max): exp(lse) straight in the low precision.
+    oa, la, ob, lb = (t.to(lowp) for t in (o_acc, l_acc, o_new, l_new))
+    ea, eb = torch.exp(la), torch.exp(lb)
+    tot = ea + eb
+    out = (ea.transpose(0, 1).unsqueeze(-1) * oa + eb.transpose(0, 1).unsqueeze(-1) * ob) \
+        / tot.transpose(0, 1).unsqueeze(-1)
+    return out.to(o_acc.dtype), torch.log(tot).to(l_acc.dtype)
+
+
+def _exchange(buf, plan):
+    """Sends buf to ring rank r+1 and receives the buffer of ring rank r-1."""
+    nxt = plan.ranks[(plan.r + 1) % plan.R]
+    prv = plan.ranks[(plan.r - 1) % plan.R]
+    recv = torch.empty_like(buf)
+    reqs = [dist.isend(buf, nxt, group=plan.group), dist.irecv(recv, prv, group=plan.group)]
+    return recv, reqs
+
+
+class RingAttn(torch.autograd.Function):
+    """Zigzag ring attention over plan.group; returns out [n,h,D] (q's dtype), lse [h,n] f32."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan):
+        cdt = _cdt(q.dtype)
+        qf = q.to(cdt)
+        n = qf.shape[0]
+        kv = torch.stack([k.to(cdt), v.to(cdt)]).contiguous()
+        o_acc = l_acc = None
+        for i in range(plan.R):
+            reqs = []
+            if i + 1 < plan.R:
+                nxt_kv, reqs = _exchange(kv, plan)
+            mask = section_mask(plan.sections[i], plan.cu, n)
+            o, l = attend(qf, kv[0], kv[1], mask, plan.scale)
+            if o_acc is None:
+                o_acc, l_acc = o, l
+            else:
+                rows = mask.any(dim=1)
+                if plan.merge == "softplus":
+                    mo, ml = _merge_softplus(o_acc[rows], l_acc[:, rows], o[rows], l[:, rows])
+                else:
+                    mo, ml = _merge_no_max(o_acc[rows], l_acc[:, rows], o[rows], l[:, rows],
+                                           plan.lowp)
+                o_acc, l_acc = o_acc.clone(), l_acc.clone()
+                o_acc[rows], l_acc[:, rows] = mo, ml
+            for w in reqs:
+                w.wait()
+            if reqs:
+                kv = nxt_kv
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, o_acc, l_acc)
+        lse = l_acc.to(torch.float32)
+        ctx.mark_non_differentiable(lse)
+        return o_acc.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        plan = ctx.plan
+        q, k, v, out, lse = ctx.saved_tensors
+        cdt = _cdt(q.dtype)
+        qf, do = q.to(cdt), dout.to(cdt)
+        n, h, d = qf.shape
+        hk = k.shape[1]
+        g = h // hk
+        kf, vf = k.to(cdt).contiguous(), v.to(cdt).contiguous()
+        k_all = [torch.empty_like(kf) for _ in range(plan.R)]
+        v_all = [torch.empty_like(vf) for _ in range(plan.R)]
+        dist.all_gather(k_all, kf, group=plan.group)
+        dist.all_gather(v_all, vf, group=plan.group)
+        drow = (do * out).sum(-1).transpose(0, 1)  # [h, n]
+        safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+        dq = torch.zeros_like(qf)
+        dk_all = torch.zeros((plan.R,) + tuple(kf.shape), dtype=cdt)
+        dv_all = torch.zeros_like(dk_all)
+        for i in range(plan.R):
+            src = (plan.r - i) % plan.R
+            mask = section_mask(plan.sections[i], plan.cu, n)
+            kk = k_all[src].repeat_interleave(g, dim=1)
+            vv = v_all[src].repeat_interleave(g, dim=1)
+            s = torch.einsum("nhd,mhd->hnm", qf, kk) * plan.scale
+            p = torch.exp(s.masked_fill(~mask, float("-inf")) - safe.unsqueeze(-1))
+            dv = torch.einsum("hnm,nhd->mhd", p, do)
+            dp = torch.einsum("nhd,mhd->hnm", do, vv)
+            ds = p * (dp - drow.unsqueeze(-1))
+            dq += plan.scale * torch.einsum("hnm,mhd->nhd", ds, kk)
+            dk = plan.scale * torch.einsum("hnm,nhd->mhd", ds, qf)
+            dk_all[src] += dk.reshape(n, hk, g, d).sum(2)
+            dv_all[src] += dv.reshape(n, hk, g, d).sum(2)
+        # gloo has no reduce_scatter: all-reduce (SUM) and keep the own shard.
+        dist.all_reduce(dk_all, group=plan.group)
+        dist.all_reduce(dv_all, group=plan.group)
+        return (dq.to(q.dtype), dk_all[plan.r].to(k.dtype), dv_all[plan.r].to(v.dtype), None)
+
+
+# ----------------------------------------------------------------------------- one job
+
+def global_inputs(cfg):
+    dt = DTYPES[cfg["dtype"]]
+    g = torch.Generator().manual_seed(1000 + cfg["seed"])
+    S, H, Hkv, D = cfg["S"], cfg["H"], cfg["Hkv"], cfg["D"]
+    q = torch.randn(S, H, D, generator=g) * cfg["qmul"]
+    k = torch.randn(S, Hkv, D, generator=g)
+    v = torch.randn(S, Hkv, D, generator=g)
+    w = torch.randn(S, H, D, generator=g)
+    return q.to(dt), k.to(dt), v.to(dt), w.to(dt)
+
+
+def _local_cu_from_positions(pos):
+    n = len(pos)
+    cuts = sorted(set([0, n] + [i for i, p in enumerate(pos) if p == 0]))
+    return cuts
+
+
+def _worker(rank, cfg, out_dir, port):
+    torch.set_num_threads(1)
+    U, R = cfg["U"], cfg["R"]
+    world = U * R
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=world)
+    bug = cfg["bug"]
+    H, Hkv, D = cfg["H"], cfg["Hkv"], cfg["D"]
+    ring_rank, urank = rank // U, rank % U
+    ugroups = [dist.new_group(list(range(rr * U, rr * U + U))) for rr in range(R)] if U > 1 else []
+    rgroups = [dist.new_group([u + U * j for j in range(R)]) for u in range(U)] if R > 1 else []
+    ug = ugroups[ring_rank] if U > 1 else None
+
+    Q, K, V, W = global_inputs(cfg)
+    idx = shard_tokens(cfg, ring_rank, urank, swapped=(bug == "zigzag_swapped"))
+    gpos = global_positions(cfg["cu"], cfg["S"])
+    pos = [gpos[t] for t in idx]
+    it = torch.tensor(idx, dtype=torch.long)
+    q = Q[it].clone().requires_grad_(True)
+    k = K[it].clone().requires_grad_(True)
+    v = V[it].clone().requires_grad_(True)
+    w = W[it].clone()
+
+    scale = 1.0 / math.sqrt(D)
+    scale_used = 1.0 if bug == "no_scale" else scale
+    dumper = seqpar_dump.Dumper(
+        out_dir, ulysses=U, ring=R, ulysses_rank=urank, ring_rank=ring_rank, heads=H,
+        kv_heads=Hkv, head_dim=D, scale=scale, causal=True, cu_seqlens=cfg["cu"],
+        position_ids=pos, ring_layout="zigzag", dtype=DTYPES[cfg["dtype"]], job=job_string(cfg))
+
+    def make_plan():
+        rr = ring_rank
+        if bug == "local_cu":
+            cu_local = _local_cu_from_positions(pos)
+        else:
+            cu_local = [c // R for c in cfg["cu"]]
+        sections = []
+        for i in range(R):
+            src = (rr - i + 1) % R if bug == "ring_src_off_by_one" else (rr - i) % R
+            sections.append("diag" if i == 0 else ("lower" if src < rr else "upper"))
+        return RingPlan(rgroups[urank], [urank + U * j for j in range(R)], rr, cu_local,
+                        scale_used, sections,
+                        merge="no_max" if bug == "lse_merge_no_max" else "softplus",
+                        lowp=DTYPES[LOWP])
+
+    with dumper.call(name="L0.attn"):
+        dumper.tap("q.local", q)
+        dumper.tap("k.local", k)
+        dumper.tap("v.local", v)
+        if U > 1:
+            kr, vr = k, v
+            if U > Hkv and bug != "no_kv_repeat":
+                rep = U // Hkv
+                if bug == "blockwise_repeat":
+                    kr, vr = k.repeat(1, rep, 1), v.repeat(1, rep, 1)
+                elif bug == "kv_grad_not_summed":
+                    kr, vr = RepeatKeepFirstGrad.apply(k, rep), RepeatKeepFirstGrad.apply(v, rep)
+                else:
+                    kr, vr = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+                dumper.tap("k.repeated", kr)
+                dumper.tap("v.repeated", vr)
+            if bug == "no_kv_repeat":
+                # fewer KV heads than ranks: split the flattened head dims U ways instead
+                s = kr.shape[0]
+                kr, vr = kr.reshape(s, U, -1), vr.reshape(s, U, -1)
+            a2a = TokenMajorA2A.apply if bug == "a2a_wrong_dims" else SeqToHead.apply
+            qg = dumper.tap("q.gathered", a2a(q, U, ug))
+            kg = dumper.tap("k.gathered", a2a(kr, U, ug))
+            vg = dumper.tap("v.gathered", a2a(vr, U, ug))
+            if R == 1:
+                mask = section_mask("diag", cfg["cu"], qg.shape[0], causal=(bug != "no_causal"))
+                out_attn, lse = attend(qg, kg, vg, mask, scale_used)
+            else:
+                out_attn, lse = RingAttn.apply(qg, kg, vg, make_plan())
+            dumper.tap("out.attn", out_attn)
+            dumper.tap("lse", lse, layout="hs")
+            out = HeadToSeq.apply(out_attn, U, ug)
+        else:
+            out, lse = RingAttn.apply(q, k, v, make_plan())
+            dumper.tap("lse", lse, layout="hs")
+        dumper.tap("out.local", out)
+    loss = (out * w).sum()
+    loss.backward()
+    dumper.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def _clear_dump_dir(out):
+    if not os.path.isdir(out):
+        return
+    for name in os.listdir(out):
+        p = os.path.join(out, name)
+        if name.startswith("rank") and os.path.isdir(p):
+            shutil.rmtree(p)
+        elif name.startswith("rank") and name.endswith(".json") or name.startswith(".seqpar-tmp-"):
+            os.unlink(p)
+
+
+def run_job(cfg, out, quiet=False):
+    """Runs one job into out; True when every rank finished."""
+    os.makedirs(out, exist_ok=True)
+    _clear_dump_dir(out)
+    try:
+        mp.spawn(_worker, args=(cfg, out, _free_port()), nprocs=cfg["U"] * cfg["R"], join=True)
+        return True
+    except Exception as e:  # a rank raised (expected for no_kv_repeat)
+        if not quiet:
+            msg = str(e).strip().splitlines()
+            sys.stderr.write("job %s failed: %s\n" % (job_string(cfg), msg[-1] if msg else e))
+        return False
+
+
+# ----------------------------------------------------------------------------- reading dumps
+
+def load_dump(d):
+    """{rank: {"meta": meta, "t": {stage: tensor}}} of call 0 of every rank in dump dir d."""
+    ranks = {}
+    for name in sorted(os.listdir(d)):
+        if not (name.startswith("rank") and name.endswith(".json")):
+            continue
+        with open(os.path.join(d, name)) as f:
+            meta = json.load(f)
+        tensors = {}
+        for c in meta.get("calls", [])[:1]:
+            for key in ("forward", "backward"):
+                if key in c:
+                    tensors.update(seqpar_dump.read_safetensors(os.path.join(d, c[key])))
+        ranks[meta["rank"]] = {"meta": meta, "t": tensors}
+    return ranks
+
+
+ORDER = ["layout", "q.local", "k.local", "v.local", "k.repeated", "v.repeated", "q.gathered",
+         "k.gathered", "v.gathered", "out.attn", "lse", "out.local", "grad.out.local",
+         "grad.out.attn", "grad.q.gathered", "grad.k.gathered", "grad.v.gathered",
+         "grad.k.repeated", "grad.v.repeated", "grad.q.local", "grad.k.local", "grad.v.local"]
+
+
+# Stages the format marks optional (a job may or may not tap them).
+OPTIONAL = {"k.repeated", "v.repeated", "grad.k.repeated", "grad.v.repeated", "lse"}
+
+
+def _tensor_differs(a, b):
+    if a is None or b is None:
+        return (a is None) != (b is None)
+    if tuple(a.shape) != tuple(b.shape):
+        return True
+    a64, b64 = a.double(), b.double()
+    na, nb = torch.isnan(a64), torch.isnan(b64)
+    if not torch.equal(na, nb):
+        return True
+    ia, ib = torch.isinf(a64), torch.isinf(b64)
+    if not torch.equal(ia, ib) or not torch.equal(a64[ia], b64[ib]):
+        return True
+    fin = ~(na | ia)
+    if not fin.any():
+        return False
+    tol = 1e-5 if a.dtype in (torch.float32, torch.float64) and b.dtype in (
+        torch.float32, torch.float64) else 1e-2
+    ref = b64[fin].abs().max().item()
+    return (a64[fin] - b64[fin]).abs().max().item() > tol * max(ref, 1e-30)
+
+
+def compare_dumps(da, db):
+    """Stage by stage (ORDER) comparison of dump da against dump db (the healthy one)."""
+    A, B = load_dump(da), load_dump(db)
+    differing = {}
+    for stage in ORDER:
+        for rk in sorted(set(A) | set(B)):
+            ra, rb = A.get(rk), B.get(rk)
+            if ra is None or rb is None:
+                differing.setdefault(stage, []).append(rk)
+                continue
+            if stage == "layout":
+                ma, mb = ra["meta"], rb["meta"]
+                bad = (ma["position_ids"] != mb["position_ids"] or
+                       ma["cu_seqlens"] != mb["cu_seqlens"] or
+                       (ma["ulysses_rank"], ma["ring_rank"]) != (mb["ulysses_rank"], mb["ring_rank"]))
+            else:
+                xa, xb = ra["t"].get(stage), rb["t"].get(stage)
+                if stage in OPTIONAL and (xa is None or xb is None):
+                    continue  # optional taps: absence is not a difference
+                bad = _tensor_differs(xa, xb)
+            if bad:
+                differing.setdefault(stage, []).append(rk)
+    first = next((s for s in ORDER if s in differing), None)
+    first_mand = next((s for s in ORDER if s in differing and s not in OPTIONAL), None)
+    return {"first_stage": first, "ranks": differing.get(first, []),
+            "first_mandatory_stage": first_mand,
+            "first_mandatory_ranks": differing.get(first_mand, []),
+            "differing": [[s, differing[s]] for s in ORDER if s in differing]}
+
+
+# ----------------------------------------------------------------------------- reference
+
+def reference(cfg):
+    """Non-SP attention on the global tensors in float64 with autograd."""
+    Q, K, V, W = (t.double() for t in global_inputs(cfg))
+    Q.requires_grad_(True)
+    K.requires_grad_(True)
+    V.requires_grad_(True)
+    S, H, Hkv, D = cfg["S"], cfg["H"], cfg["Hkv"], cfg["D"]
+    kk = K.repeat_interleave(H // Hkv, dim=1)
+    vv = V.repeat_interleave(H // Hkv, dim=1)
+    cu = cfg["cu"]
+    doc = torch.zeros(S, dtype=torch.long)
+    for j, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        doc[a:b] = j
+    i = torch.arange(S)
+    allowed = (doc[:, None] == doc[None, :]) & (i[None, :] <= i[:, None])
+    s = torch.einsum("nhd,mhd->hnm", Q, kk) / math.sqrt(D)
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    out = torch.einsum("hnm,mhd->nhd", torch.softmax(s, -1), vv)
+    (out * W).sum().backward()
+    return {"out.local": out.detach(), "lse": lse.detach(), "grad.q.local": Q.grad,
+            "grad.k.local": K.grad, "grad.v.local": V.grad}
+
+
+def selfcheck_dump(d, cfg):
+    """Max normalized error (max|x - ref| / max|ref|) per stage over the ranks of dump d."""
+    ref = reference(cfg)
+    dump = load_dump(d)
+    U, R = cfg["U"], cfg["R"]
+    errs = {}
+    for rk, rd in dump.items():
+        m, t = rd["meta"], rd["t"]
+        rr, u = m["ring_rank"], m["ulysses_rank"]
+        idx = torch.tensor(shard_tokens(cfg, rr, u), dtype=torch.long)
+        if [int(x) for x in torch.tensor(global_positions(cfg["cu"], cfg["S"]))[idx]] != m["position_ids"]:
+            errs["layout"] = float("inf")
+        want = {
+            "out.local": ref["out.local"][idx], "grad.q.local": ref["grad.q.local"][idx],
+            "grad.k.local": ref["grad.k.local"][idx], "grad.v.local": ref["grad.v.local"][idx],
+        }
+        hq = cfg["H"] // U
+        gidx = torch.tensor(ring_tokens(cfg["cu"], R, rr), dtype=torch.long)
+        want["lse"] = ref["lse"][u * hq:(u + 1) * hq][:, gidx]
+        for stage, r in want.items():
+            x = t.get(stage)
+            if x is None or tuple(x.shape) != tuple(r.shape):
+                e = float("inf")
+            else:
+                e = ((x.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+                if math.isnan(e):
+                    e = float("inf")
+            errs[stage] = max(errs.get(stage, 0.0), e)
+    return errs
+
+
+def _tolerance(dtype):
+    return 1e-5 if dtype == "f32" else 3e-2
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def _dir_name(job, variant, dtype):
+    return "%s-%s-%s" % (job, variant, dtype)
+
+
+def _twin_key(cfg):
+    return tuple(json.dumps(cfg[k]) for k in
+                 ("job", "U", "R", "S", "H", "Hkv", "D", "docs", "qmul", "dtype", "seed"))
+
+
+def cmd_all(root, seed):
+    os.makedirs(root, exist_ok=True)
+    ok = True
+    expected = {}
+    healthy = {}
+    with tempfile.TemporaryDirectory(prefix="sp_jobs-twins-") as tmp:
+        for job, variant, dtype in STANDARD:
+            cfg = make_cfg(job, variant, dtype, seed)
+            name = _dir_name(job, variant, dtype)
+            out = os.path.join(root, name)
+            fine = run_job(cfg, out, quiet=variant in EXPECTED_CRASH)
+            crashed = not fine
+            if crashed and variant not in EXPECTED_CRASH:
+                ok = False
+            if fine and variant in EXPECTED_CRASH:
+                sys.stderr.write("job %s was expected to crash but finished\n" % name)
+                ok = False
+            entry = {"job": job, "variant": variant, "dtype": dtype,
+                     "healthy": cfg["bug"] is None}
+            if cfg["bug"] is None:
+                entry.update(first_stage=None, ranks=[], cause="")
+                if fine:
+                    healthy[_twin_key(cfg)] = out
+            else:
+                # The healthy twin: the same job and inputs without the bug (a healthy dump of
+                # the standard set when one has exactly this configuration).
+                tdir = healthy.get(_twin_key(cfg))
+                if tdir is None:
+                    tdir = os.path.join(tmp, name)
+                    if not run_job(dict(cfg, bug=None), tdir):
+                        ok = False
+                        continue
+                cmp_ = compare_dumps(out, tdir)
+                entry.update(first_stage=cmp_["first_stage"], ranks=cmp_["ranks"],
+                             first_mandatory_stage=cmp_["first_mandatory_stage"],
+                             first_mandatory_ranks=cmp_["first_mandatory_ranks"],
+                             cause=cfg["cause"], crashed=crashed,
+                             differing=cmp_["differing"])
+            expected[name] = entry
+            print("%-40s %s%s" % (name, "healthy" if entry["healthy"] else
+                                  "first_stage=%s ranks=%s" % (entry["first_stage"], entry["ranks"]),
+                                  " (crashed, as expected)" if crashed else ""))
+    with open(os.path.join(root, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return ok
+
+
+def cmd_selfcheck(root, seed):
+    ok = True
+    rows = []
+    if root:
+        for name in sorted(os.listdir(root)):
+            d = os.path.join(root, name)
+            mp_ = os.path.join(d, "rank0.json")
+            if not os.path.isfile(mp_):
+                continue
+            with open(mp_) as f:
+                cfg = parse_job_string(json.load(f).get("job", ""))
+            if cfg is None or cfg["bug"] is not None:
+                continue
+            rows.append((name, d, cfg))
+        tmp = None
+    else:
+        tmp = tempfile.mkdtemp(prefix="sp_jobs-selfcheck-")
+        sets = [s for s in STANDARD if VARIANTS[(s[0], s[1])][1] is None]
+        sets.append(("ring", "healthy_r2_bigq", LOWP))
+        for job, variant, dtype in sets:
+            cfg = make_cfg(job, variant, dtype, seed)
+            d = os.path.join(tmp, _dir_name(job, variant, dtype))
+            if not run_job(cfg, d):
+                ok = False
+                continue
+            rows.append((_dir_name(job, variant, dtype), d, cfg))
+    try:
+        for name, d, cfg in rows:
+            errs = selfcheck_dump(d, cfg)
+            tol = _tolerance(cfg["dtype"])
+            good = all(e <= tol for e in errs.values())
+            ok = ok and good
+            print("%-34s %s  %s" % (name, "ok  " if good else "FAIL",
+                                    "  ".join("%s=%.2e" % (k, v) for k, v in sorted(errs.items()))))
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", choices=sorted(_SHAPES))
+    ap.add_argument("--variant")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
+    ap.add_argument("--out")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--all", metavar="OUTROOT")
+    ap.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"))
+    ap.add_argument("--selfcheck", nargs="?", const="", metavar="ROOT")
+    a = ap.parse_args(argv)
+    if a.list:
+        std = {(j, v): d for j, v, d in STANDARD}
+        for (job, variant), (over, bug, cause) in VARIANTS.items():
+            cfg = make_cfg(job, variant, "f32")
+            print("%-8s %-20s U=%d R=%d S=%d H=%d Hkv=%d D=%d docs=%s%s dtypes=f32,bf16,f16%s%s" % (
+                job, variant, cfg["U"], cfg["R"], cfg["S"], cfg["H"], cfg["Hkv"], cfg["D"],
+                cfg["docs"], " qmul=%g" % cfg["qmul"] if cfg["qmul"] != 1 else "",
+                " (--all: %s)" % ",".join(d for j, v, d in STANDARD if (j, v) == (job, variant))
+                if (job, variant) in std else "",
+                "  # " + cause if cause else ""))
+        return 0
+    if a.compare:
+        r = compare_dumps(*a.compare)
+        print(json.dumps(r))
+        print("first differing stage: %s on ranks %s" % (r["first_stage"], r["ranks"]))
+        return 0 if r["first_stage"] is None else 1
+    if a.all:
+        return 0 if cmd_all(a.all, a.seed) else 1
+    if a.selfcheck is not None:
+        return 0 if cmd_selfcheck(a.selfcheck, a.seed) else 1
+    if not (a.job and a.variant and a.out):
+        ap.error("--job, --variant and --out are needed (or --list/--all/--compare/--selfcheck)")
+    cfg = make_cfg(a.job, a.variant, a.dtype, a.seed)
+    return 0 if run_job(cfg, a.out) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
