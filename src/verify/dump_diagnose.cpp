@@ -669,6 +669,27 @@ class diagnoser {
 
 }  // namespace
 
+std::string element_note(const geometry& g, const std::string& stage, int k, const vec& got,
+                         const vec& want) {
+  std::size_t worst = 0;
+  double w = -1;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::isnan(got[i] - want[i]) ? INFINITY : std::abs(got[i] - want[i]);
+    if (d > w) {
+      w = d;
+      worst = i;
+    }
+  }
+  const stage_view v = view_of(g, stage);
+  const auto n = static_cast<std::size_t>(row_len(g, v));
+  const auto [t, h] = locate(g, v, k, static_cast<std::int64_t>(worst / n));
+  return v.kind == stage_view::lse
+             ? fmt::format("worst at token {}, head {}: {:.9g}, reference {:.9g}", t, h, got[worst],
+                           want[worst])
+             : fmt::format("worst at token {}, head {}, dim {}: {:.9g}, reference {:.9g}", t, h,
+                           worst % n, got[worst], want[worst]);
+}
+
 std::optional<dump_finding> diagnose(const call_state& c, const dump_report& rep) {
   return diagnoser(c, rep).run();
 }

@@ -108,6 +108,10 @@ struct call_state {
   const error_model& model;
 };
 
+/// A failing row's note: the worst element as global token, head and dim.
+std::string element_note(const geometry& g, const std::string& stage, int k, const vec& got,
+                         const vec& want);
+
 /// The first differing stage of this call (rows already in rep), described; nullopt when the
 /// call has none.
 std::optional<dump_finding> diagnose(const call_state& c, const dump_report& rep);

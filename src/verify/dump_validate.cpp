@@ -437,6 +437,8 @@ class call_check {
     if (!check_present(st, k, t, shape)) return;
     auto row = compare_values(st, t->v, want, tol);
     row.rank = k;
+    if (!row.pass && row.note.starts_with("worst at flat index"))
+      row.note = element_note(g_, st, k, t->v, want);
     add(std::move(row));
   }
   void exact(const std::string& st, int k, const std::vector<stage_map>& side,
@@ -551,12 +553,22 @@ dump_report validate_dump(const dump_set& d, const dump_options& opt) {
       opt.progress(fmt::format("call {} ({}): {} ranks", c, rep.call_names.back(), g.P));
     call_check check(d, g, static_cast<int>(c), rep);
     check.run();
+    // A verdict must rest on the output: without out.local nothing computed was compared.
+    bool output = false, failed = false;
+    for (const auto& r : rep.rows)
+      if (r.call == static_cast<int>(c)) {
+        output |= r.row.tensor == "out.local";
+        failed |= !r.row.pass;
+      }
+    if (!output && !failed)
+      fail<shape_error>("{}: call {} ({}) has no out.local on any rank, so nothing the attention "
+                        "computed can be compared; tap the output after the reverse all-to-all "
+                        "with dumper.tap(\"out.local\", out)",
+                        d.dir, c, rep.call_names.back());
     if (!rep.first) rep.first = diagnose(check.state(), rep);
   }
   rep.pass =
       std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.row.pass; });
-  if (rep.pass && !rep.not_dumped.empty() && rep.rows.empty())
-    fail<shape_error>("{}: nothing to compare", d.dir);
   return rep;
 }
 

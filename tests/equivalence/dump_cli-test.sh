@@ -57,6 +57,22 @@ expect 2 "call0000.fwd.safetensors" -- validate --dump "$tmp/d3" --html "$tmp/d3
 cp -r "$dumps/$healthy" "$tmp/d4"
 rm "$tmp/d4/rank3.json"
 expect 2 "no meta for cp rank 3" -- validate --dump "$tmp/d4"
+# A dump without the output: nothing computed could be compared, so no verdict.
+cp -r "$dumps/ring-healthy_r2-f32" "$tmp/d5"
+for k in 0 1; do
+  /usr/bin/env python3 - "$tmp/d5/rank$k/call0000.fwd.safetensors" <<'PY' || fail "could not strip out.local"
+import json, struct, sys
+p = sys.argv[1]
+b = open(p, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h.pop("out.local")
+hb = json.dumps(h).encode()
+hb += b" " * (-len(hb) % 8)
+open(p, "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+PY
+done
+expect 2 "has no out.local on any rank" -- validate --dump "$tmp/d5"
 expect 2 "--ulysses does not apply to --dump" -- validate --dump "$dumps/$healthy" --ulysses 2
 expect 2 "--html applies to --dump only" -- validate --html "$tmp/x.html"
 finish
