@@ -561,10 +561,11 @@ dump_report validate_dump(const dump_set& d, const dump_options& opt) {
         failed |= !r.row.pass;
       }
     if (!output && !failed)
-      fail<shape_error>("{}: call {} ({}) has no out.local on any rank, so nothing the attention "
-                        "computed can be compared; tap the output after the reverse all-to-all "
-                        "with dumper.tap(\"out.local\", out)",
-                        d.dir, c, rep.call_names.back());
+      fail<shape_error>(
+          "{}: call {} ({}) has no out.local on any rank, so nothing the attention "
+          "computed can be compared; tap the output after the reverse all-to-all "
+          "with dumper.tap(\"out.local\", out)",
+          d.dir, c, rep.call_names.back());
     if (!rep.first) rep.first = diagnose(check.state(), rep);
   }
   rep.pass =
