@@ -43,6 +43,7 @@ const std::map<std::string, std::string> cause_words{
     {"ring_src_off_by_one", "off by one"},
     {"kv_grad_not_summed", "did not sum"},
     {"no_causal", "without the causal mask"},
+    {"swapped_dims", "the dimensions are swapped"},
 };
 
 dump_report run(const fs::path& dir) { return validate_dump(read_dump(dir.string())); }

@@ -77,7 +77,12 @@ def _all_to_all_lists(output_list, input_list, group=None, async_op=False):
     return None
 
 
-def load_veomni(root, group):
+def load_veomni(root, group, files=None, world_size=None):
+    """Executes the wanted definitions of each file ({path in the checkout: [names]}, default
+    FILES) in one namespace, with the Ulysses group getters answering `group` and `world_size`
+    (default U); returns the namespace and the sha256 of the files read."""
+    files = FILES if files is None else files
+    world_size = U if world_size is None else world_size
     dist_shim = types.SimpleNamespace(**{k: getattr(dist, k) for k in dir(dist) if not k.startswith("__")})
     dist_shim.all_to_all = _all_to_all_lists
     ns = {"torch": torch, "dist": dist_shim, "F": F, "Tensor": Tensor, "ProcessGroup": ProcessGroup,
@@ -85,9 +90,9 @@ def load_veomni(root, group):
           "importlib": importlib, "IS_CUDA_AVAILABLE": False, "IS_NPU_AVAILABLE": False,
           "get_device_id": lambda: "cpu",
           "get_ulysses_sequence_parallel_group": lambda: group,
-          "get_ulysses_sequence_parallel_world_size": lambda group=None: U}
+          "get_ulysses_sequence_parallel_world_size": lambda group=None: world_size}
     digest = hashlib.sha256()
-    for rel, wanted in FILES.items():
+    for rel, wanted in files.items():
         path = os.path.join(root, rel)
         with open(path, encoding="utf-8") as f:
             source = f.read()
