@@ -8,12 +8,14 @@
 
 #include "cli.hpp"
 #include "core/error.hpp"
+#include "sim/allocator.hpp"
 #include "trace/flight.hpp"
 
 int main(int argc, char** argv) {
   using namespace seqpar;
   // Before any thread: SIGINT/SIGTERM/SIGHUP leave the flight records of a running check.
   trace::watch_signals_for_flight_records();
+  sim::keep_freed_memory();
   CLI::App app{
       "seqpar: simulate and verify sequence parallelism (Ulysses, ring, zigzag, hybrid).\n"
       "Exit codes: 0 ok, 1 a check found a difference, 2 invalid input."};

@@ -13,8 +13,9 @@ std::uint64_t flight_recorder::begin(const comm_record& r, const comm_group& g) 
   std::lock_guard lock(mu_);
   if (!groups_.contains(g.name)) groups_[g.name] = g.ranks;
   auto& ring = rings_[r.rank];
-  if (ring.slots.size() < capacity_) ring.slots.resize(std::min(capacity_, ring.slots.size() + 64));
   const auto token = ring.next++;
+  // The ring fills by appending (no default-constructed slots to touch), then wraps around.
+  if (ring.slots.size() < capacity_) ring.slots.emplace_back();
   auto& e = ring.slots[token % capacity_];
   e.call = r;
   e.call.state = "started";

@@ -6,6 +6,7 @@
 #include "generators.hpp"
 #include "io/scenario_json.hpp"
 #include "scenario_flags.hpp"
+#include "sim/allocator.hpp"
 #include "verify/check.hpp"
 
 namespace seqpar::gens {
@@ -15,6 +16,9 @@ std::string command_of(const scenario& s, const char* sub) { return io::scenario
 namespace {
 
 using namespace seqpar;
+
+// The allocator policy seqpar's own main applies (sim/allocator.hpp), before any rank thread.
+const bool allocator_policy = sim::keep_freed_memory();
 
 void assert_equivalent(const scenario& s, dtype t) {
   RC_LOG() << "reproduce: " << gens::command_of(s, "check")

@@ -1,0 +1,125 @@
+// property_bench: how many generated SP-vs-reference scenarios per second the property suite
+// proves, for its small generators (tests/property/generators.hpp), and what the allocator
+// policy of sim/allocator.hpp buys: every generator runs first with glibc's default policy
+// (freed memory handed back to the OS), then with the policy seqpar applies at start-up
+// (keep_freed_memory), in the same run on the same scenarios.
+//
+// count = scenarios per iteration (sampled from the generator with a fixed seed, sizes cycling
+// 0…99 as RapidCheck's do); one iteration = one float64 `seqpar check` (SP step on threads, the
+// non-SP reference, the comparison) per scenario; rate = scenarios/s; ratio = rate / the same
+// generator's rate under the default policy; #wrong = scenarios whose check failed.
+#include <fmt/format.h>
+#include <rapidcheck.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+
+#include "bench/driver.hpp"
+#include "io/scenario_json.hpp"
+#include "sim/allocator.hpp"
+#include "tests/property/generators.hpp"
+#include "verify/check.hpp"
+
+namespace seqpar::gens {
+std::string command_of(const scenario& s, const char* sub) { return io::scenario_command(s, sub); }
+}  // namespace seqpar::gens
+
+namespace {
+
+using namespace seqpar;
+
+struct generator {
+  const char* name;
+  rc::Gen<scenario> (*make)();
+};
+const generator generators[] = {
+    {"ulysses", &gens::ulysses_check_scenario},
+    {"ring+hybrid", &gens::ring_check_scenario},
+    {"async", &gens::async_check_scenario},
+};
+
+struct throughput {
+  std::vector<scenario> cases;
+  std::size_t variant = 0;
+  std::int64_t failing = 0;
+  double seconds = 0;
+  std::map<std::size_t, double> default_rate;  ///< per generator
+  bool policy_applied = false;
+
+  static std::size_t generator_of(std::size_t v) { return v % std::size(generators); }
+  static bool kept(std::size_t v) { return v >= std::size(generators); }
+
+  bench::operation op() {
+    bench::operation o;
+    o.name = "property scenarios (float64 check per generated scenario)";
+    o.backend = "in-process";
+    o.kind = bench::table_kind::compute;
+    for (int policy = 0; policy < 2; ++policy)
+      for (const auto& g : generators)
+        o.variants.push_back({"double", fmt::format("{}/{}", g.name, policy ? "kept" : "default")});
+    o.size = [](std::int64_t bytes, std::size_t, int) {
+      return std::pair{bytes, bytes};  // size = count = scenarios
+    };
+    o.init = [this](const bench::point& p, std::uint64_t seed) {
+      variant = p.variant;
+      if (kept(variant) && !policy_applied) policy_applied = sim::keep_freed_memory();
+      const auto gen = generators[generator_of(variant)].make();
+      cases.clear();
+      for (std::int64_t i = 0; i < p.count; ++i)
+        cases.push_back(
+            gen(rc::Random(seed + static_cast<std::uint64_t>(i)), static_cast<int>(i % 100))
+                .value());
+      failing = 0;
+      seconds = 0;
+    };
+    o.run = [this] {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const auto& s : cases) failing += !verify::run_check(s).pass;
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    o.check = [this](const bench::point&, std::uint64_t) { return failing; };
+    o.rate_unit = "scen/s";
+    o.work = [](const bench::point& p) { return static_cast<double>(p.count); };
+    o.finish = [this](const bench::point& p, bench::row& r) {
+      const auto g = generator_of(p.variant);
+      if (!kept(p.variant)) default_rate[g] = r.rate;
+      const auto it = default_rate.find(g);
+      r.ratio = it == default_rate.end() ? 0 : r.rate / std::max(it->second, 1e-12);
+    };
+    o.measure_baseline = [](const std::string& type) {
+      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
+                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
+    };
+    o.ratio_meaning = "scenarios/s / the same generator's scenarios/s under glibc's default policy";
+    o.notes = {
+        "the property suite's generators (tests/property/generators.hpp), fixed seeds, "
+        "sizes 0..99; size = count = scenarios; one float64 check each",
+        "default: glibc's allocator policy; kept: sim::keep_freed_memory() (what seqpar's "
+        "main applies), switched on once, after every default row"};
+    return o;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::options defaults;
+  defaults.min_bytes = defaults.max_bytes = 200;  // scenarios
+  defaults.iters = 1;
+  defaults.warmup = 0;
+  bench::options quick = defaults;
+  quick.min_bytes = quick.max_bytes = 20;
+  bench::driver d("property_bench",
+                  "Generated SP-vs-reference scenarios per second (the property suite's small "
+                  "generators), glibc's default allocator policy vs seqpar's.",
+                  defaults, quick);
+  if (auto rc = d.parse(argc, argv)) return *rc;
+  return d.guarded([&] {
+    throughput t;
+    auto op = t.op();
+    auto group = bench::single_rank();
+    const auto rows = d.run(*group, op);
+    return d.report(op, 1, rows);
+  });
+}
