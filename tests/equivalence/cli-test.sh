@@ -5,24 +5,6 @@ set -u
 seqpar=$1
 . "$(dirname "$0")/../support/harness.sh"
 
-# expect CODE "words in stderr/stdout" -- seqpar args…
-expect() {
-  local code=$1 words=$2
-  shift 3
-  local out rc
-  out=$("$seqpar" "$@" 2>&1)
-  rc=$?
-  if [ "$rc" -ne "$code" ] || [[ "$out" != *"$words"* ]]; then
-    fail "seqpar $* → exit $rc (want $code), output lacks '$words':"
-    echo "$out" | head -5 | sed 's/^/    /'
-  else
-    ok
-  fi
-  if [ "$code" -eq 2 ] && [[ "$out" == *"internal error"* || "$out" == *"terminate"* ]]; then
-    fail "seqpar $* crashed instead of a clear message"
-  fi
-}
-
 # Invalid scenarios: every rule names the values and a fix.
 expect 2 "num_heads=30 is not divisible by ulysses=8; use ulysses in {1,2,3,5,6,10,15,30}" -- plan --heads 30 --kv-heads 30 --ulysses 8
 expect 2 "ulysses=6 > num_kv_heads=4 needs ulysses % num_kv_heads == 0" -- plan --heads 12 --kv-heads 4 --ulysses 6

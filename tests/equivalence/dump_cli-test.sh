@@ -7,23 +7,6 @@ seqpar=$1
 dumps=$2/tests/equivalence/data/dumps
 . "$(dirname "$0")/../support/harness.sh"
 
-expect() {  # expect CODE "words" -- args…
-  local code=$1 words=$2
-  shift 3
-  local out rc
-  out=$("$seqpar" "$@" 2>&1)
-  rc=$?
-  if [ "$rc" -ne "$code" ] || [[ "$out" != *"$words"* ]]; then
-    fail "seqpar $* → exit $rc (want $code), output lacks '$words':"
-    echo "$out" | tail -5 | sed 's/^/    /'
-  else
-    ok
-  fi
-  if [[ "$out" == *"internal error"* || "$out" == *"terminate"* ]]; then
-    fail "seqpar $* crashed instead of a clear message"
-  fi
-}
-
 healthy=$(ls "$dumps" | grep -m1 '^ulysses-healthy_u4-f32')
 expect 0 "PASS: " -- validate --dump "$dumps/$healthy" -q
 expect 0 '"pass":true' -- validate --dump "$dumps/$healthy" -q --json
