@@ -43,7 +43,9 @@ def cu_from(pos):
 def work(rank, R, mode, out, config, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=R, timeout=datetime.timedelta(seconds=3))
+    # 10 s: the broken modes that hang end by this timeout; 3 s was too short for the
+    # rendezvous when several jobs start at once on a loaded 2-core machine.
+    dist.init_process_group("gloo", rank=rank, world_size=R, timeout=datetime.timedelta(seconds=10))
     rec = spr.Recorder(out, config=config)
     rec.name_group(dist.group.WORLD, "ring0")
     pos = [p for d in DOCS for p in range(d)]

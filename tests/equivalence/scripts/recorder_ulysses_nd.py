@@ -53,8 +53,10 @@ def work(rank, P, mode, out, config, port):
     global REC
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    # 10 s: the broken modes that hang end by this timeout; 3 s was too short for the
+    # rendezvous when several jobs start at once on a loaded 2-core machine.
     dist.init_process_group("gloo", rank=rank, world_size=P,
-                            timeout=datetime.timedelta(seconds=3))
+                            timeout=datetime.timedelta(seconds=10))
     REC = spr.Recorder(out, config=config)
     REC.name_group(dist.group.WORLD, "ulysses0")
     torch.manual_seed(rank)
