@@ -171,9 +171,7 @@ class diagnoser {
       shape(f, *row0);
     else if (st_ == "layout")
       layout(f);
-    else if (row0->tolerance == 0 ||
-             (st_.starts_with("grad.") && st_.ends_with("v.local") && g_.U > 1 && g_.rep > 1) ||
-             (st_ == "grad.k.local" && g_.U > 1 && g_.rep > 1))
+    else if (row0->tolerance == 0 || summed_copies())  // data movement (+ the repeat's sum)
       movement(f);
     else
       computed(f);
@@ -191,6 +189,11 @@ class diagnoser {
   std::string rank_name(int k) const {
     return fmt::format("rank {} (ring {}, ulysses {})",
                        c_.dump.ranks[static_cast<std::size_t>(k)].rank, k / g_.U, k % g_.U);
+  }
+
+  /// grad.k/v.local compared with the sum of the job's own repeated copies' gradients.
+  bool summed_copies() const {
+    return (st_ == "grad.k.local" || st_ == "grad.v.local") && g_.U > 1 && g_.rep > 1;
   }
 
   // ---- shapes ---------------------------------------------------------------------------------
@@ -288,7 +291,6 @@ class diagnoser {
 
   /// Where the stage's rows come from.
   std::optional<row_source> source_of(vec& scratch) const {
-    const int Hr = g_.Hkv * g_.rep;
     if (st_ == "q.gathered") return row_source{&c_.q, g_.H, 1};
     if (st_ == "k.gathered" || st_ == "k.repeated") return row_source{&c_.k, g_.Hkv, g_.rep};
     if (st_ == "v.gathered" || st_ == "v.repeated") return row_source{&c_.v, g_.Hkv, g_.rep};
@@ -307,7 +309,6 @@ class diagnoser {
       return assembled("grad.k.gathered", g_.hk);
     if (st_ == "grad.v.repeated" || st_ == "grad.v.local")
       return assembled("grad.v.gathered", g_.hk);
-    (void)Hr;
     return std::nullopt;
   }
 
@@ -316,9 +317,7 @@ class diagnoser {
     f.where = "";
     vec scratch;
     const auto src = source_of(scratch);
-    if ((st_ == "grad.k.local" || st_ == "grad.v.local") && g_.U > 1 && g_.rep > 1 && src &&
-        not_summed(f, *src))
-      return;
+    if (summed_copies() && src && not_summed(f, *src)) return;
     if (!src) {
       f.diagnosis =
           fmt::format("{}'s {} differs (data movement, compared bit-exactly)", rank_name(k0_), st_);
@@ -345,7 +344,6 @@ class diagnoser {
       for (int h = 0; h < src->X; ++h)
         index.emplace(key(glob.data() + (t * src->X + h) * D), std::pair{t, h});
     const tens* t = got(k0_, st_);
-    std::vector<std::string> heads_seen;
     std::vector<std::int64_t> wrong_tokens, wrong_heads, lost;
     std::map<std::pair<int, int>, int> head_swaps;                   // (expected, found) → rows
     std::vector<std::pair<std::int64_t, std::int64_t>> token_moves;  // (expected, found)
