@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "core/error.hpp"
 #include "io/file.hpp"
@@ -137,9 +136,13 @@ dump_set read_dump(const std::string& dir) {
         "(rank0.json, rank0/, …)",
         dir);
   std::vector<std::string> metas;
-  const std::regex name(R"(rank[0-9]+\.json)");
+  // rank<digits>.json
+  const auto is_meta = [](const std::string& f) {
+    return f.size() > 9 && f.starts_with("rank") && f.ends_with(".json") &&
+           std::all_of(f.begin() + 4, f.end() - 5, [](char c) { return c >= '0' && c <= '9'; });
+  };
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), name))
+    if (e.is_regular_file() && is_meta(e.path().filename().string()))
       metas.push_back(e.path().string());
   if (metas.empty())
     fail<trace_error>(
