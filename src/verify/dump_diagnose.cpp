@@ -88,15 +88,7 @@ std::pair<std::int64_t, int> locate(const geometry& g, const stage_view& v, int 
 vec slice(const geometry& g, const stage_view& v, const vec& glob, int k) {
   if (v.kind == stage_view::local) return g.slice_local(glob, v.X, k);
   if (v.kind == stage_view::gathered) return g.slice_gathered(glob, v.X, v.hx, k);
-  // LSE [hq, Sg] from [S, H].
-  const int u = k % g.U;
-  const auto tok = g.ring_tokens(k / g.U);
-  vec out(static_cast<std::size_t>(g.hq) * tok.size());
-  for (int j = 0; j < g.hq; ++j)
-    for (std::size_t i = 0; i < tok.size(); ++i)
-      out[static_cast<std::size_t>(j) * tok.size() + i] =
-          glob[static_cast<std::size_t>(tok[i] * g.H + u * g.hq + j)];
-  return out;
+  return g.slice_lse(glob, k);
 }
 
 std::int64_t row_len(const geometry& g, const stage_view& v) {

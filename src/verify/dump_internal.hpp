@@ -48,6 +48,8 @@ struct geometry {
   vec slice_local(const vec& glob, int X, int k) const;
   /// Rank k's gathered rows [Sg, hx, D]: its ring rank's tokens, heads [u·hx, (u+1)·hx).
   vec slice_gathered(const vec& glob, int X, int hx, int k) const;
+  /// Rank k's LSE [hq, Sg] (its gathered tokens, its query heads) of a global [S, H] LSE.
+  vec slice_lse(const vec& lse, int k) const;
   /// The inverse of slice_local over all ranks; nullopt when a rank lacks the tensor or its
   /// shape differs.
   std::optional<vec> assemble_local(const std::vector<const tens*>& ranks, int X) const;

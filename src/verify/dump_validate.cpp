@@ -125,6 +125,17 @@ vec geometry::slice_gathered(const vec& glob, int X, int hx, int k) const {
   return out;
 }
 
+vec geometry::slice_lse(const vec& lse, int k) const {
+  const int u = k % U;
+  const auto tok = ring_tokens(k / U);
+  vec out(static_cast<std::size_t>(hq) * tok.size());
+  for (int j = 0; j < hq; ++j)
+    for (std::size_t i = 0; i < tok.size(); ++i)
+      out[static_cast<std::size_t>(j) * tok.size() + i] =
+          lse[static_cast<std::size_t>(tok[i] * H + u * hq + j)];
+  return out;
+}
+
 std::optional<vec> geometry::assemble_local(const std::vector<const tens*>& ranks, int X) const {
   vec glob(static_cast<std::size_t>(S * X * D));
   const auto row = static_cast<std::size_t>(X * D);
@@ -319,7 +330,7 @@ class call_check {
                g_.slice_gathered(ref_.out, g_.H, g_.hq, k));
     }
     if (any(fwd_, "lse"))
-      for (int k = 0; k < P; ++k) approx("lse", k, fwd_, {g_.hq, g_.Sg}, lse_of_rank(ref_.lse, k));
+      for (int k = 0; k < P; ++k) approx("lse", k, fwd_, {g_.hq, g_.Sg}, g_.slice_lse(ref_.lse, k));
     const auto attn_out =
         g_.U > 1 ? g_.assemble_gathered(all(fwd_, "out.attn"), g_.hq) : std::optional<vec>{};
     for (int k = 0; k < P; ++k) {
@@ -472,18 +483,6 @@ class call_check {
     if (g_.U > 1)
       if (auto glob = g_.assemble_gathered(all(bwd_, st), hx)) return {std::move(*glob), true};
     return {ref, false};
-  }
-
-  vec lse_of_rank(const vec& lse_glob, int k) const {
-    // [hq, Sg] from the reference's [S, H].
-    const int u = k % g_.U;
-    const auto tok = g_.ring_tokens(k / g_.U);
-    vec out(static_cast<std::size_t>(g_.hq * g_.Sg));
-    for (int j = 0; j < g_.hq; ++j)
-      for (std::size_t i = 0; i < tok.size(); ++i)
-        out[static_cast<std::size_t>(j) * tok.size() + i] =
-            lse_glob[static_cast<std::size_t>(tok[i] * g_.H + u * g_.hq + j)];
-    return out;
   }
 
   void check_layout() {
