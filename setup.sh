@@ -76,7 +76,7 @@ case "${1:-}" in
     echo "setup: building build-tsan (communicator tests)"
     ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test >/dev/null
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
-      --test-args=--gtest_repeat=3 inproc_comm
+      --test-args=--gtest_repeat=3 inproc_comm inproc_comm_fibers1 inproc_comm_fibers2
     # One closing line over the three runs (meson prints its own summary per run above).
     python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
       build-tsan/meson-logs/testlog.json <<'PY'

@@ -1,13 +1,18 @@
 // property_bench: how many generated SP-vs-reference scenarios per second the property suite
-// proves, for its small generators (tests/property/generators.hpp), and what the allocator
-// policy of sim/allocator.hpp buys: every generator runs first with glibc's default policy
-// (freed memory handed back to the OS), then with the policy seqpar applies at start-up
-// (keep_freed_memory), in the same run on the same scenarios.
+// proves, for its small generators (tests/property/generators.hpp), and what the two changes
+// to how a run is carried buy, in the same run on the same scenarios:
+//   threads/default  the SP ranks on one thread each, glibc's default allocator policy (the
+//                    way every check ran before: the baseline);
+//   threads/kept     the same under the policy seqpar's main applies (sim::keep_freed_memory);
+//   fibers/kept      the ranks as fibers on every core's thread (thread_world::set_carriers,
+//                    what check does by default): a rank waiting for a round lets another run
+//                    instead of sleeping in the kernel;
+//   fibers1/kept     the ranks as fibers on one thread.
 //
 // count = scenarios per iteration (sampled from the generator with a fixed seed, sizes cycling
-// 0…99 as RapidCheck's do); one iteration = one float64 `seqpar check` (SP step on threads, the
-// non-SP reference, the comparison) per scenario; rate = scenarios/s; ratio = rate / the same
-// generator's rate under the default policy; #wrong = scenarios whose check failed.
+// 0…99 as RapidCheck's do); one iteration = one float64 `seqpar check` (SP step, the non-SP
+// reference, the comparison) per scenario; rate = scenarios/s; ratio = rate / the same
+// generator's threads/default rate; #wrong = scenarios whose check failed.
 #include <fmt/format.h>
 #include <rapidcheck.h>
 
@@ -39,31 +44,45 @@ const generator generators[] = {
     {"async", &gens::async_check_scenario},
 };
 
+/// How a row runs the SP ranks and which allocator policy it runs under. The policy cannot be
+/// switched back, so the rows under glibc's default run first.
+struct carrying {
+  const char* name;
+  bool kept;         ///< sim::keep_freed_memory() applied
+  int rank_threads;  ///< check_options::rank_threads (0: every core; large: one per rank)
+};
+const carrying carryings[] = {
+    {"threads/default", false, 1 << 20},
+    {"threads/kept", true, 1 << 20},
+    {"fibers/kept", true, 0},
+    {"fibers1/kept", true, 1},
+};
+
 struct throughput {
   std::vector<scenario> cases;
   std::size_t variant = 0;
   std::int64_t failing = 0;
   double seconds = 0;
-  std::map<std::size_t, double> default_rate;  ///< per generator
+  std::map<std::size_t, double> baseline_rate;  ///< per generator
   bool policy_applied = false;
 
   static std::size_t generator_of(std::size_t v) { return v % std::size(generators); }
-  static bool kept(std::size_t v) { return v >= std::size(generators); }
+  static const carrying& carrying_of(std::size_t v) { return carryings[v / std::size(generators)]; }
 
   bench::operation op() {
     bench::operation o;
     o.name = "property scenarios (float64 check per generated scenario)";
     o.backend = "in-process";
     o.kind = bench::table_kind::compute;
-    for (int policy = 0; policy < 2; ++policy)
+    for (const auto& c : carryings)
       for (const auto& g : generators)
-        o.variants.push_back({"double", fmt::format("{}/{}", g.name, policy ? "kept" : "default")});
+        o.variants.push_back({"double", fmt::format("{} {}", g.name, c.name)});
     o.size = [](std::int64_t bytes, std::size_t, int) {
       return std::pair{bytes, bytes};  // size = count = scenarios
     };
     o.init = [this](const bench::point& p, std::uint64_t seed) {
       variant = p.variant;
-      if (kept(variant) && !policy_applied) policy_applied = sim::keep_freed_memory();
+      if (carrying_of(variant).kept && !policy_applied) policy_applied = sim::keep_freed_memory();
       const auto gen = generators[generator_of(variant)].make();
       cases.clear();
       for (std::int64_t i = 0; i < p.count; ++i)
@@ -75,7 +94,9 @@ struct throughput {
     };
     o.run = [this] {
       const auto t0 = std::chrono::steady_clock::now();
-      for (const auto& s : cases) failing += !verify::run_check(s).pass;
+      verify::check_options opt;
+      opt.rank_threads = carrying_of(variant).rank_threads;
+      for (const auto& s : cases) failing += !verify::run_check(s, opt).pass;
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     o.check = [this](const bench::point&, std::uint64_t) { return failing; };
@@ -83,18 +104,22 @@ struct throughput {
     o.work = [](const bench::point& p) { return static_cast<double>(p.count); };
     o.finish = [this](const bench::point& p, bench::row& r) {
       const auto g = generator_of(p.variant);
-      if (!kept(p.variant)) default_rate[g] = r.rate;
-      const auto it = default_rate.find(g);
-      r.ratio = it == default_rate.end() ? 0 : r.rate / std::max(it->second, 1e-12);
+      if (p.variant < std::size(generators)) baseline_rate[g] = r.rate;
+      const auto it = baseline_rate.find(g);
+      r.ratio = it == baseline_rate.end() ? 0 : r.rate / std::max(it->second, 1e-12);
     };
     o.measure_baseline = [](const std::string& type) {
       return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
                              bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
     };
-    o.ratio_meaning = "scenarios/s / the same generator's scenarios/s under glibc's default policy";
+    o.ratio_meaning =
+        "scenarios/s / the same generator's scenarios/s on threads/default (one thread per rank, "
+        "glibc's allocator policy: how every check ran before)";
     o.notes = {
         "the property suite's generators (tests/property/generators.hpp), fixed seeds, "
         "sizes 0..99; size = count = scenarios; one float64 check each",
+        "threads: one thread per SP rank; fibers: the ranks as fibers on every core's thread "
+        "(check's default); fibers1: on one thread",
         "default: glibc's allocator policy; kept: sim::keep_freed_memory() (what seqpar's "
         "main applies), switched on once, after every default row"};
     return o;
@@ -112,7 +137,7 @@ int main(int argc, char** argv) {
   quick.min_bytes = quick.max_bytes = 20;
   bench::driver d("property_bench",
                   "Generated SP-vs-reference scenarios per second (the property suite's small "
-                  "generators), glibc's default allocator policy vs seqpar's.",
+                  "generators): ranks on threads vs fibers, glibc's allocator policy vs seqpar's.",
                   defaults, quick);
   if (auto rc = d.parse(argc, argv)) return *rc;
   return d.guarded([&] {

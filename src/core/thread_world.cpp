@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -15,13 +16,15 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/fiber.hpp"
+#include "core/thread_pool.hpp"
 
 namespace seqpar {
 
 // All rendezvous state lives under state::mu. A round is erased by the last member to leave it.
 struct rendezvous_round {
   std::vector<const rendezvous_slot*> slots;
-  int arrived = 0, done = 0, left = 0;
+  int arrived = 0, synced = 0, done = 0, left = 0;
   int error_kind = 0;  ///< 0 none, 1 error, 2 shape_error
   std::string message;
 };
@@ -40,6 +43,24 @@ struct rank_activity {
   std::int64_t seq = 0;
   const std::string* group = nullptr;
 };
+
+/// A rank run as a fiber, and where the scheduler has it.
+struct fiber_rank {
+  std::unique_ptr<fiber> f;
+  /// ready: in the ready queue; running: on a carrier; leaving: suspending itself (its
+  /// context is being saved: no carrier may resume it yet); blocked: waiting for a notify or
+  /// its deadline; finished: its body returned.
+  enum phase_t { ready, running, leaving, blocked, finished } phase = ready;
+  std::uint64_t seen = 0;  ///< the notify generation it waits to change
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+
+/// The fiber the calling thread is running, if any (set by the carrier around resume()).
+/// Read through a function the compiler cannot inline, so that no thread's address is cached
+/// across a switch (a fiber may resume on another carrier).
+thread_local fiber_rank* current_fiber_rank = nullptr;
+[[gnu::noinline]] fiber_rank* running_fiber() { return current_fiber_rank; }
+[[gnu::noinline]] void set_running_fiber(fiber_rank* f) { current_fiber_rank = f; }
 
 struct thread_world::state {
   using round = rendezvous_round;
@@ -71,17 +92,47 @@ struct thread_world::state {
   /// of the rank being waited for).
   bool spin = false;
 
+  // Ranks as fibers (carriers between 1 and size - 1); all under mu.
+  int carriers = 0;
+  std::vector<fiber_rank> fibers;
+  std::deque<fiber_rank*> ready;
+  int finished = 0;
+  int idle_carriers = 0;
+  std::condition_variable carrier_cv;  ///< idle carriers wait here
+  std::condition_variable timer_cv;    ///< the launching thread waits here (watch_fibers)
+  /// When the launching thread wakes next to look for expired waits.
+  std::chrono::steady_clock::time_point timer_wake = std::chrono::steady_clock::time_point::max();
+
   /// Wakes every waiter. Call with mu held.
   void notify_locked() {
     gen.fetch_add(1, std::memory_order_release);
     cv.notify_all();
+    if (fibers.empty()) return;
+    bool woke = false;
+    for (auto& f : fibers)
+      if (f.phase == fiber_rank::blocked) {
+        f.phase = fiber_rank::ready;
+        ready.push_back(&f);
+        woke = true;
+      }
+    if (woke && idle_carriers > 0) carrier_cv.notify_all();
   }
   /// Waits (mu held through `lock`) until something is notified or `deadline`: first a short
   /// spin without the lock (a partner that is running arrives within microseconds; a sleep and
-  /// wake-up costs tens), then the condition variable. Returns false at the deadline.
+  /// wake-up costs tens), then the condition variable. A rank running as a fiber suspends
+  /// instead, and its carrier runs another rank. Returns false at the deadline.
   bool wait_locked(std::unique_lock<std::mutex>& lock,
                    std::chrono::steady_clock::time_point deadline) {
     const auto seen = gen.load(std::memory_order_acquire);
+    if (auto* me = running_fiber()) {
+      me->seen = seen;
+      me->deadline = deadline;
+      me->phase = fiber_rank::leaving;
+      lock.unlock();
+      me->f->suspend();
+      lock.lock();
+      return gen.load(std::memory_order_acquire) != seen;
+    }
     if (spin) {
       lock.unlock();
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
@@ -316,6 +367,30 @@ void thread_world::mark_exited(int rank, bool failed) {
   s_->notify_locked();
 }
 
+void thread_world::set_carriers(int threads) {
+  std::lock_guard lock(s_->mu);
+  if (s_->started) fail<error>("set_carriers must be called before the world runs");
+  s_->carriers = std::max(threads, 0);
+}
+
+int thread_world::carriers() const {
+  std::lock_guard lock(s_->mu);
+  return s_->carriers;
+}
+
+std::unique_lock<std::mutex> thread_world::lock() const { return std::unique_lock(s_->mu); }
+
+bool thread_world::wait(std::unique_lock<std::mutex>& lock,
+                        std::chrono::steady_clock::time_point deadline) {
+  return s_->wait_locked(lock, deadline);
+}
+
+void thread_world::notify(std::unique_lock<std::mutex>&) { s_->notify_locked(); }
+
+void thread_world::throw_if_aborted(std::unique_lock<std::mutex>&) const {
+  if (s_->aborted) s_->throw_aborted();
+}
+
 // ---- rendezvous ----
 
 rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
@@ -402,6 +477,7 @@ rendezvous::~rendezvous() {
   // no member waits for it, but the others may still be reading this member's buffers, so the
   // world cannot go on.
   std::lock_guard lock(st_.mu);
+  if (!synced_) ++r_->synced;
   ++r_->done;
   st_.notify_locked();
   st_.abort_locked(rank_, fmt::format("rank {} left {} on group '{}' before the others had read "
@@ -413,27 +489,37 @@ const rendezvous_slot& rendezvous::slot(int member) const {
   return *r_->slots[static_cast<std::size_t>(member)];
 }
 
+void rendezvous::sync() {
+  synced_ = true;
+  wait_for_all(&rendezvous_round::synced, "reached the round's second step");
+}
+
 void rendezvous::finish() {
+  wait_for_all(&rendezvous_round::done, "finished reading");
+  std::lock_guard lock(st_.mu);
+  leave_locked();  // complete: if the world was aborted meanwhile, the next call throws
+}
+
+void rendezvous::wait_for_all(int rendezvous_round::*counter, const char* step) {
   std::unique_lock lock(st_.mu);
-  if (++r_->done == g_.size()) st_.notify_locked();
+  if (++(r_->*counter) == g_.size()) st_.notify_locked();
   const auto deadline = std::chrono::steady_clock::now() + st_.timeout;
   // Even when the world is aborted meanwhile (another rank failed elsewhere), wait until every
-  // member has finished reading: leaving now would release this member's send buffer while a
-  // peer still copies from it. Reading is a bounded copy, so this wait is short.
-  while (r_->done != g_.size()) {
+  // member is through: leaving now would release this member's buffers while a peer still
+  // copies from them. Reading is a bounded copy, so this wait is short.
+  while (r_->*counter != g_.size()) {
     const bool woke = st_.wait_locked(lock, deadline);
-    if (r_->done == g_.size()) break;
+    if (r_->*counter == g_.size()) break;
     if (!woke || std::chrono::steady_clock::now() >= deadline) {
       left_ = true;  // the round is abandoned with the world
       if (st_.aborted) st_.throw_aborted();
-      const auto message = fmt::format(
-          "watchdog: {} on group {}: {} of {} members finished reading within {} ms",
-          call_name(mine_, seq_), describe(g_), r_->done, g_.size(), st_.timeout.count());
+      const auto message = fmt::format("watchdog: {} on group {}: {} of {} members {} within {} ms",
+                                       call_name(mine_, seq_), describe(g_), r_->*counter,
+                                       g_.size(), step, st_.timeout.count());
       st_.abort_locked(rank_, message);
       throw error(message);
     }
   }
-  leave_locked();  // complete: if the world was aborted meanwhile, the next call throws
 }
 
 void rendezvous::leave_locked() {
@@ -479,6 +565,95 @@ std::string message_of(std::exception_ptr e) {
 
 }  // namespace
 
+namespace {
+
+using fiber_clock = std::chrono::steady_clock;
+
+/// Runs `f` on the calling thread until it suspends or finishes, then files it (mu held on
+/// entry and on return; released while the fiber runs).
+void run_fiber(state& st, fiber_rank& f, std::unique_lock<std::mutex>& lock) {
+  f.phase = fiber_rank::running;
+  lock.unlock();
+  set_running_fiber(&f);
+  f.f->resume();
+  set_running_fiber(nullptr);
+  lock.lock();
+  if (f.f->finished()) {
+    f.phase = fiber_rank::finished;
+    if (++st.finished == static_cast<int>(st.fibers.size())) {
+      st.carrier_cv.notify_all();
+      st.timer_cv.notify_all();
+    }
+  } else if (st.gen.load(std::memory_order_acquire) != f.seen) {
+    f.phase = fiber_rank::ready;  // notified while it was leaving
+    st.ready.push_back(&f);
+  } else {
+    f.phase = fiber_rank::blocked;
+    if (f.deadline < st.timer_wake) st.timer_cv.notify_one();
+  }
+}
+
+/// A fiber whose wait has expired (blocked or still queued), taken off the ready queue, else
+/// null; `next` becomes the earliest deadline still ahead.
+fiber_rank* take_expired(state& st, fiber_clock::time_point& next) {
+  const auto now = fiber_clock::now();
+  next = fiber_clock::time_point::max();
+  for (auto& f : st.fibers) {
+    if (f.phase != fiber_rank::blocked && f.phase != fiber_rank::ready) continue;
+    if (f.deadline <= now) {
+      if (f.phase == fiber_rank::ready)
+        st.ready.erase(std::find(st.ready.begin(), st.ready.end(), &f));
+      return &f;
+    }
+    next = std::min(next, f.deadline);
+  }
+  return nullptr;
+}
+
+/// A carrier: runs ready fibers (and, with nothing else to do, those whose deadline passed)
+/// until every fiber has finished.
+void carry_fibers(state& st) {
+  std::unique_lock lock(st.mu);
+  const int P = static_cast<int>(st.fibers.size());
+  while (st.finished < P) {
+    fiber_rank* f = nullptr;
+    if (!st.ready.empty()) {
+      f = st.ready.front();
+      st.ready.pop_front();
+    } else {
+      fiber_clock::time_point next;
+      f = take_expired(st, next);
+      if (!f) {
+        ++st.idle_carriers;
+        st.carrier_cv.wait_until(lock, next);
+        --st.idle_carriers;
+        continue;
+      }
+    }
+    run_fiber(st, *f, lock);
+  }
+}
+
+/// The launching thread while carriers run the fibers: runs a fiber only once its deadline
+/// has passed, so that the watchdog fires even while every carrier is busy with a rank that
+/// never comes back to wait (stalled in its own code).
+void watch_fibers(state& st) {
+  std::unique_lock lock(st.mu);
+  const int P = static_cast<int>(st.fibers.size());
+  while (st.finished < P) {
+    fiber_clock::time_point next;
+    if (auto* f = take_expired(st, next)) {
+      run_fiber(st, *f, lock);
+      continue;
+    }
+    st.timer_wake = next;
+    st.timer_cv.wait_until(lock, next);
+    st.timer_wake = fiber_clock::time_point::max();
+  }
+}
+
+}  // namespace
+
 void run_rank_threads(thread_world& world, const std::function<void(int rank)>& rank_body) {
   {
     std::lock_guard lock(world.s_->mu);
@@ -488,8 +663,6 @@ void run_rank_threads(thread_world& world, const std::function<void(int rank)>& 
   }
   const int P = world.size();
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(P));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(P));
   auto rank_main = [&](int r) {
     try {
       rank_body(r);
@@ -500,14 +673,40 @@ void run_rank_threads(thread_world& world, const std::function<void(int rank)>& 
       world.mark_exited(r, true);
     }
   };
-  try {
-    for (int r = 0; r < P; ++r) threads.emplace_back(rank_main, r);
-  } catch (const std::exception& x) {
-    world.abort(-1, fmt::format("could not start rank threads: {}", x.what()));
-    // Ranks never started count as exited, so the started ones fail instead of waiting.
-    for (int r = static_cast<int>(threads.size()); r < P; ++r) world.mark_exited(r, true);
+  auto& st = *world.s_;
+  if (st.carriers > 0 && st.carriers < P) {
+    // Ranks as fibers on `carriers` threads. The fibers exist before any carrier starts (a
+    // stack that cannot be mapped fails here, before any rank ran).
+    std::unique_lock lock(st.mu);
+    st.spin = false;
+    st.fibers.resize(static_cast<std::size_t>(P));
+    for (int r = 0; r < P; ++r) {
+      st.fibers[static_cast<std::size_t>(r)].f =
+          std::make_unique<fiber>([&rank_main, r] { rank_main(r); });
+      st.ready.push_back(&st.fibers[static_cast<std::size_t>(r)]);
+    }
+    lock.unlock();
+    // Carriers come from the process's pool (a small check would otherwise spend a good part
+    // of its time starting and ending them).
+    const std::function<void(int)> carry = [&st](int) { carry_fibers(st); };
+    auto carriers = thread_pool::shared().start(st.carriers, carry);
+    if (carriers.started() == 0)
+      carry_fibers(st);  // no thread could be started: this one carries every rank
+    else
+      watch_fibers(st);
+    carriers.wait();
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(P));
+    try {
+      for (int r = 0; r < P; ++r) threads.emplace_back(rank_main, r);
+    } catch (const std::exception& x) {
+      world.abort(-1, fmt::format("could not start rank threads: {}", x.what()));
+      // Ranks never started count as exited, so the started ones fail instead of waiting.
+      for (int r = static_cast<int>(threads.size()); r < P; ++r) world.mark_exited(r, true);
+    }
+    for (auto& th : threads) th.join();
   }
-  for (auto& th : threads) th.join();
   if (!world.aborted()) return;
   const int first = world.failed_rank();
   if (first >= 0 && first < P && errors[static_cast<std::size_t>(first)])

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -37,7 +38,10 @@ struct rendezvous_slot {
   std::int64_t count = 0;           ///< all_gather, reduce_scatter, all_reduce
   std::span<const std::int64_t> send_counts, recv_counts;  ///< all_to_all, per group member
   std::span<const p2p_op> ops;                             ///< send_recv
-  std::string tag;                                         ///< for messages
+  /// all_reduce split over the members: this member's share of the sum, which the others
+  /// read between sync() and finish().
+  const std::byte* part = nullptr;
+  std::string tag;  ///< for messages
 
   /// The slot of a call with one send buffer and count (counts/ops are set by the caller).
   static rendezvous_slot of(const char* op, dtype t, const void* send, std::int64_t count,
@@ -89,6 +93,30 @@ class thread_world {
   /// instead of waiting for the watchdog. `failed` only changes the diagnostics.
   void mark_exited(int rank, bool failed);
 
+  /// How many threads carry the ranks (set before the run). 0 (the default) or at least
+  /// size(): one thread per rank. Fewer: the ranks run as fibers on that many threads, and a
+  /// rank that waits for a round lets another rank run on its thread instead of sleeping in
+  /// the kernel (an emulated collective of small tensors costs mostly that sleep and wake-up).
+  /// What the ranks compute and exchange does not depend on it: every round's data is fixed
+  /// by the round. The watchdog keeps its meaning: a waiter whose deadline passes runs on the
+  /// launching thread when every carrier is busy (e.g. with a rank stalled in its own code).
+  void set_carriers(int threads);
+  int carriers() const;
+
+  // For transports that keep tables of their own under the world's lock (the in-process
+  // nonblocking calls): the lock, a wait that wakes on every notify (and lets another rank run
+  // when the ranks are fibers) and the notify.
+
+  /// The world's lock, held.
+  std::unique_lock<std::mutex> lock() const;
+  /// With lock() held: waits until notified or `deadline` (false at the deadline; spurious
+  /// wake-ups happen, re-check the condition).
+  bool wait(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline);
+  /// With lock() held: wakes every waiter.
+  void notify(std::unique_lock<std::mutex>& lock);
+  /// With lock() held: throws the "aborted: rank R failed: …" error if the world was aborted.
+  void throw_if_aborted(std::unique_lock<std::mutex>& lock) const;
+
   struct state;  ///< rendezvous tables; defined in thread_world.cpp
 
  private:
@@ -121,11 +149,17 @@ class rendezvous {
   int me() const { return me_; }  ///< this rank's index in the group
   std::int64_t seq() const { return seq_; }
 
+  /// Between read and finish, for rounds in two steps (each member writes something the
+  /// others read next): returns once every member has called it.
+  void sync();
+
   /// Phase 3: returns once every member has finished reading this round's buffers.
   void finish();
 
  private:
   void leave_locked();
+  /// Counts this member in `counter` and waits until every member is counted (sync, finish).
+  void wait_for_all(int rendezvous_round::*counter, const char* step);
 
   thread_world::state& st_;
   const comm_group& g_;
@@ -136,9 +170,11 @@ class rendezvous {
   int me_ = 0;
   std::int64_t seq_ = 0;
   bool left_ = false;
+  bool synced_ = false;
 };
 
-/// Runs rank_body(r) for r = 0..P-1 on P threads of `world` and joins them. A rank that throws
+/// Runs rank_body(r) for r = 0..P-1, on P threads or as fibers on the world's carriers
+/// (set_carriers), and returns once every rank has returned. A rank that throws
 /// aborts the world (ranks blocked in a round throw "aborted: …" instead of hanging) and marks
 /// itself exited; a thread that cannot be started aborts the world too. Once every thread is
 /// joined, the first failure is rethrown with its message prefixed by "rank R: " (seqpar's error

@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -23,6 +22,10 @@ namespace {
 
 using comm_checks::add;
 using comm_checks::overlaps;
+
+/// Elements per member from which an all_reduce is summed in shares (one more step of the
+/// round, n reads of the buffers instead of n²).
+constexpr std::int64_t split_all_reduce_min = 2048;
 
 void check_reducible(dtype t, const char* op, const comm_group& g) {
   comm_checks::check_reducible(t, op, g, "the in-process communicator");
@@ -134,13 +137,33 @@ void inproc_communicator::do_reduce_scatter(const comm_group& g, const void* sen
 void inproc_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_t count,
                                         dtype t) {
   check_reducible(t, "all_reduce", g);
-  // In place: every member reads every buffer, so the sum is staged until all have read.
-  std::vector<std::byte> stage(static_cast<std::size_t>(count) * dtype_size(t));
-  const auto mine = rendezvous_slot::of("all_reduce", t, buf, count, call_info().tag);
+  const auto esz = dtype_size(t);
+  const int n = g.size();
+  auto mine = rendezvous_slot::of("all_reduce", t, buf, count, call_info().tag);
+  if (count < split_all_reduce_min * n) {
+    // In place: every member reads every buffer, so the sum is staged until all have read.
+    std::vector<std::byte> stage(static_cast<std::size_t>(count) * esz);
+    rendezvous rv(world_, g, rank_, mine);
+    reduce(t, rv, n, 0, count, stage.data());
+    rv.finish();
+    copy_bytes(static_cast<std::byte*>(buf), stage.data(), stage.size());
+    return;
+  }
+  // Large: member j sums elements [j·count/n, (j+1)·count/n) of every buffer, each element in
+  // group order as above (so the result is the same bits), and every member then copies the n
+  // shares: the buffers are read n times in all instead of n² times.
+  const auto share = [&](int j) { return count * j / n; };
+  const int me = g.index_of(rank_);
+  std::vector<std::byte> part(static_cast<std::size_t>(share(me + 1) - share(me)) * esz);
+  mine.part = part.data();
   rendezvous rv(world_, g, rank_, mine);
-  reduce(t, rv, g.size(), 0, count, stage.data());
+  reduce(t, rv, n, share(me), share(me + 1) - share(me), part.data());
+  rv.sync();  // every share is summed, and no member reads a buffer any more
+  auto* out = static_cast<std::byte*>(buf);
+  for (int j = 0; j < n; ++j)
+    copy_bytes(out + share(j) * esz, rv.slot(j).part,
+               static_cast<std::size_t>(share(j + 1) - share(j)) * esz);
   rv.finish();
-  copy_bytes(static_cast<std::byte*>(buf), stage.data(), stage.size());
 }
 
 void inproc_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) {
@@ -201,8 +224,8 @@ struct inproc_world::async_table {
     std::vector<member> members;
     int started = 0, read = 0;
   };
-  std::mutex mu;
-  std::condition_variable cv;
+  // Guarded by the world's lock (thread_world::lock), so that waiting for a round lets another
+  // rank run when the ranks are fibers.
   std::map<std::pair<std::string, std::int64_t>, round> rounds;
 };
 
@@ -242,7 +265,7 @@ std::int64_t inproc_communicator::do_start_all_to_all(const comm_group& g, const
   const std::int64_t round = async_rounds_[g.name]++;
   const int me = g.index_of(rank_);
   {
-    std::lock_guard lock(tab.mu);
+    auto lock = world_.lock();
     auto& r = tab.rounds[{g.name, round}];
     if (r.members.empty()) r.members.resize(static_cast<std::size_t>(g.size()));
     auto& m = r.members[static_cast<std::size_t>(me)];
@@ -254,8 +277,8 @@ std::int64_t inproc_communicator::do_start_all_to_all(const comm_group& g, const
     m.tag = call_info().tag;
     m.started = true;
     ++r.started;
+    world_.notify(lock);
   }
-  tab.cv.notify_all();
   poison(recv, total_recv, t);
   const auto token = next_token_++;
   started_[token] = {
@@ -271,22 +294,21 @@ void inproc_communicator::do_wait(std::int64_t token) {
   started_.erase(it);
   auto& tab = *world_.async_;
   const auto key = std::make_pair(mine.group, mine.round);
-  const auto deadline = std::chrono::steady_clock::now() + world_.timeout();
-  std::unique_lock lock(tab.mu);
+  const auto timeout = world_.timeout();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto lock = world_.lock();
   auto& r = tab.rounds.at(key);
   const int n = static_cast<int>(r.members.size());
   while (r.started < n) {
-    if (world_.aborted())
-      fail<error>("aborted: rank {} failed: {}", world_.failed_rank(), world_.abort_message());
-    if (tab.cv.wait_for(lock, std::chrono::milliseconds(20)) == std::cv_status::timeout &&
-        std::chrono::steady_clock::now() > deadline) {
+    world_.throw_if_aborted(lock);
+    if (!world_.wait(lock, deadline) && std::chrono::steady_clock::now() >= deadline) {
       std::vector<int> missing;
       for (int j = 0; j < n; ++j)
         if (!r.members[static_cast<std::size_t>(j)].started) missing.push_back(j);
       const auto msg = fmt::format(
           "watchdog: nonblocking all_to_all {} (call {} on group '{}') waited {} ms for "
           "members {} to start it",
-          mine.tag, mine.round, mine.group, world_.timeout().count(), fmt::join(missing, ","));
+          mine.tag, mine.round, mine.group, timeout.count(), fmt::join(missing, ","));
       lock.unlock();
       world_.abort(rank_, msg);
       fail<error>("{}", msg);

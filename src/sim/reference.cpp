@@ -253,16 +253,23 @@ Eigen::VectorXd attention_probs(const matrix& q, const matrix& k, Eigen::Index i
 }
 
 /// Runs item(i) for i in [0, n) on `threads` workers (0 = every core), largest first by
-/// `weight`; which worker runs an item never changes what the item computes.
+/// `weight` (the item's work in any unit); which worker runs an item never changes what the
+/// item computes. Below `min_work` in all, the calling thread does every item: starting a
+/// thread costs more than a few small items.
 template <class Weight, class Item>
-void parallel_items(std::size_t n, int threads, Weight weight, Item item) {
+void parallel_items(std::size_t n, int threads, Weight weight, Item item, double min_work) {
   std::vector<std::size_t> order(n);
-  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  double total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    order[i] = i;
+    total += static_cast<double>(weight(i));
+  }
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t x, std::size_t y) { return weight(x) > weight(y); });
   unsigned workers = threads > 0 ? static_cast<unsigned>(threads)
                                  : std::max(1u, std::thread::hardware_concurrency());
   workers = static_cast<unsigned>(std::min<std::size_t>(workers, n));
+  if (total < min_work) workers = 1;
   std::atomic<std::size_t> next{0};
   std::exception_ptr failure;
   std::mutex failure_mutex;
@@ -281,6 +288,12 @@ void parallel_items(std::size_t n, int threads, Weight weight, Item item) {
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
 }
+
+/// Work below which the attention runs on the calling thread: token pairs of all items
+/// (document length squared per head).
+constexpr double min_parallel_pairs = 16384;
+/// The same for the delta rule's recurrences: tokens of all items.
+constexpr double min_parallel_tokens = 1024;
 
 }  // namespace
 
@@ -304,7 +317,7 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
       docs.size() * per_doc, threads,
       [&](std::size_t item) {
         const auto& [a, e] = docs[item / per_doc];
-        return e - a;
+        return static_cast<double>(e - a) * static_cast<double>(e - a);
       },
       [&](std::size_t item) {
         const auto& [a, e] = docs[item / per_doc];
@@ -315,7 +328,8 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
           out.block(i, Eigen::Index{h} * head_dim, 1, head_dim) =
               p.transpose() * v.block(a, Eigen::Index{g} * head_dim, i - a + 1, head_dim);
         }
-      });
+      },
+      min_parallel_pairs);
   return out;
 }
 
@@ -364,9 +378,9 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
       docs.size() * per_doc, threads,
       [&](std::size_t item) {
         const auto& [a, e] = docs[item / per_doc];
-        return e - a;
+        return static_cast<double>(e - a) * static_cast<double>(e - a);
       },
-      group_item);
+      group_item, min_parallel_pairs);
 }
 
 matrix swiglu(const matrix& gate, const matrix& up) {
@@ -622,7 +636,8 @@ matrix gated_delta_rule(const matrix& q, const matrix& k, const matrix& v, const
             out.block(t, h * sh.dv, 1, sh.dv) = (S.transpose() * qh).transpose();
           }
         }
-      });
+      },
+      min_parallel_tokens);
   return out;
 }
 
@@ -700,7 +715,8 @@ void gated_delta_rule_backward(const matrix& q, const matrix& k, const matrix& v
           dq.block(it.begin + j, c0, 1, sh.dk) = q_inv(j) * (gq - qh * qh.dot(gq));
           dk.block(it.begin + j, c0, 1, sh.dk) = k_inv(j) * (gk - khat * khat.dot(gk));
         }
-      });
+      },
+      min_parallel_tokens);
 }
 
 matrix gated_rms_norm(const matrix& x, const matrix& z, const matrix& w, int v_heads) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include "core/collate.hpp"
 #include "core/error.hpp"
@@ -204,12 +205,20 @@ std::string flight_note(const std::string& dir, std::size_t files) {
 
 namespace {
 
+/// The threads that carry the SP ranks: rank_threads, else threads, else every core.
+int rank_carriers(const check_options& opt) {
+  if (opt.rank_threads > 0) return opt.rank_threads;
+  if (opt.threads > 0) return opt.threads;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 template <class T>
 std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
                                    const model_params<T>& p, const check_options& opt) {
   std::vector<step_output<T>> outs(static_cast<std::size_t>(s.cp()));
   inproc_world world(s.cp());
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
+  world.set_carriers(rank_carriers(opt));
   flight_recorder flight;
   // After a watchdog abort, a stalled rank that wakes up must not appear to have made the call
   // it missed; after an error, ranks still arriving at the call are victims and are recorded.

@@ -22,8 +22,13 @@ struct check_options {
   dtype type = dtype::f64;       ///< SP run precision; the reference is always float64
   bool naive_attention = false;  ///< the materialising oracle kernels instead of the tiled ones
   /// Workers of the non-SP reference's attention (0 = every core); its result is bitwise
-  /// identical at any count. The SP ranks run on threads of their own.
+  /// identical at any count. Also the threads that carry the SP ranks unless rank_threads is
+  /// set.
   int threads = 0;
+  /// Threads that carry the SP ranks (0 = as many as `threads`): at least the number of ranks
+  /// runs one thread per rank, fewer runs the ranks as fibers on them
+  /// (thread_world::set_carriers). What the ranks compute does not depend on it.
+  int rank_threads = 0;
   /// Called with a short line at each stage of a run (for progress output).
   std::function<void(std::string_view)> progress;
   comm_recorder* recorder = nullptr;  ///< records every collective of the SP run

@@ -12,10 +12,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +43,25 @@ op_info tagged(std::string tag) {
 
 comm_group make_group(std::string name, std::vector<int> ranks) {
   return comm_group{std::move(name), std::move(ranks)};
+}
+
+/// How this program's worlds carry their ranks: tests/unit/meson.build runs it three times,
+/// with SEQPAR_TEST_CARRIERS unset (one thread per rank), 1 and 2 (the ranks as fibers on that
+/// many threads, thread_world::set_carriers).
+int test_carriers() {
+  static const int carriers = [] {
+    const char* e = std::getenv("SEQPAR_TEST_CARRIERS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return carriers;
+}
+
+/// seqpar::run_ranks on a world carried as test_carriers() says.
+void run_test_ranks(int P, const std::function<void(communicator&)>& body,
+                    comm_recorder* recorder = nullptr) {
+  inproc_world world(P);
+  world.set_carriers(test_carriers());
+  seqpar::run_ranks(world, body, recorder);
 }
 
 /// World, world in reverse order, evens ({0,2,4,6}), odds, Ulysses-like pairs and the upper
@@ -65,7 +88,7 @@ std::vector<comm_group> test_groups(int P) {
 template <class Body>
 void on_every_group(int P, dtype t, const Body& body) {
   std::atomic<std::int64_t> wrong{0};
-  run_ranks(P, [&](communicator& c) {
+  run_test_ranks(P, [&](communicator& c) {
     const auto groups = test_groups(P);
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       const int me = groups[gi].index_of(c.rank());
@@ -214,7 +237,7 @@ TEST(inproc_comm, bf16_moves_as_raw_bytes) {
 
 TEST(inproc_comm, bf16_reduction_is_a_clear_error) {
   try {
-    run_ranks(2, [](communicator& c) {
+    run_test_ranks(2, [](communicator& c) {
       std::uint16_t x[2] = {0, 0};
       c.all_reduce(make_group("world", {0, 1}), x, 2, dtype::bf16);
     });
@@ -227,7 +250,7 @@ TEST(inproc_comm, bf16_reduction_is_a_clear_error) {
 TEST(inproc_comm, all_to_all_with_all_counts_zero_to_one_peer) {
   // Member 1 receives nothing from anyone and sends nothing: empty chunks in the middle.
   std::atomic<std::int64_t> wrong{0};
-  run_ranks(3, [&](communicator& c) {
+  run_test_ranks(3, [&](communicator& c) {
     const auto g = make_group("world", {0, 1, 2});
     const int me = c.rank();
     auto cnt = [](int i, int j) -> std::int64_t { return i == 1 || j == 1 ? 0 : 2 + i; };
@@ -247,7 +270,7 @@ TEST(inproc_comm, all_to_all_with_all_counts_zero_to_one_peer) {
 
 TEST(inproc_comm, in_place_all_gather_and_aliased_all_to_all) {
   std::atomic<std::int64_t> wrong{0};
-  run_ranks(4, [&](communicator& c) {
+  run_test_ranks(4, [&](communicator& c) {
     const auto g = make_group("world", {0, 1, 2, 3});
     // NCCL-style in-place all_gather: the send block is this rank's block of recv.
     std::vector<float> buf(4 * 3), want;
@@ -274,7 +297,7 @@ TEST(inproc_comm, barrier_orders_writes_before_reads) {
   constexpr int P = 6;
   std::vector<std::atomic<int>> stage(P);
   std::atomic<int> early{0};
-  run_ranks(P, [&](communicator& c) {
+  run_test_ranks(P, [&](communicator& c) {
     std::vector<int> all(P);
     std::iota(all.begin(), all.end(), 0);
     const auto g = make_group("world", all);
@@ -294,7 +317,7 @@ TEST(inproc_comm, disjoint_groups_run_concurrently) {
   // Ranks {0,1} reduce on ulysses0 while {2,3} reduce on ulysses1 and rings {0,2}, {1,3}
   // exchange, interleaved; ulysses1 is slowed down so the groups are out of step.
   std::atomic<std::int64_t> wrong{0};
-  run_ranks(4, [&](communicator& c) {
+  run_test_ranks(4, [&](communicator& c) {
     const int r = c.rank();
     const auto ulysses = make_group(fmt::format("ulysses{}", r / 2), {r / 2 * 2, r / 2 * 2 + 1});
     const auto ring = make_group(fmt::format("ring{}", r % 2), {r % 2, r % 2 + 2});
@@ -333,7 +356,7 @@ TEST(inproc_comm, reductions_are_bitwise_reproducible_under_random_schedules) {
     want_rs[k] = sum_in_order(terms);
   }
   for (int rep = 0; rep < reps; ++rep) {
-    run_ranks(P, [&](communicator& c) {
+    run_test_ranks(P, [&](communicator& c) {
       std::vector<int> all(P);
       std::iota(all.begin(), all.end(), 0);
       const auto g = make_group("world", all);
@@ -362,7 +385,7 @@ TEST(inproc_comm, sum_order_is_group_order_not_rank_order) {
   const float v[3] = {1.0f, -1e8f, 1e8f};  // by global rank
   ASSERT_NE((v[0] + v[1]) + v[2], (v[2] + v[1]) + v[0]) << "the test data must be order-sensitive";
   std::vector<float> got(3, -7), got_rs(3, -7);
-  run_ranks(3, [&](communicator& c) {
+  run_test_ranks(3, [&](communicator& c) {
     const auto g = make_group("reversed", {2, 1, 0});
     float x = v[c.rank()];
     c.all_reduce(g, &x, 1, dtype::f32);
@@ -377,6 +400,77 @@ TEST(inproc_comm, sum_order_is_group_order_not_rank_order) {
   }
 }
 
+TEST(inproc_comm, large_all_reduce_summed_in_shares_is_the_group_order_sum) {
+  // From 2048 elements per member the sum is split over the members (each sums a share); every
+  // element must still be the left-to-right sum in group order, shares of unequal length
+  // included (count not a multiple of the group size).
+  constexpr int P = 3;
+  constexpr std::int64_t count = 2048 * P + 5;
+  const std::vector<int> order{2, 0, 1};
+  std::vector<std::vector<float>> got(P);
+  run_test_ranks(P, [&](communicator& c) {
+    std::vector<float> buf(count);
+    for (std::int64_t k = 0; k < count; ++k)
+      buf[k] = value<float>(5, c.rank(), k) * (k % 3 == c.rank() ? 1e8f : 1.0f);
+    c.all_reduce(make_group("mixed", order), buf.data(), count, dtype::f32);
+    got[c.rank()] = buf;
+  });
+  std::vector<float> want(count);
+  for (std::int64_t k = 0; k < count; ++k) {
+    std::vector<float> terms;
+    for (int r : order) terms.push_back(value<float>(5, r, k) * (k % 3 == r ? 1e8f : 1.0f));
+    want[k] = sum_in_order(terms);
+  }
+  for (int r = 0; r < P; ++r) EXPECT_EQ(count_wrong(got[r], want), 0) << "rank " << r;
+}
+
+TEST(inproc_comm, caught_exception_survives_a_collective_in_its_handler) {
+  // A rank that waits in a collective inside a catch block lets other ranks run (on the same
+  // thread when the ranks are fibers), which catch exceptions of their own: each must find its
+  // own exception again when it resumes.
+  std::vector<std::string> rethrown(4);
+  run_test_ranks(4, [&](communicator& c) {
+    const auto world = make_group("world", {0, 1, 2, 3});
+    try {
+      try {
+        throw std::runtime_error(fmt::format("rank {}", c.rank()));
+      } catch (const std::exception&) {
+        c.barrier(world);
+        EXPECT_EQ(std::uncaught_exceptions(), 0);
+        throw;
+      }
+    } catch (const std::exception& e) {
+      rethrown[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(rethrown[r], fmt::format("rank {}", r));
+}
+
+TEST(inproc_comm, watchdog_fires_while_a_stalled_rank_holds_every_carrier) {
+  // Rank 2 is stuck in its own code for 1.5 s; with one carrier it holds the only thread, yet
+  // the others' deadline (200 ms) must still fire and name it, as with one thread per rank.
+  inproc_world world(3);
+  world.set_carriers(test_carriers());
+  world.set_timeout(200ms);
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration fired{};
+  world.set_abort_hook(
+      [&](int, const std::string&) { fired = std::chrono::steady_clock::now() - start; });
+  try {
+    run_ranks(world, [](communicator& c) {
+      if (c.rank() == 2) std::this_thread::sleep_for(1500ms);
+      c.barrier(make_group("world", {0, 1, 2}));
+    });
+    FAIL() << "expected the watchdog";
+  } catch (const error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("watchdog: barrier #0 on group 'world'"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 2 (busy in its own code, in no call)"), std::string::npos) << m;
+  }
+  EXPECT_LT(fired, 1s);
+}
+
+// ---- failures never hang ----
 // ---- failures never hang ----
 
 TEST(inproc_comm, throwing_rank_aborts_the_world_and_is_rethrown) {
@@ -384,7 +478,7 @@ TEST(inproc_comm, throwing_rank_aborts_the_world_and_is_rethrown) {
   std::mutex mu;
   std::vector<std::string> others;
   try {
-    run_ranks(4, [&](communicator& c) {
+    run_test_ranks(4, [&](communicator& c) {
       const auto g = make_group("world", {0, 1, 2, 3});
       double x = 1;
       c.all_reduce(g, &x, 1, dtype::f64);
@@ -407,16 +501,17 @@ TEST(inproc_comm, throwing_rank_aborts_the_world_and_is_rethrown) {
 }
 
 TEST(inproc_comm, rethrow_keeps_seqpar_error_type) {
-  EXPECT_THROW(run_ranks(3,
-                         [](communicator& c) {
-                           if (c.rank() == 1) fail<shape_error>("bad dim {}", 3);
-                           c.barrier(make_group("world", {0, 1, 2}));
-                         }),
+  EXPECT_THROW(run_test_ranks(3,
+                              [](communicator& c) {
+                                if (c.rank() == 1) fail<shape_error>("bad dim {}", 3);
+                                c.barrier(make_group("world", {0, 1, 2}));
+                              }),
                shape_error);
 }
 
 TEST(inproc_comm, rank_that_returns_without_a_collective_is_named_at_once) {
   inproc_world world(3);
+  world.set_carriers(test_carriers());
   world.set_timeout(30s);  // must not be needed
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -436,6 +531,7 @@ TEST(inproc_comm, rank_that_returns_without_a_collective_is_named_at_once) {
 TEST(inproc_comm, watchdog_names_the_member_that_never_arrived) {
   // Rank 1 skips the world barrier and waits on pair12, where rank 2 never comes: a deadlock.
   inproc_world world(3);
+  world.set_carriers(test_carriers());
   world.set_timeout(200ms);
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -462,7 +558,7 @@ TEST(inproc_comm, watchdog_names_the_member_that_never_arrived) {
 
 TEST(inproc_comm, all_to_all_count_mismatch_names_both_ranks) {
   try {
-    run_ranks(3, [](communicator& c) {
+    run_test_ranks(3, [](communicator& c) {
       std::vector<std::int64_t> sc{3, 3, 3}, rc{3, 3, 3};
       if (c.rank() == 1) rc[0] = 2;  // expects 2 from rank 0, which sends 3
       std::vector<double> send(9), recv(9);
@@ -483,7 +579,7 @@ TEST(inproc_comm, all_to_all_count_mismatch_names_both_ranks) {
 
 TEST(inproc_comm, unmatched_send_is_an_error) {
   try {
-    run_ranks(2, [](communicator& c) {
+    run_test_ranks(2, [](communicator& c) {
       double x = 1;
       std::vector<p2p_op> ops;
       if (c.rank() == 0) ops.push_back({p2p_op::kind::send, 1, &x, 1, {}});
@@ -501,7 +597,7 @@ TEST(inproc_comm, unmatched_send_is_an_error) {
 
 TEST(inproc_comm, unmatched_recv_and_p2p_count_mismatch_are_errors) {
   auto run = [](std::int64_t send_count, bool post_send) {
-    run_ranks(2, [=](communicator& c) {
+    run_test_ranks(2, [=](communicator& c) {
       double x[4] = {};
       std::vector<p2p_op> ops;
       if (c.rank() == 0 && post_send) ops.push_back({p2p_op::kind::send, 1, x, send_count, {}});
@@ -521,7 +617,7 @@ TEST(inproc_comm, unmatched_recv_and_p2p_count_mismatch_are_errors) {
 
 TEST(inproc_comm, different_ops_at_the_same_call_are_an_error) {
   try {
-    run_ranks(2, [](communicator& c) {
+    run_test_ranks(2, [](communicator& c) {
       const auto g = make_group("world", {0, 1});
       double x[2] = {};
       if (c.rank() == 0)
@@ -540,20 +636,20 @@ TEST(inproc_comm, different_ops_at_the_same_call_are_an_error) {
 }
 
 TEST(inproc_comm, group_name_with_other_ranks_is_an_error) {
-  EXPECT_THROW(run_ranks(4,
-                         [](communicator& c) {
-                           const int r = c.rank();
-                           c.barrier(make_group("ulysses", {r / 2 * 2, r / 2 * 2 + 1}));
-                         }),
+  EXPECT_THROW(run_test_ranks(4,
+                              [](communicator& c) {
+                                const int r = c.rank();
+                                c.barrier(make_group("ulysses", {r / 2 * 2, r / 2 * 2 + 1}));
+                              }),
                error);
-  EXPECT_THROW(run_ranks(0, [](communicator&) {}), config_error);
+  EXPECT_THROW(run_test_ranks(0, [](communicator&) {}), config_error);
 }
 
 // ---- recording ----
 
 TEST(inproc_comm, recorder_gets_op_group_seq_splits_and_tags) {
   comm_recorder rec;
-  run_ranks(
+  run_test_ranks(
       2,
       [](communicator& c) {
         const auto world = make_group("world", {0, 1});
@@ -623,7 +719,7 @@ a2a_result run_faulty_all_to_all(const fault_spec& spec, int calls = 1,
   res.want.resize(P);
   res.counts.resize(P);
   res.hits.resize(P);
-  run_ranks(
+  run_test_ranks(
       P,
       [&](communicator& inner) {
         faulty_communicator c(inner, spec);
@@ -775,10 +871,10 @@ TEST(faulty_comm, all_gather_faults) {
       got[c.rank()] = recv;
     };
     if (kind == fault_kind::wrong_count) {
-      EXPECT_THROW(run_ranks(4, body), shape_error);
+      EXPECT_THROW(run_test_ranks(4, body), shape_error);
       continue;
     }
-    run_ranks(4, body);
+    run_test_ranks(4, body);
     const std::vector<std::int64_t> counts{2, 2, 2, 2};
     EXPECT_EQ(got[0], corrupt_expected(kind, want[0], counts, 1, 3)) << fault_kind_name(kind);
     EXPECT_NE(got[0], want[0]) << fault_kind_name(kind);
@@ -818,10 +914,10 @@ TEST(faulty_comm, reduction_faults) {
         hits[me] = c.hits();
       };
       if (kind == fault_kind::wrong_count) {
-        EXPECT_THROW(run_ranks(3, body), shape_error) << op;
+        EXPECT_THROW(run_test_ranks(3, body), shape_error) << op;
         continue;
       }
-      run_ranks(3, body);
+      run_test_ranks(3, body);
       auto expect = want[2];
       if (kind == fault_kind::drop_chunk) std::fill(expect.begin(), expect.end(), 0);
       if (kind == fault_kind::duplicate_chunk)
@@ -864,10 +960,10 @@ TEST(faulty_comm, send_recv_faults) {
         for (int k = 0; k < 3; ++k) want[me].push_back(value<double>(10, src, k));
     };
     if (kind == fault_kind::wrong_count) {
-      EXPECT_THROW(run_ranks(4, body), shape_error);
+      EXPECT_THROW(run_test_ranks(4, body), shape_error);
       continue;
     }
-    run_ranks(4, body);
+    run_test_ranks(4, body);
     std::vector<std::int64_t> bits(6), wbits(6);
     std::memcpy(bits.data(), got[1].data(), 48);
     std::memcpy(wbits.data(), want[1].data(), 48);
@@ -878,7 +974,7 @@ TEST(faulty_comm, send_recv_faults) {
 }
 
 TEST(faulty_comm, invalid_spec_is_a_config_error) {
-  run_ranks(1, [](communicator& inner) {
+  run_test_ranks(1, [](communicator& inner) {
     fault_spec spec;
     spec.kind = fault_kind::swap_peers;
     spec.peer = spec.other_peer = 1;
@@ -906,7 +1002,7 @@ std::vector<double> a2a_payload(int r, int P, int n) {
 
 TEST(inproc_comm, nonblocking_all_to_all_waited_in_any_order) {
   constexpr int P = 3;
-  run_ranks(P, [](communicator& comm) {
+  run_test_ranks(P, [](communicator& comm) {
     const comm_group g{"w", {0, 1, 2}};
     const int r = comm.rank();
     std::vector<std::vector<double>> send, recv;
@@ -933,7 +1029,7 @@ TEST(inproc_comm, nonblocking_all_to_all_waited_in_any_order) {
 }
 
 TEST(inproc_comm, nonblocking_wait_twice_or_on_an_empty_handle_throws) {
-  run_ranks(2, [](communicator& comm) {
+  run_test_ranks(2, [](communicator& comm) {
     const comm_group g{"w", {0, 1}};
     std::vector<double> send = a2a_payload(comm.rank(), 2, 1), recv(2);
     const std::vector<std::int64_t> counts{1, 1};
@@ -947,30 +1043,30 @@ TEST(inproc_comm, nonblocking_wait_twice_or_on_an_empty_handle_throws) {
 }
 
 TEST(inproc_comm, nonblocking_send_buffer_changed_before_the_wait_is_reported) {
-  EXPECT_THROW(run_ranks(2,
-                         [](communicator& comm) {
-                           const comm_group g{"w", {0, 1}};
-                           std::vector<double> send = a2a_payload(comm.rank(), 2, 2), recv(4);
-                           const std::vector<std::int64_t> counts{2, 2};
-                           auto h = comm.start_all_to_all(g, send.data(), counts, recv.data(),
-                                                          counts, dtype::f64, {"reused"});
-                           send[0] = -1;  // the buffer reused while the call is in flight
-                           comm.wait(h);
-                         }),
+  EXPECT_THROW(run_test_ranks(2,
+                              [](communicator& comm) {
+                                const comm_group g{"w", {0, 1}};
+                                std::vector<double> send = a2a_payload(comm.rank(), 2, 2), recv(4);
+                                const std::vector<std::int64_t> counts{2, 2};
+                                auto h = comm.start_all_to_all(g, send.data(), counts, recv.data(),
+                                                               counts, dtype::f64, {"reused"});
+                                send[0] = -1;  // the buffer reused while the call is in flight
+                                comm.wait(h);
+                              }),
                error);
 }
 
 TEST(inproc_comm, nonblocking_counts_that_do_not_pair_up_are_a_shape_error) {
-  EXPECT_THROW(run_ranks(2,
-                         [](communicator& comm) {
-                           const comm_group g{"w", {0, 1}};
-                           std::vector<double> send(4, 1.0), recv(4);
-                           const std::vector<std::int64_t> s{2, 2},
-                               r = comm.rank() == 0 ? std::vector<std::int64_t>{2, 2}
-                                                    : std::vector<std::int64_t>{1, 3};
-                           auto h = comm.start_all_to_all(g, send.data(), s, recv.data(), r,
-                                                          dtype::f64, {"bad"});
-                           comm.wait(h);
-                         }),
+  EXPECT_THROW(run_test_ranks(2,
+                              [](communicator& comm) {
+                                const comm_group g{"w", {0, 1}};
+                                std::vector<double> send(4, 1.0), recv(4);
+                                const std::vector<std::int64_t> s{2, 2},
+                                    r = comm.rank() == 0 ? std::vector<std::int64_t>{2, 2}
+                                                         : std::vector<std::int64_t>{1, 3};
+                                auto h = comm.start_all_to_all(g, send.data(), s, recv.data(), r,
+                                                               dtype::f64, {"bad"});
+                                comm.wait(h);
+                              }),
                shape_error);
 }

@@ -1,0 +1,174 @@
+#include "core/fiber.hpp"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cxxabi.h>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
+namespace seqpar {
+
+namespace {
+
+constexpr std::size_t stack_bytes = std::size_t{8} << 20;
+
+/// Stacks outlive their fibers: a run of P ranks maps P stacks once per process instead of
+/// once per run (a fresh mapping costs a page fault per page the rank touches again).
+class stack_cache {
+ public:
+  static stack_cache& get() {
+    static stack_cache c;
+    return c;
+  }
+  /// The lowest usable byte of a stack of stack_bytes (a guard page lies below it).
+  std::byte* take() {
+    {
+      std::lock_guard lock(mu_);
+      if (!free_.empty()) {
+        auto* s = free_.back();
+        free_.pop_back();
+        return s;
+      }
+    }
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    void* m = mmap(nullptr, stack_bytes + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (m == MAP_FAILED)
+      fail<error>(
+          "cannot map a {} MiB stack for a rank fiber (out of address space?); run "
+          "with one thread per rank (--threads at least the number of ranks)",
+          stack_bytes >> 20);
+    mprotect(m, page, PROT_NONE);  // an overflow faults instead of corrupting a neighbour
+    return static_cast<std::byte*>(m) + page;
+  }
+  void give(std::byte* s) {
+    std::lock_guard lock(mu_);
+    free_.push_back(s);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::byte*> free_;
+};
+
+/// The C++ runtime's per-thread exception state (libstdc++'s __cxa_eh_globals): the caught
+/// exceptions' stack and the count of exceptions in flight.
+struct eh_state {
+  void* caught = nullptr;
+  unsigned int uncaught = 0;
+};
+eh_state& thread_eh_state() { return *reinterpret_cast<eh_state*>(abi::__cxa_get_globals()); }
+
+}  // namespace
+
+struct fiber::impl {
+  std::function<void()> body;
+  std::exception_ptr failure;
+  bool done = false;
+  std::byte* stack = nullptr;
+  ucontext_t self{}, carrier{};
+  eh_state eh;  ///< the fiber's exception state while it is suspended, the carrier's while it runs
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake_stack = nullptr;  ///< ASan's fake frames of the side being switched away from
+  const void* carrier_bottom = nullptr;
+  std::size_t carrier_size = 0;
+#endif
+#if defined(__SANITIZE_THREAD__)
+  void* tsan_fiber = nullptr;
+  void* tsan_carrier = nullptr;
+#endif
+
+  // Inside the fiber, right after a carrier switched to it.
+  void arrived() {
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_finish_switch_fiber(fake_stack, &carrier_bottom, &carrier_size);
+#endif
+  }
+  // Inside the fiber: back to the carrier (for good when done).
+  void leave() {
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_start_switch_fiber(done ? nullptr : &fake_stack, carrier_bottom, carrier_size);
+#endif
+#if defined(__SANITIZE_THREAD__)
+    __tsan_switch_to_fiber(tsan_carrier, 0);
+#endif
+    swapcontext(&self, &carrier);
+  }
+
+  static void entry(unsigned hi, unsigned lo) {
+    auto* f = reinterpret_cast<impl*>((static_cast<std::uintptr_t>(hi) << 32) |
+                                      static_cast<std::uintptr_t>(lo));
+    f->arrived();
+    try {
+      f->body();
+    } catch (...) {
+      f->failure = std::current_exception();
+    }
+    f->done = true;
+    f->leave();  // never resumed again
+  }
+};
+
+fiber::fiber(std::function<void()> body) : p_(std::make_unique<impl>()) {
+  p_->body = std::move(body);
+  p_->stack = stack_cache::get().take();
+  getcontext(&p_->self);
+  p_->self.uc_stack.ss_sp = p_->stack;
+  p_->self.uc_stack.ss_size = stack_bytes;
+  p_->self.uc_link = nullptr;
+  const auto addr = reinterpret_cast<std::uintptr_t>(p_.get());
+  makecontext(&p_->self, reinterpret_cast<void (*)()>(&impl::entry), 2,
+              static_cast<unsigned>(addr >> 32), static_cast<unsigned>(addr & 0xFFFFFFFFu));
+#if defined(__SANITIZE_THREAD__)
+  p_->tsan_fiber = __tsan_create_fiber(0);
+#endif
+}
+
+fiber::~fiber() {
+#if defined(__SANITIZE_THREAD__)
+  __tsan_destroy_fiber(p_->tsan_fiber);
+#endif
+  stack_cache::get().give(p_->stack);
+}
+
+void fiber::resume() {
+  auto& mine = thread_eh_state();
+  std::swap(mine, p_->eh);  // the fiber's exception state in, the carrier's kept aside
+#if defined(__SANITIZE_ADDRESS__)
+  void* carrier_fake = nullptr;
+  __sanitizer_start_switch_fiber(&carrier_fake, p_->stack, stack_bytes);
+#endif
+#if defined(__SANITIZE_THREAD__)
+  p_->tsan_carrier = __tsan_get_current_fiber();
+  __tsan_switch_to_fiber(p_->tsan_fiber, 0);
+#endif
+  swapcontext(&p_->carrier, &p_->self);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(carrier_fake, nullptr, nullptr);
+#endif
+  std::swap(mine, p_->eh);
+}
+
+void fiber::suspend() {
+  p_->leave();
+  p_->arrived();
+}
+
+bool fiber::finished() const { return p_->done; }
+
+std::exception_ptr fiber::error() const { return p_->failure; }
+
+}  // namespace seqpar
