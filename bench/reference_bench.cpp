@@ -1,11 +1,14 @@
 // reference_bench: the float64 non-SP reference step of `seqpar check` (the independent oracle,
-// src/sim/reference.hpp) on 1 thread and on every core, measured in the same run.
+// src/sim/reference.hpp) on 1 thread and on every core, measured in the same run; with
+// --whole-check, the whole check instead (SP step with its ranks as fibers on the threads, the
+// reference, the comparison): `seqpar check --threads 1` against `--threads 0`.
 //
 // size = bytes of the row's float64 hidden states (tokens·hidden·8), count = tokens, packed as
 // three documents in proportion 2:1:1 (the 32K check shape: 16384, 8192, 8192 at 32K).
 // One iteration is one reference step (forward, loss, backward); ratio = time on 1 thread / time
 // on this variant's threads (1.00 for the 1-thread row); #wrong = gradient, logit and loss
-// values that are not bitwise equal to the 1-thread step of the same size.
+// values that are not bitwise equal to the 1-thread step of the same size (--whole-check: report
+// rows whose max_abs or max_rel is not bitwise equal to the 1-thread check's, or that fail).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -28,7 +31,10 @@ struct reference_scaling {
   scenario scen;
   verify::reference_inputs inputs;
   int variant_threads = 1;
+  bool whole_check = false;  ///< --whole-check
   ref::step_result last;
+  verify::check_report last_check;
+  std::map<std::int64_t, verify::check_report> single_check;
   std::map<std::int64_t, ref::step_result> single;  ///< the 1-thread step per size
   std::map<std::int64_t, double> single_seconds;
   double seconds = 0;
@@ -59,9 +65,28 @@ struct reference_scaling {
     return n;
   }
 
+  /// Report rows of this check that fail or differ in a bit from the 1-thread check's.
+  std::int64_t check_differing(std::int64_t tokens) {
+    std::int64_t n = 0;
+    for (const auto& r : last_check.rows) n += !r.pass;
+    if (variant_threads == 1) {
+      single_check[tokens] = last_check;
+      return n;
+    }
+    const auto it = single_check.find(tokens);
+    if (it == single_check.end()) return n;
+    const auto& want = it->second.rows;
+    if (want.size() != last_check.rows.size()) return n + 1;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      n += want[i].max_abs != last_check.rows[i].max_abs ||
+           want[i].max_rel != last_check.rows[i].max_rel;
+    return n;
+  }
+
   bench::operation op() {
     bench::operation o;
-    o.name = "non-SP reference step (float64, the oracle)";
+    o.name = whole_check ? "seqpar check (float64 SP step + the oracle + comparison)"
+                         : "non-SP reference step (float64, the oracle)";
     o.backend = "eigen";
     o.kind = bench::table_kind::compute;
     for (int t : threads) o.variants.push_back({"double", fmt::format("threads={}", t)});
@@ -78,11 +103,18 @@ struct reference_scaling {
     };
     o.run = [this] {
       const auto t0 = std::chrono::steady_clock::now();
-      last = ref::train_step(scen, inputs.weights, inputs.batch, variant_threads);
+      if (whole_check) {
+        verify::check_options opt;
+        opt.threads = variant_threads;
+        last_check = verify::run_check(scen, opt);
+      } else {
+        last = ref::train_step(scen, inputs.weights, inputs.batch, variant_threads);
+      }
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ++runs;
     };
     o.check = [this](const bench::point& p, std::uint64_t) -> std::int64_t {
+      if (whole_check) return check_differing(p.count);
       if (variant_threads == 1) {
         single[p.count] = last;
         return 0;
@@ -103,7 +135,9 @@ struct reference_scaling {
       return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
                              bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
     };
-    o.ratio_meaning = "speed-up: reference step time on 1 thread / on this row's threads";
+    o.ratio_meaning = whole_check
+                          ? "speed-up: check time with --threads 1 / with this row's --threads"
+                          : "speed-up: reference step time on 1 thread / on this row's threads";
     o.notes = {"Hq=8 Hkv=2 d=16 hidden=64, 1 layer, documents 2:1:1; count = tokens",
                fmt::format("threads=0 is every core ({} here); #wrong: values not bitwise equal "
                            "to the 1-thread step",
@@ -125,9 +159,14 @@ int main(int argc, char** argv) {
   bench::driver d("reference_bench",
                   "The float64 non-SP reference step on 1 thread vs every core (bitwise equal).",
                   defaults, quick);
+  bool whole_check = false;
+  d.app().add_flag("--whole-check", whole_check,
+                   "time the whole check (U 4 x R 2, ranks as fibers on the threads), not the "
+                   "reference alone");
   if (auto rc = d.parse(argc, argv)) return *rc;
   return d.guarded([&] {
     reference_scaling r;
+    r.whole_check = whole_check;
     r.threads = {1, 0};
     auto op = r.op();
     auto group = bench::single_rank();

@@ -89,8 +89,9 @@ action add_check(CLI::App& app) {
   add_report_flags(*sub, a->json, a->quiet);
   sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
   sub->add_option("--threads", a->threads,
-                  "workers of the non-SP reference (0 = every core); results are bitwise identical "
-                  "at any count")
+                  "threads of the non-SP reference and carriers of the SP ranks (0 = every core; "
+                  "fewer than the ranks: the ranks run as fibers on them); results are bitwise "
+                  "identical at any count")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   add_run_guard_flags(*sub, a->guard);
