@@ -1,12 +1,14 @@
 // attention_bench: GFLOP/s of the tiled CPU attention (sim/attention.hpp; forward + backward,
-// one causal document, H = 1) next to Eigen's square GEMM measured in the same run on the same
-// core, and the peak memory per token at two sizes 8× apart to show O(S) memory.
+// one causal document, H = 1, and GQA with 4 q heads sharing 1 KV head) next to Eigen's square
+// GEMM measured in the same run on the same core, and the peak memory per token at two sizes 8×
+// apart to show O(S) memory.
 //
 //   attention_bench [common flags] [--tile-q N] [--tile-k N] [--no-memory]
 //
-// size = bytes of Q (S·H·d·sizeof(type)), count = S tokens. FLOP convention (FlashAttention's):
-// forward = 4·S²·H·d (two GEMMs), backward = 2.5 × forward, causal halves both; so fwd+bwd
-// causal = 3.5·4·S²·H·d/2 = 7·S²·H·d. Masked/skipped work and the exp/rowsum passes are not
+// size = bytes of K (S·Hkv·d·sizeof(type); the bytes of Q when H = 1), so a GQA row has the S of
+// the H = 1 row of the same size; count = S tokens. FLOP convention (FlashAttention's): forward =
+// 4·S²·Hq·d (two GEMMs), backward = 2.5 × forward, causal halves both; so fwd+bwd causal =
+// 3.5·4·S²·Hq·d/2 = 7·S²·Hq·d. Masked/skipped work and the exp/rowsum passes are not
 // counted. GEMM: 2·n³ for an n×n by n×n product. #wrong: sampled forward rows against a direct
 // double-precision softmax (bench/attention_oracle.hpp).
 #include <fmt/format.h>
@@ -36,36 +38,39 @@ std::int64_t peak_rss_bytes() {
   return 0;
 }
 
-/// One causal single-document problem of s tokens, h heads (GQA off), index-derived inputs.
+/// One causal single-document problem of s tokens, hq q heads sharing hkv KV heads,
+/// index-derived inputs.
 template <class T>
 struct problem {
   std::int64_t s = 0;
-  int h = 1, d = 64;
+  int hq = 1, hkv = 1, d = 64;
   std::vector<T> q, k, v, out, lse, dout, dq, dk, dv;
   std::vector<std::int32_t> cu;
 
-  problem(std::int64_t s_, int h_, int d_, std::uint64_t seed) : s(s_), h(h_), d(d_) {
-    const auto n = static_cast<std::size_t>(s * h * d);
-    auto fill = [&](std::vector<T>& x, int tensor) {
+  problem(std::int64_t s_, int hq_, int hkv_, int d_, std::uint64_t seed)
+      : s(s_), hq(hq_), hkv(hkv_), d(d_) {
+    const auto nq = static_cast<std::size_t>(s * hq * d),
+               nkv = static_cast<std::size_t>(s * hkv * d);
+    auto fill = [&](std::vector<T>& x, std::size_t n, int tensor) {
       x.resize(n);
       for (std::size_t i = 0; i < n; ++i)
         x[i] = static_cast<T>(bench::exact_value(seed + static_cast<std::uint64_t>(tensor), 0,
                                                  static_cast<std::int64_t>(i)));
     };
-    fill(q, 1);
-    fill(k, 2);
-    fill(v, 3);
-    fill(dout, 4);
-    out.assign(n, T(0));
-    dq.assign(n, T(0));
-    dk.assign(n, T(0));
-    dv.assign(n, T(0));
-    lse.assign(static_cast<std::size_t>(s * h), T(0));
+    fill(q, nq, 1);
+    fill(k, nkv, 2);
+    fill(v, nkv, 3);
+    fill(dout, nq, 4);
+    out.assign(nq, T(0));
+    dq.assign(nq, T(0));
+    dk.assign(nkv, T(0));
+    dv.assign(nkv, T(0));
+    lse.assign(static_cast<std::size_t>(s * hq), T(0));
     cu = {0, static_cast<std::int32_t>(s)};
   }
   double scale() const { return 1.0 / std::sqrt(static_cast<double>(d)); }
   sim::attention_args<T> args() const {
-    return {q.data(), k.data(), v.data(), s, s, h, h, d, cu.data(), cu.data(), 1, scale(), true};
+    return {q.data(), k.data(), v.data(), s, s, hq, hkv, d, cu.data(), cu.data(), 1, scale(), true};
   }
   void forward(sim::attention_tiles t) {
     sim::attention_forward(args(), out.data(), lse.data(), t);
@@ -79,13 +84,20 @@ struct problem {
       return [&x](std::int64_t i) { return static_cast<double>(x[static_cast<std::size_t>(i)]); };
     };
     const double u = std::ldexp(1.0, -std::numeric_limits<T>::digits);
-    return bench::attention_forward_wrong(s, h, h, d, scale(), at(q), at(k), at(v), at(out), u, u);
+    return bench::attention_forward_wrong(s, hq, hkv, d, scale(), at(q), at(k), at(v), at(out), u,
+                                          u);
   }
 };
 
+/// A family of table rows: element type, head dim, q heads on the one KV head (1: H = 1; 4: GQA).
+struct shape {
+  bool is_float;
+  int d, hq;
+};
+constexpr shape shapes[] = {{true, 64, 1}, {true, 128, 1}, {false, 64, 1}, {false, 128, 1},
+                            {true, 64, 4}, {true, 128, 4}, {false, 64, 4}, {false, 128, 4}};
+
 struct attention {
-  static constexpr int heads = 1;
-  static constexpr int head_dims[2] = {64, 128};
   sim::attention_tiles tiles;
   std::vector<std::int64_t> memory_sizes;
   // The current point's problem (one of the two types).
@@ -97,21 +109,24 @@ struct attention {
     o.name = "attention fwd+bwd";
     o.backend = "eigen";
     o.kind = bench::table_kind::compute;
-    o.variants = {{"float", "d=64"}, {"float", "d=128"}, {"double", "d=64"}, {"double", "d=128"}};
-    auto head_dim = [](std::size_t v) { return head_dims[v % 2]; };
-    auto esz = [](std::size_t v) { return v < 2 ? 4 : 8; };
-    o.size = [=](std::int64_t bytes, std::size_t v, int) {
-      const std::int64_t per_token = std::int64_t{heads} * head_dim(v) * esz(v);
+    for (const shape& sh : shapes) {
+      o.variants.push_back({sh.is_float ? "float" : "double",
+                            fmt::format("d={}{}", sh.d, sh.hq > 1 ? " GQA4" : "")});
+    }
+    o.size = [](std::int64_t bytes, std::size_t v, int) {
+      const shape& sh = shapes[v];
+      const std::int64_t per_token = std::int64_t{sh.d} * (sh.is_float ? 4 : 8);  // one KV head
       const std::int64_t s = bytes / per_token;
       return std::pair{s, s * per_token};
     };
-    o.init = [=, this](const bench::point& p, std::uint64_t seed) {
+    o.init = [this](const bench::point& p, std::uint64_t seed) {
       pf.reset();
       pd.reset();
-      if (p.variant < 2)
-        pf = std::make_unique<problem<float>>(p.count, heads, head_dim(p.variant), seed);
+      const shape& sh = shapes[p.variant];
+      if (sh.is_float)
+        pf = std::make_unique<problem<float>>(p.count, sh.hq, 1, sh.d, seed);
       else
-        pd = std::make_unique<problem<double>>(p.count, heads, head_dim(p.variant), seed);
+        pd = std::make_unique<problem<double>>(p.count, sh.hq, 1, sh.d, seed);
     };
     o.run = [this] {
       if (pf) {
@@ -123,9 +138,10 @@ struct attention {
       }
     };
     o.check = [this](const bench::point&, std::uint64_t) { return pf ? pf->wrong() : pd->wrong(); };
-    o.work = [=](const bench::point& p) {
-      const double fwd = 4.0 * static_cast<double>(p.count) * static_cast<double>(p.count) * heads *
-                         head_dim(p.variant) / 2;
+    o.work = [](const bench::point& p) {
+      const shape& sh = shapes[p.variant];
+      const double fwd =
+          4.0 * static_cast<double>(p.count) * static_cast<double>(p.count) * sh.hq * sh.d / 2;
       return 3.5 * fwd * 1e-9;
     };
     o.measure_baseline = [](const std::string& type) {
@@ -134,9 +150,10 @@ struct attention {
     };
     o.ratio_meaning = "GFLOP/s / Eigen GEMM GFLOP/s of the same type";
     o.notes = {
-        fmt::format("one causal document, H={}, tiles {}x{}; size = bytes of Q, count = tokens S",
-                    heads, tiles.q, tiles.k),
-        "FLOPs: causal fwd = 4*S^2*H*d/2, bwd = 2.5*fwd, fwd+bwd = 3.5*fwd; gemm = 2*n^3; one "
+        fmt::format("one causal document, H=1 (GQA4: Hq=4 sharing Hkv=1), tiles {}x{}; size = "
+                    "bytes of K, count = tokens S",
+                    tiles.q, tiles.k),
+        "FLOPs: causal fwd = 4*S^2*Hq*d/2, bwd = 2.5*fwd, fwd+bwd = 3.5*fwd; gemm = 2*n^3; one "
         "core, no OpenMP",
         "#wrong: 8 sampled forward rows vs a direct double softmax, tol = (S+16)*u + u"};
     if (!memory_sizes.empty()) {
@@ -152,7 +169,7 @@ struct attention {
         const std::int64_t base = peak_rss_bytes();
         for (std::int64_t s : memory_sizes) {
           {
-            problem<float> p(s, 1, 64, 1);
+            problem<float> p(s, 1, 1, 64, 1);
             p.forward(tiles);
             p.backward(tiles);
           }
@@ -185,7 +202,9 @@ int main(int argc, char** argv) {
                   defaults, quick);
   attention a;
   bool no_memory = false;
-  d.app().add_option("--tile-q", a.tiles.q, "q rows per tile")->check(CLI::PositiveNumber);
+  d.app()
+      .add_option("--tile-q", a.tiles.q, "q rows per tile (a GQA group's heads together)")
+      ->check(CLI::PositiveNumber);
   d.app().add_option("--tile-k", a.tiles.k, "k rows per tile")->check(CLI::PositiveNumber);
   d.app().add_flag("--no-memory", no_memory, "skip the peak-memory-per-token table");
   if (auto rc = d.parse(argc, argv)) return *rc;

@@ -98,6 +98,8 @@ struct thread_world::state {
   std::deque<fiber_rank*> ready;
   int finished = 0;
   int idle_carriers = 0;
+  /// Idle carriers spin before sleeping when every carrier can have a core.
+  bool spin_carriers = false;
   std::condition_variable carrier_cv;  ///< idle carriers wait here
   std::condition_variable timer_cv;    ///< the launching thread waits here (watch_fibers)
   /// When the launching thread wakes next to look for expired waits.
@@ -581,6 +583,7 @@ void run_fiber(state& st, fiber_rank& f, std::unique_lock<std::mutex>& lock) {
   if (f.f->finished()) {
     f.phase = fiber_rank::finished;
     if (++st.finished == static_cast<int>(st.fibers.size())) {
+      st.gen.fetch_add(1, std::memory_order_release);  // ends a spinning carrier's wait
       st.carrier_cv.notify_all();
       st.timer_cv.notify_all();
     }
@@ -615,6 +618,7 @@ fiber_rank* take_expired(state& st, fiber_clock::time_point& next) {
 void carry_fibers(state& st) {
   std::unique_lock lock(st.mu);
   const int P = static_cast<int>(st.fibers.size());
+  bool spun = false;  ///< spun since it last ran a fiber
   while (st.finished < P) {
     fiber_rank* f = nullptr;
     if (!st.ready.empty()) {
@@ -624,6 +628,18 @@ void carry_fibers(state& st) {
       fiber_clock::time_point next;
       f = take_expired(st, next);
       if (!f) {
+        // Nothing to run: spin briefly first (a rank running on another carrier usually
+        // completes the round within microseconds; a sleep and wake-up costs tens), then sleep.
+        if (!spun && st.spin_carriers) {
+          spun = true;
+          const auto seen = st.gen.load(std::memory_order_acquire);
+          lock.unlock();
+          const auto until = fiber_clock::now() + std::chrono::microseconds(50);
+          for (int i = 0; st.gen.load(std::memory_order_acquire) == seen; ++i)
+            if ((i & 63) == 63 && fiber_clock::now() >= until) break;
+          lock.lock();
+          continue;
+        }
         ++st.idle_carriers;
         st.carrier_cv.wait_until(lock, next);
         --st.idle_carriers;
@@ -631,6 +647,7 @@ void carry_fibers(state& st) {
       }
     }
     run_fiber(st, *f, lock);
+    spun = false;
   }
 }
 
@@ -679,6 +696,8 @@ void run_rank_threads(thread_world& world, const std::function<void(int rank)>& 
     // stack that cannot be mapped fails here, before any rank ran).
     std::unique_lock lock(st.mu);
     st.spin = false;
+    st.spin_carriers =
+        st.carriers <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     st.fibers.resize(static_cast<std::size_t>(P));
     for (int r = 0; r < P; ++r) {
       st.fibers[static_cast<std::size_t>(r)].f =

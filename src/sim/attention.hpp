@@ -45,8 +45,10 @@ struct attention_args {
   bool causal;
 };
 
-/// Tile sizes of the tiled kernels: q rows per tile and k rows per tile (both >= 1). The defaults
-/// were picked by bench/attention_bench on one core; results do not depend on them beyond rounding.
+/// Tile sizes of the tiled kernels (both >= 1): q = rows per q tile, counting every q head of a
+/// GQA group (tiles.q / (hq/hkv) query rows of each of the group's heads, at least one), k = keys
+/// per k tile. The defaults were picked by bench/attention_bench on one core; results do not
+/// depend on them beyond rounding.
 struct attention_tiles {
   int q = 64;
   int k = 128;
@@ -137,17 +139,6 @@ void validate(const attention_args<T>& a, const char* who) {
 inline std::int64_t causal_k_end(bool causal, std::int64_t i1, std::int64_t lq, std::int64_t lk) {
   if (!causal) return lk;
   return std::clamp<std::int64_t>(i1 + (lk - lq), 0, lk);
-}
-
-/// Sets s(r, c) = -inf where k row j0+c is invisible to q row i0+r (j > i + off).
-template <class Block>
-void mask_causal(Block&& s, std::int64_t i0, std::int64_t j0, std::int64_t off) {
-  using T = typename std::decay_t<Block>::Scalar;
-  const std::int64_t cols = s.cols();
-  for (std::int64_t r = 0; r < s.rows(); ++r) {
-    const std::int64_t first_hidden = std::max<std::int64_t>(i0 + r + off - j0 + 1, 0);
-    if (first_hidden < cols) s.row(r).tail(cols - first_hidden).setConstant(neg_inf<T>());
-  }
 }
 
 }  // namespace detail
@@ -263,9 +254,8 @@ void attention_backward_naive(const attention_args<T>& a, const T* out, const T*
 namespace detail {
 
 /// The tiled kernels' frame: validate_tiled checks the arguments and the tile sizes (before any
-/// output is touched); for_each_q_tile calls f(doc_rows, h, g, i0, rows, k_end) for every q tile
-/// (rows [i0, i0 + rows) of the document) of every (document, q head h of KV head g) whose rows see
-/// at least one key (k_end of them).
+/// output is touched); for_each_q_tile calls f(q_tile) for every q tile of every (document, KV
+/// head) whose rows see at least one key.
 template <class T>
 void validate_tiled(const attention_args<T>& a, attention_tiles tiles, const char* who) {
   validate(a, who);
@@ -273,81 +263,132 @@ void validate_tiled(const attention_args<T>& a, attention_tiles tiles, const cha
     fail<shape_error>("{}: tile sizes must be >= 1, got q={} k={}", who, tiles.q, tiles.k);
 }
 
+/// Document rows [i0, i0 + rows) of the `group` q heads that share KV head g, stacked into
+/// rows·group tile rows: tile row r·group + hh is q row i0 + r of q head g·group + hh. The group
+/// shares every K/V tile, so each is read and packed for the GEMMs once for all its q heads.
+/// k_end: the keys any of the rows may see.
+struct q_tile {
+  doc_rows dr;
+  std::int64_t g, i0, rows, k_end;
+};
+
+/// Document rows per q tile: tiles.q tile rows hold tiles.q / group rows of every head of the
+/// group (at least one row, so a group wider than tiles.q gets group tile rows).
+inline std::int64_t rows_per_tile(attention_tiles tiles, std::int64_t group) {
+  return std::max<std::int64_t>(1, tiles.q / group);
+}
+
 template <class T, class F>
 void for_each_q_tile(const attention_args<T>& a, attention_tiles tiles, F&& f) {
-  const std::int64_t group = a.hq / a.hkv;
+  const std::int64_t step = rows_per_tile(tiles, a.hq / a.hkv);
   for (int doc = 0; doc < a.n_docs; ++doc) {
     const doc_rows dr = rows_of(a, doc);
-    for (std::int64_t h = 0; h < a.hq; ++h)
-      for (std::int64_t i0 = 0; i0 < dr.lq; i0 += tiles.q) {
-        const std::int64_t rows = std::min<std::int64_t>(tiles.q, dr.lq - i0);
+    for (std::int64_t g = 0; g < a.hkv; ++g)
+      for (std::int64_t i0 = 0; i0 < dr.lq; i0 += step) {
+        const std::int64_t rows = std::min<std::int64_t>(step, dr.lq - i0);
         const std::int64_t k_end = causal_k_end(a.causal, i0 + rows, dr.lq, dr.lk);
-        if (k_end > 0) f(dr, h, h / group, i0, rows, k_end);
+        if (k_end > 0) f(q_tile{dr, g, i0, rows, k_end});
       }
   }
 }
 
+/// Where tile rows r·group … r·group + group - 1 live in x, an [sq, hq, d] tensor: the group's q
+/// heads are consecutive there.
+template <class T, class P>
+P* group_rows(P* x, const attention_args<T>& a, const q_tile& t, std::int64_t r) {
+  const std::int64_t group = a.hq / a.hkv;
+  return x + ((t.dr.q0 + t.i0 + r) * a.hq + t.g * group) * a.d;
+}
+
+/// dst's first rows·group rows = scale · the tile's rows of x ([sq, hq, d]), stacked.
+template <class T>
+void gather(row_matrix<T>& dst, const T* x, const attention_args<T>& a, const q_tile& t, T scale) {
+  const std::int64_t group = a.hq / a.hkv;
+  for (std::int64_t r = 0; r < t.rows; ++r)
+    dst.middleRows(r * group, group).noalias() =
+        scale * Eigen::Map<const row_matrix<T>>(group_rows(x, a, t, r), group, a.d);
+}
+
+/// The keys [j0, j0 + cols) of a k tile that tile row r (q row i0 + r / group) may see: all of
+/// them unless the tile crosses the causal diagonal, then the first ones up to it (maybe none).
+inline std::int64_t visible_keys(bool diagonal, const q_tile& t, std::int64_t r, std::int64_t group,
+                                 std::int64_t j0, std::int64_t cols) {
+  if (!diagonal) return cols;
+  return std::clamp<std::int64_t>(t.i0 + r / group + t.dr.off - j0 + 1, 0, cols);
+}
+
+/// Whether the k tile [j0, j0 + cols) holds a key past the causal diagonal of the q tile's first
+/// row; only such tiles need per-row masking.
+inline bool crosses_diagonal(bool causal, const q_tile& t, std::int64_t j0, std::int64_t cols) {
+  return causal && j0 + cols - 1 > t.i0 + t.dr.off;
+}
+
 }  // namespace detail
 
-/// Tiled forward, same contract as attention_forward_naive. Per (doc, q head, q tile) it keeps a
-/// running row max m, running sum l and unnormalised output O, and for each visible k tile:
-/// S = (scale·Q)·Kᵀ, m' = max(m, rowmax S), P = exp(S - m'), l = e^(m-m')·l + rowsum P,
-/// O = e^(m-m')·O + P·V; finally out = O/l, lse = m + log l. k tiles entirely above the causal
-/// diagonal are skipped. Extra memory: O(tiles.q·(d + tiles.k)), never O(S²).
+/// Tiled forward, same contract as attention_forward_naive. Per (doc, KV head, q tile of the
+/// group's q heads stacked) it keeps a running row max m, running sum l and unnormalised output O,
+/// and for each visible k tile: S = (scale·Q)·Kᵀ, m' = max(m, rowmax S), P = exp(S - m'),
+/// l = e^(m-m')·l + rowsum P, O = e^(m-m')·O + P·V; finally out = O/l, lse = m + log l. k tiles
+/// entirely above the causal diagonal are skipped; keys past the diagonal get P = 0 exactly.
+/// Extra memory: O(tiles.q·(d + tiles.k)) (tile rows = max(tiles.q, hq/hkv)), never O(S²).
 template <class T>
 void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_tiles tiles) {
   using namespace detail;
   validate_tiled(a, tiles, "attention_forward");
-  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv;
-  const std::int64_t q_stride = hq * d, kv_stride = hkv * d;
+  const std::int64_t d = a.d, hkv = a.hkv, group = a.hq / a.hkv;
+  const std::int64_t tile_rows = rows_per_tile(tiles, group) * group;
   const T scale = static_cast<T>(a.scale);
-  std::fill(out, out + a.sq * hq * d, T(0));
-  std::fill(lse, lse + a.sq * hq, neg_inf<T>());
+  std::fill(out, out + a.sq * a.hq * d, T(0));
+  std::fill(lse, lse + a.sq * a.hq, neg_inf<T>());
 
-  row_matrix<T> qs(tiles.q, d), s(tiles.q, tiles.k), o(tiles.q, d);
-  row_vector<T> m(tiles.q), l(tiles.q), m_new(tiles.q), shift(tiles.q), alpha(tiles.q);
-  for_each_q_tile(
-      a, tiles,
-      [&](const doc_rows& dr, std::int64_t h, std::int64_t g, std::int64_t i0, std::int64_t rows,
-          std::int64_t k_end) {
-        const auto [q0, lq, k0, lk, off] = dr;
-        auto q_tile = qs.topRows(rows);
-        q_tile.noalias() = scale * const_head_map<T>(a.q + ((q0 + i0) * hq + h) * d, rows, d,
-                                                     Eigen::OuterStride<>(q_stride));
-        auto o_tile = o.topRows(rows);
-        o_tile.setZero();
-        m.head(rows).setConstant(neg_inf<T>());
-        l.head(rows).setZero();
-        for (std::int64_t j0 = 0; j0 < k_end; j0 += tiles.k) {
-          const std::int64_t cols = std::min<std::int64_t>(tiles.k, k_end - j0);
-          const const_head_map<T> k_tile(a.k + ((k0 + j0) * hkv + g) * d, cols, d,
-                                         Eigen::OuterStride<>(kv_stride));
-          const const_head_map<T> v_tile(a.v + ((k0 + j0) * hkv + g) * d, cols, d,
-                                         Eigen::OuterStride<>(kv_stride));
-          auto s_tile = s.topLeftCorner(rows, cols);
-          s_tile.noalias() = q_tile * k_tile.transpose();
-          // Partially visible tile: the last k row is past the diagonal of the first q row.
-          if (a.causal && j0 + cols - 1 > i0 + off) mask_causal(s_tile, i0, j0, off);
-          m_new.head(rows) = m.head(rows).cwiseMax(s_tile.rowwise().maxCoeff());
-          for (std::int64_t r = 0; r < rows; ++r) {
-            // A row that has seen nothing yet keeps m = -inf; shift by 0 so exp(-inf) = 0, no NaN.
-            const bool empty = m_new(r) == neg_inf<T>();
-            shift(r) = empty ? T(0) : m_new(r);
-            alpha(r) = empty ? T(1) : std::exp(m(r) - m_new(r));
-          }
-          s_tile = (s_tile.array().colwise() - shift.head(rows).array()).exp().matrix();
-          l.head(rows) = alpha.head(rows).cwiseProduct(l.head(rows)) + s_tile.rowwise().sum();
-          o_tile.array().colwise() *= alpha.head(rows).array();
-          o_tile.noalias() += s_tile * v_tile;
-          m.head(rows) = m_new.head(rows);
+  row_matrix<T> qs(tile_rows, d), s(tile_rows, tiles.k), o(tile_rows, d);
+  row_vector<T> m(tile_rows), l(tile_rows);
+  for_each_q_tile(a, tiles, [&](const q_tile& t) {
+    const std::int64_t n = t.rows * group;  // stacked tile rows
+    gather(qs, a.q, a, t, scale);
+    const auto q_s = qs.topRows(n);
+    auto o_s = o.topRows(n);
+    o_s.setZero();
+    m.head(n).setConstant(neg_inf<T>());
+    l.head(n).setZero();
+    for (std::int64_t j0 = 0; j0 < t.k_end; j0 += tiles.k) {
+      const std::int64_t cols = std::min<std::int64_t>(tiles.k, t.k_end - j0);
+      const Eigen::OuterStride<> kv(hkv * d);
+      const const_head_map<T> k_tile(a.k + ((t.dr.k0 + j0) * hkv + t.g) * d, cols, d, kv);
+      const const_head_map<T> v_tile(a.v + ((t.dr.k0 + j0) * hkv + t.g) * d, cols, d, kv);
+      auto s_tile = s.topLeftCorner(n, cols);
+      s_tile.noalias() = q_s * k_tile.transpose();
+      const bool diagonal = crosses_diagonal(a.causal, t, j0, cols);
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t vis = visible_keys(diagonal, t, r, group, j0, cols);
+        auto sr = s_tile.row(r);
+        const T m_new = vis > 0 ? std::max(m(r), sr.head(vis).maxCoeff()) : m(r);
+        // Eigen's vectorised exp maps -inf to a tiny non-zero, so hidden keys are zeroed
+        // explicitly, and a row that has seen no key yet keeps l = 0, O = 0.
+        sr.tail(cols - vis).setZero();
+        if (m_new == neg_inf<T>()) {
+          sr.head(vis).setZero();
+          continue;
         }
-        for (std::int64_t r = 0; r < rows; ++r) {
-          if (l(r) == T(0)) continue;  // row saw no key (causal, lk < lq): out 0, lse -inf
-          const std::int64_t row = (q0 + i0 + r) * hq + h;
-          head_map<T>(out + row * d, 1, d, Eigen::OuterStride<>(d)) = o_tile.row(r) / l(r);
-          lse[row] = m(r) + std::log(l(r));
-        }
-      });
+        sr.head(vis) = (sr.head(vis).array() - m_new).exp().matrix();
+        const T alpha = std::exp(m(r) - m_new);  // 0 when m = -inf, 1 when the max holds
+        if (alpha != T(1)) o_s.row(r) *= alpha;
+        l(r) = alpha * l(r) + sr.sum();
+        m(r) = m_new;
+      }
+      o_s.noalias() += s_tile * v_tile;
+    }
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      T* out_r = group_rows(out, a, t, r);
+      T* lse_r = lse + (out_r - out) / d;
+      for (std::int64_t hh = 0; hh < group; ++hh) {
+        const std::int64_t row = r * group + hh;
+        if (l(row) == T(0)) continue;  // row saw no key (causal, lk < lq): out 0, lse -inf
+        Eigen::Map<row_vector<T>>(out_r + hh * d, d) = o_s.row(row).transpose() / l(row);
+        lse_r[hh] = m(row) + std::log(l(row));
+      }
+    }
+  });
 }
 
 /// Tiled forward with the default tiles.
@@ -357,66 +398,86 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse) {
 }
 
 /// Tiled backward (FlashAttention-2 recomputation), same contract as attention_backward_naive:
-/// OVERWRITES dq, dk, dv; uses the given lse and out. Per (doc, q head, q tile):
-/// D = rowsum(dO ∘ O); per visible k tile: P = exp((scale·Q)·Kᵀ - lse), dV += Pᵀ·dO,
-/// dP = dO·Vᵀ, dS = P ∘ (dP - D), dQ += scale·dS·K, dK += dSᵀ·(scale·Q). dK and dV accumulate
-/// straight into the outputs (single thread, fixed order: bitwise deterministic).
-/// Extra memory: O(tiles.q·(d + tiles.k)).
+/// OVERWRITES dq, dk, dv; uses the given lse and out. Per (doc, KV head, q tile of the group's q
+/// heads stacked): D = rowsum(dO ∘ O); per visible k tile: P = exp((scale·Q)·Kᵀ - lse),
+/// dV += Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP - D), dQ += scale·dS·K, dK += dSᵀ·(scale·Q). dK and dV
+/// accumulate straight into the outputs, summing the group's heads inside the GEMMs (single
+/// thread, fixed order: bitwise deterministic). Extra memory: O(tiles.q·(d + tiles.k)).
 template <class T>
 void attention_backward(const attention_args<T>& a, const T* out, const T* lse, const T* dout,
                         T* dq, T* dk, T* dv, attention_tiles tiles) {
   using namespace detail;
   validate_tiled(a, tiles, "attention_backward");
-  const std::int64_t d = a.d, hq = a.hq, hkv = a.hkv;
-  const std::int64_t q_stride = hq * d, kv_stride = hkv * d;
+  const std::int64_t d = a.d, hkv = a.hkv, group = a.hq / a.hkv;
+  const std::int64_t tile_rows = rows_per_tile(tiles, group) * group;
   const T scale = static_cast<T>(a.scale);
-  std::fill(dq, dq + a.sq * hq * d, T(0));
+  std::fill(dq, dq + a.sq * a.hq * d, T(0));
   std::fill(dk, dk + a.sk * hkv * d, T(0));
   std::fill(dv, dv + a.sk * hkv * d, T(0));
 
-  row_matrix<T> qs(tiles.q, d), dq_acc(tiles.q, d), p(tiles.q, tiles.k), dp(tiles.q, tiles.k);
-  row_vector<T> big_d(tiles.q), shift(tiles.q);
-  for_each_q_tile(
-      a, tiles,
-      [&](const doc_rows& dr, std::int64_t h, std::int64_t g, std::int64_t i0, std::int64_t rows,
-          std::int64_t k_end) {
-        const auto [q0, lq, k0, lk, off] = dr;
-        const std::int64_t first = (q0 + i0) * hq + h;  // (row, head) index of the tile's row 0
-        const Eigen::OuterStride<> qo_stride(q_stride);
-        auto q_tile = qs.topRows(rows);
-        q_tile.noalias() = scale * const_head_map<T>(a.q + first * d, rows, d, qo_stride);
-        const const_head_map<T> do_tile(dout + first * d, rows, d, qo_stride);
-        const const_head_map<T> o_tile(out + first * d, rows, d, qo_stride);
-        big_d.head(rows) = do_tile.cwiseProduct(o_tile).rowwise().sum();
-        for (std::int64_t r = 0; r < rows; ++r) {
-          // A row with lse = -inf saw nothing; shifting by +inf makes every P exactly 0.
-          const T lse_r = lse[first + r * hq];
-          shift(r) = lse_r == neg_inf<T>() ? std::numeric_limits<T>::infinity() : lse_r;
+  row_matrix<T> qs(tile_rows, d), dos(tile_rows, d), dq_acc(tile_rows, d);
+  row_matrix<T> p(tile_rows, tiles.k), dp(tile_rows, tiles.k);
+  row_vector<T> big_d(tile_rows), lse_s(tile_rows);
+  for_each_q_tile(a, tiles, [&](const q_tile& t) {
+    const std::int64_t n = t.rows * group;  // stacked tile rows
+    gather(qs, a.q, a, t, scale);
+    gather(dos, dout, a, t, T(1));
+    const auto q_s = qs.topRows(n);
+    const auto do_s = dos.topRows(n);
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      const std::int64_t first = group_rows(out, a, t, r) - out;
+      const Eigen::Map<const row_matrix<T>> o_r(out + first, group, d);
+      big_d.segment(r * group, group) = do_s.middleRows(r * group, group)
+                                            .cwiseProduct(o_r)
+                                            .rowwise()
+                                            .sum();  // D = rowsum(dO ∘ O)
+      lse_s.segment(r * group, group) = Eigen::Map<const row_vector<T>>(lse + first / d, group);
+    }
+    auto dq_s = dq_acc.topRows(n);
+    dq_s.setZero();
+    for (std::int64_t j0 = 0; j0 < t.k_end; j0 += tiles.k) {
+      const std::int64_t cols = std::min<std::int64_t>(tiles.k, t.k_end - j0);
+      const std::int64_t kfirst = ((t.dr.k0 + j0) * hkv + t.g) * d;
+      const Eigen::OuterStride<> kv(hkv * d);
+      const const_head_map<T> k_tile(a.k + kfirst, cols, d, kv);
+      const const_head_map<T> v_tile(a.v + kfirst, cols, d, kv);
+      head_map<T> dk_tile(dk + kfirst, cols, d, kv);
+      head_map<T> dv_tile(dv + kfirst, cols, d, kv);
+      auto p_tile = p.topLeftCorner(n, cols);
+      auto dp_tile = dp.topLeftCorner(n, cols);
+      p_tile.noalias() = q_s * k_tile.transpose();
+      const bool diagonal = crosses_diagonal(a.causal, t, j0, cols);
+      for (std::int64_t r = 0; r < n; ++r) {
+        // A row with lse = -inf saw nothing: all its P are 0. Hidden keys are zeroed explicitly
+        // (Eigen's vectorised exp maps -inf to a tiny non-zero).
+        const std::int64_t vis =
+            lse_s(r) == neg_inf<T>() ? 0 : visible_keys(diagonal, t, r, group, j0, cols);
+        auto pr = p_tile.row(r);
+        pr.head(vis) = (pr.head(vis).array() - lse_s(r)).exp().matrix();
+        pr.tail(cols - vis).setZero();
+      }
+      dv_tile.noalias() += p_tile.transpose() * do_s;
+      if (cols == 1) {
+        // A one-key tile: dP - D = dO·(v - O) directly. The GEMM for dP and the row sum for D
+        // would round apart, leaving noise where the row's output is this very value (a row
+        // seeing only this key, whose dS is exactly 0).
+        for (std::int64_t r = 0; r < n; ++r) {
+          const Eigen::Map<const row_vector<T>> o_r(
+              group_rows(out, a, t, r / group) + (r % group) * d, d);
+          dp_tile(r, 0) = p_tile(r, 0) * do_s.row(r).dot(v_tile.row(0) - o_r.transpose());
         }
-        auto dq_tile = dq_acc.topRows(rows);
-        dq_tile.setZero();
-        for (std::int64_t j0 = 0; j0 < k_end; j0 += tiles.k) {
-          const std::int64_t cols = std::min<std::int64_t>(tiles.k, k_end - j0);
-          const std::int64_t kfirst = ((k0 + j0) * hkv + g) * d;
-          const Eigen::OuterStride<> kv(kv_stride);
-          const const_head_map<T> k_tile(a.k + kfirst, cols, d, kv);
-          const const_head_map<T> v_tile(a.v + kfirst, cols, d, kv);
-          head_map<T> dk_tile(dk + kfirst, cols, d, kv);
-          head_map<T> dv_tile(dv + kfirst, cols, d, kv);
-          auto p_tile = p.topLeftCorner(rows, cols);
-          auto dp_tile = dp.topLeftCorner(rows, cols);
-          p_tile.noalias() = q_tile * k_tile.transpose();
-          if (a.causal && j0 + cols - 1 > i0 + off) mask_causal(p_tile, i0, j0, off);
-          p_tile = (p_tile.array().colwise() - shift.head(rows).array()).exp().matrix();
-          dv_tile.noalias() += p_tile.transpose() * do_tile;
-          dp_tile.noalias() = do_tile * v_tile.transpose();
-          dp_tile = p_tile.cwiseProduct(
-              (dp_tile.array().colwise() - big_d.head(rows).array()).matrix());  // dS
-          dq_tile.noalias() += dp_tile * k_tile;
-          dk_tile.noalias() += dp_tile.transpose() * q_tile;
-        }
-        head_map<T>(dq + first * d, rows, d, qo_stride) = scale * dq_tile;
-      });
+      } else {
+        dp_tile.noalias() = do_s * v_tile.transpose();
+        for (std::int64_t r = 0; r < n; ++r)  // dS = P ∘ (dP - D), in place of dP
+          dp_tile.row(r).array() = p_tile.row(r).array() * (dp_tile.row(r).array() - big_d(r));
+      }
+      dq_s.noalias() += dp_tile * k_tile;
+      dk_tile.noalias() += dp_tile.transpose() * q_s;
+    }
+    for (std::int64_t r = 0; r < t.rows; ++r)
+      Eigen::Map<row_matrix<T>>(group_rows(dq, a, t, r), group, d) =
+          scale * dq_s.middleRows(r * group, group);
+  });
 }
 
 /// Tiled backward with the default tiles.

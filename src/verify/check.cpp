@@ -205,10 +205,18 @@ std::string flight_note(const std::string& dir, std::size_t files) {
 
 namespace {
 
-/// The threads that carry the SP ranks: rank_threads, else threads, else every core.
-int rank_carriers(const check_options& opt) {
+/// Below this many token·hidden·layer units a step's ranks exchange far more often than they
+/// compute: one carrier runs them fastest (no hand-off between threads at all). Measured with
+/// bench/reference_bench --whole-check and bench/property_bench.
+constexpr double small_step_units = 1 << 15;
+
+/// The threads that carry the SP ranks: rank_threads, else threads, else every core (one for a
+/// small step).
+int rank_carriers(const scenario& s, const check_options& opt) {
   if (opt.rank_threads > 0) return opt.rank_threads;
   if (opt.threads > 0) return opt.threads;
+  const double units = static_cast<double>(s.total_tokens()) * s.hidden * s.layers;
+  if (units < small_step_units) return 1;
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
@@ -218,7 +226,7 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
   std::vector<step_output<T>> outs(static_cast<std::size_t>(s.cp()));
   inproc_world world(s.cp());
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
-  world.set_carriers(rank_carriers(opt));
+  world.set_carriers(rank_carriers(s, opt));
   flight_recorder flight;
   // After a watchdog abort, a stalled rank that wakes up must not appear to have made the call
   // it missed; after an error, ranks still arriving at the call are victims and are recorded.

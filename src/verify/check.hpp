@@ -25,9 +25,10 @@ struct check_options {
   /// identical at any count. Also the threads that carry the SP ranks unless rank_threads is
   /// set.
   int threads = 0;
-  /// Threads that carry the SP ranks (0 = as many as `threads`): at least the number of ranks
-  /// runs one thread per rank, fewer runs the ranks as fibers on them
-  /// (thread_world::set_carriers). What the ranks compute does not depend on it.
+  /// Threads that carry the SP ranks (0 = as many as `threads`; when both are 0, every core,
+  /// or one for a small step): at least the number of ranks runs one thread per rank, fewer
+  /// runs the ranks as fibers on them (thread_world::set_carriers). What the ranks compute does
+  /// not depend on it.
   int rank_threads = 0;
   /// Called with a short line at each stage of a run (for progress output).
   std::function<void(std::string_view)> progress;

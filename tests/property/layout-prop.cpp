@@ -10,6 +10,7 @@
 #include "core/cu_seqlens.hpp"
 #include "core/layout.hpp"
 #include "core/ring_schedule.hpp"
+#include "core/tensor.hpp"
 #include "core/ulysses_plan.hpp"
 #include "core/zigzag.hpp"
 #include "generators.hpp"
@@ -164,6 +165,52 @@ RC_GTEST_PROP(layout, cost_model_matches_bytes_counted_from_the_plans, ()) {
     const double mu = (U - 1.0) / U;
     RC_ASSERT(static_cast<double>(cost.forward_bytes) == 4 * S * H * mu / U);
   }
+}
+
+// Index arithmetic past 2^31 elements (a 1M-token row of 32 heads × 128 already has 2^32): the
+// Ulysses wire geometry of a tensor whose element count straddles the int32 (or uint32) bound,
+// checked against the same arithmetic in 128-bit integers at the first, last and
+// block-boundary elements and at random ones (ulysses_post_plan_inverts_pre_plan proves the
+// mapping itself at small sizes). Nothing is allocated: the geometry is pure index math.
+RC_GTEST_PROP(layout, ulysses_geometry_is_exact_past_the_int32_bound, ()) {
+  using wide = __int128;
+  const int peers = *rc::gen::element(2, 4, 8, 16);
+  const int a = *rc::gen::element(1, 3);
+  const int heads = peers * *rc::gen::inRange(1, 9);
+  const int head_dim = *rc::gen::element(64, 128, 256);
+  const wide per_token = wide{a} * heads * head_dim;
+  // s_local such that numel_local lies within a few tokens of 2^31 or 2^32 on either side.
+  const wide bound = wide{1} << *rc::gen::element(31, 32);
+  const auto s_local = static_cast<std::int64_t>(bound / per_token) + *rc::gen::inRange(-2, 3);
+  RC_PRE(s_local > 0);
+  const a2a_geometry g{s_local, a, heads, head_dim, peers};
+  const wide numel = wide{s_local} * per_token;
+  RC_TAG(numel > INT32_MAX);
+  RC_ASSERT(wide{g.numel_local()} == numel);
+  RC_ASSERT(wide{g.block()} * peers == numel);
+  const auto c = ulysses_counts(g);
+  for (int p = 0; p < peers; ++p) {
+    RC_ASSERT(wide{c.send_displs[p]} == wide{p} * g.block());
+    RC_ASSERT(c.send_counts[p] == g.block());
+  }
+  // The wire element e: peer p, token s, part j, local head h, dim d (SEMANTICS.md §3).
+  const auto expected = [&](wide e) {
+    const int hl = heads / peers;
+    const wide d = e % head_dim, h = e / head_dim % hl, j = e / head_dim / hl % a;
+    const wide t = e / head_dim / hl / a, s = t % s_local, p = t / s_local;
+    return ((s * a + j) * heads + (p * hl + h)) * head_dim + d;
+  };
+  std::vector<wide> probes{0, numel - 1};
+  for (int p = 1; p < peers; ++p)
+    probes.insert(probes.end(), {wide{p} * g.block() - 1, wide{p} * g.block()});
+  for (int i = 0; i < 16; ++i)
+    probes.push_back(*rc::gen::inRange<std::int64_t>(0, static_cast<std::int64_t>(numel)));
+  for (const wide e : probes) {
+    const wide got = g.seq_sharded_offset(static_cast<std::int64_t>(e));
+    RC_ASSERT(got == expected(e));
+    RC_ASSERT(got >= 0 && got < numel);
+  }
+  RC_ASSERT(wide{numel_of({s_local, a, heads, head_dim})} == numel);  // tensor shapes too
 }
 
 }  // namespace
