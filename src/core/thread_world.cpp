@@ -492,18 +492,19 @@ const rendezvous_slot& rendezvous::slot(int member) const {
 }
 
 void rendezvous::sync() {
+  std::unique_lock lock(st_.mu);
   synced_ = true;
-  wait_for_all(&rendezvous_round::synced, "reached the round's second step");
+  wait_for_all(lock, &rendezvous_round::synced, "reached the round's second step");
 }
 
 void rendezvous::finish() {
-  wait_for_all(&rendezvous_round::done, "finished reading");
-  std::lock_guard lock(st_.mu);
+  std::unique_lock lock(st_.mu);
+  wait_for_all(lock, &rendezvous_round::done, "finished reading");
   leave_locked();  // complete: if the world was aborted meanwhile, the next call throws
 }
 
-void rendezvous::wait_for_all(int rendezvous_round::*counter, const char* step) {
-  std::unique_lock lock(st_.mu);
+void rendezvous::wait_for_all(std::unique_lock<std::mutex>& lock, int rendezvous_round::*counter,
+                              const char* step) {
   if (++(r_->*counter) == g_.size()) st_.notify_locked();
   const auto deadline = std::chrono::steady_clock::now() + st_.timeout;
   // Even when the world is aborted meanwhile (another rank failed elsewhere), wait until every

@@ -159,7 +159,8 @@ class rendezvous {
  private:
   void leave_locked();
   /// Counts this member in `counter` and waits until every member is counted (sync, finish).
-  void wait_for_all(int rendezvous_round::*counter, const char* step);
+  void wait_for_all(std::unique_lock<std::mutex>& lock, int rendezvous_round::*counter,
+                    const char* step);
 
   thread_world::state& st_;
   const comm_group& g_;
