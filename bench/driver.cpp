@@ -1,6 +1,8 @@
 #include "driver.hpp"
 
 #include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -13,6 +15,8 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <vector>
 
 #include "core/error.hpp"
 #include "sim/isa.hpp"
@@ -489,6 +493,35 @@ double memcpy_gbps(std::int64_t bytes) {
     secs = seconds_since(t0);
   } while (secs < 0.3 || reps < 3);
   return static_cast<double>(bytes) * reps / secs / 1e9;
+}
+
+bool run_in_child(const std::function<void(void* out)>& f, void* out, std::size_t size) {
+  int fd[2];
+  if (pipe(fd) != 0) throw std::runtime_error("pipe failed");
+  std::fflush(nullptr);  // nothing buffered is printed twice
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    close(fd[0]);
+    try {
+      f(out);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "child process: {}\n", e.what());
+      _exit(1);
+    }
+    const auto n = write(fd[1], out, size);
+    _exit(n == static_cast<ssize_t>(size) ? 0 : 1);
+  }
+  close(fd[1]);
+  std::vector<char> got(size);
+  const auto n = read(fd[0], got.data(), size);
+  close(fd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (n != static_cast<ssize_t>(size) || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return false;
+  std::memcpy(out, got.data(), size);
+  return true;
 }
 
 }  // namespace seqpar::bench

@@ -204,4 +204,10 @@ double memcpy_gbps(std::int64_t bytes);
 /// "1K", "64M", "3G" or a plain number of bytes.
 std::int64_t parse_size(const std::string& s);
 
+/// Runs f(out) in a forked child process — a fresh copy of this one: only the calling thread,
+/// the allocator as it stood, its own peak RSS — and copies the `size` bytes f left at `out`
+/// (a trivially copyable result) back into `out`. False when the child failed (f threw: the
+/// message goes to stderr) or died. Fork before the process starts threads of its own.
+bool run_in_child(const std::function<void(void* out)>& f, void* out, std::size_t size);
+
 }  // namespace seqpar::bench

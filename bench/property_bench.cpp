@@ -1,6 +1,7 @@
 // property_bench: how many generated SP-vs-reference scenarios per second the property suite
 // proves, for its small generators (tests/property/generators.hpp), and what the two changes
-// to how a run is carried buy, in the same run on the same scenarios:
+// to how a run is carried buy, in the same run on the same scenarios, every row in a fresh
+// child process (its allocator untouched by the rows before it):
 //   threads/default  the SP ranks on one thread each, glibc's default allocator policy (the
 //                    way every check ran before: the baseline);
 //   threads/kept     the same under the policy seqpar's main applies (sim::keep_freed_memory);
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 
 #include "bench/driver.hpp"
 #include "io/scenario_json.hpp"
@@ -64,7 +66,6 @@ struct throughput {
   std::int64_t failing = 0;
   double seconds = 0;
   std::map<std::size_t, double> baseline_rate;  ///< per generator
-  bool policy_applied = false;
 
   static std::size_t generator_of(std::size_t v) { return v % std::size(generators); }
   static const carrying& carrying_of(std::size_t v) { return carryings[v / std::size(generators)]; }
@@ -82,7 +83,6 @@ struct throughput {
     };
     o.init = [this](const bench::point& p, std::uint64_t seed) {
       variant = p.variant;
-      if (carrying_of(variant).kept && !policy_applied) policy_applied = sim::keep_freed_memory();
       const auto gen = generators[generator_of(variant)].make();
       cases.clear();
       for (std::int64_t i = 0; i < p.count; ++i)
@@ -93,11 +93,27 @@ struct throughput {
       seconds = 0;
     };
     o.run = [this] {
-      const auto t0 = std::chrono::steady_clock::now();
-      verify::check_options opt;
-      opt.rank_threads = carrying_of(variant).rank_threads;
-      for (const auto& s : cases) failing += !verify::run_check(s, opt).pass;
-      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      struct result {
+        std::int64_t failing = 0;
+        double seconds = 0;
+      } r;
+      const auto& c = carrying_of(variant);
+      const bool ok = bench::run_in_child(
+          [&](void* out) {
+            auto& res = *static_cast<result*>(out);
+            if (c.kept && !sim::keep_freed_memory())
+              throw std::runtime_error("the allocator policy could not be applied");
+            verify::check_options opt;
+            opt.rank_threads = c.rank_threads;
+            const auto t0 = std::chrono::steady_clock::now();
+            for (const auto& s : cases) res.failing += !verify::run_check(s, opt).pass;
+            res.seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          },
+          &r, sizeof r);
+      if (!ok) throw std::runtime_error(fmt::format("the {} row's child process failed", c.name));
+      failing += r.failing;
+      seconds += r.seconds;
     };
     o.check = [this](const bench::point&, std::uint64_t) { return failing; };
     o.rate_unit = "scen/s";
@@ -121,7 +137,7 @@ struct throughput {
         "threads: one thread per SP rank; fibers: the ranks as fibers on every core's thread "
         "(check's default); fibers1: on one thread",
         "default: glibc's allocator policy; kept: sim::keep_freed_memory() (what seqpar's "
-        "main applies), switched on once, after every default row"};
+        "main applies); every row runs in a fresh child process"};
     return o;
   }
 };

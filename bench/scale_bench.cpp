@@ -13,12 +13,9 @@
 // ratio = bytes per token / bytes per token at the smallest size of the same variant (flat: 1).
 #include <fmt/format.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <map>
 
 #include "bench/driver.hpp"
@@ -63,36 +60,23 @@ struct outcome {
   bool ok = false;
 };
 
-/// Runs f in a forked child and returns what it wrote; ok = false when the child failed.
+/// Runs f in a forked child (its peak RSS its own) and returns what it wrote; ok = false when
+/// the child failed.
 template <class F>
 outcome in_child(F&& f) {
-  int fd[2];
-  if (pipe(fd) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    close(fd[0]);
-    outcome o;
-    const double rss0 = peak_rss_bytes();
-    try {
-      const auto t0 = std::chrono::steady_clock::now();
-      f(o);
-      o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      o.rss = peak_rss_bytes() - rss0;
-      o.ok = true;
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "scale_bench: {}\n", e.what());
-    }
-    const auto n = write(fd[1], &o, sizeof o);
-    _exit(n == sizeof o ? 0 : 1);
-  }
-  close(fd[1]);
   outcome o;
-  const auto n = read(fd[0], &o, sizeof o);
-  close(fd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (n != static_cast<ssize_t>(sizeof o)) o.ok = false;
+  const bool ok = bench::run_in_child(
+      [&](void* out) {
+        auto& r = *static_cast<outcome*>(out);
+        const double rss0 = peak_rss_bytes();
+        const auto t0 = std::chrono::steady_clock::now();
+        f(r);
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        r.rss = peak_rss_bytes() - rss0;
+        r.ok = true;
+      },
+      &o, sizeof o);
+  if (!ok) o.ok = false;
   return o;
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <span>
 
 #include "core/error.hpp"
 #include "core/linear_attention.hpp"
@@ -887,7 +889,9 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
 
   // Gradient sync: one flat buffer per reduction, parameters in their fixed order.
   const std::int64_t total = gr.numel();
-  std::vector<T> flat(static_cast<std::size_t>(total));
+  // Every element is written below: no zero-fill (≈ 4 % of a small check, measured by perf).
+  const std::unique_ptr<T[]> flat_store(new T[static_cast<std::size_t>(total)]);
+  const std::span<T> flat(flat_store.get(), static_cast<std::size_t>(total));
   {
     std::size_t off = 0;
     for (const auto& v : gr.values) {

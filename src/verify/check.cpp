@@ -118,10 +118,9 @@ compared_tensor compare(std::string name, const std::vector<double>& got,
 
 template <class M>
 std::vector<double> values_of(const M& m) {
-  std::vector<double> v;
-  v.reserve(static_cast<std::size_t>(m.size()));
-  for (Eigen::Index i = 0; i < m.rows(); ++i)
-    for (Eigen::Index j = 0; j < m.cols(); ++j) v.push_back(static_cast<double>(m(i, j)));
+  std::vector<double> v(static_cast<std::size_t>(m.size()));
+  using row_major = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::Map<row_major>(v.data(), m.rows(), m.cols()) = m.template cast<double>();
   return v;
 }
 
@@ -324,9 +323,10 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
   };
   for (std::size_t i = 0; i < ref.grads.values.size(); ++i) {
     compared_tensor worst;
+    const auto want = values_of(ref.grads.values[i]);
     for (std::size_t k = 0; k < outs.size(); ++k) {
-      auto c = compare("grad." + ref.grads.names[i], values_of(outs[k].grads.values[i]),
-                       values_of(ref.grads.values[i]), tol, floor_of(ref.grads.names[i]));
+      auto c = compare("grad." + ref.grads.names[i], values_of(outs[k].grads.values[i]), want, tol,
+                       floor_of(ref.grads.names[i]));
       if (k == 0 || c.max_rel > worst.max_rel || !c.pass) {
         c.rank = static_cast<int>(k);
         if (!c.pass) c.note = fmt::format("worst on cp rank {}: {}", k, c.note);
