@@ -5,6 +5,7 @@
 //   threads/default  the SP ranks on one thread each, glibc's default allocator policy (the
 //                    way every check ran before: the baseline);
 //   threads/kept     the same under the policy seqpar's main applies (sim::keep_freed_memory);
+//   fibers/default   the ranks as fibers (below) under glibc's default policy;
 //   fibers/kept      the ranks as fibers on every core's thread (thread_world::set_carriers,
 //                    what check does by default): a rank waiting for a round lets another run
 //                    instead of sleeping in the kernel;
@@ -54,9 +55,8 @@ struct carrying {
   int rank_threads;  ///< check_options::rank_threads (0: every core; large: one per rank)
 };
 const carrying carryings[] = {
-    {"threads/default", false, 1 << 20},
-    {"threads/kept", true, 1 << 20},
-    {"fibers/kept", true, 0},
+    {"threads/default", false, 1 << 20}, {"threads/kept", true, 1 << 20},
+    {"fibers/default", false, 0},        {"fibers/kept", true, 0},
     {"fibers1/kept", true, 1},
 };
 

@@ -889,7 +889,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
 
   // Gradient sync: one flat buffer per reduction, parameters in their fixed order.
   const std::int64_t total = gr.numel();
-  // Every element is written below: no zero-fill (≈ 4 % of a small check, measured by perf).
+  // Every element is written below, so no zero-fill.
   const std::unique_ptr<T[]> flat_store(new T[static_cast<std::size_t>(total)]);
   const std::span<T> flat(flat_store.get(), static_cast<std::size_t>(total));
   {
