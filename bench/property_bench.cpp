@@ -6,9 +6,9 @@
 //                    way every check ran before: the baseline);
 //   threads/kept     the same under the policy seqpar's main applies (sim::keep_freed_memory);
 //   fibers/default   the ranks as fibers (below) under glibc's default policy;
-//   fibers/kept      the ranks as fibers on every core's thread (thread_world::set_carriers,
-//                    what check does by default): a rank waiting for a round lets another run
-//                    instead of sleeping in the kernel;
+//   fibers/kept      the ranks as fibers (thread_world::set_carriers; what check does by
+//                    default: every core's thread, one for a small step): a rank waiting for a
+//                    round lets another run instead of sleeping in the kernel;
 //   fibers1/kept     the ranks as fibers on one thread.
 //
 // count = scenarios per iteration (sampled from the generator with a fixed seed, sizes cycling
@@ -47,8 +47,7 @@ const generator generators[] = {
     {"async", &gens::async_check_scenario},
 };
 
-/// How a row runs the SP ranks and which allocator policy it runs under. The policy cannot be
-/// switched back, so the rows under glibc's default run first.
+/// How a row runs the SP ranks and which allocator policy its child process runs under.
 struct carrying {
   const char* name;
   bool kept;         ///< sim::keep_freed_memory() applied

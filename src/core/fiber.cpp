@@ -6,6 +6,7 @@
 
 #include <cxxabi.h>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -76,7 +77,6 @@ eh_state& thread_eh_state() { return *reinterpret_cast<eh_state*>(abi::__cxa_get
 
 struct fiber::impl {
   std::function<void()> body;
-  std::exception_ptr failure;
   bool done = false;
   std::byte* stack = nullptr;
   ucontext_t self{}, carrier{};
@@ -115,7 +115,7 @@ struct fiber::impl {
     try {
       f->body();
     } catch (...) {
-      f->failure = std::current_exception();
+      std::terminate();  // it cannot unwind past the fiber's first frame
     }
     f->done = true;
     f->leave();  // never resumed again
@@ -168,7 +168,5 @@ void fiber::suspend() {
 }
 
 bool fiber::finished() const { return p_->done; }
-
-std::exception_ptr fiber::error() const { return p_->failure; }
 
 }  // namespace seqpar

@@ -8,7 +8,6 @@
 // C++ runtime's per-thread exception state carried with the fiber (a fiber suspended inside a
 // catch block must find its caught exception again wherever it resumes).
 #include <cstddef>
-#include <exception>
 #include <functional>
 #include <memory>
 
@@ -17,8 +16,8 @@ namespace seqpar {
 class fiber {
  public:
   /// Prepares `body` to run on a fresh stack (8 MiB reserved, touched pages only, a guard page
-  /// below it; stacks are reused across fibers). Nothing runs until resume(). An exception
-  /// that leaves `body` is kept (error()).
+  /// below it; stacks are reused across fibers). Nothing runs until resume(). `body` must not
+  /// throw: an exception leaving it ends the process (std::terminate).
   explicit fiber(std::function<void()> body);
   ~fiber();  ///< the fiber must have finished or never started
   fiber(const fiber&) = delete;
@@ -31,7 +30,6 @@ class fiber {
   void suspend();
 
   bool finished() const;
-  std::exception_ptr error() const;
 
   struct impl;
 

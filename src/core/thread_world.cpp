@@ -44,6 +44,9 @@ struct rank_activity {
   const std::string* group = nullptr;
 };
 
+/// Threads the machine runs at once: spinning while waiting pays only when every spinner has one.
+static int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
 /// A rank run as a fiber, and where the scheduler has it.
 struct fiber_rank {
   std::unique_ptr<fiber> f;
@@ -58,9 +61,9 @@ struct fiber_rank {
 /// The fiber the calling thread is running, if any (set by the carrier around resume()).
 /// Read through a function the compiler cannot inline, so that no thread's address is cached
 /// across a switch (a fiber may resume on another carrier).
-thread_local fiber_rank* current_fiber_rank = nullptr;
-[[gnu::noinline]] fiber_rank* running_fiber() { return current_fiber_rank; }
-[[gnu::noinline]] void set_running_fiber(fiber_rank* f) { current_fiber_rank = f; }
+static thread_local fiber_rank* current_fiber_rank = nullptr;
+[[gnu::noinline]] static fiber_rank* running_fiber() { return current_fiber_rank; }
+[[gnu::noinline]] static void set_running_fiber(fiber_rank* f) { current_fiber_rank = f; }
 
 struct thread_world::state {
   using round = rendezvous_round;
@@ -71,7 +74,7 @@ struct thread_world::state {
         timeout(t),
         exited(static_cast<std::size_t>(n), 0),
         doing(static_cast<std::size_t>(n)),
-        spin(n <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+        spin(n <= cores()) {}
 
   int size;
   std::chrono::milliseconds timeout;
@@ -373,11 +376,6 @@ void thread_world::set_carriers(int threads) {
   std::lock_guard lock(s_->mu);
   if (s_->started) fail<error>("set_carriers must be called before the world runs");
   s_->carriers = std::max(threads, 0);
-}
-
-int thread_world::carriers() const {
-  std::lock_guard lock(s_->mu);
-  return s_->carriers;
 }
 
 std::unique_lock<std::mutex> thread_world::lock() const { return std::unique_lock(s_->mu); }
@@ -697,8 +695,7 @@ void run_rank_threads(thread_world& world, const std::function<void(int rank)>& 
     // stack that cannot be mapped fails here, before any rank ran).
     std::unique_lock lock(st.mu);
     st.spin = false;
-    st.spin_carriers =
-        st.carriers <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    st.spin_carriers = st.carriers <= cores();
     st.fibers.resize(static_cast<std::size_t>(P));
     for (int r = 0; r < P; ++r) {
       st.fibers[static_cast<std::size_t>(r)].f =

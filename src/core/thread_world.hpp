@@ -101,7 +101,6 @@ class thread_world {
   /// by the round. The watchdog keeps its meaning: a waiter whose deadline passes runs on the
   /// launching thread when every carrier is busy (e.g. with a rank stalled in its own code).
   void set_carriers(int threads);
-  int carriers() const;
 
   // For transports that keep tables of their own under the world's lock (the in-process
   // nonblocking calls): the lock, a wait that wakes on every notify (and lets another rank run
