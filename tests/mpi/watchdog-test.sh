@@ -76,9 +76,12 @@ fi
 
 # 3. A real `seqpar check --backend mpi`: rank 2 is stopped from outside (SIGSTOP) once the SP
 #    step has begun; the job ends naming it, and the replay of the records names it.
+#    The SP step must outlast the stop's delay by far, even on a loaded machine (with the faster
+#    attention, 6000 tokens took 0.9 s and the stop could land after it, where no watchdog runs).
 big=(--ulysses 2 --ring 2 --layers 2 --docs 3000,3000 --heads 4 --kv-heads 2)
+long=(--ulysses 2 --ring 2 --layers 2 --docs 8000,8000 --heads 4 --kv-heads 2)
 (cd "$tmp" && exec "$mpiexec" -n 4 sh -c 'echo $$ > "pid.$PMI_RANK"; exec "$0" "$@"' "$seqpar" \
-   check --backend mpi --timeout 2 --flight-record "$tmp/ext" "${big[@]}") > "$tmp/ext.out" 2>&1 &
+   check --backend mpi --timeout 2 --flight-record "$tmp/ext" "${long[@]}") > "$tmp/ext.out" 2>&1 &
 job=$!
 t0=$(date +%s)
 for _ in $(seq 1 300); do
