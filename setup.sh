@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 packages=(meson ninja-build pkg-config g++ cmake libeigen3-dev libfmt-dev libgtest-dev
-          librapidcheck-dev libmpich-dev mpich nlohmann-json3-dev libcli11-dev clang clang-format
+          librapidcheck-dev libboost-context-dev libmpich-dev mpich nlohmann-json3-dev libcli11-dev clang clang-format
           libclang-rt-14-dev python3)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,8 +1,9 @@
 #include "core/fiber.hpp"
 
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
+
+#include <boost/context/detail/fcontext.hpp>
 
 #include <cxxabi.h>
 #include <cstdint>
@@ -23,6 +24,8 @@
 namespace seqpar {
 
 namespace {
+
+namespace bctx = boost::context::detail;
 
 constexpr std::size_t stack_bytes = std::size_t{8} << 20;
 
@@ -79,7 +82,8 @@ struct fiber::impl {
   std::function<void()> body;
   bool done = false;
   std::byte* stack = nullptr;
-  ucontext_t self{}, carrier{};
+  bctx::fcontext_t self = nullptr;     ///< where the fiber continues (while suspended)
+  bctx::fcontext_t carrier = nullptr;  ///< where its carrier continues (while it runs)
   eh_state eh;  ///< the fiber's exception state while it is suspended, the carrier's while it runs
 #if defined(__SANITIZE_ADDRESS__)
   void* fake_stack = nullptr;  ///< ASan's fake frames of the side being switched away from
@@ -105,12 +109,12 @@ struct fiber::impl {
 #if defined(__SANITIZE_THREAD__)
     __tsan_switch_to_fiber(tsan_carrier, 0);
 #endif
-    swapcontext(&self, &carrier);
+    carrier = bctx::jump_fcontext(carrier, nullptr).fctx;
   }
 
-  static void entry(unsigned hi, unsigned lo) {
-    auto* f = reinterpret_cast<impl*>((static_cast<std::uintptr_t>(hi) << 32) |
-                                      static_cast<std::uintptr_t>(lo));
+  static void entry(bctx::transfer_t from) {
+    auto* f = static_cast<impl*>(from.data);
+    f->carrier = from.fctx;
     f->arrived();
     try {
       f->body();
@@ -125,13 +129,7 @@ struct fiber::impl {
 fiber::fiber(std::function<void()> body) : p_(std::make_unique<impl>()) {
   p_->body = std::move(body);
   p_->stack = stack_cache::get().take();
-  getcontext(&p_->self);
-  p_->self.uc_stack.ss_sp = p_->stack;
-  p_->self.uc_stack.ss_size = stack_bytes;
-  p_->self.uc_link = nullptr;
-  const auto addr = reinterpret_cast<std::uintptr_t>(p_.get());
-  makecontext(&p_->self, reinterpret_cast<void (*)()>(&impl::entry), 2,
-              static_cast<unsigned>(addr >> 32), static_cast<unsigned>(addr & 0xFFFFFFFFu));
+  p_->self = bctx::make_fcontext(p_->stack + stack_bytes, stack_bytes, &impl::entry);
 #if defined(__SANITIZE_THREAD__)
   p_->tsan_fiber = __tsan_create_fiber(0);
 #endif
@@ -155,7 +153,8 @@ void fiber::resume() {
   p_->tsan_carrier = __tsan_get_current_fiber();
   __tsan_switch_to_fiber(p_->tsan_fiber, 0);
 #endif
-  swapcontext(&p_->carrier, &p_->self);
+  // The first jump starts entry() with this impl; later ones return from its leave().
+  p_->self = bctx::jump_fcontext(p_->self, p_.get()).fctx;
 #if defined(__SANITIZE_ADDRESS__)
   __sanitizer_finish_switch_fiber(carrier_fake, nullptr, nullptr);
 #endif

@@ -3,7 +3,8 @@
 // function suspends itself, and resumes later, possibly on another carrier. The rank world
 // (thread_world) uses fibers to run P ranks on fewer threads: a rank that waits for a round
 // hands its carrier to another rank instead of sleeping in the kernel, which is what an
-// emulated collective of small tensors mostly costs. Built on POSIX ucontext (glibc), with
+// emulated collective of small tensors mostly costs. Built on Boost.Context's fcontext (a
+// switch saves a few registers; glibc's swapcontext also made a signal-mask system call), with
 // the annotations AddressSanitizer and ThreadSanitizer need to follow stack switches, and the
 // C++ runtime's per-thread exception state carried with the fiber (a fiber suspended inside a
 // catch block must find its caught exception again wherever it resumes).

@@ -653,6 +653,10 @@ void carry_fibers(state& st) {
 /// The launching thread while carriers run the fibers: runs a fiber only once its deadline
 /// has passed, so that the watchdog fires even while every carrier is busy with a rank that
 /// never comes back to wait (stalled in its own code).
+///
+/// Every wait's deadline is at least the world's timeout after the wait began, so a rank that
+/// blocks after the launching thread has looked cannot expire before now + timeout: sleeping
+/// until then at the latest, the launching thread is not woken by every rank that blocks.
 void watch_fibers(state& st) {
   std::unique_lock lock(st.mu);
   const int P = static_cast<int>(st.fibers.size());
@@ -662,6 +666,8 @@ void watch_fibers(state& st) {
       run_fiber(st, *f, lock);
       continue;
     }
+    if (st.timeout.count() > 0 && st.timeout < std::chrono::hours(24 * 366))
+      next = std::min(next, fiber_clock::now() + st.timeout);
     st.timer_wake = next;
     st.timer_cv.wait_until(lock, next);
     st.timer_wake = fiber_clock::time_point::max();
