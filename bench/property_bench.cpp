@@ -2,14 +2,17 @@
 // proves, for its small generators (tests/property/generators.hpp), and what the two changes
 // to how a run is carried buy, in the same run on the same scenarios, every row in a fresh
 // child process (its allocator untouched by the rows before it):
-//   threads/default  the SP ranks on one thread each, glibc's default allocator policy (the
-//                    way every check ran before: the baseline);
+//   threads/default  the SP ranks on one thread each, glibc's default allocator policy, the
+//                    oracle after the SP step (how checks were carried before: the baseline;
+//                    the code they run is today's — bench/property_then_now.sh times the
+//                    earlier tree itself on the same scenarios);
 //   threads/kept     the same under the policy seqpar's main applies (sim::keep_freed_memory);
 //   fibers/default   the ranks as fibers (below) under glibc's default policy;
-//   fibers/kept      the ranks as fibers (thread_world::set_carriers; what check does by
-//                    default: every core's thread, one for a small step): a rank waiting for a
-//                    round lets another run instead of sleeping in the kernel;
-//   fibers1/kept     the ranks as fibers on one thread.
+//   fibers/kept      what check does by default: the ranks as fibers
+//                    (thread_world::set_carriers: every core's thread, one for a small step; a
+//                    rank waiting for a round lets another run instead of sleeping in the
+//                    kernel), and the oracle beside a small step on the idle core;
+//   fibers1/kept     the ranks as fibers on one thread, the oracle after them.
 //
 // count = scenarios per iteration (sampled from the generator with a fixed seed, sizes cycling
 // 0…99 as RapidCheck's do); one iteration = one float64 `seqpar check` (SP step, the non-SP
@@ -129,12 +132,12 @@ struct throughput {
     };
     o.ratio_meaning =
         "scenarios/s / the same generator's scenarios/s on threads/default (one thread per rank, "
-        "glibc's allocator policy: how every check ran before)";
+        "glibc's allocator policy, the oracle after the SP step: how checks were carried before)";
     o.notes = {
         "the property suite's generators (tests/property/generators.hpp), fixed seeds, "
         "sizes 0..99; size = count = scenarios; one float64 check each",
         "threads: one thread per SP rank; fibers: the ranks as fibers on every core's thread "
-        "(check's default); fibers1: on one thread",
+        "and the oracle beside a small step (check's default); fibers1: fibers on one thread",
         "default: glibc's allocator policy; kept: sim::keep_freed_memory() (what seqpar's "
         "main applies); every row runs in a fresh child process"};
     return o;

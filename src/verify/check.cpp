@@ -305,23 +305,32 @@ struct both_steps {
 /// (the comparison starts once both are done). Otherwise the reference runs first, on
 /// opt.threads workers. An error of the reference is reported before one of the SP step, as
 /// when they run in turn.
+/// Progress: `starting_reference(beside)` and `starting_sp()` are called as each step starts.
+struct step_announcer {
+  std::function<void(bool beside)> starting_reference;
+  std::function<void()> starting_sp;
+};
+
 template <class T>
 both_steps<T> run_both(const scenario& s, const packed_batch& b, const collated_batch& cb,
                        const model_params<double>& p64, const model_params<T>& p,
-                       const check_options& opt) {
+                       const check_options& opt, const step_announcer& announce = {}) {
   both_steps<T> r;
   const int idle = core_count() - rank_carriers(s, opt);
+  const bool beside = opt.threads == 0 && opt.rank_threads == 0 && idle >= 1;
+  if (announce.starting_reference) announce.starting_reference(beside);
   auto reference = [&](int threads) {
     const auto t0 = std::chrono::steady_clock::now();
     r.ref = run_reference(s, b, p64, threads);
     r.reference_seconds = seconds_since(t0);
   };
   auto sp = [&] {
+    if (announce.starting_sp) announce.starting_sp();
     const auto t0 = std::chrono::steady_clock::now();
     r.outs = run_sp<T>(s, cb, p, opt);
     r.sp_seconds = seconds_since(t0);
   };
-  if (opt.threads > 0 || opt.rank_threads > 0 || idle < 1) {
+  if (!beside) {
     reference(opt.threads);
     sp();
     return r;
@@ -542,12 +551,18 @@ check_report run_typed(const scenario& s, const check_options& opt) {
     if (opt.progress) opt.progress(line);
   };
 
-  say(fmt::format("non-SP reference: {} tokens on one rank (float64)", cb.original_length));
-  say(fmt::format("SP step: {} ranks (ulysses {} × ring {}), {} tokens each ({})", s.cp(),
-                  s.ulysses, s.ring, cb.chunk, dtype_name(opt.type)));
   std::optional<model_params<T>> cast_store;
   const auto& p = params_as<T>(p64, cast_store);
-  const auto both = run_both<T>(s, batch, cb, p64, p, opt);
+  step_announcer announce;
+  announce.starting_reference = [&](bool beside) {
+    say(fmt::format("non-SP reference: {} tokens on one rank (float64{})", cb.original_length,
+                    beside ? ", beside the SP step" : ""));
+  };
+  announce.starting_sp = [&] {
+    say(fmt::format("SP step: {} ranks (ulysses {} × ring {}), {} tokens each ({})", s.cp(),
+                    s.ulysses, s.ring, cb.chunk, dtype_name(opt.type)));
+  };
+  const auto both = run_both<T>(s, batch, cb, p64, p, opt, announce);
   rep.reference_seconds = both.reference_seconds;
   rep.sp_seconds = both.sp_seconds;
 
