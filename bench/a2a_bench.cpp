@@ -5,6 +5,8 @@
 //
 //   a2a_bench [-b 1K] [-e 64M] [-f 2] [-t 4] [-n 20] [-w 5] [-c 1] [-J FILE] [--quick]
 //   mpiexec -n 4 a2a_bench …
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -94,6 +96,10 @@ int main(int argc, char** argv) {
 #endif
     }
     const int P = d.opts().threads;
+    // Beyond the caches an out-of-place all-to-all copies every byte a rank receives, its own
+    // block included, while the other ranks copy too: busbw/memcpy ≤ (X/B)·(P−1)/P, with X the
+    // memcpy rate of one of P threads copying at once and B the baseline's single thread.
+    const double together = bench::concurrent_memcpy_gbps(P, std::int64_t{64} << 20);
     bench::thread_team team(P);
     std::vector<bench::row> rows;
     bench::operation op0;
@@ -106,6 +112,11 @@ int main(int argc, char** argv) {
         op0 = op;
       }
     });
+    const double alone = bench::memcpy_gbps(std::int64_t{64} << 20);
+    op0.notes.push_back(fmt::format(
+        "memcpy on {} threads at once: {:.2f} GB/s each (alone {:.2f}); beyond the caches every "
+        "received byte is copied, the own block too, so ratio <= {:.2f}·{}/{} = {:.2f} there",
+        P, together, alone, together / alone, P - 1, P, together / alone * (P - 1) / P));
     return d.report(op0, P, rows);
   });
 }

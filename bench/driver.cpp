@@ -12,10 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -479,10 +481,14 @@ double eigen_gemm_gflops(const std::string& type, int n) {
   fail<config_error>("no Eigen GEMM baseline for type '{}'; use float or double", type);
 }
 
-double memcpy_gbps(std::int64_t bytes) {
-  bytes = std::clamp<std::int64_t>(bytes, 1 << 20, 64 << 20);
+namespace {
+
+/// GB/s of memcpy between two buffers of `bytes` (touched first), repeated for ~0.3 s;
+/// `ready` is called once the buffers are touched, before the clock starts.
+double timed_copies(std::int64_t bytes, const std::function<void()>& ready = {}) {
   std::vector<char> a(static_cast<std::size_t>(bytes), 1), b(static_cast<std::size_t>(bytes), 0);
   std::memcpy(b.data(), a.data(), a.size());  // touch
+  if (ready) ready();
   int reps = 0;
   const auto t0 = clock_type::now();
   double secs = 0;
@@ -493,6 +499,24 @@ double memcpy_gbps(std::int64_t bytes) {
     secs = seconds_since(t0);
   } while (secs < 0.3 || reps < 3);
   return static_cast<double>(bytes) * reps / secs / 1e9;
+}
+
+}  // namespace
+
+double memcpy_gbps(std::int64_t bytes) {
+  return timed_copies(std::clamp<std::int64_t>(bytes, 1 << 20, 64 << 20));
+}
+
+double concurrent_memcpy_gbps(int threads, std::int64_t bytes) {
+  bytes = std::clamp<std::int64_t>(bytes, 1 << 20, 64 << 20);
+  const auto n = static_cast<std::size_t>(std::max(threads, 1));
+  std::vector<double> rate(n, 0.0);
+  std::barrier start(static_cast<std::ptrdiff_t>(n));
+  std::vector<std::thread> team;
+  for (std::size_t t = 0; t < n; ++t)
+    team.emplace_back([&, t] { rate[t] = timed_copies(bytes, [&] { start.arrive_and_wait(); }); });
+  for (auto& th : team) th.join();
+  return *std::min_element(rate.begin(), rate.end());
 }
 
 bool run_in_child(const std::function<void(void* out)>& f, void* out, std::size_t size) {

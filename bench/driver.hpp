@@ -201,6 +201,9 @@ class driver {
 double eigen_gemm_gflops(const std::string& type, int n = 1024);
 /// Single-threaded memcpy GB/s (bytes copied per second) over `bytes`, within ~0.3 s.
 double memcpy_gbps(std::int64_t bytes);
+/// GB/s of each of `threads` threads copying `bytes` with memcpy at the same time (the slowest
+/// thread's rate): what a copy gets while others copy too (they share caches and memory).
+double concurrent_memcpy_gbps(int threads, std::int64_t bytes);
 /// "1K", "64M", "3G" or a plain number of bytes.
 std::int64_t parse_size(const std::string& s);
 

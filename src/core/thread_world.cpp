@@ -30,9 +30,24 @@ struct rendezvous_round {
 };
 
 struct rendezvous_group {
+  using rounds_map = std::map<std::int64_t, rendezvous_round>;
   std::vector<int> ranks;
   std::vector<std::int64_t> next_seq;  ///< per member: calls made on this group
-  std::map<std::int64_t, rendezvous_round> rounds;
+  rounds_map rounds;
+  /// The last finished round's node, reused by the next round (no allocation under the lock).
+  rounds_map::node_type spare;
+
+  rendezvous_round& open(std::int64_t seq) {
+    if (const auto it = rounds.find(seq); it != rounds.end()) return it->second;
+    if (spare.empty()) return rounds[seq];
+    spare.key() = seq;
+    auto& r = spare.mapped();
+    std::fill(r.slots.begin(), r.slots.end(), nullptr);
+    r.arrived = r.synced = r.done = r.left = r.error_kind = 0;
+    r.message.clear();
+    return rounds.insert(std::move(spare)).position->second;
+  }
+  void close(std::int64_t seq) { spare = rounds.extract(seq); }
 };
 
 /// Where a rank is, for diagnostics; rendered only when a message needs it (a rank's slot and
@@ -422,8 +437,9 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
   gs_ = &group_for(st_, g, rank);
   me_ = g.index_of(rank);
   seq_ = gs_->next_seq[static_cast<std::size_t>(me_)]++;
-  r_ = &gs_->rounds[seq_];
-  if (r_->slots.empty()) r_->slots.assign(static_cast<std::size_t>(g.size()), nullptr);
+  r_ = &gs_->open(seq_);
+  if (r_->slots.size() != static_cast<std::size_t>(g.size()))
+    r_->slots.assign(static_cast<std::size_t>(g.size()), nullptr);
   r_->slots[static_cast<std::size_t>(me_)] = &mine;
   if (++r_->arrived == g.size()) {
     auto [kind, message] = validate(g, seq_, *r_);
@@ -553,7 +569,7 @@ void rendezvous::wait_for_all(std::unique_lock<std::mutex>& lock, int rendezvous
 
 void rendezvous::leave_locked() {
   left_ = true;
-  if (++r_->left == g_.size()) gs_->rounds.erase(seq_);
+  if (++r_->left == g_.size()) gs_->close(seq_);
 }
 
 // ---- run_rank_threads ----
