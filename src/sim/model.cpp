@@ -93,10 +93,6 @@ void check_model_sizes(const scenario& s) {
         s.kv_heads);
 }
 
-}  // namespace
-
-namespace {
-
 /// out[e] = uniform_pm1(seed, stream, e), eight elements at a time (the compiler vectorises the
 /// block: the same integer mixing and the same exact conversion per element).
 void fill_uniform_pm1(std::uint64_t seed, std::uint64_t stream, std::span<double> out) {

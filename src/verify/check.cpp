@@ -298,6 +298,12 @@ struct both_steps {
   double reference_seconds = 0, sp_seconds = 0;
 };
 
+/// Progress: `starting_reference(beside)` and `starting_sp()` are called as each step starts.
+struct step_announcer {
+  std::function<void(bool beside)> starting_reference;
+  std::function<void()> starting_sp;
+};
+
 /// Runs the reference and the SP step of `s`. When neither thread count is given and the SP
 /// ranks leave cores idle (a small step runs on one carrier), the oracle runs meanwhile on a
 /// pool thread with the idle cores as its workers: the two steps share nothing but their
@@ -305,12 +311,6 @@ struct both_steps {
 /// (the comparison starts once both are done). Otherwise the reference runs first, on
 /// opt.threads workers. An error of the reference is reported before one of the SP step, as
 /// when they run in turn.
-/// Progress: `starting_reference(beside)` and `starting_sp()` are called as each step starts.
-struct step_announcer {
-  std::function<void(bool beside)> starting_reference;
-  std::function<void()> starting_sp;
-};
-
 template <class T>
 both_steps<T> run_both(const scenario& s, const packed_batch& b, const collated_batch& cb,
                        const model_params<double>& p64, const model_params<T>& p,
