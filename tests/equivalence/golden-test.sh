@@ -49,7 +49,8 @@ run() {
   shift 2
   local out="$tmp/$name.out"
   if [[ $name == check.* ]]; then
-    (cd "$dir" && "$seqpar" "$@") 2>/dev/null | mask_times | mask_errors >"$out"
+    # Errors first: mask_times leaves JSON that no parser reads ("isa":ISA).
+    (cd "$dir" && "$seqpar" "$@") 2>/dev/null | mask_errors | mask_times >"$out"
   else
     (cd "$dir" && "$seqpar" "$@") 2>/dev/null | mask_times >"$out"
   fi
