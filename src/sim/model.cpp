@@ -187,7 +187,7 @@ mat<T> linear_fwd(const mat<T>& x, const mat<T>& w) {
 }
 
 template <class T>
-mat<T> linear_bwd(const mat<T>& x, const mat<T>& w, const mat<T>& dy, mat<T>& dw) {
+mat<T> linear_bwd(const mat<T>& x, const mat<T>& w, const mat<T>& dy, grad_ref<T> dw) {
   dw.noalias() += x.transpose() * dy;
   mat<T> dx = dy * w.transpose();
   return dx;
@@ -212,7 +212,7 @@ mat<T> rms_norm_fwd(const mat<T>& x, const mat<T>& w, col<T>& r) {
 
 template <class T>
 mat<T> rms_norm_bwd(const mat<T>& x, const mat<T>& w, const col<T>& r, const mat<T>& dy,
-                    mat<T>& dw) {
+                    grad_ref<T> dw) {
   const auto n = x.rows();
   const T h = static_cast<T>(x.cols());
   mat<T> dx(n, x.cols());
@@ -369,7 +369,7 @@ mat<T> embedding_fwd(const mat<T>& table, std::span<const std::int64_t> ids) {
 }
 
 template <class T>
-void embedding_bwd(const mat<T>& dy, std::span<const std::int64_t> ids, mat<T>& dtable) {
+void embedding_bwd(const mat<T>& dy, std::span<const std::int64_t> ids, grad_ref<T> dtable) {
   for (std::size_t i = 0; i < ids.size(); ++i)
     dtable.row(ids[i]) += dy.row(static_cast<Eigen::Index>(i));
 }
@@ -430,9 +430,50 @@ struct layer_cache {
   gdn_saved gdn;
 };
 
+/// The step's parameter gradients in one zero-filled flat buffer, parameters in their fixed
+/// order (the gradient sync reduces it in place, with no copy in), each seen as a matrix of its
+/// parameter's shape.
+template <class T>
+class grad_set {
+ public:
+  explicit grad_set(const model_params<T>& p) : names_(p.names) {
+    std::size_t total = 0;
+    for (const auto& v : p.values) total += static_cast<std::size_t>(v.size());
+    // Eigen's allocation is aligned as every mat's, so each view's offset from an aligned base
+    // depends only on the parameter shapes: the vectorised loops over a view (and so the last
+    // bits of what they sum) do not depend on where the heap put the buffer.
+    store_ = Eigen::Matrix<T, Eigen::Dynamic, 1>::Zero(static_cast<Eigen::Index>(total));
+    flat_ = {store_.data(), total};
+    T* at = store_.data();
+    for (const auto& v : p.values) {
+      views_.emplace_back(at, v.rows(), v.cols());
+      at += v.size();
+    }
+  }
+  Eigen::Map<mat<T>>& operator[](std::string_view name) {
+    for (std::size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == name) return views_[i];
+    fail<config_error>("model: no parameter named '{}'; known: {}", name, fmt::join(names_, ", "));
+  }
+  std::span<T> flat() const { return flat_; }
+  /// The gradients as the step returns them (one copy out of the flat buffer).
+  model_params<T> take() const {
+    model_params<T> out;
+    out.names = names_;
+    for (const auto& v : views_) out.values.emplace_back(v);
+    return out;
+  }
+
+ private:
+  std::vector<std::string> names_;
+  Eigen::Matrix<T, Eigen::Dynamic, 1> store_;
+  std::span<T> flat_;
+  std::vector<Eigen::Map<mat<T>>> views_;
+};
+
 /// m += the backend tensor t (same element count).
 template <class T>
-void add_host(compute& c, const tensor& t, mat<T>& m) {
+void add_host(compute& c, const tensor& t, ops::grad_ref<T> m) {
   const auto v = c.to_host(t);
   if (static_cast<std::int64_t>(v.size()) != m.size())
     fail<shape_error>("model: gradient of {} elements for a parameter of {}", v.size(), m.size());
@@ -451,7 +492,7 @@ mat<T> per_head_norm_fwd(const mat<T>& x, const mat<T>& w, int heads, col<T>& r)
 
 template <class T>
 mat<T> per_head_norm_bwd(const mat<T>& x, const mat<T>& w, int heads, const col<T>& r,
-                         const mat<T>& dy, mat<T>& dw) {
+                         const mat<T>& dy, ops::grad_ref<T> dw) {
   const Eigen::Index d = x.cols() / heads;
   const mat<T> dx =
       ops::rms_norm_bwd(mat<T>(Eigen::Map<const mat<T>>(x.data(), x.rows() * heads, d)), w, r,
@@ -479,13 +520,13 @@ mat<T> qk_norm_fwd(compute& comp, const scenario& s, const model_params<T>& p, i
 }
 
 template <class T>
-void add_to(mat<T>& m, const std::vector<double>& v) {
+void add_to(ops::grad_ref<T> m, const std::vector<double>& v) {
   for (Eigen::Index e = 0; e < m.size(); ++e)
     m.data()[e] += static_cast<T>(v[static_cast<std::size_t>(e)]);
 }
 
 template <class T>
-mat<T> qk_norm_bwd(compute& comp, const scenario& s, const model_params<T>& p, model_params<T>& gr,
+mat<T> qk_norm_bwd(compute& comp, const scenario& s, const model_params<T>& p, grad_set<T>& gr,
                    int l, const char* which, const mat<T>& x, int heads, const col<T>& r,
                    const mat<T>& dy) {
   const auto name = fmt::format("L{}.{}_norm", l, which);
@@ -495,8 +536,8 @@ mat<T> qk_norm_bwd(compute& comp, const scenario& s, const model_params<T>& p, m
   const tensor dx = comp.head_norm_backward(
       as_tensor(comp, x, {x.rows(), heads, d}), as_tensor(comp, p[name], {d}), norm_kind::layer,
       rms_norm_eps, as_tensor(comp, dy, {x.rows(), heads, d}), dw, db);
-  add_to(gr[name], dw);
-  add_to(gr[name + "_bias"], db);
+  add_to<T>(gr[name], dw);
+  add_to<T>(gr[name + "_bias"], db);
   return from_tensor<T>(comp, dx, x.rows(), x.cols());
 }
 
@@ -537,7 +578,7 @@ tensor async_post(compute& comp, const scenario& s, const model_params<T>& p, in
 
 template <class T>
 tensor async_post_backward(compute& comp, const scenario& s, const model_params<T>& p,
-                           model_params<T>& gr, int l, const char* which, const tensor& x,
+                           grad_set<T>& gr, int l, const char* which, const tensor& x,
                            const tensor& dy, std::span<const std::int64_t> gpos) {
   const int heads = static_cast<int>(x.shape[1]), d = static_cast<int>(x.shape[2]);
   const mat<T> dr = ops::rope_bwd(from_tensor<T>(comp, dy, x.shape[0], std::int64_t{heads} * d),
@@ -550,8 +591,8 @@ tensor async_post_backward(compute& comp, const scenario& s, const model_params<
   tensor dx =
       comp.head_norm_backward(x, as_tensor(comp, p[name], {d}),
                               layer ? norm_kind::layer : norm_kind::rms, rms_norm_eps, dn, dw, db);
-  add_to(gr[name], dw);
-  if (layer) add_to(gr[name + "_bias"], db);
+  add_to<T>(gr[name], dw);
+  if (layer) add_to<T>(gr[name + "_bias"], db);
   return dx;
 }
 
@@ -641,8 +682,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   if (!inner) fail<config_error>("model: make_inner returned no attention");
 
   step_output<T> out;
-  out.grads = p.zeros_like();
-  auto& gr = out.grads;
+  grad_set<T> gr(p);
   const auto L = [](int l, const char* what) { return fmt::format("L{}.{}", l, what); };
   const auto tiles = ops::tile_rows(n, s.tiles);
 
@@ -835,10 +875,10 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
                             gr[L(l, "in_b")]);
       da += ops::linear_bwd(c.attn_normed, p[L(l, "in_a")], from_tensor<T>(comp, g.da, n, Hv),
                             gr[L(l, "in_a")]);
-      add_host(comp, g.dconv, gr[L(l, "conv")]);
-      add_host(comp, g.dA_log, gr[L(l, "A_log")]);
-      add_host(comp, g.ddt_bias, gr[L(l, "dt_bias")]);
-      add_host(comp, g.dnorm, gr[L(l, "gdn_norm")]);
+      add_host<T>(comp, g.dconv, gr[L(l, "conv")]);
+      add_host<T>(comp, g.dA_log, gr[L(l, "A_log")]);
+      add_host<T>(comp, g.ddt_bias, gr[L(l, "dt_bias")]);
+      add_host<T>(comp, g.dnorm, gr[L(l, "gdn_norm")]);
       dx = dx_mid +
            ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
       continue;
@@ -911,18 +951,9 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   if (shifts_whole_row(env.profile) && env.loss_group.size() > 1)
     out.embed_out_grad /= static_cast<T>(env.loss_group.size());  // undo the ∂L/∂ℓ factor P
 
-  // Gradient sync: one flat buffer per reduction, parameters in their fixed order.
-  const std::int64_t total = gr.numel();
-  // Every element is written below, so no zero-fill.
-  const std::unique_ptr<T[]> flat_store(new T[static_cast<std::size_t>(total)]);
-  const std::span<T> flat(flat_store.get(), static_cast<std::size_t>(total));
-  {
-    std::size_t off = 0;
-    for (const auto& v : gr.values) {
-      std::copy(v.data(), v.data() + v.size(), flat.begin() + static_cast<std::ptrdiff_t>(off));
-      off += static_cast<std::size_t>(v.size());
-    }
-  }
+  // Gradient sync: the flat buffer, parameters in their fixed order, one reduction each.
+  const std::span<T> flat = gr.flat();
+  const auto total = static_cast<std::int64_t>(flat.size());
   const auto reduce = [&](const comm_group& g, double divide, const char* tag) {
     if (g.size() > 1)
       comm.all_reduce(g, flat.data(), total, dtype_of<T>(), {tag, {total}, {total}});
@@ -933,16 +964,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   };
   reduce(env.fsdp_group, env.fsdp_divide, "grad.fsdp");
   if (env.sp_grad_sync_group) reduce(*env.sp_grad_sync_group, 1.0, "grad.sp_sync");
-  {
-    std::size_t off = 0;
-    for (auto& v : gr.values) {
-      std::copy(
-          flat.begin() + static_cast<std::ptrdiff_t>(off),
-          flat.begin() + static_cast<std::ptrdiff_t>(off + static_cast<std::size_t>(v.size())),
-          v.data());
-      off += static_cast<std::size_t>(v.size());
-    }
-  }
+  out.grads = gr.take();
   return out;
 }
 
@@ -954,10 +976,11 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   template step_output<T> train_step<T>(const model_params<T>&, const scenario&,                   \
                                         const rank_tokens_input&, sp_env&);                        \
   template mat<T> ops::linear_fwd<T>(const mat<T>&, const mat<T>&);                                \
-  template mat<T> ops::linear_bwd<T>(const mat<T>&, const mat<T>&, const mat<T>&, mat<T>&);        \
+  template mat<T> ops::linear_bwd<T>(const mat<T>&, const mat<T>&, const mat<T>&,                  \
+                                     ops::grad_ref<T>);                                            \
   template mat<T> ops::rms_norm_fwd<T>(const mat<T>&, const mat<T>&, col<T>&);                     \
   template mat<T> ops::rms_norm_bwd<T>(const mat<T>&, const mat<T>&, const col<T>&, const mat<T>&, \
-                                       mat<T>&);                                                   \
+                                       ops::grad_ref<T>);                                          \
   template mat<T> ops::rope_fwd<T>(const mat<T>&, int, int, std::span<const std::int64_t>,         \
                                    double);                                                        \
   template mat<T> ops::rope_bwd<T>(const mat<T>&, int, int, std::span<const std::int64_t>,         \
@@ -968,7 +991,8 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
                                             std::int64_t&);                                        \
   template mat<T> ops::cross_entropy_bwd<T>(const mat<T>&, std::span<const std::int64_t>, double); \
   template mat<T> ops::embedding_fwd<T>(const mat<T>&, std::span<const std::int64_t>);             \
-  template void ops::embedding_bwd<T>(const mat<T>&, std::span<const std::int64_t>, mat<T>&);
+  template void ops::embedding_bwd<T>(const mat<T>&, std::span<const std::int64_t>,                \
+                                      ops::grad_ref<T>);
 
 SEQPAR_MODEL_INSTANTIATE(double)
 SEQPAR_MODEL_INSTANTIATE(float)

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -142,9 +143,14 @@ std::vector<std::pair<Eigen::Index, Eigen::Index>> tile_rows(Eigen::Index n, int
 /// y = x·w (x [n, in], w [in, out]).
 template <class T>
 mat<T> linear_fwd(const mat<T>& x, const mat<T>& w);
+/// A gradient to accumulate into: a matrix, or a view of one (a parameter's part of the step's
+/// flat gradient buffer).
+template <class T>
+using grad_ref = std::type_identity_t<Eigen::Ref<mat<T>>>;
+
 /// Returns dx = dy·wᵀ; dw += xᵀ·dy.
 template <class T>
-mat<T> linear_bwd(const mat<T>& x, const mat<T>& w, const mat<T>& dy, mat<T>& dw);
+mat<T> linear_bwd(const mat<T>& x, const mat<T>& w, const mat<T>& dy, grad_ref<T> dw);
 
 /// y[i, :] = x[i, :]·r[i]∘w with r[i] = 1/sqrt(mean_j x[i, j]² + eps) (w is [1, hidden]).
 /// r is returned for the backward.
@@ -154,7 +160,7 @@ mat<T> rms_norm_fwd(const mat<T>& x, const mat<T>& w, col<T>& r);
 /// dw += Σ_i dy[i]∘x[i]·r[i].
 template <class T>
 mat<T> rms_norm_bwd(const mat<T>& x, const mat<T>& w, const col<T>& r, const mat<T>& dy,
-                    mat<T>& dw);
+                    grad_ref<T> dw);
 
 /// RoPE, rotate-half (Llama) convention, on x [n, heads·head_dim] with head_dim even: for each
 /// head and i < head_dim/2, angle = pos·theta^(-2i/head_dim) (computed in double),
@@ -188,7 +194,7 @@ template <class T>
 mat<T> embedding_fwd(const mat<T>& table, std::span<const std::int64_t> ids);
 /// dtable[ids[i]] += dy[i], in token order.
 template <class T>
-void embedding_bwd(const mat<T>& dy, std::span<const std::int64_t> ids, mat<T>& dtable);
+void embedding_bwd(const mat<T>& dy, std::span<const std::int64_t> ids, grad_ref<T> dtable);
 
 }  // namespace ops
 
