@@ -19,6 +19,7 @@
 #include <map>
 
 #include "bench/driver.hpp"
+#include "sim/allocator.hpp"
 #include "verify/check.hpp"
 
 namespace {
@@ -68,6 +69,7 @@ outcome in_child(F&& f) {
   const bool ok = bench::run_in_child(
       [&](void* out) {
         auto& r = *static_cast<outcome*>(out);
+        sim::keep_freed_memory();  // the allocator policy seqpar's main applies
         const double rss0 = peak_rss_bytes();
         const auto t0 = std::chrono::steady_clock::now();
         f(r);
