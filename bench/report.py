@@ -6,7 +6,8 @@
 Reads every DIR/*.json the bench driver wrote (-J) and DIR/run.log, and writes DIR/report.md
 (one markdown table per program, with its baselines, ISA and notes, as the README quotes them)
 and, when DIR/scale.json is there, DIR/scale.svg (seconds per 1K tokens and bytes per token
-against tokens, the check and the reference alone: flat lines are O(S)). Standard library only.
+and above the fixed cost, against tokens, the check and the reference alone: flat lines are
+O(S)). Standard library only.
 Exit 2 when DIR holds no report or a report is not the driver's JSON.
 """
 import json
@@ -100,8 +101,8 @@ def svg_scale(j, path):
         series.setdefault(r["case"], []).append(r)
     if not series:
         return False
-    W, H, pad = 900, 380, 60
-    pw = (W - 3 * pad) / 2
+    W, H, pad = 1320, 380, 60
+    pw = (W - 4 * pad) / 3
     ph = H - 2 * pad
     toks = sorted({r["count"] for r in j["rows"]})
     x0, x1 = math.log2(toks[0]), math.log2(toks[-1]) if toks[-1] > toks[0] else math.log2(toks[0]) + 1
@@ -137,7 +138,8 @@ def svg_scale(j, path):
             parts.append(f'<text x="{left + 8}" y="{pad + 16 + 14 * ci}" fill="{colors.get(case, "#333")}">{case}</text>')
 
     panel(0, "seconds per 1K tokens", lambda r: r["time_us"] / 1e6 / (r["count"] / 1024), "log scale")
-    panel(1, "peak bytes per token", lambda r: r.get("B/token", 0), "log scale")
+    panel(1, "peak RSS bytes per token", lambda r: r.get("B/token", 0), "log scale")
+    panel(2, "bytes per token above the 256-token base", lambda r: r.get("B/token_above_base", 0), "log scale")
     parts.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(parts) + "\n")

@@ -10,7 +10,9 @@
 //   variant "check":     the whole `seqpar check` (SP step on U·R threads, then the reference,
 //                        then the comparison); #wrong = rows out of tolerance
 //   variant "reference": the non-SP reference step alone
-// ratio = bytes per token / bytes per token at the smallest size of the same variant (flat: 1).
+// ratio = bytes per token / bytes per token at the smallest size of the same variant (flat: 1);
+// B/token_above_base leaves out the variant's fixed cost (its peak RSS at 256 tokens): a linear
+// a + b·S has it flat at b from the first size on. Each child applies seqpar's allocator policy.
 #include <fmt/format.h>
 #include <sys/resource.h>
 
@@ -28,6 +30,8 @@ using namespace seqpar;
 
 constexpr int hidden = 64;
 constexpr std::int64_t doc_tokens = 8192;
+/// The size whose peak RSS stands for the fixed cost of a variant (B/token_above_base).
+constexpr std::int64_t base_tokens = 256;
 
 scenario make(std::int64_t tokens) {
   scenario s;
@@ -88,6 +92,31 @@ struct scaling {
   scenario scen;
   std::size_t variant = 0;
 
+  std::map<std::size_t, double> base_rss;  ///< per variant: peak RSS at base_tokens
+
+  /// The current variant on `sc` in a child process of its own.
+  outcome measure(const scenario& sc) const {
+    outcome o;
+    if (variant == 0) {
+      o = in_child([&](outcome& out) {
+        const auto rep = verify::run_check(sc);
+        out.sp_seconds = rep.sp_seconds;
+        out.reference_seconds = rep.reference_seconds;
+        for (const auto& r : rep.rows) out.failing += !r.pass;
+      });
+    } else {
+      o = in_child([&](outcome& out) {
+        const auto in = verify::reference_inputs_of(sc);
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)ref::train_step(sc, in.weights, in.batch, 0);
+        out.reference_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
+    }
+    if (!o.ok) throw std::runtime_error("the child process failed (out of memory?)");
+    return o;
+  }
+
   bench::operation op() {
     bench::operation o;
     o.name = "seqpar check at scale (float64)";
@@ -103,27 +132,13 @@ struct scaling {
       variant = p.variant;
     };
     o.run = [this] {
-      if (variant == 0) {
-        last = in_child([&](outcome& out) {
-          const auto rep = verify::run_check(scen);
-          out.sp_seconds = rep.sp_seconds;
-          out.reference_seconds = rep.reference_seconds;
-          for (const auto& r : rep.rows) out.failing += !r.pass;
-        });
-      } else {
-        last = in_child([&](outcome& out) {
-          const auto in = verify::reference_inputs_of(scen);
-          const auto t0 = std::chrono::steady_clock::now();
-          (void)ref::train_step(scen, in.weights, in.batch, 0);
-          out.reference_seconds =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        });
-      }
-      if (!last.ok) throw std::runtime_error("the child process failed (out of memory?)");
+      // The fixed cost (threads, stacks, the model) once per variant, at base_tokens.
+      if (!base_rss.contains(variant)) base_rss[variant] = measure(make(base_tokens)).rss;
+      last = measure(scen);
     };
     o.check = [this](const bench::point&, std::uint64_t) { return last.failing; };
     o.rate_unit = "Ktok/s";
-    o.extra_columns = {"sp_s", "ref_s", "rss_MB", "B/token"};
+    o.extra_columns = {"sp_s", "ref_s", "rss_MB", "B/token", "B/token_above_base"};
     o.finish = [this](const bench::point& p, bench::row& r) {
       const double tokens = static_cast<double>(p.count);
       r.time_us = last.seconds * 1e6;
@@ -131,7 +146,8 @@ struct scaling {
       const double bpt = last.rss / tokens;
       const auto [it, fresh] = first_bytes_per_token.try_emplace(p.variant, bpt);
       r.ratio = bpt / std::max(it->second, 1e-12);
-      r.extra = {last.sp_seconds, last.reference_seconds, last.rss / 1e6, bpt};
+      const double above = (last.rss - base_rss[p.variant]) / (tokens - base_tokens);
+      r.extra = {last.sp_seconds, last.reference_seconds, last.rss / 1e6, bpt, above};
     };
     o.measure_baseline = [](const std::string& type) {
       return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
@@ -143,7 +159,9 @@ struct scaling {
         "tokens; count = tokens; one child process per point",
         "check: the whole seqpar check (sp_s: SP step on threads, ref_s: the reference); "
         "reference: the non-SP step alone (every core); rss: peak RSS over the child's "
-        "RSS at fork; #wrong: compared rows out of tolerance"};
+        "RSS at fork; #wrong: compared rows out of tolerance",
+        "B/token_above_base: (rss - rss of the same variant at 256 tokens) / (tokens - 256): "
+        "the per-token cost without the fixed one (threads, stacks, the model); O(S) = flat"};
     return o;
   }
 };
