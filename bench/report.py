@@ -79,7 +79,6 @@ def section(name, j):
         rr["size"] = human_bytes(r["size"])
         rows.append(rr)
     if not transport and j.get("rate_unit"):
-        cols = [c if c != "rate" else "rate" for c in cols]
         lines.append(f"rate in {j['rate_unit']}.")
         lines.append("")
     lines += table(rows, cols)
@@ -105,7 +104,8 @@ def svg_scale(j, path):
     pw = (W - 4 * pad) / 3
     ph = H - 2 * pad
     toks = sorted({r["count"] for r in j["rows"]})
-    x0, x1 = math.log2(toks[0]), math.log2(toks[-1]) if toks[-1] > toks[0] else math.log2(toks[0]) + 1
+    x0 = math.log2(toks[0])
+    x1 = max(math.log2(toks[-1]), x0 + 1)  # one size: a unit-wide axis
     colors = {"check": "#1f77b4", "reference": "#d62728"}
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
              f'<rect width="{W}" height="{H}" fill="white"/>',

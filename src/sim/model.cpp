@@ -155,10 +155,15 @@ model_params<T> model_params<T>::zeros_like() const {
 }
 
 template <class T>
-const mat<T>& model_params<T>::operator[](std::string_view name) const {
+std::size_t model_params<T>::index_of(std::string_view name) const {
   for (std::size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return values[i];
+    if (names[i] == name) return i;
   fail<config_error>("model: no parameter named '{}'; known: {}", name, fmt::join(names, ", "));
+}
+
+template <class T>
+const mat<T>& model_params<T>::operator[](std::string_view name) const {
+  return values[index_of(name)];
 }
 
 template <class T>
@@ -432,44 +437,42 @@ struct layer_cache {
 
 /// The step's parameter gradients in one zero-filled flat buffer, parameters in their fixed
 /// order (the gradient sync reduces it in place, with no copy in), each seen as a matrix of its
-/// parameter's shape.
+/// parameter's shape. `p` must outlive it.
 template <class T>
 class grad_set {
  public:
-  explicit grad_set(const model_params<T>& p) : names_(p.names) {
-    std::size_t total = 0;
-    for (const auto& v : p.values) total += static_cast<std::size_t>(v.size());
-    // Eigen's allocation is aligned as every mat's, so each view's offset from an aligned base
-    // depends only on the parameter shapes: the vectorised loops over a view (and so the last
-    // bits of what they sum) do not depend on where the heap put the buffer.
-    store_ = Eigen::Matrix<T, Eigen::Dynamic, 1>::Zero(static_cast<Eigen::Index>(total));
-    flat_ = {store_.data(), total};
+  // Eigen's allocation is aligned as every mat's, so each view's offset from an aligned base
+  // depends only on the parameter shapes: the vectorised loops over a view (and so the last
+  // bits of what they sum) do not depend on where the heap put the buffer.
+  explicit grad_set(const model_params<T>& p)
+      : params_(p), store_(Eigen::Matrix<T, Eigen::Dynamic, 1>::Zero(p.numel())) {
     T* at = store_.data();
     for (const auto& v : p.values) {
       views_.emplace_back(at, v.rows(), v.cols());
       at += v.size();
     }
   }
-  Eigen::Map<mat<T>>& operator[](std::string_view name) {
-    for (std::size_t i = 0; i < names_.size(); ++i)
-      if (names_[i] == name) return views_[i];
-    fail<config_error>("model: no parameter named '{}'; known: {}", name, fmt::join(names_, ", "));
-  }
-  std::span<T> flat() const { return flat_; }
+  Eigen::Map<mat<T>>& operator[](std::string_view name) { return views_[params_.index_of(name)]; }
+  std::span<T> flat() { return {store_.data(), static_cast<std::size_t>(store_.size())}; }
   /// The gradients as the step returns them (one copy out of the flat buffer).
   model_params<T> take() const {
     model_params<T> out;
-    out.names = names_;
+    out.names = params_.names;
     for (const auto& v : views_) out.values.emplace_back(v);
     return out;
   }
 
  private:
-  std::vector<std::string> names_;
+  const model_params<T>& params_;
   Eigen::Matrix<T, Eigen::Dynamic, 1> store_;
-  std::span<T> flat_;
   std::vector<Eigen::Map<mat<T>>> views_;
 };
+
+template <class T>
+void add_to(ops::grad_ref<T> m, const std::vector<double>& v) {
+  for (Eigen::Index e = 0; e < m.size(); ++e)
+    m.data()[e] += static_cast<T>(v[static_cast<std::size_t>(e)]);
+}
 
 /// m += the backend tensor t (same element count).
 template <class T>
@@ -477,8 +480,7 @@ void add_host(compute& c, const tensor& t, ops::grad_ref<T> m) {
   const auto v = c.to_host(t);
   if (static_cast<std::int64_t>(v.size()) != m.size())
     fail<shape_error>("model: gradient of {} elements for a parameter of {}", v.size(), m.size());
-  for (Eigen::Index e = 0; e < m.size(); ++e)
-    m.data()[e] += static_cast<T>(v[static_cast<std::size_t>(e)]);
+  add_to<T>(m, v);
 }
 
 /// RMSNorm of each head of x [n, heads·d] over its d values (weight [1, d]); r per (token, head).
@@ -517,12 +519,6 @@ mat<T> qk_norm_fwd(compute& comp, const scenario& s, const model_params<T>& p, i
       as_tensor(comp, x, {x.rows(), heads, d}), as_tensor(comp, p[name], {d}),
       as_tensor(comp, p[name + "_bias"], {d}), norm_kind::layer, rms_norm_eps);
   return from_tensor<T>(comp, y, x.rows(), x.cols());
-}
-
-template <class T>
-void add_to(ops::grad_ref<T> m, const std::vector<double>& v) {
-  for (Eigen::Index e = 0; e < m.size(); ++e)
-    m.data()[e] += static_cast<T>(v[static_cast<std::size_t>(e)]);
 }
 
 template <class T>

@@ -52,7 +52,10 @@ struct model_params {
   static model_params init(const scenario& s);
   /// Same names and shapes, all zero.
   model_params zeros_like() const;
-  /// The parameter called `name`; throws config_error naming the known names if absent.
+  /// The position of the parameter called `name` in names/values; throws config_error naming
+  /// the known names if absent.
+  std::size_t index_of(std::string_view name) const;
+  /// The parameter called `name` (index_of's error if absent).
   mat<T>& operator[](std::string_view name);
   const mat<T>& operator[](std::string_view name) const;
   std::size_t size() const { return values.size(); }
