@@ -79,20 +79,33 @@ reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, 
 /// before each of the R − 1 merges (a weight error u_lse·|lse| on both sides: 2·u_lse·max|lse|·
 /// max|v|), and internally a score error u_int·|s_j| per weight, whose weighted sum Σ p_j·|s_j|
 /// ≤ max|lse| + ln L (the softmax entropy bound), moving out by ≤ 2·max|v| each, plus sums over
-/// L keys (u_int·sqrt(L)·max|v|). First-order bounds, doubled for second-order terms:
+/// L keys (u_int·sqrt(L)·max|v|), plus each score's dot product over D terms, which rounds by
+/// u_int per term: ≤ u_int·T with T = scale·D·max|q|·max|k| (the score may be small where its
+/// terms cancel: a one-token document's LSE is that score alone). First-order bounds, doubled
+/// for second-order terms:
 ///   forward  2·(u·R·max|out| + 2·u_lse·(R−1)·max|lse|·max|v|
-///               + u_int·(sqrt(L) + 2·(max|lse| + ln L))·max|v|) / max|out|
-///   LSE      2·(u_lse·R·max|lse| + u_int·(max|lse| + ln L)) / max|lse|
-///   gradient 4 × forward (dS = P∘(dP − D) carries the weights' error twice, plus storage).
+///               + u_int·(sqrt(L) + 2·(max|lse| + ln L + T))·max|v|) / max|out|
+///   LSE      2·(u_lse·R·max|lse| + u_int·(max|lse| + ln L + T)) / max|lse|
+///   gradient 4 × forward (dS = P∘(dP − D) carries the weights' error twice, plus storage),
+///            relative to the larger of max|grad| and the magnitude of the terms the gradient sums:
+///            dQ: scale·max|k|·max|dO|·max|v|, dK: scale·max|q|·max|dO|·max|v|, dV: max|dO|.
+///            A saturated softmax (P near one-hot) makes dQ and dK small differences of such
+///            terms, whose float32 rounding is then large against the gradient itself.
 /// A naive kernel that materialises the scores in bf16 exceeds it by ~max|s|: worth knowing.
 struct error_model {
   double max_out = 0, max_v = 0, max_lse = 0, L = 1;
+  double max_q = 0, max_k = 0, max_dout = 0, scale = 1, D = 1;
   int R = 1;
   double u_lse = 0;  ///< 0: the dumped LSE's dtype is unknown (not dumped): float32
 
   double forward(double u) const;
   double lse() const;
+  /// scale·D·max|q|·max|k|: what a score's dot product sums, whose rounding (u_int per term,
+  /// not per score) moves a weight even where the score itself is small.
+  double dot_terms() const;
   double backward(double u) const;
+  /// The magnitude of the terms gradient stage `stage` sums (0 for other stages).
+  double term_scale(const std::string& stage) const;
   /// The tolerance of a computed stage held in dtype t.
   double of(const std::string& stage, io::st_dtype t) const;
   std::string describe(io::st_dtype out) const;
