@@ -30,7 +30,10 @@ def resolve(ref):
             spec.loader.exec_module(mod)
     else:
         mod = importlib.import_module(where)
-    fn = eval(expr, vars(mod))  # noqa: S307 (the user's own reference to their own code)
+    try:
+        fn = eval(expr, vars(mod))  # noqa: S307 (the user's own reference to their own code)
+    except Exception as e:
+        raise ValueError("implementation %r: %s in %s: %s" % (ref, expr, where, e))
     if not callable(fn):
         raise ValueError("implementation %r names %r, which is not callable" % (ref, fn))
     return fn

@@ -1,6 +1,7 @@
 """A persistent pool of rank processes per world size: the gloo world is made once and reused by
 every example; a pool whose ranks raised, hung or returned a bad output is killed and made again
 for the next example (its collectives may be out of step)."""
+import linecache
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -25,7 +26,7 @@ def _free_port():
 
 def parse_stack(text):
     """The last faulthandler traceback in text as [(file, line, func)], most recent first."""
-    blocks = re.split(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+", text)
+    blocks = re.split(r"(?m)^.*\(most recent call first\):\s*$", text)
     if len(blocks) < 2:
         return []
     frames = []
@@ -62,6 +63,11 @@ def describe_stack(frames):
         return "waiting", "waiting in torch.distributed.%s%s, called at %s" % (
             api, " (during backward)" if in_backward else "", where)
     top = frames[0]
+    if user and user[0] == top and re.search(r"\.wait\(|synchronize\(",
+                                             linecache.getline(top[0], top[1])):
+        # A Work.wait() of an async collective or isend/irecv: C++, no torch frame above it.
+        return "waiting", "waiting on an asynchronous collective or send/recv (.wait()) at %s" % (
+            where)
     if _is_torch(top[0]):
         return "busy", "busy in torch (%s:%d in %s), called at %s" % (
             os.path.basename(top[0]), top[1], top[2], where)

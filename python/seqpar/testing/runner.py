@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 
-from .impl_ref import reference_of
+from .impl_ref import reference_of, resolve
 from .pool import RankPool
 from .scenario import LayoutRefused, find_seqpar, layout
 
@@ -35,6 +35,11 @@ def _ranks(rs):
     return ("rank %d" % rs[0]) if len(rs) == 1 else "ranks %s" % ", ".join(str(r) for r in rs)
 
 
+def _num(x):
+    """A number of the report (JSON writes inf and nan as strings)."""
+    return "%.3g" % x if isinstance(x, (int, float)) else str(x)
+
+
 def _indent(text, pre="    "):
     return "\n".join(pre + line for line in text.splitlines())
 
@@ -48,6 +53,11 @@ class Runner(object):
         self.impl = impl
         self.impl_ref = impl_ref if impl_ref is not None else (
             impl if isinstance(impl, str) else reference_of(impl))
+        self._name = impl if isinstance(impl, str) else getattr(impl, "__name__", "attention")
+        if isinstance(impl, str):
+            resolved = resolve(impl)  # a reference that names nothing fails here, not in a rank
+            if start_method == "fork":
+                impl = resolved
         if start_method != "fork" and not isinstance(impl, str):
             if self.impl_ref is None:
                 raise ValueError("start_method=%r sends the implementation to fresh processes "
@@ -57,7 +67,7 @@ class Runner(object):
         self.pool_impl = impl
         self.deadline = float(deadline)
         self.start_method = start_method
-        self.name = name or getattr(impl, "__name__", None) or str(self.impl_ref)
+        self.name = name or self._name
         self.pools = {}
         self.root = keep_root or tempfile.mkdtemp(prefix="seqpar-testing-")
         os.makedirs(self.root, exist_ok=True)
@@ -183,9 +193,9 @@ class Runner(object):
         if worst:
             lines = ["failing rows (stage, rank: max abs / tolerance):"]
             for r in worst[:8]:
-                lines.append("  %-18s rank %d: %.3g / %.3g%s" % (
-                    r["stage"], r["rank"], r.get("max_abs", float("nan")),
-                    r.get("tolerance", float("nan")), ("  " + r["note"]) if r.get("note") else ""))
+                lines.append("  %-18s rank %d: %s / %s%s" % (
+                    r["stage"], r["rank"], _num(r.get("max_abs")), _num(r.get("tolerance")),
+                    ("  " + r["note"]) if r.get("note") else ""))
             if len(worst) > 8:
                 lines.append("  … %d more" % (len(worst) - 8))
             details = (details + "\n" if details else "") + "\n".join(lines)

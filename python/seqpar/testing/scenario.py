@@ -70,12 +70,29 @@ class Scenario:
 
     @staticmethod
     def from_json(text):
-        d = json.loads(text) if isinstance(text, str) else dict(text)
-        fields = {f.name for f in dataclasses.fields(Scenario)}
-        unknown = sorted(set(d) - fields)
+        try:
+            d = json.loads(text) if isinstance(text, str) else dict(text)
+        except ValueError as e:
+            raise ValueError("the scenario is not JSON (%s): %r" % (e, text))
+        fields = [f.name for f in dataclasses.fields(Scenario)]
+        required = [f.name for f in dataclasses.fields(Scenario)
+                    if f.default is dataclasses.MISSING]
+        unknown = sorted(set(d) - set(fields))
         if unknown:
-            raise ValueError("scenario keys %s are unknown; known: %s" % (unknown, sorted(fields)))
+            raise ValueError("scenario keys %s are unknown; known: %s" % (unknown, fields))
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ValueError("the scenario lacks %s (required: %s)" % (missing, required))
         d["docs"] = tuple(int(x) for x in d["docs"])
+        for k, allowed in (("dtype", DTYPES), ("layout", LAYOUTS), ("profile", PROFILES)):
+            if k in d and d[k] not in allowed:
+                raise ValueError("scenario %s=%r: use one of %s" % (k, d[k], allowed))
+        for k in ("ulysses", "ring", "heads", "kv_heads", "head_dim"):
+            if int(d[k]) < 1:
+                raise ValueError("scenario %s=%s must be at least 1" % (k, d[k]))
+        if not d["docs"] or min(d["docs"]) < 1:
+            raise ValueError("scenario docs=%s: every document needs at least one token" %
+                             list(d["docs"]))
         return Scenario(**d)
 
     def describe(self):

@@ -1,0 +1,136 @@
+"""Broken variants of python/examples/zigzag_ring_attention.py: each overrides one step with a
+mistake SP authors have made (the broken jobs of tools/crosscheck/sp_jobs.py, as user code).
+`make(name)` returns the per-rank function; `VARIANTS` lists them with the mistake in words."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "python", "examples"))
+import zigzag_ring_attention as zra  # noqa: E402
+
+
+class NoKvRepeat(zra.ZigzagRingAttention):
+    """KV heads not repeated when U > Hkv: the all-to-all splits what is there."""
+
+    def repeat_kv(self, x, rep):
+        return x
+
+
+class BlockwiseRepeat(zra.ZigzagRingAttention):
+    """KV heads tiled (repeat) instead of interleaved (repeat_interleave)."""
+
+    def repeat_kv(self, x, rep):
+        return x.repeat(1, rep, 1)
+
+
+class A2aWrongDims(zra.ZigzagRingAttention):
+    """all_to_all_single on the token-major buffer: splits the sequence, not the heads."""
+
+    def seq_to_head(self, x, c):
+        U = c.ulysses
+        s, hh, d = x.shape
+        return self.all_to_all(x.contiguous(), c).reshape(U * s, hh // U, d)
+
+    def head_to_seq(self, y, c):
+        U = c.ulysses
+        n, h, d = y.shape
+        return self.all_to_all(y.contiguous(), c).reshape(n // U, U * h, d)
+
+
+class LocalCu(zra.ZigzagRingAttention):
+    """cu_seqlens of the ring from the gathered rows' position ids (a document starts where
+    the position is 0): zigzag chunks of neighbouring documents merge."""
+
+    def ring_cu(self, c):
+        pos = [c.global_position_ids[t] for t in c.ring_tokens]
+        return sorted(set([0, len(pos)] + [i for i, p in enumerate(pos) if p == 0]))
+
+
+class ZigzagSwapped(zra.ZigzagRingAttention):
+    """Takes each local document as [late chunk | early chunk]."""
+
+    def doc_and_half(self, c, n):
+        doc, late = super().doc_and_half(c, n)
+        return doc, ~late
+
+
+class NoScale(zra.ZigzagRingAttention):
+    """Softmax scale 1 instead of 1/sqrt(head_dim)."""
+
+    def scale(self, c):
+        return 1.0
+
+
+class LseMergeNoMax(zra.ZigzagRingAttention):
+    """Ring merge through exp(lse) in bfloat16, without subtracting the max."""
+
+    def merge(self, out, lse, bout, blse):
+        lp = torch.bfloat16
+        ea, eb = torch.exp(lse.to(lp)), torch.exp(blse.to(lp))
+        tot = ea + eb
+        o = (ea.transpose(0, 1)[..., None] * out.to(lp) + eb.transpose(0, 1)[..., None] *
+             bout.to(lp)) / tot.transpose(0, 1)[..., None]
+        return o.to(out.dtype), torch.log(tot).to(lse.dtype)
+
+
+class RingSrcOffByOne(zra.ZigzagRingAttention):
+    """Section chosen for source (r − i + 1) mod R while holding the KV of (r − i) mod R."""
+
+    def section(self, r, src):
+        if src != r:
+            src = (src + 1) % self._ring
+        return super().section(r, src)
+
+    def __call__(self, q, k, v, c):
+        self._ring = c.ring
+        return super().__call__(q, k, v, c)
+
+
+class _RepeatKeepFirst(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, rep):
+        ctx.rep = rep
+        return x.repeat_interleave(rep, dim=1)
+
+    @staticmethod
+    def backward(ctx, g):
+        s, hr, d = g.shape
+        return g.reshape(s, hr // ctx.rep, ctx.rep, d)[:, :, 0].contiguous(), None
+
+
+class KvGradNotSummed(zra.ZigzagRingAttention):
+    """The KV repeat's backward keeps the first copy's gradient instead of summing them."""
+
+    def repeat_kv(self, x, rep):
+        return _RepeatKeepFirst.apply(x, rep)
+
+
+class NoCausal(zra.ZigzagRingAttention):
+    """No causal mask inside the own block."""
+
+    def mask(self, kind, c, n):
+        if kind == "diag":
+            doc, _ = self.doc_and_half(c, n)
+            return doc[:, None] == doc[None, :]
+        return super().mask(kind, c, n)
+
+
+VARIANTS = {
+    "no_kv_repeat": NoKvRepeat,
+    "blockwise_repeat": BlockwiseRepeat,
+    "a2a_wrong_dims": A2aWrongDims,
+    "local_cu": LocalCu,
+    "zigzag_swapped": ZigzagSwapped,
+    "no_scale": NoScale,
+    "lse_merge_no_max": LseMergeNoMax,
+    "ring_src_off_by_one": RingSrcOffByOne,
+    "kv_grad_not_summed": KvGradNotSummed,
+    "no_causal": NoCausal,
+}
+
+
+def make(name):
+    return VARIANTS[name]()
+
