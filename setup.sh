@@ -10,6 +10,9 @@ cd "$(dirname "$0")"
 packages=(meson ninja-build pkg-config g++ cmake libeigen3-dev libfmt-dev libgtest-dev
           librapidcheck-dev libboost-context-dev libmpich-dev mpich nlohmann-json3-dev libcli11-dev clang clang-format
           libclang-rt-14-dev python3)
+# The PyTorch side's tests (tests/python, the live torch jobs) need torch and its test tools.
+[ "${1:-}" = test ] && packages+=(python3-torch python3-hypothesis python3-pytest python3-venv
+                                  python3-setuptools python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

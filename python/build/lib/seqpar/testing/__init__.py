@@ -1,0 +1,119 @@
+"""Property tests of your own sequence-parallel attention.
+
+You write one function per rank::
+
+    def attention(q, k, v, ctx):      # q [s_local, H, D], k/v [s_local, Hkv, D]
+        ...                           # your Ulysses / ring / hybrid attention, with ctx's groups
+        return out                    # [s_local, H, D], q's dtype, differentiable
+
+and seqpar.testing draws scenarios with Hypothesis (world ≤ max_world, every ulysses × ring
+factorisation, zigzag or contiguous, GQA with fewer KV heads than the Ulysses degree, odd
+head_dim, 1-token and padded documents, f32/bf16/f16, data seeds), lays each out with seqpar's
+own core, runs your function forward and backward on U·R gloo CPU ranks (a persistent pool),
+dumps every rank through the hook and judges the dump with ``seqpar validate --dump``. A failure
+is shrunk to the smallest scenario that still fails and reported with seqpar's diagnosis, the
+kept dump and a command that re-runs exactly that case::
+
+    import seqpar.testing as spt
+
+    def test_my_attention():
+        spt.check(attention, max_world=4, supports=dict(layouts=("zigzag",)))
+
+    test_it = spt.property_test(attention, max_world=4)     # or: a ready-made pytest test
+
+See ``AttentionContext`` for ctx, ``Supports`` for declaring what an implementation does not
+support (not drawn, so skipped rather than failed), and ``python3 -m seqpar.testing --help``.
+"""
+from .context import AttentionContext  # noqa: F401
+from .scenario import Scenario, Supports, scenarios  # noqa: F401
+
+__all__ = ["check", "property_test", "run_one", "AttentionContext", "Scenario", "Supports",
+           "scenarios", "SpAttentionFailure"]
+
+
+class SpAttentionFailure(AssertionError):
+    """An example on which the implementation is not consistent with seqpar's reference."""
+
+
+def _make_runner(impl, seqpar, deadline, start_method, impl_ref, keep, name):
+    from .runner import Runner
+    return Runner(impl, seqpar=seqpar, deadline=deadline, start_method=start_method,
+                  impl_ref=impl_ref, keep_root=keep, name=name)
+
+
+def run_one(impl, scenario, *, seqpar=None, deadline=30.0, start_method="fork", impl_ref=None,
+            keep=None):
+    """Runs one scenario (a Scenario or its JSON) and returns (ok, report text)."""
+    scn = scenario if isinstance(scenario, Scenario) else Scenario.from_json(scenario)
+    runner = _make_runner(impl, seqpar, deadline, start_method, impl_ref, keep, None)
+    try:
+        out = runner.run(scn)
+        if out.kind == "refused":
+            raise ValueError(out.summary)
+        text = runner.report(scn, out) if not out.ok else "%s: consistent on %s" % (
+            runner.name, scn.describe())
+        return out.ok, text
+    finally:
+        runner.close()
+
+
+def check(impl, *, max_world=4, supports=None, max_examples=100, max_tokens=64, seed=None,
+          deadline=30.0, seqpar=None, start_method="fork", impl_ref=None, keep=None, name=None,
+          progress=None, settings=None, stats=None):
+    """Runs the property: for every drawn scenario, `impl` on U·R gloo ranks must be consistent
+    with seqpar's float64 reference, forward and backward. Raises SpAttentionFailure with the
+    report of the smallest failing scenario Hypothesis finds.
+
+    impl: the per-rank function `attention(q, k, v, ctx) -> out`, or a reference
+      "file.py:NAME" / "module:NAME" (NAME may be a call such as make(bug='x')).
+    supports: a dict or Supports: what is not supported is not drawn.
+    seed: a fixed Hypothesis seed (reproducible runs, e.g. CI); None draws afresh each run.
+    deadline: seconds one example may take on the ranks before it is reported as a hang.
+    progress: print a progress line to stderr every that many seconds (None: silent).
+    settings: extra hypothesis.settings keyword arguments.
+    stats: a dict that receives examples run, failures and seconds per phase.
+    """
+    import os
+
+    import hypothesis
+    from hypothesis import HealthCheck, given, reject
+
+    max_examples = int(os.environ.get("SEQPAR_TESTING_EXAMPLES") or max_examples)
+
+    runner = _make_runner(impl, seqpar, deadline, start_method, impl_ref, keep, name)
+    runner.progress = progress
+    strategy = scenarios(max_world=max_world, supports=supports, max_tokens=max_tokens)
+    sup = Supports.of(supports)
+    kw = dict(max_examples=max_examples, deadline=None, print_blob=False,
+              suppress_health_check=list(HealthCheck), database=None)
+    kw.update(settings or {})
+
+    def prop(scn):
+        if sup.admits(scn) is not None:
+            reject()
+        out = runner.run(scn, sup)
+        if out.kind == "refused":
+            reject()
+        if not out.ok:
+            raise SpAttentionFailure("\n" + runner.report(scn, out))
+
+    test = given(strategy)(hypothesis.settings(**kw)(prop))
+    if seed is not None:
+        test = hypothesis.seed(seed)(test)
+    try:
+        test()
+    finally:
+        if stats is not None:
+            stats.update(examples=runner.count, failures=runner.failures,
+                         seconds=dict(runner.seconds), wall=runner.elapsed(),
+                         pool_starts=sum(p.starts for p in runner.pools.values()))
+        runner.close()
+
+
+def property_test(impl, **kw):
+    """A zero-argument test function (for pytest) that runs check(impl, **kw)."""
+    def test():
+        check(impl, **kw)
+    test.__name__ = "test_%s" % (kw.get("name") or getattr(impl, "__name__", "attention"))
+    test.__doc__ = "seqpar.testing property of %s" % getattr(impl, "__name__", impl)
+    return test

@@ -1,0 +1,69 @@
+"""python3 -m seqpar.testing: the property from the command line.
+
+    python3 -m seqpar.testing run IMPL --scenario JSON     # exactly one case (the re-run command)
+    python3 -m seqpar.testing check IMPL [--max-world 4] [--examples 100] [--supports JSON] …
+
+IMPL is FILE.py:NAME or MODULE:NAME (NAME may be a call, e.g. "impls.py:make('no_scale')").
+Exit codes: 0 consistent, 1 a failing example (its report printed), 2 invalid input.
+"""
+import argparse
+import json
+import sys
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m seqpar.testing",
+                                 description="property tests of your own SP attention",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run one scenario (as printed by a failing property)")
+    r.add_argument("impl")
+    r.add_argument("--scenario", required=True, help="the scenario's JSON")
+    c = sub.add_parser("check", help="run the property: draw, run, judge, shrink")
+    c.add_argument("impl")
+    c.add_argument("--max-world", type=int, default=4)
+    c.add_argument("--examples", type=int, default=100)
+    c.add_argument("--max-tokens", type=int, default=64)
+    c.add_argument("--supports", default=None,
+                   help='JSON, e.g. \'{"ring": false, "dtypes": ["f32"]}\'')
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--progress", type=float, default=10.0,
+                   help="seconds between progress lines (0: none)")
+    for p in (r, c):
+        p.add_argument("--seqpar", default=None, help="the seqpar binary (default: $SEQPAR, "
+                       "PATH, the checkout's build/tools/seqpar)")
+        p.add_argument("--deadline", type=float, default=30.0,
+                       help="seconds per example before it counts as a hang")
+        p.add_argument("--keep", default=None, help="directory for the failing example's dump")
+        p.add_argument("--start-method", default="fork", choices=("fork", "spawn",
+                                                                 "forkserver"))
+    a = ap.parse_args(argv)
+
+    from . import SpAttentionFailure, check, run_one
+    from .scenario import SeqparNotFound
+    try:
+        if a.cmd == "run":
+            ok, text = run_one(a.impl, a.scenario, seqpar=a.seqpar, deadline=a.deadline,
+                               start_method=a.start_method, keep=a.keep)
+            print(text)
+            return 0 if ok else 1
+        supports = json.loads(a.supports) if a.supports else None
+        stats = {}
+        try:
+            check(a.impl, max_world=a.max_world, supports=supports, max_examples=a.examples,
+                  max_tokens=a.max_tokens, seed=a.seed, deadline=a.deadline, seqpar=a.seqpar,
+                  start_method=a.start_method, keep=a.keep, progress=a.progress or None,
+                  stats=stats)
+        except SpAttentionFailure as e:
+            print("FAIL after %d examples:%s" % (stats.get("examples", 0), e))
+            return 1
+        print("PASS: %d examples consistent (%.1f s)" % (stats["examples"], stats["wall"]))
+        return 0
+    except (ValueError, TypeError, SeqparNotFound) as e:
+        print("seqpar.testing: error: %s" % e, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
