@@ -225,8 +225,8 @@ std::string error_model::describe(io::st_dtype out) const {
       "max|dO| = {:.3g}) (L = {} longest document, R = {}, max|out| = {:.3g}, max|v| "
       "= {:.3g}, max|lse| = {:.3g}, u_int = min(u, 2^-24), u_lse = the dumped LSE's)",
       forward(u), io::st_dtype_name(out), u, lse(), backward(u), term_scale("grad.q."),
-      term_scale("grad.k."), term_scale("grad.v."), static_cast<std::int64_t>(L), R, max_out,
-      max_v, max_lse);
+      term_scale("grad.k."), term_scale("grad.v."), static_cast<std::int64_t>(L), R, max_out, max_v,
+      max_lse);
 }
 
 reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, const vec& v_rep,
