@@ -13,7 +13,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$py" -m venv --system-site-packages "$tmp/venv" >"$tmp/venv.log" 2>&1 ||
   { cat "$tmp/venv.log"; fail "python3 -m venv (apt-get install python3-venv)"; }
 vpy=$tmp/venv/bin/python
-"$vpy" -m pip install --no-build-isolation --no-index --quiet "$src/python" >"$tmp/pip.log" 2>&1 ||
+# From a copy: an in-tree build leaves build/ and *.egg-info/ beside the sources.
+cp -r "$src/python" "$tmp/pkg"
+"$vpy" -m pip install --no-build-isolation --no-index --quiet "$tmp/pkg" >"$tmp/pip.log" 2>&1 ||
   { cat "$tmp/pip.log"; fail "pip install ./python"; }
 cd "$tmp"
 where=$("$vpy" -c 'import seqpar.testing, seqpar.dump, seqpar.recorder, os; print(os.path.dirname(seqpar.__file__))') ||
