@@ -23,20 +23,11 @@ sys.path.insert(0, os.path.join(_ROOT, "tools", "crosscheck"))
 
 
 def local_attention(q, k, v, cu, scale, causal=True):
-    """q [n, h, D], k/v [n, hk, D] over the documents cu of these rows -> out [n, h, D]."""
-    wt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    n, h = q.shape[0], q.shape[1]
-    kk = k.to(wt).repeat_interleave(h // k.shape[1], 1)
-    vv = v.to(wt).repeat_interleave(h // v.shape[1], 1)
-    cu_t = torch.tensor(cu, dtype=torch.long)
-    i = torch.arange(n)
-    doc = torch.searchsorted(cu_t[1:], i, right=True)
-    mask = doc[:, None] == doc[None, :]
-    if causal:
-        mask = mask & (i[None, :] <= i[:, None])
-    s = torch.einsum("nhd,mhd->hnm", q.to(wt), kk) * scale
-    p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
-    return torch.einsum("hnm,mhd->nhd", p, vv).to(q.dtype)
+    """q [n, h, D], k/v [n, hk, D] over the documents cu of these rows -> out [n, h, D]
+    (sp_jobs.py's masked varlen attention, float32 sums)."""
+    import sp_jobs
+    mask = sp_jobs.section_mask("diag", cu, q.shape[0], causal=causal)
+    return sp_jobs.attend(q, k, v, mask, scale)[0]
 
 
 # ----------------------------------------------------------------------------- VeOmni
