@@ -117,140 +117,7 @@ std::vector<std::pair<Eigen::Index, Eigen::Index>> documents(
 // ------------------------------------------------------------------------------------------------
 // Operations.
 
-namespace ops {
-
-matrix embedding(const matrix& table, std::span<const std::int64_t> ids) {
-  matrix y(static_cast<Eigen::Index>(ids.size()), table.cols());
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= table.rows())
-      fail<shape_error>("reference: input id {} at token {} is outside [0, vocab={})", ids[i], i,
-                        table.rows());
-    y.row(static_cast<Eigen::Index>(i)) = table.row(ids[i]);
-  }
-  return y;
-}
-
-void embedding_backward(const matrix& dy, std::span<const std::int64_t> ids, matrix& dtable) {
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    dtable.row(ids[i]) += dy.row(static_cast<Eigen::Index>(i));
-}
-
-matrix linear(const matrix& x, const matrix& w) {
-  if (x.cols() != w.rows())
-    fail<shape_error>("reference: linear of x [{}, {}] with w [{}, {}]", x.rows(), x.cols(),
-                      w.rows(), w.cols());
-  return x * w;
-}
-
-matrix linear_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw) {
-  dw += x.transpose() * dy;
-  return dy * w.transpose();
-}
-
-matrix rms_norm(const matrix& x, const matrix& w) {
-  matrix y(x.rows(), x.cols());
-  const double width = static_cast<double>(x.cols());
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    const double inv_rms = 1.0 / std::sqrt(x.row(i).squaredNorm() / width + rms_norm_eps);
-    y.row(i) = (x.row(i) * inv_rms).cwiseProduct(w.row(0));
-  }
-  return y;
-}
-
-matrix rms_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw) {
-  // With r = (mean x² + eps)^(−1/2) and y_j = x_j·r·w_j: dr/dx_k = −r³·x_k/width, so
-  // dx_k = r·g_k − x_k·r³·(g·x)/width where g = dy∘w.
-  matrix dx(x.rows(), x.cols());
-  const double width = static_cast<double>(x.cols());
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    const double r = 1.0 / std::sqrt(x.row(i).squaredNorm() / width + rms_norm_eps);
-    dw.row(0) += dy.row(i).cwiseProduct(x.row(i)) * r;
-    const Eigen::RowVectorXd g = dy.row(i).cwiseProduct(w.row(0));
-    dx.row(i) = r * g - x.row(i) * (r * r * r * g.dot(x.row(i)) / width);
-  }
-  return dx;
-}
-
-matrix layer_norm(const matrix& x, const matrix& w, const matrix& b) {
-  matrix y(x.rows(), x.cols());
-  const double width = static_cast<double>(x.cols());
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    const Eigen::RowVectorXd c = x.row(i).array() - x.row(i).mean();
-    const double r = 1.0 / std::sqrt(c.squaredNorm() / width + rms_norm_eps);
-    y.row(i) = (c * r).cwiseProduct(w.row(0)) + b.row(0);
-  }
-  return y;
-}
-
-matrix layer_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
-                           matrix& db) {
-  // With c = x − mean x, r = (mean c² + eps)^(−1/2), x̂ = c·r and y = x̂∘w + b: for g = dy∘w,
-  // dx = r·(g − mean g − x̂·mean(g∘x̂)) (the mean's and the variance's paths; Σ x̂ = 0).
-  matrix dx(x.rows(), x.cols());
-  const double width = static_cast<double>(x.cols());
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    const Eigen::RowVectorXd c = x.row(i).array() - x.row(i).mean();
-    const double r = 1.0 / std::sqrt(c.squaredNorm() / width + rms_norm_eps);
-    const Eigen::RowVectorXd xhat = c * r;
-    dw.row(0) += dy.row(i).cwiseProduct(xhat);
-    db.row(0) += dy.row(i);
-    const Eigen::RowVectorXd g = dy.row(i).cwiseProduct(w.row(0));
-    dx.row(i) = r * (g.array() - g.mean() - xhat.array() * (g.dot(xhat) / width)).matrix();
-  }
-  return dx;
-}
-
 namespace {
-
-/// Rotates each head of every token by angle·sign.
-matrix rotate(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions,
-              double sign) {
-  if (x.cols() != Eigen::Index{heads} * head_dim ||
-      static_cast<std::size_t>(x.rows()) != positions.size())
-    fail<shape_error>("reference: rope of x [{}, {}] with {} positions, {} heads of {}", x.rows(),
-                      x.cols(), positions.size(), heads, head_dim);
-  const int rot = head_dim - head_dim % 2;
-  const int half = rot / 2;
-  matrix y = x;
-  for (Eigen::Index t = 0; t < x.rows(); ++t) {
-    const double pos = static_cast<double>(positions[static_cast<std::size_t>(t)]);
-    for (int i = 0; i < half; ++i) {
-      const double angle = pos * std::pow(rope_theta, -2.0 * i / rot);
-      const double c = std::cos(angle), s = sign * std::sin(angle);
-      for (int h = 0; h < heads; ++h) {
-        const Eigen::Index a = Eigen::Index{h} * head_dim + i, b = a + half;
-        y(t, a) = x(t, a) * c - x(t, b) * s;
-        y(t, b) = x(t, b) * c + x(t, a) * s;
-      }
-    }
-  }
-  return y;
-}
-
-double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
-
-void check_attention_shapes(const matrix& q, const matrix& k, const matrix& v, int heads,
-                            int kv_heads, int head_dim, std::size_t positions) {
-  if (q.cols() != Eigen::Index{heads} * head_dim || k.cols() != Eigen::Index{kv_heads} * head_dim ||
-      v.cols() != k.cols() || k.rows() != q.rows() || v.rows() != q.rows() ||
-      static_cast<std::size_t>(q.rows()) != positions)
-    fail<shape_error>(
-        "reference: attention of q [{}, {}], k [{}, {}], v [{}, {}] with {} "
-        "positions, heads={} kv_heads={} head_dim={}",
-        q.rows(), q.cols(), k.rows(), k.cols(), v.rows(), v.cols(), positions, heads, kv_heads,
-        head_dim);
-}
-
-/// softmax over keys [a, i] of query row i, head h (reading KV head g).
-Eigen::VectorXd attention_probs(const matrix& q, const matrix& k, Eigen::Index i, Eigen::Index a,
-                                int h, int g, int head_dim, double scale) {
-  const Eigen::Index len = i - a + 1;
-  const auto keys = k.block(a, Eigen::Index{g} * head_dim, len, head_dim);
-  const auto query = q.block(i, Eigen::Index{h} * head_dim, 1, head_dim);
-  Eigen::VectorXd p = (keys * query.transpose()) * scale;
-  p = (p.array() - p.maxCoeff()).exp().matrix();
-  return p / p.sum();
-}
 
 /// Runs item(i) for i in [0, n) on `threads` workers (0 = every core), largest first by
 /// `weight` (the item's work in any unit); which worker runs an item never changes what the
@@ -289,21 +156,261 @@ void parallel_items(std::size_t n, int threads, Weight weight, Item item, double
   if (failure) std::rethrow_exception(failure);
 }
 
-/// Work below which the attention runs on the calling thread: token pairs of all items
-/// (document length squared per head).
+/// Work below which the attention runs on the calling thread: token pairs of all items.
 constexpr double min_parallel_pairs = 16384;
+
+/// Pairs (query, key) above which the backward cuts a (document, head) into chunks of query
+/// rows (of about equal work; at most max_backward_chunks), so that a long document does not
+/// hold one thread while the others idle. Each chunk keeps a dK, dV partial as long as the
+/// document's prefix it reads: the memory stays linear in the tokens.
+constexpr double backward_chunk_pairs = 1 << 24;
+constexpr int max_backward_chunks = 4;
+
 /// The same for the delta rule's recurrences: tokens of all items.
 constexpr double min_parallel_tokens = 1024;
 
+/// Work (multiply-adds, or transcendental functions) below which a row-wise operation or a
+/// product runs on the calling thread: starting threads costs more.
+constexpr double min_parallel_flops = 1 << 18;
+
+/// Rows per tile of the row-wise operations and of the products' row blocks. Every tiling
+/// depends on the sizes alone, never on the thread count: a tile is computed the same way by
+/// whichever thread runs it, and the partial sums of tiles are added in tile order.
+constexpr Eigen::Index row_tile = 256;
+/// Rows × columns per tile of a weight gradient xᵀ·dy (each tile a product over all tokens).
+constexpr Eigen::Index grad_tile_rows = 32, grad_tile_cols = 64;
+
+Eigen::Index tile_count(Eigen::Index n, Eigen::Index tile) {
+  return n <= 0 ? 0 : (n + tile - 1) / tile;
+}
+
+/// fn(begin, rows) for every tile of `row_tile` rows over [0, n), `work_per_row` flops each, on
+/// `threads` workers (0 = every core).
+template <class Fn>
+void for_row_tiles(Eigen::Index n, int threads, double work_per_row, Fn fn) {
+  const auto tiles = static_cast<std::size_t>(tile_count(n, row_tile));
+  auto rows = [&](std::size_t t) {
+    return std::min(row_tile, n - static_cast<Eigen::Index>(t) * row_tile);
+  };
+  parallel_items(
+      tiles, threads, [&](std::size_t t) { return static_cast<double>(rows(t)) * work_per_row; },
+      [&](std::size_t t) { fn(static_cast<Eigen::Index>(t) * row_tile, rows(t)); },
+      min_parallel_flops);
+}
+
+/// Σ over rows of part(begin, rows) -> T, by tiles: each tile's sum on its own, then the tiles'
+/// sums in tile order (the same bits at any thread count).
+template <class T, class Part>
+T sum_row_tiles(Eigen::Index n, int threads, double work_per_row, T zero, Part part) {
+  std::vector<T> sums(static_cast<std::size_t>(tile_count(n, row_tile)), zero);
+  for_row_tiles(n, threads, work_per_row, [&](Eigen::Index r0, Eigen::Index rows) {
+    sums[static_cast<std::size_t>(r0 / row_tile)] = part(r0, rows);
+  });
+  T total = zero;
+  for (const auto& x : sums) total += x;
+  return total;
+}
+
 }  // namespace
 
-matrix rope(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions) {
-  return rotate(x, heads, head_dim, positions, +1.0);
+namespace ops {
+
+matrix embedding(const matrix& table, std::span<const std::int64_t> ids) {
+  matrix y(static_cast<Eigen::Index>(ids.size()), table.cols());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= table.rows())
+      fail<shape_error>("reference: input id {} at token {} is outside [0, vocab={})", ids[i], i,
+                        table.rows());
+    y.row(static_cast<Eigen::Index>(i)) = table.row(ids[i]);
+  }
+  return y;
+}
+
+void embedding_backward(const matrix& dy, std::span<const std::int64_t> ids, matrix& dtable) {
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    dtable.row(ids[i]) += dy.row(static_cast<Eigen::Index>(i));
+}
+
+matrix linear(const matrix& x, const matrix& w, int threads) {
+  if (x.cols() != w.rows())
+    fail<shape_error>("reference: linear of x [{}, {}] with w [{}, {}]", x.rows(), x.cols(),
+                      w.rows(), w.cols());
+  matrix y(x.rows(), w.cols());
+  for_row_tiles(x.rows(), threads, static_cast<double>(x.cols()) * static_cast<double>(w.cols()),
+                [&](Eigen::Index r0, Eigen::Index n) {
+                  y.middleRows(r0, n).noalias() = x.middleRows(r0, n) * w;
+                });
+  return y;
+}
+
+matrix linear_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
+                       int threads) {
+  if (x.rows() != dy.rows() || x.cols() != w.rows() || dy.cols() != w.cols() ||
+      dw.rows() != w.rows() || dw.cols() != w.cols())
+    fail<shape_error>("reference: linear backward of x [{}, {}], w [{}, {}], dy [{}, {}]", x.rows(),
+                      x.cols(), w.rows(), w.cols(), dy.rows(), dy.cols());
+  // dw by tiles of its own (each a product over every token, added to once), dx by row tiles.
+  const Eigen::Index row_tiles = tile_count(dw.rows(), grad_tile_rows),
+                     col_tiles = tile_count(dw.cols(), grad_tile_cols);
+  const double tile_work = static_cast<double>(x.rows()) * grad_tile_rows * grad_tile_cols;
+  parallel_items(
+      static_cast<std::size_t>(row_tiles * col_tiles), threads,
+      [&](std::size_t) { return tile_work; },
+      [&](std::size_t t) {
+        const Eigen::Index r0 = static_cast<Eigen::Index>(t) / col_tiles * grad_tile_rows,
+                           c0 = static_cast<Eigen::Index>(t) % col_tiles * grad_tile_cols;
+        const Eigen::Index nr = std::min(grad_tile_rows, dw.rows() - r0),
+                           nc = std::min(grad_tile_cols, dw.cols() - c0);
+        dw.block(r0, c0, nr, nc).noalias() +=
+            x.middleCols(r0, nr).transpose() * dy.middleCols(c0, nc);
+      },
+      min_parallel_flops);
+  matrix dx(dy.rows(), w.rows());
+  for_row_tiles(dy.rows(), threads, static_cast<double>(dy.cols()) * static_cast<double>(w.rows()),
+                [&](Eigen::Index r0, Eigen::Index n) {
+                  dx.middleRows(r0, n).noalias() = dy.middleRows(r0, n) * w.transpose();
+                });
+  return dx;
+}
+
+matrix rms_norm(const matrix& x, const matrix& w, int threads) {
+  matrix y(x.rows(), x.cols());
+  const double width = static_cast<double>(x.cols());
+  for_row_tiles(x.rows(), threads, 3 * width, [&](Eigen::Index r0, Eigen::Index n) {
+    for (Eigen::Index i = r0; i < r0 + n; ++i) {
+      const double inv_rms = 1.0 / std::sqrt(x.row(i).squaredNorm() / width + rms_norm_eps);
+      y.row(i) = (x.row(i) * inv_rms).cwiseProduct(w.row(0));
+    }
+  });
+  return y;
+}
+
+matrix rms_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
+                         int threads) {
+  // With r = (mean x² + eps)^(−1/2) and y_j = x_j·r·w_j: dr/dx_k = −r³·x_k/width, so
+  // dx_k = r·g_k − x_k·r³·(g·x)/width where g = dy∘w.
+  matrix dx(x.rows(), x.cols());
+  const double width = static_cast<double>(x.cols());
+  dw.row(0) += sum_row_tiles(
+      x.rows(), threads, 6 * width, Eigen::RowVectorXd::Zero(x.cols()).eval(),
+      [&](Eigen::Index r0, Eigen::Index n) {
+        Eigen::RowVectorXd part = Eigen::RowVectorXd::Zero(x.cols());
+        for (Eigen::Index i = r0; i < r0 + n; ++i) {
+          const double r = 1.0 / std::sqrt(x.row(i).squaredNorm() / width + rms_norm_eps);
+          part += dy.row(i).cwiseProduct(x.row(i)) * r;
+          const Eigen::RowVectorXd g = dy.row(i).cwiseProduct(w.row(0));
+          dx.row(i) = r * g - x.row(i) * (r * r * r * g.dot(x.row(i)) / width);
+        }
+        return part;
+      });
+  return dx;
+}
+
+matrix layer_norm(const matrix& x, const matrix& w, const matrix& b, int threads) {
+  matrix y(x.rows(), x.cols());
+  const double width = static_cast<double>(x.cols());
+  for_row_tiles(x.rows(), threads, 4 * width, [&](Eigen::Index r0, Eigen::Index n) {
+    for (Eigen::Index i = r0; i < r0 + n; ++i) {
+      const Eigen::RowVectorXd c = x.row(i).array() - x.row(i).mean();
+      const double r = 1.0 / std::sqrt(c.squaredNorm() / width + rms_norm_eps);
+      y.row(i) = (c * r).cwiseProduct(w.row(0)) + b.row(0);
+    }
+  });
+  return y;
+}
+
+matrix layer_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
+                           matrix& db, int threads) {
+  // With c = x − mean x, r = (mean c² + eps)^(−1/2), x̂ = c·r and y = x̂∘w + b: for g = dy∘w,
+  // dx = r·(g − mean g − x̂·mean(g∘x̂)) (the mean's and the variance's paths; Σ x̂ = 0).
+  matrix dx(x.rows(), x.cols());
+  const double width = static_cast<double>(x.cols());
+  // Per tile: [Σ dy∘x̂ | Σ dy].
+  const Eigen::RowVectorXd sums = sum_row_tiles(
+      x.rows(), threads, 8 * width, Eigen::RowVectorXd::Zero(2 * x.cols()).eval(),
+      [&](Eigen::Index r0, Eigen::Index n) {
+        Eigen::RowVectorXd part = Eigen::RowVectorXd::Zero(2 * x.cols());
+        for (Eigen::Index i = r0; i < r0 + n; ++i) {
+          const Eigen::RowVectorXd c = x.row(i).array() - x.row(i).mean();
+          const double r = 1.0 / std::sqrt(c.squaredNorm() / width + rms_norm_eps);
+          const Eigen::RowVectorXd xhat = c * r;
+          part.head(x.cols()) += dy.row(i).cwiseProduct(xhat);
+          part.tail(x.cols()) += dy.row(i);
+          const Eigen::RowVectorXd g = dy.row(i).cwiseProduct(w.row(0));
+          dx.row(i) = r * (g.array() - g.mean() - xhat.array() * (g.dot(xhat) / width)).matrix();
+        }
+        return part;
+      });
+  dw.row(0) += sums.head(x.cols());
+  db.row(0) += sums.tail(x.cols());
+  return dx;
+}
+
+namespace {
+
+/// Rotates each head of every token by angle·sign.
+matrix rotate(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions,
+              double sign, int threads) {
+  if (x.cols() != Eigen::Index{heads} * head_dim ||
+      static_cast<std::size_t>(x.rows()) != positions.size())
+    fail<shape_error>("reference: rope of x [{}, {}] with {} positions, {} heads of {}", x.rows(),
+                      x.cols(), positions.size(), heads, head_dim);
+  const int rot = head_dim - head_dim % 2;
+  const int half = rot / 2;
+  matrix y = x;
+  for_row_tiles(x.rows(), threads, 8.0 * half + 4.0 * half * heads,
+                [&](Eigen::Index r0, Eigen::Index n) {
+                  for (Eigen::Index t = r0; t < r0 + n; ++t) {
+                    const auto pos = static_cast<double>(positions[static_cast<std::size_t>(t)]);
+                    for (int i = 0; i < half; ++i) {
+                      const double angle = pos * std::pow(rope_theta, -2.0 * i / rot);
+                      const double c = std::cos(angle), s = sign * std::sin(angle);
+                      for (int h = 0; h < heads; ++h) {
+                        const Eigen::Index a = Eigen::Index{h} * head_dim + i, b = a + half;
+                        y(t, a) = x(t, a) * c - x(t, b) * s;
+                        y(t, b) = x(t, b) * c + x(t, a) * s;
+                      }
+                    }
+                  }
+                });
+  return y;
+}
+
+double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+void check_attention_shapes(const matrix& q, const matrix& k, const matrix& v, int heads,
+                            int kv_heads, int head_dim, std::size_t positions) {
+  if (q.cols() != Eigen::Index{heads} * head_dim || k.cols() != Eigen::Index{kv_heads} * head_dim ||
+      v.cols() != k.cols() || k.rows() != q.rows() || v.rows() != q.rows() ||
+      static_cast<std::size_t>(q.rows()) != positions)
+    fail<shape_error>(
+        "reference: attention of q [{}, {}], k [{}, {}], v [{}, {}] with {} "
+        "positions, heads={} kv_heads={} head_dim={}",
+        q.rows(), q.cols(), k.rows(), k.cols(), v.rows(), v.cols(), positions, heads, kv_heads,
+        head_dim);
+}
+
+/// softmax over keys [a, i] of query row i, head h (reading KV head g).
+Eigen::VectorXd attention_probs(const matrix& q, const matrix& k, Eigen::Index i, Eigen::Index a,
+                                int h, int g, int head_dim, double scale) {
+  const Eigen::Index len = i - a + 1;
+  const auto keys = k.block(a, Eigen::Index{g} * head_dim, len, head_dim);
+  const auto query = q.block(i, Eigen::Index{h} * head_dim, 1, head_dim);
+  Eigen::VectorXd p = (keys * query.transpose()) * scale;
+  p = (p.array() - p.maxCoeff()).exp().matrix();
+  return p / p.sum();
+}
+
+}  // namespace
+
+matrix rope(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions,
+            int threads) {
+  return rotate(x, heads, head_dim, positions, +1.0, threads);
 }
 
 matrix rope_backward(const matrix& dy, int heads, int head_dim,
-                     std::span<const std::int64_t> positions) {
-  return rotate(dy, heads, head_dim, positions, -1.0);
+                     std::span<const std::int64_t> positions, int threads) {
+  return rotate(dy, heads, head_dim, positions, -1.0, threads);
 }
 
 matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
@@ -311,19 +418,27 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
   check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   matrix out = matrix::Zero(q.rows(), q.cols());
-  const auto docs = documents(position_ids);
-  const auto per_doc = static_cast<std::size_t>(heads);
+  // Items: (document, query head, tile of query rows); every row is computed on its own, so
+  // the result does not depend on the items at all.
+  struct item {
+    Eigen::Index a, i0, i1;
+    int h;
+  };
+  std::vector<item> items;
+  for (const auto& [a, e] : documents(position_ids))
+    for (int h = 0; h < heads; ++h)
+      for (Eigen::Index i0 = a; i0 < e; i0 += row_tile)
+        items.push_back({a, i0, std::min(e, i0 + row_tile), h});
   parallel_items(
-      docs.size() * per_doc, threads,
-      [&](std::size_t item) {
-        const auto& [a, e] = docs[item / per_doc];
-        return static_cast<double>(e - a) * static_cast<double>(e - a);
+      items.size(), threads,
+      [&](std::size_t t) {
+        const auto& it = items[t];  // key rows of the tile's query rows
+        return static_cast<double>(it.i1 - it.i0) * static_cast<double>(it.i0 + it.i1 - 2 * it.a);
       },
-      [&](std::size_t item) {
-        const auto& [a, e] = docs[item / per_doc];
-        const int h = static_cast<int>(item % per_doc);
+      [&](std::size_t t) {
+        const auto& [a, i0, i1, h] = items[t];
         const int g = h * kv_heads / heads;
-        for (Eigen::Index i = a; i < e; ++i) {
+        for (Eigen::Index i = i0; i < i1; ++i) {
           const Eigen::VectorXd p = attention_probs(q, k, i, a, h, g, head_dim, scale);
           out.block(i, Eigen::Index{h} * head_dim, 1, head_dim) =
               p.transpose() * v.block(a, Eigen::Index{g} * head_dim, i - a + 1, head_dim);
@@ -331,6 +446,22 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
       },
       min_parallel_pairs);
   return out;
+}
+
+/// The row offsets [0, …, n] of the chunks of a document of n tokens: chunk c ends at
+/// n·sqrt((c+1)/count), rounded, so each holds about 1/count of the causal pairs.
+std::vector<Eigen::Index> attention_backward_chunks(Eigen::Index n) {
+  const double pairs = static_cast<double>(n) * static_cast<double>(n + 1) / 2;
+  const int count = static_cast<int>(
+      std::clamp(std::ceil(pairs / backward_chunk_pairs), 1.0, double{max_backward_chunks}));
+  std::vector<Eigen::Index> cuts{0};
+  for (int c = 1; c < count; ++c) {
+    const auto cut = static_cast<Eigen::Index>(
+        std::llround(static_cast<double>(n) * std::sqrt(static_cast<double>(c) / count)));
+    if (cut > cuts.back() && cut < n) cuts.push_back(cut);
+  }
+  cuts.push_back(n);
+  return cuts;
 }
 
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
@@ -342,69 +473,107 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
   dq = matrix::Zero(q.rows(), q.cols());
   dk = matrix::Zero(k.rows(), k.cols());
   dv = matrix::Zero(v.rows(), v.cols());
-  const auto docs = documents(position_ids);
-  const auto per_doc = static_cast<std::size_t>(kv_heads);
-  // One item: the query heads of KV group g (h·kv_heads/heads == g, ascending) over one
-  // document, token by token. The group's K, V and their gradients are contiguous copies, so
-  // an item streams only its own data; written back once at the end.
-  auto group_item = [&](std::size_t item) {
-    const auto& [a, e] = docs[item / per_doc];
-    const int g = static_cast<int>(item % per_doc);
-    const Eigen::Index kc = Eigen::Index{g} * head_dim, n = e - a;
-    const matrix kg = k.block(a, kc, n, head_dim), vg = v.block(a, kc, n, head_dim);
-    matrix dkg = matrix::Zero(n, head_dim), dvg = matrix::Zero(n, head_dim);
-    for (int h = 0; h < heads; ++h) {
-      if (h * kv_heads / heads != g) continue;
-      const Eigen::Index qc = Eigen::Index{h} * head_dim;
-      for (Eigen::Index i = a; i < e; ++i) {
-        const Eigen::Index len = i - a + 1;
-        const auto query = q.block(i, qc, 1, head_dim);
-        Eigen::VectorXd p = (kg.topRows(len) * query.transpose()) * scale;
-        p = (p.array() - p.maxCoeff()).exp().matrix();
-        p /= p.sum();
-        const auto d_o = dout.block(i, qc, 1, head_dim);
-        // o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp); s = scale·K·q.
-        dvg.topRows(len) += p * d_o;
-        const Eigen::VectorXd dp = vg.topRows(len) * d_o.transpose();
-        const Eigen::VectorXd ds = p.cwiseProduct((dp.array() - p.dot(dp)).matrix()) * scale;
-        dq.block(i, qc, 1, head_dim) += ds.transpose() * kg.topRows(len);
-        dkg.topRows(len) += ds * query;
-      }
-    }
-    dk.block(a, kc, n, head_dim) = dkg;
-    dv.block(a, kc, n, head_dim) = dvg;
+  // Items: (document, query head, chunk of query rows). An item writes its dq rows and columns
+  // and keeps its own dK, dV over the keys its queries read (the document's start to the end of
+  // the chunk); then the partials of each (document, KV head) are added in head order, chunk
+  // order. Chunks depend on the document's length alone, so the sums are the same at any
+  // thread count.
+  struct item {
+    Eigen::Index a, i0, i1;
+    int h;
   };
+  const auto docs = documents(position_ids);
+  std::vector<item> items;
+  std::vector<std::size_t> first_item;  // per document
+  for (const auto& [a, e] : docs) {
+    first_item.push_back(items.size());
+    const auto cuts = attention_backward_chunks(e - a);
+    for (int h = 0; h < heads; ++h)
+      for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
+        items.push_back({a, a + cuts[c], a + cuts[c + 1], h});
+  }
+  std::vector<matrix> dk_part(items.size()), dv_part(items.size());
   parallel_items(
-      docs.size() * per_doc, threads,
-      [&](std::size_t item) {
-        const auto& [a, e] = docs[item / per_doc];
-        return static_cast<double>(e - a) * static_cast<double>(e - a);
+      items.size(), threads,
+      [&](std::size_t t) {
+        const auto& it = items[t];
+        return static_cast<double>(it.i1 - it.i0) * static_cast<double>(it.i0 + it.i1 - 2 * it.a);
       },
-      group_item, min_parallel_pairs);
+      [&](std::size_t t) {
+        const auto& [a, i0, i1, h] = items[t];
+        const int g = h * kv_heads / heads;
+        const Eigen::Index kc = Eigen::Index{g} * head_dim, qc = Eigen::Index{h} * head_dim,
+                           n = i1 - a;
+        const matrix kg = k.block(a, kc, n, head_dim), vg = v.block(a, kc, n, head_dim);
+        matrix dkg = matrix::Zero(n, head_dim), dvg = matrix::Zero(n, head_dim);
+        for (Eigen::Index i = i0; i < i1; ++i) {
+          const Eigen::Index len = i - a + 1;
+          const auto query = q.block(i, qc, 1, head_dim);
+          Eigen::VectorXd p = (kg.topRows(len) * query.transpose()) * scale;
+          p = (p.array() - p.maxCoeff()).exp().matrix();
+          p /= p.sum();
+          const auto d_o = dout.block(i, qc, 1, head_dim);
+          // o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp); s = scale·K·q.
+          dvg.topRows(len) += p * d_o;
+          const Eigen::VectorXd dp = vg.topRows(len) * d_o.transpose();
+          const Eigen::VectorXd ds = p.cwiseProduct((dp.array() - p.dot(dp)).matrix()) * scale;
+          dq.block(i, qc, 1, head_dim) = ds.transpose() * kg.topRows(len);
+          dkg.topRows(len) += ds * query;
+        }
+        dk_part[t] = std::move(dkg);
+        dv_part[t] = std::move(dvg);
+      },
+      min_parallel_pairs);
+  // The reduction: one item per (document, KV head), its partials in item order (head, chunk).
+  parallel_items(
+      docs.size() * static_cast<std::size_t>(kv_heads), threads,
+      [&](std::size_t r) {
+        const auto& [a, e] = docs[r / static_cast<std::size_t>(kv_heads)];
+        return 2.0 * static_cast<double>((e - a) * head_dim) * (heads / kv_heads);
+      },
+      [&](std::size_t r) {
+        const std::size_t d = r / static_cast<std::size_t>(kv_heads);
+        const int g = static_cast<int>(r % static_cast<std::size_t>(kv_heads));
+        const Eigen::Index kc = Eigen::Index{g} * head_dim;
+        const std::size_t end = d + 1 < docs.size() ? first_item[d + 1] : items.size();
+        for (std::size_t t = first_item[d]; t < end; ++t) {
+          if (items[t].h * kv_heads / heads != g) continue;
+          const Eigen::Index n = dk_part[t].rows();
+          dk.block(docs[d].first, kc, n, head_dim) += dk_part[t];
+          dv.block(docs[d].first, kc, n, head_dim) += dv_part[t];
+        }
+      },
+      min_parallel_flops);
 }
 
-matrix swiglu(const matrix& gate, const matrix& up) {
+matrix swiglu(const matrix& gate, const matrix& up, int threads) {
   if (gate.rows() != up.rows() || gate.cols() != up.cols())
     fail<shape_error>("reference: swiglu of gate [{}, {}] and up [{}, {}]", gate.rows(),
                       gate.cols(), up.rows(), up.cols());
   matrix y(gate.rows(), gate.cols());
-  for (Eigen::Index i = 0; i < gate.rows(); ++i)
-    for (Eigen::Index j = 0; j < gate.cols(); ++j)
-      y(i, j) = gate(i, j) * sigmoid(gate(i, j)) * up(i, j);
+  for_row_tiles(gate.rows(), threads, 8.0 * static_cast<double>(gate.cols()),
+                [&](Eigen::Index r0, Eigen::Index n) {
+                  for (Eigen::Index i = r0; i < r0 + n; ++i)
+                    for (Eigen::Index j = 0; j < gate.cols(); ++j)
+                      y(i, j) = gate(i, j) * sigmoid(gate(i, j)) * up(i, j);
+                });
   return y;
 }
 
 void swiglu_backward(const matrix& gate, const matrix& up, const matrix& dy, matrix& dgate,
-                     matrix& dup) {
+                     matrix& dup, int threads) {
   dgate.resize(gate.rows(), gate.cols());
   dup.resize(gate.rows(), gate.cols());
-  for (Eigen::Index i = 0; i < gate.rows(); ++i)
-    for (Eigen::Index j = 0; j < gate.cols(); ++j) {
-      const double g = gate(i, j), sg = sigmoid(g);
-      // d silu(g)/dg = σ(g) + g·σ(g)·(1 − σ(g)).
-      dgate(i, j) = dy(i, j) * up(i, j) * (sg + g * sg * (1.0 - sg));
-      dup(i, j) = dy(i, j) * g * sg;
-    }
+  for_row_tiles(gate.rows(), threads, 12.0 * static_cast<double>(gate.cols()),
+                [&](Eigen::Index r0, Eigen::Index n) {
+                  for (Eigen::Index i = r0; i < r0 + n; ++i)
+                    for (Eigen::Index j = 0; j < gate.cols(); ++j) {
+                      const double g = gate(i, j), sg = sigmoid(g);
+                      // d silu(g)/dg = σ(g) + g·σ(g)·(1 − σ(g)).
+                      dgate(i, j) = dy(i, j) * up(i, j) * (sg + g * sg * (1.0 - sg));
+                      dup(i, j) = dy(i, j) * g * sg;
+                    }
+                });
 }
 
 namespace {
@@ -427,31 +596,40 @@ Eigen::RowVectorXd softmax_row(const matrix& z, Eigen::Index i) {
 }  // namespace
 
 double cross_entropy_sum(const matrix& logits, std::span<const std::int64_t> labels,
-                         std::int64_t& valid) {
+                         std::int64_t& valid, int threads) {
   check_labels(logits, labels);
-  double sum = 0;
-  valid = 0;
-  for (Eigen::Index i = 0; i < logits.rows(); ++i) {
-    const auto y = labels[static_cast<std::size_t>(i)];
-    if (y == ignore_label) continue;
-    const double m = logits.row(i).maxCoeff();
-    const double log_z = m + std::log((logits.row(i).array() - m).exp().sum());
-    sum += log_z - logits(i, y);
-    ++valid;
-  }
-  return sum;
+  // Per tile of rows: (Σ −log p[label], rows with a label); the tiles' sums in tile order.
+  const Eigen::Vector2d total =
+      sum_row_tiles(logits.rows(), threads, 4.0 * static_cast<double>(logits.cols()),
+                    Eigen::Vector2d::Zero().eval(), [&](Eigen::Index r0, Eigen::Index n) {
+                      Eigen::Vector2d part = Eigen::Vector2d::Zero();
+                      for (Eigen::Index i = r0; i < r0 + n; ++i) {
+                        const auto y = labels[static_cast<std::size_t>(i)];
+                        if (y == ignore_label) continue;
+                        const double m = logits.row(i).maxCoeff();
+                        const double log_z = m + std::log((logits.row(i).array() - m).exp().sum());
+                        part(0) += log_z - logits(i, y);
+                        part(1) += 1;
+                      }
+                      return part;
+                    });
+  valid = static_cast<std::int64_t>(total(1));
+  return total(0);
 }
 
 matrix cross_entropy_backward(const matrix& logits, std::span<const std::int64_t> labels,
-                              double coef) {
+                              double coef, int threads) {
   check_labels(logits, labels);
   matrix d = matrix::Zero(logits.rows(), logits.cols());
-  for (Eigen::Index i = 0; i < logits.rows(); ++i) {
-    const auto y = labels[static_cast<std::size_t>(i)];
-    if (y == ignore_label) continue;
-    d.row(i) = softmax_row(logits, i) * coef;
-    d(i, y) -= coef;
-  }
+  for_row_tiles(logits.rows(), threads, 4.0 * static_cast<double>(logits.cols()),
+                [&](Eigen::Index r0, Eigen::Index n) {
+                  for (Eigen::Index i = r0; i < r0 + n; ++i) {
+                    const auto y = labels[static_cast<std::size_t>(i)];
+                    if (y == ignore_label) continue;
+                    d.row(i) = softmax_row(logits, i) * coef;
+                    d(i, y) -= coef;
+                  }
+                });
   return d;
 }
 
@@ -789,21 +967,22 @@ struct layer_activations {
 
 /// The q/k norm of every head of x [tokens, heads·d] over its d values, weight [1, d]: RMSNorm,
 /// or LayerNorm when `bias` [1, d] is given (qk_norm_type "layernorm").
-matrix per_head_norm(const matrix& x, const matrix& w, const matrix* bias, int heads) {
+matrix per_head_norm(const matrix& x, const matrix& w, const matrix* bias, int heads, int threads) {
   const Eigen::Index d = x.cols() / heads;
   const matrix rows = Eigen::Map<const matrix>(x.data(), x.rows() * heads, d);
-  const matrix y = bias ? ops::layer_norm(rows, w, *bias) : ops::rms_norm(rows, w);
+  const matrix y =
+      bias ? ops::layer_norm(rows, w, *bias, threads) : ops::rms_norm(rows, w, threads);
   return Eigen::Map<const matrix>(y.data(), x.rows(), x.cols());
 }
 
 /// dx; dw (and dbias, given with a LayerNorm) added to.
 matrix per_head_norm_backward(const matrix& x, const matrix& w, int heads, const matrix& dy,
-                              matrix& dw, matrix* dbias) {
+                              matrix& dw, matrix* dbias, int threads) {
   const Eigen::Index d = x.cols() / heads;
   const matrix rows = Eigen::Map<const matrix>(x.data(), x.rows() * heads, d);
   const matrix drows = Eigen::Map<const matrix>(dy.data(), x.rows() * heads, d);
-  const matrix dx = dbias ? ops::layer_norm_backward(rows, w, drows, dw, *dbias)
-                          : ops::rms_norm_backward(rows, w, drows, dw);
+  const matrix dx = dbias ? ops::layer_norm_backward(rows, w, drows, dw, *dbias, threads)
+                          : ops::rms_norm_backward(rows, w, drows, dw, threads);
   return Eigen::Map<const matrix>(dx.data(), x.rows(), x.cols());
 }
 
@@ -845,27 +1024,27 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
   for (int l = 0; l < s.layers; ++l) {
     auto& c = acts[static_cast<std::size_t>(l)];
     c.x_in = x;
-    c.a = ops::rms_norm(x, w.at(L(l, "attn_norm")));
+    c.a = ops::rms_norm(x, w.at(L(l, "attn_norm")), threads);
     if (s.layer_is_linear(l)) {
       // GatedDeltaNet: x_mid = x + out_proj(gated_norm(delta_rule(conv(a·in_qkv)), a·in_z)).
       const qkv_split sp(s);
-      c.qkv = ops::linear(c.a, w.at(L(l, "in_qkv")));
-      c.z = ops::linear(c.a, w.at(L(l, "in_z")));
-      c.gb = ops::linear(c.a, w.at(L(l, "in_b")));
-      c.ga = ops::linear(c.a, w.at(L(l, "in_a")));
+      c.qkv = ops::linear(c.a, w.at(L(l, "in_qkv")), threads);
+      c.z = ops::linear(c.a, w.at(L(l, "in_z")), threads);
+      c.gb = ops::linear(c.a, w.at(L(l, "in_b")), threads);
+      c.ga = ops::linear(c.a, w.at(L(l, "in_a")), threads);
       c.conv = ops::causal_conv_silu(c.qkv, w.at(L(l, "conv")), pos);
       ops::delta_gates(c.ga, c.gb, w.at(L(l, "A_log")), w.at(L(l, "dt_bias")), c.g, c.beta);
       c.o = ops::gated_delta_rule(c.conv.leftCols(sp.K), c.conv.middleCols(sp.K, sp.K),
                                   c.conv.rightCols(sp.V), c.g, c.beta, s.linear_k_heads,
                                   s.linear_v_heads, pos, threads);
       c.q = ops::gated_rms_norm(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads);
-      c.x_mid = x + ops::linear(c.q, w.at(L(l, "out_proj")));
+      c.x_mid = x + ops::linear(c.q, w.at(L(l, "out_proj")), threads);
     } else {
       // q = a·wq (+ bq), likewise k and v; q and k normed per head (RMSNorm or LayerNorm),
       // then rotated.
-      c.q_pre = ops::linear(c.a, w.at(L(l, "wq")));
-      c.k_pre = ops::linear(c.a, w.at(L(l, "wk")));
-      c.v = ops::linear(c.a, w.at(L(l, "wv")));
+      c.q_pre = ops::linear(c.a, w.at(L(l, "wq")), threads);
+      c.k_pre = ops::linear(c.a, w.at(L(l, "wk")), threads);
+      c.v = ops::linear(c.a, w.at(L(l, "wv")), threads);
       if (s.qkv_bias) {
         c.q_pre.rowwise() += w.at(L(l, "bq")).row(0);
         c.k_pre.rowwise() += w.at(L(l, "bk")).row(0);
@@ -876,55 +1055,56 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       if (s.qk_norm) {
         const bool ln = s.qk_norm_type == "layernorm";
         c.q = per_head_norm(c.q_pre, w.at(L(l, "q_norm")),
-                            ln ? &w.at(L(l, "q_norm_bias")) : nullptr, H);
+                            ln ? &w.at(L(l, "q_norm_bias")) : nullptr, H, threads);
         c.k = per_head_norm(c.k_pre, w.at(L(l, "k_norm")),
-                            ln ? &w.at(L(l, "k_norm_bias")) : nullptr, Hkv);
+                            ln ? &w.at(L(l, "k_norm_bias")) : nullptr, Hkv, threads);
       }
-      c.q = ops::rope(c.q, H, D, pos);
-      c.k = ops::rope(c.k, Hkv, D, pos);
+      c.q = ops::rope(c.q, H, D, pos, threads);
+      c.k = ops::rope(c.k, Hkv, D, pos, threads);
       c.attn = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads);
       c.o = c.attn;
       if (s.output_gate) {  // o ∘ sigmoid(a·wg)
-        c.gate_pre = ops::linear(c.a, w.at(L(l, "wg")));
+        c.gate_pre = ops::linear(c.a, w.at(L(l, "wg")), threads);
         c.o = c.attn.cwiseProduct(sigmoid_of(c.gate_pre));
       }
-      c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")));
+      c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")), threads);
       if (s.o_bias) c.x_mid.rowwise() += w.at(L(l, "bo")).row(0);
     }
-    c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")));
-    c.gate = ops::linear(c.m, w.at(L(l, "w_gate")));
-    c.up = ops::linear(c.m, w.at(L(l, "w_up")));
-    c.act = ops::swiglu(c.gate, c.up);
-    x = c.x_mid + ops::linear(c.act, w.at(L(l, "w_down")));
+    c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")), threads);
+    c.gate = ops::linear(c.m, w.at(L(l, "w_gate")), threads);
+    c.up = ops::linear(c.m, w.at(L(l, "w_up")), threads);
+    c.act = ops::swiglu(c.gate, c.up, threads);
+    x = c.x_mid + ops::linear(c.act, w.at(L(l, "w_down")), threads);
   }
-  const matrix final_normed = ops::rms_norm(x, w.at("final_norm"));
-  out.logits = ops::linear(final_normed, w.at("lm_head"));
+  const matrix final_normed = ops::rms_norm(x, w.at("final_norm"), threads);
+  out.logits = ops::linear(final_normed, w.at("lm_head"), threads);
 
   // Loss: mean cross-entropy over the valid labels (0 when there are none).
-  const double ce = ops::cross_entropy_sum(out.logits, labels, out.valid_tokens);
+  const double ce = ops::cross_entropy_sum(out.logits, labels, out.valid_tokens, threads);
   const double denom = static_cast<double>(std::max<std::int64_t>(out.valid_tokens, 1));
   out.loss = ce / denom;
 
   // Backward.
-  const matrix dlogits = ops::cross_entropy_backward(out.logits, labels, 1.0 / denom);
+  const matrix dlogits = ops::cross_entropy_backward(out.logits, labels, 1.0 / denom, threads);
   const matrix dfinal =
-      ops::linear_backward(final_normed, w.at("lm_head"), dlogits, gr.at("lm_head"));
-  matrix dx = ops::rms_norm_backward(x, w.at("final_norm"), dfinal, gr.at("final_norm"));
+      ops::linear_backward(final_normed, w.at("lm_head"), dlogits, gr.at("lm_head"), threads);
+  matrix dx = ops::rms_norm_backward(x, w.at("final_norm"), dfinal, gr.at("final_norm"), threads);
   for (int l = s.layers - 1; l >= 0; --l) {
     const auto& c = acts[static_cast<std::size_t>(l)];
     const matrix dact =
-        ops::linear_backward(c.act, w.at(L(l, "w_down")), dx, gr.at(L(l, "w_down")));
+        ops::linear_backward(c.act, w.at(L(l, "w_down")), dx, gr.at(L(l, "w_down")), threads);
     matrix dgate, dup;
-    ops::swiglu_backward(c.gate, c.up, dact, dgate, dup);
-    matrix dm = ops::linear_backward(c.m, w.at(L(l, "w_gate")), dgate, gr.at(L(l, "w_gate")));
-    dm += ops::linear_backward(c.m, w.at(L(l, "w_up")), dup, gr.at(L(l, "w_up")));
-    const matrix dx_mid =
-        dx + ops::rms_norm_backward(c.x_mid, w.at(L(l, "mlp_norm")), dm, gr.at(L(l, "mlp_norm")));
+    ops::swiglu_backward(c.gate, c.up, dact, dgate, dup, threads);
+    matrix dm =
+        ops::linear_backward(c.m, w.at(L(l, "w_gate")), dgate, gr.at(L(l, "w_gate")), threads);
+    dm += ops::linear_backward(c.m, w.at(L(l, "w_up")), dup, gr.at(L(l, "w_up")), threads);
+    const matrix dx_mid = dx + ops::rms_norm_backward(c.x_mid, w.at(L(l, "mlp_norm")), dm,
+                                                      gr.at(L(l, "mlp_norm")), threads);
 
     if (s.layer_is_linear(l)) {
       const qkv_split sp(s);
-      const matrix dn =
-          ops::linear_backward(c.q, w.at(L(l, "out_proj")), dx_mid, gr.at(L(l, "out_proj")));
+      const matrix dn = ops::linear_backward(c.q, w.at(L(l, "out_proj")), dx_mid,
+                                             gr.at(L(l, "out_proj")), threads);
       matrix d_o, dz;
       ops::gated_rms_norm_backward(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads, dn, d_o, dz,
                                    gr.at(L(l, "gdn_norm")));
@@ -940,46 +1120,47 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       matrix dqkv;
       ops::causal_conv_silu_backward(c.qkv, w.at(L(l, "conv")), dconv, pos, dqkv,
                                      gr.at(L(l, "conv")));
-      matrix da = ops::linear_backward(c.a, w.at(L(l, "in_qkv")), dqkv, gr.at(L(l, "in_qkv")));
-      da += ops::linear_backward(c.a, w.at(L(l, "in_z")), dz, gr.at(L(l, "in_z")));
-      da += ops::linear_backward(c.a, w.at(L(l, "in_b")), dgb, gr.at(L(l, "in_b")));
-      da += ops::linear_backward(c.a, w.at(L(l, "in_a")), dga, gr.at(L(l, "in_a")));
-      dx = dx_mid +
-           ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));
+      matrix da =
+          ops::linear_backward(c.a, w.at(L(l, "in_qkv")), dqkv, gr.at(L(l, "in_qkv")), threads);
+      da += ops::linear_backward(c.a, w.at(L(l, "in_z")), dz, gr.at(L(l, "in_z")), threads);
+      da += ops::linear_backward(c.a, w.at(L(l, "in_b")), dgb, gr.at(L(l, "in_b")), threads);
+      da += ops::linear_backward(c.a, w.at(L(l, "in_a")), dga, gr.at(L(l, "in_a")), threads);
+      dx = dx_mid + ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da,
+                                           gr.at(L(l, "attn_norm")), threads);
       continue;
     }
     // A bias's gradient is the column sums of its output's gradient.
     if (s.o_bias) gr.at(L(l, "bo")) += dx_mid.colwise().sum();
-    matrix d_o = ops::linear_backward(c.o, w.at(L(l, "wo")), dx_mid, gr.at(L(l, "wo")));
+    matrix d_o = ops::linear_backward(c.o, w.at(L(l, "wo")), dx_mid, gr.at(L(l, "wo")), threads);
     matrix da = matrix::Zero(c.a.rows(), c.a.cols());
     if (s.output_gate) {  // o = attn ∘ σ(g): d attn = d_o ∘ σ(g), dg = d_o ∘ attn ∘ σ(1 − σ)
       const matrix sg = sigmoid_of(c.gate_pre);
       const matrix dgate =
           d_o.cwiseProduct(c.attn).cwiseProduct(sg.cwiseProduct((1.0 - sg.array()).matrix()));
-      da += ops::linear_backward(c.a, w.at(L(l, "wg")), dgate, gr.at(L(l, "wg")));
+      da += ops::linear_backward(c.a, w.at(L(l, "wg")), dgate, gr.at(L(l, "wg")), threads);
       d_o = d_o.cwiseProduct(sg);
     }
     matrix dq, dk, dv;
     ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv, threads);
-    dq = ops::rope_backward(dq, H, D, pos);
-    dk = ops::rope_backward(dk, Hkv, D, pos);
+    dq = ops::rope_backward(dq, H, D, pos, threads);
+    dk = ops::rope_backward(dk, Hkv, D, pos, threads);
     if (s.qk_norm) {
       const bool ln = s.qk_norm_type == "layernorm";
       dq = per_head_norm_backward(c.q_pre, w.at(L(l, "q_norm")), H, dq, gr.at(L(l, "q_norm")),
-                                  ln ? &gr.at(L(l, "q_norm_bias")) : nullptr);
+                                  ln ? &gr.at(L(l, "q_norm_bias")) : nullptr, threads);
       dk = per_head_norm_backward(c.k_pre, w.at(L(l, "k_norm")), Hkv, dk, gr.at(L(l, "k_norm")),
-                                  ln ? &gr.at(L(l, "k_norm_bias")) : nullptr);
+                                  ln ? &gr.at(L(l, "k_norm_bias")) : nullptr, threads);
     }
     if (s.qkv_bias) {
       gr.at(L(l, "bq")) += dq.colwise().sum();
       gr.at(L(l, "bk")) += dk.colwise().sum();
       gr.at(L(l, "bv")) += dv.colwise().sum();
     }
-    da += ops::linear_backward(c.a, w.at(L(l, "wq")), dq, gr.at(L(l, "wq")));
-    da += ops::linear_backward(c.a, w.at(L(l, "wk")), dk, gr.at(L(l, "wk")));
-    da += ops::linear_backward(c.a, w.at(L(l, "wv")), dv, gr.at(L(l, "wv")));
-    dx = dx_mid +
-         ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da, gr.at(L(l, "attn_norm")));
+    da += ops::linear_backward(c.a, w.at(L(l, "wq")), dq, gr.at(L(l, "wq")), threads);
+    da += ops::linear_backward(c.a, w.at(L(l, "wk")), dk, gr.at(L(l, "wk")), threads);
+    da += ops::linear_backward(c.a, w.at(L(l, "wv")), dv, gr.at(L(l, "wv")), threads);
+    dx = dx_mid + ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da,
+                                         gr.at(L(l, "attn_norm")), threads);
   }
   ops::embedding_backward(dx, ids, gr.at("embed"));
   out.embed_out_grad = std::move(dx);

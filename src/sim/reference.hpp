@@ -80,8 +80,8 @@ struct step_result {
 /// Forward, loss and backward of the whole row. Throws config_error when `w` does not hold
 /// exactly the parameters of `s` (names and shapes), shape_error on an inconsistent batch or an
 /// id/label outside the vocabulary.
-/// `threads` (0 = every core) parallelise the attention (see ops::attention); the result is
-/// bitwise identical at any thread count.
+/// `threads` (0 = every core) share every operation (see ops); the result is bitwise identical
+/// at any thread count.
 step_result train_step(const scenario& s, const weights& w, const batch& b, int threads = 0);
 
 /// Document boundaries [begin, end) of a packed row: a document starts at index 0 and wherever
@@ -91,6 +91,13 @@ std::vector<std::pair<Eigen::Index, Eigen::Index>> documents(
 
 /// The operations, forward and hand-written backward, exposed for finite-difference tests.
 /// Backward functions return the input gradient and ADD parameter gradients into `d…`.
+///
+/// `threads` (0 = every core) share each operation's work: row tiles of a fixed size, a weight
+/// gradient's tiles (each a product over every token), (document, head, query-tile) items of
+/// the attention. How the work is cut depends on the sizes alone; a tile is computed the same
+/// way on any thread, and sums over tiles (a norm's weight gradient, the loss, dK and dV over
+/// heads and chunks) are added in a fixed order afterwards: every result is bitwise identical
+/// at any thread count.
 namespace ops {
 
 /// y[i] = table[ids[i]].
@@ -99,58 +106,67 @@ matrix embedding(const matrix& table, std::span<const std::int64_t> ids);
 void embedding_backward(const matrix& dy, std::span<const std::int64_t> ids, matrix& dtable);
 
 /// y = x·w.
-matrix linear(const matrix& x, const matrix& w);
+matrix linear(const matrix& x, const matrix& w, int threads = 1);
 /// dx = dy·wᵀ; dw += xᵀ·dy.
-matrix linear_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw);
+matrix linear_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
+                       int threads = 1);
 
 /// y[i, j] = x[i, j] / sqrt(mean_k x[i, k]² + eps) · w[j].
-matrix rms_norm(const matrix& x, const matrix& w);
-matrix rms_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw);
+matrix rms_norm(const matrix& x, const matrix& w, int threads = 1);
+matrix rms_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
+                         int threads = 1);
 
 /// y[i, j] = (x[i, j] − μ_i) / sqrt(σ²_i + eps) · w[j] + b[j], μ_i and σ²_i the mean and the
 /// biased variance of row i (torch.nn.functional.layer_norm), eps = rms_norm_eps.
-matrix layer_norm(const matrix& x, const matrix& w, const matrix& b);
+matrix layer_norm(const matrix& x, const matrix& w, const matrix& b, int threads = 1);
 /// dx (returned); dw, db added to.
 matrix layer_norm_backward(const matrix& x, const matrix& w, const matrix& dy, matrix& dw,
-                           matrix& db);
+                           matrix& db, int threads = 1);
 
 /// Rotary embedding, rotate-half convention, on x [tokens, heads·head_dim]: per head, over the
 /// even prefix of width rot = head_dim − head_dim % 2 (an odd head_dim leaves its last dimension
 /// as is), with half = rot/2 and angle_i = position·theta^(−2i/rot) for i < half:
 /// y[i] = x[i]·cos − x[i+half]·sin, y[i+half] = x[i+half]·cos + x[i]·sin.
-matrix rope(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions);
+matrix rope(const matrix& x, int heads, int head_dim, std::span<const std::int64_t> positions,
+            int threads = 1);
 /// The transpose of the rotation (rotation by −angle).
 matrix rope_backward(const matrix& dy, int heads, int head_dim,
-                     std::span<const std::int64_t> positions);
+                     std::span<const std::int64_t> positions, int threads = 1);
 
 /// Causal attention within documents: q [tokens, heads·head_dim], k and v [tokens,
 /// kv_heads·head_dim]; for query head h (KV head g = floor(h·kv_heads/heads)) and token i of
 /// document [a, e): o_i = Σ_{a ≤ j ≤ i} softmax_j(scale·q_i·k_j) v_j, scale = 1/sqrt(head_dim).
-/// `threads` workers (0 = every core) share the (document, query head) pairs; each pair is
-/// computed exactly as one thread would and written to its own rows and columns, so the result
-/// is bitwise identical at any thread count.
+/// Items are (document, query head, tile of query rows); each row is computed on its own and
+/// written to its own place.
 matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
                  int head_dim, std::span<const std::int64_t> position_ids, int threads = 1);
-/// dq, dk, dv (overwritten) from dout. Work items are (document, KV head): one item adds its
-/// group's query heads in head order, token order — the single-thread summation order — into
-/// rows and columns no other item touches, so dk and dv are bitwise identical at any count.
+/// dq, dk, dv (overwritten) from dout. Items are (document, query head, chunk of query rows;
+/// a long document has up to 4 chunks of about equal work): an item writes its dq and keeps
+/// its own dK, dV over the keys it reads; those partials are then added per (document, KV
+/// head) in head order, chunk order. Memory: the partials hold at most ~3·heads·tokens·head_dim
+/// values each for dK and dV (linear in the tokens).
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
                         matrix& dv, int threads = 1);
 
+/// The query-row offsets [0, …, tokens] of the chunks attention_backward cuts a document of
+/// `tokens` into: one chunk up to 2^24 causal pairs, then ceil(pairs / 2^24) up to 4, each
+/// holding about the same number of pairs.
+std::vector<Eigen::Index> attention_backward_chunks(Eigen::Index tokens);
+
 /// y = silu(gate)·up, silu(g) = g·sigmoid(g).
-matrix swiglu(const matrix& gate, const matrix& up);
+matrix swiglu(const matrix& gate, const matrix& up, int threads = 1);
 /// dgate, dup (overwritten) from dy.
 void swiglu_backward(const matrix& gate, const matrix& up, const matrix& dy, matrix& dgate,
-                     matrix& dup);
+                     matrix& dup, int threads = 1);
 
 /// Σ over rows with a label != -100 of −log softmax(z_i)[label_i]; `valid` counts those rows.
 double cross_entropy_sum(const matrix& logits, std::span<const std::int64_t> labels,
-                         std::int64_t& valid);
+                         std::int64_t& valid, int threads = 1);
 /// d(coef·cross_entropy_sum)/dlogits.
 matrix cross_entropy_backward(const matrix& logits, std::span<const std::int64_t> labels,
-                              double coef);
+                              double coef, int threads = 1);
 
 // ---- GatedDeltaNet (Qwen3.5's linear attention; SEMANTICS.md §7), by its definition.
 

@@ -241,6 +241,67 @@ TEST(reference, attention_backward_matches_finite_differences) {
   EXPECT_LT(rel_err(dv, numeric_grad(f, v)), fd_tol);
 }
 
+/// dK and dV of one key j of a single document, by the definition: for every query i ≥ j its
+/// whole softmax row p_i and dp_il = v_l·do_i; dv_j = Σ_i p_ij do_i, dk_j = Σ_i ds_ij q_i·scale
+/// with ds_ij = p_ij (dp_ij − Σ_l p_il dp_il). One head, D columns.
+std::pair<Eigen::RowVectorXd, Eigen::RowVectorXd> key_gradient_by_definition(
+    const matrix& q, const matrix& k, const matrix& v, const matrix& dout, Eigen::Index j) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.cols()));
+  Eigen::RowVectorXd dk = Eigen::RowVectorXd::Zero(q.cols()), dv = dk;
+  for (Eigen::Index i = j; i < q.rows(); ++i) {
+    Eigen::VectorXd p = k.topRows(i + 1) * q.row(i).transpose() * scale;
+    p = (p.array() - p.maxCoeff()).exp().matrix();
+    p /= p.sum();
+    const Eigen::VectorXd dp = v.topRows(i + 1) * dout.row(i).transpose();
+    dv += p(j) * dout.row(i);
+    dk += p(j) * (dp(j) - p.dot(dp)) * scale * q.row(i);
+  }
+  return {dk, dv};
+}
+
+TEST(reference, attention_backward_of_a_long_document_in_chunks_matches_the_definition) {
+  // 6000 tokens: 18M causal pairs, cut into 2 chunks of query rows whose dK, dV partials are
+  // added afterwards; 11000 tokens: 4 chunks. Two query heads share the KV head (GQA).
+  EXPECT_EQ(ops::attention_backward_chunks(100).size(), 2u);
+  EXPECT_EQ(ops::attention_backward_chunks(6000).size(), 3u);
+  EXPECT_EQ(ops::attention_backward_chunks(11000).size(), 5u);
+  EXPECT_EQ(ops::attention_backward_chunks(1 << 20).size(), 5u);
+  const Eigen::Index n = 6000;
+  const int H = 2, Hkv = 1, D = 4;
+  const matrix q = random_matrix(n, H * D, 40), k = random_matrix(n, Hkv * D, 41),
+               v = random_matrix(n, Hkv * D, 42), dout = random_matrix(n, H * D, 43);
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int64_t>(i);
+  matrix dq, dk, dv;
+  ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1);
+  const auto cut = ops::attention_backward_chunks(n)[1];
+  for (const Eigen::Index j : {Eigen::Index{0}, cut - 1, cut, n - 1}) {
+    SCOPED_TRACE(j);
+    Eigen::RowVectorXd want_dk = Eigen::RowVectorXd::Zero(D), want_dv = want_dk;
+    for (int h = 0; h < H; ++h) {
+      const auto [hk, hv] =
+          key_gradient_by_definition(q.middleCols(h * D, D), k, v, dout.middleCols(h * D, D), j);
+      want_dk += hk;
+      want_dv += hv;
+    }
+    EXPECT_LT((dk.row(j) - want_dk).cwiseAbs().maxCoeff(), 1e-12 * want_dk.cwiseAbs().maxCoeff());
+    EXPECT_LT((dv.row(j) - want_dv).cwiseAbs().maxCoeff(), 1e-12 * want_dv.cwiseAbs().maxCoeff());
+  }
+  // Σ_j dv_j = Σ_i do_i per head (each softmax row sums to 1); Σ_j dk_j = 0 (each ds row sums
+  // to 0): no chunk's partial is lost or added twice.
+  const Eigen::RowVectorXd do_sum =
+      dout.middleCols(0, D).colwise().sum() + dout.middleCols(D, D).colwise().sum();
+  EXPECT_LT((dv.colwise().sum() - do_sum).cwiseAbs().maxCoeff(), 1e-9);
+  EXPECT_LT(dk.colwise().sum().cwiseAbs().maxCoeff(), 1e-9);
+  for (int threads : {2, 3}) {
+    matrix dq2, dk2, dv2;
+    ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq2, dk2, dv2, threads);
+    EXPECT_EQ(dq2, dq);
+    EXPECT_EQ(dk2, dk);
+    EXPECT_EQ(dv2, dv);
+  }
+}
+
 // ---- GatedDeltaNet ----
 
 TEST(reference, causal_conv_backward_matches_finite_differences_within_documents) {
@@ -530,6 +591,41 @@ TEST(reference, step_is_bitwise_identical_at_any_thread_count) {
     SCOPED_TRACE(threads);
     const auto many = ref::train_step(s, w, b, threads);
     EXPECT_EQ(many.loss, one.loss);
+    EXPECT_EQ(many.logits, one.logits);
+    EXPECT_EQ(many.embed_out_grad, one.embed_out_grad);
+    for (std::size_t i = 0; i < one.grads.values.size(); ++i)
+      EXPECT_EQ(many.grads.values[i], one.grads.values[i]) << one.grads.names[i];
+  }
+}
+
+TEST(reference, a_step_of_many_tiles_is_bitwise_identical_at_any_thread_count) {
+  // 1,100 tokens: every row-wise operation, product and weight gradient in several tiles, the
+  // loss summed over tiles; documents of 700, 1, 262 and 137 tokens cut across tile boundaries.
+  scenario s = tiny(4);
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.qk_norm = true;
+  s.qk_norm_type = "layernorm";
+  s.hidden = 40;
+  s.intermediate = 72;
+  s.vocab = 70;
+  ref::batch b;
+  for (int len : {700, 1, 262, 137}) {
+    for (int i = 0; i < len; ++i) {
+      b.position_ids.push_back(i);
+      b.input_ids.push_back((13 * static_cast<int>(b.input_ids.size()) + 5) % s.vocab);
+    }
+  }
+  b.labels = b.input_ids;
+  std::rotate(b.labels.begin(), b.labels.begin() + 1, b.labels.end());
+  for (std::size_t i = 0; i < b.labels.size(); i += 9) b.labels[i] = -100;
+  const auto w = tiny_weights(s);
+  const auto one = ref::train_step(s, w, b, 1);
+  for (int threads : {2, 3, 8}) {
+    SCOPED_TRACE(threads);
+    const auto many = ref::train_step(s, w, b, threads);
+    EXPECT_EQ(many.loss, one.loss);
+    EXPECT_EQ(many.valid_tokens, one.valid_tokens);
     EXPECT_EQ(many.logits, one.logits);
     EXPECT_EQ(many.embed_out_grad, one.embed_out_grad);
     for (std::size_t i = 0; i < one.grads.values.size(); ++i)
