@@ -70,16 +70,19 @@ case "${1:-}" in
       meson test -C build-asan --no-rebuild --print-errorlogs --num-processes "$jobs" \
       --suite sanitize
     # ThreadSanitizer: the rank-thread rendezvous and the in-process communicator, 3 repeats
-    # (tests/tsan/soak.sh runs the long soak under load).
+    # (tests/tsan/soak.sh runs the long soak under load); the oracle's threads (its tiles and
+    # (document, head) items written by several threads at once) in its thread-count tests.
     if [ ! -f build-tsan/build.ninja ]; then
       echo "setup: configuring build-tsan"
       meson setup build-tsan -Db_sanitize=thread -Db_lundef=false -Dgpu=disabled -Dmpi=disabled \
         -Doptimization=1 -Ddebug=false >/dev/null
     fi
-    echo "setup: building build-tsan (communicator tests)"
-    ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test >/dev/null
+    echo "setup: building build-tsan (communicator and reference tests)"
+    ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test tests/unit/reference-test >/dev/null
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
       --test-args=--gtest_repeat=3 inproc_comm inproc_comm_fibers1 inproc_comm_fibers2
+    TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
+      --test-args='--gtest_filter=*thread_count*:*in_chunks*' reference
     # One closing line over the three runs (meson prints its own summary per run above).
     python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
       build-tsan/meson-logs/testlog.json <<'PY'

@@ -312,10 +312,37 @@ std::string wrong_text(const std::optional<std::int64_t>& w) {
 
 }  // namespace
 
+namespace {
+
+void print_side(const side_table& t) {
+  fmt::print("#\n# {}\n#", t.title);
+  for (const auto& c : t.columns) fmt::print(" {:>16}", c);
+  fmt::print("\n");
+  for (const auto& r : t.rows) {
+    fmt::print(" ");
+    for (double x : r) fmt::print(" {:>16.6g}", x);
+    fmt::print("\n");
+  }
+}
+
+nlohmann::json side_json(const side_table& t) {
+  nlohmann::json s = {{"title", t.title}, {"rows", nlohmann::json::array()}};
+  for (const auto& r : t.rows) {
+    nlohmann::json o;
+    for (std::size_t i = 0; i < r.size() && i < t.columns.size(); ++i) o[t.columns[i]] = r[i];
+    s["rows"].push_back(std::move(o));
+  }
+  return s;
+}
+
+}  // namespace
+
 int driver::report(const operation& op, int ranks, const std::vector<row>& rows) {
   std::int64_t wrong_total = 0;
   for (const auto& r : rows) wrong_total += r.wrong.value_or(0);
   const bool transport = op.kind == table_kind::transport;
+  const std::optional<side_table> summary =
+      op.summary ? std::optional<side_table>(op.summary(rows)) : std::nullopt;
 
   if (opts_.json_path != "-") {
     fmt::print("# {}: {}, {} backend, {} rank{}\n", program_, op.name, op.backend, ranks,
@@ -373,16 +400,8 @@ int driver::report(const operation& op, int ranks, const std::vector<row>& rows)
       fmt::print("# Avg bus bandwidth    : {:.3f}\n", avg);
     else
       fmt::print("# Avg ratio            : {:.3f}\n", avg);
-    if (side_) {
-      fmt::print("#\n# {}\n#", side_->title);
-      for (const auto& c : side_->columns) fmt::print(" {:>16}", c);
-      fmt::print("\n");
-      for (const auto& r : side_->rows) {
-        fmt::print(" ");
-        for (double x : r) fmt::print(" {:>16.6g}", x);
-        fmt::print("\n");
-      }
-    }
+    if (side_) print_side(*side_);
+    if (summary) print_side(*summary);
     fmt::print("# {:.1f} s\n", seconds_);
     std::fflush(stdout);
   }
@@ -428,16 +447,8 @@ int driver::report(const operation& op, int ranks, const std::vector<row>& rows)
         o[op.extra_columns[i]] = r.extra[i];
       j["rows"].push_back(std::move(o));
     }
-    if (side_) {
-      nlohmann::json s = {{"title", side_->title}, {"rows", nlohmann::json::array()}};
-      for (const auto& r : side_->rows) {
-        nlohmann::json o;
-        for (std::size_t i = 0; i < r.size() && i < side_->columns.size(); ++i)
-          o[side_->columns[i]] = r[i];
-        s["rows"].push_back(std::move(o));
-      }
-      j["side"] = std::move(s);
-    }
+    if (side_) j["side"] = side_json(*side_);
+    if (summary) j["summary"] = side_json(*summary);
     j["wrong"] = opts_.check ? nlohmann::json(wrong_total) : nlohmann::json(nullptr);
     const std::string text = j.dump() + "\n";
     if (opts_.json_path == "-") {

@@ -158,6 +158,9 @@ struct operation {
   std::vector<std::string> notes;
   /// Optional: measured on rank 0 before the sweep, printed after it.
   std::function<side_table()> side;
+  /// Optional: derived on rank 0 from the finished rows (e.g. a fit over the variants), printed
+  /// after the side table and stored under "summary" in the JSON.
+  std::function<side_table(const std::vector<row>& rows)> summary;
 };
 
 /// Flag parsing and reporting around one operation.

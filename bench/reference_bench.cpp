@@ -1,16 +1,21 @@
 // reference_bench: the float64 non-SP reference step of `seqpar check` (the independent oracle,
-// src/sim/reference.hpp) on 1 thread and on every core, measured in the same run; with
-// --whole-check, the whole check instead (SP step with its ranks as fibers on the threads, the
-// reference, the comparison): `seqpar check --threads 1` against `--threads 0`.
+// src/sim/reference.hpp) on 1, 2, 4, … threads up to every core, measured in the same run; with
+// --whole-check, the whole check instead (`seqpar check --threads N`: setup, the SP step with
+// its ranks as fibers on the threads, the reference, the comparison), each phase timed.
 //
 // size = bytes of the row's float64 hidden states (tokens·hidden·8), count = tokens, packed as
-// three documents in proportion 2:1:1 (the 32K check shape: 16384, 8192, 8192 at 32K).
-// One iteration is one reference step (forward, loss, backward); ratio = time on 1 thread / time
-// on this variant's threads (1.00 for the 1-thread row); #wrong = gradient, logit and loss
-// values that are not bitwise equal to the 1-thread step of the same size (--whole-check: report
-// rows whose max_abs or max_rel is not bitwise equal to the 1-thread check's, or that fail).
+// three documents in proportion 2:1:1 in the default scenario (U 4 × R 2, 8 heads, 1 KV head,
+// head_dim 16, hidden 64, 1 layer): at 32K the check `seqpar check --ulysses 4 --ring 2 --docs
+// 16384,8192,8192`. One iteration is one step; ratio = time on 1 thread / time on this
+// variant's threads (1.00 for the 1-thread row); #wrong = gradient, logit and loss values that
+// are not bitwise equal to the 1-thread step of the same size (--whole-check: report rows whose
+// max_abs or max_rel is not bitwise equal to the 1-thread check's, or that fail). The summary
+// fits Amdahl's law to each phase: T(n) = T(1)·(s + (1 − s)/n), s the serial fraction (least
+// squares over the thread counts).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -24,6 +29,72 @@
 namespace {
 
 using namespace seqpar;
+
+/// Least-squares serial fraction s of T(n)/T(1) = s + (1 − s)/n over the thread counts.
+double serial_fraction(const std::vector<std::pair<int, double>>& speedups) {
+  double num = 0, den = 0;
+  for (const auto& [n, x] : speedups) {
+    const double a = 1.0 - 1.0 / n, y = 1.0 / x - 1.0 / n;
+    num += a * y;
+    den += a * a;
+  }
+  return den > 0 ? std::clamp(num / den, 0.0, 1.0) : 0.0;
+}
+
+/// Per size: the speed-up at the most threads and the serial fraction, of the step (or the
+/// whole check) and, with --whole-check, of each phase.
+bench::side_table amdahl(const std::vector<bench::row>& rows, bool whole_check) {
+  bench::side_table t;
+  t.title =
+      "Amdahl fit per size: x = speed-up at the most threads, s = serial fraction in T(n) = "
+      "T(1)·(s + (1 − s)/n)";
+  const std::vector<std::string> phases =
+      whole_check ? std::vector<std::string>{"check", "setup", "ref", "sp", "compare"}
+                  : std::vector<std::string>{"ref"};
+  t.columns = {"tokens", "max_threads"};
+  for (const auto& p : phases) {
+    t.columns.push_back(p + "_x");
+    t.columns.push_back(p + "_s");
+  }
+  std::map<std::int64_t, std::vector<const bench::row*>> by_size;
+  for (const auto& r : rows) by_size[r.count].push_back(&r);
+  for (const auto& [tokens, rs] : by_size) {
+    // The phase's seconds of a row: its time, or the extra column of the phase.
+    auto seconds = [&](const bench::row& r, std::size_t phase) {
+      return phase == 0 ? r.time_us * 1e-6 : r.extra.at(phase);
+    };
+    const bench::row* one = nullptr;
+    for (const auto* r : rs)
+      if (r->extra.at(0) == 1) one = r;
+    if (!one) continue;
+    int most = 1;
+    for (const auto* r : rs) most = std::max(most, static_cast<int>(r->extra.at(0)));
+    std::vector<double> line = {static_cast<double>(tokens), static_cast<double>(most)};
+    for (std::size_t ph = 0; ph < phases.size(); ++ph) {
+      std::vector<std::pair<int, double>> speedups;
+      double at_most = 0;
+      for (const auto* r : rs) {
+        const int n = static_cast<int>(r->extra.at(0));
+        const double x = seconds(*one, ph) / std::max(seconds(*r, ph), 1e-12);
+        speedups.emplace_back(n, x);
+        if (n == most) at_most = x;
+      }
+      line.push_back(at_most);
+      line.push_back(serial_fraction(speedups));
+    }
+    t.rows.push_back(std::move(line));
+  }
+  return t;
+}
+
+/// 1, 2, 4, … below every core, and every core.
+std::vector<int> thread_counts() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> out;
+  for (int n = 1; n < cores; n *= 2) out.push_back(n);
+  out.push_back(cores);
+  return out;
+}
 
 struct reference_scaling {
   static constexpr int hidden = 64;
@@ -39,6 +110,7 @@ struct reference_scaling {
   std::map<std::int64_t, double> single_seconds;
   double seconds = 0;
   int runs = 0;
+  std::array<double, 4> phase_seconds{};  ///< --whole-check: setup, reference, sp, compare
 
   static scenario make(std::int64_t tokens) {
     scenario s;
@@ -46,7 +118,7 @@ struct reference_scaling {
     s.ulysses = 4;
     s.ring = 2;
     s.heads = 8;
-    s.kv_heads = 2;
+    s.kv_heads = 1;
     s.head_dim = 16;
     s.hidden = hidden;
     s.intermediate = 128;
@@ -100,6 +172,7 @@ struct reference_scaling {
       variant_threads = threads[p.variant];
       seconds = 0;
       runs = 0;
+      phase_seconds = {};
     };
     o.run = [this] {
       const auto t0 = std::chrono::steady_clock::now();
@@ -107,6 +180,10 @@ struct reference_scaling {
         verify::check_options opt;
         opt.threads = variant_threads;
         last_check = verify::run_check(scen, opt);
+        const auto& c = last_check;
+        const std::array<double, 4> t = {c.setup_seconds, c.reference_seconds, c.sp_seconds,
+                                         c.compare_seconds};
+        for (std::size_t i = 0; i < t.size(); ++i) phase_seconds[i] += t[i];
       } else {
         last = ref::train_step(scen, inputs.weights, inputs.batch, variant_threads);
       }
@@ -130,7 +207,14 @@ struct reference_scaling {
       r.rate = static_cast<double>(p.count) / std::max(t, 1e-12) / 1e3;
       const auto it = single_seconds.find(p.count);
       r.ratio = it == single_seconds.end() ? 0 : it->second / std::max(t, 1e-12);
+      r.extra = {static_cast<double>(variant_threads)};
+      if (whole_check)
+        for (double x : phase_seconds) r.extra.push_back(x / std::max(runs, 1));
     };
+    o.extra_columns = {"threads"};
+    if (whole_check)
+      o.extra_columns.insert(o.extra_columns.end(), {"setup_s", "ref_s", "sp_s", "compare_s"});
+    o.summary = [this](const std::vector<bench::row>& rows) { return amdahl(rows, whole_check); };
     o.measure_baseline = [](const std::string& type) {
       return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
                              bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
@@ -138,10 +222,11 @@ struct reference_scaling {
     o.ratio_meaning = whole_check
                           ? "speed-up: check time with --threads 1 / with this row's --threads"
                           : "speed-up: reference step time on 1 thread / on this row's threads";
-    o.notes = {"Hq=8 Hkv=2 d=16 hidden=64, 1 layer, documents 2:1:1; count = tokens",
-               fmt::format("threads=0 is every core ({} here); #wrong: values not bitwise equal "
-                           "to the 1-thread step",
-                           std::thread::hardware_concurrency())};
+    o.notes = {
+        "Hq=8 Hkv=1 d=16 hidden=64 intermediate=128 vocab=96, 1 layer, documents 2:1:1; "
+        "count = tokens",
+        fmt::format("{} cores here; #wrong: values not bitwise equal to the 1-thread step",
+                    std::thread::hardware_concurrency())};
     return o;
   }
 };
@@ -163,11 +248,19 @@ int main(int argc, char** argv) {
   d.app().add_flag("--whole-check", whole_check,
                    "time the whole check (U 4 x R 2, ranks as fibers on the threads), not the "
                    "reference alone");
+  std::vector<int> thread_list;
+  d.app()
+      .add_option("--thread-counts", thread_list,
+                  "thread counts to measure, e.g. 1,2,4,8,16 (default: 1, 2, 4, … and every "
+                  "core; 1 is always measured first)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
   if (auto rc = d.parse(argc, argv)) return *rc;
   return d.guarded([&] {
     reference_scaling r;
     r.whole_check = whole_check;
-    r.threads = {1, 0};
+    r.threads = thread_list.empty() ? thread_counts() : thread_list;
+    if (r.threads.front() != 1) r.threads.insert(r.threads.begin(), 1);
     auto op = r.op();
     auto group = bench::single_rank();
     const auto rows = d.run(*group, op);

@@ -41,7 +41,11 @@ nlohmann::json report_json(const verify::check_report& r) {
           {"tolerance", r.tolerance},
           {"error_model", r.error_model},
           {"warnings", r.warnings},
-          {"seconds", {{"sp", r.sp_seconds}, {"reference", r.reference_seconds}}},
+          {"seconds",
+           {{"setup", r.setup_seconds},
+            {"sp", r.sp_seconds},
+            {"reference", r.reference_seconds},
+            {"compare", r.compare_seconds}}},
           {"rows", rows}};
 }
 
@@ -64,10 +68,11 @@ std::string report_text(const verify::check_report& r) {
         "{:<28} {}{}\n", row.tensor, row_cells(row),
         row.note.empty() || (row.pass && row.tensor != "loss") ? "" : "  (" + row.note + ")");
   }
-  o +=
-      fmt::format("\n{}: {} of {} tensors within tolerance ({}); SP {:.2f} s, reference {:.2f} s\n",
-                  r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model, r.sp_seconds,
-                  r.reference_seconds);
+  o += fmt::format(
+      "\n{}: {} of {} tensors within tolerance ({}); SP {:.2f} s, reference {:.2f} s "
+      "(setup {:.2f} s, compare {:.2f} s)\n",
+      r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model, r.sp_seconds,
+      r.reference_seconds, r.setup_seconds, r.compare_seconds);
   if (!r.pass) o += fmt::format("reproduce: {}\n", io::scenario_command(r.scen));
   return o;
 }

@@ -390,15 +390,32 @@ void check_attention_shapes(const matrix& q, const matrix& k, const matrix& v, i
         head_dim);
 }
 
-/// softmax over keys [a, i] of query row i, head h (reading KV head g).
-Eigen::VectorXd attention_probs(const matrix& q, const matrix& k, Eigen::Index i, Eigen::Index a,
-                                int h, int g, int head_dim, double scale) {
-  const Eigen::Index len = i - a + 1;
-  const auto keys = k.block(a, Eigen::Index{g} * head_dim, len, head_dim);
-  const auto query = q.block(i, Eigen::Index{h} * head_dim, 1, head_dim);
-  Eigen::VectorXd p = (keys * query.transpose()) * scale;
-  p = (p.array() - p.maxCoeff()).exp().matrix();
-  return p / p.sum();
+/// Query rows per block of the attention: a block's scores [rows, keys] are one product. 64 rows
+/// for short documents, down to 16 once 16 rows of scores pass 2^16 values: a block's scores
+/// then stay in a core's cache (measured at 32K tokens, 2 threads sharing the memory bus: the
+/// backward 1.7× faster than with 64-row blocks).
+Eigen::Index query_block(Eigen::Index n) {
+  return std::clamp<Eigen::Index>((Eigen::Index{1} << 16) / std::max<Eigen::Index>(n, 1), 16, 64);
+}
+
+/// The attention probabilities of query rows [b0, b1) of the document starting at a: row r (token
+/// i = b0 + r) is the softmax of scale·q_i·k_j over the keys j in [a, i], and 0 over the keys
+/// (i, b1) it must not see. `query` holds the block's rows of one head [b1 − b0, head_dim],
+/// `keys` the KV head's rows from a on (at least b1 − a of them).
+template <class Query, class Keys>
+matrix block_probs(const Query& query, const Keys& keys, Eigen::Index a, Eigen::Index b0,
+                   Eigen::Index b1, double scale) {
+  const Eigen::Index rows = b1 - b0, len = b1 - a;
+  matrix p = (query * keys.topRows(len).transpose()) * scale;
+  for (Eigen::Index r = 0; r < rows; ++r) {
+    const Eigen::Index seen = b0 + r - a + 1;
+    auto row = p.row(r);
+    row.tail(len - seen).setZero();
+    auto visible = row.head(seen);
+    visible = (visible.array() - visible.maxCoeff()).exp().matrix();
+    visible /= visible.sum();
+  }
+  return p;
 }
 
 }  // namespace
@@ -425,10 +442,13 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
     int h;
   };
   std::vector<item> items;
+  std::vector<Eigen::Index> doc_length;  // per item
   for (const auto& [a, e] : documents(position_ids))
     for (int h = 0; h < heads; ++h)
-      for (Eigen::Index i0 = a; i0 < e; i0 += row_tile)
+      for (Eigen::Index i0 = a; i0 < e; i0 += row_tile) {
         items.push_back({a, i0, std::min(e, i0 + row_tile), h});
+        doc_length.push_back(e - a);
+      }
   parallel_items(
       items.size(), threads,
       [&](std::size_t t) {
@@ -438,10 +458,13 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
       [&](std::size_t t) {
         const auto& [a, i0, i1, h] = items[t];
         const int g = h * kv_heads / heads;
-        for (Eigen::Index i = i0; i < i1; ++i) {
-          const Eigen::VectorXd p = attention_probs(q, k, i, a, h, g, head_dim, scale);
-          out.block(i, Eigen::Index{h} * head_dim, 1, head_dim) =
-              p.transpose() * v.block(a, Eigen::Index{g} * head_dim, i - a + 1, head_dim);
+        const Eigen::Index kc = Eigen::Index{g} * head_dim, qc = Eigen::Index{h} * head_dim;
+        const Eigen::Index step = query_block(doc_length[t]);
+        for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
+          const Eigen::Index b1 = std::min(i1, b0 + step);
+          const matrix p = block_probs(q.block(b0, qc, b1 - b0, head_dim),
+                                       k.block(a, kc, b1 - a, head_dim), a, b0, b1, scale);
+          out.block(b0, qc, b1 - b0, head_dim).noalias() = p * v.block(a, kc, b1 - a, head_dim);
         }
       },
       min_parallel_pairs);
@@ -484,13 +507,16 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
   };
   const auto docs = documents(position_ids);
   std::vector<item> items;
-  std::vector<std::size_t> first_item;  // per document
+  std::vector<std::size_t> first_item;   // per document
+  std::vector<Eigen::Index> doc_length;  // per item
   for (const auto& [a, e] : docs) {
     first_item.push_back(items.size());
     const auto cuts = attention_backward_chunks(e - a);
     for (int h = 0; h < heads; ++h)
-      for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
+      for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
         items.push_back({a, a + cuts[c], a + cuts[c + 1], h});
+        doc_length.push_back(e - a);
+      }
   }
   std::vector<matrix> dk_part(items.size()), dv_part(items.size());
   parallel_items(
@@ -506,19 +532,19 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
                            n = i1 - a;
         const matrix kg = k.block(a, kc, n, head_dim), vg = v.block(a, kc, n, head_dim);
         matrix dkg = matrix::Zero(n, head_dim), dvg = matrix::Zero(n, head_dim);
-        for (Eigen::Index i = i0; i < i1; ++i) {
-          const Eigen::Index len = i - a + 1;
-          const auto query = q.block(i, qc, 1, head_dim);
-          Eigen::VectorXd p = (kg.topRows(len) * query.transpose()) * scale;
-          p = (p.array() - p.maxCoeff()).exp().matrix();
-          p /= p.sum();
-          const auto d_o = dout.block(i, qc, 1, head_dim);
-          // o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp); s = scale·K·q.
-          dvg.topRows(len) += p * d_o;
-          const Eigen::VectorXd dp = vg.topRows(len) * d_o.transpose();
-          const Eigen::VectorXd ds = p.cwiseProduct((dp.array() - p.dot(dp)).matrix()) * scale;
-          dq.block(i, qc, 1, head_dim) = ds.transpose() * kg.topRows(len);
-          dkg.topRows(len) += ds * query;
+        const Eigen::Index step = query_block(doc_length[t]);
+        for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
+          const Eigen::Index b1 = std::min(i1, b0 + step), rows = b1 - b0, len = b1 - a;
+          const matrix query = q.block(b0, qc, rows, head_dim);
+          const matrix d_o = dout.block(b0, qc, rows, head_dim);
+          const matrix p = block_probs(query, kg, a, b0, b1, scale);
+          // Per row: o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp); s = scale·K·q.
+          dvg.topRows(len).noalias() += p.transpose() * d_o;
+          const matrix dp = d_o * vg.topRows(len).transpose();
+          const Eigen::VectorXd p_dot_dp = p.cwiseProduct(dp).rowwise().sum();
+          const matrix ds = p.cwiseProduct(dp - p_dot_dp.replicate(1, len)) * scale;
+          dq.block(b0, qc, rows, head_dim).noalias() = ds * kg.topRows(len);
+          dkg.topRows(len).noalias() += ds.transpose() * query;
         }
         dk_part[t] = std::move(dkg);
         dv_part[t] = std::move(dvg);

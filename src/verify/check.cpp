@@ -545,6 +545,7 @@ struct check_run {
 
 template <class T>
 check_report run_typed(const scenario& s, const check_options& opt) {
+  auto t0 = std::chrono::steady_clock::now();
   check_run run(s, opt);
   auto& [rep, batch, cb, p64] = run;
   auto say = [&](std::string_view line) {
@@ -553,6 +554,7 @@ check_report run_typed(const scenario& s, const check_options& opt) {
 
   std::optional<model_params<T>> cast_store;
   const auto& p = params_as<T>(p64, cast_store);
+  rep.setup_seconds = seconds_since(t0);
   step_announcer announce;
   announce.starting_reference = [&](bool beside) {
     say(fmt::format("non-SP reference: {} tokens on one rank (float64{})", cb.original_length,
@@ -566,15 +568,22 @@ check_report run_typed(const scenario& s, const check_options& opt) {
   rep.reference_seconds = both.reference_seconds;
   rep.sp_seconds = both.sp_seconds;
 
+  t0 = std::chrono::steady_clock::now();
+  double micro_seconds = 0;  // the further micro-steps' own steps, counted as sp and reference
   add_rows(rep, s, cb, both.ref, both.outs);
   if (wants_sp_over_dp(s, opt))
     add_sp_over_dp_rows<T>(rep, s, opt, p64, both.ref, both.outs, [&](const scenario& sm) {
+      const auto t1 = std::chrono::steady_clock::now();
       const auto b = make_batch(sm);
       auto c = collate(b, options_of(sm));
       if (opt.transform_collated) opt.transform_collated(c);
       auto m = run_both<T>(sm, b, c, p64, p, opt);
+      rep.reference_seconds += m.reference_seconds;
+      rep.sp_seconds += m.sp_seconds;
+      micro_seconds += seconds_since(t1);
       return micro_result<T>{std::move(m.ref), std::move(m.outs)};
     });
+  rep.compare_seconds = std::max(0.0, seconds_since(t0) - micro_seconds);
   return rep;
 }
 
@@ -628,6 +637,7 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
         "ring={} = {} cp ranks; launch mpiexec -n {}",
         P, s.ulysses, s.ring, s.cp(), s.cp());
   // Every process collates the same batch (deterministic) and keeps its own rank's tokens.
+  auto t0 = std::chrono::steady_clock::now();
   check_run run(s, opt);
   auto& [rep, batch, cb, p64] = run;
   auto say = [&](std::string_view line) {
@@ -635,10 +645,11 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
   };
   std::optional<model_params<T>> cast_store;
   const auto& p = params_as<T>(p64, cast_store);
+  rep.setup_seconds = seconds_since(t0);
 
   say(fmt::format("SP step: {} processes (ulysses {} × ring {}), {} tokens each ({})", P, s.ulysses,
                   s.ring, cb.chunk, dtype_name(opt.type)));
-  auto t0 = std::chrono::steady_clock::now();
+  t0 = std::chrono::steady_clock::now();
   const auto mine = pack(sp_rank_step<T>(world, s, cb, p, opt));
   rep.sp_seconds = seconds_since(t0);
 
@@ -682,13 +693,19 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
     world.while_busy(all, [&] {
       const auto ref = run_reference(s, batch, p64, opt.threads);
       rep.reference_seconds = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      double micro_seconds = 0;
       add_rows(rep, s, cb, ref, outs);
       if (wants_sp_over_dp(s, opt))
         add_sp_over_dp_rows<T>(rep, s, opt, p64, ref, outs, [&](const scenario& sm) {
+          const auto t1 = std::chrono::steady_clock::now();
           const auto b = make_batch(sm);
-          return micro_result<T>{run_reference(sm, b, p64, opt.threads),
-                                 std::move(micro_outs.at(sm.micro_step))};
+          auto r = run_reference(sm, b, p64, opt.threads);
+          micro_seconds += seconds_since(t1);
+          rep.reference_seconds += seconds_since(t1);
+          return micro_result<T>{std::move(r), std::move(micro_outs.at(sm.micro_step))};
         });
+      rep.compare_seconds = std::max(0.0, seconds_since(t0) - micro_seconds);
     });
     verdict = rep.pass ? 1 : 0;
   }

@@ -76,7 +76,10 @@ struct check_report {
   bool pass = false;
   double tolerance = 0;     ///< the relative tolerance used for numeric rows
   std::string error_model;  ///< how the tolerance was derived
-  double sp_seconds = 0, reference_seconds = 0;
+  /// Wall time of each phase: setup (batch, collation, parameters), the SP step(s), the float64
+  /// reference(s), compare (the rows; SP over DP's sums). DeepSpeed's further micro-steps add to
+  /// sp and reference.
+  double setup_seconds = 0, sp_seconds = 0, reference_seconds = 0, compare_seconds = 0;
   std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)
   std::string isa;              ///< the CPU vector instruction sets (sim::cpu_isa)
 };

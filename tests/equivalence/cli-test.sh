@@ -204,4 +204,22 @@ else
   else ok; fi
 fi
 
+# Every thread count gives the same report, bit for bit (issue 38): the oracle's tiles, the SP
+# ranks on 1, 2 or 3 carriers, the comparison. 1,040 tokens: every operation in several tiles.
+for dtype in f64 f32; do
+  for t in 1 2 3; do
+    "$seqpar" check --quiet --json --dtype "$dtype" --ulysses 2 --ring 2 --docs 700,300,40 \
+      --heads 4 --kv-heads 2 --threads "$t" 2> /dev/null |
+      sed -E 's/"seconds":\{[^}]*\}//' > "$tmp/threads.$dtype.$t.json"
+  done
+  if ! grep -q '"pass":true' "$tmp/threads.$dtype.1.json"; then
+    fail "check --threads 1 --dtype $dtype did not pass: $(head -c 300 "$tmp/threads.$dtype.1.json")"
+  elif cmp -s "$tmp/threads.$dtype.1.json" "$tmp/threads.$dtype.2.json" &&
+     cmp -s "$tmp/threads.$dtype.1.json" "$tmp/threads.$dtype.3.json"; then
+    ok
+  else
+    fail "check --dtype $dtype: the report differs between --threads 1, 2 and 3"
+  fi
+done
+
 finish

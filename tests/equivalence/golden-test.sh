@@ -14,8 +14,8 @@ mkdir -p "$golden"
 
 # Wall-clock seconds and the CPU's instruction sets are the only fields allowed to differ.
 mask_times() {
-  sed -E -e 's/"(sp|reference|gpu)":[0-9.eE+-]+/"\1":T/g' \
-    -e 's/[0-9]+\.[0-9]+ s(,| |$)/T s\1/g' -e 's/in [0-9.]+ ?m?s\b/in T s/g' \
+  sed -E -e 's/"(setup|sp|reference|compare|gpu)":[0-9.eE+-]+/"\1":T/g' \
+    -e 's/[0-9]+\.[0-9]+ s(,| |\)|$)/T s\1/g' -e 's/in [0-9.]+ ?m?s\b/in T s/g' \
     -e 's/^cpu: .*/cpu: ISA/' -e 's/"isa":"[^"]*"/"isa":ISA/'
 }
 
