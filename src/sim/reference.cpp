@@ -540,9 +540,11 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           const matrix p = block_probs(query, kg, a, b0, b1, scale);
           // Per row: o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp); s = scale·K·q.
           dvg.topRows(len).noalias() += p.transpose() * d_o;
-          const matrix dp = d_o * vg.topRows(len).transpose();
-          const Eigen::VectorXd p_dot_dp = p.cwiseProduct(dp).rowwise().sum();
-          const matrix ds = p.cwiseProduct(dp - p_dot_dp.replicate(1, len)) * scale;
+          matrix ds = d_o * vg.topRows(len).transpose();  // dp, made ds row by row
+          for (Eigen::Index r = 0; r < rows; ++r) {
+            const double p_dot_dp = p.row(r).dot(ds.row(r));
+            ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - p_dot_dp).matrix()) * scale;
+          }
           dq.block(b0, qc, rows, head_dim).noalias() = ds * kg.topRows(len);
           dkg.topRows(len).noalias() += ds.transpose() * query;
         }

@@ -5,8 +5,9 @@
 // It shares no code with what it checks: no communicator, no compute backend, no all-to-all, no
 // KV repeat, no fused-KV stack/unstack, no pack/unpack, no ring sections, no collation. Attention
 // is computed by its definition (query head h reads KV head floor(h·Hkv/H); causal within each
-// document, a document starting where position_id == 0), one query row at a time so memory stays
-// O(tokens·heads). From the rest of seqpar it takes only the scenario struct (sizes, read as plain
+// document, a document starting where position_id == 0), a block of 16–64 query rows at a time
+// (its scores one product) so memory stays O(tokens·heads·head_dim) plus one block of scores per
+// thread (at most 64 rows, or 16 rows of a document's length). From the rest of seqpar it takes only the scenario struct (sizes, read as plain
 // data) and the error types; the parameters come in as names and matrices. The library is built
 // from this file's .cpp alone against fmt and Eigen, and tests/unit/reference_independence-test.sh
 // fails if it includes any other project header or needs any other seqpar symbol.
