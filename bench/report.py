@@ -82,11 +82,12 @@ def section(name, j):
         lines.append(f"rate in {j['rate_unit']}.")
         lines.append("")
     lines += table(rows, cols)
-    side = j.get("side")
-    if side and side.get("rows"):
-        lines += ["", f"{side['title']}:", ""]
-        scols = list(side["rows"][0].keys())
-        lines += table(side["rows"], scols)
+    for key in ("side", "summary"):
+        side = j.get(key)
+        if side and side.get("rows"):
+            lines += ["", f"{side['title']}:", ""]
+            scols = list(side["rows"][0].keys())
+            lines += table(side["rows"], scols)
     if j.get("notes"):
         lines += [""] + [f"- {n}" for n in j["notes"]]
     lines += ["", f"#wrong in all: {fmt_num(j.get('wrong'))}", ""]

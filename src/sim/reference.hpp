@@ -7,10 +7,11 @@
 // is computed by its definition (query head h reads KV head floor(h·Hkv/H); causal within each
 // document, a document starting where position_id == 0), a block of 16–64 query rows at a time
 // (its scores one product) so memory stays O(tokens·heads·head_dim) plus one block of scores per
-// thread (at most 64 rows, or 16 rows of a document's length). From the rest of seqpar it takes only the scenario struct (sizes, read as plain
-// data) and the error types; the parameters come in as names and matrices. The library is built
-// from this file's .cpp alone against fmt and Eigen, and tests/unit/reference_independence-test.sh
-// fails if it includes any other project header or needs any other seqpar symbol.
+// thread (at most 64 rows, or 16 rows of a document's length). From the rest of seqpar it takes
+// only the scenario struct (sizes, read as plain data) and the error types; the parameters come in
+// as names and matrices. The library is built from this file's .cpp alone against fmt and Eigen,
+// and tests/unit/reference_independence-test.sh fails if it includes any other project header or
+// needs any other seqpar symbol.
 #include <Eigen/Core>
 #include <cstdint>
 #include <span>
