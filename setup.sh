@@ -81,11 +81,12 @@ case "${1:-}" in
     ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test tests/unit/reference-test >/dev/null
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
       --test-args=--gtest_repeat=3 inproc_comm inproc_comm_fibers1 inproc_comm_fibers2
+    cp build-tsan/meson-logs/testlog.json build-tsan/meson-logs/testlog-comm.json
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
-      --test-args='--gtest_filter=*thread_count*:*in_chunks*' reference
-    # One closing line over the three runs (meson prints its own summary per run above).
+      --test-args='--gtest_filter=*step*thread_count*' reference
+    # One closing line over the four runs (meson prints its own summary per run above).
     python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
-      build-tsan/meson-logs/testlog.json <<'PY'
+      build-tsan/meson-logs/testlog-comm.json build-tsan/meson-logs/testlog.json <<'PY'
 import json, sys
 counts = {"OK": 0, "FAIL": 0, "SKIP": 0}
 for path in sys.argv[1:]:

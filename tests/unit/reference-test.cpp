@@ -259,6 +259,23 @@ std::pair<Eigen::RowVectorXd, Eigen::RowVectorXd> key_gradient_by_definition(
   return {dk, dv};
 }
 
+/// One document of n tokens, 2 query heads sharing 1 KV head of dimension 4, and a dout.
+struct long_document {
+  static constexpr int H = 2, Hkv = 1, D = 4;
+  Eigen::Index n;
+  matrix q, k, v, dout;
+  std::vector<std::int64_t> pos;
+  explicit long_document(Eigen::Index tokens)
+      : n(tokens),
+        q(random_matrix(n, H * D, 40)),
+        k(random_matrix(n, Hkv * D, 41)),
+        v(random_matrix(n, Hkv * D, 42)),
+        dout(random_matrix(n, H * D, 43)),
+        pos(static_cast<std::size_t>(n)) {
+    for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int64_t>(i);
+  }
+};
+
 TEST(reference, attention_backward_of_a_long_document_in_chunks_matches_the_definition) {
   // 6000 tokens: 18M causal pairs, cut into 2 chunks of query rows whose dK, dV partials are
   // added afterwards; 11000 tokens: 4 chunks. Two query heads share the KV head (GQA).
@@ -266,21 +283,17 @@ TEST(reference, attention_backward_of_a_long_document_in_chunks_matches_the_defi
   EXPECT_EQ(ops::attention_backward_chunks(6000).size(), 3u);
   EXPECT_EQ(ops::attention_backward_chunks(11000).size(), 5u);
   EXPECT_EQ(ops::attention_backward_chunks(1 << 20).size(), 5u);
-  const Eigen::Index n = 6000;
-  const int H = 2, Hkv = 1, D = 4;
-  const matrix q = random_matrix(n, H * D, 40), k = random_matrix(n, Hkv * D, 41),
-               v = random_matrix(n, Hkv * D, 42), dout = random_matrix(n, H * D, 43);
-  std::vector<std::int64_t> pos(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int64_t>(i);
+  const long_document d(6000);
+  const int H = d.H, D = d.D;
   matrix dq, dk, dv;
-  ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1);
-  const auto cut = ops::attention_backward_chunks(n)[1];
-  for (const Eigen::Index j : {Eigen::Index{0}, cut - 1, cut, n - 1}) {
+  ops::attention_backward(d.q, d.k, d.v, d.dout, H, d.Hkv, D, d.pos, dq, dk, dv, 1);
+  const auto cut = ops::attention_backward_chunks(d.n)[1];
+  for (const Eigen::Index j : {Eigen::Index{0}, cut - 1, cut, d.n - 1}) {
     SCOPED_TRACE(j);
     Eigen::RowVectorXd want_dk = Eigen::RowVectorXd::Zero(D), want_dv = want_dk;
     for (int h = 0; h < H; ++h) {
-      const auto [hk, hv] =
-          key_gradient_by_definition(q.middleCols(h * D, D), k, v, dout.middleCols(h * D, D), j);
+      const auto [hk, hv] = key_gradient_by_definition(d.q.middleCols(h * D, D), d.k, d.v,
+                                                       d.dout.middleCols(h * D, D), j);
       want_dk += hk;
       want_dv += hv;
     }
@@ -290,12 +303,19 @@ TEST(reference, attention_backward_of_a_long_document_in_chunks_matches_the_defi
   // Σ_j dv_j = Σ_i do_i per head (each softmax row sums to 1); Σ_j dk_j = 0 (each ds row sums
   // to 0): no chunk's partial is lost or added twice.
   const Eigen::RowVectorXd do_sum =
-      dout.middleCols(0, D).colwise().sum() + dout.middleCols(D, D).colwise().sum();
+      d.dout.middleCols(0, D).colwise().sum() + d.dout.middleCols(D, D).colwise().sum();
   EXPECT_LT((dv.colwise().sum() - do_sum).cwiseAbs().maxCoeff(), 1e-9);
   EXPECT_LT(dk.colwise().sum().cwiseAbs().maxCoeff(), 1e-9);
+}
+
+TEST(reference, attention_backward_in_chunks_is_bitwise_identical_at_any_thread_count) {
+  const long_document d(6000);
+  matrix dq, dk, dv;
+  ops::attention_backward(d.q, d.k, d.v, d.dout, d.H, d.Hkv, d.D, d.pos, dq, dk, dv, 1);
   for (int threads : {2, 3}) {
+    SCOPED_TRACE(threads);
     matrix dq2, dk2, dv2;
-    ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq2, dk2, dv2, threads);
+    ops::attention_backward(d.q, d.k, d.v, d.dout, d.H, d.Hkv, d.D, d.pos, dq2, dk2, dv2, threads);
     EXPECT_EQ(dq2, dq);
     EXPECT_EQ(dk2, dk);
     EXPECT_EQ(dv2, dv);
