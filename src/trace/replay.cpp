@@ -253,9 +253,15 @@ void checker::finish() {
                     rep_.checked["dtype_absent"]));
   rep_.unchecked.assign(unchecked_.begin(), unchecked_.end());
   std::stable_sort(rep_.problems.begin(), rep_.problems.end(), [](auto& a, auto& b) {
-    // At one seq the plan divergence (it names the cause) comes before its symptoms.
+    // At one seq the plan divergence (it names the cause) comes first, then what a rank put
+    // into the call (op, size, splits, dtype, peer), then what the call did to the others
+    // (one rank's call aborted or left unfinished, a rank that never arrived): a rank whose
+    // split list is stale comes before the rank that gloo aborted because of it.
     auto prio = [](const problem& p) {
-      return p.category == category::sp_shape || p.category == category::sp_heads ? 0 : 1;
+      if (p.category == category::sp_shape || p.category == category::sp_heads) return 0;
+      if (p.category == category::state_mismatch || p.category == category::missing_rank)
+        return 2;
+      return 1;
     };
     return std::make_tuple(a.phase, a.seq, prio(a), a.rank, a.line) <
            std::make_tuple(b.phase, b.seq, prio(b), b.rank, b.line);

@@ -432,3 +432,32 @@ TEST(trace_replay, html_is_self_contained) {
   EXPECT_FALSE(contains(html, "<script src"));
   EXPECT_FALSE(contains(html, "<link"));
 }
+
+namespace {
+
+/// One all-to-all on a group of 4 with per-rank splits and states, as the recorder writes it.
+std::string a2a4(int rank, const char* in_splits, const char* state) {
+  return fmt::format(
+      R"({{"type":"collective","rank":{},"group":"u","seq":0,"op":"all_to_all","tag":"L0.attn.q.fwd","in_shape":[16,8],"out_shape":[16,8],"in_splits":{},"out_splits":[32,32,32,32],"state":"{}"}})",
+      rank, in_splits, state);
+}
+
+}  // namespace
+
+TEST(replay, the_cause_of_a_call_comes_before_its_consequences_on_other_ranks) {
+  // Rank 3 sends with a stale split list; gloo aborts rank 0's call (state started while the
+  // others completed). The first line names rank 3, the cause; rank 0's state follows it.
+  const std::string meta =
+      R"({"type":"meta","schema":"seqpar-trace/1","world_size":4,"groups":{"u":[0,1,2,3]}})";
+  const std::string text = meta + "\n" + a2a4(0, "[32,32,32,32]", "started") + "\n" +
+                           a2a4(1, "[32,32,32,32]", "completed") + "\n" +
+                           a2a4(2, "[32,32,32,32]", "completed") + "\n" +
+                           a2a4(3, "[40,24,32,32]", "completed") + "\n";
+  const auto rep = replay_text(text);
+  ASSERT_GE(rep.problems.size(), 2u) << replay::to_text(rep);
+  EXPECT_EQ(rep.problems[0].rank, 3) << replay::to_text(rep);
+  EXPECT_EQ(rep.problems[0].category, replay::category::size_mismatch);
+  const auto* state = find(rep, replay::category::state_mismatch);
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->rank, 0);
+}
