@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 
 packages=(meson ninja-build pkg-config g++ cmake libeigen3-dev libfmt-dev libgtest-dev
           librapidcheck-dev libboost-context-dev libmpich-dev mpich nlohmann-json3-dev libcli11-dev clang clang-format
-          libclang-rt-14-dev python3)
+          libclang-rt-14-dev python3 zlib1g-dev)
 # The PyTorch side's tests (tests/python, the live torch jobs) need torch and its test tools.
 [ "${1:-}" = test ] && packages+=(python3-torch python3-hypothesis python3-pytest python3-venv
                                   python3-setuptools python3-pip)

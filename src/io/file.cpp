@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +19,41 @@ std::string read_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::string read_file_maybe_gzip(const std::string& path) {
+  std::string raw = read_file(path);
+  if (raw.size() < 2 || static_cast<unsigned char>(raw[0]) != 0x1f ||
+      static_cast<unsigned char>(raw[1]) != 0x8b)
+    return raw;
+  z_stream z{};
+  // 15 + 32: a gzip (or zlib) header, detected.
+  if (inflateInit2(&z, 15 + 32) != Z_OK) fail<error>("cannot read '{}': zlib did not start", path);
+  std::string out;
+  std::string buf(1 << 20, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(raw.data());
+  z.avail_in = static_cast<uInt>(raw.size());
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    z.next_out = reinterpret_cast<Bytef*>(buf.data());
+    z.avail_out = static_cast<uInt>(buf.size());
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc == Z_STREAM_END && z.avail_in > 0) {  // another gzip member follows
+      out.append(buf.data(), buf.size() - z.avail_out);
+      inflateReset(&z);
+      rc = Z_OK;
+      continue;
+    }
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      const std::string why = z.msg ? z.msg : fmt::format("zlib error {}", rc);
+      inflateEnd(&z);
+      fail<error>("cannot read '{}': a gzip file that does not decompress ({}); is it complete?",
+                  path, rc == Z_BUF_ERROR ? "it ends early" : why);
+    }
+    out.append(buf.data(), buf.size() - z.avail_out);
+  }
+  inflateEnd(&z);
+  return out;
 }
 
 void write_atomic(const std::string& path, const std::string& text) {

@@ -126,6 +126,19 @@ void checker::finish() {
         "the first collective",
         rep_.source);
   finish_async();
+  // Ranks with no file of their own (an import of some ranks' files): what they did is not
+  // known, so they are not reported as missing from calls — the importer lists them.
+  std::set<int> without_file;
+  if (meta_ && !meta_->ranks_recorded.empty() && meta_->source != "seqpar-flight") {
+    for (int r = 0; r < meta_->world_size; ++r)
+      if (std::find(meta_->ranks_recorded.begin(), meta_->ranks_recorded.end(), r) ==
+          meta_->ranks_recorded.end())
+        without_file.insert(r);
+  }
+  // A profiler records a window of the run (its schedule) and drops a call that fails: a rank
+  // whose profile ends early may have gone on. Whether it reached the call is not known.
+  const bool profiler = meta_ && (meta_->source == "kineto" || meta_->source == "kineto-2.0" ||
+                                  meta_->source == "profiler-legacy");
   // Incomplete (group, seq): the ranks that never made that call.
   std::set<std::pair<std::string, int>> reported;
   for (auto& [key, recs] : pending_) {
@@ -142,6 +155,7 @@ void checker::finish() {
     for (const auto& r : recs) present.insert(r.rank);
     const auto& ref = recs.front();
     for (int m : members) {
+      if (without_file.contains(m)) continue;
       if (present.contains(m) || !reported.insert({group, m}).second) continue;
       auto it = last_seen_.find({group, m});
       auto shown = [](const std::string& tag) {
@@ -151,19 +165,32 @@ void checker::finish() {
       if (it == last_seen_.end()) {
         p.observed = fmt::format("rank {} has no call on {}", m, group);
         p.expected = fmt::format("seq {} ({}) like rank {}", seq, ref.tag, ref.rank);
-        p.cause = seen_any_.contains(m) ? fmt::format(
-                                              "rank {} never reached its first call on "
-                                              "{} (hang, or a missing code path)",
-                                              m, group)
-                                        : fmt::format(
-                                              "rank {} has no record in the trace at "
-                                              "all (its dump is missing?)",
-                                              m);
+        p.cause = profiler && seen_any_.contains(m)
+                      ? fmt::format(
+                            "rank {}'s profile holds no call on {}: a profiler records a window "
+                            "of the run and drops a call that fails, so whether rank {} made "
+                            "it is not known",
+                            m, group, m)
+                  : seen_any_.contains(m) ? fmt::format(
+                                                "rank {} never reached its first call on "
+                                                "{} (hang, or a missing code path)",
+                                                m, group)
+                                          : fmt::format(
+                                                "rank {} has no record in the trace at "
+                                                "all (its dump is missing?)",
+                                                m);
       } else if (it->second.seq < seq) {
         p.observed = fmt::format("last seen seq {}, tag {}", it->second.seq, shown(it->second.tag));
         p.expected = fmt::format("seq {} ({}) like rank {}", seq, shown(ref.tag), ref.rank);
         const auto& state = last_state_[m];
-        if (interrupted_ && states_meaningful_ && state && *state == "completed")
+        if (profiler)
+          p.cause = fmt::format(
+              "rank {}'s profile ends at seq {} of {} while rank {}'s goes on: a profiler "
+              "records a window of the run and drops a call that fails, so whether rank {} "
+              "reached seq {} is not known (compare the profiles' schedules; a rank that "
+              "failed there is the first to look at)",
+              m, it->second.seq, group, ref.rank, m, seq);
+        else if (interrupted_ && states_meaningful_ && state && *state == "completed")
           p.cause = fmt::format(
               "when the run was stopped ({}), rank {} had not reached seq {} of {}: its last "
               "call (seq {}, tag {}) had completed, so it was working outside any call — slow, "
@@ -202,6 +229,18 @@ void checker::finish() {
     check_collective(group, seq, recs, members);
   }
   pending_.clear();
+  // Matched by order alone, ranks whose calls differ in op or size at most positions are not
+  // one job's aligned calls but shifted windows (a profiler schedule, a sampled export): no
+  // finding about them would be true.
+  if (order_matched() && disagreeing_positions_ >= 3 && 2 * disagreeing_positions_ > positions_)
+    fail<trace_error>(
+        "{}: the ranks' calls cannot be aligned: matched by their order (this source records no "
+        "sequence ids), {} of {} positions differ in collective or element count, from {} on; "
+        "a windowed profile (schedule wait/warmup/active) or a sampled export whose ranks "
+        "start at different calls looks like this, and so would ranks that diverged from the "
+        "start — profile every rank over the same steps, or record with "
+        "tools/seqpar_recorder.py",
+        rep_.source, disagreeing_positions_, positions_, first_disagreement_);
   // Sends and receives that found no partner.
   for (auto* side : {&sends_, &recvs_})
     for (auto& [key, q] : *side)
@@ -239,6 +278,27 @@ void checker::finish() {
         }
         add(std::move(p));
       }
+  // A verdict of "consistent" needs something compared across ranks: a collective seen on two
+  // ranks or more, a send matched with its receive, a rank's calls or layout held to the
+  // scenario's plan. (A finding needs no second rank: a send nobody receives is one.)
+  const bool compared = records("collectives_compared") + records("p2p_pairs") +
+                            records("layout_records") + records("sp_shape_checks") +
+                            records("sp_logical_layouts") + records("layout_vs_plan") >
+                        0;
+  if (!compared && rep_.problems_total == 0) {
+    std::vector<int> ranks(seen_any_.begin(), seen_any_.end());
+    fail<trace_error>(
+        "{}: nothing was compared: every call in the trace comes from {} alone{}, and without "
+        "a second rank's calls (or a scenario to hold them to) no collective can be checked; "
+        "replay the files of every rank of the job together",
+        rep_.source,
+        ranks.size() == 1 ? fmt::format("rank {}", ranks.front())
+                          : fmt::format("one rank per group (ranks {})", fmt::join(ranks, ", ")),
+        meta_ && meta_->world_size > 1
+            ? fmt::format(" of a world of {}{}", meta_->world_size,
+                          meta_->world_size_known ? "" : " (at least; the source does not say)")
+            : "");
+  }
   check_layouts();
   for (auto& [g, members] : seen_)
     if (!group_ranks(g) && meta_)
@@ -259,8 +319,7 @@ void checker::finish() {
     // split list is stale comes before the rank that gloo aborted because of it.
     auto prio = [](const problem& p) {
       if (p.category == category::sp_shape || p.category == category::sp_heads) return 0;
-      if (p.category == category::state_mismatch || p.category == category::missing_rank)
-        return 2;
+      if (p.category == category::state_mismatch || p.category == category::missing_rank) return 2;
       return 1;
     };
     return std::make_tuple(a.phase, a.seq, prio(a), a.rank, a.line) <

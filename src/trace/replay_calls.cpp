@@ -30,6 +30,7 @@ std::string width_cause(const dims& got, const dims& want) {
 void checker::check_collective(const std::string& group, std::int64_t seq,
                                std::vector<call_record>& v, const std::vector<int>& members) {
   ++rep_.checked["collectives_matched"];
+  if (v.size() >= 2) ++rep_.checked["collectives_compared"];
   std::vector<const call_record*> recs;
   for (const auto& r : v) recs.push_back(&r);
   std::sort(recs.begin(), recs.end(), [&](auto* a, auto* b) {
@@ -37,6 +38,22 @@ void checker::check_collective(const std::string& group, std::int64_t seq,
   });
   const int P = static_cast<int>(members.size());
   const auto op = *majority<std::string>(recs, [](auto& r) { return std::optional(r.op); });
+  if (order_matched() && recs.size() >= 2) {
+    ++positions_;
+    const auto& first = *recs.front();
+    for (const auto* r : recs)
+      if (r->op != first.op ||
+          (in_numel(*r) && in_numel(first) && in_numel(*r) != in_numel(first))) {
+        auto show_call = [](const call_record& c) {
+          return fmt::format("rank {} {}{}", c.rank, c.tag.empty() ? c.op : c.tag,
+                             in_numel(c) ? fmt::format(" of {} elements", *in_numel(c)) : "");
+        };
+        if (disagreeing_positions_++ == 0)
+          first_disagreement_ =
+              fmt::format("call {}: {}, {}", seq, show_call(first), show_call(*r));
+        break;
+      }
+  }
   bool same_op = true;
   for (const auto* r : recs)
     if (r->op != op) {
@@ -152,7 +169,11 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
       auto sent = count_to(a, j, true);
       auto got = count_to(b, i, false);
       if (!sent || !got) {
-        if (a.splits_truncated || b.splits_truncated)
+        if ((a.splits_truncated || b.splits_truncated) && meta_ && meta_->source == "kineto-2.0")
+          note(
+              "all_to_all pairwise: the source records no split lists, so no pair of ranks "
+              "was compared");
+        else if (a.splits_truncated || b.splits_truncated)
           note(
               "all_to_all pairwise: split lists truncated by the source (kineto keeps 30), so "
               "some pairs were not compared");

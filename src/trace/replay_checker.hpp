@@ -211,6 +211,14 @@ class checker {
   std::map<std::pair<std::string, int>, last> last_seen_;
   std::map<std::string, std::set<int>> seen_;
   std::set<int> seen_any_;
+  /// Sources whose calls are matched across ranks by their order alone (no sequence ids, no
+  /// groups): how many positions were compared, how many disagree in op or element count, and
+  /// the first such position, described.
+  bool order_matched() const {
+    return meta_ && (meta_->source == "kineto-2.0" || meta_->source == "profiler-legacy");
+  }
+  std::int64_t positions_ = 0, disagreeing_positions_ = 0;
+  std::string first_disagreement_;
   std::map<std::tuple<std::string, int, int>, std::deque<call_record>> sends_, recvs_;
   std::vector<layout_record> layouts_;
   std::set<std::string> unchecked_;

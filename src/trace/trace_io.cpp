@@ -109,6 +109,10 @@ meta_record parse_meta(const line_ctx& c, const nlohmann::json& j) {
     m.failed_rank = as_rank(c, *v, "failed_rank", m.world_size);
   if (const auto* v = find(j, "reason")) m.reason = as_string(c, *v, "reason");
   if (const auto* v = find(j, "rank")) m.rank_of_file = as_rank(c, *v, "rank", m.world_size);
+  if (const auto* v = find(j, "world_size_known")) {
+    if (!v->is_boolean()) c.fail("'world_size_known' must be true or false");
+    m.world_size_known = v->get<bool>();
+  }
   if (const auto* v = find(j, "ranks_recorded")) {
     if (!v->is_array()) c.fail("'ranks_recorded' must be an array of ranks");
     for (std::size_t i = 0; i < v->size(); ++i)
@@ -318,6 +322,7 @@ nlohmann::json to_json(const meta_record& m) {
   if (m.failed_rank >= 0) j["failed_rank"] = m.failed_rank;
   if (!m.reason.empty()) j["reason"] = m.reason;
   if (!m.ranks_recorded.empty()) j["ranks_recorded"] = m.ranks_recorded;
+  if (!m.world_size_known) j["world_size_known"] = false;
   if (m.rank_of_file >= 0) j["rank"] = m.rank_of_file;
   return j;
 }

@@ -38,6 +38,9 @@ struct meta_record {
   /// Merged flight records: the ranks whose file was read (a rank with a file but no call made
   /// no call; a rank without one left no record).
   std::vector<int> ranks_recorded;
+  /// False when the source does not record the world size (the legacy profiler export):
+  /// world_size is then only the highest rank seen + 1, and ranks beyond it cannot be named.
+  bool world_size_known = true;
   /// A flight record's meta: the rank whose file this is (-1 otherwise).
   int rank_of_file = -1;
   std::int64_t line = 0;

@@ -52,6 +52,27 @@ std::string dtype_from_c10(const std::string& name) {
   return low;
 }
 
+std::string dtype_from_cpp(const std::string& name) {
+  static const std::map<std::string, std::string> m = {{"float", "float32"},
+                                                       {"double", "float64"},
+                                                       {"c10::Half", "float16"},
+                                                       {"c10::BFloat16", "bfloat16"},
+                                                       {"signed char", "int8"},
+                                                       {"unsigned char", "uint8"},
+                                                       {"short", "int16"},
+                                                       {"short int", "int16"},
+                                                       {"int", "int32"},
+                                                       {"long", "int64"},
+                                                       {"long int", "int64"},
+                                                       {"long long", "int64"},
+                                                       {"long long int", "int64"},
+                                                       {"bool", "bool"},
+                                                       {"c10::Float8_e4m3fn", "float8_e4m3fn"},
+                                                       {"c10::Float8_e5m2", "float8_e5m2"}};
+  if (auto it = m.find(name); it != m.end()) return it->second;
+  return "";
+}
+
 std::string op_from_c10d(const std::string& raw) {
   std::string n = raw;
   if (auto p = n.find(':'); p != std::string::npos) n = n.substr(p + 1);  // "nccl:all_to_all"
@@ -68,6 +89,8 @@ std::string op_from_c10d(const std::string& raw) {
       {"all_gather", "all_gather"},
       {"allgather", "all_gather"},
       {"_allgather_base", "all_gather"},
+      {"_all_gather_base", "all_gather"},
+      {"all_gather_base", "all_gather"},
       {"all_gather_into_tensor", "all_gather"},
       {"all_gather_into_tensor_coalesced", "all_gather"},
       {"allgather_into_tensor_coalesced", "all_gather"},

@@ -19,7 +19,11 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs);
 /// dump's "rank" key, else the trailing number of the file name (nccl_trace_rank_3 → 3).
 trace::trace_data from_fr(const std::vector<std::string>& files);
 
-/// PyTorch profiler chrome traces (one per rank): the `record_param_comms` events.
+/// PyTorch profiler chrome traces (one per rank, .json or .json.gz), in every generation:
+/// torch ≥ ~2.1 (`record_param_comms` with "Collective name", element counts, splits, process
+/// groups), torch ~2.0 (the collective named and sized by the backend's `nccl:*`/`gloo:*`
+/// annotation: "Input Dims", "Input type"; no groups, no splits), and the legacy export (the
+/// backend's events by name only). The files of one job must be of one generation.
 trace::trace_data from_kineto(const std::vector<std::string>& files);
 
 /// NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL logs (one or more files, any number of ranks).
@@ -29,6 +33,9 @@ trace::trace_data from_nccl_log(const std::vector<std::string>& files);
 /// PyTorch's c10 scalar type names ("Float", "BFloat16", …) → trace dtype names ("float32", …);
 /// unknown names are kept lowercased.
 std::string dtype_from_c10(const std::string& name);
+/// The C++ element type names the profiler writes in "Input type" ("float", "c10::BFloat16",
+/// "long int", …) → trace dtype names; "" for anything else (a TensorList, a Scalar).
+std::string dtype_from_cpp(const std::string& name);
 /// c10d collective names in their many spellings → trace op ("" when not a recorded kind).
 std::string op_from_c10d(const std::string& name);
 /// "[0, 1, 2]" or a JSON array → ranks; trace_error naming `what` otherwise.

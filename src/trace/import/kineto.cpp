@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "io/file.hpp"
 #include "io/scenario_json.hpp"
 #include "trace/import/import.hpp"
 
@@ -88,25 +89,93 @@ int rank_from_file_name(const std::string& path) {
   return -1;
 }
 
+/// Which generation of the profiler wrote a file.
+enum class generation { modern, torch20, legacy, none };
+
+const char* generation_name(generation g) {
+  switch (g) {
+    case generation::modern:
+      return "the torch >= 2.1 Kineto format (record_param_comms with 'Collective name')";
+    case generation::torch20:
+      return "the torch ~2.0 Kineto format (nccl:*/gloo:* annotations with 'Input Dims')";
+    case generation::legacy:
+      return "the legacy profiler export (backend events without arguments)";
+    case generation::none:
+      break;
+  }
+  return "a trace without collectives";
+}
+
+bool is_gpu_annotation(const json& e) { return str_arg(e, "cat") == "gpu_user_annotation"; }
+
+generation generation_of(const json& events) {
+  bool named = false, sized_backend = false, backend = false;
+  for (const auto& e : events) {
+    if (!e.is_object()) continue;
+    const auto name = str_arg(e, "name");
+    if (name == "record_param_comms") {
+      if (const auto* a = arg(e, "args"); a && a->is_object() && arg(*a, "Collective name"))
+        named = true;
+    } else if (is_backend_collective(name) && !is_gpu_annotation(e)) {
+      backend = true;
+      if (const auto* a = arg(e, "args"); a && a->is_object() && arg(*a, "Input Dims"))
+        sized_backend = true;
+    }
+  }
+  if (named) return generation::modern;
+  if (sized_backend) return generation::torch20;
+  if (backend) return generation::legacy;
+  return generation::none;
+}
+
+/// The element count of the first tensor in "Input Dims" ([[394241]] → 394241), if any.
+std::optional<std::int64_t> first_numel(const json& a) {
+  const auto* d = arg(a, "Input Dims");
+  if (!d || !d->is_array() || d->empty() || !(*d)[0].is_array() || (*d)[0].empty())
+    return std::nullopt;
+  std::int64_t n = 1;
+  for (const auto& x : (*d)[0]) {
+    if (!x.is_number_integer() || x.get<std::int64_t>() < 0) return std::nullopt;
+    n = x.get<std::int64_t>() > 0 && n > (std::int64_t{1} << 53) / x.get<std::int64_t>()
+            ? (std::int64_t{1} << 53)
+            : n * x.get<std::int64_t>();
+  }
+  return n;
+}
+
+/// "ranks 2–127" / "rank 5" / "ranks 1, 3, 6–9": a compact list.
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j == i ? fmt::format("{}", ranks[i])
+                           : fmt::format("{}–{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return fmt::format("rank{} {}", ranks.size() == 1 ? "" : "s", fmt::join(parts, ", "));
+}
+
 }  // namespace
 
 trace::trace_data from_kineto(const std::vector<std::string>& files) {
   trace::trace_data t;
   t.meta.source = "kineto";
   std::set<std::string> notes;
-  std::set<int> ranks_seen;
-  int world = 0;
+  std::set<int> file_ranks;
+  int world = 0;             // from distributedInfo, else the ranks seen
+  bool world_known = false;  // some file's distributedInfo names it
   struct ev {
     double ts;
     call_record c;
     std::optional<std::int64_t> seq;
   };
   std::map<int, std::vector<ev>> per_rank;
-  std::vector<std::string> legacy_files;
+  std::map<generation, std::vector<std::string>> by_generation;
   for (const auto& path : files) {
     json doc;
     try {
-      doc = json::parse(io::read_file(path));
+      doc = json::parse(io::read_file_maybe_gzip(path));
     } catch (const json::exception& e) {  // parse_error, out_of_range (a number like 1e99999)
       fail<trace_error>("{}: not a chrome-trace JSON file: {}", path, e.what());
     } catch (const seqpar::error& e) {
@@ -120,31 +189,57 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
     if (!events || !events->is_array())
       fail<trace_error>("{}: no 'traceEvents' list (is this a PyTorch profiler trace?)", path);
     int file_rank = -1;
-    if (doc.is_object())
-      if (const auto* di = arg(doc, "distributedInfo"); di && di->is_object())
-        if (auto r = int_arg(*di, "rank")) file_rank = static_cast<int>(*r);
-    if (doc.is_object())
-      if (const auto* di = arg(doc, "distributedInfo"); di && di->is_object())
-        if (auto w = int_arg(*di, "world_size"))
-          world = std::max<int>(world, static_cast<int>(std::min<std::int64_t>(*w, 1 << 20)));
+    const json* dist_info = doc.is_object() ? arg(doc, "distributedInfo") : nullptr;
+    if (dist_info && !dist_info->is_object()) dist_info = nullptr;
+    if (dist_info) {
+      if (auto r = int_arg(*dist_info, "rank"))
+        file_rank = static_cast<int>(std::min<std::int64_t>(*r, 1 << 20));
+      if (auto w = int_arg(*dist_info, "world_size")) {
+        world = std::max<int>(world, static_cast<int>(std::min<std::int64_t>(*w, 1 << 20)));
+        world_known = true;
+      }
+      // torch >= ~2.2: every process group of the job, with its ranks.
+      if (const auto* pgs = arg(*dist_info, "pg_config"); pgs && pgs->is_array())
+        for (const auto& pg : *pgs) {
+          if (!pg.is_object()) continue;
+          const auto* pr = arg(pg, "ranks");
+          if (!pr) continue;
+          const auto desc = str_arg(pg, "pg_desc"), name = str_arg(pg, "pg_name");
+          const std::string group = !desc.empty() && desc != "undefined" ? desc : "pg" + name;
+          auto members = parse_rank_list(pr->is_string() ? pr->get<std::string>() : pr->dump(),
+                                         fmt::format("{}: distributedInfo.pg_config", path));
+          if (!members.empty() && t.meta.groups[group].empty()) t.meta.groups[group] = members;
+        }
+    }
     if (file_rank < 0) file_rank = rank_from_file_name(path);
-    std::size_t n = 0;
-    const bool has_param_comms = std::any_of(events->begin(), events->end(), [](const json& e) {
-      return e.is_object() && str_arg(e, "name") == "record_param_comms";
-    });
-    if (!has_param_comms) {
-      // The legacy (non-Kineto) export: backend events "gloo:all_to_all", "nccl:all_reduce" with
-      // empty args. Only their names and order are known: one call each, on the default group.
-      if (file_rank < 0)
+    const auto gen = generation_of(*events);
+    by_generation[gen].push_back(path);
+    if (gen == generation::none) {
+      notes.insert(fmt::format(
+          "{} holds no collective: no record_param_comms naming one and no nccl:/gloo: event",
+          path));
+      if (file_rank >= 0) file_ranks.insert(file_rank);
+      continue;
+    }
+    auto need_rank = [&](int rank) {
+      if (rank < 0 || rank >= (1 << 20))
         fail<trace_error>(
-            "{}: a legacy profiler trace (no record_param_comms events) does not say its rank, "
-            "and the file name has no rank<N>; rename the per-rank files rank0.json, rank1.json, "
-            "…",
-            path);
+            "{}: cannot tell the rank: no distributedInfo.rank{}, and the file name has no "
+            "rank<N>; rename the per-rank files rank0.json, rank1.json, …",
+            path, gen == generation::modern ? ", no 'Rank' arg" : "");
+      return rank;
+    };
+    std::size_t n = 0;
+    if (gen != generation::modern) {
+      // torch ~2.0 and the legacy export: the backend's own events, "nccl:all_reduce",
+      // "gloo:all_to_all" (the CPU-side annotation; the GPU copy is skipped). torch ~2.0 sizes
+      // them ("Input Dims": the input tensor; "Input type": its C++ element type); the legacy
+      // export gives only names and order. Neither names process groups or peers.
+      const int rank = need_rank(file_rank);
       for (const auto& e : *events) {
         if (!e.is_object()) continue;
         const auto name = str_arg(e, "name");
-        if (!is_backend_collective(name)) continue;
+        if (!is_backend_collective(name) || is_gpu_annotation(e)) continue;
         const auto op = op_from_c10d(name);
         if (op.empty()) {
           notes.insert(fmt::format(
@@ -152,22 +247,30 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
           continue;
         }
         call_record c;
-        c.rank = file_rank;
+        c.rank = rank;
         c.op = op;
         c.p2p = op == "send" || op == "recv";
         c.group = "default_pg";
         c.tag = name;
-        if (c.p2p) notes.insert("legacy send/recv events name no peer; they were not paired");
+        if (c.p2p) notes.insert("profiler send/recv events name no peer; they were not paired");
+        if (gen == generation::torch20)
+          if (const auto* a = arg(e, "args"); a && a->is_object()) {
+            if (!c.p2p) c.in_numel = first_numel(*a);
+            if (const auto* ty = arg(*a, "Input type"); ty && ty->is_array() && !ty->empty())
+              if (auto dt = dtype_from_cpp((*ty)[0].is_string() ? (*ty)[0].get<std::string>()
+                                                                : std::string());
+                  !dt.empty())
+                c.dtype = dt;
+            // No split sizes in this format: the per-peer counts are unknown, not absent.
+            if (op == "all_to_all") c.splits_truncated = true;
+          }
         double ts = 0;
         if (const auto* v = arg(e, "ts"); v && v->is_number()) ts = v->get<double>();
-        per_rank[file_rank].push_back({ts, std::move(c), std::nullopt});
+        per_rank[rank].push_back({ts, std::move(c), std::nullopt});
         ++n;
       }
-      ranks_seen.insert(file_rank);
-      world = std::max(world, file_rank + 1);
-      legacy_files.push_back(path);
-      if (n == 0)
-        notes.insert(fmt::format("{} holds no record_param_comms and no gloo:/nccl: event", path));
+      file_ranks.insert(rank);
+      if (n == 0) notes.insert(fmt::format("{} holds no collective seqpar can check", path));
       continue;
     }
     for (const auto& e : *events) {
@@ -177,16 +280,13 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
       int rank = file_rank;
       if (auto r = int_arg(*a, "Rank"))
         rank = static_cast<int>(std::min<std::int64_t>(*r, 1 << 20));
-      if (rank < 0 || rank >= (1 << 20))
-        fail<trace_error>(
-            "{}: cannot tell the rank: no distributedInfo.rank, no 'Rank' arg, and "
-            "the file name has no rank<N>",
-            path);
+      need_rank(rank);
       const auto name = str_arg(*a, "Collective name");
       const auto op = op_from_c10d(name);
       if (op.empty()) {
-        notes.insert(
-            fmt::format("profiler collective '{}' has no seqpar-trace equivalent; skipped", name));
+        if (name != "wait" && name != "barrier_wait")
+          notes.insert(fmt::format(
+              "profiler collective '{}' has no seqpar-trace equivalent; skipped", name));
         continue;
       }
       call_record c;
@@ -210,6 +310,8 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
           if (g.empty()) g = members;
           for (int m : members) world = std::max(world, m + 1);
         }
+      } else if (const auto it = t.meta.groups.find(c.group); it != t.meta.groups.end()) {
+        members = it->second;  // from distributedInfo.pg_config
       } else {
         notes.insert(
             "some profiler events carry no 'Process Group Ranks': group membership "
@@ -242,38 +344,81 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
       }
       double ts = 0;
       if (const auto* v = arg(e, "ts"); v && v->is_number()) ts = v->get<double>();
-      per_rank[rank].push_back({ts, std::move(c), int_arg(*a, "Seq")});
-      ranks_seen.insert(rank);
-      world = std::max(world, rank + 1);
+      std::optional<std::int64_t> seq = int_arg(*a, "Seq");
+      if (!seq) seq = int_arg(*a, "seq");
+      per_rank[rank].push_back({ts, std::move(c), seq});
+      file_ranks.insert(rank);
       ++n;
     }
-    if (n == 0) notes.insert(fmt::format("{} holds no record_param_comms event", path));
+    if (n == 0)
+      notes.insert(fmt::format("{} holds no record_param_comms naming a collective", path));
   }
-  // seq: per (rank, group) in time order (the profiler's own "Seq" is per process group and
-  // counts collectives only, so it is kept only to order equal timestamps).
+  // One generation per job: the formats record different things, so their calls cannot be
+  // matched against each other.
+  by_generation.erase(generation::none);
+  if (by_generation.size() > 1) {
+    std::vector<std::string> parts;
+    for (const auto& [gen, paths] : by_generation)
+      parts.push_back(fmt::format("{} ({} file{}: {}{})", generation_name(gen), paths.size(),
+                                  paths.size() == 1 ? "" : "s", paths.front(),
+                                  paths.size() > 1 ? ", …" : ""));
+    fail<trace_error>(
+        "the files mix profiler formats: {}; one job's ranks must be profiled by the same "
+        "torch version (import each set on its own, or profile again)",
+        fmt::join(parts, "; "));
+  }
+  const generation gen = by_generation.empty() ? generation::none : by_generation.begin()->first;
+  // seq: per (rank, group) in time order. The profiler's own "Seq" (newer torch: per process
+  // group, counting collectives) only orders equal timestamps.
   for (auto& [rank, evs] : per_rank) {
-    std::stable_sort(evs.begin(), evs.end(), [](const ev& a, const ev& b) { return a.ts < b.ts; });
+    std::stable_sort(evs.begin(), evs.end(), [](const ev& a, const ev& b) {
+      return a.ts < b.ts || (a.ts == b.ts && a.seq && b.seq && *a.seq < *b.seq);
+    });
     std::map<std::string, std::int64_t> seq;
     for (auto& e : evs) {
       e.c.seq = seq[e.c.group]++;
       t.calls.push_back(std::move(e.c));
     }
   }
+  for (int r : file_ranks) world = std::max(world, r + 1);
   t.meta.world_size = std::max(world, 1);
-  if (!legacy_files.empty()) {
-    t.meta.source = "profiler-legacy";
+  t.meta.world_size_known = world_known;
+  t.meta.ranks_recorded.assign(file_ranks.begin(), file_ranks.end());
+  if (gen == generation::legacy || gen == generation::torch20) {
+    t.meta.source = gen == generation::legacy ? "profiler-legacy" : "kineto-2.0";
     std::vector<int> all(static_cast<std::size_t>(t.meta.world_size));
     for (int r = 0; r < t.meta.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
+    t.meta.groups.clear();
     t.meta.groups["default_pg"] = all;
     notes.insert(fmt::format(
-        "{} file(s) are legacy profiler traces (no Kineto): only the names and order of the "
-        "backend collectives are known — no shapes, dtypes, splits or process groups; every "
-        "collective was matched across all ranks in issue order, so a job whose ranks rightly "
-        "issue different sequences on different subgroups cannot be judged from them (record "
-        "with tools/seqpar_recorder.py for that)",
-        legacy_files.size()));
+        "{}: {} — no process groups{}; every collective was matched across all ranks in issue "
+        "order (time order of each rank's nccl:/gloo: events), so a job whose ranks rightly "
+        "issue different sequences on different subgroups, or a windowed or sampled profile "
+        "whose ranks start at different calls, cannot be judged from them (record with "
+        "tools/seqpar_recorder.py for that)",
+        by_generation.begin()->second.size() == 1
+            ? "the file is"
+            : fmt::format("{} files are", by_generation.begin()->second.size()),
+        generation_name(gen),
+        gen == generation::legacy ? ", no shapes, dtypes or splits"
+                                  : ", no split sizes (all-to-all per-peer counts not compared), "
+                                    "no output sizes"));
   }
-  if (legacy_files.size() < files.size()) {
+  if (!world_known)
+    notes.insert(fmt::format(
+        "the world size is unknown (no distributedInfo): taken as the highest rank with a file "
+        "+ 1 = {}; ranks beyond it cannot be named",
+        t.meta.world_size));
+  std::vector<int> absent;
+  for (int r = 0; r < t.meta.world_size; ++r)
+    if (!file_ranks.contains(r)) absent.push_back(r);
+  if (!absent.empty())
+    notes.insert(fmt::format(
+        "{} of {} have no file: their calls were not compared; only what the {} present "
+        "rank{} show was judged",
+        rank_ranges(absent), t.meta.world_size, file_ranks.size(),
+        file_ranks.size() == 1 ? "" : "s"));
+  if (gen == generation::modern || gen == generation::torch20) {
     notes.insert(
         "the profiler records element counts, not shapes: SP shape rules were not applied "
         "and trailing-dim checks were skipped");
