@@ -16,9 +16,23 @@ namespace seqpar::io {
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail<error>("cannot read '{}': no such file or not readable", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  // Straight into a string of the file's size (no stream buffer doubling: a large trace is
+  // held once); a file that is not regular (a pipe) is read in blocks.
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  std::string text;
+  if (!ec && std::filesystem::is_regular_file(path, ec)) {
+    text.resize(static_cast<std::size_t>(size));
+    in.read(text.data(), static_cast<std::streamsize>(size));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+  }
+  if (in.good()) {
+    char buf[1 << 16];
+    while (in.read(buf, sizeof buf) || in.gcount() > 0)
+      text.append(buf, static_cast<std::size_t>(in.gcount()));
+  }
+  if (in.bad()) fail<error>("cannot read '{}': a read error", path);
+  return text;
 }
 
 std::string read_file_maybe_gzip(const std::string& path) {

@@ -12,6 +12,7 @@
 #include "core/scenario.hpp"
 #include "io/scenario_json.hpp"
 #include "scenario_flags.hpp"
+#include "trace/import/chrome_scan.hpp"
 #include "trace/import/import.hpp"
 #include "trace/replay.hpp"
 #include "trace/synth.hpp"
@@ -460,4 +461,43 @@ TEST(replay, the_cause_of_a_call_comes_before_its_consequences_on_other_ranks) {
   const auto* state = find(rep, replay::category::state_mismatch);
   ASSERT_NE(state, nullptr);
   EXPECT_EQ(state->rank, 0);
+}
+
+TEST(trace_import, the_chrome_scanner_keeps_the_named_events_and_names_broken_files) {
+  const auto keep = [](std::string_view n) { return n == "nccl:all_reduce"; };
+  // "name" after "args" (whose own "name" must not count), strings holding brackets, quotes
+  // and escapes, distributedInfo after the events, other top-level keys skipped.
+  const std::string text = R"({"schemaVersion": 1, "traceEvents": [
+    {"args": {"name": "nccl:all_reduce", "x": "]}"}, "ph": "X", "name": "aten::mm"},
+    {"ph": "X", "name": "nccl:all_reduce", "args": {"Input Dims": [[4]], "s": "a\"]{\\"}},
+    {"name": "process_name", "ph": "M", "args": {"name": "python"}},
+    7, [1, {"a": []}], "str"
+  ], "distributedInfo": {"rank": 3, "world_size": 8}, "deviceProperties": [{"name": "V100"}]})";
+  const auto out = import::scan_chrome_trace(text, keep, "t.json");
+  EXPECT_EQ(out.total_events, 6);
+  ASSERT_EQ(out.events.size(), 1u);
+  EXPECT_EQ(out.events[0]["args"]["Input Dims"][0][0], 4);
+  EXPECT_EQ(out.events[0]["args"]["s"], "a\"]{\\");
+  ASSERT_TRUE(out.distributed_info.has_value());
+  EXPECT_EQ((*out.distributed_info)["rank"], 3);
+  // A bare event array.
+  EXPECT_EQ(
+      import::scan_chrome_trace(R"([{"name": "nccl:all_reduce"}])", keep, "a.json").events.size(),
+      1u);
+  auto error = [&](const std::string& t) {
+    try {
+      import::scan_chrome_trace(t, keep, "b.json");
+    } catch (const trace_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // A profile cut short (a killed job), text after the end, no events, a broken kept event.
+  EXPECT_TRUE(contains(error(text.substr(0, 150)), "is it cut short?"))
+      << error(text.substr(0, 150));
+  EXPECT_TRUE(contains(error(text + "x"), "text after the end of the trace"));
+  EXPECT_TRUE(contains(error(R"({"schemaVersion": 1})"), "no 'traceEvents' list"));
+  EXPECT_TRUE(contains(error(R"({"traceEvents": [{"name": "nccl:all_reduce", "ts": 1e99999}]})"),
+                       "event 1 does not parse"));
+  EXPECT_TRUE(contains(error(R"({"traceEvents": [{"name" "x"}]})"), "':' expected"));
 }

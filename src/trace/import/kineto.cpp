@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "io/file.hpp"
 #include "io/scenario_json.hpp"
+#include "trace/import/chrome_scan.hpp"
 #include "trace/import/import.hpp"
 
 namespace seqpar::import {
@@ -75,7 +76,7 @@ split_list parse_splits(const json& a, const char* key) {
 }
 
 /// A collective as the process-group backend names it in the legacy profiler export.
-bool is_backend_collective(const std::string& name) {
+bool is_backend_collective(std::string_view name) {
   for (const char* prefix : {"gloo:", "nccl:", "mpi:", "ucc:"})
     if (name.rfind(prefix, 0) == 0) return true;
   return false;
@@ -108,7 +109,7 @@ const char* generation_name(generation g) {
 
 bool is_gpu_annotation(const json& e) { return str_arg(e, "cat") == "gpu_user_annotation"; }
 
-generation generation_of(const json& events) {
+generation generation_of(const std::vector<json>& events) {
   bool named = false, sized_backend = false, backend = false;
   for (const auto& e : events) {
     if (!e.is_object()) continue;
@@ -173,24 +174,27 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
   std::map<int, std::vector<ev>> per_rank;
   std::map<generation, std::vector<std::string>> by_generation;
   for (const auto& path : files) {
-    json doc;
+    // One pass over the text, parsing only the events an importer reads (the collectives'):
+    // memory is the file's text, not a DOM of it.
+    chrome_events scanned;
     try {
-      doc = json::parse(io::read_file_maybe_gzip(path));
-    } catch (const json::exception& e) {  // parse_error, out_of_range (a number like 1e99999)
-      fail<trace_error>("{}: not a chrome-trace JSON file: {}", path, e.what());
+      const std::string text = io::read_file_maybe_gzip(path);
+      scanned = scan_chrome_trace(
+          text,
+          [](std::string_view name) {
+            return name == "record_param_comms" || is_backend_collective(name);
+          },
+          path);
+    } catch (const trace_error&) {
+      throw;
     } catch (const seqpar::error& e) {
       throw trace_error(e.what());
     }
-    const json* events = nullptr;
-    if (doc.is_object())
-      events = arg(doc, "traceEvents");
-    else if (doc.is_array())
-      events = &doc;
-    if (!events || !events->is_array())
-      fail<trace_error>("{}: no 'traceEvents' list (is this a PyTorch profiler trace?)", path);
+    const std::vector<json>* events = &scanned.events;
     int file_rank = -1;
-    const json* dist_info = doc.is_object() ? arg(doc, "distributedInfo") : nullptr;
-    if (dist_info && !dist_info->is_object()) dist_info = nullptr;
+    const json* dist_info = scanned.distributed_info && scanned.distributed_info->is_object()
+                                ? &*scanned.distributed_info
+                                : nullptr;
     if (dist_info) {
       if (auto r = int_arg(*dist_info, "rank"))
         file_rank = static_cast<int>(std::min<std::int64_t>(*r, 1 << 20));
