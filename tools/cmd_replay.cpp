@@ -20,7 +20,7 @@ action add_replay(CLI::App& app) {
       "shape and cu_seqlens matches the re-derived layout");
   struct opts {
     std::vector<std::string> traces;
-    std::string html;
+    std::string html, perfetto;
     bool json = false;
   };
   auto o = std::make_shared<opts>();
@@ -30,23 +30,28 @@ action add_replay(CLI::App& app) {
       ->required();
   sub->add_flag("--json", o->json, "JSON report on stdout");
   sub->add_option("--html", o->html, "write a self-contained HTML report to this file");
+  sub->add_option("--perfetto", o->perfetto,
+                  "write the trace as Chrome trace-event JSON to this file, to open in "
+                  "ui.perfetto.dev or chrome://tracing: a process per rank, a track per group, a "
+                  "slice per call, each finding an instant event");
   return [o]() {
     std::vector<std::string> files;
     for (const auto& t : o->traces)
       for (auto& f : trace::trace_files(t)) files.push_back(std::move(f));
     replay::report rep;
-    if (files.size() == 1 && o->traces.size() == 1 && files[0] == o->traces[0]) {
-      auto in = trace::reader::open(files[0]);  // streaming: any size
-      rep = replay::run(*in);
-    } else {
-      std::istringstream merged(trace::merge_traces(files).text());
-      const auto name = o->traces.size() == 1
-                            ? fmt::format("{} ({} files)", o->traces[0], files.size())
-                            : fmt::format("{} files", files.size());
-      trace::reader in(merged, name);
-      rep = replay::run(in);
-    }
+    const bool single = files.size() == 1 && o->traces.size() == 1 && files[0] == o->traces[0];
+    const std::string merged_text = single ? "" : trace::merge_traces(files).text();
+    const auto name = o->traces.size() == 1
+                          ? fmt::format("{} ({} files)", o->traces[0], files.size())
+                          : fmt::format("{} files", files.size());
+    // The trace as a reader from its start (a file streams: any size).
+    auto open = [&]() -> std::unique_ptr<trace::reader> {
+      if (single) return trace::reader::open(files[0]);
+      return trace::reader::from_text(merged_text, name);
+    };
+    rep = replay::run(*open());
     if (!o->html.empty()) io::write_atomic(o->html, replay::to_html(rep));
+    if (!o->perfetto.empty()) io::write_atomic(o->perfetto, replay::to_perfetto(*open(), rep));
     if (o->json)
       fmt::print("{}\n", replay::to_json(rep).dump(2));
     else

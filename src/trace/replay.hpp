@@ -97,5 +97,11 @@ std::string to_text(const report& r);
 nlohmann::json to_json(const report& r);
 /// One self-contained HTML page (inline CSS and SVG).
 std::string to_html(const report& r);
+/// Chrome trace-event JSON of the trace `in` (read again from its start) for Perfetto
+/// (ui.perfetto.dev) and chrome://tracing: a process per rank, a track per group, a slice per
+/// call (op, tag, seq, shapes, dtype, state in its args), each finding of `r` as an instant
+/// event carrying its message, flows from each send to its receive. Wall-clock times where the
+/// records carry them (the recorder's), else a logical clock.
+std::string to_perfetto(trace::reader& in, const report& r);
 
 }  // namespace seqpar::replay

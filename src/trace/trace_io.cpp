@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include <unistd.h>
 
@@ -171,6 +174,12 @@ call_record parse_call(const line_ctx& c, const nlohmann::json& j, bool p2p,
     if (!states.contains(*r.state))
       c.fail("state '{}' is unknown; states are completed, started, scheduled", *r.state);
   }
+  for (const char* key : {"t_start", "t_end"})
+    if (const auto* v = find(j, key)) {
+      if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0)
+        c.fail("'{}' must be a time in seconds (a number ≥ 0), got {}", key, v->dump());
+      (std::string_view(key) == "t_start" ? r.t_start : r.t_end) = v->get<double>();
+    }
   constexpr std::size_t max_peers = max_world;
   r.in_shape = opt_dims(c, j, "in_shape", max_dims);
   r.out_shape = opt_dims(c, j, "out_shape", max_dims);
@@ -266,6 +275,13 @@ std::unique_ptr<reader> reader::open(const std::string& path) {
   return r;
 }
 
+std::unique_ptr<reader> reader::from_text(std::string text, std::string source) {
+  auto s = std::make_unique<std::istringstream>(std::move(text));
+  auto r = std::make_unique<reader>(*s, std::move(source));
+  r->owned_ = std::move(s);
+  return r;
+}
+
 std::optional<record> reader::next() {
   std::string text;
   while (true) {
@@ -348,6 +364,8 @@ nlohmann::json to_json(const call_record& c) {
   if (c.out_numel) j["out_numel"] = *c.out_numel;
   j["tag"] = c.tag;
   if (c.state) j["state"] = *c.state;
+  if (c.t_start) j["t_start"] = *c.t_start;
+  if (c.t_end) j["t_end"] = *c.t_end;
   if (c.handle) {
     j["async"] = true;
     j["handle"] = *c.handle;

@@ -63,6 +63,9 @@ struct call_record {
   std::optional<dims> shape;                        ///< p2p: message shape
   std::string tag;
   std::optional<std::string> state;  ///< completed | started | scheduled
+  /// Wall-clock times of the call (seconds since the epoch), when the source records them
+  /// (the recorder: t_start when the call began, t_end when it returned).
+  std::optional<double> t_start, t_end;
   /// A nonblocking call ("async": true): its handle, which the rank's wait record names.
   std::optional<std::int64_t> handle;
   std::int64_t line = 0;
@@ -99,6 +102,8 @@ class reader {
   reader(std::istream& in, std::string source);
   /// Opens a file; trace_error when it cannot be read.
   static std::unique_ptr<reader> open(const std::string& path);
+  /// Reads a trace held in memory (a merge of several files), owning the text.
+  static std::unique_ptr<reader> from_text(std::string text, std::string source);
   /// The next record, or nullopt at the end of the input.
   std::optional<record> next();
   std::int64_t line() const { return line_; }

@@ -127,6 +127,18 @@ check "import mixed formats" 2 "$seqpar" import --from kineto "$samples/kineto_t
   "$samples/kineto_modern_rank0of2" --out "$tmp/mix.jsonl"
 expect_in "import mixed formats" "$tmp/err" "the files mix profiler formats"
 [ -e "$tmp/mix.jsonl" ] && { echo "FAIL import: a trace was written for mixed formats"; fails=$((fails + 1)); }
+# --perfetto (issue 32): Chrome trace-event JSON, checked by its format and against the replay:
+# a real gloo ring job with its wall-clock times, 12 calls and 4 send→recv flows, its 5 findings
+# as instant events; a real profiler job (logical times); nothing written when replay refuses.
+pf="$src/tests/equivalence/scripts/check_perfetto.py"
+check "perfetto real ring" 1 "$seqpar" replay "$src/traces/broken_real_gloo_ring4_wrong_peer.jsonl" --perfetto "$tmp/ring.perfetto.json"
+check "perfetto real ring format" 0 python3 "$pf" "$tmp/ring.perfetto.json" 4 5 4
+expect_in "perfetto real ring format" "$tmp/out" "wall clock"
+check "perfetto torch 2.0 job" 1 "$seqpar" replay "$tmp/kv_one_more.jsonl" --perfetto "$tmp/dl.perfetto.json"
+check "perfetto torch 2.0 job format" 0 python3 "$pf" "$tmp/dl.perfetto.json" 8 1
+expect_in "perfetto torch 2.0 job format" "$tmp/out" "logical"
+check "perfetto nothing compared" 2 "$seqpar" replay "$tmp/kv_alone.jsonl" --perfetto "$tmp/no.perfetto.json"
+[ -e "$tmp/no.perfetto.json" ] && { echo "FAIL perfetto: a file was written for a refused trace"; fails=$((fails + 1)); }
 # Zero collectives is never "consistent": import and replay refuse with exit 2.
 echo '[{"name": "aten::mm", "ph": "X", "ts": 1, "dur": 2, "args": {}}]' >"$tmp/rank0.json"
 check "import no collective" 2 "$seqpar" import --from kineto "$tmp/rank0.json" --out "$tmp/none.jsonl"
