@@ -9,7 +9,9 @@
 #include "cli.hpp"
 #include "core/error.hpp"
 #include "sim/allocator.hpp"
+#include "sim/isa.hpp"
 #include "trace/flight.hpp"
+#include "version.hpp"
 
 int main(int argc, char** argv) {
   using namespace seqpar;
@@ -20,7 +22,11 @@ int main(int argc, char** argv) {
       "seqpar: simulate and verify sequence parallelism (Ulysses, ring, zigzag, hybrid).\n"
       "Exit codes: 0 ok, 1 a check found a difference, 2 invalid input."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "seqpar 0.1.0");
+  app.set_version_flag("--version", [] {
+    return fmt::format("seqpar {}\ngit:  {}\ncpu:  {}\nmpi:  {}\ncuda: {}\nbuild: {}",
+                       SEQPAR_VERSION, SEQPAR_GIT, sim::cpu_isa(), SEQPAR_MPI, SEQPAR_CUDA,
+                       SEQPAR_BUILD);
+  });
   std::map<CLI::App*, cli::action> actions;
   auto add = [&](cli::action (*adder)(CLI::App&)) {
     auto before = app.get_subcommands({});

@@ -222,4 +222,13 @@ for dtype in f64 f32; do
   fi
 done
 
+# A first run reads right (issue 34): a passing check's notes about framework semantics are in
+# the report, stderr holds no warning; --version names the build.
+"$seqpar" check --quiet > "$tmp/first.out" 2> "$tmp/first.err"
+if [ -s "$tmp/first.err" ] || ! grep -q "^note: cu_seqlens end at 52" "$tmp/first.out"; then
+  fail "first run: stderr '$(head -c 200 "$tmp/first.err")', note in report: $(grep -c '^note:' "$tmp/first.out")"
+else ok; fi
+expect 0 "git:" -- --version
+expect 0 "cpu:  " -- --version
+
 finish
