@@ -11,6 +11,7 @@
 #include "core/ring_schedule.hpp"
 #include "core/ulysses_plan.hpp"
 #include "io/scenario_json.hpp"
+#include "plan_html.hpp"
 #include "scenario_flags.hpp"
 
 namespace seqpar::cli {
@@ -297,6 +298,7 @@ std::string plan_text(const scenario& s, const collated_batch& cb) {
 action add_plan(CLI::App& app) {
   auto flags = std::make_shared<scenario_flags>();
   auto json = std::make_shared<bool>(false);
+  auto html = std::make_shared<std::string>();
   auto* sub = app.add_subcommand(
       "plan",
       "Show how a scenario is laid out: per rank the tokens, heads, shapes per stage, the ring "
@@ -304,10 +306,14 @@ action add_plan(CLI::App& app) {
       "Example: seqpar plan --ulysses 2 --ring 2 --heads 8 --kv-heads 2 --docs 16,8 --json");
   flags->add_to(*sub);
   sub->add_flag("--json", *json, "machine-readable output");
-  return [flags, json] {
+  sub->add_option("--html", *html,
+                  "also draw the plan into this self-contained HTML page (tokens on ranks, "
+                  "heads after the all-to-all, ring schedule, work per rank, bytes)");
+  return [flags, json, html] {
     const scenario s = flags->resolve();
     auto cb = collate(make_batch(s), options_of(s));
     for (const auto& w : cb.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
+    if (!html->empty()) io::write_atomic(*html, plan_html(plan_json(s, cb)));
     io::write_atomic("-", *json ? plan_json(s, cb).dump() + "\n" : plan_text(s, cb));
     return 0;
   };
