@@ -127,6 +127,31 @@ check "import mixed formats" 2 "$seqpar" import --from kineto "$samples/kineto_t
   "$samples/kineto_modern_rank0of2" --out "$tmp/mix.jsonl"
 expect_in "import mixed formats" "$tmp/err" "the files mix profiler formats"
 [ -e "$tmp/mix.jsonl" ] && { echo "FAIL import: a trace was written for mixed formats"; fails=$((fails + 1)); }
+# Flight Recorder dumps of every version torch defined (issue 32), written from the definitions
+# (torch 1.13 here has no Flight Recorder to run): the bare list of torch ~2.2, 1.0 … 2.10 and a
+# future 3.0; healthy, one element more on rank 1, and rank 1 in float64 where dtypes are kept.
+python3 "$src/tests/equivalence/scripts/fr_versions.py" "$tmp/frv"
+for v in 0 1.0 1.1 1.4 2.0 2.1 2.2 2.3 2.4 2.7 2.10 3.0; do
+  check "import fr $v" 0 "$seqpar" import --from fr "$tmp/frv/$v/healthy" --out "$tmp/frv.jsonl"
+  check "replay fr $v" 0 "$seqpar" replay "$tmp/frv.jsonl"
+  expect_in "replay fr $v" "$tmp/out" "collectives_compared 3"
+  expect_in "replay fr $v" "$tmp/out" "p2p_pairs 1"
+  check "import fr $v size" 0 "$seqpar" import --from fr "$tmp/frv/$v/size" --out "$tmp/frv.jsonl"
+  check "replay fr $v size" 1 "$seqpar" replay "$tmp/frv.jsonl"
+  expect_in "replay fr $v size" "$tmp/out" "1. [SIZE_OR_SYNTAX_MISMATCH] rank 1 seq 2"
+  if [ -d "$tmp/frv/$v/dtype" ]; then
+    check "import fr $v dtype" 0 "$seqpar" import --from fr "$tmp/frv/$v/dtype" --out "$tmp/frv.jsonl"
+    check "replay fr $v dtype" 1 "$seqpar" replay "$tmp/frv.jsonl"
+    expect_in "replay fr $v dtype" "$tmp/out" "dtype float64, expected dtype float32"
+  fi
+done
+check "import fr 2.3 note" 0 "$seqpar" import --from fr "$tmp/frv/2.3/healthy" --out "$tmp/frv.jsonl"
+expect_in "import fr 2.3 note" "$tmp/err" "version 2.3 does not record all-to-all sizes"
+check "import fr 3.0 note" 0 "$seqpar" import --from fr "$tmp/frv/3.0/healthy" --out "$tmp/frv.jsonl"
+expect_in "import fr 3.0 note" "$tmp/err" "version 3.0 is newer than the versions this importer was written for"
+check "import fr mixed versions" 2 "$seqpar" import --from fr "$tmp/frv/2.4/healthy/nccl_trace_rank_0.json" \
+  "$tmp/frv/2.10/healthy/nccl_trace_rank_1.json" --out "$tmp/frmix.jsonl"
+expect_in "import fr mixed versions" "$tmp/err" "the dumps are of different Flight Recorder versions"
 # --perfetto (issue 32): Chrome trace-event JSON, checked by its format and against the replay:
 # a real gloo ring job with its wall-clock times, 12 calls and 4 send→recv flows, its 5 findings
 # as instant events; a real profiler job (logical times); nothing written when replay refuses.

@@ -57,6 +57,48 @@ int rank_from_trailing_number(const std::string& path) {
   return -1;
 }
 
+/// The newest dump version whose keys this importer was written from (FlightRecorder.hpp).
+constexpr int known_major = 2, known_minor = 10;
+
+struct fr_version {
+  std::string text;
+  int major = 0, minor = 0;
+};
+
+/// "2.10" → {2, 10} (not 2.1: the analyzer compares the parts as integers too). A dump without
+/// a version is the bare list of torch ~2.2 (0.0).
+fr_version version_of(const json& dump, const std::string& path) {
+  fr_version v{"0 (a bare list)", 0, 0};
+  const auto* f = field(dump, "version");
+  if (!f) return v;
+  if (!f->is_string())
+    fail<trace_error>("{}: 'version' is {}, not a string like \"2.10\"", path, f->dump());
+  v.text = f->get<std::string>();
+  if (v.text == "0 (a bare list)") return v;
+  const auto dot = v.text.find('.');
+  try {
+    std::size_t used = 0;
+    v.major = std::stoi(v.text.substr(0, dot), &used);
+    if (used != dot) throw std::invalid_argument(v.text);
+    v.minor = dot == std::string::npos ? 0 : std::stoi(v.text.substr(dot + 1), &used);
+    if (dot != std::string::npos && dot + 1 + used != v.text.size())
+      throw std::invalid_argument(v.text);
+  } catch (const std::exception&) {
+    fail<trace_error>("{}: Flight Recorder version '{}' is not MAJOR.MINOR (like \"2.10\")", path,
+                      v.text);
+  }
+  return v;
+}
+
+/// c10::ScalarType as an integer (version 2.1 wrote dtypes so) → trace dtype.
+std::optional<std::string> dtype_from_scalar_type(int t) {
+  static const std::map<int, std::string> m = {
+      {0, "uint8"},   {1, "int8"},    {2, "int16"},   {3, "int32"}, {4, "int64"},
+      {5, "float16"}, {6, "float32"}, {7, "float64"}, {11, "bool"}, {15, "bfloat16"}};
+  if (auto it = m.find(t); it != m.end()) return it->second;
+  return std::nullopt;
+}
+
 struct pg_info {
   std::string name, desc;
   std::vector<int> ranks;
@@ -75,6 +117,8 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
   std::vector<entry> entries;
   std::set<int> ranks_seen;
   std::set<std::string> notes;
+  std::map<std::string, std::vector<int>> versions;  // version → the ranks that wrote it
+  std::set<std::pair<std::string, int>> renumber;    // 1.x (group, rank): seq_id over every call
   for (const auto& path : files) {
     json dump;
     try {
@@ -87,6 +131,8 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     } catch (const seqpar::error& e) {
       throw trace_error(e.what());
     }
+    // Before version 1.0 (torch ~2.2) a dump was the bare list of entries.
+    if (dump.is_array()) dump = json{{"entries", std::move(dump)}, {"version", "0 (a bare list)"}};
     if (!dump.is_object())
       fail<trace_error>(
           "{}: a Flight Recorder dump is a JSON object with 'pg_config' and "
@@ -104,17 +150,33 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
           path);
     if (!ranks_seen.insert(rank).second)
       fail<trace_error>("{}: a second dump for rank {}", path, rank);
-    if (const auto* v = field(dump, "version"); v && v->is_string()) {
-      const auto ver = v->get<std::string>();
-      if (ver < "2.4")
-        notes.insert(
-            fmt::format("Flight Recorder version {} does not record all-to-all sizes", ver));
-    }
+    const auto ver = version_of(dump, path);
+    versions[ver.text].push_back(rank);
+    if (ver.major < 2 || (ver.major == 2 && ver.minor <= 3))
+      notes.insert(fmt::format(
+          "Flight Recorder version {} does not record all-to-all sizes (they are logged from "
+          "2.4 on): all-to-all sizes were not compared",
+          ver.text));
+    if (ver.major < 2)
+      notes.insert(fmt::format(
+          "Flight Recorder version {} counts collectives and point-to-point calls in one "
+          "seq_id: each rank's collectives on a group were numbered in their seq_id order",
+          ver.text));
+    if (ver.major > known_major || (ver.major == known_major && ver.minor > known_minor))
+      notes.insert(fmt::format(
+          "Flight Recorder version {} is newer than the versions this importer was written "
+          "for (up to {}.{}): read with the {}.{} keys",
+          ver.text, known_major, known_minor, known_major, known_minor));
     if (const auto* cfg = field(dump, "pg_config")) {
       if (!cfg->is_object()) fail<trace_error>("{}: 'pg_config' is not an object", path);
       for (auto it = cfg->begin(); it != cfg->end(); ++it) {
         pg_info pg;
         pg.name = it.key();
+        if (it->is_array()) {  // version 1.x: {pg_id: [ranks]}
+          pg.ranks = parse_rank_list(it->dump(), fmt::format("{}: pg_config '{}'", path, it.key()));
+          pgs[it.key()] = std::move(pg);
+          continue;
+        }
         if (const auto* n = field(*it, "name"); n && n->is_string())
           pg.name = n->get<std::string>();
         if (const auto* d = field(*it, "desc"); d && d->is_string())
@@ -133,6 +195,16 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
         entries.push_back({rank, e});
       }
     }
+  }
+  if (versions.size() > 1) {
+    std::vector<std::string> parts;
+    for (const auto& [v, rs] : versions)
+      parts.push_back(
+          fmt::format("version {} (rank{} {})", v, rs.size() == 1 ? "" : "s", fmt::join(rs, ", ")));
+    fail<trace_error>(
+        "the dumps are of different Flight Recorder versions: {}; one job's ranks run one torch "
+        "(import each job's dumps on their own)",
+        fmt::join(parts, "; "));
   }
   // Trace group names: the FR description when it names the group uniquely ("ulysses0"),
   // else "pg<name>".
@@ -166,15 +238,30 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     const auto& e = entry.e;
     const auto where = fmt::format("rank {} record {}", rank,
                                    field(e, "record_id") ? field(e, "record_id")->dump() : "?");
-    const auto* pgv = field(e, "process_group");
-    if (!pgv || !pgv->is_array() || pgv->empty() || !(*pgv)[0].is_string())
-      fail<trace_error>("{}: entry has no 'process_group' [name, desc]", where);
-    const auto pg = (*pgv)[0].get<std::string>();
+    // The group: "process_group" [name, desc] (2.x), else the integer "pg_id" (1.x, bare list).
+    std::string pg;
+    if (const auto* pgv = field(e, "process_group");
+        pgv && pgv->is_array() && !pgv->empty() && (*pgv)[0].is_string())
+      pg = (*pgv)[0].get<std::string>();
+    else if (const auto* id = field(e, "pg_id"); id && id->is_number_integer())
+      pg = std::to_string(id->get<std::int64_t>());
+    else
+      fail<trace_error>("{}: entry has neither 'process_group' [name, desc] nor 'pg_id'", where);
     if (!group_of.contains(pg)) {
-      // A group missing from pg_config: name it, membership unknown.
+      // A group missing from pg_config: name it, membership unknown — except the default group
+      // (pg 0) of a dump without any pg_config (versions before ~1.3): every rank, in order.
       group_of[pg] = "pg" + pg;
-      notes.insert(
-          fmt::format("process group {} is not in pg_config: its members are unknown", pg));
+      if (pg == "0" && pgs.empty()) {
+        std::vector<int> all(static_cast<std::size_t>(t.meta.world_size));
+        for (int r = 0; r < t.meta.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
+        t.meta.groups[group_of[pg]] = all;
+        notes.insert(
+            "the dumps have no pg_config (Flight Recorder before ~1.3): process group 0 was "
+            "taken as the default group of every rank with a dump, in rank order");
+      } else {
+        notes.insert(
+            fmt::format("process group {} is not in pg_config: its members are unknown", pg));
+      }
     }
     const auto* pn = field(e, "profiling_name");
     if (!pn || !pn->is_string()) fail<trace_error>("{}: entry has no 'profiling_name'", where);
@@ -196,7 +283,9 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     const auto outs = shapes(field(e, "output_sizes"), where, "output_sizes");
     auto dt = [&](const char* key) -> std::optional<std::string> {
       const auto* d = field(e, key);
-      if (!d || !d->is_array() || d->empty() || !(*d)[0].is_string()) return std::nullopt;
+      if (!d || !d->is_array() || d->empty()) return std::nullopt;
+      if ((*d)[0].is_number_integer()) return dtype_from_scalar_type((*d)[0].get<int>());
+      if (!(*d)[0].is_string()) return std::nullopt;
       return dtype_from_c10((*d)[0].get<std::string>());
     };
     c.dtype = dt("input_dtypes");
@@ -218,15 +307,16 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
       // regex recursion is per character).
       if (prof.size() <= 256 && std::regex_search(prof, m, re)) {
         const int peer_local = std::stoi(m[4].str().substr(0, 7));
-        const auto& members = t.meta.groups[c.group];
-        if (peer_local < static_cast<int>(members.size()))
-          c.peer = members[static_cast<std::size_t>(peer_local)];
+        const auto g = t.meta.groups.find(c.group);
+        if (g != t.meta.groups.end() && peer_local < static_cast<int>(g->second.size()))
+          c.peer = g->second[static_cast<std::size_t>(peer_local)];
       }
       if (!c.peer)
         notes.insert("some Flight Recorder p2p entries name no peer; they were not paired");
       const auto& v = c.op == "send" ? ins : outs;
       if (v.size() == 1) c.shape = v[0];
-      c.seq = std::max<std::int64_t>(0, int_field(e, "p2p_seq_id", where) - 1);
+      c.seq = std::max<std::int64_t>(
+          0, int_field(e, field(e, "p2p_seq_id") ? "p2p_seq_id" : "seq_id", where) - 1);
       if (c.peer && *c.peer == c.rank) c.peer.reset();
     } else {
       if (ins.size() == 1)
@@ -237,7 +327,12 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
         c.out_shape = outs[0];
       else if (!outs.empty())
         c.out_numel = total(outs);
-      c.seq = std::max<std::int64_t>(0, int_field(e, "collective_seq_id", where) - 1);
+      if (field(e, "collective_seq_id")) {
+        c.seq = std::max<std::int64_t>(0, int_field(e, "collective_seq_id", where) - 1);
+      } else {  // 1.x: one seq_id for every call; renumbered below
+        c.seq = int_field(e, "seq_id", where);
+        renumber.insert({c.group, rank});
+      }
       if (op == "all_to_all")
         notes.insert(
             "Flight Recorder does not record all-to-all split sizes: pairwise split "
@@ -251,6 +346,25 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
       if (!fresh) it->second = std::min(it->second, c.seq);
     }
     calls.push_back({rank, c.group, rid, std::move(c), 0});
+  }
+  // 1.x: a group's seq_id counted its point-to-point calls too. Where a group had none, seq_id
+  // − 1 is its collective count as in 2.x; otherwise each rank's collectives are numbered in
+  // order (aligned only if every rank still holds the group's first entries).
+  std::set<std::pair<std::string, int>> with_p2p;
+  for (const auto& p : calls)
+    if (p.c.p2p) with_p2p.insert({p.c.group, p.rank});
+  std::map<std::pair<std::string, int>, std::vector<pending*>> to_number;
+  for (auto& p : calls)
+    if (!p.c.p2p && renumber.contains({p.c.group, p.rank}))
+      to_number[{p.c.group, p.rank}].push_back(&p);
+  for (auto& [key, ps] : to_number) {
+    std::stable_sort(ps.begin(), ps.end(),
+                     [](const pending* a, const pending* b) { return a->c.seq < b->c.seq; });
+    const bool dense = with_p2p.contains(key);
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      ps[i]->c.seq =
+          dense ? static_cast<std::int64_t>(i) : std::max<std::int64_t>(0, ps[i]->c.seq - 1);
+    min_seq[key] = ps.empty() ? 0 : ps.front()->c.seq;
   }
   std::map<std::string, std::int64_t> start;  // group → first seq every rank still holds
   for (const auto& [key, ms] : min_seq) start[key.first] = std::max(start[key.first], ms);
