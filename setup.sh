@@ -12,7 +12,7 @@ packages=(meson ninja-build pkg-config g++ cmake libeigen3-dev libfmt-dev libgte
           libclang-rt-14-dev python3 zlib1g-dev)
 # The PyTorch side's tests (tests/python, the live torch jobs) need torch and its test tools.
 [ "${1:-}" = test ] && packages+=(python3-torch python3-hypothesis python3-pytest python3-venv
-                                  python3-setuptools python3-pip)
+                                  python3-setuptools python3-pip chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -193,6 +193,10 @@ std::string bytes_table(const json& collectives) {
   return o + "</table>\n";
 }
 
+std::string ratio_text(const json& r) {
+  return r.is_number() ? fmt::format("{:.3f}", r.get<double>()) : esc(r.dump());
+}
+
 }  // namespace
 
 std::string plan_html(const json& plan) {
@@ -241,8 +245,8 @@ td.sec{color:#fff;text-align:center}
          ring_table(plan);
   h += "<h2>Causal attention work per ring rank</h2>\n<p class=\"note\">q·k pairs each ring "
        "rank computes: blue the layout in use, grey contiguous chunks (max/min " +
-       fmt::format("{} vs {}", plan.at("balance").at("zigzag").at("ratio").dump(),
-                   plan.at("balance").at("contiguous").at("ratio").dump()) +
+       fmt::format("{} vs {}", ratio_text(plan.at("balance").at("zigzag").at("ratio")),
+                   ratio_text(plan.at("balance").at("contiguous").at("ratio"))) +
        ").</p>\n" + work_svg(plan);
   if (plan.contains("bytes_per_layer"))
     h += "<h2>Bytes per collective, per attention layer (float32)</h2>\n" +

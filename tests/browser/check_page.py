@@ -88,7 +88,7 @@ def main():
         shot_run = run([f"--screenshot={os.path.abspath(shot)}", "--window-size=1280,1400"])
     logs = dom.stderr + shot_run.stderr
     console = [l for l in logs.splitlines()
-               if re.search(r"CONSOLE\(|Uncaught|console\.error", l)]
+               if re.search(r"CONSOLE[:(]|Uncaught", l)]
     if console:
         errors.append(f"console: {console[:3]}")
     if dom.returncode != 0 or not dom.stdout.strip():
