@@ -4,7 +4,7 @@
     bench/report.py DIR
 
 Reads every DIR/*.json the bench driver wrote (-J) and DIR/run.log, and writes DIR/report.md
-(one markdown table per program, with its baselines, ISA and notes, as the README quotes them)
+(one markdown table per program, with its baselines, ISA and notes, as docs/benchmarks.md quotes them)
 and, when DIR/scale.json is there, DIR/scale.svg (seconds per 1K tokens and bytes per token
 and above the fixed cost, against tokens, the check and the reference alone: flat lines are
 O(S)). Standard library only.

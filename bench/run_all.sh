@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every CPU benchmark of issue 12 in one run, in turn, on an otherwise idle machine: the numbers
-# of the README's benchmark section come from one invocation of this script.
+# of docs/benchmarks.md come from one invocation of this script.
 #   bench/run_all.sh [OUT_DIR] [--quick] [--then]
 # OUT_DIR (default bench-run-<date>) receives each program's table (NAME.txt) and JSON report
 # (NAME.json), run.log (what ran, when, the machine) and, from bench/report.py, report.md (the
-# tables the README shows) and scale.svg (time and bytes per token against tokens).
+# tables docs/benchmarks.md shows) and scale.svg (time and bytes per token against tokens).
 #   --quick  small sizes (minutes; a smoke run of the whole chain, not numbers to quote)
 #   --then   also bench/property_then_now.sh: property throughput against the tree issue 12 was
 #            measured on, and against the first tree with the async generator (builds those

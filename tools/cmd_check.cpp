@@ -89,7 +89,7 @@ action add_check(CLI::App& app) {
       "and compare loss, logits, every gradient. Exit 0 all pass, 1 any difference.\n"
       "Example: seqpar check --ulysses 4 --heads 8 --kv-heads 2 --docs 24,16,13 --dtype f64");
   a->flags.add_to(*sub);
-  sub->add_option("--backend", a->backend, "sim (CPU reference); mpi and gpu: see README")
+  sub->add_option("--backend", a->backend, "sim (CPU reference); mpi and gpu: see docs/clusters.md and docs/validate.md")
       ->capture_default_str();
   sub->add_option("--dtype", a->dtype_name, "f64 | f32 (SP run; the reference is float64)")
       ->capture_default_str();
@@ -109,7 +109,7 @@ action add_check(CLI::App& app) {
     if (a->backend != "sim" && a->backend != "mpi")
       fail<config_error>(
           "--backend {} is not available in this build; use --backend sim or mpi (the GPU "
-          "backend is not finished, see README)",
+          "backend is not finished, see docs/status.md)",
           a->backend);
     verify::check_options opt;
     opt.progress = progress_printer(a->quiet);

@@ -84,7 +84,7 @@ long=(--ulysses 4 --ring 1 --layers 2 --docs 8000,8000 --heads 4 --kv-heads 2)
 #    a rank can wait for a member that itself waits for rank 2 in another group, and twice in CI
 #    (with --timeout 2 and 6) rank 1 named rank 0 silent before any other rank's deadline named
 #    rank 2 (rank 0 sent no heartbeat and left no flight record; not reproduced outside CI, see
-#    README Status).
+#    docs/status.md).
 (cd "$tmp" && exec "$mpiexec" -n 4 sh -c 'echo $$ > "pid.$PMI_RANK"; exec "$0" "$@"' "$seqpar" \
    check --backend mpi --timeout 6 --flight-record "$tmp/ext" "${long[@]}") > "$tmp/ext.out" 2>&1 &
 job=$!

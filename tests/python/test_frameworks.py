@@ -1,6 +1,6 @@
 """The frameworks' own Ulysses code under the property (frameworks.py loads it from a checkout:
 $VEOMNI_DIR, $DEEPSPEED_DIR; skipped without one — CI has no network to fetch them; the runs of
-record are in README "Property-test your own SP code"). Seeds fixed."""
+record are in docs/testing.md). Seeds fixed."""
 import os
 import sys
 
