@@ -89,7 +89,8 @@ action add_check(CLI::App& app) {
       "and compare loss, logits, every gradient. Exit 0 all pass, 1 any difference.\n"
       "Example: seqpar check --ulysses 4 --heads 8 --kv-heads 2 --docs 24,16,13 --dtype f64");
   a->flags.add_to(*sub);
-  sub->add_option("--backend", a->backend, "sim (CPU reference); mpi and gpu: see docs/clusters.md and docs/validate.md")
+  sub->add_option("--backend", a->backend,
+                  "sim (CPU reference); mpi and gpu: see docs/clusters.md and docs/validate.md")
       ->capture_default_str();
   sub->add_option("--dtype", a->dtype_name, "f64 | f32 (SP run; the reference is float64)")
       ->capture_default_str();
