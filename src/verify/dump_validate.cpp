@@ -461,7 +461,9 @@ class call_check {
     row.rank = k;
     if (!row.pass && row.note.starts_with("worst at flat index"))
       row.note = element_note(g_, st, k, t->v, want);
+    const bool fail = !row.pass;
     add(std::move(row));
+    if (fail && st != "layout") rep_.rows.back().heat = heatmap_of(g_, st, k, t->v, want, tol);
   }
   void exact(const std::string& st, int k, const std::vector<stage_map>& side,
              const std::vector<std::int64_t>& shape, const vec& want) {

@@ -52,7 +52,7 @@ page plan-gdn "$tmp/plan-gdn.html" 'GatedDeltaNet layers' '<svg class="tokens"'
 make_page replay 1 replay "$src/traces/broken_real_gloo_ring4_wrong_peer.jsonl" --html "$tmp/replay.html"
 page replay "$tmp/replay.html" 'RING_PEER' '<svg'
 make_page validate 1 validate --dump "$src/tests/equivalence/data/dumps/ring-ring_src_off_by_one-f32" -q --html "$tmp/validate.html"
-page validate "$tmp/validate.html" 'seqpar validate --dump' 'FAIL'
+page validate "$tmp/validate.html" 'seqpar validate --dump' 'FAIL' 'class="heatmap"' 'Where it differs'
 # The Perfetto file, parsed by a page in the browser: the trace-event JSON inline, checked by
 # JavaScript, the verdict written into the DOM.
 make_page perfetto 1 replay "$src/traces/broken_real_gloo_ring4_wrong_peer.jsonl" --perfetto "$tmp/ring.perfetto.json"
