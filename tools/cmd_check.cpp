@@ -10,6 +10,7 @@
 #include "report.hpp"
 #include "scenario_flags.hpp"
 #include "verify/check.hpp"
+#include "verify/check_html.hpp"
 #include "verify/check_mpi.hpp"
 
 namespace seqpar::cli {
@@ -18,7 +19,7 @@ namespace {
 
 struct check_args {
   scenario_flags flags;
-  std::string backend = "sim", dtype_name = "f64";
+  std::string backend = "sim", dtype_name = "f64", html;
   bool json = false, quiet = false, naive = false, no_sp_over_dp = false;
   int threads = 0;
   run_guard_flags guard;
@@ -96,6 +97,9 @@ action add_check(CLI::App& app) {
       ->capture_default_str();
   add_report_flags(*sub, a->json, a->quiet);
   sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
+  sub->add_option("--html", a->html,
+                  "also write the report as a self-contained HTML page: every row, and for a "
+                  "failing one its error over tokens × width or a gradient's features");
   sub->add_option("--threads", a->threads,
                   "threads of the non-SP reference and carriers of the SP ranks (0 = every core; "
                   "fewer than the ranks: the ranks run as fibers on them); results are bitwise "
@@ -119,6 +123,7 @@ action add_check(CLI::App& app) {
       // report (a note), not an alarm on stderr; on a failing run it may be the cause.
       if (!rep.pass)
         for (const auto& w : rep.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
+      if (!a->html.empty()) io::write_atomic(a->html, verify::check_report_html(rep));
       io::write_atomic("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
     };
     if (a->backend == "mpi") {

@@ -394,6 +394,51 @@ std::vector<compared_tensor> layout_rows(const scenario& s, const collated_batch
   return rows;
 }
 
+/// A failing row's error map: got and want row-major [rows × cols], the error over the row's
+/// normwise bound (tol · max(max|want|, floor)); tokens along the columns where the rows are
+/// tokens (transpose), the document boundaries (`docs`, in the columns' units) drawn.
+error_heatmap error_map(std::string title, std::span<const double> got,
+                        std::span<const double> want, std::int64_t rows, std::int64_t cols,
+                        double tol, double floor, bool rows_are_tokens, std::string row_label,
+                        std::string col_label) {
+  double scale = floor;
+  for (double w : want)
+    if (std::isfinite(w)) scale = std::max(scale, std::abs(w));
+  const double bound = tol * std::max(scale, 1e-300);
+  error_heatmap m(std::move(title), rows_are_tokens ? "token" : col_label,
+                  rows_are_tokens ? rows : cols, rows_are_tokens ? col_label : row_label,
+                  rows_are_tokens ? cols : rows);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const auto i = static_cast<std::size_t>(r * cols + c);
+      const double d = got[i] == want[i] ? 0.0 : std::abs(got[i] - want[i]);
+      const double e = std::isnan(d) ? INFINITY : d / bound;
+      if (rows_are_tokens)
+        m.add(r, c, e);
+      else
+        m.add(c, r, e);
+    }
+  return m;
+}
+
+/// The document boundaries of the unpadded row (the reference's token order).
+std::vector<double> doc_bounds(const scenario& s) {
+  std::vector<double> b{0};
+  for (auto d : s.docs) b.push_back(b.back() + static_cast<double>(d));
+  return b;
+}
+
+/// Head edges along a projection's heads·head_dim axis (q, k, v, gate: the out features; o:
+/// the in features).
+std::vector<double> head_edges(const scenario& s, const std::string& name, std::int64_t extent) {
+  std::vector<double> e;
+  if (s.head_dim <= 0 || extent % s.head_dim != 0) return e;
+  for (std::int64_t x = s.head_dim; x < extent; x += s.head_dim)
+    e.push_back(static_cast<double>(x));
+  (void)name;
+  return e;
+}
+
 /// The compared rows of a check, from the reference step and every cp rank's SP step (in cp
 /// rank order): shared by the in-process and the distributed checks, so both report the same.
 template <class T>
@@ -416,9 +461,24 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
     logits.push_back(o.logits);
     embed.push_back(o.embed_out_grad);
   }
-  rep.rows.push_back(compare("logits", gather_tokens(cb, logits), values_of(ref.logits), tol));
-  rep.rows.push_back(compare("embedding.output.grad", gather_tokens(cb, embed),
-                             values_of(ref.embed_out_grad), tol));
+  {
+    const auto got_logits = gather_tokens(cb, logits), want_logits = values_of(ref.logits);
+    rep.rows.push_back(compare("logits", got_logits, want_logits, tol));
+    if (!rep.rows.back().pass && got_logits.size() == want_logits.size()) {
+      rep.heatmaps.push_back(error_map("logits — error over tokens × vocabulary", got_logits,
+                                       want_logits, ref.logits.rows(), ref.logits.cols(), tol, 0,
+                                       true, "token", "vocab"));
+      rep.heatmaps.back().solid = doc_bounds(s);
+    }
+    const auto got_embed = gather_tokens(cb, embed), want_embed = values_of(ref.embed_out_grad);
+    rep.rows.push_back(compare("embedding.output.grad", got_embed, want_embed, tol));
+    if (!rep.rows.back().pass && got_embed.size() == want_embed.size()) {
+      rep.heatmaps.push_back(error_map("embedding.output.grad — error over tokens × hidden",
+                                       got_embed, want_embed, ref.embed_out_grad.rows(),
+                                       ref.embed_out_grad.cols(), tol, 0, true, "token", "hidden"));
+      rep.heatmaps.back().solid = doc_bounds(s);
+    }
+  }
   // Parameter gradients far below the largest one are judged against 1e-3 of it.
   double grad_scale = 0;
   for (const auto& g : ref.grads.values)
@@ -449,6 +509,23 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
       }
     }
     rep.rows.push_back(worst);
+    if (!worst.pass && worst.rank >= 0) {
+      const auto& got = outs[static_cast<std::size_t>(worst.rank)].grads.values[i];
+      const auto& name = ref.grads.names[i];
+      if (got.size() == want.size()) {
+        auto m = error_map(
+            fmt::format("grad.{} on cp rank {} — error over in × out features", name, worst.rank),
+            as_doubles(got, scratch), {want.data(), static_cast<std::size_t>(want.size())},
+            want.rows(), want.cols(), tol, floor_of(name), false, "in", "out");
+        // Heads along the projections' heads·head_dim axis: out for q, k, v, gate; in for o.
+        if (name.ends_with(".wo"))
+          m.row_lines = head_edges(s, name, want.rows());
+        else if (name.ends_with(".wq") || name.ends_with(".wk") || name.ends_with(".wv") ||
+                 name.ends_with(".wg"))
+          m.dotted = head_edges(s, name, want.cols());
+        rep.heatmaps.push_back(std::move(m));
+      }
+    }
   }
   for (auto& r : layout_rows(s, cb)) rep.rows.push_back(std::move(r));
   rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });

@@ -12,6 +12,7 @@
 #include "core/compare.hpp"
 #include "core/compute.hpp"
 #include "core/dtype.hpp"
+#include "core/heatmap.hpp"
 #include "core/scenario.hpp"
 #include "sim/faulty_comm.hpp"
 #include "sim/reference.hpp"
@@ -80,6 +81,9 @@ struct check_report {
   /// reference(s), compare (the rows; SP over DP's sums). DeepSpeed's further micro-steps add to
   /// sp and reference.
   double setup_seconds = 0, sp_seconds = 0, reference_seconds = 0, compare_seconds = 0;
+  /// Every failing row over a tensor's axes (logits and the embedding gradient: tokens × their
+  /// width; a parameter gradient: its out × in features, head edges marked), for --html.
+  std::vector<error_heatmap> heatmaps;
   std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)
   std::string isa;              ///< the CPU vector instruction sets (sim::cpu_isa)
 };

@@ -15,6 +15,8 @@
 
 #include "core/compare.hpp"
 
+#include "core/heatmap.hpp"
+
 namespace seqpar::verify {
 
 /// One attention call of a rank: its files, relative to the dump directory.
@@ -52,22 +54,12 @@ struct dump_set {
 dump_set read_dump(const std::string& dir);
 
 /// One compared stage of one rank of one call.
-/// Where a failing (rank, stage) differs: its error over the global tokens (binned to at most
-/// `max_columns` columns, the worst of each bin) × the stage's heads, each cell the error over
-/// the bound (|got − want| / (tolerance · max|want|); a data-movement stage: 1 where a value
-/// differs, else 0); NaN where the rank holds none of the bin's tokens.
-struct dump_heatmap {
-  static constexpr std::int64_t max_columns = 512;
-  std::int64_t tokens = 0;   ///< global tokens of the row
-  std::int64_t columns = 0;  ///< bins; column c covers tokens [c·tokens/columns, (c+1)·…)
-  int heads = 0;
-  std::vector<float> cells;  ///< [heads × columns]
-};
-
 struct dump_row {
   int call = 0;
-  compared_tensor row;               ///< tensor = stage name, rank = cp rank
-  std::optional<dump_heatmap> heat;  ///< failing rows of a valid shape
+  compared_tensor row;  ///< tensor = stage name, rank = cp rank
+  /// A failing row of a valid shape: its error over tokens × heads (global tokens, binned), with
+  /// document boundaries and zigzag chunk edges.
+  std::optional<error_heatmap> heat;
 };
 
 /// The first stage (in the order the job runs them) where the dump differs from a correct job.

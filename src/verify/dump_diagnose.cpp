@@ -682,14 +682,11 @@ std::string element_note(const geometry& g, const std::string& stage, int k, con
                            worst % n, got[worst], want[worst]);
 }
 
-dump_heatmap heatmap_of(const geometry& g, const std::string& stage, int k, const vec& got,
-                        const vec& want, double tol) {
+error_heatmap heatmap_of(const geometry& g, const std::string& stage, int k, const vec& got,
+                         const vec& want, double tol) {
   const stage_view v = view_of(g, stage);
-  dump_heatmap m;
-  m.tokens = g.S;
-  m.columns = std::min<std::int64_t>(std::max<std::int64_t>(g.S, 1), dump_heatmap::max_columns);
-  m.heads = v.X;
-  m.cells.assign(static_cast<std::size_t>(m.columns * m.heads), NAN);
+  error_heatmap m(fmt::format("cp rank {}: {} — error over tokens × heads", k, stage), "token", g.S,
+                  "head", v.X);
   double scale = 0;
   for (double w : want)
     if (std::isfinite(w)) scale = std::max(scale, std::abs(w));
@@ -697,11 +694,8 @@ dump_heatmap heatmap_of(const geometry& g, const std::string& stage, int k, cons
   const auto n = static_cast<std::size_t>(row_len(g, v));
   for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
     const auto [t, h] = locate(g, v, k, static_cast<std::int64_t>(i / n));
-    if (t < 0 || t >= g.S || h < 0 || h >= m.heads) continue;
     const double d = got[i] == want[i] ? 0.0 : std::abs(got[i] - want[i]);
-    const double e = tol > 0 ? (std::isnan(d) ? INFINITY : d / bound) : (d == 0 ? 0.0 : 1.0);
-    auto& cell = m.cells[static_cast<std::size_t>(h * m.columns + t * m.columns / g.S)];
-    if (std::isnan(cell) || e > cell) cell = static_cast<float>(e);
+    m.add(t, h, tol > 0 ? (std::isnan(d) ? INFINITY : d / bound) : (d == 0 ? 0.0 : 1.0));
   }
   return m;
 }

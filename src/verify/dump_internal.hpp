@@ -127,9 +127,10 @@ struct call_state {
 std::string element_note(const geometry& g, const std::string& stage, int k, const vec& got,
                          const vec& want);
 
-/// The heatmap of a failing row (see dump_heatmap); tol 0 for a data-movement stage.
-dump_heatmap heatmap_of(const geometry& g, const std::string& stage, int k, const vec& got,
-                        const vec& want, double tol);
+/// The error over tokens × heads of a failing row (see dump_row::heat); tol 0 for a
+/// data-movement stage.
+error_heatmap heatmap_of(const geometry& g, const std::string& stage, int k, const vec& got,
+                         const vec& want, double tol);
 
 /// The first differing stage of this call (rows already in rep), described; nullopt when the
 /// call has none.

@@ -85,19 +85,6 @@ std::string dump_report_text(const dump_report& r, bool all_rows) {
 
 namespace {
 
-/// A cell's colour: grey where the rank holds no token of the bin, white to light blue within
-/// the bound (error / bound in [0, 1]), then red, darker per decade above the bound.
-std::string heat_colour(float e) {
-  if (std::isnan(e)) return "#e6e6e6";
-  if (e <= 1) {
-    const int c = 255 - static_cast<int>(std::lround(60 * e));
-    return fmt::format("#{:02x}{:02x}ff", c, c);
-  }
-  const double decades = std::min(std::log10(static_cast<double>(e)) / 3.0, 1.0);  // 1e0..1e3
-  const int g = static_cast<int>(std::lround(170 * (1 - decades)));
-  return fmt::format("#{:02x}{:02x}{:02x}", 230 - static_cast<int>(80 * decades), g, g);
-}
-
 /// The first differing stage's error over tokens × heads on each rank where it differs, with
 /// the document boundaries (solid) and zigzag chunk edges (dotted) drawn.
 std::string heatmaps_html(const dump_report& r, const dump_finding& f) {
@@ -106,65 +93,14 @@ std::string heatmaps_html(const dump_report& r, const dump_finding& f) {
   const int R = r.layout.ring;
   for (const auto& row : r.rows) {
     if (row.call != f.call || row.row.tensor != f.stage || !row.heat) continue;
-    const auto& m = *row.heat;
-    const double cw = std::max(1.0, 900.0 / static_cast<double>(m.columns));
-    const double ch = std::clamp(200.0 / std::max(m.heads, 1), 4.0, 18.0), left = 60, top = 8;
-    const double W = left + cw * static_cast<double>(m.columns) + 10, H = top + ch * m.heads + 24;
-    h += fmt::format(
-        "<h3>rank {}: {} — error over tokens × heads</h3>\n<svg class=\"heatmap\" "
-        "xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" role=\"img\" "
-        "aria-label=\"error of stage {} on rank {} over tokens and heads\">\n",
-        row.row.rank, html_escape(f.stage), W, H, html_escape(f.stage), row.row.rank);
-    for (int hd = 0; hd < m.heads; ++hd) {
-      h += fmt::format("<text x=\"0\" y=\"{:.1f}\" font-size=\"10\">head {}</text>",
-                       top + ch * hd + ch * 0.8, hd);
-      // Runs of columns of one colour: one rectangle each (pages stay small at any length).
-      const auto cell = [&](std::int64_t c) {
-        return m.cells[static_cast<std::size_t>(hd * m.columns + c)];
-      };
-      for (std::int64_t c = 0; c < m.columns;) {
-        const std::string colour = heat_colour(cell(c));
-        std::int64_t e = c + 1;
-        float worst = cell(c);
-        while (e < m.columns && heat_colour(cell(e)) == colour) {
-          if (!std::isnan(cell(e)) && (std::isnan(worst) || cell(e) > worst)) worst = cell(e);
-          ++e;
-        }
-        const std::int64_t t0 = c * m.tokens / m.columns,
-                           t1 = std::max(t0, e * m.tokens / m.columns - 1);
-        h += fmt::format(
-            "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" "
-            "fill=\"{}\"><title>head {}, "
-            "tokens {}–{}: {}</title></rect>",
-            left + cw * static_cast<double>(c), top + ch * hd, cw * static_cast<double>(e - c), ch,
-            colour, hd, t0, t1,
-            std::isnan(worst) ? std::string("not held by this rank")
-                              : fmt::format("up to {:.3g} × the bound", worst));
-        c = e;
-      }
-      h += "\n";
-    }
-    const double scale = cw * static_cast<double>(m.columns) /
-                         static_cast<double>(std::max<std::int64_t>(m.tokens, 1));
+    auto m = *row.heat;
     for (std::size_t d = 0; d < cu.size(); ++d) {
-      const double x = left + scale * cu[d];
-      h += fmt::format(
-          "<line x1=\"{0:.2f}\" x2=\"{0:.2f}\" y1=\"{1}\" y2=\"{2:.1f}\" stroke=\"#222\"/>", x, top,
-          top + ch * m.heads);
+      m.solid.push_back(cu[d]);
       if (d + 1 < cu.size() && R > 1 && r.layout.zigzag)
-        for (int j = 1; j < 2 * R; ++j) {
-          const double xc = left + scale * (cu[d] + (cu[d + 1] - cu[d]) * j / (2.0 * R));
-          h += fmt::format(
-              "<line x1=\"{0:.2f}\" x2=\"{0:.2f}\" y1=\"{1}\" y2=\"{2:.1f}\" stroke=\"#555\" "
-              "stroke-dasharray=\"2 2\"/>",
-              xc, top, top + ch * m.heads);
-        }
+        for (int j = 1; j < 2 * R; ++j)
+          m.dotted.push_back(cu[d] + (cu[d + 1] - cu[d]) * j / (2.0 * R));
     }
-    h += fmt::format(
-        "<text x=\"{}\" y=\"{:.1f}\" font-size=\"10\">token 0</text><text x=\"{:.1f}\" "
-        "y=\"{:.1f}\" "
-        "font-size=\"10\" text-anchor=\"end\">{}</text></svg>\n",
-        left, top + ch * m.heads + 16, W - 10, top + ch * m.heads + 16, m.tokens);
+    h += heatmap_svg(m);
   }
   if (!h.empty())
     h = "<h2>Where it differs</h2>\n<p>Each cell: the worst error of its tokens and head over "

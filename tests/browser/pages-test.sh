@@ -4,14 +4,16 @@
 # GatedDeltaNet), replay --html of a real broken job, validate --dump --html of a failing real
 # dump, and a replay --perfetto file parsed by a page in the browser. Each must load offline
 # without a console error, hold its elements and show a non-blank screenshot; sizes printed.
-#   pages-test.sh SEQPAR SOURCE_DIR [SCREENSHOT_DIR]
+#   pages-test.sh SEQPAR SOURCE_DIR FAILING_CHECK_PAGE [SCREENSHOT_DIR]
+# FAILING_CHECK_PAGE: the test program that writes a failing check's --html page.
 # Screenshots go to SCREENSHOT_DIR (docs/screenshots when refreshing the docs), else a temp dir.
 set -u
 seqpar=$1
 src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-shots=${3:-$tmp}
+check_page_prog=$3
+shots=${4:-$tmp}
 mkdir -p "$shots"
 py=$(command -v python3)
 check="$src/tests/browser/check_page.py"
@@ -49,6 +51,14 @@ make_page plan-veomni 0 plan --profile veomni --ulysses 2 --ring 1 --heads 4 --k
 page plan-veomni "$tmp/plan-veomni.html" '<svg class="heads"' 'profile veomni'
 make_page plan-gdn 0 plan --scenario qwen3.5 --html "$tmp/plan-gdn.html"
 page plan-gdn "$tmp/plan-gdn.html" 'GatedDeltaNet layers' '<svg class="tokens"'
+make_page check-pass 0 check --html "$tmp/check-pass.html"
+page check-pass "$tmp/check-pass.html" 'Compared tensors' 'PASS'
+if "$check_page_prog" "$tmp/check-fail.html" >"$tmp/check-fail.out" 2>&1; then
+  page check-fail "$tmp/check-fail.html" 'FAIL' 'class="heatmap"' 'Where it differs' 'logits — error over tokens × vocabulary'
+else
+  echo "FAIL check-fail: $check_page_prog did not write a failing check's page"; tail -3 "$tmp/check-fail.out"
+  fails=$((fails + 1))
+fi
 make_page replay 1 replay "$src/traces/broken_real_gloo_ring4_wrong_peer.jsonl" --html "$tmp/replay.html"
 page replay "$tmp/replay.html" 'RING_PEER' '<svg'
 make_page validate 1 validate --dump "$src/tests/equivalence/data/dumps/ring-ring_src_off_by_one-f32" -q --html "$tmp/validate.html"
