@@ -157,7 +157,7 @@ def main():
     if not names:
         fail(f"'{d}' holds no *.json report; run bench/run_all.sh {d} first")
     order = ["isa_and_attention", "a2a_2ranks", "a2a_4ranks", "reference_threads",
-             "whole_check_threads", "scale", "property_throughput"]
+             "whole_check_threads", "scale", "import", "property_throughput"]
     names.sort(key=lambda n: (order.index(n) if n in order else len(order), n))
     lines = ["# seqpar benchmarks: one run", ""]
     log = os.path.join(d, "run.log")

@@ -40,6 +40,12 @@ for f in traces/import-samples/fr*/*.json; do seed 02 "fr-$(basename "$(dirname 
 for f in traces/import-samples/kineto*/*.json traces/import-samples/profiler_legacy_*/*.json; do
   seed 03 "prof-$(basename "$(dirname "$f")")-$(basename "$f")" "$f"
 done
+# The real torch ~2.0 and newer-format traces (gzipped as published): a gzip seed and the head of
+# its JSON (the one-pass scanner and the torch ~2.0 path).
+for f in traces/import-samples/kineto_*/*.json.gz; do
+  seed 03 "prof-gz-$(basename "$(dirname "$f")")-$(basename "$f")" "$f"
+  { printf '\x03'; gzip -dc "$f" | head -c 60000; } >"$seeds/prof-json-$(basename "$(dirname "$f")")-$(basename "$f" .gz)"
+done
 for f in traces/import-samples/nccl/*.log; do seed 04 "nccl-$(basename "$f")" "$f"; done
 for f in tests/equivalence/data/deepspeed/*.json; do
   [ -f "$f" ] || continue
