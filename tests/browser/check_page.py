@@ -78,7 +78,8 @@ def main():
     outside = re.findall(r'(?:src|href)\s*=\s*"(https?:[^"]*)"', text)
     if outside:
         errors.append(f"references outside the page: {outside[:3]}")
-    base = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+    base = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--hide-scrollbars",
             "--no-first-run", "--disable-extensions", "--enable-logging=stderr", "--v=0"]
     with tempfile.TemporaryDirectory() as profile:
         run = lambda extra: subprocess.run(
