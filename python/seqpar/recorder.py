@@ -33,6 +33,43 @@ import time
 SCHEMA = "seqpar-trace/1"
 
 
+def _open_stream(path, rank):
+    """This rank's stream, opened for writing and locked (fcntl.flock) for as long as the job
+    runs: a second job recording to the same path is refused with the reason instead of
+    interleaving with the first; a file left by a job that ended is simply replaced."""
+    import fcntl
+    try:
+        f = open(path, "a")
+    except OSError as e:
+        raise OSError(e.errno, f"seqpar.recorder: rank {rank}: cannot create {path}: "
+                      f"{e.strerror} (is the directory there and writable?)") from e
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        f.close()
+        raise OSError(e.errno, f"seqpar.recorder: rank {rank}: {path} is being written by another "
+                      f"running job (it holds the file's lock); record each job to a path of "
+                      f"its own") from e
+    f.seek(0)
+    f.truncate()
+    return f
+
+
+def _reopen_truncated(f, path):
+    """After a failed write: the stream cut back to its last complete line, kept open (and
+    locked) so nothing else is written."""
+    try:
+        f.close()
+    except OSError:
+        pass
+    with open(path, "rb") as r:
+        data = r.read()
+    end = data.rfind(b"\n") + 1
+    g = open(path, "r+")
+    g.truncate(end)
+    return g
+
+
 def write_atomic(path, text):
     """Writes text to path through a temp file in the same directory and a rename: a reader
     never sees a partial file, and a failure leaves none behind."""
@@ -70,7 +107,8 @@ class Recorder:
         self._orig = {}
         self._in_batch = False
         self.stream_path = f"{path}.rank{self.rank}"
-        self._out = open(self.stream_path, "w")
+        self._out = _open_stream(self.stream_path, self.rank)
+        self.write_error = None  # the OSError that stopped this rank's recording, if any
         self._emit({"type": "meta", "schema": SCHEMA, "world_size": self.world_size,
                     "groups": {}, "source": "recorder",
                     **({"config": config} if config is not None else {})})
@@ -133,9 +171,25 @@ class Recorder:
         return rec
 
     def _emit(self, rec):
-        """One line, flushed at once: what is written survives the process being killed."""
-        self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        self._out.flush()
+        """One line, flushed at once: what is written survives the process being killed. A
+        write that fails (a full disk, a file size limit, the directory gone) never breaks the
+        training step: the rank's recording stops there, said once on stderr, and its stream
+        ends at its last whole line (merge says which ranks' streams stopped early)."""
+        if self.write_error is not None:
+            return
+        line = json.dumps(rec, separators=(",", ":")) + "\n"
+        try:
+            self._out.write(line)
+            self._out.flush()
+        except OSError as e:
+            self.write_error = e
+            print(f"seqpar.recorder: rank {self.rank}: cannot write {self.stream_path}: "
+                  f"{e.strerror or e} — recording stopped here; the training goes on, and this "
+                  f"rank's trace ends at its last complete line", file=sys.stderr, flush=True)
+            try:  # the line may be half written: cut it off
+                self._out = _reopen_truncated(self._out, self.stream_path)
+            except OSError:
+                pass
 
     def _started(self, rec):
         rec["state"] = "started"
@@ -354,7 +408,11 @@ class Recorder:
         merged trace to `path`. Returns the path replay reads (or the stream of this rank)."""
         self.uninstall()
         if not self._out.closed:
-            self._out.close()
+            try:
+                self._out.close()
+            except OSError as e:  # the last buffered bytes could not be written
+                if self.write_error is None:
+                    self.write_error = e
         if self.world_size == 1:
             merge(self.path, [self.stream_path])
             os.unlink(self.stream_path)
@@ -404,31 +462,39 @@ def merge(out, parts):
     """One trace from per-rank streams (or per-rank traces): the first meta with every group
     united, then each call with its completion joined ("started" when the rank never returned
     from it), then layouts."""
-    meta, calls, done = None, [], {}
+    meta, calls, done, torn = None, [], {}, []
     for p in parts:
         with open(p) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by the crash of its rank: the call before it is kept
-                kind = r.get("type")
-                if kind == "meta":
-                    if meta is None:
-                        meta = r
-                    else:
-                        meta.setdefault("groups", {}).update(r.get("groups", {}))
-                elif kind == "group":
-                    if meta is not None:
-                        meta.setdefault("groups", {})[r["name"]] = r["ranks"]
-                elif kind == "done":
-                    done[(r["rank"], r["group"], r["seq"], r["p2p"])] = r
+            lines = f.read().split("\n")
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                # A line cut by the crash of its rank (or a full disk): never read as whole;
+                # the calls before it are kept, and the trace says so.
+                torn.append(f"{os.path.basename(p)}:{n}")
+                continue
+            kind = r.get("type")
+            if kind == "meta":
+                if meta is None:
+                    meta = r
                 else:
-                    calls.append(r)
+                    meta.setdefault("groups", {}).update(r.get("groups", {}))
+            elif kind == "group":
+                if meta is not None:
+                    meta.setdefault("groups", {})[r["name"]] = r["ranks"]
+            elif kind == "done":
+                done[(r["rank"], r["group"], r["seq"], r["p2p"])] = r
+            else:
+                calls.append(r)
     if meta is None:
         raise SystemExit("seqpar_recorder merge: no meta record in the inputs")
+    if torn:
+        meta.setdefault("notes", []).append(
+            f"recorder: {len(torn)} line(s) cut short (a rank killed or out of disk while "
+            f"writing) were left out: {', '.join(torn[:8])}{' …' if len(torn) > 8 else ''}")
     lines = [json.dumps(meta, separators=(",", ":"))]
     for r in calls:
         if r.get("type") in ("collective", "p2p"):
