@@ -216,6 +216,23 @@ class _Call(object):
         self.bwd_done = False
 
 
+def _lock_rank(directory, rank):
+    """Holds `.rank<R>.lock` in the dump directory (fcntl.flock) while the Dumper lives: a
+    second job dumping the same rank into the same directory is refused with the reason, instead
+    of the two overwriting each other's calls. A lock left by a job that ended is free."""
+    import fcntl
+    path = os.path.join(directory, ".rank%d.lock" % rank)
+    f = open(path, "a")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        f.close()
+        raise OSError(e.errno, "seqpar.dump: rank %d: %s is being dumped into by another "
+                      "running job (it holds %s); give each job a directory of its own"
+                      % (rank, directory, path)) from e
+    return f
+
+
 class Dumper(object):
     """Records the attention of one rank into `directory` (see the module docstring)."""
 
@@ -259,11 +276,42 @@ class Dumper(object):
             "torch": str(torch.__version__),
             "job": str(job),
         }
-        os.makedirs(os.path.join(self.directory, "rank%d" % self.rank), exist_ok=True)
+        self.write_error = None  # the OSError that stopped this rank's dump, if any
+        try:
+            os.makedirs(os.path.join(self.directory, "rank%d" % self.rank), exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, "seqpar.dump: rank %d: cannot create %s: %s (is the place "
+                          "writable?)" % (self.rank, os.path.join(self.directory, "rank%d" %
+                                                               self.rank), e.strerror)) from e
+        self._lock_file = _lock_rank(self.directory, self.rank)
         self._write_meta()
+
+    # -- writes that never break the user's step
+    def _safely(self, what, write):
+        """Runs write(); an OSError (a full disk, a file size limit, the directory gone) stops
+        the dump of this rank, said once on stderr: the files already written and the last
+        rank meta stay whole (every file is renamed into place), so `validate --dump` checks
+        the calls before this one."""
+        if self.write_error is not None:
+            return False
+        try:
+            write()
+            return True
+        except OSError as e:
+            self.write_error = e
+            self._closed = True
+            sys.stderr.write(
+                "seqpar.dump: rank %d: cannot write %s: %s — dumping stopped here; the training "
+                "goes on, and the dump of this rank holds the calls written before it\n"
+                % (self.rank, what, e.strerror or e))
+            sys.stderr.flush()
+            return False
 
     # -- meta
     def _write_meta(self):
+        self._safely("rank%d.json" % self.rank, self._write_meta_now)
+
+    def _write_meta_now(self):
         calls = []
         for c in self._calls:
             e = {"index": c.index, "name": c.name}
@@ -317,8 +365,10 @@ class Dumper(object):
             return
         c.fwd_done = True
         if c.fwd:
-            write_safetensors(os.path.join(self.directory, self._rel(c, "fwd")), c.fwd,
-                              self._file_meta(c, "forward"), self._durable)
+            if not self._safely(self._rel(c, "fwd"), lambda: write_safetensors(
+                    os.path.join(self.directory, self._rel(c, "fwd")), c.fwd,
+                    self._file_meta(c, "forward"), self._durable)):
+                return
             c.fwd_path = self._rel(c, "fwd")
             self._write_meta()
         if c.hooks_expected and c.hooks_fired >= c.hooks_expected:
@@ -330,8 +380,10 @@ class Dumper(object):
         if not c.grads:
             return
         c.bwd_done = True
-        write_safetensors(os.path.join(self.directory, self._rel(c, "bwd")), c.grads,
-                          self._file_meta(c, "backward"), self._durable)
+        if not self._safely(self._rel(c, "bwd"), lambda: write_safetensors(
+                os.path.join(self.directory, self._rel(c, "bwd")), c.grads,
+                self._file_meta(c, "backward"), self._durable)):
+            return
         c.bwd_path = self._rel(c, "bwd")
         self._write_meta()
 
@@ -376,17 +428,19 @@ class Dumper(object):
 
     def close(self):
         """Writes what is pending: forward files of open calls, backward files with the
-        gradients that arrived."""
+        gradients that arrived; then lets another job use the directory's rank slot."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            for c in self._calls:
-                self._finish_forward(c)
-            for c in self._calls:
-                self._finish_backward(c)
-            self._current = None
-            self._write_meta()
+            if not self._closed:
+                self._closed = True
+                for c in self._calls:
+                    self._finish_forward(c)
+                for c in self._calls:
+                    self._finish_backward(c)
+                self._current = None
+                self._write_meta()
+            if self._lock_file is not None:
+                self._lock_file.close()
+                self._lock_file = None
 
     def __enter__(self):
         return self

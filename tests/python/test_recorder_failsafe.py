@@ -92,3 +92,50 @@ def test_merge_never_reads_a_cut_line_as_whole(tmp_path):
         rp = subprocess.run([seqpar, "replay", merged], capture_output=True, text=True)
         assert rp.returncode == 1, rp.stdout + rp.stderr
         assert "rank 1" in rp.stdout and "cut short" in rp.stdout, rp.stdout
+
+
+# ---- the dump hook (seqpar.dump) ----
+
+DUMP_JOB = os.path.join(HERE, "dump_job.py")
+
+
+def run_dump(d, mode, timeout=60):
+    return subprocess.run([sys.executable, DUMP_JOB, d, mode], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_full_disk_stops_the_dump_not_the_training(tmp_path):
+    d = str(tmp_path / "dump")
+    p = run_dump(d, "fsize")
+    assert p.returncode == 0 and "training finished" in p.stdout, p.stderr
+    assert p.stderr.count("cannot write") == 1 and "dumping stopped here" in p.stderr, p.stderr
+    meta = json.load(open(os.path.join(d, "rank0.json")))
+    listed = [f for c in meta["calls"] for f in (c.get("forward"), c.get("backward")) if f]
+    assert 0 < len(listed) < 12, meta["calls"]  # some calls, not all
+    for f in listed:  # every file the meta lists is whole
+        spr_tensors = __import__("seqpar.dump", fromlist=["read_safetensors"]).read_safetensors(
+            os.path.join(d, f))
+        assert spr_tensors
+    assert not [f for f in os.listdir(d) if f.startswith(".seqpar-tmp")]  # no temp files left
+
+
+def test_a_second_job_dumping_into_the_same_directory_is_refused(tmp_path):
+    d = str(tmp_path / "dump")
+    first = subprocess.Popen([sys.executable, DUMP_JOB, d, "hold"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "dumping"
+        second = run_dump(d, "healthy")
+        assert second.returncode != 0
+        assert "being dumped into by another running job" in second.stderr, second.stderr
+    finally:
+        first.kill()
+        first.wait()
+    assert run_dump(d, "healthy").returncode == 0
+
+
+def test_a_dump_directory_that_cannot_be_made_is_named(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    p = run_dump(str(blocker / "dump"), "healthy")
+    assert p.returncode != 0 and "cannot create" in p.stderr, p.stderr
