@@ -19,7 +19,7 @@ namespace {
 
 struct check_args {
   scenario_flags flags;
-  std::string backend = "sim", dtype_name = "f64", html;
+  std::string backend = "sim", dtype_name = "f64", html, fault;
   bool json = false, quiet = false, naive = false, no_sp_over_dp = false;
   int threads = 0;
   run_guard_flags guard;
@@ -97,6 +97,11 @@ action add_check(CLI::App& app) {
       ->capture_default_str();
   add_report_flags(*sub, a->json, a->quiet);
   sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
+  sub->add_option("--fault", a->fault,
+                  "inject one transport fault into the SP step, to see what the check (and "
+                  "replay of its flight records) says about it: KIND[:rank=R,op=OP,tag=T,call=N,"
+                  "peer=P,other=Q,every], KIND = drop_chunk | duplicate_chunk | permute_chunks | "
+                  "wrong_count | swap_peers");
   sub->add_option("--html", a->html,
                   "also write the report as a self-contained HTML page: every row, and for a "
                   "failing one its error over tokens × width or a gradient's features");
@@ -124,7 +129,15 @@ action add_check(CLI::App& app) {
       if (!rep.pass)
         for (const auto& w : rep.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);
       if (!a->html.empty()) io::write_atomic(a->html, verify::check_report_html(rep));
-      io::write_atomic("-", a->json ? report_json(rep).dump() + "\n" : report_text(rep));
+      std::string text = a->json ? report_json(rep).dump() + "\n" : report_text(rep);
+      // The reproduce line of a run with an injected fault names the fault too.
+      if (!a->fault.empty() && !a->json)
+        if (const auto at = text.find("\nreproduce: "); at != std::string::npos) {
+          const auto end = text.find('\n', at + 1);
+          text.insert(end == std::string::npos ? text.size() : end,
+                      fmt::format(" --fault '{}'", a->fault));
+        }
+      io::write_atomic("-", text);
     };
     if (a->backend == "mpi") {
       // One cp rank per process under mpiexec; each process parses the same flags.
@@ -132,6 +145,7 @@ action add_check(CLI::App& app) {
           [a](verify::check_options& opt) {
             opt.type = parse_dtype(a->dtype_name);
             opt.naive_attention = a->naive;
+            if (!a->fault.empty()) opt.fault = parse_fault(a->fault);
             opt.sp_over_dp = !a->no_sp_over_dp;
             opt.threads = a->threads;
             opt.timeout = a->guard.timeout();
@@ -143,6 +157,7 @@ action add_check(CLI::App& app) {
     const scenario s = a->flags.resolve();
     opt.type = parse_dtype(a->dtype_name);
     opt.naive_attention = a->naive;
+    if (!a->fault.empty()) opt.fault = parse_fault(a->fault);
     opt.sp_over_dp = !a->no_sp_over_dp;
     opt.threads = a->threads;
     opt.timeout = a->guard.timeout();

@@ -38,6 +38,7 @@ action add_record(CLI::App& app) {
   auto flags = std::make_shared<scenario_flags>();
   auto out = std::make_shared<std::string>();
   auto f32 = std::make_shared<bool>(false);
+  auto fault = std::make_shared<std::string>();
   auto* sub = app.add_subcommand(
       "record",
       "Run a scenario on the CPU reference (SP step, as seqpar check) and write a seqpar-trace/1 "
@@ -48,12 +49,16 @@ action add_record(CLI::App& app) {
   flags->add_to(*sub);
   sub->add_option("--out,-o", *out, "trace file to write ('-' = stdout)")->required();
   sub->add_flag("--f32", *f32, "run the SP step in float32 (dtype of the recorded ops)");
-  return [flags, out, f32] {
+  sub->add_option("--fault", *fault,
+                  "inject one transport fault (as check --fault), to see what replay says about "
+                  "it: KIND[:rank=R,op=OP,tag=T,call=N,peer=P,other=Q,every]");
+  return [flags, out, f32, fault] {
     const scenario s = flags->resolve();
     comm_recorder rec;
     verify::check_options opt;
     opt.type = *f32 ? dtype::f32 : dtype::f64;
     opt.recorder = &rec;
+    if (!fault->empty()) opt.fault = parse_fault(*fault);
     const auto rep = verify::run_check(s, opt);
     const auto cb = collate(make_batch(s), options_of(s));
 

@@ -1,5 +1,7 @@
 #include "sim/faulty_comm.hpp"
 
+#include <charconv>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -27,6 +29,67 @@ std::string_view fault_kind_name(fault_kind k) {
       return "swap_peers";
   }
   return "?";
+}
+
+fault_spec parse_fault(std::string_view text) {
+  static constexpr fault_kind kinds[] = {fault_kind::drop_chunk, fault_kind::duplicate_chunk,
+                                         fault_kind::permute_chunks, fault_kind::wrong_count,
+                                         fault_kind::swap_peers};
+  const auto colon = text.find(':');
+  const auto kind = text.substr(0, colon);
+  fault_spec f;
+  for (auto k : kinds)
+    if (fault_kind_name(k) == kind) f.kind = k;
+  if (f.kind == fault_kind::none)
+    fail<config_error>(
+        "--fault '{}': the kind '{}' is unknown; use drop_chunk, duplicate_chunk, "
+        "permute_chunks, wrong_count or swap_peers, then :key=value,… (rank, op, tag, call, "
+        "peer, other, every)",
+        text, kind);
+  if (colon == std::string_view::npos) return f;
+  auto rest = text.substr(colon + 1);
+  const auto number = [&](std::string_view key, std::string_view v, std::int64_t lo) {
+    std::int64_t x = 0;
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc{} || p != v.data() + v.size() || x < lo || x > (1 << 20))
+      fail<config_error>("--fault '{}': {}={} is not an integer in [{}, {}]", text, key, v, lo,
+                         1 << 20);
+    return x;
+  };
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const auto part = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const auto eq = part.find('=');
+    const auto key = part.substr(0, eq);
+    const auto value = eq == std::string_view::npos ? std::string_view{} : part.substr(eq + 1);
+    if (key == "every" && eq == std::string_view::npos) {
+      f.every_call = true;
+    } else if (eq == std::string_view::npos) {
+      fail<config_error>(
+          "--fault '{}': '{}' is not key=value; keys: rank, op, tag, call, peer, "
+          "other, and the flag every",
+          text, part);
+    } else if (key == "rank") {
+      f.rank = static_cast<int>(number(key, value, 0));
+    } else if (key == "op") {
+      f.op = std::string(value);
+    } else if (key == "tag") {
+      f.tag = std::string(value);
+    } else if (key == "call") {
+      f.call = number(key, value, 0);
+    } else if (key == "peer") {
+      f.peer = static_cast<int>(number(key, value, 0));
+    } else if (key == "other") {
+      f.other_peer = static_cast<int>(number(key, value, 0));
+    } else {
+      fail<config_error>(
+          "--fault '{}': the key '{}' is unknown; keys: rank, op, tag, call, "
+          "peer, other, and the flag every",
+          text, key);
+    }
+  }
+  return f;
 }
 
 namespace {

@@ -35,6 +35,13 @@ struct fault_spec {
   int other_peer = 1;       ///< second member index: duplicate_chunk target, swap_peers partner
 };
 
+/// A fault from its text, as `seqpar check --fault` and `seqpar record --fault` take it:
+/// KIND[:key=value,…] with KIND one of drop_chunk, duplicate_chunk, permute_chunks, wrong_count,
+/// swap_peers and keys rank, op, tag, call, peer, other (the other_peer) and the flag every
+/// (every matching call from `call` on), e.g. "drop_chunk:rank=1,op=all_to_all,tag=q.fwd".
+/// config_error naming the part, the value and what is allowed.
+fault_spec parse_fault(std::string_view text);
+
 /// A communicator that forwards every call (with its tag) to `inner` and corrupts the result
 /// of the configured call on the configured rank, to test that checkers catch transport and
 /// layout bugs. Records go through this object's own recorder; a recorder attached to `inner`

@@ -231,4 +231,16 @@ else ok; fi
 expect 0 "git:" -- --version
 expect 0 "cpu:  " -- --version
 
+# Faults on purpose, from the outside (issue 33, item 6): check --fault corrupts one transport
+# call; the check names what it changed, a wrong count ends the run with flight records that
+# replay reads; an invalid spec is named.
+expect 1 "--fault 'drop_chunk:rank=1,op=all_to_all,tag=q.fwd'" -- check --fault drop_chunk:rank=1,op=all_to_all,tag=q.fwd
+expect 1 "FAIL: " -- check --fault swap_peers:rank=0,op=all_to_all,peer=0,other=1
+expect 2 "send_counts[0] on rank 1 must equal recv_counts[1] on rank 0" -- check --fault wrong_count:rank=1,op=all_to_all --flight-record "$tmp/faultfr"
+expect 1 "[RANK_FAILED] rank 1" -- replay "$tmp/faultfr"
+expect 2 "the kind 'bogus' is unknown; use drop_chunk" -- check --fault bogus
+expect 2 "rank=x is not an integer" -- check --fault drop_chunk:rank=x
+expect 2 "the key 'colour' is unknown" -- record --out "$tmp/fault.jsonl" --fault drop_chunk:colour=red
+[ -e "$tmp/fault.jsonl" ] && fail "record --fault with a bad spec left a trace"
+
 finish
