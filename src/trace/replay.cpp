@@ -137,8 +137,7 @@ void checker::finish() {
   }
   // A profiler records a window of the run (its schedule) and drops a call that fails: a rank
   // whose profile ends early may have gone on. Whether it reached the call is not known.
-  const bool profiler = meta_ && (meta_->source == "kineto" || meta_->source == "kineto-2.0" ||
-                                  meta_->source == "profiler-legacy");
+  const bool profiler = from_profiler();
   // Incomplete (group, seq): the ranks that never made that call.
   std::set<std::pair<std::string, int>> reported;
   for (auto& [key, recs] : pending_) {

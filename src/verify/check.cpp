@@ -430,12 +430,11 @@ std::vector<double> doc_bounds(const scenario& s) {
 
 /// Head edges along a projection's heads·head_dim axis (q, k, v, gate: the out features; o:
 /// the in features).
-std::vector<double> head_edges(const scenario& s, const std::string& name, std::int64_t extent) {
+std::vector<double> head_edges(const scenario& s, std::int64_t extent) {
   std::vector<double> e;
   if (s.head_dim <= 0 || extent % s.head_dim != 0) return e;
   for (std::int64_t x = s.head_dim; x < extent; x += s.head_dim)
     e.push_back(static_cast<double>(x));
-  (void)name;
   return e;
 }
 
@@ -519,10 +518,10 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
             want.rows(), want.cols(), tol, floor_of(name), false, "in", "out");
         // Heads along the projections' heads·head_dim axis: out for q, k, v, gate; in for o.
         if (name.ends_with(".wo"))
-          m.row_lines = head_edges(s, name, want.rows());
+          m.row_lines = head_edges(s, want.rows());
         else if (name.ends_with(".wq") || name.ends_with(".wk") || name.ends_with(".wv") ||
                  name.ends_with(".wg"))
-          m.dotted = head_edges(s, name, want.cols());
+          m.dotted = head_edges(s, want.cols());
         rep.heatmaps.push_back(std::move(m));
       }
     }

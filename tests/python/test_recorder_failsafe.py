@@ -15,14 +15,34 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 JOB = os.path.join(HERE, "recorder_job.py")
 
+import seqpar.dump as sd  # noqa: E402
 import seqpar.recorder as spr  # noqa: E402
 
 pytest.importorskip("torch")
 
 
-def run(out, mode, timeout=60):
-    return subprocess.run([sys.executable, JOB, out, mode], capture_output=True, text=True,
+def run(out, mode, job=JOB, timeout=60):
+    return subprocess.run([sys.executable, job, out, mode], capture_output=True, text=True,
                           timeout=timeout)
+
+
+def refused_while_held(job, out, ready, refusal, while_held=lambda: None):
+    """Starts `job` in hold mode on `out`, waits for it to say `ready`, checks that a second
+    (healthy) run on the same `out` fails with `refusal` (and `while_held()`, while the first
+    still runs), then that one runs once the first is gone."""
+    first = subprocess.Popen([sys.executable, job, out, "hold"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == ready
+        second = run(out, "healthy", job)
+        assert second.returncode != 0
+        assert refusal in second.stderr, second.stderr
+        while_held()
+    finally:
+        first.kill()
+        first.wait()
+    again = run(out, "healthy", job)
+    assert again.returncode == 0, again.stderr
 
 
 def test_a_full_disk_stops_the_recording_not_the_training(tmp_path):
@@ -41,22 +61,13 @@ def test_a_full_disk_stops_the_recording_not_the_training(tmp_path):
 
 def test_a_second_job_on_the_same_path_is_refused_while_the_first_runs(tmp_path):
     out = str(tmp_path / "run.jsonl")
-    first = subprocess.Popen([sys.executable, JOB, out, "hold"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert first.stdout.readline().strip() == "recording"
-        second = run(out, "healthy")
-        assert second.returncode != 0
-        assert "being written by another running job" in second.stderr, second.stderr
-        # the first job's stream is intact
+
+    def first_stream_intact():
         lines = open(out + ".rank0").read().splitlines()
         assert json.loads(lines[0])["type"] == "meta" and len(lines) > 20
-    finally:
-        first.kill()
-        first.wait()
-    # Once the first job is gone, the path can be recorded to again.
-    again = run(out, "healthy")
-    assert again.returncode == 0, again.stderr
+
+    refused_while_held(JOB, out, "recording", "being written by another running job",
+                       first_stream_intact)
 
 
 def test_a_directory_that_is_not_there_is_named(tmp_path):
@@ -99,9 +110,8 @@ def test_merge_never_reads_a_cut_line_as_whole(tmp_path):
 DUMP_JOB = os.path.join(HERE, "dump_job.py")
 
 
-def run_dump(d, mode, timeout=60):
-    return subprocess.run([sys.executable, DUMP_JOB, d, mode], capture_output=True, text=True,
-                          timeout=timeout)
+def run_dump(d, mode):
+    return run(d, mode, DUMP_JOB)
 
 
 def test_a_full_disk_stops_the_dump_not_the_training(tmp_path):
@@ -113,25 +123,13 @@ def test_a_full_disk_stops_the_dump_not_the_training(tmp_path):
     listed = [f for c in meta["calls"] for f in (c.get("forward"), c.get("backward")) if f]
     assert 0 < len(listed) < 12, meta["calls"]  # some calls, not all
     for f in listed:  # every file the meta lists is whole
-        spr_tensors = __import__("seqpar.dump", fromlist=["read_safetensors"]).read_safetensors(
-            os.path.join(d, f))
-        assert spr_tensors
+        assert sd.read_safetensors(os.path.join(d, f))
     assert not [f for f in os.listdir(d) if f.startswith(".seqpar-tmp")]  # no temp files left
 
 
 def test_a_second_job_dumping_into_the_same_directory_is_refused(tmp_path):
-    d = str(tmp_path / "dump")
-    first = subprocess.Popen([sys.executable, DUMP_JOB, d, "hold"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert first.stdout.readline().strip() == "dumping"
-        second = run_dump(d, "healthy")
-        assert second.returncode != 0
-        assert "being dumped into by another running job" in second.stderr, second.stderr
-    finally:
-        first.kill()
-        first.wait()
-    assert run_dump(d, "healthy").returncode == 0
+    refused_while_held(DUMP_JOB, str(tmp_path / "dump"), "dumping",
+                       "being dumped into by another running job")
 
 
 def test_a_dump_directory_that_cannot_be_made_is_named(tmp_path):

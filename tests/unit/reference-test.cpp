@@ -590,6 +590,16 @@ TEST(reference, documents_do_not_see_each_other) {
   EXPECT_NE(before.logits.row(2), after.logits.row(2));
 }
 
+/// Every value of two steps, bit for bit.
+void expect_same_bits(const ref::step_result& many, const ref::step_result& one) {
+  EXPECT_EQ(many.loss, one.loss);
+  EXPECT_EQ(many.valid_tokens, one.valid_tokens);
+  EXPECT_EQ(many.logits, one.logits);
+  EXPECT_EQ(many.embed_out_grad, one.embed_out_grad);
+  for (std::size_t i = 0; i < one.grads.values.size(); ++i)
+    EXPECT_EQ(many.grads.values[i], one.grads.values[i]) << one.grads.names[i];
+}
+
 TEST(reference, step_is_bitwise_identical_at_any_thread_count) {
   // Documents of different lengths (the largest first in the work order), GQA groups of 3.
   scenario s = tiny(4);
@@ -610,11 +620,7 @@ TEST(reference, step_is_bitwise_identical_at_any_thread_count) {
   for (int threads : {2, 7, 0}) {
     SCOPED_TRACE(threads);
     const auto many = ref::train_step(s, w, b, threads);
-    EXPECT_EQ(many.loss, one.loss);
-    EXPECT_EQ(many.logits, one.logits);
-    EXPECT_EQ(many.embed_out_grad, one.embed_out_grad);
-    for (std::size_t i = 0; i < one.grads.values.size(); ++i)
-      EXPECT_EQ(many.grads.values[i], one.grads.values[i]) << one.grads.names[i];
+    expect_same_bits(many, one);
   }
 }
 
@@ -644,12 +650,7 @@ TEST(reference, a_step_of_many_tiles_is_bitwise_identical_at_any_thread_count) {
   for (int threads : {2, 3, 8}) {
     SCOPED_TRACE(threads);
     const auto many = ref::train_step(s, w, b, threads);
-    EXPECT_EQ(many.loss, one.loss);
-    EXPECT_EQ(many.valid_tokens, one.valid_tokens);
-    EXPECT_EQ(many.logits, one.logits);
-    EXPECT_EQ(many.embed_out_grad, one.embed_out_grad);
-    for (std::size_t i = 0; i < one.grads.values.size(); ++i)
-      EXPECT_EQ(many.grads.values[i], one.grads.values[i]) << one.grads.names[i];
+    expect_same_bits(many, one);
   }
 }
 
