@@ -2,7 +2,7 @@
 # fuzz/run.sh SECONDS [JOBS]: builds the libFuzzer harness with clang in build-fuzz/ and fuzzes
 # every reader of user files (trace reader + replay, batch and DeepSpeed sample readers, the
 # Flight Recorder, profiler and NCCL log importers, the flight-record merge, the safetensors
-# reader) for SECONDS
+# reader, a whole tensor dump directory) for SECONDS
 # (default 60) with bounded memory, seeded with the committed traces, import samples and
 # fixtures. Crashes land in build-fuzz/fuzz-artifacts/.
 set -euo pipefail
@@ -81,6 +81,31 @@ seeds = {
 }
 for name, b in seeds.items():
     open(f"{sys.argv[1]}/{name}", "wb").write(b)
+EOF
+# A whole dump directory (8): a committed dump's rank-0 meta made a one-rank layout over its own
+# tokens, 0xff, then the forward (or backward) file of its first call.
+python3 - "$seeds" tests/equivalence/data/dumps <<'EOF'
+import json, os, sys
+seeds, root = sys.argv[1], sys.argv[2]
+for name in sorted(os.listdir(root)):
+    meta = os.path.join(root, name, "rank0.json")
+    if not os.path.isfile(meta):
+        continue
+    m = json.load(open(meta))
+    n = m["cu_seqlens"][-1] // max(1, m["ulysses"] * m["ring"])
+    cu = [c for c in m["cu_seqlens"] if c < n] + [n]
+    pos = [t - cu[d] for d in range(len(cu) - 1) for t in range(cu[d], cu[d + 1])]
+    m.update(world_size=1, ulysses=1, ring=1, ulysses_rank=0, ring_rank=0, cu_seqlens=cu,
+             position_ids=pos)
+    for side in ("forward", "backward"):
+        f = m["calls"][0].get(side)
+        if not f:
+            continue
+        raw = open(os.path.join(root, name, f), "rb").read()
+        if len(raw) > 60000:
+            continue
+        one = dict(m, calls=[{"index": 0, "name": "L0.attn", side: "rank0/t.safetensors"}])
+        open(f"{seeds}/dump-{name}-{side}", "wb").write(b"\x08" + json.dumps(one).encode() + b"\xff" + raw)
 EOF
 par=()
 # -jobs>1 forks workers that log to fuzz-N.log in the current directory: run them in build-fuzz.

@@ -1,5 +1,5 @@
 // libFuzzer harness for every reader of a file a user feeds seqpar. The first byte picks the
-// target (byte % 8); the rest is the file:
+// target (byte % 9); the rest is the file:
 //   0 the seqpar-trace/1 reader, and replay on whatever it accepts (text, JSON, HTML reports)
 //   1 the collate batch reader (xorl / VeOmni rows)
 //   2 the Flight Recorder JSON importer        3 the profiler importer (Kineto and legacy export)
@@ -7,6 +7,9 @@
 //   6 flight-record merge: the input cut in two at its first 0xff byte, read as two rank files
 //   7 the safetensors reader (tensor dumps): what it accepts converts, and writes back and reads
 //     back to the same file
+//   8 a tensor dump directory (validate --dump): the input cut at its first 0xff byte into
+//     rank0.json (the meta) and the one safetensors file every call of it names; what reads is
+//     validated and reported
 // Importer output is replayed too. Any exception other than seqpar::error, a crash, a hang or
 // unbounded memory is a finding.
 #include <unistd.h>
@@ -14,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -28,6 +32,7 @@
 #include "trace/import/import.hpp"
 #include "trace/replay.hpp"
 #include "trace/trace_io.hpp"
+#include "verify/dump.hpp"
 
 namespace {
 
@@ -54,7 +59,7 @@ std::string scratch(int k, const std::string& text) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  const int target = data[0] % 8;
+  const int target = data[0] % 9;
   try {
     switch (target) {
       case 0:
@@ -101,6 +106,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         } catch (const seqpar::error&) {
           __builtin_trap();
         }
+        break;
+      }
+      case 8: {
+        const auto cut = text.find('\xff');
+        namespace fs = std::filesystem;
+        const auto dir = "/tmp/seqpar-fuzz-dump-" + std::to_string(getpid());
+        fs::remove_all(dir);
+        fs::create_directories(dir + "/rank0");
+        std::ofstream(dir + "/rank0.json", std::ios::binary) << text.substr(0, cut);
+        std::ofstream(dir + "/rank0/t.safetensors", std::ios::binary)
+            << (cut == std::string::npos ? std::string() : text.substr(cut + 1));
+        const auto rep = seqpar::verify::validate_dump(seqpar::verify::read_dump(dir));
+        (void)seqpar::verify::dump_report_text(rep, true);
+        (void)seqpar::verify::dump_report_html(rep);
         break;
       }
     }
