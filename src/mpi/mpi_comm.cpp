@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <list>
 #include <map>
@@ -257,10 +258,19 @@ struct mpi_communicator::impl {
   /// work the others wait for), and what it said it was doing.
   std::vector<std::chrono::steady_clock::time_point> heard, heard_busy;
   std::vector<std::string> doing;
+  /// Per world rank: the ranks it said it waits for (members of its call that had not arrived;
+  /// empty when it is busy, or waits in a transfer every member has joined). The watchdog
+  /// follows these to the end of a wait chain.
+  std::vector<std::vector<int>> waits_for;
   std::vector<char> acked;   ///< per world rank (announce_abort)
   std::vector<char> silent;  ///< per world rank: named silent by this rank's watchdog
   /// Heartbeats in flight, with their payloads (kept until each send completes).
-  std::list<std::pair<std::string, MPI_Request>> beats_out;
+  struct beat {
+    std::string text;
+    MPI_Request request = MPI_REQUEST_NULL;
+    int peer = 0;
+  };
+  std::list<beat> beats_out;
   std::string notice;  ///< abort notice payload
   const char ack = 1;  ///< acknowledgement payload
   /// A nonblocking all_to_all started and not yet waited: its request, the count and
@@ -289,7 +299,7 @@ struct mpi_communicator::impl {
     while ((!beats_out.empty() || !pending.empty()) && std::chrono::steady_clock::now() < until) {
       for (auto it = beats_out.begin(); it != beats_out.end();) {
         int flag = 0;
-        MPI_Test(&it->second, &flag, MPI_STATUS_IGNORE);
+        MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
         it = flag ? beats_out.erase(it) : std::next(it);
       }
       for (auto it = pending.begin(); it != pending.end();) {
@@ -299,8 +309,8 @@ struct mpi_communicator::impl {
       }
     }
     if (!beats_out.empty()) {
-      auto* kept = new std::list<std::pair<std::string, MPI_Request>>(std::move(beats_out));
-      for (auto& b : *kept) MPI_Request_free(&b.second);
+      auto* kept = new std::list<beat>(std::move(beats_out));
+      for (auto& b : *kept) MPI_Request_free(&b.request);
     }
     if (!pending.empty()) new std::map<std::int64_t, pending_op>(std::move(pending));
     if (ctl != MPI_COMM_NULL)
@@ -334,6 +344,7 @@ mpi_communicator::mpi_communicator(mpi_options opt) : impl_(std::make_unique<imp
   impl_->heard.assign(static_cast<std::size_t>(size_), std::chrono::steady_clock::time_point{});
   impl_->heard_busy = impl_->heard;
   impl_->doing.assign(static_cast<std::size_t>(size_), "");
+  impl_->waits_for.assign(static_cast<std::size_t>(size_), {});
   impl_->acked.assign(static_cast<std::size_t>(size_), 0);
   impl_->silent.assign(static_cast<std::size_t>(size_), 0);
   host_ = processor_name();
@@ -427,12 +438,14 @@ void validate(const comm_group& g, std::int64_t seq, const std::string& tag,
 
 // ---- the watchdog: control plane and watched waits ----
 //
-// A rank that waits longer than a quarter of the deadline tells every other rank, on the
-// control plane, what it waits in ("waiting in all_reduce #1 (loss.sum) on 'sp0'"), and keeps
-// doing so; a rank doing local work the others wait for (while_busy) says "busy: …". When a
-// wait reaches its deadline, the members that never arrived are named with what they last said:
-// silent (stopped, hung in compute, dead) or alive and waiting elsewhere (a different call
-// order: deadlock). Only "busy" heartbeats of a missing member extend the deadline.
+// A rank that waits longer than 0.2 s tells every other rank, on the control plane, what it
+// waits in and for whom ("waiting in all_reduce #1 (loss.sum) on 'sp0'" + the ranks that have
+// not arrived), and repeats it every quarter of the deadline; a rank doing local work the others
+// wait for (while_busy) says "busy: …". When a wait reaches its deadline, the chain of waits is
+// followed from the members that never arrived through what each said it waits for, to its
+// end: a silent rank (stopped, hung in compute, dead), a busy one, one inside a transfer, or a
+// rank already on the chain (a cycle: deadlock). Only "busy" heartbeats of a missing member
+// extend the deadline.
 
 namespace {
 
@@ -444,20 +457,28 @@ constexpr int tag_heartbeat = 1, tag_abort = 2, tag_ack = 3;  ///< on the contro
 void reap_beats(mpi_communicator::impl& im) {
   for (auto it = im.beats_out.begin(); it != im.beats_out.end();) {
     int flag = 0;
-    MPI_Test(&it->second, &flag, MPI_STATUS_IGNORE);
+    MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
     it = flag ? im.beats_out.erase(it) : std::next(it);
   }
 }
 
-// Tells every other rank `what` (a heartbeat).
+// A heartbeat's payload: what the rank does, then (after a newline) the world ranks it waits
+// for, comma-separated.
+std::string beat_payload(const std::string& what, const std::vector<int>& waits_for) {
+  return fmt::format("{}\n{}", what, fmt::join(waits_for, ","));
+}
+
+// Tells every other rank `what` (a heartbeat). A peer that does not take its heartbeats (a
+// stopped process) gets no more once 64 are outstanding to it; the others still get theirs.
 void send_beats(mpi_communicator::impl& im, int world_size, const std::string& what) {
   reap_beats(im);
-  if (im.beats_out.size() > static_cast<std::size_t>(64 * world_size)) return;  // a peer is stuck
+  std::vector<int> outstanding(static_cast<std::size_t>(world_size), 0);
+  for (const auto& b : im.beats_out) ++outstanding[static_cast<std::size_t>(b.peer)];
   for (int r = 0; r < world_size; ++r) {
-    if (r == im.me) continue;
-    auto& b = im.beats_out.emplace_back(what, MPI_REQUEST_NULL);
-    if (MPI_Isend(b.first.data(), static_cast<int>(b.first.size()), MPI_CHAR, r, tag_heartbeat,
-                  im.ctl, &b.second) != MPI_SUCCESS)
+    if (r == im.me || outstanding[static_cast<std::size_t>(r)] >= 64) continue;
+    auto& b = im.beats_out.emplace_back(what, MPI_REQUEST_NULL, r);
+    if (MPI_Isend(b.text.data(), static_cast<int>(b.text.size()), MPI_CHAR, r, tag_heartbeat,
+                  im.ctl, &b.request) != MPI_SUCCESS)
       im.beats_out.pop_back();
   }
 }
@@ -480,6 +501,14 @@ void poll_control(mpi_communicator::impl& im, bool in_announce = false) {
     if (st.MPI_TAG == tag_heartbeat) {
       im.heard[src] = steady::now();
       if (text.rfind("busy", 0) == 0) im.heard_busy[src] = im.heard[src];
+      const auto nl = text.find('\n');
+      im.waits_for[src].clear();
+      if (nl != std::string::npos) {
+        std::istringstream list(text.substr(nl + 1));
+        for (std::string r; std::getline(list, r, ',');)
+          if (!r.empty()) im.waits_for[src].push_back(std::stoi(r));
+        text.resize(nl);
+      }
       im.doing[src] = std::move(text);
     } else if (st.MPI_TAG == tag_ack || (st.MPI_TAG == tag_abort && in_announce)) {
       im.acked[src] = 1;
@@ -500,30 +529,101 @@ struct watched {
 
 double seconds(steady::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// "rank 2 (silent for 2.1 s)" or "rank 3 (alive, last said: waiting in …)".
+// Whether rank r counts as alive: a rank that waits, or works for others (while_busy), beats
+// every quarter of the deadline, so one not heard for half the deadline is silent.
+bool alive(const mpi_communicator::impl& im, int r, steady::time_point now,
+           std::chrono::milliseconds limit) {
+  const auto h = im.heard[static_cast<std::size_t>(r)];
+  return h != steady::time_point{} && now - h < limit / 2;
+}
+
+// "rank 2 (silent for 2.1 s: …)" or "rank 3 (alive 0.2 s ago, waiting in …)".
 std::string describe_member(const mpi_communicator::impl& im, int r, steady::time_point start,
-                            steady::time_point now) {
+                            steady::time_point now, std::chrono::milliseconds limit) {
   const auto k = static_cast<std::size_t>(r);
-  if (im.heard[k] > start)
+  if (alive(im, r, now, limit))
     return fmt::format("rank {} (alive {:.2g} s ago, {})", r, seconds(now - im.heard[k]),
                        im.doing[k]);
   return fmt::format("rank {} (silent for {:.3g} s: stopped, hung in local work, or dead)", r,
-                     seconds(now - start));
+                     seconds(now - std::max(start, im.heard[k])));
+}
+
+// Where the waits from this rank lead, as the lead of the watchdog's message. From the members
+// that never arrived, what each live rank said it waits for is followed, breadth first (so each
+// rank is reached by its shortest path), to the ranks where the chains end: silent ones
+// (stopped, hung, dead), busy ones, or ones inside a transfer every member joined. Silent ends
+// come first: "the wait ends at rank 2 (silent for 11 s: …) — rank 1 waits for rank 0, which
+// waits in reduce_scatter #5 (…) on 'ring0' for rank 2". Where every chain returns to a rank
+// already on it, that is a deadlock: "a cycle of waits (deadlock): rank 0 waits for rank 1,
+// which waits in … for rank 0".
+std::string chain_summary(mpi_communicator::impl& im, const std::vector<int>& missing,
+                          steady::time_point start, steady::time_point now,
+                          std::chrono::milliseconds limit) {
+  struct node {
+    int rank;
+    std::string path;
+    std::vector<int> on_path;  ///< this rank's ancestors, starting with this process
+  };
+  const auto world = static_cast<int>(im.waits_for.size());
+  std::vector<char> seen(im.waits_for.size(), 0);
+  seen[static_cast<std::size_t>(im.me)] = 1;
+  std::deque<node> queue;
+  for (int r : missing) {
+    if (seen[static_cast<std::size_t>(r)]) continue;
+    seen[static_cast<std::size_t>(r)] = 1;
+    queue.push_back({r, fmt::format("rank {} waits for rank {}", im.me, r), {im.me}});
+  }
+  std::vector<node> ends;
+  std::string cycle;
+  while (!queue.empty()) {
+    auto n = std::move(queue.front());
+    queue.pop_front();
+    const auto k = static_cast<std::size_t>(n.rank);
+    if (!alive(im, n.rank, now, limit) || im.waits_for[k].empty()) {
+      ends.push_back(std::move(n));
+      continue;
+    }
+    auto doing = im.doing[k];
+    if (doing.rfind("waiting in ", 0) == 0) doing.replace(0, 7, "waits");
+    n.on_path.push_back(n.rank);
+    for (int f : im.waits_for[k]) {
+      if (f < 0 || f >= world) continue;
+      auto path = fmt::format("{}, which {} for rank {}", n.path, doing, f);
+      if (std::find(n.on_path.begin(), n.on_path.end(), f) != n.on_path.end()) {
+        if (cycle.empty()) cycle = std::move(path);
+      } else if (!seen[static_cast<std::size_t>(f)]) {
+        seen[static_cast<std::size_t>(f)] = 1;
+        queue.push_back({f, std::move(path), n.on_path});
+      }
+    }
+  }
+  std::stable_partition(ends.begin(), ends.end(),
+                        [&](const node& n) { return !alive(im, n.rank, now, limit); });
+  std::vector<std::string> parts;
+  for (const auto& e : ends) {
+    if (!alive(im, e.rank, now, limit)) im.silent[static_cast<std::size_t>(e.rank)] = 1;
+    parts.push_back(fmt::format("the wait ends at {} — {}",
+                                describe_member(im, e.rank, start, now, limit), e.path));
+  }
+  if (!cycle.empty()) parts.push_back(fmt::format("a cycle of waits (deadlock): {}", cycle));
+  return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 // Completes every request, polling the control plane. arrival_of[k] = the group member whose
 // arrival request k shows (its descriptor), -1 for a transfer. At the deadline — measured from
 // the start or from the latest "busy" heartbeat of a member that has not arrived — throws the
-// watchdog error naming the members that never arrived (or, once all arrived, the silent
-// ones). statuses (optional) gets each request's status.
+// watchdog error: where the wait chains through the members that never arrived end (or, once
+// all arrived, the silent members). While it waits, this rank's heartbeats say what it waits
+// in and for which ranks. statuses (optional) gets each request's status.
 void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Request>& reqs,
                   const std::vector<int>& arrival_of, const watched& w,
                   std::vector<MPI_Status>* statuses = nullptr) {
   if (statuses) statuses->assign(reqs.size(), MPI_Status{});
   const auto start = steady::now();
   const auto period = std::max(std::chrono::milliseconds(50), im.opt.timeout / 4);
-  auto next_beat = start + period;
+  auto next_beat = start + std::min(period, std::chrono::milliseconds(200));
   int idle = 0;
+  std::vector<int> missing;  // world ranks
   for (;;) {
     bool all = true;
     for (std::size_t k = 0; k < reqs.size(); ++k) {
@@ -540,55 +640,57 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
     if (all) return;
     poll_control(im);
     const auto now = steady::now();
-    if (im.opt.timeout.count() > 0 && now >= next_beat) {
-      send_beats(im, world_size, fmt::format("waiting in {} on '{}'", w.call, w.g.name));
+    if (im.opt.timeout.count() <= 0) {
+      if (++idle > 2000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    missing.clear();
+    auto since = start;
+    for (std::size_t k = 0; k < reqs.size(); ++k)
+      if (reqs[k] != MPI_REQUEST_NULL && k < arrival_of.size() && arrival_of[k] >= 0) {
+        const int r = w.g.ranks[static_cast<std::size_t>(arrival_of[k])];
+        if (std::find(missing.begin(), missing.end(), r) != missing.end()) continue;
+        missing.push_back(r);
+        since = std::max(since, im.heard_busy[static_cast<std::size_t>(r)]);
+      }
+    if (now >= next_beat) {
+      send_beats(im, world_size,
+                 beat_payload(fmt::format("waiting in {} on '{}'", w.call, w.g.name), missing));
       next_beat = now + period;
     }
-    if (w.limit.count() > 0) {
-      std::vector<int> missing;  // world ranks
-      auto since = start;
-      for (std::size_t k = 0; k < reqs.size(); ++k)
-        if (reqs[k] != MPI_REQUEST_NULL && k < arrival_of.size() && arrival_of[k] >= 0) {
-          const int r = w.g.ranks[static_cast<std::size_t>(arrival_of[k])];
-          if (std::find(missing.begin(), missing.end(), r) != missing.end()) continue;
-          missing.push_back(r);
-          since = std::max(since, im.heard_busy[static_cast<std::size_t>(r)]);
+    if (w.limit.count() > 0 && now - since >= w.limit) {
+      const double waited = seconds(now - start), limit_s = seconds(w.limit);
+      std::vector<std::string> who;
+      if (!missing.empty()) {
+        const auto chains = chain_summary(im, missing, start, now, w.limit);
+        std::vector<int> arrived;
+        for (int r : missing) {
+          who.push_back(describe_member(im, r, start, now, w.limit));
+          if (!alive(im, r, now, w.limit)) im.silent[static_cast<std::size_t>(r)] = 1;
         }
-      if (now - since >= w.limit) {
-        const double waited = seconds(now - start), limit_s = seconds(w.limit);
-        std::vector<std::string> who;
-        if (!missing.empty()) {
-          std::vector<int> arrived;
-          for (int r : missing) {
-            who.push_back(describe_member(im, r, start, now));
-            if (im.heard[static_cast<std::size_t>(r)] <= start)
-              im.silent[static_cast<std::size_t>(r)] = 1;
-          }
-          for (int r : w.g.ranks)
-            if (std::find(missing.begin(), missing.end(), r) == missing.end()) arrived.push_back(r);
-          fail<error>(
-              "watchdog: {} on group {} waited {:.3g} s (deadline {:.3g} s); members that never "
-              "arrived: {}; arrived: ranks {}. A rank that stopped without dying (stalled, "
-              "deadlocked, stopped by a debugger or SIGSTOP) or that skipped this call leaves "
-              "the others waiting here; if the ranks are merely slow, raise --timeout",
-              w.call, describe(w.g), waited, limit_s, fmt::join(who, ", "), arrived);
-        }
-        // Every member arrived (or arrivals are unknown): name the members gone silent.
         for (int r : w.g.ranks)
-          if (r != im.me &&
-              now - std::max(start, im.heard[static_cast<std::size_t>(r)]) >= w.limit / 2) {
-            who.push_back(describe_member(im, r, start, now));
-            im.silent[static_cast<std::size_t>(r)] = 1;
-          }
+          if (std::find(missing.begin(), missing.end(), r) == missing.end()) arrived.push_back(r);
         fail<error>(
-            "watchdog: {} on group {} did not complete within {:.3g} s{}{}. A member stopped "
-            "inside the call (stalled, or stopped by SIGSTOP) or the network stalls; if the "
-            "transfer is merely slow, raise --timeout",
-            w.call, describe(w.g), limit_s,
-            w.arrivals_known ? ": every member arrived, the transfer did not finish"
-                             : " (which members arrived is known only with verify_calls)",
-            who.empty() ? "" : fmt::format("; members gone silent: {}", fmt::join(who, ", ")));
+            "watchdog: {} on group {} waited {:.3g} s (deadline {:.3g} s): {}; members that "
+            "never arrived: {}; arrived: ranks {}. A rank that stopped without dying (stalled, "
+            "deadlocked, stopped by a debugger or SIGSTOP) or that skipped this call leaves "
+            "the others waiting here; if the ranks are merely slow, raise --timeout",
+            w.call, describe(w.g), waited, limit_s, chains, fmt::join(who, ", "), arrived);
       }
+      // Every member arrived (or arrivals are unknown): name the members gone silent.
+      for (int r : w.g.ranks)
+        if (r != im.me && !alive(im, r, now, w.limit)) {
+          who.push_back(describe_member(im, r, start, now, w.limit));
+          im.silent[static_cast<std::size_t>(r)] = 1;
+        }
+      fail<error>(
+          "watchdog: {} on group {} did not complete within {:.3g} s{}{}. A member stopped "
+          "inside the call (stalled, or stopped by SIGSTOP) or the network stalls; if the "
+          "transfer is merely slow, raise --timeout",
+          w.call, describe(w.g), limit_s,
+          w.arrivals_known ? ": every member arrived, the transfer did not finish"
+                           : " (which members arrived is known only with verify_calls)",
+          who.empty() ? "" : fmt::format("; members gone silent: {}", fmt::join(who, ", ")));
     }
     // Spin briefly (small calls finish in microseconds), then back off.
     if (++idle > 2000) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -637,7 +739,22 @@ void exchange_rows(mpi_communicator::impl& im, int world_size, MPI_Comm comm, in
       reqs.push_back(rq);
       arrival.push_back(send ? -1 : j);
     }
-  wait_watched(im, world_size, reqs, arrival, w);
+  try {
+    wait_watched(im, world_size, reqs, arrival, w);
+  } catch (...) {
+    // The job ends, but a late member may still send: its row must not land in `all` once it
+    // is gone. Receives still posted are cancelled; sends (small, eager) are let go.
+    for (std::size_t k = 0; k < reqs.size(); ++k) {
+      if (reqs[k] == MPI_REQUEST_NULL) continue;
+      if (arrival[k] >= 0) {
+        MPI_Cancel(&reqs[k]);
+        MPI_Wait(&reqs[k], MPI_STATUS_IGNORE);
+      } else {
+        MPI_Request_free(&reqs[k]);
+      }
+    }
+    throw;
+  }
 }
 
 }  // namespace

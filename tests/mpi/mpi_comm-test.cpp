@@ -9,9 +9,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -499,6 +501,69 @@ TEST(mpi_comm, nonblocking_wait_watchdog_names_the_call_and_keeps_it_started) {
   if (member) raw.barrier(pair);
 }
 
+// A communicator never freed: a test whose wait the watchdog ended leaves a member's unmatched
+// descriptor in flight, and a freed communicator's context id may be reused by the next one,
+// whose first receive would take it.
+mpi::mpi_communicator& leaked_communicator() { return *new mpi::mpi_communicator; }
+
+// The watchdog follows waits to their end (issue 33): rank 1 waits for rank 0, which waits for
+// rank 2, which is busy in code of its own without heartbeats (silent). Rank 1's deadline is
+// the shortest, so it is the first to give up, and it must name rank 2, through rank 0.
+TEST(mpi_comm, watchdog_follows_the_wait_chain_to_the_silent_rank) {
+  if (comm().world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  const int me = comm().rank();
+  auto& raw = leaked_communicator();
+  const comm_group x{"t.chain_x", {0, 2}}, y{"t.chain_y", {0, 1}};
+  if (x.index_of(me) >= 0) raw.barrier(x);  // both communicators exist before the test
+  if (y.index_of(me) >= 0) raw.barrier(y);
+  comm().barrier(world_group());
+  int value = 1;
+  if (me == 0) {
+    raw.set_timeout(std::chrono::milliseconds(2000));
+    const auto msg =
+        expect_throw<error>([&] { raw.all_reduce(x, &value, 1, dtype::i32, tagged("t.x")); });
+    EXPECT_NE(msg.find("the wait ends at rank 2 (silent for"), std::string::npos) << msg;
+  } else if (me == 1) {
+    raw.set_timeout(std::chrono::milliseconds(1000));
+    const auto msg =
+        expect_throw<error>([&] { raw.all_reduce(y, &value, 1, dtype::i32, tagged("t.y")); });
+    EXPECT_NE(msg.find("the wait ends at rank 2 (silent for"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1 waits for rank 0, which waits in all_reduce #1 (t.x) on "
+                       "'t.chain_x' for rank 2"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("members that never arrived: rank 0 (alive"), std::string::npos) << msg;
+  } else if (me == 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2600));  // never joins t.x
+  }
+  comm().barrier(world_group());
+}
+
+// Two ranks, each waiting for the other in a different group: a deadlock, named as a cycle.
+TEST(mpi_comm, watchdog_names_a_cycle_of_waits_as_a_deadlock) {
+  const int me = comm().rank();
+  auto& raw = leaked_communicator();
+  const comm_group a{"t.cycle_a", {0, 1}}, b{"t.cycle_b", {0, 1}};
+  if (me < 2) {
+    raw.barrier(a);
+    raw.barrier(b);
+    raw.set_timeout(std::chrono::milliseconds(1200));
+    int value = 1;
+    const auto msg = expect_throw<error>([&] {
+      if (me == 0)
+        raw.all_reduce(a, &value, 1, dtype::i32, tagged("t.a"));
+      else
+        raw.all_reduce(b, &value, 1, dtype::i32, tagged("t.b"));
+    });
+    const auto want = me == 0 ? "a cycle of waits (deadlock): rank 0 waits for rank 1, which "
+                                "waits in all_reduce #1 (t.b) on 't.cycle_b' for rank 0"
+                              : "a cycle of waits (deadlock): rank 1 waits for rank 0, which "
+                                "waits in all_reduce #1 (t.a) on 't.cycle_a' for rank 1";
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  }
+  comm().barrier(world_group());
+}
+
 /// Prints this rank's failures (ranks other than 0 have no default printer).
 class rank_failure_printer : public ::testing::EmptyTestEventListener {
  public:
@@ -516,6 +581,8 @@ class rank_failure_printer : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The watchdog tests leave unmatched messages behind on purpose; UCX would list each at exit.
+  setenv("UCX_LOG_LEVEL", "error", 0);
   seqpar::mpi::mpi_session session(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

@@ -56,7 +56,7 @@ small=(--ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1)
 #    the 2 s deadline (plus start-up and the 3 s grace for acknowledgements).
 for stage in L0.attn.q.fwd L0.attn.ring.fwd.step0 loss.sum; do
   dir="$tmp/stop-$stage"
-  if job_ends "stop-$stage" 20 'never arrived: rank 2 (silent for' -- \
+  if job_ends "stop-$stage" 20 'the wait ends at rank 2 (silent for' -- \
       "$mpiexec" -n 4 "$failing" --stop-at "2:$stage" --timeout 2 --flight-record "$dir" "${small[@]}"; then
     files=$(ls "$dir" 2> /dev/null | tr '\n' ' ')
     [ "$files" = "rank-0.jsonl rank-1.jsonl rank-3.jsonl " ] && ok || fail "stop at $stage: flight records: '$files' (want ranks 0, 1, 3)"
@@ -101,7 +101,7 @@ if [ -f "$tmp/pid.2" ]; then
   dt=$(( $(date +%s) - t0 ))
   kill -KILL "$(cat "$tmp/pid.2")" 2> /dev/null
   echo "external SIGSTOP: exit $rc after ${dt} s"
-  if [ "$rc" -ne 2 ] || [ "$dt" -gt 30 ] || ! grep -q "rank 2 (silent" "$tmp/ext.out"; then
+  if [ "$rc" -ne 2 ] || [ "$dt" -gt 30 ] || ! first_watchdog_names 2 "$tmp/ext.out"; then
     fail "external SIGSTOP: exit $rc after ${dt} s, want 2 naming rank 2: $(head -c 800 "$tmp/ext.out")"
   else
     ok
