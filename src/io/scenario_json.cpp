@@ -1,5 +1,7 @@
 #include "io/scenario_json.hpp"
 
+#include "io/json_get.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -76,6 +78,10 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
                          fmt::join(known, ", "));
   auto get = [&](const char* key, auto& field) {
     if (!j.contains(key)) return;
+    using T = std::decay_t<decltype(field)>;
+    if (!json_fits<T>(j.at(key)))
+      fail<config_error>("scenario key '{}' = {} must be {}", key, j.at(key).dump(),
+                         json_expected<T>());
     try {
       j.at(key).get_to(field);
     } catch (const nlohmann::json::exception&) {

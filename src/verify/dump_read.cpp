@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "io/file.hpp"
+#include "io/json_get.hpp"
 #include "verify/dump.hpp"
 
 namespace seqpar::verify {
@@ -23,15 +24,15 @@ T field(const json& j, const char* key, const std::string& path) {
   if (!j.contains(key))
     fail<trace_error>("{}: the meta has no \"{}\" (see tools/dump_format.md for the fields)", path,
                       key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    fail<trace_error>("{}: \"{}\" is {} where a {} was expected", path, key, j.at(key).dump(),
-                      std::is_same_v<T, bool>          ? "boolean"
-                      : std::is_same_v<T, std::string> ? "string"
-                      : std::is_arithmetic_v<T>        ? "number"
-                                                       : "list of integers");
-  }
+  const auto& v = j.at(key);
+  const bool fits = io::json_fits<T>(v) && (!std::is_same_v<T, std::string> || v.is_string()) &&
+                    (!std::is_floating_point_v<T> || v.is_number());
+  if (!fits)
+    fail<trace_error>("{}: \"{}\" is {} where {} was expected", path, key, v.dump(),
+                      std::is_same_v<T, std::string> ? std::string("a string")
+                      : std::is_floating_point_v<T>  ? std::string("a number")
+                                                     : io::json_expected<T>());
+  return v.get<T>();
 }
 
 dump_meta parse_meta(const std::string& path) {

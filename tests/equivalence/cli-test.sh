@@ -49,7 +49,13 @@ expect 2 "is not valid JSON" -- plan --config "$tmp/bad.json"
 echo '{"ulyses": 2}' > "$tmp/typo.json"
 expect 2 "scenario key 'ulyses' is unknown" -- plan --config "$tmp/typo.json"
 echo '{"ulysses": "two"}' > "$tmp/type.json"
-expect 2 "scenario key 'ulysses' has the wrong type" -- plan --config "$tmp/type.json"
+expect 2 "scenario key 'ulysses' = \"two\" must be an integer in [-2147483648, 2147483647]" -- plan --config "$tmp/type.json"
+# Numbers that do not fit an int (the fuzzer's 1e70 was undefined behaviour; 2^40 wrapped).
+echo '{"ulysses": 1e70}' > "$tmp/huge.json"
+expect 2 "scenario key 'ulysses' = 1e+70 must be an integer in [-2147483648, 2147483647]" -- plan --config "$tmp/huge.json"
+expect 2 "the trace holds no collective" -- replay "$(dirname "$0")/data/fuzz/trace_scenario_float_1e70.jsonl"
+echo '{"heads": 1099511627776}' > "$tmp/wide.json"
+expect 2 "scenario key 'heads' = 1099511627776 must be an integer in" -- plan --config "$tmp/wide.json"
 expect 2 "seqpar: error: The following argument was not expected: --no-such-flag; run 'seqpar plan --help'" -- plan --no-such-flag
 expect 2 "seqpar: error: A subcommand is required" -- frobnicate
 expect 2 "seqpar: error: Could not convert: --ulysses = x; run 'seqpar check --help'" -- check --ulysses x
