@@ -1,4 +1,5 @@
 #include "mpi/mpi_comm.hpp"
+#include "mpi/phase_guard.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -68,14 +69,24 @@ void check_mpi(int code, const char* call) {
   throw backend_error(call, code, message, world_rank(), processor_name());
 }
 
-mpi_session::mpi_session(int* argc, char*** argv) {
+mpi_session::mpi_session(int* argc, char*** argv, std::chrono::milliseconds timeout)
+    : timeout_(timeout) {
   int init = 0;
   MPI_Initialized(&init);
   if (!init) {
     int provided = 0;
     // Only the thread that created the session calls MPI; the CPU reference may run on other
     // threads of rank 0 (run_ranks(1, …)), which never touch MPI.
-    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    int rc = MPI_SUCCESS;
+    {
+      const phase_guard guard(
+          "MPI_Init", timeout,
+          "every process of the job must start MPI together; one of them stopped, hung or died "
+          "during start-up (or the launcher could not start it). Which one is not known before "
+          "MPI is up: it is the process that did not print this message. Raise --timeout if "
+          "start-up is merely slow");
+      rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    }
     if (rc != MPI_SUCCESS)
       throw backend_error("MPI_Init_thread", rc, "MPI could not start (run under mpiexec?)", -1,
                           processor_name());
@@ -93,12 +104,18 @@ mpi_session::mpi_session(int* argc, char*** argv) {
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
   host_ = processor_name();
+  phase_guard::set_rank(rank_);
 }
 
 mpi_session::~mpi_session() {
   int fin = 0;
   MPI_Finalized(&fin);
-  if (owns_ && !fin) MPI_Finalize();
+  if (!owns_ || fin) return;
+  const phase_guard guard(
+      "MPI_Finalize", timeout_,
+      "a process of the job stopped, hung or died after its last call, so the job cannot end "
+      "cleanly; what this rank printed before stands");
+  MPI_Finalize();
 }
 
 void mpi_session::abort_world(const std::string& message, int code) {
@@ -218,34 +235,27 @@ void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) {
 
 namespace {
 
-/// MPI_Ialltoallv_c's per-peer counts and displacements (elements) for seqpar's counts.
-struct a2a_layout {
-  std::vector<MPI_Count> sc, rc;
-  std::vector<MPI_Aint> sd, rd;
-  a2a_layout() = default;
-  a2a_layout(std::span<const std::int64_t> send_counts, std::span<const std::int64_t> recv_counts)
-      : sc(send_counts.begin(), send_counts.end()),
-        rc(recv_counts.begin(), recv_counts.end()),
-        sd(send_counts.size()),
-        rd(recv_counts.size()) {
-    MPI_Aint so = 0, ro = 0;
-    for (std::size_t j = 0; j < sc.size(); ++j) {
-      sd[j] = so;
-      rd[j] = ro;
-      so += static_cast<MPI_Aint>(sc[j]);
-      ro += static_cast<MPI_Aint>(rc[j]);
-    }
-  }
+/// The point-to-point messages of one call on a group, posted and not yet complete: per
+/// request, the group member it receives from (-1: a send) and the elements it must bring.
+struct posted {
+  std::vector<MPI_Request> reqs;
+  std::vector<int> from;
+  std::vector<MPI_Count> expect;
 };
 
 }  // namespace
 
 struct mpi_communicator::impl {
+  /// A group's calls are point-to-point messages on `world` under the group's own tags (data,
+  /// and data + 1 for the call descriptors): no communicator is created for it, so no blocking
+  /// MPI call (MPI_Comm_create_group) stands between the members and the watchdog.
   struct group_entry {
     std::vector<int> ranks;
-    MPI_Comm comm = MPI_COMM_NULL;
+    int tag = 0;             ///< data messages; tag + 1: call descriptors
     std::int64_t calls = 0;  ///< calls made on this group, for messages
   };
+  int tag_ub = 32767;                    ///< MPI_TAG_UB of the world
+  std::map<int, std::string> tag_owner;  ///< group tags in use by this rank
 
   mpi_options opt;
   MPI_Comm world = MPI_COMM_NULL;
@@ -277,8 +287,9 @@ struct mpi_communicator::impl {
   /// displacement arrays MPI may read until it completes, and what the watchdog's messages
   /// name (the group by value: the caller's may be gone by the wait).
   struct pending_op {
-    MPI_Request request = MPI_REQUEST_NULL;
-    a2a_layout layout;
+    posted p;
+    dtype type = dtype::f64;
+    int me = 0;  ///< this rank's index in the group
     comm_group group;
     std::string call;                    ///< "nonblocking all_to_all #3 (L0.attn.q.fwd)"
     std::chrono::milliseconds limit{0};  ///< the watchdog's deadline; 0 = none
@@ -304,7 +315,10 @@ struct mpi_communicator::impl {
       }
       for (auto it = pending.begin(); it != pending.end();) {
         int flag = 0;
-        if (MPI_Test(&it->second.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 1;
+        auto& rq = it->second.p.reqs;
+        if (MPI_Testall(static_cast<int>(rq.size()), rq.data(), &flag, MPI_STATUSES_IGNORE) !=
+            MPI_SUCCESS)
+          flag = 1;
         it = flag ? pending.erase(it) : std::next(it);
       }
     }
@@ -323,8 +337,6 @@ struct mpi_communicator::impl {
         std::string text(static_cast<std::size_t>(std::max(n, 0)), '\0');
         MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, st.MPI_TAG, ctl, MPI_STATUS_IGNORE);
       }
-    for (auto& [name, e] : groups)
-      if (e.comm != MPI_COMM_NULL) MPI_Comm_free(&e.comm);
     if (ctl != MPI_COMM_NULL) MPI_Comm_free(&ctl);
     if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
   }
@@ -334,8 +346,18 @@ mpi_communicator::mpi_communicator(mpi_options opt) : impl_(std::make_unique<imp
   if (!mpi_active())
     fail<error>("mpi_communicator needs MPI to be initialised first (hold an mpi_session)");
   impl_->opt = opt;
+  const phase_guard guard(
+      "duplicating MPI_COMM_WORLD (MPI_Comm_dup, before the first call)", opt.timeout,
+      "every rank duplicates the world when it makes its communicator; a rank stopped, hung or "
+      "died before it (the others are inside MPI_Comm_dup, where no heartbeat reaches them)");
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->world), "MPI_Comm_dup");
   check_mpi(MPI_Comm_set_errhandler(impl_->world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  {
+    void* ub = nullptr;
+    int flag = 0;
+    check_mpi(MPI_Comm_get_attr(impl_->world, MPI_TAG_UB, &ub, &flag), "MPI_Comm_get_attr");
+    if (flag && ub) impl_->tag_ub = *static_cast<int*>(ub);
+  }
   check_mpi(MPI_Comm_rank(impl_->world, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(impl_->world, &size_), "MPI_Comm_size");
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->ctl), "MPI_Comm_dup");
@@ -677,10 +699,12 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
             "the others waiting here; if the ranks are merely slow, raise --timeout",
             w.call, describe(w.g), waited, limit_s, chains, fmt::join(who, ", "), arrived);
       }
-      // Every member arrived (or arrivals are unknown): name the members gone silent.
+      // Every member arrived (or arrivals are unknown): the wait ends at the members gone
+      // silent inside the call.
       for (int r : w.g.ranks)
         if (r != im.me && !alive(im, r, now, w.limit)) {
-          who.push_back(describe_member(im, r, start, now, w.limit));
+          who.push_back(fmt::format("the wait ends at {} — rank {} waits for it inside the call",
+                                    describe_member(im, r, start, now, w.limit), im.me));
           im.silent[static_cast<std::size_t>(r)] = 1;
         }
       fail<error>(
@@ -690,7 +714,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
           w.call, describe(w.g), limit_s,
           w.arrivals_known ? ": every member arrived, the transfer did not finish"
                            : " (which members arrived is known only with verify_calls)",
-          who.empty() ? "" : fmt::format("; members gone silent: {}", fmt::join(who, ", ")));
+          who.empty() ? "" : fmt::format("; {}", fmt::join(who, "; ")));
     }
     // Spin briefly (small calls finish in microseconds), then back off.
     if (++idle > 2000) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -702,20 +726,92 @@ std::int64_t bytes_of(std::int64_t elements, dtype t) {
 }
 
 struct call_context {
-  MPI_Comm comm;
-  int me;
+  MPI_Comm comm;  ///< the world (duplicated): every group's messages travel on it
+  int me;         ///< this rank's index in the group
   std::int64_t seq;
+  int tag;  ///< the group's data tag (descriptors: tag + 1)
   watched w;
 };
 
-// Starts one nonblocking MPI call (`start` fills the request; `fn` names it) and completes it
-// under the watchdog.
-template <class Start>
-void complete(mpi_communicator::impl& im, int world_size, const call_context& ctx, Start&& start,
-              const char* fn) {
-  std::vector<MPI_Request> rq(1, MPI_REQUEST_NULL);
-  check_mpi(start(rq.data()), fn);
-  wait_watched(im, world_size, rq, {-1}, ctx.w);
+// Cancels the receives of a failed wait (a late member's message must not land in a buffer that
+// is gone) and lets the sends go.
+void abandon(std::vector<MPI_Request>& reqs, const std::vector<int>& from) {
+  for (std::size_t k = 0; k < reqs.size(); ++k) {
+    if (reqs[k] == MPI_REQUEST_NULL) continue;
+    if (from[k] >= 0) {
+      MPI_Cancel(&reqs[k]);
+      MPI_Wait(&reqs[k], MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&reqs[k]);
+    }
+  }
+}
+
+// Posts one call's messages among the members of `g`, point to point on ctx.comm under the
+// group's data tag: to member j, sc[j] elements from send + sd[j]; from member j, rc[j] elements
+// into recv + rd[j]; this rank's own block is copied. Messages of one (source, tag) are never
+// overtaken, so successive calls on a group match in the order every member makes them.
+void post_exchange(const call_context& ctx, const comm_group& g, dtype t, const std::byte* send,
+                   std::span<const std::int64_t> sc, std::span<const std::int64_t> sd,
+                   std::byte* recv, std::span<const std::int64_t> rc,
+                   std::span<const std::int64_t> rd, posted& out) {
+  const auto esz = static_cast<std::int64_t>(dtype_size(t));
+  const auto type = mpi_type(t);
+  const int n = g.size();
+  for (int j = 0; j < n; ++j) {
+    if (j == ctx.me || rc[j] == 0) continue;
+    MPI_Request rq = MPI_REQUEST_NULL;
+    check_mpi(MPI_Irecv_c(recv + rd[j] * esz, rc[j], type, g.ranks[j], ctx.tag, ctx.comm, &rq),
+              "MPI_Irecv_c");
+    out.reqs.push_back(rq);
+    out.from.push_back(j);
+    out.expect.push_back(rc[j]);
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j == ctx.me || sc[j] == 0) continue;
+    MPI_Request rq = MPI_REQUEST_NULL;
+    check_mpi(MPI_Isend_c(send + sd[j] * esz, sc[j], type, g.ranks[j], ctx.tag, ctx.comm, &rq),
+              "MPI_Isend_c");
+    out.reqs.push_back(rq);
+    out.from.push_back(-1);
+    out.expect.push_back(-1);
+  }
+  copy_bytes(recv + rd[ctx.me] * esz, send + sd[ctx.me] * esz,
+             static_cast<std::size_t>(rc[ctx.me] * esz));
+}
+
+// Completes posted messages under the watchdog; a message shorter than expected (possible
+// only without verify_calls) is a shape_error naming both ranks.
+void finish(mpi_communicator::impl& im, int world_size, const call_context& ctx,
+            const comm_group& g, dtype t, posted& p, const char* op) {
+  std::vector<MPI_Status> st;
+  try {
+    wait_watched(im, world_size, p.reqs, std::vector<int>(p.reqs.size(), -1), ctx.w, &st);
+  } catch (...) {
+    abandon(p.reqs, p.from);
+    throw;
+  }
+  for (std::size_t k = 0; k < st.size(); ++k) {
+    if (p.from[k] < 0) continue;
+    MPI_Count got = 0;
+    check_mpi(MPI_Get_count_c(&st[k], mpi_type(t), &got), "MPI_Get_count_c");
+    if (got != p.expect[k])
+      fail<shape_error>(
+          "count mismatch in {} on group {}: rank {} expected {} elements from rank {} but "
+          "received {}",
+          op, describe(g), g.ranks[ctx.me], p.expect[k], g.ranks[p.from[k]], got);
+  }
+}
+
+// Offsets of consecutive blocks of the given counts.
+std::vector<std::int64_t> offsets(std::span<const std::int64_t> counts) {
+  std::vector<std::int64_t> d(counts.size());
+  std::int64_t o = 0;
+  for (std::size_t j = 0; j < counts.size(); ++j) {
+    d[j] = o;
+    o += counts[j];
+  }
+  return d;
 }
 
 // Every member sends `width` int64 values (`all` row `me`) to every other member and receives
@@ -742,17 +838,7 @@ void exchange_rows(mpi_communicator::impl& im, int world_size, MPI_Comm comm, in
   try {
     wait_watched(im, world_size, reqs, arrival, w);
   } catch (...) {
-    // The job ends, but a late member may still send: its row must not land in `all` once it
-    // is gone. Receives still posted are cancelled; sends (small, eager) are let go.
-    for (std::size_t k = 0; k < reqs.size(); ++k) {
-      if (reqs[k] == MPI_REQUEST_NULL) continue;
-      if (arrival[k] >= 0) {
-        MPI_Cancel(&reqs[k]);
-        MPI_Wait(&reqs[k], MPI_STATUS_IGNORE);
-      } else {
-        MPI_Request_free(&reqs[k]);
-      }
-    }
+    abandon(reqs, arrival);
     throw;
   }
 }
@@ -846,8 +932,9 @@ void mpi_communicator::acknowledge_abort(int announcer) {
 
 namespace {
 
-// Resolves the group (creating its MPI communicator on first use) and, with verify_calls,
-// exchanges and validates the call descriptors.
+// Resolves the group (its tags, on first use) and, with verify_calls, exchanges and validates
+// the call descriptors. The first call's descriptor exchange is the members' first contact: a
+// member that never comes is named by the watchdog like any other.
 call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, int world_size,
                    const std::string& tag, const descriptor& mine, std::span<const p2p_op> ops,
                    std::int64_t bytes) {
@@ -861,35 +948,20 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
       if (r < 0 || r >= world_size)
         fail<error>("group '{}' {} names rank {} outside a world of {}", g.name, g.ranks, r,
                     world_size);
-    MPI_Group world_group = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
-    SEQPAR_MPI(MPI_Comm_group, im.world, &world_group);
-    const int rc_incl = MPI_Group_incl(world_group, g.size(), g.ranks.data(), &sub);
-    MPI_Group_free(&world_group);
-    check_mpi(rc_incl, "MPI_Group_incl");
-    // Only the members call MPI_Comm_create_group; the tag keeps concurrent creations of
-    // different groups by overlapping members apart (a hash of the name and ranks).
-    std::size_t h = std::hash<std::string>{}(fmt::format("{}|{}", g.name, g.ranks));
-    const int tag_id = static_cast<int>(h % 32000);
-    // MPI_Comm_create_group blocks until every member calls it, beyond the watchdog's reach:
-    // the members first meet in a watched handshake, so a member that never comes is named.
-    {
-      std::vector<std::int64_t> tokens(static_cast<std::size_t>(g.size()), 1);
-      exchange_rows(
-          im, world_size, im.world, tag_id, g.size(), g.index_of(rank), tokens, 1,
-          [&](int j) { return g.ranks[static_cast<std::size_t>(j)]; },
-          watched{g,
-                  fmt::format("the first call ({}, creating the group's communicator)",
-                              op_name(mine.op)),
-                  im.opt.timeout, true});
-    }
-    MPI_Comm c = MPI_COMM_NULL;
-    const int rc = MPI_Comm_create_group(im.world, sub, tag_id, &c);
-    MPI_Group_free(&sub);
-    check_mpi(rc, "MPI_Comm_create_group");
-    SEQPAR_MPI(MPI_Comm_set_errhandler, c, MPI_ERRORS_RETURN);
+    // Every member derives the same tags from the name and the ranks, without communication.
+    // Two groups of this rank with the same tags could take each other's messages: refused.
+    const auto h = std::hash<std::string>{}(fmt::format("{}|{}", g.name, g.ranks));
+    const int pairs = std::max(1, (im.tag_ub - 16) / 2);
+    const int data_tag = 16 + 2 * static_cast<int>(h % static_cast<std::size_t>(pairs));
+    if (auto o = im.tag_owner.find(data_tag); o != im.tag_owner.end())
+      fail<error>(
+          "groups '{}' and '{}' hash to the same MPI tag {} on rank {} (tag space {}): rename "
+          "one of them",
+          o->second, g.name, data_tag, rank, im.tag_ub);
+    im.tag_owner[data_tag] = g.name;
     auto& e = im.groups[g.name];
     e.ranks = g.ranks;
-    e.comm = c;
+    e.tag = data_tag;
     it = im.groups.find(g.name);
   } else if (it->second.ranks != g.ranks) {
     fail<error>(
@@ -899,8 +971,11 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
   }
   auto& e = it->second;
   const auto seq = e.calls++;
-  call_context ctx{e.comm, g.index_of(rank), seq,
-                   watched{g, call_name(op_name(mine.op), seq, tag),
+  call_context ctx{im.world, g.index_of(rank), seq, e.tag,
+                   watched{g,
+                           seq == 0 ? fmt::format("{} (the group's first call)",
+                                                  call_name(op_name(mine.op), seq, tag))
+                                    : call_name(op_name(mine.op), seq, tag),
                            im.opt.timeout.count() > 0 ? watchdog_deadline(im.opt.timeout, bytes)
                                                       : std::chrono::milliseconds(0),
                            im.opt.verify_calls}};
@@ -918,8 +993,8 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
   for (std::size_t j = 0; j < mine.recv_counts.size(); ++j) out[3 + n + j] = mine.recv_counts[j];
   std::copy(out.begin(), out.end(), all.begin() + static_cast<std::ptrdiff_t>(ctx.me * width));
   exchange_rows(
-      im, world_size, ctx.comm, tag_descriptor, n, ctx.me, all, width, [](int j) { return j; },
-      ctx.w);
+      im, world_size, ctx.comm, ctx.tag + 1, n, ctx.me, all, width,
+      [&](int j) { return g.ranks[static_cast<std::size_t>(j)]; }, ctx.w);
   std::vector<descriptor> d(n);
   for (int j = 0; j < n; ++j) {
     const auto* row = all.data() + j * width;
@@ -933,35 +1008,42 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
   const bool all_p2p =
       std::all_of(d.begin(), d.end(), [](const descriptor& x) { return x.op == op_send_recv; });
   if (all_p2p) {
-    // Second round: every member's (dir, peer, count) list, so all can pair the messages.
+    // Second round: every member's (dir, peer, count) list to every other, so all can pair the
+    // messages (3 values per operation; the lengths are in the descriptors).
     std::vector<std::int64_t> mine_ops;
     for (const auto& o : ops) {
       mine_ops.push_back(o.dir == p2p_op::kind::send ? 0 : 1);
       mine_ops.push_back(o.peer);
       mine_ops.push_back(o.count);
     }
-    std::vector<MPI_Count> counts(n);
-    std::vector<MPI_Aint> displs(n);
-    MPI_Aint total = 0;
+    std::vector<std::int64_t> sc(n), rc(n);
     for (int j = 0; j < n; ++j) {
-      counts[j] = 3 * d[j].count;
-      displs[j] = total;
-      total += counts[j];
+      sc[j] = static_cast<std::int64_t>(mine_ops.size());
+      rc[j] = 3 * d[j].count;
     }
-    std::vector<std::int64_t> flat(static_cast<std::size_t>(std::max<MPI_Aint>(total, 1)));
-    complete(
-        im, world_size, ctx,
-        [&](MPI_Request* rq) {
-          return MPI_Iallgatherv_c(mine_ops.data(), static_cast<MPI_Count>(mine_ops.size()),
-                                   MPI_INT64_T, flat.data(), counts.data(), displs.data(),
-                                   MPI_INT64_T, ctx.comm, rq);
-        },
-        "MPI_Iallgatherv_c");
-    for (int j = 0; j < n; ++j)
-      p2p[j].assign(flat.begin() + displs[j], flat.begin() + displs[j] + counts[j]);
+    const auto rd = offsets(rc);
+    const std::vector<std::int64_t> sd(n, 0);
+    std::vector<std::int64_t> flat(
+        static_cast<std::size_t>(std::max<std::int64_t>(1, rd.back() + rc.back())));
+    call_context lists = ctx;
+    lists.tag = ctx.tag + 1;
+    posted p;
+    post_exchange(lists, g, dtype::i64, reinterpret_cast<const std::byte*>(mine_ops.data()), sc, sd,
+                  reinterpret_cast<std::byte*>(flat.data()), rc, rd, p);
+    finish(im, world_size, lists, g, dtype::i64, p, "send_recv's operation lists");
+    for (int j = 0; j < n; ++j) p2p[j].assign(flat.begin() + rd[j], flat.begin() + rd[j] + rc[j]);
   }
   validate(g, ctx.seq, tag, d, p2p);
   return ctx;
+}
+
+// A source that does not overlap `dst`: `src` itself, or a copy kept in `copy`.
+const std::byte* unaliased(const void* src, std::size_t n, const void* dst, std::size_t m,
+                           std::vector<std::byte>& copy) {
+  const auto* s = static_cast<const std::byte*>(src);
+  if (!overlaps(src, n, dst, m)) return s;
+  copy.assign(s, s + n);
+  return copy.data();
 }
 
 }  // namespace
@@ -979,23 +1061,12 @@ void mpi_communicator::do_all_to_all(const comm_group& g, const void* send,
                   {recv_counts.begin(), recv_counts.end()}};
   const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag, mine, {},
                          bytes_of(total_send + total_recv, t));
-  const a2a_layout l(send_counts, recv_counts);
-  // MPI forbids overlapping send and recv buffers: send from a copy then.
   std::vector<std::byte> copy;
-  const void* src = send;
-  if (overlaps(send, total_send * esz, recv, total_recv * esz)) {
-    copy.assign(static_cast<const std::byte*>(send),
-                static_cast<const std::byte*>(send) + total_send * esz);
-    src = copy.data();
-  }
-  const auto type = mpi_type(t);
-  complete(
-      *impl_, size_, ctx,
-      [&](MPI_Request* rq) {
-        return MPI_Ialltoallv_c(src, l.sc.data(), l.sd.data(), type, recv, l.rc.data(), l.rd.data(),
-                                type, ctx.comm, rq);
-      },
-      "MPI_Ialltoallv_c");
+  const auto* src = unaliased(send, total_send * esz, recv, total_recv * esz, copy);
+  posted p;
+  post_exchange(ctx, g, t, src, send_counts, offsets(send_counts), static_cast<std::byte*>(recv),
+                recv_counts, offsets(recv_counts), p);
+  finish(*impl_, size_, ctx, g, t, p, "all_to_all");
 }
 
 std::int64_t mpi_communicator::do_start_all_to_all(const comm_group& g, const void* send,
@@ -1015,18 +1086,19 @@ std::int64_t mpi_communicator::do_start_all_to_all(const comm_group& g, const vo
       enter(im, g, rank_, size_, call_info().tag, mine, {}, bytes_of(total_send + total_recv, t));
   const auto token = im.next_token++;
   auto& p = im.pending[token];
-  p.layout = a2a_layout(send_counts, recv_counts);
   p.group = g;
   p.call = "nonblocking " + ctx.w.call;
   p.limit = ctx.w.limit;
   p.arrivals_known = ctx.w.arrivals_known;
-  const auto type = mpi_type(t);
-  const auto& l = p.layout;
-  const int rc = MPI_Ialltoallv_c(send, l.sc.data(), l.sd.data(), type, recv, l.rc.data(),
-                                  l.rd.data(), type, ctx.comm, &p.request);
-  if (rc != MPI_SUCCESS) {
+  p.type = t;
+  p.me = ctx.me;
+  try {
+    post_exchange(ctx, g, t, static_cast<const std::byte*>(send), send_counts, offsets(send_counts),
+                  static_cast<std::byte*>(recv), recv_counts, offsets(recv_counts), p.p);
+  } catch (...) {
+    abandon(p.p.reqs, p.p.from);
     im.pending.erase(token);
-    check_mpi(rc, "MPI_Ialltoallv_c");
+    throw;
   }
   return token;
 }
@@ -1039,13 +1111,11 @@ void mpi_communicator::do_wait(std::int64_t token) {
   auto& p = node.mapped();
   // The blocking calls' wait: MPI_Test polling, the control plane (heartbeats saying this rank
   // waits in this call, abort notices), the watchdog's deadline from now.
-  std::vector<MPI_Request> reqs(1, p.request);
+  const call_context ctx{im.world, p.me, 0, 0, watched{p.group, p.call, p.limit, p.arrivals_known}};
   try {
-    wait_watched(im, size_, reqs, {-1}, watched{p.group, p.call, p.limit, p.arrivals_known});
+    finish(im, size_, ctx, p.group, p.type, p.p, "nonblocking all_to_all");
   } catch (...) {
-    // Still in flight: MPI may read its arrays until it completes (the destructor's concern).
-    p.request = reqs[0];
-    im.pending.insert(std::move(node));
+    // finish cancelled the receives and let the sends go: nothing of the call is left posted.
     throw;
   }
 }
@@ -1057,18 +1127,13 @@ void mpi_communicator::do_all_gather(const comm_group& g, const void* send, std:
                          bytes_of(count * (1 + g.size()), t));
   const auto block = static_cast<std::size_t>(count) * dtype_size(t);
   std::vector<std::byte> copy;
-  const void* src = send;
-  if (overlaps(send, block, recv, block * g.size())) {
-    copy.assign(static_cast<const std::byte*>(send), static_cast<const std::byte*>(send) + block);
-    src = copy.data();
-  }
-  const auto type = mpi_type(t);
-  complete(
-      *impl_, size_, ctx,
-      [&](MPI_Request* rq) {
-        return MPI_Iallgather_c(src, count, type, recv, count, type, ctx.comm, rq);
-      },
-      "MPI_Iallgather_c");
+  const auto* src = unaliased(send, block, recv, block * g.size(), copy);
+  const int n = g.size();
+  const std::vector<std::int64_t> counts(n, count), sd(n, 0);
+  posted p;
+  post_exchange(ctx, g, t, src, counts, sd, static_cast<std::byte*>(recv), counts, offsets(counts),
+                p);
+  finish(*impl_, size_, ctx, g, t, p, "all_gather");
 }
 
 void mpi_communicator::do_reduce_scatter(const comm_group& g, const void* send, void* recv,
@@ -1077,18 +1142,17 @@ void mpi_communicator::do_reduce_scatter(const comm_group& g, const void* send, 
   const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
                          descriptor{op_reduce_scatter, static_cast<std::int64_t>(t), count, {}, {}},
                          {}, bytes_of(2 * count * g.size(), t));
-  // Deterministic: member i receives block i of every member (Alltoall), then sums them in
-  // member order. MPI_Reduce_scatter_block would be free to add them in any order.
+  // Deterministic: member i receives block i of every member, then sums them in member order.
+  // MPI_Reduce_scatter_block would be free to add them in any order.
   const int n = g.size();
   const auto block = static_cast<std::size_t>(count) * dtype_size(t);
   std::vector<std::byte> blocks(block * n);
-  const auto type = mpi_type(t);
-  complete(
-      *impl_, size_, ctx,
-      [&](MPI_Request* rq) {
-        return MPI_Ialltoall_c(send, count, type, blocks.data(), count, type, ctx.comm, rq);
-      },
-      "MPI_Ialltoall_c");
+  const std::vector<std::int64_t> counts(n, count);
+  const auto d = offsets(counts);
+  posted p;
+  post_exchange(ctx, g, t, static_cast<const std::byte*>(send), counts, d, blocks.data(), counts, d,
+                p);
+  finish(*impl_, size_, ctx, g, t, p, "reduce_scatter");
   sum_in_group_order(t, blocks.data(), n, count, static_cast<std::byte*>(recv));
 }
 
@@ -1097,18 +1161,16 @@ void mpi_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_
   const auto ctx = enter(*impl_, g, rank_, size_, call_info().tag,
                          descriptor{op_all_reduce, static_cast<std::int64_t>(t), count, {}, {}}, {},
                          bytes_of(count * (1 + g.size()), t));
-  // Deterministic: every member gathers every contribution (Allgather), then sums them in
-  // member order. MPI_Allreduce would be free to add them in any order.
+  // Deterministic: every member gathers every contribution, then sums them in member order.
+  // MPI_Allreduce would be free to add them in any order.
   const int n = g.size();
   const auto block = static_cast<std::size_t>(count) * dtype_size(t);
   std::vector<std::byte> blocks(block * n);
-  const auto type = mpi_type(t);
-  complete(
-      *impl_, size_, ctx,
-      [&](MPI_Request* rq) {
-        return MPI_Iallgather_c(buf, count, type, blocks.data(), count, type, ctx.comm, rq);
-      },
-      "MPI_Iallgather_c");
+  const std::vector<std::int64_t> counts(n, count), sd(n, 0);
+  posted p;
+  post_exchange(ctx, g, t, static_cast<const std::byte*>(buf), counts, sd, blocks.data(), counts,
+                offsets(counts), p);
+  finish(*impl_, size_, ctx, g, t, p, "all_reduce");
   sum_in_group_order(t, blocks.data(), n, count, static_cast<std::byte*>(buf));
 }
 
@@ -1131,36 +1193,26 @@ void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op>
   const auto type = mpi_type(t);
   // Messages between a pair are matched in posting order: same communicator, same tag, and MPI
   // does not let messages of one (source, tag, comm) overtake each other.
-  std::vector<MPI_Request> reqs;
-  reqs.reserve(ops.size());
-  std::vector<std::int64_t> expect;  // per request: elements expected (recv) or -1 (send)
+  posted p;
   std::size_t off = 0;
   for (const auto& o : ops) {
     MPI_Request rq = MPI_REQUEST_NULL;
+    const int peer = g.ranks[static_cast<std::size_t>(o.peer)];
     if (o.dir == p2p_op::kind::recv) {
       void* dst = staged ? static_cast<void*>(stage.data() + off) : o.buf;
       off += o.count * esz;
-      SEQPAR_MPI(MPI_Irecv_c, dst, o.count, type, o.peer, 0, ctx.comm, &rq);
-      expect.push_back(o.count);
+      SEQPAR_MPI(MPI_Irecv_c, dst, o.count, type, peer, ctx.tag, ctx.comm, &rq);
+      p.from.push_back(o.peer);
+      p.expect.push_back(o.count);
     } else {
-      SEQPAR_MPI(MPI_Isend_c, o.buf, o.count, type, o.peer, 0, ctx.comm, &rq);
-      expect.push_back(-1);
+      SEQPAR_MPI(MPI_Isend_c, o.buf, o.count, type, peer, ctx.tag, ctx.comm, &rq);
+      p.from.push_back(-1);
+      p.expect.push_back(-1);
     }
-    reqs.push_back(rq);
+    p.reqs.push_back(rq);
   }
-  std::vector<MPI_Status> st;
-  wait_watched(*impl_, size_, reqs, std::vector<int>(reqs.size(), -1), ctx.w, &st);
-  // Without verify_calls a shorter message than expected arrives silently: report it.
-  for (std::size_t k = 0; k < st.size(); ++k) {
-    if (expect[k] < 0) continue;
-    MPI_Count got = 0;
-    SEQPAR_MPI(MPI_Get_count_c, &st[k], type, &got);
-    if (got != expect[k])
-      fail<shape_error>(
-          "count mismatch in send_recv on group {}: rank {} expected {} elements from rank {} "
-          "but received {}",
-          describe(g), rank_, expect[k], g.ranks[st[k].MPI_SOURCE], got);
-  }
+  // Without verify_calls a shorter message than expected arrives silently: finish reports it.
+  finish(*impl_, size_, ctx, g, t, p, "send_recv");
   if (!staged) return;
   off = 0;
   for (const auto& r : ops) {
@@ -1173,9 +1225,13 @@ void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op>
 void mpi_communicator::do_barrier(const comm_group& g) {
   const auto ctx =
       enter(*impl_, g, rank_, size_, call_info().tag, descriptor{op_barrier, 0, 0, {}, {}}, {}, 0);
-  complete(
-      *impl_, size_, ctx, [&](MPI_Request* rq) { return MPI_Ibarrier(ctx.comm, rq); },
-      "MPI_Ibarrier");
+  if (impl_->opt.verify_calls) return;  // the descriptor exchange met every member already
+  // An empty message to and from every other member.
+  const int n = g.size();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(n), 0);
+  exchange_rows(
+      *impl_, size_, ctx.comm, ctx.tag, n, ctx.me, all, 1,
+      [&](int j) { return g.ranks[static_cast<std::size_t>(j)]; }, ctx.w);
 }
 
 }  // namespace seqpar::mpi

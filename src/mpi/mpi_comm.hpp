@@ -18,7 +18,9 @@ namespace seqpar::mpi {
 /// test programs hold it for the whole run. Sets MPI_ERRORS_RETURN on MPI_COMM_WORLD.
 class mpi_session {
  public:
-  mpi_session(int* argc, char*** argv);
+  /// `timeout` (0: none) bounds MPI_Init and MPI_Finalize (phase_guard): a process of the job
+  /// that stopped or died during start-up, or before the end, leaves the others inside them.
+  mpi_session(int* argc, char*** argv, std::chrono::milliseconds timeout = {});
   ~mpi_session();
   mpi_session(const mpi_session&) = delete;
   mpi_session& operator=(const mpi_session&) = delete;
@@ -34,6 +36,7 @@ class mpi_session {
 
  private:
   bool owns_ = false;
+  std::chrono::milliseconds timeout_{0};
   int rank_ = 0, size_ = 1;
   std::string host_;
 };

@@ -2,7 +2,11 @@
 #include "verify/check_mpi.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +18,7 @@
 #include "core/flight_recorder.hpp"
 #include "io/scenario_json.hpp"
 #include "mpi/mpi_comm.hpp"
+#include "mpi/phase_guard.hpp"
 #include "trace/flight.hpp"
 
 namespace seqpar::verify {
@@ -21,8 +26,10 @@ namespace seqpar::verify {
 int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
               verify::check_options opt,
               const std::function<void(const verify::check_report&)>& print) {
-  mpi::mpi_session session(nullptr, nullptr);
-  mpi::mpi_communicator world;
+  mpi::mpi_session session(nullptr, nullptr, opt.timeout);
+  mpi::mpi_options mo;
+  mo.timeout = opt.timeout.count() > 0 ? opt.timeout : mo.timeout;
+  mpi::mpi_communicator world(mo);
   const int P = session.size(), me = session.rank();
   comm_group all{"cli.world", {}};
   for (int r = 0; r < P; ++r) all.ranks.push_back(r);
@@ -44,15 +51,24 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
   } catch (const seqpar::error& e) {
     problem = e.what();
   }
-  std::int32_t failed = problem.empty() ? 0 : 1;
-  std::vector<std::int32_t> flags(static_cast<std::size_t>(P));
+  // With the flags, every process's pid: the launcher names a process that died by its PID
+  // ("BAD TERMINATION … PID 4242 … EXIT CODE: 9"), the progress line maps it to its rank.
+  const std::int32_t mine[2] = {problem.empty() ? 0 : 1, static_cast<std::int32_t>(getpid())};
+  std::vector<std::int32_t> flags(2 * static_cast<std::size_t>(P));
   try {
-    world.all_gather(all, &failed, 1, flags.data(), dtype::i32, op_info{"cli.validate", {}, {}});
+    world.all_gather(all, mine, 2, flags.data(), dtype::i32, op_info{"cli.validate", {}, {}});
   } catch (const std::exception& e) {
     mpi::mpi_session::abort_world(e.what(), 2);
   }
+  if (me == 0 && opt.progress) {
+    std::vector<std::string> pids;
+    for (int r = 0; r < P; ++r)
+      pids.push_back(fmt::format("{}:{}", r, flags[2 * static_cast<std::size_t>(r) + 1]));
+    opt.progress(
+        fmt::format("{} processes on {} (rank:pid {})", P, session.host(), fmt::join(pids, " ")));
+  }
   for (int r = 0; r < P; ++r) {
-    if (!flags[static_cast<std::size_t>(r)]) continue;
+    if (!flags[2 * static_cast<std::size_t>(r)]) continue;
     if (r == me)
       fmt::print(stderr, "seqpar: error: {}{}\n",
                  r == 0 ? "" : fmt::format("rank {} on {}: ", r, session.host()), problem);
@@ -67,12 +83,26 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
   world.set_flight_recorder(&flight);
   const trace::flight_on_signal on_signal(flight, {me}, {P, io::scenario_to_json(s), {}, -1},
                                           opt.flight_dir);
-  const auto leave_record = [&](const std::string& reason, int failed) -> std::size_t {
+  const auto write_record = [&](const std::string& reason, int failed) -> std::size_t {
     if (opt.flight_dir.empty()) return 0;
-    const int mine[] = {me};
-    return trace::write_flight_records(opt.flight_dir, flight, mine,
+    const int ranks[] = {me};
+    return trace::write_flight_records(opt.flight_dir, flight, ranks,
                                        {P, io::scenario_to_json(s), reason, failed})
         .size();
+  };
+  // A phase the MPI watchdog cannot watch (group creation, MPI_Finalize) that outlives its
+  // deadline leaves this rank's record before the process ends.
+  mpi::phase_guard::set_last_words([&](const std::string& why) { write_record(why, -1); });
+  // Writing the record has a deadline of its own (a stalled file system): the guard ends the
+  // process instead of leaving the job waiting for this rank's acknowledgement.
+  const auto leave_record = [&](const std::string& reason, int failed) -> std::size_t {
+    mpi::phase_guard::set_last_words(nullptr);
+    const mpi::phase_guard guard(
+        fmt::format("writing the flight record to {}/", opt.flight_dir),
+        std::max(opt.timeout, std::chrono::milliseconds(10000)),
+        "the file system did not complete the write (stalled, full, or a FIFO in its place); "
+        "this rank leaves no record");
+    return write_record(reason, failed);
   };
   // A watchdog's finding names the rank that never arrived, not the one that waited.
   const auto by_watchdog = [](const std::string& m) {
@@ -84,6 +114,10 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     auto rep = verify::run_check_distributed(world, s, opt);
     rep.backend = "mpi";
     if (me == 0) print(rep);
+    // The end, together: a rank that stops after the verdict is named here, not left for
+    // mpiexec to wait on.
+    world.barrier(all, op_info{"check.done", {}, {}});
+    mpi::phase_guard::set_last_words(nullptr);
     return rep.pass ? 0 : 1;
   } catch (const mpi::peer_abort& e) {
     // Another rank failed and reports it; leave this rank's record and wait for the end.

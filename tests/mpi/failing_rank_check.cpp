@@ -3,6 +3,7 @@
 // throws, SIGKILLs or SIGSTOPs itself at a chosen call (tests/support/failing_comm.hpp).
 //
 //   mpiexec -n P failing_rank_check (--throw-at | --die-at | --stop-at) RANK:TAG[:N]
+//   (--stop-at RANK:init stops that rank before MPI_Init)
 //     [--timeout S] [--flight-record DIR] [scenario flags]
 //
 // Exit codes as seqpar check's: 0 pass, 1 a difference, 2 invalid input or a failed rank.
@@ -10,6 +11,8 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -42,6 +45,11 @@ int main(int argc, char** argv) {
         !throw_at.empty() ? test::parse_failure(test::failure_spec::action::throw_error, throw_at)
         : !die_at.empty() ? test::parse_failure(test::failure_spec::action::kill, die_at)
                           : test::parse_failure(test::failure_spec::action::stop, stop_at);
+    // TAG "init": the rank stops before MPI_Init (the others wait inside it for this process).
+    if (spec.tag == "init" && spec.what == test::failure_spec::action::stop) {
+      const char* r = std::getenv("PMI_RANK");
+      if (r && std::atoi(r) == spec.rank) std::raise(SIGSTOP);
+    }
     verify::check_options opt;
     opt.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
     opt.flight_dir = flight_dir;

@@ -32,6 +32,36 @@ replay_names() {
   else ok; fi
 }
 
+# first_watchdog_names RANK FILE: the first watchdog message in FILE says where the wait
+# ends: at RANK, silent.
+first_watchdog_names() {
+  local first
+  first=$(grep -m1 "watchdog: " "$2")
+  [[ "$first" == *"the wait ends at rank $1 (silent"* ]]
+}
+
+# launch NAME -- command…: starts the job in the background, each process writing its pid to
+# $tmp/NAME.pid.<rank> (a shell that execs the command keeps its pid); output in $tmp/NAME.out.
+launch() {
+  local name=$1
+  shift 2
+  local mpiexec_=$1 np=$2 n=$3
+  shift 3
+  (cd "$tmp" && exec "$mpiexec_" "$np" "$n" sh -c "echo \$\$ > $name.pid.\$PMI_RANK; exec \"\$0\" \"\$@\"" "$@") \
+    > "$tmp/$name.out" 2>&1 &
+  job=$!
+}
+
+# wait_for NAME WORDS RANK: until the job's output has WORDS (none: "") and rank RANK's pid is
+# known.
+wait_for() {
+  for _ in $(seq 1 600); do
+    { [ -z "$2" ] || grep -q "$2" "$tmp/$1.out" 2> /dev/null; } && [ -f "$tmp/$1.pid.$3" ] && return 0
+    sleep 0.02
+  done
+  return 1
+}
+
 # job_ends NAME MAX_S 'glob' -- command…: the job exits 2 within MAX_S seconds with *glob*.
 job_ends() {
   local name=$1 max=$2 words=$3
@@ -74,35 +104,24 @@ if job_ends throw-at 20 'injected failure: rank 1 throws' -- \
   replay_names "$tmp/throw" 1 throw-at
 fi
 
-# 3. A real `seqpar check --backend mpi`: rank 2 is stopped from outside (SIGSTOP) once the SP
-#    step has begun; the job ends naming it, and the replay of the records names it.
-#    The SP step must outlast the stop's delay by far, even on a loaded machine (with the faster
-#    attention, 6000 tokens took 0.9 s and the stop could land after it, where no watchdog runs).
-big=(--ulysses 2 --ring 2 --layers 2 --docs 3000,3000 --heads 4 --kv-heads 2)
-long=(--ulysses 4 --ring 1 --layers 2 --docs 8000,8000 --heads 4 --kv-heads 2)
-#    Pure Ulysses (U 4): every rank waits for rank 2 in the same group. In the hybrid (U 2 × R 2)
-#    a rank can wait for a member that itself waits for rank 2 in another group, and twice in CI
-#    (with --timeout 2 and 6) rank 1 named rank 0 silent before any other rank's deadline named
-#    rank 2 (rank 0 sent no heartbeat and left no flight record; not reproduced outside CI, see
-#    docs/status.md).
-(cd "$tmp" && exec "$mpiexec" -n 4 sh -c 'echo $$ > "pid.$PMI_RANK"; exec "$0" "$@"' "$seqpar" \
-   check --backend mpi --timeout 6 --flight-record "$tmp/ext" "${long[@]}") > "$tmp/ext.out" 2>&1 &
-job=$!
+# 3. A real `seqpar check --backend mpi` on the hybrid layout (U 2 × R 2): rank 2 is stopped
+#    from outside (SIGSTOP) once the SP step has begun. A rank may wait for a member that itself
+#    waits for rank 2 in another group: the watchdog follows the chain, so the first message
+#    names rank 2 wherever the deadlines fire (tests/soak/stop_soak.py measures it over 200
+#    random victims and moments). The replay of the records names it too.
+hybrid=(--ulysses 2 --ring 2 --layers 2 --docs 8192,4096,4096)
+launch ext -- "$mpiexec" -n 4 "$seqpar" check --backend mpi --timeout 4 --flight-record "$tmp/ext" "${hybrid[@]}"
 t0=$(date +%s)
-for _ in $(seq 1 300); do
-  grep -q "SP step" "$tmp/ext.out" 2> /dev/null && [ -f "$tmp/pid.2" ] && break
-  sleep 0.05
-done
-sleep 0.3
-if [ -f "$tmp/pid.2" ]; then
-  kill -STOP "$(cat "$tmp/pid.2")"
+if wait_for ext "SP step" 2; then
+  sleep 0.5
+  kill -STOP "$(cat "$tmp/ext.pid.2")"
   wait "$job"
   rc=$?
   dt=$(( $(date +%s) - t0 ))
-  kill -KILL "$(cat "$tmp/pid.2")" 2> /dev/null
+  kill -KILL "$(cat "$tmp/ext.pid.2")" 2> /dev/null
   echo "external SIGSTOP: exit $rc after ${dt} s"
   if [ "$rc" -ne 2 ] || [ "$dt" -gt 30 ] || ! first_watchdog_names 2 "$tmp/ext.out"; then
-    fail "external SIGSTOP: exit $rc after ${dt} s, want 2 naming rank 2: $(head -c 800 "$tmp/ext.out")"
+    fail "external SIGSTOP: exit $rc after ${dt} s, want 2 naming rank 2 first: $(grep -m1 watchdog "$tmp/ext.out" | head -c 800)"
   else
     ok
     [ ! -f "$tmp/ext/rank-2.jsonl" ] && [ -f "$tmp/ext/rank-0.jsonl" ] && ok || fail "external SIGSTOP: flight records: $(ls "$tmp/ext")"
@@ -120,5 +139,60 @@ rc=$?
 if [ "$rc" -ne 0 ] || [ -e "$tmp/none" ]; then
   fail "heartbeats: a slow reference with --timeout 0.5 exit $rc (want 0, no flight record): $(tail -c 600 <<< "$out")"
 else ok; fi
+
+# 5. Every phase (issue 33). Before MPI is up: rank 2 stops before MPI_Init, the others wait
+#    inside it, where no heartbeat runs; the phase guard ends each of them at the deadline.
+t0=$(date +%s)
+timeout 60 "$mpiexec" -n 4 "$failing" --stop-at 2:init --timeout 2 "${small[@]}" > "$tmp/init.out" 2>&1
+rc=$?
+dt=$(( $(date +%s) - t0 ))
+echo "stop before MPI_Init: exit $rc after ${dt} s"
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$dt" -gt 20 ] || ! grep -q "watchdog: MPI_Init did not finish within 2 s" "$tmp/init.out"; then
+  fail "stop before MPI_Init: exit $rc after ${dt} s: $(head -c 600 "$tmp/init.out")"
+else ok; fi
+
+# 6. The reference and the verdict's final reduction, stopped from outside when rank 0 starts
+#    the non-SP reference: rank 0 itself (the others wait for the verdict, kept patient by its
+#    heartbeats until they stop), or rank 2 (waiting in the verdict's reduction, which can then
+#    never finish): the others name the stopped rank.
+for victim in 0 2; do
+  launch ref$victim -- "$mpiexec" -n 4 "$seqpar" check --backend mpi --timeout 2 --flight-record "$tmp/ref$victim" "${hybrid[@]}"
+  if wait_for ref$victim "non-SP reference on rank 0" $victim; then
+    kill -STOP "$(cat "$tmp/ref$victim.pid.$victim")"
+    t0=$(date +%s)
+    wait "$job"
+    rc=$?
+    dt=$(( $(date +%s) - t0 ))
+    kill -KILL "$(cat "$tmp/ref$victim.pid.$victim")" 2> /dev/null
+    echo "rank $victim stopped in the reference phase: exit $rc after ${dt} s"
+    if [ "$rc" -ne 2 ] || [ "$dt" -gt 20 ] || ! first_watchdog_names $victim "$tmp/ref$victim.out"; then
+      fail "rank $victim stopped in the reference phase: exit $rc after ${dt} s: $(grep -m1 watchdog "$tmp/ref$victim.out" | head -c 600)"
+    else ok; fi
+  else
+    wait "$job"
+    fail "rank $victim stopped in the reference phase: the reference never started: $(tail -c 400 "$tmp/ref$victim.out")"
+  fi
+done
+
+# 8. A flight record that cannot be written (a FIFO where rank 1's file goes: its write blocks
+#    as on a stalled file system): rank 0 throws, rank 1 never acknowledges; the job still ends
+#    within the 3 s grace, with the records of the others.
+mkdir -p "$tmp/fifo"
+launch fifo -- "$mpiexec" -n 4 "$failing" --throw-at 0:loss.sum --timeout 2 --flight-record "$tmp/fifo" "${hybrid[@]}"
+if wait_for fifo "" 1; then
+  mkfifo "$tmp/fifo/rank-1.jsonl.seqpar-tmp-$(cat "$tmp/fifo.pid.1")"
+  t0=$(date +%s)
+  wait "$job"
+  rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  echo "stalled record: exit $rc after ${dt} s"
+  recs=$(cd "$tmp/fifo" && ls rank-*.jsonl 2> /dev/null | tr '\n' ' ')
+  if [ "$rc" -ne 2 ] || [ "$dt" -gt 25 ] || [ "$recs" != "rank-0.jsonl rank-2.jsonl rank-3.jsonl " ] || ! grep -q "injected failure: rank 0 throws" "$tmp/fifo.out"; then
+    fail "stalled record: exit $rc after ${dt} s, records '$recs': $(head -c 600 "$tmp/fifo.out")"
+  else ok; fi
+else
+  wait "$job"
+  fail "stalled record: the job never started: $(head -c 400 "$tmp/fifo.out")"
+fi
 
 finish

@@ -1,0 +1,111 @@
+#include "mpi/phase_guard.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace seqpar::mpi {
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+struct armed {
+  std::string phase, hint;
+  std::chrono::milliseconds limit;
+  steady::time_point until;
+};
+
+struct monitor {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<long, armed> phases;
+  long next = 0;
+  bool started = false;
+  int rank = -1;
+  std::function<void(const std::string&)> last_words;
+
+  // The rank before MPI knows it: the launcher's PMI_RANK (hydra, PMIx), else unknown.
+  std::string who() const {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    int r = rank;
+    if (r < 0)
+      if (const char* e = std::getenv("PMI_RANK")) r = std::atoi(e);
+    return r >= 0 ? fmt::format("rank {} on {}", r, host) : fmt::format("a rank on {}", host);
+  }
+
+  void run() {
+    std::unique_lock lock(mu);
+    for (;;) {
+      if (phases.empty()) {
+        cv.wait(lock);
+        continue;
+      }
+      auto first = phases.begin();
+      for (auto it = phases.begin(); it != phases.end(); ++it)
+        if (it->second.until < first->second.until) first = it;
+      if (cv.wait_until(lock, first->second.until) == std::cv_status::no_timeout) continue;
+      if (steady::now() < first->second.until || !phases.count(first->first)) continue;
+      const auto& a = first->second;
+      const auto message = fmt::format("watchdog: {} did not finish within {:.3g} s: {}", a.phase,
+                                       std::chrono::duration<double>(a.limit).count(), a.hint);
+      const auto words = last_words;
+      const auto me = who();
+      lock.unlock();
+      if (words) words(message);
+      std::fflush(stdout);
+      fmt::print(stderr, "seqpar: error: {}: {}\n", me, message);
+      std::fflush(stderr);
+      std::_Exit(2);
+    }
+  }
+};
+
+monitor& the_monitor() {
+  static monitor* m = new monitor;  // never destroyed: the thread may outlive main's statics
+  return *m;
+}
+
+}  // namespace
+
+phase_guard::phase_guard(std::string phase, std::chrono::milliseconds limit, std::string hint) {
+  if (limit.count() <= 0) return;
+  auto& m = the_monitor();
+  std::lock_guard lock(m.mu);
+  if (!m.started) {
+    std::thread([&m] { m.run(); }).detach();
+    m.started = true;
+  }
+  id_ = ++m.next;
+  m.phases[id_] = {std::move(phase), std::move(hint), limit, steady::now() + limit};
+  m.cv.notify_all();
+}
+
+phase_guard::~phase_guard() {
+  if (id_ == 0) return;
+  auto& m = the_monitor();
+  std::lock_guard lock(m.mu);
+  m.phases.erase(id_);
+  m.cv.notify_all();
+}
+
+void phase_guard::set_last_words(std::function<void(const std::string&)> f) {
+  auto& m = the_monitor();
+  std::lock_guard lock(m.mu);
+  m.last_words = std::move(f);
+}
+
+void phase_guard::set_rank(int rank) {
+  auto& m = the_monitor();
+  std::lock_guard lock(m.mu);
+  m.rank = rank;
+}
+
+}  // namespace seqpar::mpi

@@ -1,0 +1,35 @@
+#pragma once
+// A deadline over a blocking phase the MPI watchdog cannot watch: MPI_Init, duplicating the
+// world, MPI_Comm_create_group, MPI_Finalize, writing a flight record. Those calls block inside
+// MPI or the file system, where no heartbeat is sent and no control message is read; a rank
+// that stopped or died leaves the others inside them. A guard needs no MPI: one monitor thread
+// per process watches the phases armed, and when one outlives its deadline it runs the last
+// words (if set), prints
+//   seqpar: error: rank R on HOST: watchdog: <phase> did not finish within T s: <hint>
+// and ends the process with exit code 2, so that the launcher ends the job.
+#include <chrono>
+#include <functional>
+#include <string>
+
+namespace seqpar::mpi {
+
+class phase_guard {
+ public:
+  /// Arms a deadline of `limit` (0: none) for `phase` ("MPI_Init", …); `hint` says what the
+  /// user sees and can do. Guards nest; each is disarmed by its destructor.
+  phase_guard(std::string phase, std::chrono::milliseconds limit, std::string hint);
+  ~phase_guard();
+  phase_guard(const phase_guard&) = delete;
+  phase_guard& operator=(const phase_guard&) = delete;
+
+  /// Runs on the monitor thread before the process ends (e.g. leaving a flight record), with
+  /// the message; it must not call MPI. One per process; empty to clear.
+  static void set_last_words(std::function<void(const std::string&)> f);
+  /// Who this process is, for the message before MPI knows (PMI_RANK / PMI_RANK-less launch).
+  static void set_rank(int rank);
+
+ private:
+  long id_ = 0;
+};
+
+}  // namespace seqpar::mpi
