@@ -47,6 +47,8 @@ nlohmann::json report_json(const verify::check_report& r) {
             {"sp", r.sp_seconds},
             {"reference", r.reference_seconds},
             {"compare", r.compare_seconds}}},
+          {"closest_to_bound", closest_json(closest_to_bound(
+                                   r.rows, [](const auto& x) -> const auto& { return x; }))},
           {"rows", rows}};
 }
 
@@ -70,10 +72,11 @@ std::string report_text(const verify::check_report& r) {
         row.note.empty() || (row.pass && row.tensor != "loss") ? "" : "  (" + row.note + ")");
   }
   o += fmt::format(
-      "\n{}: {} of {} tensors within tolerance ({}); SP {:.2f} s, reference {:.2f} s "
+      "\n{}: {} of {} tensors within tolerance ({}){}; SP {:.2f} s, reference {:.2f} s "
       "(setup {:.2f} s, compare {:.2f} s)\n",
-      r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model, r.sp_seconds,
-      r.reference_seconds, r.setup_seconds, r.compare_seconds);
+      r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model,
+      margin_sentence(closest_to_bound(r.rows, [](const auto& x) -> const auto& { return x; })),
+      r.sp_seconds, r.reference_seconds, r.setup_seconds, r.compare_seconds);
   if (r.pass)
     for (const auto& w : r.warnings) o += fmt::format("note: {}\n", w);
   if (!r.pass) o += fmt::format("reproduce: {}\n", io::scenario_command(r.scen));
@@ -140,7 +143,10 @@ action add_check(CLI::App& app) {
       io::write_atomic("-", text);
     };
     if (a->backend == "mpi") {
-      // One cp rank per process under mpiexec; each process parses the same flags.
+      // One cp rank per process under mpiexec; each process parses the same flags. The
+      // deadline also bounds MPI_Init, so it is known before MPI starts.
+      opt.timeout = a->guard.timeout();
+      opt.flight_dir = a->guard.flight_dir;
       return check_mpi(
           [a](verify::check_options& opt) {
             opt.type = parse_dtype(a->dtype_name);

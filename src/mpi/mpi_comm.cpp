@@ -239,7 +239,8 @@ namespace {
 /// request, the group member it receives from (-1: a send) and the elements it must bring.
 struct posted {
   std::vector<MPI_Request> reqs;
-  std::vector<int> from;
+  std::vector<int> from;  ///< receives: the member it is from; sends: -1
+  std::vector<int> peer;  ///< the member at the other end (sends and receives)
   std::vector<MPI_Count> expect;
 };
 
@@ -547,6 +548,9 @@ struct watched {
   std::string call;                 ///< "all_to_all #3 (L0.attn.q.fwd)"
   std::chrono::milliseconds limit;  ///< the deadline (scaled); 0 = none
   bool arrivals_known;              ///< verify_calls: descriptor receipts show who arrived
+  /// The data phase of a call (arrival_of then names the member at the other end of each
+  /// message, not one that has not arrived).
+  bool transfer = false;
 };
 
 double seconds(steady::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -683,6 +687,17 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
     if (w.limit.count() > 0 && now - since >= w.limit) {
       const double waited = seconds(now - start), limit_s = seconds(w.limit);
       std::vector<std::string> who;
+      const char* inside = w.arrivals_known
+                               ? ": every member arrived, the transfer did not finish"
+                               : " (which members arrived is known only with verify_calls)";
+      if (!missing.empty() && w.transfer)
+        // The data phase: the chain runs through the members whose messages are pending.
+        fail<error>(
+            "watchdog: {} on group {} did not complete within {:.3g} s{}: {}; messages still "
+            "pending with ranks {}. A member stopped inside the call (stalled, or stopped by "
+            "SIGSTOP) or the network stalls; if the transfer is merely slow, raise --timeout",
+            w.call, describe(w.g), limit_s, inside, chain_summary(im, missing, start, now, w.limit),
+            missing);
       if (!missing.empty()) {
         const auto chains = chain_summary(im, missing, start, now, w.limit);
         std::vector<int> arrived;
@@ -711,9 +726,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
           "watchdog: {} on group {} did not complete within {:.3g} s{}{}. A member stopped "
           "inside the call (stalled, or stopped by SIGSTOP) or the network stalls; if the "
           "transfer is merely slow, raise --timeout",
-          w.call, describe(w.g), limit_s,
-          w.arrivals_known ? ": every member arrived, the transfer did not finish"
-                           : " (which members arrived is known only with verify_calls)",
+          w.call, describe(w.g), limit_s, inside,
           who.empty() ? "" : fmt::format("; {}", fmt::join(who, "; ")));
     }
     // Spin briefly (small calls finish in microseconds), then back off.
@@ -765,6 +778,7 @@ void post_exchange(const call_context& ctx, const comm_group& g, dtype t, const 
               "MPI_Irecv_c");
     out.reqs.push_back(rq);
     out.from.push_back(j);
+    out.peer.push_back(j);
     out.expect.push_back(rc[j]);
   }
   for (int j = 0; j < n; ++j) {
@@ -774,6 +788,7 @@ void post_exchange(const call_context& ctx, const comm_group& g, dtype t, const 
               "MPI_Isend_c");
     out.reqs.push_back(rq);
     out.from.push_back(-1);
+    out.peer.push_back(j);
     out.expect.push_back(-1);
   }
   copy_bytes(recv + rd[ctx.me] * esz, send + sd[ctx.me] * esz,
@@ -786,7 +801,11 @@ void finish(mpi_communicator::impl& im, int world_size, const call_context& ctx,
             const comm_group& g, dtype t, posted& p, const char* op) {
   std::vector<MPI_Status> st;
   try {
-    wait_watched(im, world_size, p.reqs, std::vector<int>(p.reqs.size(), -1), ctx.w, &st);
+    // The data phase: every member arrived (its descriptor came); a pending message names the
+    // member at its other end, whom this rank then waits for.
+    watched w = ctx.w;
+    w.transfer = true;
+    wait_watched(im, world_size, p.reqs, p.peer, w, &st);
   } catch (...) {
     abandon(p.reqs, p.from);
     throw;
@@ -1203,10 +1222,12 @@ void mpi_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op>
       off += o.count * esz;
       SEQPAR_MPI(MPI_Irecv_c, dst, o.count, type, peer, ctx.tag, ctx.comm, &rq);
       p.from.push_back(o.peer);
+      p.peer.push_back(o.peer);
       p.expect.push_back(o.count);
     } else {
       SEQPAR_MPI(MPI_Isend_c, o.buf, o.count, type, peer, ctx.tag, ctx.comm, &rq);
       p.from.push_back(-1);
+      p.peer.push_back(o.peer);
       p.expect.push_back(-1);
     }
     p.reqs.push_back(rq);

@@ -51,9 +51,13 @@ struct monitor {
       auto first = phases.begin();
       for (auto it = phases.begin(); it != phases.end(); ++it)
         if (it->second.until < first->second.until) first = it;
-      if (cv.wait_until(lock, first->second.until) == std::cv_status::no_timeout) continue;
-      if (steady::now() < first->second.until || !phases.count(first->first)) continue;
-      const auto& a = first->second;
+      const long id = first->first;
+      const auto until = first->second.until;
+      // Woken early by a phase armed or disarmed: look again.
+      if (cv.wait_until(lock, until) == std::cv_status::no_timeout) continue;
+      const auto found = phases.find(id);
+      if (found == phases.end() || steady::now() < until) continue;
+      const auto& a = found->second;
       const auto message = fmt::format("watchdog: {} did not finish within {:.3g} s: {}", a.phase,
                                        std::chrono::duration<double>(a.limit).count(), a.hint);
       const auto words = last_words;
