@@ -75,7 +75,8 @@ std::string report_text(const verify::check_report& r) {
       "\n{}: {} of {} tensors within tolerance ({}){}; SP {:.2f} s, reference {:.2f} s "
       "(setup {:.2f} s, compare {:.2f} s)\n",
       r.pass ? "PASS" : "FAIL", passed, r.rows.size(), r.error_model,
-      margin_sentence(closest_to_bound(r.rows, [](const auto& x) -> const auto& { return x; })),
+      margin_sentence(closest_to_bound(
+          r.rows, [](const auto& x) -> const auto& { return x; })),
       r.sp_seconds, r.reference_seconds, r.setup_seconds, r.compare_seconds);
   if (r.pass)
     for (const auto& w : r.warnings) o += fmt::format("note: {}\n", w);

@@ -66,6 +66,9 @@ nlohmann::json dump_json(const verify::dump_report& r) {
           {"first_difference", first},
           {"not_dumped", r.not_dumped},
           {"error_model", r.error_model},
+          {"closest_to_bound",
+           closest_json(closest_to_bound(
+               r.rows, [](const auto& x) -> const compared_tensor& { return x.row; }))},
           {"rows", rows}};
 }
 

@@ -48,19 +48,35 @@ nlohmann::json row_json(const compared_tensor& row, std::string_view name_key, b
   j["max_abs"] = json_num(row.max_abs);
   j["max_rel"] = json_num(row.max_rel);
   j["tolerance"] = row.tolerance;
+  j["of_bound"] = json_num(row.of_bound());
   j["pass"] = row.pass;
   if (!row.note.empty()) j["note"] = row.note;
   return j;
 }
 
 std::string row_cells(const compared_tensor& row) {
-  return fmt::format("{:>9} {:>11} {:>11} {:>11}  {}", row.numel, fmt_num(row.max_abs),
-                     fmt_num(row.max_rel), fmt_num(row.tolerance), row.pass ? "PASS" : "FAIL");
+  return fmt::format("{:>9} {:>11} {:>11} {:>11} {:>8}  {}", row.numel, fmt_num(row.max_abs),
+                     fmt_num(row.max_rel), fmt_num(row.tolerance), fraction_text(row.of_bound()),
+                     row.pass ? "PASS" : "FAIL");
 }
 
 std::string row_cells_header() {
-  return fmt::format("{:>9} {:>11} {:>11} {:>11}  {}", "numel", "max abs", "max rel", "tolerance",
-                     "result");
+  return fmt::format("{:>9} {:>11} {:>11} {:>11} {:>8}  {}", "numel", "max abs", "max rel",
+                     "tolerance", "of bound", "result");
+}
+
+nlohmann::json closest_json(const compared_tensor* worst) {
+  if (!worst) return nullptr;
+  nlohmann::json j = {{"name", worst->tensor}, {"of_bound", json_num(worst->of_bound())}};
+  if (worst->rank >= 0) j["rank"] = worst->rank;
+  return j;
+}
+
+std::string margin_sentence(const compared_tensor* worst) {
+  if (!worst || worst->tolerance <= 0) return "";
+  const double f = worst->of_bound();
+  return fmt::format("; closest to its bound: {} at {} of it{}", worst->tensor, fraction_text(f),
+                     f > 0 && f <= 1 ? fmt::format(" ({:.3g}× margin)", 1 / f) : "");
 }
 
 }  // namespace seqpar::cli

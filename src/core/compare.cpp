@@ -10,6 +10,11 @@
 
 namespace seqpar {
 
+std::string fraction_text(double x) {
+  if (!std::isfinite(x)) return "inf";
+  return x == 0 ? "0" : x < 0.01 ? fmt::format("{:.0e}", x) : fmt::format("{:.2f}", x);
+}
+
 compared_tensor compare_values(std::string name, std::span<const double> got,
                                std::span<const double> want, double tol, double floor) {
   constexpr double inf = std::numeric_limits<double>::infinity();

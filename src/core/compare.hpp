@@ -2,6 +2,7 @@
 // One comparison and one row type for every verdict seqpar prints: `check` (SP vs the non-SP
 // reference) and `validate` (GPU vs the CPU reference) build their rows here.
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -18,7 +19,29 @@ struct compared_tensor {
   double tolerance = 0;
   bool pass = false;
   std::string note;  ///< why a row failed (worst element, non-finite values, sizes)
+
+  /// The error as a fraction of its bound (max_rel / tolerance): 0.1 passed with 10× margin,
+  /// 0.9 passed at 0.9 of the bound, above 1 failed. An exact stage (tolerance 0) is 0 when
+  /// exact, infinite otherwise.
+  double of_bound() const {
+    if (tolerance > 0) return max_rel / tolerance;
+    return max_rel == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  }
 };
+
+/// A fraction of a bound for tables: "0", "3e-03", "0.23", "1.70", "inf".
+std::string fraction_text(double x);
+
+/// The row that comes closest to (or furthest past) its bound; nullptr when rows is empty.
+template <class Rows, class Get>
+const compared_tensor* closest_to_bound(const Rows& rows, Get&& get) {
+  const compared_tensor* worst = nullptr;
+  for (const auto& r : rows) {
+    const compared_tensor& c = get(r);
+    if (!worst || c.of_bound() > worst->of_bound()) worst = &c;
+  }
+  return worst;
+}
 
 /// Compares got with want. Infinite entries are equal only when identical (the −inf LSE of a
 /// row that sees no key); a NaN, or an infinity on one side only, makes max_abs infinite.

@@ -48,18 +48,18 @@ std::string check_report_html(const check_report& r) {
     for (const auto& m : r.heatmaps) h += heatmap_svg(m);
   }
   h += "<h2>Compared tensors</h2>\n<table><tr><th>tensor</th><th>numel</th><th>max abs</th>"
-       "<th>max rel</th><th>tolerance</th><th>result</th><th>note</th></tr>\n";
+       "<th>max rel</th><th>tolerance</th><th>of bound</th><th>result</th><th>note</th></tr>\n";
   std::vector<const compared_tensor*> rows;
   for (const auto& row : r.rows) rows.push_back(&row);
   std::stable_partition(rows.begin(), rows.end(),
                         [](const compared_tensor* x) { return !x->pass; });
   for (const auto* row : rows)
     h += fmt::format(
-        "<tr><td class=\"t\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td "
+        "<tr><td class=\"t\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td "
         "class=\"{}\">{}</td><td class=\"t\">{}</td></tr>\n",
         html_escape(row->tensor), row->numel, num(row->max_abs), num(row->max_rel),
-        num(row->tolerance), row->pass ? "p" : "f", row->pass ? "PASS" : "FAIL",
-        html_escape(row->note));
+        num(row->tolerance), fraction_text(row->of_bound()), row->pass ? "p" : "f",
+        row->pass ? "PASS" : "FAIL", html_escape(row->note));
   h += "</table>\n";
   for (const auto& w : r.warnings) h += "<p class=\"note\">note: " + html_escape(w) + "</p>\n";
   h += "<p class=\"note\">error model: " + html_escape(r.error_model) + "</p>\n";

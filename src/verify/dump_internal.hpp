@@ -71,6 +71,23 @@ reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, 
                              double scale, bool causal, std::span<const std::int32_t> cu,
                              const vec* dout);
 
+/// What each gradient element sums, in magnitude (float64, per element): the reach of a
+/// kernel's roundings into the gradient. For a kernel that rounds P and dS to its input dtype
+/// before each matrix product (FlashAttention's tensor-core GEMMs do; one that keeps them in
+/// float32 rounds less) and forms D_i = Σ_d dO_id·O_id from its own rounded output:
+///   aq = scale·(|dS|·|K| + (P·|K|)∘E),  ak = scale·(|dS|ᵀ·|Q| + Pᵀ·(E∘|Q|)),  av = Pᵀ·|dO|,
+/// with E_i = Σ_d |dO_id|·(|O_id| + (P·|V|)_id), the reach of the output's error into D_i.
+/// To first order the kernel's gradient error is then at most u_in·a + u_g·|grad| per element
+/// (u_in the inputs' unit roundoff, u_g the stored gradient's), plus float32 accumulation
+/// (u_int·sqrt(L)·a); second-order terms are O(u²). aq [S, H, D]; ak, av [S, Hr, D] per KV copy.
+struct gradient_terms {
+  vec aq, ak, av;
+};
+gradient_terms gradient_term_magnitudes(const geometry& g, const vec& q, const vec& k_rep,
+                                        const vec& v_rep, const vec& out, const vec& lse,
+                                        const vec& dout, double scale, bool causal,
+                                        std::span<const std::int32_t> cu);
+
 /// The tolerances of the computed stages (attention output, LSE, gradients) against the float64
 /// reference on the same dumped inputs. Model: the kernel keeps scores, softmax and sums in
 /// float32 or better (flash-attention, SDPA and torch's CPU bf16 matmuls do; u_int = min(u, 2^-24))
@@ -86,17 +103,18 @@ reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, 
 ///   forward  2·(u·R·max|out| + 2·u_lse·(R−1)·max|lse|·max|v|
 ///               + u_int·(sqrt(L) + 2·(max|lse| + ln L + T))·max|v|) / max|out|
 ///   LSE      2·(u_lse·R·max|lse| + u_int·(max|lse| + ln L + T)) / max|lse|
-///   gradient 4 × forward (dS = P∘(dP − D) carries the weights' error twice, plus storage),
-///            relative to the larger of max|grad| and the magnitude of the terms the gradient sums:
-///            dQ: scale·max|k|·max|dO|·max|v|, dK: scale·max|q|·max|dO|·max|v|, dV: max|dO|.
-///            A saturated softmax (P near one-hot) makes dQ and dK small differences of such
-///            terms, whose float32 rounding is then large against the gradient itself.
+///   gradient (validate_dump, per element, from gradient_term_magnitudes)
+///            max over the rank's elements of u_g·|grad| + (u_in + u_int·sqrt(L))·a, relative
+///            to max|grad| (or to itself where the gradient cancels to below it). The summary
+///            below (backward(), term_scale()) is the earlier norm-wise form, kept for the
+///            diagnosis's recomputations.
 /// A naive kernel that materialises the scores in bf16 exceeds it by ~max|s|: worth knowing.
 struct error_model {
   double max_out = 0, max_v = 0, max_lse = 0, L = 1;
   double max_q = 0, max_k = 0, max_dout = 0, scale = 1, D = 1;
   int R = 1;
   double u_lse = 0;  ///< 0: the dumped LSE's dtype is unknown (not dumped): float32
+  double u_in = 0;   ///< unit roundoff of the dumped inputs (q.local)
 
   double forward(double u) const;
   double lse() const;

@@ -33,8 +33,8 @@ std::string header(const dump_report& r) {
 
 std::string dump_report_text(const dump_report& r, bool all_rows) {
   std::string o = header(r) + "\n\n";
-  o += fmt::format("{:<5} {:>4} {:<16} {:>9} {:>11} {:>11} {:>11}  {}\n", "call", "rank", "stage",
-                   "numel", "max abs", "max rel", "tolerance", "result");
+  o += fmt::format("{:<5} {:>4} {:<16} {:>9} {:>11} {:>11} {:>11} {:>8}  {}\n", "call", "rank",
+                   "stage", "numel", "max abs", "max rel", "tolerance", "of bound", "result");
   // Every failing row, and the passing ones folded to one line per stage unless asked.
   std::map<std::pair<int, std::string>, int> passed;
   for (const auto& row : r.rows) {
@@ -43,23 +43,26 @@ std::string dump_report_text(const dump_report& r, bool all_rows) {
       ++passed[{row.call, c.tensor}];
       continue;
     }
-    o += fmt::format("{:<5} {:>4} {:<16} {:>9} {:>11} {:>11} {:>11}  {}{}\n", row.call, c.rank,
-                     c.tensor, c.numel, num(c.max_abs), num(c.max_rel), num(c.tolerance),
-                     c.pass ? "PASS" : "FAIL", c.note.empty() ? "" : "  (" + c.note + ")");
+    o += fmt::format("{:<5} {:>4} {:<16} {:>9} {:>11} {:>11} {:>11} {:>8}  {}{}\n", row.call,
+                     c.rank, c.tensor, c.numel, num(c.max_abs), num(c.max_rel), num(c.tolerance),
+                     fraction_text(c.of_bound()), c.pass ? "PASS" : "FAIL",
+                     c.note.empty() ? "" : "  (" + c.note + ")");
   }
   if (!all_rows) {
     for (const auto& stage : dump_stages())
       for (std::size_t call = 0; call < r.call_names.size(); ++call) {
         const auto it = passed.find({static_cast<int>(call), stage});
         if (it == passed.end()) continue;
-        double worst = 0, tol = 0;
+        double worst = 0, tol = 0, frac = 0;
         for (const auto& row : r.rows)
           if (row.call == static_cast<int>(call) && row.row.tensor == stage && row.row.pass) {
             worst = std::max(worst, row.row.max_rel);
             tol = row.row.tolerance;
+            frac = std::max(frac, row.row.of_bound());
           }
-        o += fmt::format("{:<5} {:>4} {:<16} {:>9} {:>11} {:>11} {:>11}  PASS\n", call,
-                         fmt::format("×{}", it->second), stage, "", "", num(worst), num(tol));
+        o += fmt::format("{:<5} {:>4} {:<16} {:>9} {:>11} {:>11} {:>11} {:>8}  PASS\n", call,
+                         fmt::format("×{}", it->second), stage, "", "", num(worst), num(tol),
+                         fraction_text(frac));
       }
   }
   std::size_t passing = 0;
@@ -73,8 +76,14 @@ std::string dump_report_text(const dump_report& r, bool all_rows) {
         f.call, f.call_name, f.stage, f.ranks.size() > 1 ? "s" : "", fmt::join(f.ranks, ", "),
         f.where, f.diagnosis);
   } else {
-    o += fmt::format("PASS: {} stage comparisons on {} ranks within tolerance\n", r.rows.size(),
-                     r.layout.ulysses * r.layout.ring);
+    std::string margin;
+    if (const auto* w =
+            closest_to_bound(r.rows, [](const auto& x) -> const compared_tensor& { return x.row; });
+        w && w->tolerance > 0 && w->of_bound() > 0)
+      margin = fmt::format("; closest to its bound: {} on rank {} at {} of it ({:.3g}× margin)",
+                           w->tensor, w->rank, fraction_text(w->of_bound()), 1 / w->of_bound());
+    o += fmt::format("PASS: {} stage comparisons on {} ranks within tolerance{}\n", r.rows.size(),
+                     r.layout.ulysses * r.layout.ring, margin);
   }
   o += fmt::format("compared: {} of {} (rank, stage) rows pass\n", passing, r.rows.size());
   if (!r.not_dumped.empty())

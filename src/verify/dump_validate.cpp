@@ -7,7 +7,9 @@
 #include <cmath>
 #include <filesystem>
 
+#include <Eigen/Dense>
 #include "core/error.hpp"
+
 #include "sim/attention.hpp"
 #include "verify/dump_internal.hpp"
 
@@ -220,13 +222,15 @@ std::string error_model::describe(io::st_dtype out) const {
       "rounds what it stores: attention 2·(u·R·max|out| + 2·u_lse·(R−1)·max|lse|·max|v| + "
       "u_int·(sqrt(L) + 2·(max|lse| + ln L + scale·D·max|q|·max|k|))·max|v|)/max|out| = {:.2e} "
       "for {} (u = {:.3g}), LSE "
-      "{:.2e}, gradients 4× = {:.2e} relative to the larger of max|grad| and the terms it sums "
-      "(dQ scale·max|k|·max|dO|·max|v| = {:.3g}, dK scale·max|q|·max|dO|·max|v| = {:.3g}, dV "
-      "max|dO| = {:.3g}) (L = {} longest document, R = {}, max|out| = {:.3g}, max|v| "
-      "= {:.3g}, max|lse| = {:.3g}, u_int = min(u, 2^-24), u_lse = the dumped LSE's)",
-      forward(u), io::st_dtype_name(out), u, lse(), backward(u), term_scale("grad.q."),
-      term_scale("grad.k."), term_scale("grad.v."), static_cast<std::int64_t>(L), R, max_out, max_v,
-      max_lse);
+      "{:.2e}; gradients per element u_g·|grad| + (u_in + u_int·sqrt(L))·a, a the magnitudes "
+      "the element sums (dQ: scale·(|dS|·|K| + (P·|K|)∘E), dK: scale·(|dS|ᵀ·|Q| + Pᵀ·(E∘|Q|)), "
+      "dV: Pᵀ·|dO|, E_i = Σ|dO_i|·(|O_i| + P·|V|)) for a kernel that rounds P and dS to its "
+      "inputs' dtype (u_in = {:.3g}) before each product and forms D from its rounded output, "
+      "the largest over a rank's elements relative to max|grad| (L = {} longest document, R = "
+      "{}, max|out| = {:.3g}, max|v| = {:.3g}, max|lse| = {:.3g}, u_int = min(u, 2^-24), u_lse "
+      "= the dumped LSE's)",
+      forward(u), io::st_dtype_name(out), u, lse(), u_in, static_cast<std::int64_t>(L), R, max_out,
+      max_v, max_lse);
 }
 
 reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, const vec& v_rep,
@@ -257,6 +261,79 @@ reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, 
                             p.dv.data());
   }
   return p;
+}
+
+gradient_terms gradient_term_magnitudes(const geometry& g, const vec& q, const vec& k_rep,
+                                        const vec& v_rep, const vec& out, const vec& lse,
+                                        const vec& dout, double scale, bool causal,
+                                        std::span<const std::int32_t> cu) {
+  using mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int H = g.H, Hr = g.Hkv * g.rep, D = g.D;
+  const int per_kv = H / Hr;
+  gradient_terms t;
+  t.aq.assign(q.size(), 0.0);
+  t.ak.assign(k_rep.size(), 0.0);
+  t.av.assign(v_rep.size(), 0.0);
+  constexpr std::int64_t block = 128;  // query rows at a time: memory ~ block × document
+  for (const auto& d : doc_ranges(cu)) {
+    const std::int64_t n = d.size();
+    if (n == 0) continue;
+    for (int h = 0; h < H; ++h) {
+      const int kh = h / per_kv;
+      mat K(n, D), V(n, D);
+      for (std::int64_t j = 0; j < n; ++j)
+        for (int e = 0; e < D; ++e) {
+          const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
+          K(j, e) = k_rep[at];
+          V(j, e) = v_rep[at];
+        }
+      const mat Ka = K.cwiseAbs(), Va = V.cwiseAbs();
+      mat AK = mat::Zero(n, D), AV = mat::Zero(n, D);
+      for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+        const std::int64_t nb = std::min(block, n - i0);
+        mat Q(nb, D), dO(nb, D), O(nb, D);
+        Eigen::VectorXd L(nb);
+        for (std::int64_t i = 0; i < nb; ++i) {
+          const auto row = (d.start + i0 + i) * H + h;
+          L(i) = lse[static_cast<std::size_t>(row)];
+          for (int e = 0; e < D; ++e) {
+            const auto at = static_cast<std::size_t>(row * D + e);
+            Q(i, e) = q[at];
+            dO(i, e) = dout[at];
+            O(i, e) = out[at];
+          }
+        }
+        // A causal call's rows of this block read only the first i0 + nb keys.
+        const std::int64_t m = causal ? i0 + nb : n;
+        mat P = (scale * (Q * K.topRows(m).transpose())).eval();
+        for (std::int64_t i = 0; i < nb; ++i)
+          for (std::int64_t j = 0; j < m; ++j)
+            P(i, j) =
+                (causal && j > i0 + i) || !std::isfinite(L(i)) ? 0.0 : std::exp(P(i, j) - L(i));
+        const mat dP = dO * V.topRows(m).transpose();
+        const Eigen::VectorXd Dv = (dO.cwiseProduct(O)).rowwise().sum();
+        const mat dSa = P.cwiseProduct(dP.colwise() - Dv).cwiseAbs();
+        const mat F = P * Va.topRows(m);
+        const Eigen::VectorXd E = (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + F)).rowwise().sum();
+        const mat PK = P * Ka.topRows(m);
+        const mat aq = scale * (dSa * Ka.topRows(m) + mat(PK.array().colwise() * E.array()));
+        const mat Qa = Q.cwiseAbs();
+        AK.topRows(m) +=
+            scale * (dSa.transpose() * Qa + P.transpose() * mat(Qa.array().colwise() * E.array()));
+        AV.topRows(m) += P.transpose() * dO.cwiseAbs();
+        for (std::int64_t i = 0; i < nb; ++i)
+          for (int e = 0; e < D; ++e)
+            t.aq[static_cast<std::size_t>(((d.start + i0 + i) * H + h) * D + e)] = aq(i, e);
+      }
+      for (std::int64_t j = 0; j < n; ++j)
+        for (int e = 0; e < D; ++e) {
+          const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
+          t.ak[at] += AK(j, e);
+          t.av[at] += AV(j, e);
+        }
+    }
+  }
+  return t;
 }
 
 }  // namespace dump_detail
@@ -321,7 +398,11 @@ class call_check {
     if (backward) dout = input_bwd("grad.out.local", g_.H);
     ref_ =
         run_reference(g_, q_, k_rep_, v_rep_, m_.scale, m_.causal, g_.cu, dout ? &*dout : nullptr);
-    if (dout) dout_ = *dout;
+    if (dout) {
+      dout_ = *dout;
+      terms_ = gradient_term_magnitudes(g_, q_, k_rep_, v_rep_, ref_.out, ref_.lse, dout_, m_.scale,
+                                        m_.causal, g_.cu);
+    }
     set_tolerances();
 
     const int Hr = g_.Hkv * g_.rep;
@@ -362,33 +443,41 @@ class call_check {
               g_.slice_gathered(dout_, g_.H, g_.hq, k));
       for (int k = 0; k < P; ++k)
         approx("grad.q.gathered", k, bwd_, {g_.Sg, g_.hq, g_.D},
-               g_.slice_gathered(ref_.dq, g_.H, g_.hq, k));
+               g_.slice_gathered(ref_.dq, g_.H, g_.hq, k),
+               g_.slice_gathered(terms_.aq, g_.H, g_.hq, k));
       for (int k = 0; k < P; ++k)
         approx("grad.k.gathered", k, bwd_, {g_.Sg, g_.hk, g_.D},
-               g_.slice_gathered(ref_.dk, Hr, g_.hk, k));
+               g_.slice_gathered(ref_.dk, Hr, g_.hk, k),
+               g_.slice_gathered(terms_.ak, Hr, g_.hk, k));
       for (int k = 0; k < P; ++k)
         approx("grad.v.gathered", k, bwd_, {g_.Sg, g_.hk, g_.D},
-               g_.slice_gathered(ref_.dv, Hr, g_.hk, k));
+               g_.slice_gathered(ref_.dv, Hr, g_.hk, k),
+               g_.slice_gathered(terms_.av, Hr, g_.hk, k));
     }
     const auto gq = gathered_or_ref("grad.q.gathered", g_.hq, ref_.dq);
     const auto gk = gathered_or_ref("grad.k.gathered", g_.hk, ref_.dk);
     const auto gv = gathered_or_ref("grad.v.gathered", g_.hk, ref_.dv);
-    for (const auto& [st, src] : {std::pair{"grad.k.repeated", &gk}, {"grad.v.repeated", &gv}})
+    for (const auto& [st, src, a] :
+         {std::tuple{"grad.k.repeated", &gk, &terms_.ak}, {"grad.v.repeated", &gv, &terms_.av}})
       if (any(bwd_, st))
         for (int k = 0; k < P; ++k) {
           if (src->exact)
             exact(st, k, bwd_, {g_.s, Hr, g_.D}, g_.slice_local(src->values, Hr, k));
           else
-            approx(st, k, bwd_, {g_.s, Hr, g_.D}, g_.slice_local(src->values, Hr, k));
+            approx(st, k, bwd_, {g_.s, Hr, g_.D}, g_.slice_local(src->values, Hr, k),
+                   g_.slice_local(*a, Hr, k));
         }
     for (int k = 0; k < P; ++k) {
       if (gq.exact)
         exact("grad.q.local", k, bwd_, {g_.s, g_.H, g_.D}, g_.slice_local(gq.values, g_.H, k));
       else
-        approx("grad.q.local", k, bwd_, {g_.s, g_.H, g_.D}, g_.slice_local(gq.values, g_.H, k));
+        approx("grad.q.local", k, bwd_, {g_.s, g_.H, g_.D}, g_.slice_local(gq.values, g_.H, k),
+               g_.slice_local(terms_.aq, g_.H, k));
     }
-    for (const auto& [st, src] : {std::pair{"grad.k.local", &gk}, {"grad.v.local", &gv}}) {
+    for (const auto& [st, src, a] :
+         {std::tuple{"grad.k.local", &gk, &terms_.ak}, {"grad.v.local", &gv, &terms_.av}}) {
       const vec summed = sum_copies(src->values, g_.S, g_.Hkv, g_.rep, g_.D);
+      const vec summed_terms = sum_copies(*a, g_.S, g_.Hkv, g_.rep, g_.D);
       for (int k = 0; k < P; ++k) {
         // Summing the rep copies in the job's precision rounds once per addition.
         const tens* t = get(bwd_, k, st);
@@ -397,7 +486,8 @@ class call_check {
           compare_with(st, k, bwd_, {g_.s, g_.Hkv, g_.D}, g_.slice_local(summed, g_.Hkv, k),
                        g_.rep > 1 ? 2.0 * g_.rep * u : 0.0);
         else
-          approx(st, k, bwd_, {g_.s, g_.Hkv, g_.D}, g_.slice_local(summed, g_.Hkv, k));
+          approx(st, k, bwd_, {g_.s, g_.Hkv, g_.D}, g_.slice_local(summed, g_.Hkv, k),
+                 g_.slice_local(summed_terms, g_.Hkv, k), g_.rep);
       }
     }
   }
@@ -473,14 +563,35 @@ class call_check {
   void approx(const std::string& st, int k, const std::vector<stage_map>& side,
               const std::vector<std::int64_t>& shape, const vec& want) {
     const tens* t = get(side, k, st);
-    double tol = t ? model_.of(st, t->type) : 0.0;
-    // Gradients: the bound is on the terms summed, not on the (possibly cancelled) sum.
-    const double terms = model_.term_scale(st);
-    double peak = 0;
-    for (double y : want)
-      if (std::isfinite(y)) peak = std::max(peak, std::abs(y));
-    if (terms > peak && peak > 0) tol *= terms / peak;
-    compare_with(st, k, side, shape, want, tol);
+    compare_with(st, k, side, shape, want, t ? model_.of(st, t->type) : 0.0);
+  }
+  /// A gradient: per element, u_g·|grad| (storage, once per summed KV copy) + (u_in + u_int·
+  /// sqrt(L))·a (the kernel's roundings of P, dS and O, and float32 accumulation, reaching the
+  /// element through the magnitudes a it sums); the largest over the rank's elements, relative
+  /// to max|grad| — or to that bound itself where the gradient cancels to below it.
+  void approx(const std::string& st, int k, const std::vector<stage_map>& side,
+              const std::vector<std::int64_t>& shape, const vec& want, const vec& terms,
+              int copies = 1) {
+    const tens* t = get(side, k, st);
+    if (!t) return compare_with(st, k, side, shape, want, 0.0);
+    const double u_g = unit_roundoff(t->type) * copies;
+    const double u_t = u_in_ + std::ldexp(1.0, -24) * std::sqrt(model_.L);
+    double peak = 0, bound = 0;
+    for (std::size_t e = 0; e < want.size() && e < terms.size(); ++e) {
+      if (!std::isfinite(want[e])) continue;
+      peak = std::max(peak, std::abs(want[e]));
+      bound = std::max(bound, u_g * std::abs(want[e]) + u_t * terms[e]);
+    }
+    const double denom = std::max(peak, bound);
+    const double row_tol = denom > 0 ? bound / denom : 0.0;
+    if (!check_present(st, k, t, shape)) return;
+    auto row = compare_values(st, t->v, want, row_tol, bound);
+    row.rank = k;
+    if (!row.pass && row.note.starts_with("worst at flat index"))
+      row.note = element_note(g_, st, k, t->v, want);
+    const bool fail = !row.pass;
+    add(std::move(row));
+    if (fail) rep_.rows.back().heat = heatmap_of(g_, st, k, t->v, want, row_tol);
   }
 
   /// The whole row of an input stage, or nullopt after a row naming the rank with a wrong shape.
@@ -537,6 +648,7 @@ class call_check {
     e.D = g_.D;
     e.R = g_.R;
     if (const tens* t = get(fwd_, 0, "lse")) e.u_lse = unit_roundoff(t->type);
+    if (const tens* t = get(fwd_, 0, "q.local")) u_in_ = e.u_in = unit_roundoff(t->type);
     const tens* out = get(fwd_, 0, "out.local");
     rep_.error_model = e.describe(out ? out->type : io::st_dtype::f32);
   }
@@ -549,6 +661,8 @@ class call_check {
   std::vector<stage_map> fwd_, bwd_;
   vec q_, k_, v_, k_rep_, v_rep_, dout_;
   reference_pass ref_;
+  gradient_terms terms_;
+  double u_in_ = 0;  ///< unit roundoff of the dumped inputs (the kernel's GEMM inputs)
   error_model model_;
 };
 

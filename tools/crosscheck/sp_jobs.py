@@ -95,6 +95,49 @@ VARIANTS = {
         dict(U=2), "no_causal", "causal mask missing inside documents"),
 }
 
+# Precision (issue 37): correct kernels that round or sum differently (healthy: the largest
+# error a correct kernel may show), and precision bugs framework authors have made. They run on
+# larger shapes (the error grows with the document length and head_dim); `prec` selects the
+# code path. Their verdicts and errors are in tools/crosscheck/precision_catalogue.py.
+_PREC_RING = dict(R=4, S=256, docs=[64, 192], D=32)
+_PREC_ULY = dict(U=2, S=256, docs=[96, 160], D=32)
+PRECISION = {
+    ("ring", "healthy_r4_wide"): (dict(_PREC_RING), None, ""),
+    ("ring", "healthy_r4_blocked"): (
+        dict(_PREC_RING, prec="blocked"), None,
+        "online softmax over blocks of 16 keys in float32 (a flash-style kernel's order)"),
+    ("ring", "healthy_r4_p_lowp_gemm"): (
+        dict(_PREC_RING, prec="p_lowp_gemm"), None,
+        "P and dS rounded to the input dtype before each matrix product, float32 accumulation "
+        "(what FlashAttention's tensor-core GEMMs do)"),
+    ("ring", "healthy_r4_merge_reverse"): (
+        dict(_PREC_RING, prec="merge_reverse"), None,
+        "the ring's partial outputs merged from the last step to the first"),
+    ("ulysses", "healthy_u2_wide"): (dict(_PREC_ULY), None, ""),
+    ("ulysses", "healthy_u2_blocked"): (
+        dict(_PREC_ULY, prec="blocked"), None,
+        "online softmax over blocks of 16 keys in float32 (a flash-style kernel's order)"),
+    ("ulysses", "scores_lowp"): (
+        dict(_PREC_ULY, prec="scores_lowp"), "scores_lowp",
+        "scores and softmax computed in the input dtype instead of float32"),
+    ("ring", "scores_lowp"): (
+        dict(_PREC_RING, prec="scores_lowp"), "scores_lowp",
+        "scores and softmax computed in the input dtype instead of float32"),
+    ("ring", "lse_lowp"): (
+        dict(_PREC_RING, prec="lse_lowp"), "lse_lowp",
+        "LSE rounded to the input dtype when saved for the backward (the returned LSE is exact)"),
+    ("ring", "merge_lowp"): (
+        dict(_PREC_RING, prec="merge_lowp"), "merge_lowp",
+        "the ring merges partial outputs and LSEs in the input dtype"),
+    ("ring", "dkv_lowp"): (
+        dict(_PREC_RING, prec="dkv_lowp"), "dkv_lowp",
+        "dK/dV accumulated over the ring steps in the input dtype"),
+    ("ring", "rescale_missing_step1"): (
+        dict(_PREC_RING, prec="rescale_missing_step1"), "rescale_missing_step1",
+        "ring step 1 adds its partial output without rescaling the accumulated one"),
+}
+VARIANTS.update(PRECISION)
+
 STANDARD = [
     ("ulysses", "healthy_u2", "f32"),
     ("ulysses", "healthy_u4", "f32"),
@@ -123,7 +166,7 @@ def make_cfg(job, variant, dtype, seed=0):
         raise SystemExit("unknown job/variant %s/%s (see --list)" % (job, variant))
     over, bug, cause = VARIANTS[(job, variant)]
     cfg = dict(_SHAPES[job])
-    cfg.update(qmul=1.0)
+    cfg.update(qmul=1.0, prec=None)
     cfg.update(over)
     cfg.update(job=job, variant=variant, dtype=dtype, seed=int(seed), bug=bug, cause=cause)
     for L in cfg["docs"]:
@@ -206,11 +249,15 @@ def _cdt(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def attend(q, k, v, mask, scale):
+def attend(q, k, v, mask, scale, prec=None):
     """Masked softmax attention; q [n,h,D], k/v [m,hk,D] (GQA: q head i uses KV head
     i // (h/hk)). Accumulates in float32 like the fused kernels; returns out [n,h,D] in q's dtype
-    and lse [h,n] in float32 (-inf, out 0 on rows that see nothing). Differentiable."""
-    cdt = _cdt(q.dtype)
+    and lse [h,n] in float32 (-inf, out 0 on rows that see nothing). Differentiable.
+    prec "blocked": an online softmax over blocks of 16 keys (float32); "scores_lowp": scores
+    and softmax in q's own dtype (a precision bug)."""
+    if prec == "blocked":
+        return _attend_blocked(q, k, v, mask, scale)
+    cdt = q.dtype if prec == "scores_lowp" else _cdt(q.dtype)
     qf, kf, vf = q.to(cdt), k.to(cdt), v.to(cdt)
     h, hk = qf.shape[1], kf.shape[1]
     if h != hk:
@@ -221,8 +268,43 @@ def attend(q, k, v, mask, scale):
     lse = torch.logsumexp(s, dim=-1)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(s - safe.unsqueeze(-1))
+    if prec == "p_lowp_gemm":  # P enters the P·V product in the input dtype
+        p = p.to(q.dtype).to(cdt)
     out = torch.einsum("hnm,mhd->nhd", p, vf)
-    return out.to(q.dtype), lse
+    return out.to(q.dtype), lse.to(torch.float32)
+
+
+def _attend_blocked(q, k, v, mask, scale, block=16):
+    """attend's result by an online softmax over key blocks (running max, rescaled sums), in
+    float32: the order a flash-style kernel adds in."""
+    cdt = _cdt(q.dtype)
+    qf, kf, vf = q.to(cdt), k.to(cdt), v.to(cdt)
+    h, hk = qf.shape[1], kf.shape[1]
+    if h != hk:
+        kf = kf.repeat_interleave(h // hk, dim=1)
+        vf = vf.repeat_interleave(h // hk, dim=1)
+    n, m = qf.shape[0], kf.shape[0]
+    run_max = torch.full((h, n), float("-inf"), dtype=cdt)
+    run_sum = torch.zeros((h, n), dtype=cdt)
+    acc = torch.zeros((h, n, qf.shape[2]), dtype=cdt)
+    for b0 in range(0, m, block):
+        b1 = min(m, b0 + block)
+        s = torch.einsum("nhd,mhd->hnm", qf, kf[b0:b1]) * scale
+        s = s.masked_fill(~mask[:, b0:b1], float("-inf"))
+        new_max = torch.maximum(run_max, s.max(-1).values)
+        safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        p = torch.exp(s - safe.unsqueeze(-1))
+        alpha = torch.exp(torch.where(torch.isinf(run_max), torch.full_like(run_max, -1e30),
+                                      run_max) - safe)
+        run_sum = run_sum * alpha + p.sum(-1)
+        acc = acc * alpha.unsqueeze(-1) + torch.einsum("hnm,mhd->hnd", p, vf[b0:b1])
+        run_max = new_max
+    seen = run_sum > 0
+    out = torch.where(seen.unsqueeze(-1), acc / run_sum.clamp_min(1e-300).unsqueeze(-1),
+                      torch.zeros_like(acc))
+    lse = torch.where(seen, torch.log(run_sum.clamp_min(1e-300)) + torch.where(
+        torch.isinf(run_max), torch.zeros_like(run_max), run_max), torch.full_like(run_sum, float("-inf")))
+    return out.transpose(0, 1).to(q.dtype), lse.to(torch.float32)
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -308,7 +390,7 @@ class RepeatKeepFirstGrad(torch.autograd.Function):
 
 class RingPlan(object):
     def __init__(self, group, ranks, r, cu_local, scale, sections, merge="softplus",
-                 lowp=torch.bfloat16):
+                 lowp=torch.bfloat16, prec=None, dtype=torch.float32):
         self.group = group        # the ring process group
         self.ranks = ranks        # global ranks of the ring group, in ring-rank order
         self.R = len(ranks)
@@ -318,6 +400,8 @@ class RingPlan(object):
         self.sections = sections  # kind per step ("diag", "lower", "upper")
         self.merge = merge
         self.lowp = lowp
+        self.prec = prec          # precision variant (see PRECISION)
+        self.dtype = dtype        # the job's input dtype
 
 
 def _merge_softplus(o_acc, l_acc, o_new, l_new):
@@ -356,17 +440,40 @@ class RingAttn(torch.autograd.Function):
         n = qf.shape[0]
         kv = torch.stack([k.to(cdt), v.to(cdt)]).contiguous()
         o_acc = l_acc = None
+        parts = []
+        lowp_in = plan.prec in ("scores_lowp",)
         for i in range(plan.R):
             reqs = []
             if i + 1 < plan.R:
                 nxt_kv, reqs = _exchange(kv, plan)
             mask = section_mask(plan.sections[i], plan.cu, n)
-            o, l = attend(qf, kv[0], kv[1], mask, plan.scale)
-            if o_acc is None:
+            if lowp_in:
+                o, l = attend(qf.to(plan.dtype), kv[0].to(plan.dtype), kv[1].to(plan.dtype), mask,
+                              plan.scale, plan.prec)
+                o = o.to(cdt)
+            elif plan.prec == "p_lowp_gemm":
+                o, l = attend(qf.to(plan.dtype), kv[0].to(plan.dtype), kv[1].to(plan.dtype), mask,
+                              plan.scale, plan.prec)
+                o = o.to(cdt)
+            else:
+                o, l = attend(qf, kv[0], kv[1], mask, plan.scale,
+                              "blocked" if plan.prec == "blocked" else None)
+            if plan.prec == "merge_reverse":
+                parts.append((o, l, mask.any(dim=1)))
+            elif o_acc is None:
                 o_acc, l_acc = o, l
             else:
                 rows = mask.any(dim=1)
-                if plan.merge == "softplus":
+                if plan.prec == "merge_lowp":
+                    lo = plan.dtype
+                    mo, ml = _merge_softplus(o_acc[rows].to(lo), l_acc[:, rows].to(lo),
+                                             o[rows].to(lo), l[:, rows].to(lo))
+                    mo, ml = mo.to(cdt), ml.to(cdt)
+                elif plan.prec == "rescale_missing_step1" and i == 1:
+                    d = l[:, rows] - l_acc[:, rows]
+                    w_new = torch.exp(-F.softplus(-d)).transpose(0, 1).unsqueeze(-1)
+                    mo, ml = o_acc[rows] + o[rows] * w_new, l_acc[:, rows] + F.softplus(d)
+                elif plan.merge == "softplus":
                     mo, ml = _merge_softplus(o_acc[rows], l_acc[:, rows], o[rows], l[:, rows])
                 else:
                     mo, ml = _merge_no_max(o_acc[rows], l_acc[:, rows], o[rows], l[:, rows],
@@ -377,8 +484,19 @@ class RingAttn(torch.autograd.Function):
                 w.wait()
             if reqs:
                 kv = nxt_kv
+        if parts:  # merge_reverse: the same partials, merged from the last step to the first
+            o_acc, l_acc, _ = parts[-1]
+            for o, l, rows in reversed(parts[:-1]):
+                both = rows & ~torch.isinf(l_acc).all(0)
+                only = rows & ~both
+                o_acc, l_acc = o_acc.clone(), l_acc.clone()
+                if both.any():
+                    mo, ml = _merge_softplus(o_acc[both], l_acc[:, both], o[both], l[:, both])
+                    o_acc[both], l_acc[:, both] = mo, ml
+                o_acc[only], l_acc[:, only] = o[only], l[:, only]
         ctx.plan = plan
-        ctx.save_for_backward(q, k, v, o_acc, l_acc)
+        saved_lse = l_acc.to(plan.dtype).to(l_acc.dtype) if plan.prec == "lse_lowp" else l_acc
+        ctx.save_for_backward(q, k, v, o_acc, saved_lse)
         lse = l_acc.to(torch.float32)
         ctx.mark_non_differentiable(lse)
         return o_acc.to(q.dtype), lse
@@ -400,7 +518,8 @@ class RingAttn(torch.autograd.Function):
         drow = (do * out).sum(-1).transpose(0, 1)  # [h, n]
         safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
         dq = torch.zeros_like(qf)
-        dk_all = torch.zeros((plan.R,) + tuple(kf.shape), dtype=cdt)
+        acc_dt = plan.dtype if plan.prec == "dkv_lowp" else cdt
+        dk_all = torch.zeros((plan.R,) + tuple(kf.shape), dtype=acc_dt)
         dv_all = torch.zeros_like(dk_all)
         for i in range(plan.R):
             src = (plan.r - i) % plan.R
@@ -409,13 +528,17 @@ class RingAttn(torch.autograd.Function):
             vv = v_all[src].repeat_interleave(g, dim=1)
             s = torch.einsum("nhd,mhd->hnm", qf, kk) * plan.scale
             p = torch.exp(s.masked_fill(~mask, float("-inf")) - safe.unsqueeze(-1))
-            dv = torch.einsum("hnm,nhd->mhd", p, do)
+            lowp = (lambda t: t.to(plan.dtype).to(cdt)) if plan.prec == "p_lowp_gemm" else (
+                lambda t: t)
+            dv = torch.einsum("hnm,nhd->mhd", lowp(p), do)
             dp = torch.einsum("nhd,mhd->hnm", do, vv)
-            ds = p * (dp - drow.unsqueeze(-1))
+            ds = lowp(p * (dp - drow.unsqueeze(-1)))
             dq += plan.scale * torch.einsum("hnm,mhd->nhd", ds, kk)
             dk = plan.scale * torch.einsum("hnm,nhd->mhd", ds, qf)
-            dk_all[src] += dk.reshape(n, hk, g, d).sum(2)
-            dv_all[src] += dv.reshape(n, hk, g, d).sum(2)
+            dk_all[src] += dk.reshape(n, hk, g, d).sum(2).to(acc_dt)
+            dv_all[src] += dv.reshape(n, hk, g, d).sum(2).to(acc_dt)
+        if acc_dt != cdt:  # gloo sums in float32; the low-precision accumulation happened above
+            dk_all, dv_all = dk_all.to(cdt), dv_all.to(cdt)
         # gloo has no reduce_scatter: all-reduce (SUM) and keep the own shard.
         dist.all_reduce(dk_all, group=plan.group)
         dist.all_reduce(dv_all, group=plan.group)
@@ -484,7 +607,7 @@ def _worker(rank, cfg, out_dir, port):
         return RingPlan(rgroups[urank], [urank + U * j for j in range(R)], rr, cu_local,
                         scale_used, sections,
                         merge="no_max" if bug == "lse_merge_no_max" else "softplus",
-                        lowp=DTYPES[LOWP])
+                        lowp=DTYPES[LOWP], prec=cfg["prec"], dtype=DTYPES[cfg["dtype"]])
 
     with dumper.call(name="L0.attn"):
         dumper.tap("q.local", q)
@@ -512,7 +635,7 @@ def _worker(rank, cfg, out_dir, port):
             vg = dumper.tap("v.gathered", a2a(vr, U, ug))
             if R == 1:
                 mask = section_mask("diag", cfg["cu"], qg.shape[0], causal=(bug != "no_causal"))
-                out_attn, lse = attend(qg, kg, vg, mask, scale_used)
+                out_attn, lse = attend(qg, kg, vg, mask, scale_used, cfg["prec"])
             else:
                 out_attn, lse = RingAttn.apply(qg, kg, vg, make_plan())
             dumper.tap("out.attn", out_attn)
