@@ -8,6 +8,8 @@
 #include <filesystem>
 
 #include <Eigen/Dense>
+#include <atomic>
+#include <thread>
 #include "core/error.hpp"
 
 #include "sim/attention.hpp"
@@ -275,64 +277,80 @@ gradient_terms gradient_term_magnitudes(const geometry& g, const vec& q, const v
   t.ak.assign(k_rep.size(), 0.0);
   t.av.assign(v_rep.size(), 0.0);
   constexpr std::int64_t block = 128;  // query rows at a time: memory ~ block × document
-  for (const auto& d : doc_ranges(cu)) {
-    const std::int64_t n = d.size();
-    if (n == 0) continue;
-    for (int h = 0; h < H; ++h) {
-      const int kh = h / per_kv;
-      mat K(n, D), V(n, D);
-      for (std::int64_t j = 0; j < n; ++j)
-        for (int e = 0; e < D; ++e) {
-          const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
-          K(j, e) = k_rep[at];
-          V(j, e) = v_rep[at];
-        }
-      const mat Ka = K.cwiseAbs(), Va = V.cwiseAbs();
-      mat AK = mat::Zero(n, D), AV = mat::Zero(n, D);
-      for (std::int64_t i0 = 0; i0 < n; i0 += block) {
-        const std::int64_t nb = std::min(block, n - i0);
-        mat Q(nb, D), dO(nb, D), O(nb, D);
-        Eigen::VectorXd L(nb);
-        for (std::int64_t i = 0; i < nb; ++i) {
-          const auto row = (d.start + i0 + i) * H + h;
-          L(i) = lse[static_cast<std::size_t>(row)];
+  // Work items (document, KV head): an item owns its rows of ak/av and its query heads' rows of
+  // aq, and adds its query heads in head order, so the result does not depend on the threads.
+  const auto docs = doc_ranges(cu);
+  std::vector<std::pair<std::size_t, int>> items;
+  for (std::size_t di = 0; di < docs.size(); ++di)
+    if (docs[di].size() > 0)
+      for (int kh = 0; kh < Hr; ++kh) items.emplace_back(di, kh);
+  std::atomic<std::size_t> next{0};
+  const auto work = [&] {
+    for (std::size_t it; (it = next.fetch_add(1)) < items.size();) {
+      const auto& d = docs[items[it].first];
+      const int kh = items[it].second;
+      const std::int64_t n = d.size();
+      for (int h = kh * per_kv; h < (kh + 1) * per_kv; ++h) {
+        mat K(n, D), V(n, D);
+        for (std::int64_t j = 0; j < n; ++j)
           for (int e = 0; e < D; ++e) {
-            const auto at = static_cast<std::size_t>(row * D + e);
-            Q(i, e) = q[at];
-            dO(i, e) = dout[at];
-            O(i, e) = out[at];
+            const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
+            K(j, e) = k_rep[at];
+            V(j, e) = v_rep[at];
           }
+        const mat Ka = K.cwiseAbs(), Va = V.cwiseAbs();
+        mat AK = mat::Zero(n, D), AV = mat::Zero(n, D);
+        for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+          const std::int64_t nb = std::min(block, n - i0);
+          mat Q(nb, D), dO(nb, D), O(nb, D);
+          Eigen::VectorXd L(nb);
+          for (std::int64_t i = 0; i < nb; ++i) {
+            const auto row = (d.start + i0 + i) * H + h;
+            L(i) = lse[static_cast<std::size_t>(row)];
+            for (int e = 0; e < D; ++e) {
+              const auto at = static_cast<std::size_t>(row * D + e);
+              Q(i, e) = q[at];
+              dO(i, e) = dout[at];
+              O(i, e) = out[at];
+            }
+          }
+          // A causal call's rows of this block read only the first i0 + nb keys.
+          const std::int64_t m = causal ? i0 + nb : n;
+          mat P = (scale * (Q * K.topRows(m).transpose())).eval();
+          for (std::int64_t i = 0; i < nb; ++i)
+            for (std::int64_t j = 0; j < m; ++j)
+              P(i, j) =
+                  (causal && j > i0 + i) || !std::isfinite(L(i)) ? 0.0 : std::exp(P(i, j) - L(i));
+          const mat dP = dO * V.topRows(m).transpose();
+          const Eigen::VectorXd Dv = (dO.cwiseProduct(O)).rowwise().sum();
+          const mat dSa = P.cwiseProduct(dP.colwise() - Dv).cwiseAbs();
+          const mat F = P * Va.topRows(m);
+          const Eigen::VectorXd E = (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + F)).rowwise().sum();
+          const mat PK = P * Ka.topRows(m);
+          const mat aq = scale * (dSa * Ka.topRows(m) + mat(PK.array().colwise() * E.array()));
+          const mat Qa = Q.cwiseAbs();
+          AK.topRows(m) += scale * (dSa.transpose() * Qa +
+                                    P.transpose() * mat(Qa.array().colwise() * E.array()));
+          AV.topRows(m) += P.transpose() * dO.cwiseAbs();
+          for (std::int64_t i = 0; i < nb; ++i)
+            for (int e = 0; e < D; ++e)
+              t.aq[static_cast<std::size_t>(((d.start + i0 + i) * H + h) * D + e)] = aq(i, e);
         }
-        // A causal call's rows of this block read only the first i0 + nb keys.
-        const std::int64_t m = causal ? i0 + nb : n;
-        mat P = (scale * (Q * K.topRows(m).transpose())).eval();
-        for (std::int64_t i = 0; i < nb; ++i)
-          for (std::int64_t j = 0; j < m; ++j)
-            P(i, j) =
-                (causal && j > i0 + i) || !std::isfinite(L(i)) ? 0.0 : std::exp(P(i, j) - L(i));
-        const mat dP = dO * V.topRows(m).transpose();
-        const Eigen::VectorXd Dv = (dO.cwiseProduct(O)).rowwise().sum();
-        const mat dSa = P.cwiseProduct(dP.colwise() - Dv).cwiseAbs();
-        const mat F = P * Va.topRows(m);
-        const Eigen::VectorXd E = (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + F)).rowwise().sum();
-        const mat PK = P * Ka.topRows(m);
-        const mat aq = scale * (dSa * Ka.topRows(m) + mat(PK.array().colwise() * E.array()));
-        const mat Qa = Q.cwiseAbs();
-        AK.topRows(m) +=
-            scale * (dSa.transpose() * Qa + P.transpose() * mat(Qa.array().colwise() * E.array()));
-        AV.topRows(m) += P.transpose() * dO.cwiseAbs();
-        for (std::int64_t i = 0; i < nb; ++i)
-          for (int e = 0; e < D; ++e)
-            t.aq[static_cast<std::size_t>(((d.start + i0 + i) * H + h) * D + e)] = aq(i, e);
+        for (std::int64_t j = 0; j < n; ++j)
+          for (int e = 0; e < D; ++e) {
+            const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
+            t.ak[at] += AK(j, e);
+            t.av[at] += AV(j, e);
+          }
       }
-      for (std::int64_t j = 0; j < n; ++j)
-        for (int e = 0; e < D; ++e) {
-          const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
-          t.ak[at] += AK(j, e);
-          t.av[at] += AV(j, e);
-        }
     }
-  }
+  };
+  const auto threads =
+      std::min<std::size_t>(items.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (std::size_t i = 1; i < threads; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
   return t;
 }
 
