@@ -13,8 +13,9 @@ namespace seqpar {
 std::string fraction_text(double x) {
   if (!std::isfinite(x)) return "inf";
   if (x == 0) return "0";
-  return x < 0.01 ? fmt::format("{:.0e}", x) : x < 100 ? fmt::format("{:.2f}", x)
-                                                       : fmt::format("{:.2e}", x);
+  return x < 0.01  ? fmt::format("{:.0e}", x)
+         : x < 100 ? fmt::format("{:.2f}", x)
+                   : fmt::format("{:.2e}", x);
 }
 
 compared_tensor compare_values(std::string name, std::span<const double> got,

@@ -79,14 +79,18 @@ reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, 
 /// with E_i = Σ_d |dO_id|·(|O_id| + (P·|V|)_id), the reach of the output's error into D_i.
 /// To first order the kernel's gradient error is then at most u_in·a + u_g·|grad| per element
 /// (u_in the inputs' unit roundoff, u_g the stored gradient's), plus float32 accumulation
-/// (u_int·sqrt(L)·a); second-order terms are O(u²). aq [S, H, D]; ak, av [S, Hr, D] per KV copy.
+/// (u_int·sqrt(L)·a); second-order terms are O(u²). The score's own rounding inside the kernel
+/// (u_int per dot-product term, exp's argument, the LSE) moves row i's weights by a relative
+/// eps_i = u_int·(2·scale·Σ_d |q_id|·max_j |k_jd| + |lse_i| + ln L): the row's terms are weighted
+/// by 1 + eps_i / u_t, u_t = u_in + u_int·sqrt(L) being what the magnitudes are multiplied by.
+/// aq [S, H, D]; ak, av [S, Hr, D] per KV copy.
 struct gradient_terms {
   vec aq, ak, av;
 };
 gradient_terms gradient_term_magnitudes(const geometry& g, const vec& q, const vec& k_rep,
                                         const vec& v_rep, const vec& out, const vec& lse,
                                         const vec& dout, double scale, bool causal,
-                                        std::span<const std::int32_t> cu);
+                                        std::span<const std::int32_t> cu, double u_t, double u_int);
 
 /// The tolerances of the computed stages (attention output, LSE, gradients) against the float64
 /// reference on the same dumped inputs. Model: the kernel keeps scores, softmax and sums in

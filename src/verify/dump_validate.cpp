@@ -268,7 +268,8 @@ reference_pass run_reference(const geometry& g, const vec& q, const vec& k_rep, 
 gradient_terms gradient_term_magnitudes(const geometry& g, const vec& q, const vec& k_rep,
                                         const vec& v_rep, const vec& out, const vec& lse,
                                         const vec& dout, double scale, bool causal,
-                                        std::span<const std::int32_t> cu) {
+                                        std::span<const std::int32_t> cu, double u_t,
+                                        double u_int) {
   using mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int H = g.H, Hr = g.Hkv * g.rep, D = g.D;
   const int per_kv = H / Hr;
@@ -323,15 +324,30 @@ gradient_terms gradient_term_magnitudes(const geometry& g, const vec& q, const v
                   (causal && j > i0 + i) || !std::isfinite(L(i)) ? 0.0 : std::exp(P(i, j) - L(i));
           const mat dP = dO * V.topRows(m).transpose();
           const Eigen::VectorXd Dv = (dO.cwiseProduct(O)).rowwise().sum();
-          const mat dSa = P.cwiseProduct(dP.colwise() - Dv).cwiseAbs();
-          const mat F = P * Va.topRows(m);
-          const Eigen::VectorXd E = (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + F)).rowwise().sum();
-          const mat PK = P * Ka.topRows(m);
-          const mat aq = scale * (dSa * Ka.topRows(m) + mat(PK.array().colwise() * E.array()));
           const mat Qa = Q.cwiseAbs();
-          AK.topRows(m) += scale * (dSa.transpose() * Qa +
+          // Row i's weights also carry the score's own rounding inside the kernel (float32 or
+          // better): its dot product over D terms, exp's argument and the LSE, a relative error
+          // eps_i = u_int·(2·scale·Σ_d |q_id|·max_j |k_jd| + |lse_i| + ln L) — large where the
+          // scores are (a sharply scaled q). In units of u_t: weight w_i = 1 + eps_i / u_t.
+          const Eigen::RowVectorXd kmax = Ka.topRows(m).colwise().maxCoeff();
+          Eigen::VectorXd w(nb);
+          for (std::int64_t i = 0; i < nb; ++i) {
+            const double c = scale * Qa.row(i).dot(kmax);
+            const double lse_i = std::isfinite(L(i)) ? std::abs(L(i)) : 0.0;
+            w(i) = 1.0 + u_int * (2 * c + lse_i + std::log(static_cast<double>(n))) / u_t;
+          }
+          const mat dSa = P.cwiseProduct(dP.colwise() - Dv).cwiseAbs();
+          const mat dSw = dSa.array().colwise() * w.array();
+          const mat F = P * Va.topRows(m);
+          const Eigen::VectorXd E =
+              (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + mat(F.array().colwise() * w.array())))
+                  .rowwise()
+                  .sum();
+          const mat PK = P * Ka.topRows(m);
+          const mat aq = scale * (dSw * Ka.topRows(m) + mat(PK.array().colwise() * E.array()));
+          AK.topRows(m) += scale * (dSw.transpose() * Qa +
                                     P.transpose() * mat(Qa.array().colwise() * E.array()));
-          AV.topRows(m) += P.transpose() * dO.cwiseAbs();
+          AV.topRows(m) += P.transpose() * mat(dO.cwiseAbs().array().colwise() * w.array());
           for (std::int64_t i = 0; i < nb; ++i)
             for (int e = 0; e < D; ++e)
               t.aq[static_cast<std::size_t>(((d.start + i0 + i) * H + h) * D + e)] = aq(i, e);
@@ -418,8 +434,15 @@ class call_check {
         run_reference(g_, q_, k_rep_, v_rep_, m_.scale, m_.causal, g_.cu, dout ? &*dout : nullptr);
     if (dout) {
       dout_ = *dout;
+      // The kernel's input precision and its internal one (float32 or better).
+      const tens* qt = get(fwd_, 0, "q.local");
+      u_in_ = qt ? unit_roundoff(qt->type) : 0.0;
+      double L = 1;
+      for (const auto& d : doc_ranges(g_.cu)) L = std::max(L, static_cast<double>(d.size()));
+      u_int_ = std::min(u_in_ > 0 ? u_in_ : 1.0, std::ldexp(1.0, -24));
+      u_t_ = u_in_ + u_int_ * std::sqrt(L);
       terms_ = gradient_term_magnitudes(g_, q_, k_rep_, v_rep_, ref_.out, ref_.lse, dout_, m_.scale,
-                                        m_.causal, g_.cu);
+                                        m_.causal, g_.cu, u_t_, u_int_);
     }
     set_tolerances();
 
@@ -593,7 +616,7 @@ class call_check {
     const tens* t = get(side, k, st);
     if (!t) return compare_with(st, k, side, shape, want, 0.0);
     const double u_g = unit_roundoff(t->type) * copies;
-    const double u_t = u_in_ + std::ldexp(1.0, -24) * std::sqrt(model_.L);
+    const double u_t = u_t_;
     double peak = 0, bound = 0;
     for (std::size_t e = 0; e < want.size() && e < terms.size(); ++e) {
       if (!std::isfinite(want[e])) continue;
@@ -666,7 +689,7 @@ class call_check {
     e.D = g_.D;
     e.R = g_.R;
     if (const tens* t = get(fwd_, 0, "lse")) e.u_lse = unit_roundoff(t->type);
-    if (const tens* t = get(fwd_, 0, "q.local")) u_in_ = e.u_in = unit_roundoff(t->type);
+    e.u_in = u_in_;
     const tens* out = get(fwd_, 0, "out.local");
     rep_.error_model = e.describe(out ? out->type : io::st_dtype::f32);
   }
@@ -680,7 +703,9 @@ class call_check {
   vec q_, k_, v_, k_rep_, v_rep_, dout_;
   reference_pass ref_;
   gradient_terms terms_;
-  double u_in_ = 0;  ///< unit roundoff of the dumped inputs (the kernel's GEMM inputs)
+  double u_in_ = 0;   ///< unit roundoff of the dumped inputs (the kernel's GEMM inputs)
+  double u_int_ = 0;  ///< the kernel's internal unit roundoff: min(u_in, 2^-24)
+  double u_t_ = 0;    ///< u_in + u_int·sqrt(L): what multiplies the gradient term magnitudes
   error_model model_;
 };
 
