@@ -155,8 +155,6 @@ action add_check(CLI::App& app) {
             if (!a->fault.empty()) opt.fault = parse_fault(a->fault);
             opt.sp_over_dp = !a->no_sp_over_dp;
             opt.threads = a->threads;
-            opt.timeout = a->guard.timeout();
-            opt.flight_dir = a->guard.flight_dir;
             return a->flags.resolve();
           },
           opt, print);

@@ -72,11 +72,4 @@ nlohmann::json closest_json(const compared_tensor* worst) {
   return j;
 }
 
-std::string margin_sentence(const compared_tensor* worst) {
-  if (!worst || worst->tolerance <= 0) return "";
-  const double f = worst->of_bound();
-  return fmt::format("; closest to its bound: {} at {} of it{}", worst->tensor, fraction_text(f),
-                     f > 0 && f <= 1 ? fmt::format(" ({:.3g}× margin)", 1 / f) : "");
-}
-
 }  // namespace seqpar::cli

@@ -32,9 +32,6 @@ std::function<void(std::string_view)> progress_printer(bool quiet);
 
 /// {"name", "of_bound", "rank"} of the row closest to its bound (null without rows).
 nlohmann::json closest_json(const compared_tensor* worst);
-/// "; closest to its bound: grad.L0.wq at 0.23 of it (4.35× margin)" for a verdict line; empty
-/// when no row has a bound.
-std::string margin_sentence(const compared_tensor* worst);
 
 /// A number of a report: "1.234e-05", or "inf" where the value is not finite.
 std::string fmt_num(double x);

@@ -10,6 +10,15 @@
 
 namespace seqpar {
 
+std::string margin_sentence(const compared_tensor* worst) {
+  if (!worst || worst->tolerance <= 0) return "";
+  const double f = worst->of_bound();
+  return fmt::format("; closest to its bound: {}{} at {} of it{}", worst->tensor,
+                     worst->rank >= 0 ? fmt::format(" on rank {}", worst->rank) : "",
+                     fraction_text(f),
+                     f > 0 && f <= 1 ? fmt::format(" ({:.3g}× margin)", 1 / f) : "");
+}
+
 std::string fraction_text(double x) {
   if (!std::isfinite(x)) return "inf";
   if (x == 0) return "0";

@@ -32,6 +32,10 @@ struct compared_tensor {
 /// A fraction of a bound for tables: "0", "3e-03", "0.23", "1.70", "inf".
 std::string fraction_text(double x);
 
+/// "; closest to its bound: grad.L0.wq[ on rank 2] at 0.23 of it (4.35× margin)" for a verdict
+/// line; empty when there is no such row or it has no bound (an exact stage).
+std::string margin_sentence(const compared_tensor* worst);
+
 /// The row that comes closest to (or furthest past) its bound; nullptr when rows is empty.
 template <class Rows, class Get>
 const compared_tensor* closest_to_bound(const Rows& rows, Get&& get) {

@@ -833,31 +833,23 @@ std::vector<std::int64_t> offsets(std::span<const std::int64_t> counts) {
   return d;
 }
 
-// Every member sends `width` int64 values (`all` row `me`) to every other member and receives
-// theirs into their rows, point to point under the watchdog: each receipt is that member's
-// arrival, so a member that never comes is named. `peer(j)` = member j's rank in `comm`.
-template <class Peer>
-void exchange_rows(mpi_communicator::impl& im, int world_size, MPI_Comm comm, int tag, int n,
-                   int me, std::vector<std::int64_t>& all, std::size_t width, Peer&& peer,
-                   const watched& w) {
-  std::vector<MPI_Request> reqs;
-  std::vector<int> arrival;
-  for (int send = 0; send < 2; ++send)
-    for (int j = 0; j < n; ++j) {
-      if (j == me) continue;
-      MPI_Request rq = MPI_REQUEST_NULL;
-      const int rc = send ? MPI_Isend(all.data() + me * width, static_cast<int>(width), MPI_INT64_T,
-                                      peer(j), tag, comm, &rq)
-                          : MPI_Irecv(all.data() + j * width, static_cast<int>(width), MPI_INT64_T,
-                                      peer(j), tag, comm, &rq);
-      check_mpi(rc, send ? "MPI_Isend" : "MPI_Irecv");
-      reqs.push_back(rq);
-      arrival.push_back(send ? -1 : j);
-    }
+// Every member sends its row of `width` int64 values (row ctx.me of `all`) to every other member
+// and receives theirs into their rows, under `tag`, with the watchdog: each receipt is that
+// member's arrival, so a member that never comes is named.
+void exchange_rows(mpi_communicator::impl& im, int world_size, call_context ctx, int tag,
+                   const comm_group& g, std::vector<std::int64_t>& all, std::size_t width) {
+  ctx.tag = tag;
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(g.size()),
+                                         static_cast<std::int64_t>(width)),
+      from_row(counts.size(), 0);
+  posted p;
+  post_exchange(ctx, g, dtype::i64, reinterpret_cast<const std::byte*>(all.data() + ctx.me * width),
+                counts, from_row, reinterpret_cast<std::byte*>(all.data()), counts, offsets(counts),
+                p);
   try {
-    wait_watched(im, world_size, reqs, arrival, w);
+    wait_watched(im, world_size, p.reqs, p.from, ctx.w);
   } catch (...) {
-    abandon(reqs, arrival);
+    abandon(p.reqs, p.from);
     throw;
   }
 }
@@ -1011,9 +1003,7 @@ call_context enter(mpi_communicator::impl& im, const comm_group& g, int rank, in
   for (std::size_t j = 0; j < mine.send_counts.size(); ++j) out[3 + j] = mine.send_counts[j];
   for (std::size_t j = 0; j < mine.recv_counts.size(); ++j) out[3 + n + j] = mine.recv_counts[j];
   std::copy(out.begin(), out.end(), all.begin() + static_cast<std::ptrdiff_t>(ctx.me * width));
-  exchange_rows(
-      im, world_size, ctx.comm, ctx.tag + 1, n, ctx.me, all, width,
-      [&](int j) { return g.ranks[static_cast<std::size_t>(j)]; }, ctx.w);
+  exchange_rows(im, world_size, ctx, ctx.tag + 1, g, all, width);
   std::vector<descriptor> d(n);
   for (int j = 0; j < n; ++j) {
     const auto* row = all.data() + j * width;
@@ -1130,13 +1120,9 @@ void mpi_communicator::do_wait(std::int64_t token) {
   auto& p = node.mapped();
   // The blocking calls' wait: MPI_Test polling, the control plane (heartbeats saying this rank
   // waits in this call, abort notices), the watchdog's deadline from now.
+  // On failure finish cancels the receives and lets the sends go: nothing stays posted.
   const call_context ctx{im.world, p.me, 0, 0, watched{p.group, p.call, p.limit, p.arrivals_known}};
-  try {
-    finish(im, size_, ctx, p.group, p.type, p.p, "nonblocking all_to_all");
-  } catch (...) {
-    // finish cancelled the receives and let the sends go: nothing of the call is left posted.
-    throw;
-  }
+  finish(im, size_, ctx, p.group, p.type, p.p, "nonblocking all_to_all");
 }
 
 void mpi_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,
@@ -1248,11 +1234,8 @@ void mpi_communicator::do_barrier(const comm_group& g) {
       enter(*impl_, g, rank_, size_, call_info().tag, descriptor{op_barrier, 0, 0, {}, {}}, {}, 0);
   if (impl_->opt.verify_calls) return;  // the descriptor exchange met every member already
   // An empty message to and from every other member.
-  const int n = g.size();
-  std::vector<std::int64_t> all(static_cast<std::size_t>(n), 0);
-  exchange_rows(
-      *impl_, size_, ctx.comm, ctx.tag, n, ctx.me, all, 1,
-      [&](int j) { return g.ranks[static_cast<std::size_t>(j)]; }, ctx.w);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(g.size()), 0);
+  exchange_rows(*impl_, size_, ctx, ctx.tag, g, all, 1);
 }
 
 }  // namespace seqpar::mpi

@@ -109,13 +109,13 @@ gradient_terms gradient_term_magnitudes(const geometry& g, const vec& q, const v
 ///   LSE      2·(u_lse·R·max|lse| + u_int·(max|lse| + ln L + T)) / max|lse|
 ///   gradient (validate_dump, per element, from gradient_term_magnitudes)
 ///            max over the rank's elements of u_g·|grad| + (u_in + u_int·sqrt(L))·a, relative
-///            to max|grad| (or to itself where the gradient cancels to below it). The summary
-///            below (backward(), term_scale()) is the earlier norm-wise form, kept for the
-///            diagnosis's recomputations.
+///            to max|grad| (or to itself where the gradient cancels to below it). backward()
+///            below is the earlier norm-wise form (4 × forward), kept for the diagnosis's
+///            recomputations of known mistakes.
 /// A naive kernel that materialises the scores in bf16 exceeds it by ~max|s|: worth knowing.
 struct error_model {
   double max_out = 0, max_v = 0, max_lse = 0, L = 1;
-  double max_q = 0, max_k = 0, max_dout = 0, scale = 1, D = 1;
+  double max_q = 0, max_k = 0, scale = 1, D = 1;
   int R = 1;
   double u_lse = 0;  ///< 0: the dumped LSE's dtype is unknown (not dumped): float32
   double u_in = 0;   ///< unit roundoff of the dumped inputs (q.local)
@@ -126,8 +126,6 @@ struct error_model {
   /// not per score) moves a weight even where the score itself is small.
   double dot_terms() const;
   double backward(double u) const;
-  /// The magnitude of the terms gradient stage `stage` sums (0 for other stages).
-  double term_scale(const std::string& stage) const;
   /// The tolerance of a computed stage held in dtype t.
   double of(const std::string& stage, io::st_dtype t) const;
   std::string describe(io::st_dtype out) const;

@@ -76,14 +76,10 @@ std::string dump_report_text(const dump_report& r, bool all_rows) {
         f.call, f.call_name, f.stage, f.ranks.size() > 1 ? "s" : "", fmt::join(f.ranks, ", "),
         f.where, f.diagnosis);
   } else {
-    std::string margin;
-    if (const auto* w =
-            closest_to_bound(r.rows, [](const auto& x) -> const compared_tensor& { return x.row; });
-        w && w->tolerance > 0 && w->of_bound() > 0)
-      margin = fmt::format("; closest to its bound: {} on rank {} at {} of it ({:.3g}× margin)",
-                           w->tensor, w->rank, fraction_text(w->of_bound()), 1 / w->of_bound());
     o += fmt::format("PASS: {} stage comparisons on {} ranks within tolerance{}\n", r.rows.size(),
-                     r.layout.ulysses * r.layout.ring, margin);
+                     r.layout.ulysses * r.layout.ring,
+                     margin_sentence(closest_to_bound(
+                         r.rows, [](const auto& x) -> const compared_tensor& { return x.row; })));
   }
   o += fmt::format("compared: {} of {} (rank, stage) rows pass\n", passing, r.rows.size());
   if (!r.not_dumped.empty())

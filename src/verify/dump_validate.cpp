@@ -206,12 +206,6 @@ double error_model::lse() const {
          std::max(max_lse, 1e-300);
 }
 double error_model::backward(double u) const { return 4 * forward(u); }
-double error_model::term_scale(const std::string& stage) const {
-  if (stage.starts_with("grad.q.")) return scale * max_k * max_dout * max_v;
-  if (stage.starts_with("grad.k.")) return scale * max_q * max_dout * max_v;
-  if (stage.starts_with("grad.v.")) return max_dout;
-  return 0;
-}
 double error_model::of(const std::string& stage, io::st_dtype t) const {
   if (stage == "lse") return lse();
   return stage.starts_with("grad.") ? backward(unit_roundoff(t)) : forward(unit_roundoff(t));
@@ -432,19 +426,12 @@ class call_check {
     if (backward) dout = input_bwd("grad.out.local", g_.H);
     ref_ =
         run_reference(g_, q_, k_rep_, v_rep_, m_.scale, m_.causal, g_.cu, dout ? &*dout : nullptr);
+    set_tolerances();
     if (dout) {
       dout_ = *dout;
-      // The kernel's input precision and its internal one (float32 or better).
-      const tens* qt = get(fwd_, 0, "q.local");
-      u_in_ = qt ? unit_roundoff(qt->type) : 0.0;
-      double L = 1;
-      for (const auto& d : doc_ranges(g_.cu)) L = std::max(L, static_cast<double>(d.size()));
-      u_int_ = std::min(u_in_ > 0 ? u_in_ : 1.0, std::ldexp(1.0, -24));
-      u_t_ = u_in_ + u_int_ * std::sqrt(L);
       terms_ = gradient_term_magnitudes(g_, q_, k_rep_, v_rep_, ref_.out, ref_.lse, dout_, m_.scale,
                                         m_.causal, g_.cu, u_t_, u_int_);
     }
-    set_tolerances();
 
     const int Hr = g_.Hkv * g_.rep;
     for (const auto& [st, src] : {std::pair{"k.repeated", &k_rep_}, {"v.repeated", &v_rep_}})
@@ -580,15 +567,17 @@ class call_check {
     return true;
   }
 
+  /// floor: see compare_values (where the values cancel to below it, errors are relative to it).
   void compare_with(const std::string& st, int k, const std::vector<stage_map>& side,
-                    const std::vector<std::int64_t>& shape, const vec& want, double tol) {
+                    const std::vector<std::int64_t>& shape, const vec& want, double tol,
+                    double floor = 0) {
     if (!any(side, st)) {
       if (k == 0) rep_.not_dumped.push_back(fmt::format("call {}: {}", call_, st));
       return;
     }
     const tens* t = get(side, k, st);
     if (!check_present(st, k, t, shape)) return;
-    auto row = compare_values(st, t->v, want, tol);
+    auto row = compare_values(st, t->v, want, tol, floor);
     row.rank = k;
     if (!row.pass && row.note.starts_with("worst at flat index"))
       row.note = element_note(g_, st, k, t->v, want);
@@ -614,25 +603,15 @@ class call_check {
               const std::vector<std::int64_t>& shape, const vec& want, const vec& terms,
               int copies = 1) {
     const tens* t = get(side, k, st);
-    if (!t) return compare_with(st, k, side, shape, want, 0.0);
-    const double u_g = unit_roundoff(t->type) * copies;
-    const double u_t = u_t_;
+    const double u_g = t ? unit_roundoff(t->type) * copies : 0.0;
     double peak = 0, bound = 0;
     for (std::size_t e = 0; e < want.size() && e < terms.size(); ++e) {
       if (!std::isfinite(want[e])) continue;
       peak = std::max(peak, std::abs(want[e]));
-      bound = std::max(bound, u_g * std::abs(want[e]) + u_t * terms[e]);
+      bound = std::max(bound, u_g * std::abs(want[e]) + u_t_ * terms[e]);
     }
     const double denom = std::max(peak, bound);
-    const double row_tol = denom > 0 ? bound / denom : 0.0;
-    if (!check_present(st, k, t, shape)) return;
-    auto row = compare_values(st, t->v, want, row_tol, bound);
-    row.rank = k;
-    if (!row.pass && row.note.starts_with("worst at flat index"))
-      row.note = element_note(g_, st, k, t->v, want);
-    const bool fail = !row.pass;
-    add(std::move(row));
-    if (fail) rep_.rows.back().heat = heatmap_of(g_, st, k, t->v, want, row_tol);
+    compare_with(st, k, side, shape, want, denom > 0 ? bound / denom : 0.0, bound);
   }
 
   /// The whole row of an input stage, or nullopt after a row naming the rank with a wrong shape.
@@ -684,12 +663,14 @@ class call_check {
     e.max_lse = max_abs(ref_.lse);
     e.max_q = max_abs(q_);
     e.max_k = max_abs(k_);
-    e.max_dout = max_abs(dout_);
     e.scale = m_.scale;
     e.D = g_.D;
     e.R = g_.R;
     if (const tens* t = get(fwd_, 0, "lse")) e.u_lse = unit_roundoff(t->type);
-    e.u_in = u_in_;
+    // The kernel's input precision and its internal one (float32 or better).
+    if (const tens* t = get(fwd_, 0, "q.local")) e.u_in = unit_roundoff(t->type);
+    u_int_ = std::min(e.u_in > 0 ? e.u_in : 1.0, std::ldexp(1.0, -24));
+    u_t_ = e.u_in + u_int_ * std::sqrt(e.L);
     const tens* out = get(fwd_, 0, "out.local");
     rep_.error_model = e.describe(out ? out->type : io::st_dtype::f32);
   }
@@ -703,7 +684,6 @@ class call_check {
   vec q_, k_, v_, k_rep_, v_rep_, dout_;
   reference_pass ref_;
   gradient_terms terms_;
-  double u_in_ = 0;   ///< unit roundoff of the dumped inputs (the kernel's GEMM inputs)
   double u_int_ = 0;  ///< the kernel's internal unit roundoff: min(u_in, 2^-24)
   double u_t_ = 0;    ///< u_in + u_int·sqrt(L): what multiplies the gradient term magnitudes
   error_model model_;

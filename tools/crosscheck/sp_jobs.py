@@ -441,17 +441,14 @@ class RingAttn(torch.autograd.Function):
         kv = torch.stack([k.to(cdt), v.to(cdt)]).contiguous()
         o_acc = l_acc = None
         parts = []
-        lowp_in = plan.prec in ("scores_lowp",)
+        # Variants whose kernel takes its inputs in the job's dtype (rounds inside to it).
+        lowp_in = plan.prec in ("scores_lowp", "p_lowp_gemm")
         for i in range(plan.R):
             reqs = []
             if i + 1 < plan.R:
                 nxt_kv, reqs = _exchange(kv, plan)
             mask = section_mask(plan.sections[i], plan.cu, n)
             if lowp_in:
-                o, l = attend(qf.to(plan.dtype), kv[0].to(plan.dtype), kv[1].to(plan.dtype), mask,
-                              plan.scale, plan.prec)
-                o = o.to(cdt)
-            elif plan.prec == "p_lowp_gemm":
                 o, l = attend(qf.to(plan.dtype), kv[0].to(plan.dtype), kv[1].to(plan.dtype), mask,
                               plan.scale, plan.prec)
                 o = o.to(cdt)
