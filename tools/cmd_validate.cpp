@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "cli.hpp"
 #include "core/error.hpp"
@@ -33,6 +34,11 @@ struct validate_args {
   bool json = false, quiet = false;
   std::string dump, html;
   bool all_rows = false;
+  bool exhaustive = false, sample = false;
+  std::int64_t rows = 6000;
+  std::uint64_t seed = 0;
+  int threads = 0;
+  std::vector<int> calls;
 };
 
 nlohmann::json dump_json(const verify::dump_report& r) {
@@ -48,36 +54,46 @@ nlohmann::json dump_json(const verify::dump_report& r) {
              {"stage", r.first->stage}, {"ranks", r.first->ranks},
              {"where", r.first->where}, {"diagnosis", r.first->diagnosis}};
   const auto& m = r.layout;
-  return {{"pass", r.pass},
-          {"dump", r.dir},
-          {"layout",
-           {{"ulysses", m.ulysses},
-            {"ring", m.ring},
-            {"ring_layout", m.zigzag ? "zigzag" : "contiguous"},
-            {"heads", m.heads},
-            {"kv_heads", m.kv_heads},
-            {"head_dim", m.head_dim},
-            {"scale", m.scale},
-            {"causal", m.causal},
-            {"cu_seqlens", m.cu_seqlens},
-            {"dtype", m.dtype},
-            {"job", m.job}}},
-          {"calls", r.call_names},
-          {"first_difference", first},
-          {"not_dumped", r.not_dumped},
-          {"error_model", r.error_model},
-          {"closest_to_bound",
-           closest_json(closest_to_bound(
-               r.rows, [](const auto& x) -> const compared_tensor& { return x.row; }))},
-          {"rows", rows}};
+  return {
+      {"pass", r.pass},
+      {"dump", r.dir},
+      {"layout",
+       {{"ulysses", m.ulysses},
+        {"ring", m.ring},
+        {"ring_layout", m.zigzag ? "zigzag" : "contiguous"},
+        {"heads", m.heads},
+        {"kv_heads", m.kv_heads},
+        {"head_dim", m.head_dim},
+        {"scale", m.scale},
+        {"causal", m.causal},
+        {"cu_seqlens", m.cu_seqlens},
+        {"dtype", m.dtype},
+        {"job", m.job}}},
+      {"calls", r.call_names},
+      {"first_difference", first},
+      {"not_dumped", r.not_dumped},
+      {"error_model", r.error_model},
+      {"mode", r.mode},
+      {"sampling", r.mode == "sampled" ? nlohmann::json{{"rows_checked", r.rows_checked},
+                                                        {"random_rows_per_stage", r.random_rows},
+                                                        {"miss_probability_1pct", r.miss_1pct},
+                                                        {"miss_probability_0.1pct", r.miss_01pct},
+                                                        {"statement", r.sampling}}
+                                       : nlohmann::json(nullptr)},
+      {"closest_to_bound",
+       closest_json(closest_to_bound(
+           r.rows, [](const auto& x) -> const compared_tensor& { return x.row; }))},
+      {"rows", rows}};
 }
 
 /// validate --dump: no GPU, no scenario flags (the layout is the dump's).
 int run_dump(const validate_args& a, CLI::App& sub) {
   for (const auto* opt : sub.get_options()) {
     const auto& n = opt->get_name();
-    if (opt->count() > 0 && n != "--dump" && n != "--html" && n != "--json" && n != "--quiet" &&
-        n != "--all-rows" && n != "--help")
+    static const std::set<std::string> dump_flags{
+        "--dump",       "--html",   "--json", "--quiet",       "--all-rows", "--help",
+        "--exhaustive", "--sample", "--rows", "--sample-seed", "--threads",  "--calls"};
+    if (opt->count() > 0 && !dump_flags.count(n))
       fail<config_error>(
           "{} does not apply to --dump: the layout (ulysses, ring, heads, "
           "documents, dtype) comes from the dump's rank*.json; drop {}",
@@ -86,6 +102,20 @@ int run_dump(const validate_args& a, CLI::App& sub) {
   const auto dump = verify::read_dump(a.dump);
   verify::dump_options opt;
   opt.progress = progress_printer(a.quiet);
+  if (a.exhaustive && a.sample)
+    fail<config_error>(
+        "--exhaustive and --sample exclude each other; pass one (or neither: "
+        "exhaustive where it is cheap, sampled above)");
+  if (a.rows < 1)
+    fail<config_error>("--rows {}: the random rows per computed stage must be at least 1", a.rows);
+  if (a.threads < 0) fail<config_error>("--threads {} must be 0 (every core) or more", a.threads);
+  opt.mode = a.exhaustive ? verify::dump_options::mode_t::exhaustive
+             : a.sample   ? verify::dump_options::mode_t::sampled
+                          : verify::dump_options::mode_t::automatic;
+  opt.rows = a.rows;
+  opt.seed = a.seed;
+  opt.threads = a.threads;
+  opt.calls = a.calls;
   const auto rep = verify::validate_dump(dump, opt);
   if (!a.html.empty()) io::write_atomic(a.html, verify::dump_report_html(rep));
   io::write_atomic(
@@ -162,6 +192,24 @@ action add_validate(CLI::App& app) {
                   "that job's attention instead of running the GPU backend");
   sub->add_option("--html", a->html, "with --dump: also write a self-contained HTML report here");
   sub->add_flag("--all-rows", a->all_rows, "with --dump: list passing (rank, stage) rows too");
+  sub->add_flag("--exhaustive", a->exhaustive,
+                "with --dump: compare every element of every stage (the default where that is "
+                "estimated under 10 s and fits in memory)");
+  sub->add_flag("--sample", a->sample,
+                "with --dump: data movement on every element, computed stages on stratified "
+                "rows (the default above ~10 s; the report states the guarantee)");
+  sub->add_option("--rows", a->rows,
+                  "with --dump, sampled: uniformly random rows per computed stage, on top of "
+                  "every boundary row")
+      ->capture_default_str();
+  sub->add_option("--sample-seed", a->seed, "with --dump, sampled: the sample's seed")
+      ->capture_default_str();
+  sub->add_option("--threads", a->threads,
+                  "with --dump, sampled: worker threads (0: every core; results are identical "
+                  "at any count)")
+      ->capture_default_str();
+  sub->add_option("--calls", a->calls, "with --dump: check only these call indices")
+      ->delimiter(',');
   a->flags.add_to(*sub);
   sub->add_option("--dtype", a->dtype_name, "f32 | bf16 (GPU run; the reference is float64)")
       ->capture_default_str();

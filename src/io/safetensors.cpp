@@ -294,7 +294,7 @@ const st_tensor* st_file::find(std::string_view name) const {
   return it == tensors.end() ? nullptr : &*it;
 }
 
-st_file parse_safetensors(std::string_view bytes, const std::string& what) {
+st_index index_safetensors(std::string_view bytes, const std::string& what) {
   if (bytes.size() < 8)
     fail<trace_error>(
         "{}: {} bytes; a safetensors file starts with an 8-byte little-endian header length", what,
@@ -307,13 +307,14 @@ st_file parse_safetensors(std::string_view bytes, const std::string& what) {
   if (n > bytes.size() - 8)
     fail<trace_error>("{}: header length {} but only {} bytes follow it (truncated file?)", what, n,
                       bytes.size() - 8);
-  const auto buffer = bytes.substr(8 + n);
+  const auto buffer = bytes.size() - 8 - n;
   const ojson j = parse_header(bytes.substr(8, n), what);
-  st_file f;
+  st_index f;
+  f.data_start = 8 + n;
   std::vector<entry> entries;
   for (const auto& [name, v] : j.items()) {
     if (name != "__metadata__") {
-      entries.push_back(parse_entry(name, v, buffer.size(), what));
+      entries.push_back(parse_entry(name, v, buffer, what));
       continue;
     }
     if (v.is_null()) continue;
@@ -339,10 +340,19 @@ st_file parse_safetensors(std::string_view bytes, const std::string& what) {
                         last->begin, last->end, e.t.name, e.begin, e.end);
     last = &e;
   }
-  for (auto& e : entries) {
-    e.t.bytes.assign(buffer.substr(e.begin, e.end - e.begin));
-    f.tensors.push_back(std::move(e.t));
-  }
+  for (auto& e : entries)
+    f.tensors.push_back({std::move(e.t.name), e.t.type, std::move(e.t.shape), e.begin, e.end});
+  return f;
+}
+
+st_file parse_safetensors(std::string_view bytes, const std::string& what) {
+  auto idx = index_safetensors(bytes, what);
+  st_file f;
+  f.metadata = std::move(idx.metadata);
+  const auto buffer = bytes.substr(idx.data_start);
+  for (auto& e : idx.tensors)
+    f.tensors.push_back({std::move(e.name), e.type, std::move(e.shape),
+                         std::string(buffer.substr(e.begin, e.end - e.begin))});
   return f;
 }
 

@@ -46,6 +46,22 @@ struct st_file {
   bool operator==(const st_file&) const = default;
 };
 
+/// Where a tensor's bytes lie in a file, without them.
+struct st_entry {
+  std::string name;
+  st_dtype type = st_dtype::f32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;  ///< relative to st_index::data_start
+};
+/// A file's header: its tensors (ordered by data offset) and metadata; the buffers start at
+/// data_start. Same checks as parse_safetensors.
+struct st_index {
+  std::vector<st_entry> tensors;
+  std::map<std::string, std::string> metadata;
+  std::uint64_t data_start = 0;
+};
+st_index index_safetensors(std::string_view bytes, const std::string& what);
+
 /// Parses a safetensors file held in memory; every violation of the format (short file, header
 /// length, JSON, duplicate keys, dtype, shape, data_offsets out of the buffer, not matching the
 /// shape or overlapping) is a trace_error naming `what`, the tensor and the values. Gaps between

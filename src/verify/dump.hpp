@@ -81,6 +81,14 @@ struct dump_report {
   std::optional<dump_finding> first;
   bool pass = false;
   std::string error_model;
+  /// "exhaustive" (every element of every stage) or "sampled" (data movement exhaustive,
+  /// computed stages on stratified rows).
+  std::string mode = "exhaustive";
+  /// Sampled mode: what was checked and the guarantee, one sentence; the numbers behind it.
+  std::string sampling;
+  std::int64_t rows_checked = 0;         ///< computed-stage rows compared, all stages and ranks
+  std::int64_t random_rows = 0;          ///< of them drawn uniformly, per computed stage (smallest)
+  double miss_1pct = 0, miss_01pct = 0;  ///< P(a bug in 1% / 0.1% of a stage's rows unseen)
 };
 
 /// The stages in the order a job runs them (the order "first difference" follows).
@@ -88,7 +96,26 @@ const std::vector<std::string>& dump_stages();
 
 struct dump_options {
   std::function<void(std::string_view)> progress;
+  enum class mode_t { automatic, exhaustive, sampled } mode = mode_t::automatic;
+  /// Sampled mode: uniformly random rows per computed stage (over all ranks), on top of the
+  /// boundary rows that are always checked.
+  std::int64_t rows = 6000;
+  std::uint64_t seed = 0;
+  int threads = 0;  ///< 0: every core
+  /// Automatic mode checks exhaustively when that is estimated to take at most this long.
+  double exhaustive_seconds = 10;
+  /// Calls to check (indices); empty: all.
+  std::vector<int> calls;
 };
+
+/// Why automatic mode picks what it picks: the exhaustive check's estimated time and memory.
+struct dump_cost {
+  double exhaustive_seconds = 0;
+  double exhaustive_bytes = 0;  ///< peak memory of the exhaustive check
+  double sampled_bytes = 0;     ///< peak memory of the sampled check (mapped pages released)
+  std::uint64_t files_bytes = 0, largest_rank_bytes = 0;
+};
+dump_cost estimate_dump_cost(const dump_set& dump, int call);
 
 /// Validates every call of the dump. Throws trace_error for unreadable tensor files and
 /// shape_error where a dump lacks what validation needs (the local shards, out.local).

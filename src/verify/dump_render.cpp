@@ -85,6 +85,8 @@ std::string dump_report_text(const dump_report& r, bool all_rows) {
   if (!r.not_dumped.empty())
     o += fmt::format("not dumped (not checked): {}\n", fmt::join(r.not_dumped, "; "));
   o += "error model: " + r.error_model + "\n";
+  o += r.mode == "sampled" ? "mode: " + r.sampling + "\n"
+                           : std::string("mode: exhaustive (every element of every stage)\n");
   return o;
 }
 
@@ -178,7 +180,10 @@ std::string dump_report_html(const dump_report& r) {
   if (!r.not_dumped.empty())
     h += "<p>not dumped (not checked): " +
          html_escape(fmt::format("{}", fmt::join(r.not_dumped, "; "))) + "</p>\n";
-  h += "<p>error model: " + html_escape(r.error_model) + "</p>\n</body></html>\n";
+  h += "<p>error model: " + html_escape(r.error_model) + "</p>\n";
+  h += "<p>mode: " +
+       html_escape(r.mode == "sampled" ? r.sampling : "exhaustive (every element of every stage)") +
+       "</p>\n</body></html>\n";
   return h;
 }
 

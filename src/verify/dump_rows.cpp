@@ -1,0 +1,439 @@
+// The row reference of dump_rows.hpp: chunked (flash-style) float64 attention over one
+// document's keys for a block of query rows, and its transpose for key rows.
+#include "verify/dump_rows.hpp"
+
+#include <fmt/format.h>
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/error.hpp"
+
+namespace seqpar::verify::dump_detail {
+
+namespace {
+
+using mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+constexpr std::int64_t chunk = 1024;  // keys (or queries) per block: memory ~ rows × chunk
+constexpr double ninf = -std::numeric_limits<double>::infinity();
+
+std::unique_ptr<io::mapped_safetensors> open_file(const std::string& dir, const std::string& f) {
+  if (f.empty()) return nullptr;
+  auto m = std::make_unique<io::mapped_safetensors>((std::filesystem::path(dir) / f).string());
+  for (const auto& t : m->tensors())
+    if (t.type != io::st_dtype::f64 && t.type != io::st_dtype::f32 && t.type != io::st_dtype::f16 &&
+        t.type != io::st_dtype::bf16)
+      fail<trace_error>("{}: tensor '{}' is {}; dumps hold F64, F32, F16 or BF16", m->path(),
+                        t.name, io::st_dtype_name(t.type));
+  return m;
+}
+
+/// The document [lo, hi) of token t under cu.
+std::pair<std::int64_t, std::int64_t> doc_of(const std::vector<std::int32_t>& cu, std::int64_t t) {
+  const auto it = std::upper_bound(cu.begin(), cu.end(), t);
+  if (it == cu.begin() || it == cu.end()) return {t, t};  // outside every document
+  return {*(it - 1), *it};
+}
+
+/// Runs job(i) for i in [0, n) on up to `threads` threads; the first exception is rethrown.
+template <class F>
+void parallel_for(std::size_t n, int threads, F&& job) {
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr err;
+  std::mutex mu;
+  const auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        job(i);
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!err) err = std::current_exception();
+        next = n;
+      }
+    }
+  };
+  const auto t = std::min<std::size_t>(n, static_cast<std::size_t>(std::max(1, threads)));
+  std::vector<std::thread> pool;
+  for (std::size_t i = 1; i < t; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (err) std::rethrow_exception(err);
+}
+
+}  // namespace
+
+mapped_call::mapped_call(const dump_set& d, const geometry& g, int call)
+    : g_(g), scale_(d.ranks.front().scale), causal_(d.ranks.front().causal) {
+  for (const auto& r : d.ranks) {
+    const auto& f = r.calls[static_cast<std::size_t>(call)];
+    fwd_.push_back(open_file(d.dir, f.forward));
+    bwd_.push_back(open_file(d.dir, f.backward));
+    const std::uint64_t b =
+        (fwd_.back() ? fwd_.back()->size() : 0) + (bwd_.back() ? bwd_.back()->size() : 0);
+    bytes_ += b;
+    largest_ = std::max(largest_, b);
+  }
+  where_.resize(g.perm.size());
+  for (std::size_t i = 0; i < g.perm.size(); ++i)
+    where_[static_cast<std::size_t>(g.perm[i])] = static_cast<std::int64_t>(i);
+  out_attn_ = g.U > 1 && all_shaped("out.attn", {g.Sg, g.hq, g.D});
+  lse_ok_ = all_shaped("lse", {g.hq, g.Sg});
+  backward_ = all_shaped("grad.out.local", {g.s, g.H, g.D});
+}
+
+const io::st_view* mapped_call::get(int k, const std::string& stage) const {
+  const auto& f = (stage.starts_with("grad.") ? bwd_ : fwd_)[static_cast<std::size_t>(k)];
+  return f ? f->find(stage) : nullptr;
+}
+
+bool mapped_call::any(const std::string& stage) const {
+  for (int k = 0; k < g_.P; ++k)
+    if (get(k, stage)) return true;
+  return false;
+}
+
+bool mapped_call::all_shaped(const std::string& stage,
+                             const std::vector<std::int64_t>& shape) const {
+  for (int k = 0; k < g_.P; ++k) {
+    const auto* t = get(k, stage);
+    if (!t || t->shape != shape) return false;
+  }
+  return true;
+}
+
+void mapped_call::read_local(const std::string& stage, int X, std::int64_t token, int head,
+                             double* out) const {
+  const auto p = at(token);
+  const auto* t = get(static_cast<int>(p / g_.s), stage);
+  t->read(((p % g_.s) * X + head) * g_.D, g_.D, out);
+}
+
+void mapped_call::read_out(std::int64_t token, int head, double* out) const {
+  if (!out_attn_) return read_local("out.local", g_.H, token, head, out);
+  const auto p = at(token);
+  const int k = static_cast<int>(p / g_.Sg) * g_.U + head / g_.hq;
+  get(k, "out.attn")->read(((p % g_.Sg) * g_.hq + head % g_.hq) * g_.D, g_.D, out);
+}
+
+double mapped_call::read_lse(std::int64_t token, int head) const {
+  const auto p = at(token);
+  const int k = static_cast<int>(p / g_.Sg) * g_.U + head / g_.hq;
+  return get(k, "lse")->at((head % g_.hq) * g_.Sg + p % g_.Sg);
+}
+
+void mapped_call::release() const {
+  for (const auto* side : {&fwd_, &bwd_})
+    for (const auto& f : *side)
+      if (f) f->release();
+}
+
+row_reference::row_reference(const mapped_call& c, bound_units u, int threads)
+    : c_(c), u_(u), threads_(threads) {}
+
+attention_variant row_reference::reference() const {
+  attention_variant v;
+  v.scale = c_.scale();
+  v.causal = c_.causal();
+  v.cu = c_.g().cu;
+  return v;
+}
+
+namespace {
+
+/// Rows grouped by (reference document, KV head), in first-seen order of the sorted keys.
+template <class Row>
+std::vector<std::vector<std::size_t>> group_rows(const geometry& g, const std::vector<Row>& rows,
+                                                 int per_kv) {
+  std::map<std::pair<std::int64_t, int>, std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto [lo, hi] = doc_of(g.cu, rows[i].token);
+    int head;
+    if constexpr (std::is_same_v<Row, query_row>)
+      head = rows[i].head;
+    else
+      head = rows[i].h0;
+    groups[{lo, head / per_kv}].push_back(i);
+  }
+  std::vector<std::vector<std::size_t>> out;
+  for (auto& [key, v] : groups) out.push_back(std::move(v));
+  return out;
+}
+
+}  // namespace
+
+query_result row_reference::queries(const attention_variant& v, const std::vector<query_row>& rows,
+                                    bool backward) const {
+  const geometry& g = c_.g();
+  const int D = g.D, per_kv = g.H / g.Hkv;
+  const bool bwd = backward && c_.has_backward();
+  query_result r;
+  const auto n_all = rows.size();
+  r.out.assign(n_all * static_cast<std::size_t>(D), 0.0);
+  r.lse.assign(n_all, ninf);
+  if (bwd) {
+    r.dq.assign(r.out.size(), 0.0);
+    r.aq.assign(r.out.size(), 0.0);
+  }
+  const auto groups = group_rows(g, rows, per_kv);
+  parallel_for(groups.size(), threads_, [&](std::size_t gi) {
+    const auto& idx = groups[gi];
+    const auto n = static_cast<std::int64_t>(idx.size());
+    const int kvh = rows[idx[0]].head / per_kv;
+    std::vector<std::int64_t> lo(idx.size()), lim(idx.size());
+    std::int64_t k0 = std::numeric_limits<std::int64_t>::max(), k1 = 0;
+    mat Q(n, D), dO, O(n, D);
+    if (bwd) dO.resize(n, D);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto& row = rows[idx[static_cast<std::size_t>(i)]];
+      const auto [a, b] = doc_of(v.cu, row.token);
+      lo[static_cast<std::size_t>(i)] = a;
+      lim[static_cast<std::size_t>(i)] = v.causal ? std::clamp(row.token + v.diag + 1, a, b) : b;
+      k0 = std::min(k0, a);
+      k1 = std::max(k1, lim[static_cast<std::size_t>(i)]);
+      c_.read_local("q.local", g.H, row.token, row.head, Q.row(i).data());
+      if (bwd) c_.read_local("grad.out.local", g.H, row.token, row.head, dO.row(i).data());
+    }
+    k1 = std::max(k1, k0);
+    // Pass A: running max, sum and output over the key chunks; |K|'s column maxima.
+    Eigen::VectorXd m = Eigen::VectorXd::Constant(n, ninf), l = Eigen::VectorXd::Zero(n);
+    mat acc = mat::Zero(n, D);
+    Eigen::RowVectorXd kmax = Eigen::RowVectorXd::Zero(D);
+    mat K, V;
+    const auto load = [&](std::int64_t j0, std::int64_t c) {
+      K.resize(c, D);
+      V.resize(c, D);
+      for (std::int64_t j = 0; j < c; ++j) {
+        c_.read_local("k.local", g.Hkv, j0 + j, kvh, K.row(j).data());
+        c_.read_local("v.local", g.Hkv, j0 + j, kvh, V.row(j).data());
+      }
+    };
+    const auto visible = [&](std::int64_t i, std::int64_t j) {
+      return j >= lo[static_cast<std::size_t>(i)] && j < lim[static_cast<std::size_t>(i)];
+    };
+    for (std::int64_t j0 = k0; j0 < k1; j0 += chunk) {
+      const std::int64_t c = std::min(chunk, k1 - j0);
+      load(j0, c);
+      kmax = kmax.cwiseMax(K.cwiseAbs().colwise().maxCoeff());
+      mat S = v.scale * (Q * K.transpose());
+      for (std::int64_t i = 0; i < n; ++i) {
+        double mx = m(i);
+        for (std::int64_t j = 0; j < c; ++j)
+          if (visible(i, j0 + j))
+            mx = std::max(mx, S(i, j));
+          else
+            S(i, j) = ninf;
+        if (mx == ninf) continue;
+        const double f = m(i) == ninf ? 0.0 : std::exp(m(i) - mx);
+        double sum = 0;
+        for (std::int64_t j = 0; j < c; ++j) {
+          S(i, j) = S(i, j) == ninf ? 0.0 : std::exp(S(i, j) - mx);
+          sum += S(i, j);
+        }
+        l(i) = l(i) * f + sum;
+        acc.row(i) *= f;
+        m(i) = mx;
+      }
+      acc.noalias() += S * V;
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto at = idx[static_cast<std::size_t>(i)];
+      if (l(i) > 0) {
+        O.row(i) = acc.row(i) / l(i);
+        r.lse[at] = m(i) + std::log(l(i));
+      } else {
+        O.row(i).setZero();
+      }
+      std::copy_n(O.row(i).data(), D, r.out.data() + at * static_cast<std::size_t>(D));
+    }
+    if (!bwd) return;
+    // Pass B: dq = scale·Σ_j P_ij (dP_ij − D_i) k_j, and the bound's magnitudes.
+    Eigen::VectorXd L(n), Dv(n), w(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto at = idx[static_cast<std::size_t>(i)];
+      L(i) = r.lse[at];
+      Dv(i) = dO.row(i).dot(O.row(i));
+      const double len =
+          static_cast<double>(lim[static_cast<std::size_t>(i)] - lo[static_cast<std::size_t>(i)]);
+      const double lse_i = std::isfinite(L(i)) ? std::abs(L(i)) : 0.0;
+      w(i) = 1.0 + u_.u_int *
+                       (2 * v.scale * Q.row(i).cwiseAbs().dot(kmax) + lse_i +
+                        std::log(std::max(len, 1.0))) /
+                       u_.u_t;
+    }
+    mat dq = mat::Zero(n, D), dSwK = mat::Zero(n, D), PK = mat::Zero(n, D), F = mat::Zero(n, D);
+    for (std::int64_t j0 = k0; j0 < k1; j0 += chunk) {
+      const std::int64_t c = std::min(chunk, k1 - j0);
+      load(j0, c);
+      mat P = v.scale * (Q * K.transpose());
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t j = 0; j < c; ++j)
+          P(i, j) = visible(i, j0 + j) && std::isfinite(L(i)) ? std::exp(P(i, j) - L(i)) : 0.0;
+      const mat dP = dO * V.transpose();
+      const mat dS = P.cwiseProduct(dP.colwise() - Dv);
+      dq.noalias() += dS * K;
+      const mat dSw = dS.cwiseAbs().array().colwise() * w.array();
+      const mat Ka = K.cwiseAbs();
+      dSwK.noalias() += dSw * Ka;
+      PK.noalias() += P * Ka;
+      F.noalias() += P * V.cwiseAbs();
+    }
+    const Eigen::VectorXd E =
+        (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + mat(F.array().colwise() * w.array())))
+            .rowwise()
+            .sum();
+    const mat aq = v.scale * (dSwK + mat(PK.array().colwise() * E.array()));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto at = idx[static_cast<std::size_t>(i)] * static_cast<std::size_t>(D);
+      for (int e = 0; e < D; ++e) {
+        r.dq[at + static_cast<std::size_t>(e)] = v.scale * dq(i, e);
+        r.aq[at + static_cast<std::size_t>(e)] = aq(i, e);
+      }
+    }
+  });
+  return r;
+}
+
+key_result row_reference::keys(const attention_variant& v, const std::vector<key_row>& rows) const {
+  const geometry& g = c_.g();
+  const int D = g.D, per_kv = g.H / g.Hkv;
+  key_result r;
+  const auto n_all = rows.size() * static_cast<std::size_t>(D);
+  r.dk.assign(n_all, 0.0);
+  r.dv.assign(n_all, 0.0);
+  r.ak.assign(n_all, 0.0);
+  r.av.assign(n_all, 0.0);
+  const auto groups = group_rows(g, rows, per_kv);
+  // Statistics of the queries (LSE, output) from the job, or from the reference where the job's
+  // LSE was not dumped; computed per query chunk.
+  attention_variant stats_variant = v;
+  stats_variant.own_ring_only = false;
+  parallel_for(groups.size(), threads_, [&](std::size_t gi) {
+    const auto& idx = groups[gi];
+    const int kvh = rows[idx[0]].h0 / per_kv;
+    // Query range of every key row: its document under the variant, from the key on (causal).
+    std::int64_t q0 = std::numeric_limits<std::int64_t>::max(), q1 = 0;
+    std::int64_t d0 = q0, d1 = 0;
+    std::vector<std::int64_t> lo(idx.size()), hi(idx.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) {
+      const auto& row = rows[idx[i]];
+      const auto [a, b] = doc_of(v.cu, row.token);
+      lo[i] = v.causal ? std::max(a, row.token - v.diag) : a;
+      hi[i] = b;
+      q0 = std::min(q0, lo[i]);
+      q1 = std::max(q1, hi[i]);
+      d0 = std::min(d0, a);
+      d1 = std::max(d1, b);
+    }
+    q1 = std::max(q1, q0);
+    // Column maxima of |K| and |V| over the documents (the weights' score bound, and P·|V|).
+    Eigen::RowVectorXd kmax = Eigen::RowVectorXd::Zero(D), vmax = kmax;
+    {
+      Eigen::RowVectorXd x(D);
+      for (std::int64_t j = d0; j < d1; ++j) {
+        c_.read_local("k.local", g.Hkv, j, kvh, x.data());
+        kmax = kmax.cwiseMax(x.cwiseAbs());
+        c_.read_local("v.local", g.Hkv, j, kvh, x.data());
+        vmax = vmax.cwiseMax(x.cwiseAbs());
+      }
+    }
+    // Every head any row of the group sums.
+    int h_lo = g.H, h_hi = 0;
+    for (auto i : idx) {
+      h_lo = std::min(h_lo, rows[i].h0);
+      h_hi = std::max(h_hi, rows[i].h0 + rows[i].nh);
+    }
+    for (int h = h_lo; h < h_hi; ++h) {
+      std::vector<std::size_t> sel;  // positions in idx of the rows summing head h
+      for (std::size_t i = 0; i < idx.size(); ++i)
+        if (h >= rows[idx[i]].h0 && h < rows[idx[i]].h0 + rows[idx[i]].nh) sel.push_back(i);
+      if (sel.empty()) continue;
+      const auto nk = static_cast<std::int64_t>(sel.size());
+      mat K(nk, D), V(nk, D);
+      std::int64_t hq0 = std::numeric_limits<std::int64_t>::max(), hq1 = 0;
+      for (std::int64_t a = 0; a < nk; ++a) {
+        const auto& row = rows[idx[sel[static_cast<std::size_t>(a)]]];
+        c_.read_local("k.local", g.Hkv, row.token, kvh, K.row(a).data());
+        c_.read_local("v.local", g.Hkv, row.token, kvh, V.row(a).data());
+        hq0 = std::min(hq0, lo[sel[static_cast<std::size_t>(a)]]);
+        hq1 = std::max(hq1, hi[sel[static_cast<std::size_t>(a)]]);
+      }
+      hq1 = std::max(hq1, hq0);
+      mat dk = mat::Zero(nk, D), dv = mat::Zero(nk, D), ak = mat::Zero(nk, D),
+          av = mat::Zero(nk, D);
+      for (std::int64_t i0 = hq0; i0 < hq1; i0 += chunk) {
+        const std::int64_t c = std::min(chunk, hq1 - i0);
+        mat Q(c, D), dO(c, D), O(c, D);
+        Eigen::VectorXd L(c), Dv(c), w(c), E(c);
+        std::vector<query_row> need;
+        for (std::int64_t i = 0; i < c; ++i) {
+          c_.read_local("q.local", g.H, i0 + i, h, Q.row(i).data());
+          c_.read_local("grad.out.local", g.H, i0 + i, h, dO.row(i).data());
+          if (c_.has_lse()) {
+            L(i) = c_.read_lse(i0 + i, h);
+            c_.read_out(i0 + i, h, O.row(i).data());
+          } else {
+            need.push_back({i0 + i, h});
+          }
+        }
+        if (!need.empty()) {
+          const row_reference serial(c_, u_, 1);
+          const auto st = serial.queries(stats_variant, need, false);
+          for (std::int64_t i = 0; i < c; ++i) {
+            L(i) = st.lse[static_cast<std::size_t>(i)];
+            std::copy_n(st.out.data() + i * D, D, O.row(i).data());
+          }
+        }
+        for (std::int64_t i = 0; i < c; ++i) {
+          Dv(i) = dO.row(i).dot(O.row(i));
+          const auto [a, b] = doc_of(v.cu, i0 + i);
+          const double lse_i = std::isfinite(L(i)) ? std::abs(L(i)) : 0.0;
+          w(i) = 1.0 + u_.u_int *
+                           (2 * v.scale * Q.row(i).cwiseAbs().dot(kmax) + lse_i +
+                            std::log(std::max<double>(static_cast<double>(b - a), 1.0))) /
+                           u_.u_t;
+          E(i) = dO.row(i).cwiseAbs().dot(O.row(i).cwiseAbs() + w(i) * vmax);
+        }
+        mat P = v.scale * (K * Q.transpose());  // [nk, c]
+        for (std::int64_t a = 0; a < nk; ++a) {
+          const auto s = sel[static_cast<std::size_t>(a)];
+          const std::int64_t j = rows[idx[s]].token;
+          for (std::int64_t i = 0; i < c; ++i) {
+            const std::int64_t t = i0 + i;
+            const bool vis = t >= lo[s] && t < hi[s] && std::isfinite(L(i)) &&
+                             (!v.own_ring_only || c_.at(t) / g.Sg == c_.at(j) / g.Sg);
+            P(a, i) = vis ? std::exp(P(a, i) - L(i)) : 0.0;
+          }
+        }
+        const mat dP = V * dO.transpose();
+        const mat dS = P.cwiseProduct(dP.rowwise() - Dv.transpose());
+        dk.noalias() += dS * Q;
+        dv.noalias() += P * dO;
+        const mat Qa = Q.cwiseAbs();
+        const mat dSw = dS.cwiseAbs().array().rowwise() * w.transpose().array();
+        ak.noalias() += dSw * Qa + P * mat(Qa.array().colwise() * E.array());
+        av.noalias() += P * mat(dO.cwiseAbs().array().colwise() * w.array());
+      }
+      for (std::int64_t a = 0; a < nk; ++a) {
+        const auto at = idx[sel[static_cast<std::size_t>(a)]] * static_cast<std::size_t>(D);
+        for (int e = 0; e < D; ++e) {
+          const auto o = at + static_cast<std::size_t>(e);
+          r.dk[o] += v.scale * dk(a, e);
+          r.dv[o] += dv(a, e);
+          r.ak[o] += v.scale * ak(a, e);
+          r.av[o] += av(a, e);
+        }
+      }
+    }
+  });
+  return r;
+}
+
+}  // namespace seqpar::verify::dump_detail

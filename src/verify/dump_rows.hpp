@@ -1,0 +1,119 @@
+#pragma once
+// The float64 reference of chosen rows of a dumped attention call, read in place from the
+// mapped local shards (io/mapped.hpp): O(L·D) per query row and per key row (L its document),
+// never the whole row. `validate --dump` uses it to check long-context dumps by stratified
+// sampling (dump_sampled.cpp), and to search the families of likely mistakes (a changed scale,
+// a shifted causal diagonal, moved or split document boundaries, a KV gradient not reduced over
+// the ring) on the rows that differ.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "io/mapped.hpp"
+#include "verify/dump_internal.hpp"
+
+namespace seqpar::verify::dump_detail {
+
+/// One call's files, mapped, and where every global token lies in them.
+class mapped_call {
+ public:
+  mapped_call(const dump_set& d, const geometry& g, int call);
+  double scale() const { return scale_; }
+  bool causal() const { return causal_; }
+
+  const geometry& g() const { return g_; }
+  /// Rank k's tensor of a stage ("grad.*" from the backward file), or nullptr.
+  const io::st_view* get(int k, const std::string& stage) const;
+  bool any(const std::string& stage) const;
+  /// Every rank has the stage with this shape.
+  bool all_shaped(const std::string& stage, const std::vector<std::int64_t>& shape) const;
+  /// Rank-ordered position of a global token: cp rank = at / s, local row = at % s; ring rank =
+  /// at / Sg, gathered row = at % Sg.
+  std::int64_t at(std::int64_t token) const { return where_[static_cast<std::size_t>(token)]; }
+
+  /// D values of a global [S, X, D] tensor held as local shards [s, X, D] of `stage`.
+  void read_local(const std::string& stage, int X, std::int64_t token, int head, double* out) const;
+  /// D values of the job's attention output at (token, head): out.attn where every rank has it
+  /// (U > 1), else out.local.
+  void read_out(std::int64_t token, int head, double* out) const;
+  /// The job's LSE at (token, head), when every rank dumped it; nullopt otherwise.
+  bool has_lse() const { return lse_ok_; }
+  double read_lse(std::int64_t token, int head) const;
+  bool has_backward() const { return backward_; }
+  /// Drops the pages read so far from the resident set (every file).
+  void release() const;
+  /// Bytes of the call's files over all ranks, and of the largest rank's.
+  std::uint64_t bytes() const { return bytes_; }
+  std::uint64_t largest_rank_bytes() const { return largest_; }
+
+ private:
+  const geometry& g_;
+  std::vector<std::unique_ptr<io::mapped_safetensors>> fwd_, bwd_;
+  std::vector<std::int64_t> where_;
+  bool out_attn_ = false, lse_ok_ = false, backward_ = false;
+  std::uint64_t bytes_ = 0, largest_ = 0;
+  double scale_ = 1;
+  bool causal_ = true;
+};
+
+/// What the attention computes, as one of a family of mistakes may change it. The default is the
+/// reference: the dump's scale, causal, documents from its cu_seqlens.
+struct attention_variant {
+  double scale = 0;
+  bool causal = true;
+  /// A causal key j is visible to query i when j ≤ i + diag (0 correct; −1 hides the diagonal).
+  int diag = 0;
+  /// Document boundaries (cu_seqlens) the attention uses.
+  std::vector<std::int32_t> cu;
+  /// Key-side rows: only queries held by the key's own ring rank contribute (a KV gradient not
+  /// reduced over the ring).
+  bool own_ring_only = false;
+};
+
+/// A query row: global token and query head.
+struct query_row {
+  std::int64_t token;
+  int head;
+};
+/// A key row: global token and the query heads whose gradients it sums ([h0, h0 + nh): one
+/// repeated copy, or every copy of a KV head for the local stage).
+struct key_row {
+  std::int64_t token;
+  int h0, nh;
+};
+
+struct query_result {
+  vec out, lse, dq, aq;  ///< [n, D], [n], [n, D], [n, D] (dq, aq with the backward)
+};
+struct key_result {
+  vec dk, dv, ak, av;  ///< [n, D] each
+};
+
+/// Rounding constants of the gradient bound (dump_internal.hpp, gradient_term_magnitudes).
+struct bound_units {
+  double u_t = 0, u_int = 0;
+};
+
+/// The reference rows. Query rows: out, LSE, and with the backward dq and its term magnitudes.
+/// Key rows: dk, dv and magnitudes, summed over their query heads, from the job's dumped LSE and
+/// output when every rank has them (the key's gradient sums over every later query of its
+/// document: their statistics are the job's, themselves checked on the sampled query rows),
+/// else from a forward pass over those queries. Work spreads over `threads` by (document, KV
+/// head); results do not depend on the thread count.
+class row_reference {
+ public:
+  row_reference(const mapped_call& c, bound_units u, int threads);
+  /// backward false: out and LSE only.
+  query_result queries(const attention_variant& v, const std::vector<query_row>& rows,
+                       bool backward = true) const;
+  key_result keys(const attention_variant& v, const std::vector<key_row>& rows) const;
+  attention_variant reference() const;
+
+ private:
+  const mapped_call& c_;
+  bound_units u_;
+  int threads_;
+};
+
+}  // namespace seqpar::verify::dump_detail
