@@ -230,7 +230,10 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
             mx = std::max(mx, S(i, j));
           else
             S(i, j) = ninf;
-        if (mx == ninf) continue;
+        if (mx == ninf) {  // no visible key in this chunk (yet)
+          S.row(i).setZero();
+          continue;
+        }
         const double f = m(i) == ninf ? 0.0 : std::exp(m(i) - mx);
         double sum = 0;
         for (std::int64_t j = 0; j < c; ++j) {

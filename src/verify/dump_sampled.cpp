@@ -440,8 +440,9 @@ class sampled_call {
       bool all = true;
       for (const auto& e : ev) {
         const auto alt = values(var, e);
-        for (std::size_t i = 0; all && i < alt.size(); ++i)
+        for (std::size_t i = 0; all && i < alt.size(); ++i) {
           all = std::abs(e.got[i] - alt[i]) <= e.tol_abs || e.got[i] == alt[i];
+        }
         if (!all) break;
       }
       if (all)
@@ -636,8 +637,8 @@ class sampled_call {
   /// Every element of rank k's stage against its source, bit for bit (values where the dtypes
   /// differ). `sum` > 1: the element is the float64 sum of `sum` source rows (the KV repeat's
   /// backward), compared with tolerance tol.
-  compared_tensor movement(const std::string& st, int k, const source_fn& src, int sum = 1,
-                           double tol = 0) {
+  compared_tensor movement(const std::string& st, int k, const source_fn& src, int sum, double tol,
+                           failing_rows& fr) {
     const auto v = view_of(g_, st, k);
     const auto* t = mc_.get(k, st);
     const int D = g_.D;
@@ -650,7 +651,6 @@ class sampled_call {
     std::int64_t wrong = 0;
     double peak = 0, worst = -1;
     std::string worst_note;
-    auto& fr = fail_[{st, k}];
     const auto n = static_cast<std::int64_t>(v.tokens.size());
     for (std::int64_t ti = 0; ti < n; ++ti)
       for (int j = 0; j < v.X; ++j) {
@@ -716,7 +716,6 @@ class sampled_call {
       if (!std::isfinite(row.max_abs)) row.max_rel = INFINITY;
       row.note = fmt::format("{} of {} rows differ; worst at {}", wrong, v.rows(), worst_note);
     }
-    if (row.pass) fail_.erase({st, k});
     return row;
   }
 
@@ -755,8 +754,10 @@ class sampled_call {
       for (std::size_t i; (i = next.fetch_add(1)) < ranks.size();) {
         // Summing the copies in the job's precision rounds once per addition.
         const double tol = sum > 1 ? 2.0 * sum * unit_roundoff(mc_.get(ranks[i], st)->type) : 0.0;
-        auto r = movement(st, ranks[i], src, sum, tol);
+        failing_rows fr;
+        auto r = movement(st, ranks[i], src, sum, tol, fr);
         std::lock_guard lock(mu);
+        if (!r.pass) fail_[{st, ranks[i]}] = std::move(fr);
         rows[i] = std::move(r);
       }
     };
