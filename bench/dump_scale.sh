@@ -21,14 +21,14 @@ for S in "${sizes[@]}"; do
     for variant in none last-token; do
       d=$work/d_${S}_${lay}_${variant}
       rm -rf "$d"
-      "$build/bench/dump_gen" --out "$d" --tokens "$S" --ulysses "$U" --ring "$R" --bug "$variant" \
+      "$build/tools/dump_gen" --out "$d" --tokens "$S" --ulysses "$U" --ring "$R" --bug "$variant" \
         --stages "$stages" >/dev/null
       dump_mb=$(du -sm "$d" | cut -f1)
       largest=$(for r in "$d"/rank*/; do du -sm "$r" | cut -f1; done | sort -n | tail -1)
       sync
       /usr/bin/time -f "%e %M" -o "$work/time" "$build/tools/seqpar" validate --dump "$d" --sample \
         --json --quiet >"$work/report.json" || true
-      read -r wall rss_kb <"$work/time"
+      read -r wall rss_kb < <(tail -1 "$work/time")
       python3 - "$work/report.json" "$S" "$lay" "$variant" "$stages" "$wall" "$rss_kb" "$dump_mb" "$largest" >>"$csv" <<'PY'
 import json, sys
 rep = json.load(open(sys.argv[1]))

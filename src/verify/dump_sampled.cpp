@@ -759,6 +759,9 @@ class sampled_call {
         std::lock_guard lock(mu);
         if (!r.pass) fail_[{st, ranks[i]}] = std::move(fr);
         rows[i] = std::move(r);
+        // The pages this rank's comparison read leave the resident set (other threads refault
+        // theirs from the page cache): memory stays at a few ranks' files.
+        mc_.release();
       }
     };
     run_threads(work, ranks.size());
