@@ -114,6 +114,7 @@ void mapped_call::read_local(const std::string& stage, int X, std::int64_t token
   const auto p = at(token);
   const auto* t = get(static_cast<int>(p / g_.s), stage);
   t->read(((p % g_.s) * X + head) * g_.D, g_.D, out);
+  touched();
 }
 
 void mapped_call::read_out(std::int64_t token, int head, double* out) const {
@@ -121,12 +122,21 @@ void mapped_call::read_out(std::int64_t token, int head, double* out) const {
   const auto p = at(token);
   const int k = static_cast<int>(p / g_.Sg) * g_.U + head / g_.hq;
   get(k, "out.attn")->read(((p % g_.Sg) * g_.hq + head % g_.hq) * g_.D, g_.D, out);
+  touched();
 }
 
 double mapped_call::read_lse(std::int64_t token, int head) const {
   const auto p = at(token);
   const int k = static_cast<int>(p / g_.Sg) * g_.U + head / g_.hq;
   return get(k, "lse")->at((head % g_.hq) * g_.Sg + p % g_.Sg);
+}
+
+void mapped_call::touched(std::int64_t n) const {
+  constexpr std::int64_t every = (128 << 20) / 4096;  // pages
+  if (reads_.fetch_add(n) + n >= every) {
+    reads_ = 0;
+    release();
+  }
 }
 
 void mapped_call::release() const {

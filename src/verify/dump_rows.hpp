@@ -5,6 +5,7 @@
 // sampling (dump_sampled.cpp), and to search the families of likely mistakes (a changed scale,
 // a shifted causal diagonal, moved or split document boundaries, a KV gradient not reduced over
 // the ring) on the rows that differ.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -43,6 +44,10 @@ class mapped_call {
   bool has_backward() const { return backward_; }
   /// Drops the pages read so far from the resident set (every file).
   void release() const;
+  /// Counts n row reads; every ~128 MB of pages they may have touched, release(). Reads of one
+  /// head's row touch a page each (a token's heads share pages), so the resident set stays at
+  /// that much per process whatever the dump's size. Safe from any thread.
+  void touched(std::int64_t n = 1) const;
   /// Bytes of the call's files over all ranks, and of the largest rank's.
   std::uint64_t bytes() const { return bytes_; }
   std::uint64_t largest_rank_bytes() const { return largest_; }
@@ -55,6 +60,7 @@ class mapped_call {
   std::uint64_t bytes_ = 0, largest_ = 0;
   double scale_ = 1;
   bool causal_ = true;
+  mutable std::atomic<std::int64_t> reads_{0};
 };
 
 /// What the attention computes, as one of a family of mistakes may change it. The default is the

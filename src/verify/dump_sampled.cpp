@@ -612,6 +612,7 @@ class sampled_call {
             if (std::isfinite(buf[static_cast<std::size_t>(j)]))
               m = std::max(m, std::abs(buf[static_cast<std::size_t>(j)]));
         }
+        mc_.release();  // one rank's tensor at a time
       }
       return m;
     };
@@ -656,6 +657,7 @@ class sampled_call {
       for (int j = 0; j < v.X; ++j) {
         const auto token = v.tokens[static_cast<std::size_t>(ti)];
         const auto off = v.offset(ti, j, D);
+        if (j == 0) mc_.touched(2);  // this row's page and its source's
         if (sum == 1) {
           const auto [sv, so] = src(token, v.h0 + j);
           if (sv->type == t->type &&
@@ -839,8 +841,13 @@ class sampled_call {
     sample s;
     s.boundary = static_cast<std::int64_t>(pick.size());
     rng r(mix64(opt_.seed ^ mix64(stream * 1000003 + static_cast<std::uint64_t>(k))));
-    const auto total = v.rows();
-    for (std::int64_t i = 0; i < per_rank && total > 0; ++i) pick.insert(r.between(0, total - 1));
+    // Drawn as (token, head) so that every view of the same rows (gathered, LSE) gets the same
+    // rows from the same stream.
+    for (std::int64_t i = 0; i < per_rank && n > 0; ++i) {
+      const auto ti = r.between(0, n - 1);
+      const auto j = r.between(0, v.X - 1);
+      pick.insert(v.kind == view::lse ? j * n + ti : ti * v.X + j);
+    }
     s.rows.assign(pick.begin(), pick.end());
     s.random = static_cast<std::int64_t>(s.rows.size()) - s.boundary;
     return s;
@@ -931,6 +938,12 @@ class sampled_call {
       if (!(g_.U > 1 && mc_.all_shaped("grad.q.gathered", {g_.Sg, g_.hq, D})))
         qs.push_back({"grad.q.local", false, true});
     }
+    struct query_cache {
+      std::map<std::pair<std::int64_t, int>, std::size_t> at;
+      query_result r;
+    };
+    std::map<std::pair<int, int>, query_cache> qcache;
+    std::map<std::pair<int, std::string>, key_result> kcache;
     std::int64_t min_random = -1;
     const auto note_random = [&](std::int64_t r) {
       min_random = min_random < 0 ? r : std::min(min_random, r);
@@ -948,21 +961,38 @@ class sampled_call {
         const auto v = view_of(g_, q.st, k);
         if (!present(q.st, k, v.shape(g_))) continue;
         // The same rows for every query-side stage of a rank's view kind (stream by kind).
-        const auto smp = draw(v, k, v.kind == view::local ? 1 : 2, per_rank);
+        const int stream = v.kind == view::local && g_.U > 1 ? 1 : 2;  // U = 1: one view
+        const auto smp = draw(v, k, stream, per_rank);
         random += smp.random;
         complete &= static_cast<std::int64_t>(smp.rows.size()) == v.rows();
-        std::vector<query_row> rows;
-        for (auto e : smp.rows) {
-          const auto [ti, j] = v.at(e);
-          rows.push_back({v.tokens[static_cast<std::size_t>(ti)], v.h0 + j});
+        // One reference per (rank, rows): every query-side stage of those rows reads it.
+        auto& c = qcache[{k, stream}];
+        if (c.at.empty()) {
+          std::vector<query_row> rows;
+          for (auto e : smp.rows) {
+            const auto [ti, j] = v.at(e);
+            rows.push_back({v.tokens[static_cast<std::size_t>(ti)], v.h0 + j});
+            c.at[{rows.back().token, rows.back().head}] = rows.size() - 1;
+          }
+          c.r = ref.queries(variant, rows, backward);
         }
-        const auto r = ref.queries(variant, rows, q.grad);
+        const auto pick = [&](const vec& x, int w) {
+          vec out;
+          for (auto e : smp.rows) {
+            const auto [ti, j] = v.at(e);
+            const auto i = c.at.at({v.tokens[static_cast<std::size_t>(ti)], v.h0 + j});
+            out.insert(out.end(), x.begin() + static_cast<std::ptrdiff_t>(i * w),
+                       x.begin() + static_cast<std::ptrdiff_t>((i + 1) * w));
+          }
+          return out;
+        };
         if (q.lse) {
-          compare_sampled(q.st, k, v, smp, r.lse, nullptr);
+          compare_sampled(q.st, k, v, smp, pick(c.r.lse, 1), nullptr);
         } else if (!q.grad) {
-          compare_sampled(q.st, k, v, smp, r.out, nullptr);
+          compare_sampled(q.st, k, v, smp, pick(c.r.out, D), nullptr);
         } else {
-          compare_sampled(q.st, k, v, smp, r.dq, &r.aq);
+          const auto aq = pick(c.r.aq, D);
+          compare_sampled(q.st, k, v, smp, pick(c.r.dq, D), &aq);
         }
         mc_.release();
       }
@@ -1006,13 +1036,17 @@ class sampled_call {
         complete &= static_cast<std::int64_t>(smp.rows.size()) == v.rows();
         // A row of X heads: X = Hr (a copy: H / Hr query heads) or Hkv (every copy).
         const int per = g_.H / (q.copies > 1 || v.X == g_.Hkv ? g_.Hkv : Hr);
-        std::vector<key_row> rows;
-        for (auto e : smp.rows) {
-          const auto [ti, j] = v.at(e);
-          rows.push_back({v.tokens[static_cast<std::size_t>(ti)], (v.h0 + j) * per, per});
+        // dK and dV of the same rows come from one pass (grad.k.* then grad.v.*).
+        auto& c = kcache[{k, fmt::format("{}{}", static_cast<int>(v.kind), v.X)}];
+        if (c.dk.empty()) {
+          std::vector<key_row> rows;
+          for (auto e : smp.rows) {
+            const auto [ti, j] = v.at(e);
+            rows.push_back({v.tokens[static_cast<std::size_t>(ti)], (v.h0 + j) * per, per});
+          }
+          c = ref.keys(variant, rows);
         }
-        const auto r = ref.keys(variant, rows);
-        compare_sampled(q.st, k, v, smp, q.v ? r.dv : r.dk, q.v ? &r.av : &r.ak, q.copies);
+        compare_sampled(q.st, k, v, smp, q.v ? c.dv : c.dk, q.v ? &c.av : &c.ak, q.copies);
         mc_.release();
       }
       if (!complete) note_random(random);
