@@ -192,6 +192,36 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
     r.dq.assign(r.out.size(), 0.0);
     r.aq.assign(r.out.size(), 0.0);
   }
+  if (v.ring) {
+    // Explicit key sets (a ring job emulated): row by row, forward only.
+    parallel_for(rows.size(), threads_, [&](std::size_t i) {
+      const auto& row = rows[i];
+      const auto p = c_.at(row.token);
+      const int ring = static_cast<int>(p / g.Sg);
+      const auto keys = ring_key_sets(*v.ring, ring, p % g.Sg, p % g.Sg + 1).front();
+      Eigen::RowVectorXd q(D), k(D), x(D), acc = Eigen::RowVectorXd::Zero(D);
+      c_.read_local("q.local", g.H, row.token, row.head, q.data());
+      std::vector<double> s;
+      double mx = ninf;
+      for (auto j : keys) {
+        c_.read_local("k.local", g.Hkv, j, row.head / per_kv, k.data());
+        s.push_back(v.scale * q.dot(k));
+        mx = std::max(mx, s.back());
+      }
+      if (keys.empty()) return;
+      double l = 0;
+      for (std::size_t a = 0; a < keys.size(); ++a) {
+        const double w = std::exp(s[a] - mx);
+        l += w;
+        c_.read_local("v.local", g.Hkv, keys[a], row.head / per_kv, x.data());
+        acc += w * x;
+      }
+      r.lse[i] = mx + std::log(l);
+      for (int e = 0; e < D; ++e)
+        r.out[i * static_cast<std::size_t>(D) + static_cast<std::size_t>(e)] = acc(e) / l;
+    });
+    return r;
+  }
   const auto groups = group_rows(g, rows, per_kv);
   parallel_for(groups.size(), threads_, [&](std::size_t gi) {
     const auto& idx = groups[gi];

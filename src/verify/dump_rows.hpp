@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/mapped.hpp"
+#include "verify/dump_emulate.hpp"
 #include "verify/dump_internal.hpp"
 
 namespace seqpar::verify::dump_detail {
@@ -75,6 +76,9 @@ struct attention_variant {
   /// Key-side rows: only queries held by the key's own ring rank contribute (a KV gradient not
   /// reduced over the ring).
   bool own_ring_only = false;
+  /// A ring job with one thing changed (dump_emulate.hpp): query rows attend to the explicit key
+  /// sets it gives (out and LSE only; the backward is not emulated).
+  std::shared_ptr<const ring_job> ring;
 };
 
 /// A query row: global token and query head.

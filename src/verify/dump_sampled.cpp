@@ -19,6 +19,7 @@
 #include <span>
 #include <thread>
 
+#include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "verify/dump_rows.hpp"
@@ -436,6 +437,48 @@ class sampled_call {
            "of the KV blocks it sent around the ring is not sent back and summed)",
            v});
     }
+    if (!grad && g_.R > 1 && m.zigzag) {
+      // The ring job emulated with one thing changed (forward stages).
+      const auto job = [&](int shift, bool local_cu) {
+        auto j = std::make_shared<ring_job>();
+        j->ring = g_.R;
+        j->causal = m.causal;
+        j->section_shift = shift;
+        const auto scaled = scale_cu_seqlens_for_ring(g_.cu, g_.R);
+        for (int r = 0; r < g_.R; ++r) {
+          const auto tok = g_.ring_tokens(r);
+          j->tokens.emplace_back(tok.begin(), tok.end());
+          if (!local_cu) {
+            j->local_cu.emplace_back(scaled.begin(), scaled.end());
+            continue;
+          }
+          std::vector<std::int32_t> cu{0};
+          for (std::size_t i = 1; i < tok.size(); ++i)
+            if (g_.pos[static_cast<std::size_t>(tok[i])] == 0)
+              cu.push_back(static_cast<std::int32_t>(i));
+          cu.push_back(static_cast<std::int32_t>(tok.size()));
+          j->local_cu.push_back(std::move(cu));
+        }
+        auto v = base;
+        v.ring = std::move(j);
+        return v;
+      };
+      members.push_back(
+          {"zigzag ring attention with cu_seqlens computed from each rank's local position ids (a "
+           "document starts wherever position_id == 0): on a rank whose chunks hold no position "
+           "0 the tokens of different documents form one document and attend across the "
+           "boundary; use the global cu_seqlens // R",
+           job(0, true)});
+      for (int shift : {1, -1, 2, -2})
+        if (std::abs(shift) < g_.R)
+          members.push_back(
+              {fmt::format("zigzag ring attention whose sections are chosen for KV source "
+                           "(r − i {} {}) mod R while the KV held at step i is that of (r − i) "
+                           "mod R: the ring source is off by {}",
+                           shift > 0 ? "+" : "−", std::abs(shift),
+                           std::abs(shift) == 1 ? "one" : "two"),
+               job(shift, false)});
+    }
     for (const auto& [desc, var] : members) {
       bool all = true;
       for (const auto& e : ev) {
@@ -455,7 +498,11 @@ class sampled_call {
         "; none of the searched mistakes reproduces it ({} members: softmax scale 1/d^α and "
         "constant factors, the causal mask removed or its diagonal shifted by ±1, ±2, document "
         "boundaries moved by ±1, ±2, split off or removed{}; on {} sampled rows)",
-        members.size(), key && g_.R > 1 ? ", the ring reduction of the K/V gradient" : "", n_rows);
+        members.size(),
+        key && g_.R > 1     ? ", the ring reduction of the K/V gradient"
+        : !grad && g_.R > 1 ? ", the ring's KV source shifted by ±1, ±2, local cu_seqlens"
+                            : "",
+        n_rows);
   }
 
  private:

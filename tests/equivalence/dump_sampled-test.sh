@@ -40,6 +40,10 @@ expect 1 "repeated blockwise" -- validate --dump "$dumps/ulysses-blockwise_repea
 expect 1 "did not sum" -- validate --dump "$dumps/ulysses-kv_grad_not_summed-f32" --sample -q
 expect 1 "exp(lse) overflows" -- validate --dump "$dumps/ring-lse_merge_no_max-bf16" --sample -q
 expect 1 "swapped order" -- validate --dump "$dumps/ring-zigzag_swapped-f32" --sample -q
+expect 1 "the ring source is off by one" -- validate --dump "$dumps/ring-ring_src_off_by_one-f32" --sample -q
+expect 1 "local position ids" -- validate --dump "$dumps/ring-local_cu-f32" --sample -q
+expect 1 "unrepeated KV heads split" -- validate --dump "$dumps/ulysses-no_kv_repeat-f32" --sample -q
+expect 1 "dimensions are swapped" -- validate --dump "$dumps/veomni-ulysses-swapped_dims-f32" --sample -q
 
 # 2. Synthetic dumps: healthy passes, a bug on each document's last token is caught and named.
 "$gen" --out "$tmp/h" --tokens 4096 --ulysses 4 --ring 2 --heads 8 --kv-heads 2 --head-dim 64 >/dev/null
