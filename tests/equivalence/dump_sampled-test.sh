@@ -67,6 +67,28 @@ cmp -s "$tmp/t1.json" "$tmp/t3.json" && ok || fail "--threads 1 and --threads 3 
 expect 2 "exclude each other" -- validate --dump "$tmp/h" --sample --exhaustive
 expect 2 "--calls 3" -- validate --dump "$tmp/h" --calls 3
 expect 2 "--rows 0" -- validate --dump "$tmp/h" --rows 0
+# A dump too large for an exhaustive check is refused up front with what it needs (sparse files:
+# 4M tokens × 32 heads × head_dim 128 declared, nothing written).
+python3 - "$tmp/huge" <<'PY'
+import json, os, struct, sys
+d = sys.argv[1]; os.makedirs(d + "/rank0")
+S, H, D = 1 << 22, 32, 128
+hdr, off = {}, 0
+for name, heads in (("q.local", H), ("k.local", 8), ("v.local", 8), ("out.local", H)):
+    n = S * heads * D * 2
+    hdr[name] = {"dtype": "BF16", "shape": [S, heads, D], "data_offsets": [off, off + n]}
+    off += n
+h = json.dumps(hdr).encode(); h += b" " * ((8 - len(h) % 8) % 8)
+with open(d + "/rank0/call0000.fwd.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    f.truncate(8 + len(h) + off)
+meta = {"schema": "seqpar-dump/1", "rank": 0, "world_size": 1, "ulysses": 1, "ring": 1,
+        "ulysses_rank": 0, "ring_rank": 0, "heads": H, "kv_heads": 8, "head_dim": D,
+        "scale": D ** -0.5, "causal": True, "cu_seqlens": [0, S], "position_ids": list(range(S)),
+        "calls": [{"index": 0, "forward": "rank0/call0000.fwd.safetensors"}]}
+json.dump(meta, open(d + "/rank0.json", "w"))
+PY
+expect 2 "--exhaustive needs about" -- validate --dump "$tmp/huge" --exhaustive -q
 truncate -s 1000 "$tmp/h/rank1/call0000.fwd.safetensors"
 expect 2 "truncated" -- validate --dump "$tmp/h" --sample -q
 finish
