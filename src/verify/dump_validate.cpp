@@ -724,14 +724,15 @@ dump_cost estimate_dump_cost(const dump_set& d, int call) {
   // The exhaustive check holds every dumped tensor in float64, and the whole row's inputs,
   // reference, gradients and bound magnitudes (query-sized and KV-sized, per copy).
   c.exhaustive_bytes = 8 * elements + 8 * row * (12.0 * g.H + 12.0 * g.Hkv * g.rep);
-  // Its attention: ~26 multiply-adds per (query, key, dim) over the reference's forward and
-  // backward and the bound's magnitudes, at ~4 GFLOP/s per core in float64 Eigen GEMMs (measured
-  // on this project's 2-core VM: bench/results/…/dump_scale).
+  // Its time: the attention's (query, key) pairs times D·H at 1.2 ns per pair·D·H on one core
+  // (reference forward and backward and the bound's magnitudes; fitted to exhaustive runs of
+  // bench/dump_gen dumps on this project's 2-core VM, 4K–16K tokens, 8–16 heads, head_dim
+  // 64–128: 2.2, 6.6 and 10.1 s), plus reading every element into float64.
   double pairs = 0;
   for (const auto& doc : doc_ranges(g.cu))
     pairs += static_cast<double>(doc.size()) * static_cast<double>(doc.size());
   const double cores = std::max(1u, std::thread::hardware_concurrency());
-  c.exhaustive_seconds = 26.0 * 2 * pairs * g.D * g.H / (4e9 * cores) + 8 * elements / 2e9;
+  c.exhaustive_seconds = 1.2e-9 * pairs * g.D * g.H / cores + 8 * elements / 1e9 + 0.5;
   // Sampled: mapped pages released after every rank and stage; per thread a few key chunks.
   c.sampled_bytes = 2.0 * static_cast<double>(c.largest_rank_bytes) * std::min(cores, 4.0) +
                     static_cast<double>(g.S) * 16 + 64e6 * cores;
