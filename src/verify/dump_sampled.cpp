@@ -21,6 +21,7 @@
 
 #include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
+#include "core/heatmap.hpp"
 #include "core/rng.hpp"
 #include "verify/dump_rows.hpp"
 #include "verify/dump_sampled.hpp"
@@ -814,7 +815,22 @@ class sampled_call {
       }
     };
     run_threads(work, ranks.size());
-    for (auto& r : rows) add(std::move(r));
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const bool failed = !rows[i].pass;
+      add(std::move(rows[i]));
+      if (!failed) continue;
+      // Every row was compared: 0 where it matched, 1 where it differs.
+      const auto v = view_of(g_, st, ranks[i]);
+      error_heatmap m(
+          fmt::format("cp rank {}: {} — differing rows over tokens × heads", ranks[i], st), "token",
+          g_.S, "head", heads_of(st));
+      for (auto t : v.tokens)
+        for (int j = 0; j < v.X; ++j) m.add(t, v.h0 + j, 0.0);
+      const auto& fr = fail_[{st, ranks[i]}];
+      for (std::size_t r = 0; r < fr.tokens.size(); ++r)
+        m.add(fr.tokens[r], static_cast<int>(fr.heads[r]), 1.0);
+      rep_.rows.back().heat = std::move(m);
+    }
     mc_.release();
   }
 
@@ -937,13 +953,21 @@ class sampled_call {
     auto& fr = fail_[{st, k}];
     double worst = -1;
     std::string worst_note;
+    std::optional<error_heatmap> heat;
+    if (!row.pass)
+      heat.emplace(fmt::format("cp rank {}: {} — error over tokens × heads (sampled rows; blank: "
+                               "not sampled)",
+                               k, st),
+                   "token", g_.S, "head", heads_of(st));
     for (std::size_t i = 0; i < smp.rows.size(); ++i) {
       const auto [ti, j] = v.at(smp.rows[i]);
       bool bad = false;
+      double row_err = 0;
       for (int e = 0; e < w; ++e) {
         const auto at = i * static_cast<std::size_t>(w) + static_cast<std::size_t>(e);
         const double d = std::isnan(got[at] - want[at]) ? INFINITY : std::abs(got[at] - want[at]);
         if (got[at] == want[at]) continue;
+        row_err = std::max(row_err, d);
         if (d > tol_abs || !std::isfinite(d)) bad = true;
         if (d > worst) {
           worst = d;
@@ -956,6 +980,9 @@ class sampled_call {
         fr.tokens.push_back(v.tokens[static_cast<std::size_t>(ti)]);
         fr.heads.push_back(v.h0 + j);
       }
+      if (heat)
+        heat->add(v.tokens[static_cast<std::size_t>(ti)], v.h0 + j,
+                  row_err / std::max(tol_abs, 1e-300));
     }
     if (row.pass) fail_.erase({st, k});
     row.note =
@@ -963,6 +990,15 @@ class sampled_call {
                     smp.boundary, smp.random, row.pass ? "" : "; worst at " + worst_note);
     rep_.rows_checked += static_cast<std::int64_t>(smp.rows.size());
     add(std::move(row));
+    rep_.rows.back().heat = std::move(heat);
+  }
+
+  /// The global heads of a stage's (token, head) rows: query heads, repeated KV copies, or KV
+  /// heads.
+  int heads_of(const std::string& st) const {
+    const bool kv = st.find("k.") != std::string::npos || st.find("v.") != std::string::npos;
+    if (!kv) return g_.H;
+    return st.ends_with(".local") ? g_.Hkv : g_.Hkv * g_.rep;
   }
 
   void computed_stages(bool backward) {
