@@ -83,6 +83,10 @@ class out_file {
     std::memcpy(base_, &n, 8);
     std::memcpy(base_ + 8, header.data(), header.size());
   }
+  /// Hands the written pages to the page cache (they leave the resident set, nothing is lost).
+  void release() {
+    if (base_) ::madvise(base_, size_, MADV_DONTNEED);
+  }
   void close() {
     if (base_) ::munmap(base_, size_);
     base_ = nullptr;
@@ -241,153 +245,157 @@ int main(int argc, char** argv) {
   };
   const double scale = m.scale;
   const auto docs = doc_ranges(compute_cu);
-  std::vector<double> row(static_cast<std::size_t>(D));
+  const auto sz = [](auto x) { return static_cast<std::size_t>(x); };
+  const int per_kv = H / Hkv, per_copy = H / Hr;
+  // Written pages leave the resident set every so many tokens (the page cache writes them).
+  std::int64_t since_release = 0;
+  const auto maybe_release = [&](std::int64_t n) {
+    if ((since_release += n) < 16384) return;
+    since_release = 0;
+    for (auto* side : {&fwd, &bwd})
+      for (auto& f : *side) f.release();
+  };
+  // Inputs from (seed, stream, index), drawn in bf16.
+  const auto q_of = [&](std::int64_t t, int h, double* q) {
+    for (int e = 0; e < D; ++e) q[e] = bf(2 * uniform_pm1(seed, 1, sz((t * H + h) * D + e)));
+  };
+  const auto gamma_of = [&](std::int64_t t, int h) {
+    const std::uint64_t r = mix64(seed ^ mix64(static_cast<std::uint64_t>(t * H + h)));
+    return ((r & 1) ? -1.0 : 1.0) * ((r & 2) ? 0.5 : 1.0);
+  };
+  std::vector<double> ah(sz(H * D));
+  for (int h = 0; h < H; ++h)
+    for (int e = 0; e < D; ++e) ah[sz(h * D + e)] = bf(uniform_pm1(seed, 4, sz(h * D + e)));
+  std::vector<double> q(sz(D)), o(sz(D)), dq(sz(D)), dO(sz(D)), vrow(sz(D)), dk(sz(D)), dv(sz(D)),
+      dks(sz(D)), dvs(sz(D));
   for (std::size_t di = 0; di < docs.size(); ++di) {
     const auto [a, b] = docs[di];
     const std::int64_t L = b - a;
     if (L == 0) continue;
-    for (int kv = 0; kv < Hkv; ++kv) {
-      // Keys: class vectors; values random; written once per KV head (and per repeated copy).
-      std::vector<double> kappa(static_cast<std::size_t>(C * D)),
-          V(static_cast<std::size_t>(L * D));
-      std::vector<int> cls(static_cast<std::size_t>(L));
+    // Per KV head: C class key vectors; every token's class.
+    std::vector<double> kappa(sz(Hkv * C * D));
+    for (int kv = 0; kv < Hkv; ++kv)
       for (int c = 0; c < C; ++c)
         for (int e = 0; e < D; ++e)
-          kappa[static_cast<std::size_t>(c * D + e)] =
-              bf(2 * uniform_pm1(seed, 3, ((di * Hkv + kv) * C + c) * D + e));
-      for (std::int64_t j = 0; j < L; ++j) {
-        cls[static_cast<std::size_t>(j)] = static_cast<int>(mix64(seed ^ (a + j) * 7919) % C);
-        for (int e = 0; e < D; ++e)
-          V[static_cast<std::size_t>(j * D + e)] =
-              bf(2 * uniform_pm1(seed, 2, ((a + j) * Hkv + kv) * D + e));
-        const double* kr = &kappa[static_cast<std::size_t>(cls[static_cast<std::size_t>(j)] * D)];
-        put_local(false, "k.local", Hkv, a + j, kv, kr);
-        put_local(false, "v.local", Hkv, a + j, kv, &V[static_cast<std::size_t>(j * D)]);
+          kappa[sz((kv * C + c) * D + e)] =
+              bf(2 * uniform_pm1(seed, 3, sz(((di * Hkv + kv) * C + c) * D + e)));
+    const auto cls = [&](std::int64_t t) { return static_cast<int>(mix64(seed ^ t * 7919) % C); };
+    const auto v_of = [&](std::int64_t t, int kv, double* v) {
+      for (int e = 0; e < D; ++e) v[e] = bf(2 * uniform_pm1(seed, 2, sz((t * Hkv + kv) * D + e)));
+    };
+    // Forward, token by token (all heads of a token written together): prefix counts and sums
+    // of V per class; per head the class weights Pc and D_i = dO_i·out_i for the backward.
+    std::vector<double> cnt(sz(Hkv * C), 0.0), vsum(sz(Hkv * C * D), 0.0);
+    std::vector<double> Pc(sz(L * H * C)), Dv(sz(L * H));
+    for (std::int64_t i = 0; i < L; ++i) {
+      const std::int64_t t = a + i;
+      const int ci = cls(t);
+      for (int kv = 0; kv < Hkv; ++kv) {
+        v_of(t, kv, vrow.data());
+        cnt[sz(kv * C + ci)] += 1;
+        for (int e = 0; e < D; ++e) vsum[sz((kv * C + ci) * D + e)] += vrow[sz(e)];
+        const double* kr = &kappa[sz((kv * C + ci) * D)];
+        put_local(false, "k.local", Hkv, t, kv, kr);
+        put_local(false, "v.local", Hkv, t, kv, vrow.data());
         for (int c = 0; c < g.rep; ++c) {
-          put_gathered(false, "k.gathered", hk, a + j, kv * g.rep + c, kr);
-          put_gathered(false, "v.gathered", hk, a + j, kv * g.rep + c,
-                       &V[static_cast<std::size_t>(j * D)]);
+          put_gathered(false, "k.gathered", hk, t, kv * g.rep + c, kr);
+          put_gathered(false, "v.gathered", hk, t, kv * g.rep + c, vrow.data());
         }
       }
-      std::vector<double> dK_sum(static_cast<std::size_t>(L * D), 0.0), dV_sum(dK_sum.size(), 0.0);
-      std::vector<double> dK_copy(dK_sum.size()), dV_copy(dK_sum.size());
-      const int per_copy = H / Hr;
-      for (int c = 0; c < H / Hkv / per_copy; ++c) {
-        std::fill(dK_copy.begin(), dK_copy.end(), 0.0);
-        std::fill(dV_copy.begin(), dV_copy.end(), 0.0);
-        for (int hh = 0; hh < per_copy; ++hh) {
-          const int h = (kv * (H / Hkv)) + c * per_copy + hh;
-          std::vector<double> ah(static_cast<std::size_t>(D));
-          for (int e = 0; e < D; ++e)
-            ah[static_cast<std::size_t>(e)] = bf(uniform_pm1(seed, 4, h * D + e));
-          std::vector<double> Q(static_cast<std::size_t>(L * D)), gam(static_cast<std::size_t>(L)),
-              Pc(static_cast<std::size_t>(L * C)), Dv(static_cast<std::size_t>(L));
-          std::vector<double> vsum(static_cast<std::size_t>(C * D), 0.0),
-              out(static_cast<std::size_t>(D)), dq(static_cast<std::size_t>(D)),
-              dO(static_cast<std::size_t>(D));
-          std::vector<double> cnt(C, 0.0);
-          for (std::int64_t i = 0; i < L; ++i) {
-            const std::int64_t t = a + i;
-            double* q = &Q[static_cast<std::size_t>(i * D)];
-            for (int e = 0; e < D; ++e) q[e] = bf(2 * uniform_pm1(seed, 1, (t * H + h) * D + e));
-            const std::uint64_t r = mix64(seed ^ mix64(static_cast<std::uint64_t>(t * H + h)));
-            gam[static_cast<std::size_t>(i)] = ((r & 1) ? -1.0 : 1.0) * ((r & 2) ? 0.5 : 1.0);
-            const int ci = cls[static_cast<std::size_t>(i)];
-            cnt[static_cast<std::size_t>(ci)] += 1;
-            for (int e = 0; e < D; ++e)
-              vsum[static_cast<std::size_t>(ci * D + e)] += V[static_cast<std::size_t>(i * D + e)];
-            double s[C], mx = -INFINITY;
-            for (int c2 = 0; c2 < C; ++c2) {
-              double dot = 0;
-              for (int e = 0; e < D; ++e) dot += q[e] * kappa[static_cast<std::size_t>(c2 * D + e)];
-              s[c2] = scale * dot;
-              if (cnt[static_cast<std::size_t>(c2)] > 0) mx = std::max(mx, s[c2]);
-            }
-            double l = 0;
-            for (int c2 = 0; c2 < C; ++c2)
-              l += cnt[static_cast<std::size_t>(c2)] * std::exp(s[c2] - mx);
-            const double lse = mx + std::log(l);
-            std::fill(out.begin(), out.end(), 0.0);
-            for (int c2 = 0; c2 < C; ++c2) {
-              const double p = cnt[static_cast<std::size_t>(c2)] > 0 ? std::exp(s[c2] - lse) : 0.0;
-              Pc[static_cast<std::size_t>(i * C + c2)] = p;
-              for (int e = 0; e < D; ++e)
-                out[static_cast<std::size_t>(e)] += p * vsum[static_cast<std::size_t>(c2 * D + e)];
-            }
-            for (int e = 0; e < D; ++e)
-              dO[static_cast<std::size_t>(e)] =
-                  gam[static_cast<std::size_t>(i)] * ah[static_cast<std::size_t>(e)];
-            double Di = 0;
-            for (int e = 0; e < D; ++e)
-              Di += dO[static_cast<std::size_t>(e)] * out[static_cast<std::size_t>(e)];
-            Dv[static_cast<std::size_t>(i)] = Di;
-            std::fill(dq.begin(), dq.end(), 0.0);
-            for (int c2 = 0; c2 < C; ++c2) {
-              double av = 0;
-              for (int e = 0; e < D; ++e)
-                av += ah[static_cast<std::size_t>(e)] * vsum[static_cast<std::size_t>(c2 * D + e)];
-              const double coef =
-                  Pc[static_cast<std::size_t>(i * C + c2)] *
-                  (gam[static_cast<std::size_t>(i)] * av - Di * cnt[static_cast<std::size_t>(c2)]);
-              for (int e = 0; e < D; ++e)
-                dq[static_cast<std::size_t>(e)] +=
-                    scale * coef * kappa[static_cast<std::size_t>(c2 * D + e)];
-            }
-            put_local(false, "q.local", H, t, h, q);
-            put_gathered(false, "q.gathered", hq, t, h, q);
-            put_local(false, "out.local", H, t, h, out.data());
-            put_gathered(false, "out.attn", hq, t, h, out.data());
-            const double lse1 = lse;
-            put_gathered(false, "lse", hq, t, h, &lse1, 1);
-            put_local(true, "grad.out.local", H, t, h, dO.data());
-            put_gathered(true, "grad.out.attn", hq, t, h, dO.data());
-            put_local(true, "grad.q.local", H, t, h, dq.data());
-            put_gathered(true, "grad.q.gathered", hq, t, h, dq.data());
-          }
-          // Suffix sums: G_c = Σ P_ic γ_i, A_c = Σ P_ic γ_i q_i, B_c = Σ P_ic D_i q_i (i ≥ j).
-          std::vector<double> G(C, 0.0), A(static_cast<std::size_t>(C * D), 0.0), B(A.size(), 0.0);
-          for (std::int64_t j = L - 1; j >= 0; --j) {
-            for (int c2 = 0; c2 < C; ++c2) {
-              const double p = Pc[static_cast<std::size_t>(j * C + c2)];
-              if (p == 0) continue;
-              G[static_cast<std::size_t>(c2)] += p * gam[static_cast<std::size_t>(j)];
-              for (int e = 0; e < D; ++e) {
-                A[static_cast<std::size_t>(c2 * D + e)] +=
-                    p * gam[static_cast<std::size_t>(j)] * Q[static_cast<std::size_t>(j * D + e)];
-                B[static_cast<std::size_t>(c2 * D + e)] +=
-                    p * Dv[static_cast<std::size_t>(j)] * Q[static_cast<std::size_t>(j * D + e)];
-              }
-            }
-            const int cj = cls[static_cast<std::size_t>(j)];
-            double av = 0;
-            for (int e = 0; e < D; ++e)
-              av += ah[static_cast<std::size_t>(e)] * V[static_cast<std::size_t>(j * D + e)];
-            for (int e = 0; e < D; ++e) {
-              dV_copy[static_cast<std::size_t>(j * D + e)] +=
-                  ah[static_cast<std::size_t>(e)] * G[static_cast<std::size_t>(cj)];
-              dK_copy[static_cast<std::size_t>(j * D + e)] +=
-                  scale * (av * A[static_cast<std::size_t>(cj * D + e)] -
-                           B[static_cast<std::size_t>(cj * D + e)]);
-            }
-          }
+      for (int h = 0; h < H; ++h) {
+        const int kv = h / per_kv;
+        q_of(t, h, q.data());
+        const double gam = gamma_of(t, h);
+        double sc[C], mx = -INFINITY;
+        for (int c = 0; c < C; ++c) {
+          double dot = 0;
+          for (int e = 0; e < D; ++e) dot += q[sz(e)] * kappa[sz((kv * C + c) * D + e)];
+          sc[c] = scale * dot;
+          if (cnt[sz(kv * C + c)] > 0) mx = std::max(mx, sc[c]);
         }
-        for (std::int64_t j = 0; j < L; ++j) {
-          put_gathered(true, "grad.k.gathered", hk, a + j, kv * g.rep + c,
-                       &dK_copy[static_cast<std::size_t>(j * D)]);
-          put_gathered(true, "grad.v.gathered", hk, a + j, kv * g.rep + c,
-                       &dV_copy[static_cast<std::size_t>(j * D)]);
+        double l = 0;
+        for (int c = 0; c < C; ++c) l += cnt[sz(kv * C + c)] * std::exp(sc[c] - mx);
+        const double lse = mx + std::log(l);
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int c = 0; c < C; ++c) {
+          const double p = cnt[sz(kv * C + c)] > 0 ? std::exp(sc[c] - lse) : 0.0;
+          Pc[sz((i * H + h) * C + c)] = p;
+          for (int e = 0; e < D; ++e) o[sz(e)] += p * vsum[sz((kv * C + c) * D + e)];
+        }
+        double Di = 0;
+        for (int e = 0; e < D; ++e) {
+          dO[sz(e)] = gam * ah[sz(h * D + e)];
+          Di += dO[sz(e)] * o[sz(e)];
+        }
+        Dv[sz(i * H + h)] = Di;
+        // dQ_i = scale·Σ_c κ_c·P_ic·(γ_i·a_h·Vsum_c − D_i·n_c).
+        std::fill(dq.begin(), dq.end(), 0.0);
+        for (int c = 0; c < C; ++c) {
+          double av = 0;
+          for (int e = 0; e < D; ++e) av += ah[sz(h * D + e)] * vsum[sz((kv * C + c) * D + e)];
+          const double coef = Pc[sz((i * H + h) * C + c)] * (gam * av - Di * cnt[sz(kv * C + c)]);
+          for (int e = 0; e < D; ++e) dq[sz(e)] += scale * coef * kappa[sz((kv * C + c) * D + e)];
+        }
+        put_local(false, "q.local", H, t, h, q.data());
+        put_gathered(false, "q.gathered", hq, t, h, q.data());
+        put_local(false, "out.local", H, t, h, o.data());
+        put_gathered(false, "out.attn", hq, t, h, o.data());
+        put_gathered(false, "lse", hq, t, h, &lse, 1);
+        put_local(true, "grad.out.local", H, t, h, dO.data());
+        put_gathered(true, "grad.out.attn", hq, t, h, dO.data());
+        put_local(true, "grad.q.local", H, t, h, dq.data());
+        put_gathered(true, "grad.q.gathered", hq, t, h, dq.data());
+      }
+      maybe_release(1);
+    }
+    // Backward, token by token from the end: per head the suffix sums G_c = Σ P_ic·γ_i,
+    // A_c = Σ P_ic·γ_i·q_i, B_c = Σ P_ic·D_i·q_i (i ≥ j); dV_j = a_h·G_c(j),
+    // dK_j = scale·((a_h·v_j)·A_c(j) − B_c(j)); summed per repeated copy and per KV head.
+    std::vector<double> G(sz(H * C), 0.0), A(sz(H * C * D), 0.0), B(A.size(), 0.0);
+    for (std::int64_t j = L - 1; j >= 0; --j) {
+      const std::int64_t t = a + j;
+      const int cj = cls(t);
+      for (int h = 0; h < H; ++h) {
+        q_of(t, h, q.data());
+        const double gam = gamma_of(t, h);
+        for (int c = 0; c < C; ++c) {
+          const double p = Pc[sz((j * H + h) * C + c)];
+          if (p == 0) continue;
+          G[sz(h * C + c)] += p * gam;
+          const double dd = p * Dv[sz(j * H + h)];
           for (int e = 0; e < D; ++e) {
-            dK_sum[static_cast<std::size_t>(j * D + e)] +=
-                dK_copy[static_cast<std::size_t>(j * D + e)];
-            dV_sum[static_cast<std::size_t>(j * D + e)] +=
-                dV_copy[static_cast<std::size_t>(j * D + e)];
+            A[sz((h * C + c) * D + e)] += p * gam * q[sz(e)];
+            B[sz((h * C + c) * D + e)] += dd * q[sz(e)];
           }
         }
       }
-      for (std::int64_t j = 0; j < L; ++j) {
-        put_local(true, "grad.k.local", Hkv, a + j, kv, &dK_sum[static_cast<std::size_t>(j * D)]);
-        put_local(true, "grad.v.local", Hkv, a + j, kv, &dV_sum[static_cast<std::size_t>(j * D)]);
+      for (int kv = 0; kv < Hkv; ++kv) {
+        v_of(t, kv, vrow.data());
+        std::fill(dks.begin(), dks.end(), 0.0);
+        std::fill(dvs.begin(), dvs.end(), 0.0);
+        for (int c = 0; c < g.rep; ++c) {
+          std::fill(dk.begin(), dk.end(), 0.0);
+          std::fill(dv.begin(), dv.end(), 0.0);
+          for (int hh = 0; hh < per_copy; ++hh) {
+            const int h = kv * per_kv + c * per_copy + hh;
+            double av = 0;
+            for (int e = 0; e < D; ++e) av += ah[sz(h * D + e)] * vrow[sz(e)];
+            for (int e = 0; e < D; ++e) {
+              dv[sz(e)] += ah[sz(h * D + e)] * G[sz(h * C + cj)];
+              dk[sz(e)] += scale * (av * A[sz((h * C + cj) * D + e)] - B[sz((h * C + cj) * D + e)]);
+            }
+          }
+          put_gathered(true, "grad.k.gathered", hk, t, kv * g.rep + c, dk.data());
+          put_gathered(true, "grad.v.gathered", hk, t, kv * g.rep + c, dv.data());
+          for (int e = 0; e < D; ++e) {
+            dks[sz(e)] += dk[sz(e)];
+            dvs[sz(e)] += dv[sz(e)];
+          }
+        }
+        put_local(true, "grad.k.local", Hkv, t, kv, dks.data());
+        put_local(true, "grad.v.local", Hkv, t, kv, dvs.data());
       }
+      maybe_release(1);
     }
   }
   std::uint64_t bytes = 0;
