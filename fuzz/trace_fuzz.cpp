@@ -7,7 +7,8 @@
 //   6 flight-record merge: the input cut in two at its first 0xff byte, read as two rank files
 //   7 the safetensors reader (tensor dumps): what it accepts converts, and writes back and reads
 //     back to the same file
-//   8 a tensor dump directory (validate --dump): the input cut at its first 0xff byte into
+//   8 a tensor dump directory (validate --dump, exhaustive and sampled): the input cut at its
+//     first 0xff byte into
 //     rank0.json (the meta) and the one safetensors file every call of it names; what reads is
 //     validated and reported
 // Importer output is replayed too. Any exception other than seqpar::error, a crash, a hang or
@@ -117,9 +118,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         std::ofstream(dir + "/rank0.json", std::ios::binary) << text.substr(0, cut);
         std::ofstream(dir + "/rank0/t.safetensors", std::ios::binary)
             << (cut == std::string::npos ? std::string() : text.substr(cut + 1));
-        const auto rep = seqpar::verify::validate_dump(seqpar::verify::read_dump(dir));
+        const auto dump = seqpar::verify::read_dump(dir);
+        const auto rep = seqpar::verify::validate_dump(dump);
         (void)seqpar::verify::dump_report_text(rep, true);
         (void)seqpar::verify::dump_report_html(rep);
+        // The sampled mode reads the same files mapped, row by row.
+        seqpar::verify::dump_options opt;
+        opt.mode = seqpar::verify::dump_options::mode_t::sampled;
+        opt.rows = 16;
+        opt.threads = 1;
+        const auto sampled = seqpar::verify::validate_dump(dump, opt);
+        (void)seqpar::verify::dump_report_text(sampled, true);
+        (void)seqpar::verify::dump_report_html(sampled);
         break;
       }
     }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <bit>
@@ -124,7 +125,9 @@ const st_view* mapped_safetensors::find(std::string_view name) const {
 }
 
 void mapped_safetensors::release() const {
-  if (base_) ::madvise(base_, size_, MADV_DONTNEED);
+  // The raw system call: an MPI build links UCX, whose memory hooks intercept madvise() and
+  // make every call cost far more than the page-table walk it asks for.
+  if (base_) ::syscall(SYS_madvise, base_, size_, MADV_DONTNEED);
 }
 
 }  // namespace seqpar::io

@@ -146,7 +146,10 @@ void mapped_call::release() const {
 }
 
 row_reference::row_reference(const mapped_call& c, bound_units u, int threads)
-    : c_(c), u_(u), threads_(threads) {}
+    : c_(c),
+      u_(u),
+      threads_(threads > 0 ? threads
+                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
 attention_variant row_reference::reference() const {
   attention_variant v;

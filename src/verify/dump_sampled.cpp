@@ -645,23 +645,32 @@ class sampled_call {
   void set_model() {
     auto& e = model_;
     for (const auto& d : doc_ranges(g_.cu)) e.L = std::max(e.L, static_cast<double>(d.size()));
+    // The largest finite magnitude of a stage over every rank (ranks spread over the threads;
+    // a maximum does not depend on the order).
     const auto max_abs = [&](const std::string& st) {
+      std::atomic<int> next{0};
+      std::mutex mu;
       double m = 0;
-      std::vector<double> buf;
-      for (int k = 0; k < g_.P; ++k) {
-        const auto* t = mc_.get(k, st);
-        if (!t) continue;
-        constexpr std::int64_t block = 1 << 16;
-        buf.resize(block);
-        for (std::int64_t i = 0; i < t->numel; i += block) {
-          const auto n = std::min(block, t->numel - i);
-          t->read(i, n, buf.data());
-          for (std::int64_t j = 0; j < n; ++j)
-            if (std::isfinite(buf[static_cast<std::size_t>(j)]))
-              m = std::max(m, std::abs(buf[static_cast<std::size_t>(j)]));
+      const auto work = [&] {
+        std::vector<double> buf(1 << 16);
+        for (int k; (k = next.fetch_add(1)) < g_.P;) {
+          const auto* t = mc_.get(k, st);
+          if (!t) continue;
+          double mk = 0;
+          const auto block = static_cast<std::int64_t>(buf.size());
+          for (std::int64_t i = 0; i < t->numel; i += block) {
+            const auto n = std::min(block, t->numel - i);
+            t->read(i, n, buf.data());
+            for (std::int64_t j = 0; j < n; ++j)
+              if (std::isfinite(buf[static_cast<std::size_t>(j)]))
+                mk = std::max(mk, std::abs(buf[static_cast<std::size_t>(j)]));
+          }
+          mc_.release();  // one rank's tensor at a time
+          std::lock_guard lock(mu);
+          m = std::max(m, mk);
         }
-        mc_.release();  // one rank's tensor at a time
-      }
+      };
+      run_threads(work, static_cast<std::size_t>(g_.P));
       return m;
     };
     e.max_q = max_abs("q.local");
