@@ -180,8 +180,9 @@ class sampled_call {
       const call_state cs{d_, g_, call_, empty, empty, none, none, none, none, no_ref, model_};
       return dump_detail::diagnose(cs, rep_);
     }
+    // Where, as in exhaustive mode: the first failing rank's rows.
     std::vector<std::int64_t> tokens, heads;
-    for (int k : f.ranks)
+    for (int k : {f.ranks.front()})
       if (const auto it = fail_.find({f.stage, k}); it != fail_.end()) {
         tokens.insert(tokens.end(), it->second.tokens.begin(), it->second.tokens.end());
         heads.insert(heads.end(), it->second.heads.begin(), it->second.heads.end());

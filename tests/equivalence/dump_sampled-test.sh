@@ -44,6 +44,16 @@ expect 1 "the ring source is off by one" -- validate --dump "$dumps/ring-ring_sr
 expect 1 "local position ids" -- validate --dump "$dumps/ring-local_cu-f32" --sample -q
 expect 1 "unrepeated KV heads split" -- validate --dump "$dumps/ulysses-no_kv_repeat-f32" --sample -q
 expect 1 "dimensions are swapped" -- validate --dump "$dumps/veomni-ulysses-swapped_dims-f32" --sample -q
+# Mistakes no fixed list names (real torch jobs: sp_jobs.py), named by the families in both modes.
+for mode in --sample --exhaustive; do
+  expect 1 "hides the diagonal" -- validate --dump "$dumps/ulysses-causal_hides_diag-f32" $mode -q
+  expect 1 "divided by head_dim instead of its square root" -- \
+    validate --dump "$dumps/ulysses-scale_inv_d_one_rank-f32" $mode -q
+  expect 1 "last token is a document of its own" -- \
+    validate --dump "$dumps/ulysses-last_token_own_doc-f32" $mode -q
+  expect 1 "without its reduction over the ring" -- \
+    validate --dump "$dumps/ring-kv_grad_not_reduced-f32" $mode -q
+done
 
 # 2. Synthetic dumps: healthy passes, a bug on each document's last token is caught and named.
 "$gen" --out "$tmp/h" --tokens 4096 --ulysses 4 --ring 2 --heads 8 --kv-heads 2 --head-dim 64 >/dev/null

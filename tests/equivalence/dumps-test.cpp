@@ -44,6 +44,11 @@ const std::map<std::string, std::string> cause_words{
     {"kv_grad_not_summed", "did not sum"},
     {"no_causal", "without the causal mask"},
     {"swapped_dims", "the dimensions are swapped"},
+    // Named by the families of mistakes (dump_sampled.cpp), not by the fixed list.
+    {"causal_hides_diag", "hides the diagonal"},
+    {"scale_inv_d_one_rank", "divided by head_dim instead of its square root"},
+    {"last_token_own_doc", "last token is a document of its own"},
+    {"kv_grad_not_reduced", "without its reduction over the ring"},
 };
 
 dump_report run(const fs::path& dir) { return validate_dump(read_dump(dir.string())); }

@@ -93,6 +93,19 @@ VARIANTS = {
         "KV repeat backward keeps the first copy's gradient instead of summing the copies"),
     ("ulysses", "no_causal"): (
         dict(U=2), "no_causal", "causal mask missing inside documents"),
+    # Mistakes no fixed list names; validate --dump's families of mistakes must (issue 31).
+    ("ulysses", "causal_hides_diag"): (
+        dict(U=2), "causal_hides_diag",
+        "causal mask j < i instead of j <= i: a token does not attend to itself"),
+    ("ulysses", "scale_inv_d_one_rank"): (
+        dict(U=2), "scale_inv_d_one_rank",
+        "softmax scale 1/head_dim instead of 1/sqrt(head_dim) on Ulysses rank 1 only"),
+    ("ulysses", "last_token_own_doc"): (
+        dict(U=2), "last_token_own_doc",
+        "each document's last token attended as a document of its own (cu_seqlens off by one)"),
+    ("ring", "kv_grad_not_reduced"): (
+        dict(R=2), "kv_grad_not_reduced",
+        "ring K/V gradients not reduced over the ring: each rank keeps its own queries' part"),
 }
 
 # Precision (issue 37): correct kernels that round or sum differently (healthy: the largest
@@ -151,6 +164,10 @@ STANDARD = [
     ("ulysses", "a2a_wrong_dims", "f32"),
     ("ring", "local_cu", "f32"),
     ("ring", "zigzag_swapped", "f32"),
+    ("ulysses", "causal_hides_diag", "f32"),
+    ("ulysses", "scale_inv_d_one_rank", "f32"),
+    ("ulysses", "last_token_own_doc", "f32"),
+    ("ring", "kv_grad_not_reduced", "f32"),
     ("ulysses", "no_scale", "f32"),
     ("ring", "lse_merge_no_max", LOWP),
     ("ring", "ring_src_off_by_one", "f32"),
@@ -401,6 +418,7 @@ class RingPlan(object):
         self.merge = merge
         self.lowp = lowp
         self.prec = prec          # precision variant (see PRECISION)
+        self.no_kv_reduce = False  # the kv_grad_not_reduced bug: K/V gradients kept unreduced
         self.dtype = dtype        # the job's input dtype
 
 
@@ -536,9 +554,11 @@ class RingAttn(torch.autograd.Function):
             dv_all[src] += dv.reshape(n, hk, g, d).sum(2).to(acc_dt)
         if acc_dt != cdt:  # gloo sums in float32; the low-precision accumulation happened above
             dk_all, dv_all = dk_all.to(cdt), dv_all.to(cdt)
-        # gloo has no reduce_scatter: all-reduce (SUM) and keep the own shard.
-        dist.all_reduce(dk_all, group=plan.group)
-        dist.all_reduce(dv_all, group=plan.group)
+        # gloo has no reduce_scatter: all-reduce (SUM) and keep the own shard (the
+        # kv_grad_not_reduced bug keeps its own queries' part only).
+        if not plan.no_kv_reduce:
+            dist.all_reduce(dk_all, group=plan.group)
+            dist.all_reduce(dv_all, group=plan.group)
         return (dq.to(q.dtype), dk_all[plan.r].to(k.dtype), dv_all[plan.r].to(v.dtype), None)
 
 
@@ -601,10 +621,12 @@ def _worker(rank, cfg, out_dir, port):
         for i in range(R):
             src = (rr - i + 1) % R if bug == "ring_src_off_by_one" else (rr - i) % R
             sections.append("diag" if i == 0 else ("lower" if src < rr else "upper"))
-        return RingPlan(rgroups[urank], [urank + U * j for j in range(R)], rr, cu_local,
+        plan = RingPlan(rgroups[urank], [urank + U * j for j in range(R)], rr, cu_local,
                         scale_used, sections,
                         merge="no_max" if bug == "lse_merge_no_max" else "softplus",
                         lowp=DTYPES[LOWP], prec=cfg["prec"], dtype=DTYPES[cfg["dtype"]])
+        plan.no_kv_reduce = bug == "kv_grad_not_reduced"
+        return plan
 
     with dumper.call(name="L0.attn"):
         dumper.tap("q.local", q)
@@ -631,8 +653,16 @@ def _worker(rank, cfg, out_dir, port):
             kg = dumper.tap("k.gathered", a2a(kr, U, ug))
             vg = dumper.tap("v.gathered", a2a(vr, U, ug))
             if R == 1:
-                mask = section_mask("diag", cfg["cu"], qg.shape[0], causal=(bug != "no_causal"))
-                out_attn, lse = attend(qg, kg, vg, mask, scale_used, cfg["prec"])
+                cu_used = cfg["cu"]
+                if bug == "last_token_own_doc":
+                    cu_used = sorted(set(cu_used) | {c - 1 for c in cu_used[1:]})
+                mask = section_mask("diag", cu_used, qg.shape[0], causal=(bug != "no_causal"))
+                if bug == "causal_hides_diag":
+                    mask = mask & ~torch.eye(qg.shape[0], dtype=torch.bool)
+                s_used = scale_used
+                if bug == "scale_inv_d_one_rank" and urank == 1:
+                    s_used = 1.0 / D
+                out_attn, lse = attend(qg, kg, vg, mask, s_used, cfg["prec"])
             else:
                 out_attn, lse = RingAttn.apply(qg, kg, vg, make_plan())
             dumper.tap("out.attn", out_attn)
