@@ -928,8 +928,8 @@ class sampled_call {
 
   /// Compares rank k's sampled rows of a computed stage with the reference values (D per row,
   /// or 1 for the LSE); `terms` (gradients) gives the per-element bound.
-  void compare_sampled(const std::string& st, int k, const view& v, const sample& smp,
-                       const vec& want, const vec* terms, int copies = 1) {
+  dump_row compare_sampled(const std::string& st, int k, const view& v, const sample& smp,
+                           const vec& want, const vec* terms, int copies = 1) {
     const auto* t = mc_.get(k, st);
     const int w = v.kind == view::lse ? 1 : g_.D;
     vec got(want.size());
@@ -999,8 +999,7 @@ class sampled_call {
         fmt::format("sampled {} of {} rows ({} boundary, {} random){}", smp.rows.size(), v.rows(),
                     smp.boundary, smp.random, row.pass ? "" : "; worst at " + worst_note);
     rep_.rows_checked += static_cast<std::int64_t>(smp.rows.size());
-    add(std::move(row));
-    rep_.rows.back().heat = std::move(heat);
+    return dump_row{call_, std::move(row), std::move(heat)};
   }
 
   /// The global heads of a stage's (token, head) rows: query heads, repeated KV copies, or KV
@@ -1035,31 +1034,31 @@ class sampled_call {
       std::map<std::pair<std::int64_t, int>, std::size_t> at;
       query_result r;
     };
-    std::map<std::pair<int, int>, query_cache> qcache;
-    std::map<std::pair<int, std::string>, key_result> kcache;
     std::int64_t min_random = -1;
     const auto note_random = [&](std::int64_t r) {
       min_random = min_random < 0 ? r : std::min(min_random, r);
     };
-    for (std::size_t si = 0; si < qs.size(); ++si) {
-      const auto& q = qs[si];
-      if (!mc_.any(q.st)) {
-        rep_.not_dumped.push_back(fmt::format("call {}: {}", call_, q.st));
-        continue;
-      }
-      progress(fmt::format("{} on sampled rows", q.st));
-      std::int64_t random = 0;
-      bool complete = true;
-      for (int k = 0; k < P; ++k) {
+    // Rank by rank (one rank's references held at a time), stage rows kept in stage order.
+    std::vector<std::vector<dump_row>> qrows(qs.size());
+    std::vector<std::int64_t> qrandom(qs.size(), 0);
+    std::vector<bool> qcomplete(qs.size(), true);
+    for (const auto& q : qs)
+      if (!mc_.any(q.st)) rep_.not_dumped.push_back(fmt::format("call {}: {}", call_, q.st));
+    for (int k = 0; k < P; ++k) {
+      progress(fmt::format("query-side stages on sampled rows: rank {} of {}", k + 1, P));
+      std::map<int, query_cache> qcache;  // by stream
+      for (std::size_t si = 0; si < qs.size(); ++si) {
+        const auto& q = qs[si];
+        if (!mc_.any(q.st)) continue;
         const auto v = view_of(g_, q.st, k);
         if (!present(q.st, k, v.shape(g_))) continue;
         // The same rows for every query-side stage of a rank's view kind (stream by kind).
         const int stream = v.kind == view::local && g_.U > 1 ? 1 : 2;  // U = 1: one view
         const auto smp = draw(v, k, stream, per_rank);
-        random += smp.random;
-        complete &= static_cast<std::int64_t>(smp.rows.size()) == v.rows();
+        qrandom[si] += smp.random;
+        if (static_cast<std::int64_t>(smp.rows.size()) != v.rows()) qcomplete[si] = false;
         // One reference per (rank, rows): every query-side stage of those rows reads it.
-        auto& c = qcache[{k, stream}];
+        auto& c = qcache[stream];
         if (c.at.empty()) {
           std::vector<query_row> rows;
           for (auto e : smp.rows) {
@@ -1080,16 +1079,19 @@ class sampled_call {
           return out;
         };
         if (q.lse) {
-          compare_sampled(q.st, k, v, smp, pick(c.r.lse, 1), nullptr);
+          qrows[si].push_back(compare_sampled(q.st, k, v, smp, pick(c.r.lse, 1), nullptr));
         } else if (!q.grad) {
-          compare_sampled(q.st, k, v, smp, pick(c.r.out, D), nullptr);
+          qrows[si].push_back(compare_sampled(q.st, k, v, smp, pick(c.r.out, D), nullptr));
         } else {
           const auto aq = pick(c.r.aq, D);
-          compare_sampled(q.st, k, v, smp, pick(c.r.dq, D), &aq);
+          qrows[si].push_back(compare_sampled(q.st, k, v, smp, pick(c.r.dq, D), &aq));
         }
-        mc_.release();
       }
-      if (!complete) note_random(random);
+      mc_.release();
+    }
+    for (std::size_t si = 0; si < qs.size(); ++si) {
+      for (auto& r : qrows[si]) rep_.rows.push_back(std::move(r));
+      if (mc_.any(qs[si].st) && !qcomplete[si]) note_random(qrandom[si]);
     }
     if (!backward) {
       finish_sampling(min_random);
@@ -1113,24 +1115,26 @@ class sampled_call {
         ks.push_back({fmt::format("grad.{}.local", x), is_v, g_.rep});
       }
     }
-    for (const auto& q : ks) {
-      if (!mc_.any(q.st)) {
-        rep_.not_dumped.push_back(fmt::format("call {}: {}", call_, q.st));
-        continue;
-      }
-      progress(fmt::format("{} on sampled rows", q.st));
-      std::int64_t random = 0;
-      bool complete = true;
-      for (int k = 0; k < P; ++k) {
+    std::vector<std::vector<dump_row>> krows(ks.size());
+    std::vector<std::int64_t> krandom(ks.size(), 0);
+    std::vector<bool> kcomplete(ks.size(), true);
+    for (const auto& q : ks)
+      if (!mc_.any(q.st)) rep_.not_dumped.push_back(fmt::format("call {}: {}", call_, q.st));
+    for (int k = 0; k < P; ++k) {
+      progress(fmt::format("key-side stages on sampled rows: rank {} of {}", k + 1, P));
+      std::map<std::string, key_result> kcache;  // by view kind and heads
+      for (std::size_t si = 0; si < ks.size(); ++si) {
+        const auto& q = ks[si];
+        if (!mc_.any(q.st)) continue;
         const auto v = view_of(g_, q.st, k);
         if (!present(q.st, k, v.shape(g_))) continue;
         const auto smp = draw(v, k, v.kind == view::local ? 3 : 4, per_rank);
-        random += smp.random;
-        complete &= static_cast<std::int64_t>(smp.rows.size()) == v.rows();
+        krandom[si] += smp.random;
+        if (static_cast<std::int64_t>(smp.rows.size()) != v.rows()) kcomplete[si] = false;
         // A row of X heads: X = Hr (a copy: H / Hr query heads) or Hkv (every copy).
         const int per = g_.H / (q.copies > 1 || v.X == g_.Hkv ? g_.Hkv : Hr);
         // dK and dV of the same rows come from one pass (grad.k.* then grad.v.*).
-        auto& c = kcache[{k, fmt::format("{}{}", static_cast<int>(v.kind), v.X)}];
+        auto& c = kcache[fmt::format("{}{}", static_cast<int>(v.kind), v.X)];
         if (c.dk.empty()) {
           std::vector<key_row> rows;
           for (auto e : smp.rows) {
@@ -1139,10 +1143,14 @@ class sampled_call {
           }
           c = ref.keys(variant, rows);
         }
-        compare_sampled(q.st, k, v, smp, q.v ? c.dv : c.dk, q.v ? &c.av : &c.ak, q.copies);
-        mc_.release();
+        krows[si].push_back(
+            compare_sampled(q.st, k, v, smp, q.v ? c.dv : c.dk, q.v ? &c.av : &c.ak, q.copies));
       }
-      if (!complete) note_random(random);
+      mc_.release();
+    }
+    for (std::size_t si = 0; si < ks.size(); ++si) {
+      for (auto& r : krows[si]) rep_.rows.push_back(std::move(r));
+      if (mc_.any(ks[si].st) && !kcomplete[si]) note_random(krandom[si]);
     }
     finish_sampling(min_random);
   }
