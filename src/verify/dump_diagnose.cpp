@@ -581,25 +581,7 @@ class diagnoser {
 
   /// The ring job's output with one thing changed, for the ring ranks that failed.
   std::optional<reference_pass> ring(int section_shift, bool local_cu) {
-    ring_job job;
-    job.ring = g_.R;
-    job.causal = c_.dump.ranks.front().causal;
-    job.section_shift = section_shift;
-    const auto scaled = scale_cu_seqlens_for_ring(g_.cu, g_.R);
-    for (int r = 0; r < g_.R; ++r) {
-      const auto tok = g_.ring_tokens(r);
-      job.tokens.emplace_back(tok.begin(), tok.end());
-      if (!local_cu) {
-        job.local_cu.emplace_back(scaled.begin(), scaled.end());
-        continue;
-      }
-      std::vector<std::int32_t> cu{0};
-      for (std::size_t i = 1; i < tok.size(); ++i)
-        if (g_.pos[static_cast<std::size_t>(tok[i])] == 0)
-          cu.push_back(static_cast<std::int32_t>(i));
-      cu.push_back(static_cast<std::int32_t>(tok.size()));
-      job.local_cu.push_back(std::move(cu));
-    }
+    const ring_job job = dump_ring_job(g_, c_.dump.ranks.front().causal, section_shift, local_cu);
     reference_pass p;
     p.out.assign(c_.ref.out.size(), 0.0);
     p.lse.assign(c_.ref.lse.size(), 0.0);
@@ -660,6 +642,28 @@ class diagnoser {
 };
 
 }  // namespace
+
+ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool local_cu) {
+  ring_job job;
+  job.ring = g.R;
+  job.causal = causal;
+  job.section_shift = section_shift;
+  const auto scaled = scale_cu_seqlens_for_ring(g.cu, g.R);
+  for (int r = 0; r < g.R; ++r) {
+    const auto tok = g.ring_tokens(r);
+    job.tokens.emplace_back(tok.begin(), tok.end());
+    if (!local_cu) {
+      job.local_cu.emplace_back(scaled.begin(), scaled.end());
+      continue;
+    }
+    std::vector<std::int32_t> cu{0};
+    for (std::size_t i = 1; i < tok.size(); ++i)
+      if (g.pos[static_cast<std::size_t>(tok[i])] == 0) cu.push_back(static_cast<std::int32_t>(i));
+    cu.push_back(static_cast<std::int32_t>(tok.size()));
+    job.local_cu.push_back(std::move(cu));
+  }
+  return job;
+}
 
 std::string element_note(const geometry& g, const std::string& stage, int k, const vec& got,
                          const vec& want) {

@@ -11,6 +11,7 @@
 #include "core/zigzag.hpp"
 #include "io/safetensors.hpp"
 #include "verify/dump.hpp"
+#include "verify/dump_emulate.hpp"
 
 namespace seqpar::verify::dump_detail {
 
@@ -56,6 +57,11 @@ struct geometry {
   /// The inverse of slice_gathered over all ranks (X = hx·U).
   std::optional<vec> assemble_gathered(const std::vector<const tens*>& ranks, int hx) const;
 };
+
+/// The dump's zigzag ring job as each rank runs it (dump_emulate.hpp), with the section of step i
+/// chosen for source (r − i + section_shift) mod R, and each rank's attention cu_seqlens either
+/// the global ones // R (correct) or rebuilt from its local position ids (local_cu).
+ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool local_cu);
 
 /// KV heads repeated rep times, interleaved (repeat_interleave): [S, Hkv, D] → [S, Hkv·rep, D].
 vec repeat_heads(const vec& glob, std::int64_t S, int Hkv, int rep, int D);
