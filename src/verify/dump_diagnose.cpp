@@ -14,12 +14,10 @@
 
 #include "verify/dump_emulate.hpp"
 #include "verify/dump_internal.hpp"
+#include "verify/dump_sampled.hpp"
 
 namespace seqpar::verify::dump_detail {
 
-namespace {
-
-/// "8–15, 24–31" of a set of integers (at most 6 runs, then "…").
 std::string ranges(std::vector<std::int64_t> xs) {
   std::sort(xs.begin(), xs.end());
   xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
@@ -36,6 +34,8 @@ std::string ranges(std::vector<std::int64_t> xs) {
   }
   return fmt::format("{}", fmt::join(runs, ", "));
 }
+
+namespace {
 
 /// "18–23, 0–7": runs of consecutive values in the order given.
 std::string runs_in_order(const std::vector<std::int64_t>& xs) {
@@ -516,6 +516,16 @@ class diagnoser {
       if (!cross_tokens_.empty())
         f.diagnosis +=
             fmt::format(". Tokens {} attend across a document boundary", ranges(cross_tokens_));
+      return;
+    }
+    const auto differs = fmt::format(
+        "{}'s {} differs from the reference beyond the error model (max rel {:.3g}, tolerance "
+        "{:.3g}) at {}",
+        rank_name(k0_), st_, max_rel(t->v, want), tol, f.where);
+    // None of the fixed mistakes: search the families on sampled rows (dump_sampled.hpp).
+    if (const auto fam = search_families(c_.dump, g_, c_.call, st_, f.ranks, dump_options{});
+        fam && fam->starts_with("; it equals")) {
+      f.diagnosis = differs + *fam;
       return;
     }
     f.diagnosis = fmt::format(

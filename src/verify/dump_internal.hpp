@@ -1,10 +1,15 @@
 #pragma once
 // Shared between dump_validate.cpp (the stage comparison) and dump_diagnose.cpp (what the first
 // differing stage looks like). Global tensors are row-major [S, X, D] in original token order.
+#include <algorithm>
+#include <atomic>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/cu_seqlens.hpp"
@@ -16,6 +21,34 @@
 namespace seqpar::verify::dump_detail {
 
 using vec = std::vector<double>;
+
+/// Runs job(i) for i in [0, n) on up to `threads` threads (0 or less: every core); the first
+/// exception is rethrown after every thread has stopped.
+template <class F>
+void parallel_for(std::size_t n, int threads, F&& job) {
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr err;
+  std::mutex mu;
+  const auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        job(i);
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!err) err = std::current_exception();
+        next = n;
+      }
+    }
+  };
+  const int want =
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto t = std::min<std::size_t>(n, static_cast<std::size_t>(want));
+  std::vector<std::thread> pool;
+  for (std::size_t i = 1; i < t; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (err) std::rethrow_exception(err);
+}
 
 /// One dumped tensor, as float64.
 struct tens {
@@ -137,6 +170,19 @@ struct error_model {
   std::string describe(io::st_dtype out) const;
 };
 
+/// The gradient bound's rounding units (gradient_term_magnitudes): the kernel's internal unit
+/// roundoff u_int = min(u_in, 2^-24) (float32 or better), and u_t = u_in + u_int·sqrt(L), what
+/// the term magnitudes are multiplied by.
+struct bound_units {
+  double u_t = 0, u_int = 0;
+};
+
+/// Completes a model whose maxima are set: L (the longest document), scale, D, R, and the
+/// roundoffs of the dumped LSE and inputs (their dtypes; nullptr: not dumped). Returns the
+/// gradient bound's units.
+bound_units complete_model(error_model& e, const geometry& g, double scale, const io::st_dtype* lse,
+                           const io::st_dtype* q);
+
 /// One validated call, for the diagnosis.
 struct call_state {
   const dump_set& dump;
@@ -148,6 +194,9 @@ struct call_state {
   const reference_pass& ref;
   const error_model& model;
 };
+
+/// "8–15, 24–31" of a set of integers (sorted, at most 6 runs, then "…").
+std::string ranges(std::vector<std::int64_t> xs);
 
 /// A failing row's note: the worst element as global token, head and dim.
 std::string element_note(const geometry& g, const std::string& stage, int k, const vec& got,

@@ -43,31 +43,6 @@ std::pair<std::int64_t, std::int64_t> doc_of(const std::vector<std::int32_t>& cu
   return {*(it - 1), *it};
 }
 
-/// Runs job(i) for i in [0, n) on up to `threads` threads; the first exception is rethrown.
-template <class F>
-void parallel_for(std::size_t n, int threads, F&& job) {
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr err;
-  std::mutex mu;
-  const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < n;) {
-      try {
-        job(i);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!err) err = std::current_exception();
-        next = n;
-      }
-    }
-  };
-  const auto t = std::min<std::size_t>(n, static_cast<std::size_t>(std::max(1, threads)));
-  std::vector<std::thread> pool;
-  for (std::size_t i = 1; i < t; ++i) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
-  if (err) std::rethrow_exception(err);
-}
-
 }  // namespace
 
 mapped_call::mapped_call(const dump_set& d, const geometry& g, int call)

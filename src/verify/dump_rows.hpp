@@ -100,11 +100,6 @@ struct key_result {
   vec dk, dv, ak, av;  ///< [n, D] each
 };
 
-/// Rounding constants of the gradient bound (dump_internal.hpp, gradient_term_magnitudes).
-struct bound_units {
-  double u_t = 0, u_int = 0;
-};
-
 /// The reference rows. Query rows: out, LSE, and with the backward dq and its term magnitudes.
 /// Key rows: dk, dv and magnitudes, summed over their query heads, from the job's dumped LSE and
 /// output when every rank has them (the key's gradient sums over every later query of its

@@ -32,26 +32,6 @@ namespace {
 
 std::string shape_text(const std::vector<std::int64_t>& s) { return fmt::format("{}", s); }
 
-/// "8–15, 24–31" of a set of integers (at most 6 runs, then "…").
-std::string runs(std::vector<std::int64_t> xs) {
-  std::sort(xs.begin(), xs.end());
-  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
-  std::string out;
-  int n = 0;
-  for (std::size_t i = 0; i < xs.size();) {
-    std::size_t j = i;
-    while (j + 1 < xs.size() && xs[j + 1] == xs[j] + 1) ++j;
-    if (n++ == 6) {
-      out += ", …";
-      break;
-    }
-    out += (out.empty() ? "" : ", ") +
-           (i == j ? fmt::format("{}", xs[i]) : fmt::format("{}–{}", xs[i], xs[j]));
-    i = j + 1;
-  }
-  return out;
-}
-
 /// A stage's tensor of rank k as rows of (global token, global head): local [s, X, D],
 /// gathered [Sg, hx, D] (heads u·hx…), or the LSE [hq, Sg].
 struct view {
@@ -187,7 +167,7 @@ class sampled_call {
         tokens.insert(tokens.end(), it->second.tokens.begin(), it->second.tokens.end());
         heads.insert(heads.end(), it->second.heads.begin(), it->second.heads.end());
       }
-    f.where = fmt::format("heads {}, tokens {}", runs(heads), runs(tokens));
+    f.where = fmt::format("heads {}, tokens {}", ranges(heads), ranges(tokens));
     const int k0 = f.ranks.front();
     if (sources_.count(f.stage)) {
       f.diagnosis = movement_cause(f.stage, k0);
@@ -343,11 +323,11 @@ class sampled_call {
               "and the reference's LSE there reaches {:.4g} > log(max {}) = {:.4g}: exp(lse) "
               "overflows — an LSE merge that exponentiates the LSEs without subtracting their "
               "maximum (merge with exp(lse_i − max) or the softplus form)",
-              runs(tokens), lse_there, io::st_dtype_name(type), lim);
+              ranges(tokens), lse_there, io::st_dtype_name(type), lim);
         return fmt::format(
             "; it has non-finite values (inf/NaN) at tokens {} where the reference "
             "is finite",
-            runs(tokens));
+            ranges(tokens));
       }
     }
     const auto& m = d_.ranks.front();
@@ -481,7 +461,7 @@ class sampled_call {
       parts.push_back(
           fmt::format("{} rows (tokens {}) that are no head of their token in the "
                       "source: values moved across tokens or mixed",
-                      lost.size(), runs(lost)));
+                      lost.size(), ranges(lost)));
     if (parts.empty())
       return fmt::format("{} differs from the data movement of its source (compared bit-exactly)",
                          head);
@@ -515,33 +495,28 @@ class sampled_call {
   /// Maxima for the error model: inputs exactly, the output from the job's (every element).
   void set_model() {
     auto& e = model_;
-    for (const auto& d : doc_ranges(g_.cu)) e.L = std::max(e.L, static_cast<double>(d.size()));
     // The largest finite magnitude of a stage over every rank (ranks spread over the threads;
     // a maximum does not depend on the order).
     const auto max_abs = [&](const std::string& st) {
-      std::atomic<int> next{0};
       std::mutex mu;
       double m = 0;
-      const auto work = [&] {
+      parallel_for(static_cast<std::size_t>(g_.P), opt_.threads, [&](std::size_t k) {
+        const auto* t = mc_.get(static_cast<int>(k), st);
+        if (!t) return;
         std::vector<double> buf(1 << 16);
-        for (int k; (k = next.fetch_add(1)) < g_.P;) {
-          const auto* t = mc_.get(k, st);
-          if (!t) continue;
-          double mk = 0;
-          const auto block = static_cast<std::int64_t>(buf.size());
-          for (std::int64_t i = 0; i < t->numel; i += block) {
-            const auto n = std::min(block, t->numel - i);
-            t->read(i, n, buf.data());
-            for (std::int64_t j = 0; j < n; ++j)
-              if (std::isfinite(buf[static_cast<std::size_t>(j)]))
-                mk = std::max(mk, std::abs(buf[static_cast<std::size_t>(j)]));
-          }
-          mc_.release();  // one rank's tensor at a time
-          std::lock_guard lock(mu);
-          m = std::max(m, mk);
+        double mk = 0;
+        const auto block = static_cast<std::int64_t>(buf.size());
+        for (std::int64_t i = 0; i < t->numel; i += block) {
+          const auto n = std::min(block, t->numel - i);
+          t->read(i, n, buf.data());
+          for (std::int64_t j = 0; j < n; ++j)
+            if (std::isfinite(buf[static_cast<std::size_t>(j)]))
+              mk = std::max(mk, std::abs(buf[static_cast<std::size_t>(j)]));
         }
-      };
-      run_threads(work, static_cast<std::size_t>(g_.P));
+        mc_.release();  // one rank's tensor at a time
+        std::lock_guard lock(mu);
+        m = std::max(m, mk);
+      });
       return m;
     };
     e.max_q = max_abs("q.local");
@@ -549,13 +524,9 @@ class sampled_call {
     e.max_v = max_abs("v.local");
     e.max_out = max_abs("out.local");
     e.max_lse = max_abs("lse");
-    e.scale = d_.ranks.front().scale;
-    e.D = g_.D;
-    e.R = g_.R;
-    if (const auto* t = mc_.get(0, "lse")) e.u_lse = unit_roundoff(t->type);
-    e.u_in = unit_roundoff(mc_.get(0, "q.local")->type);
-    units_.u_int = std::min(e.u_in > 0 ? e.u_in : 1.0, std::ldexp(1.0, -24));
-    units_.u_t = e.u_in + units_.u_int * std::sqrt(e.L);
+    const auto* lse = mc_.get(0, "lse");
+    units_ = complete_model(e, g_, d_.ranks.front().scale, lse ? &lse->type : nullptr,
+                            &mc_.get(0, "q.local")->type);
     const auto* out = mc_.get(0, "out.local");
     rep_.error_model = e.describe(out ? out->type : io::st_dtype::f32);
     mc_.release();
@@ -678,23 +649,19 @@ class sampled_call {
     for (int k = 0; k < g_.P; ++k)
       if (present(st, k, shape)) ranks.push_back(k);
     std::vector<compared_tensor> rows(ranks.size());
-    std::atomic<std::size_t> next{0};
     std::mutex mu;
-    const auto work = [&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < ranks.size();) {
-        // Summing the copies in the job's precision rounds once per addition.
-        const double tol = sum > 1 ? 2.0 * sum * unit_roundoff(mc_.get(ranks[i], st)->type) : 0.0;
-        failing_rows fr;
-        auto r = movement(st, ranks[i], src, sum, tol, fr);
-        std::lock_guard lock(mu);
-        if (!r.pass) fail_[{st, ranks[i]}] = std::move(fr);
-        rows[i] = std::move(r);
-        // The pages this rank's comparison read leave the resident set (other threads refault
-        // theirs from the page cache): memory stays at a few ranks' files.
-        mc_.release();
-      }
-    };
-    run_threads(work, ranks.size());
+    parallel_for(ranks.size(), opt_.threads, [&](std::size_t i) {
+      // Summing the copies in the job's precision rounds once per addition.
+      const double tol = sum > 1 ? 2.0 * sum * unit_roundoff(mc_.get(ranks[i], st)->type) : 0.0;
+      failing_rows fr;
+      auto r = movement(st, ranks[i], src, sum, tol, fr);
+      std::lock_guard lock(mu);
+      if (!r.pass) fail_[{st, ranks[i]}] = std::move(fr);
+      rows[i] = std::move(r);
+      // The pages this rank's comparison read leave the resident set (other threads refault
+      // theirs from the page cache): memory stays at a few ranks' files.
+      mc_.release();
+    });
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const bool failed = !rows[i].pass;
       add(std::move(rows[i]));
@@ -712,18 +679,6 @@ class sampled_call {
       rep_.rows.back().heat = std::move(m);
     }
     mc_.release();
-  }
-
-  template <class F>
-  void run_threads(F& work, std::size_t items) const {
-    const int want = opt_.threads > 0
-                         ? opt_.threads
-                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const auto n = std::min<std::size_t>(items, static_cast<std::size_t>(want));
-    std::vector<std::thread> pool;
-    for (std::size_t i = 1; i < n; ++i) pool.emplace_back(work);
-    work();
-    for (auto& th : pool) th.join();
   }
 
   void movement_stages() {

@@ -212,6 +212,20 @@ double error_model::of(const std::string& stage, io::st_dtype t) const {
   if (stage == "lse") return lse();
   return stage.starts_with("grad.") ? backward(unit_roundoff(t)) : forward(unit_roundoff(t));
 }
+bound_units complete_model(error_model& e, const geometry& g, double scale, const io::st_dtype* lse,
+                           const io::st_dtype* q) {
+  for (const auto& d : doc_ranges(g.cu)) e.L = std::max(e.L, static_cast<double>(d.size()));
+  e.scale = scale;
+  e.D = g.D;
+  e.R = g.R;
+  if (lse) e.u_lse = unit_roundoff(*lse);
+  if (q) e.u_in = unit_roundoff(*q);
+  bound_units u;
+  u.u_int = std::min(e.u_in > 0 ? e.u_in : 1.0, std::ldexp(1.0, -24));
+  u.u_t = e.u_in + u.u_int * std::sqrt(e.L);
+  return u;
+}
+
 std::string error_model::describe(io::st_dtype out) const {
   const double u = unit_roundoff(out);
   return fmt::format(
@@ -281,88 +295,79 @@ gradient_terms gradient_term_magnitudes(const geometry& g, const vec& q, const v
   for (std::size_t di = 0; di < docs.size(); ++di)
     if (docs[di].size() > 0)
       for (int kh = 0; kh < Hr; ++kh) items.emplace_back(di, kh);
-  std::atomic<std::size_t> next{0};
-  const auto work = [&] {
-    for (std::size_t it; (it = next.fetch_add(1)) < items.size();) {
-      const auto& d = docs[items[it].first];
-      const int kh = items[it].second;
-      const std::int64_t n = d.size();
-      for (int h = kh * per_kv; h < (kh + 1) * per_kv; ++h) {
-        mat K(n, D), V(n, D);
-        for (std::int64_t j = 0; j < n; ++j)
-          for (int e = 0; e < D; ++e) {
-            const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
-            K(j, e) = k_rep[at];
-            V(j, e) = v_rep[at];
-          }
-        const mat Ka = K.cwiseAbs(), Va = V.cwiseAbs();
-        mat AK = mat::Zero(n, D), AV = mat::Zero(n, D);
-        for (std::int64_t i0 = 0; i0 < n; i0 += block) {
-          const std::int64_t nb = std::min(block, n - i0);
-          mat Q(nb, D), dO(nb, D), O(nb, D);
-          Eigen::VectorXd L(nb);
-          for (std::int64_t i = 0; i < nb; ++i) {
-            const auto row = (d.start + i0 + i) * H + h;
-            L(i) = lse[static_cast<std::size_t>(row)];
-            for (int e = 0; e < D; ++e) {
-              const auto at = static_cast<std::size_t>(row * D + e);
-              Q(i, e) = q[at];
-              dO(i, e) = dout[at];
-              O(i, e) = out[at];
-            }
-          }
-          // A causal call's rows of this block read only the first i0 + nb keys.
-          const std::int64_t m = causal ? i0 + nb : n;
-          mat P = (scale * (Q * K.topRows(m).transpose())).eval();
-          for (std::int64_t i = 0; i < nb; ++i)
-            for (std::int64_t j = 0; j < m; ++j)
-              P(i, j) =
-                  (causal && j > i0 + i) || !std::isfinite(L(i)) ? 0.0 : std::exp(P(i, j) - L(i));
-          const mat dP = dO * V.topRows(m).transpose();
-          const Eigen::VectorXd Dv = (dO.cwiseProduct(O)).rowwise().sum();
-          const mat Qa = Q.cwiseAbs();
-          // Row i's weights also carry the score's own rounding inside the kernel (float32 or
-          // better): its dot product over D terms, exp's argument and the LSE, a relative error
-          // eps_i = u_int·(2·scale·Σ_d |q_id|·max_j |k_jd| + |lse_i| + ln L) — large where the
-          // scores are (a sharply scaled q). In units of u_t: weight w_i = 1 + eps_i / u_t.
-          const Eigen::RowVectorXd kmax = Ka.topRows(m).colwise().maxCoeff();
-          Eigen::VectorXd w(nb);
-          for (std::int64_t i = 0; i < nb; ++i) {
-            const double c = scale * Qa.row(i).dot(kmax);
-            const double lse_i = std::isfinite(L(i)) ? std::abs(L(i)) : 0.0;
-            w(i) = 1.0 + u_int * (2 * c + lse_i + std::log(static_cast<double>(n))) / u_t;
-          }
-          const mat dSa = P.cwiseProduct(dP.colwise() - Dv).cwiseAbs();
-          const mat dSw = dSa.array().colwise() * w.array();
-          const mat F = P * Va.topRows(m);
-          const Eigen::VectorXd E =
-              (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + mat(F.array().colwise() * w.array())))
-                  .rowwise()
-                  .sum();
-          const mat PK = P * Ka.topRows(m);
-          const mat aq = scale * (dSw * Ka.topRows(m) + mat(PK.array().colwise() * E.array()));
-          AK.topRows(m) += scale * (dSw.transpose() * Qa +
-                                    P.transpose() * mat(Qa.array().colwise() * E.array()));
-          AV.topRows(m) += P.transpose() * mat(dO.cwiseAbs().array().colwise() * w.array());
-          for (std::int64_t i = 0; i < nb; ++i)
-            for (int e = 0; e < D; ++e)
-              t.aq[static_cast<std::size_t>(((d.start + i0 + i) * H + h) * D + e)] = aq(i, e);
+  parallel_for(items.size(), 0, [&](std::size_t it) {
+    const auto& d = docs[items[it].first];
+    const int kh = items[it].second;
+    const std::int64_t n = d.size();
+    for (int h = kh * per_kv; h < (kh + 1) * per_kv; ++h) {
+      mat K(n, D), V(n, D);
+      for (std::int64_t j = 0; j < n; ++j)
+        for (int e = 0; e < D; ++e) {
+          const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
+          K(j, e) = k_rep[at];
+          V(j, e) = v_rep[at];
         }
-        for (std::int64_t j = 0; j < n; ++j)
+      const mat Ka = K.cwiseAbs(), Va = V.cwiseAbs();
+      mat AK = mat::Zero(n, D), AV = mat::Zero(n, D);
+      for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+        const std::int64_t nb = std::min(block, n - i0);
+        mat Q(nb, D), dO(nb, D), O(nb, D);
+        Eigen::VectorXd L(nb);
+        for (std::int64_t i = 0; i < nb; ++i) {
+          const auto row = (d.start + i0 + i) * H + h;
+          L(i) = lse[static_cast<std::size_t>(row)];
           for (int e = 0; e < D; ++e) {
-            const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
-            t.ak[at] += AK(j, e);
-            t.av[at] += AV(j, e);
+            const auto at = static_cast<std::size_t>(row * D + e);
+            Q(i, e) = q[at];
+            dO(i, e) = dout[at];
+            O(i, e) = out[at];
           }
+        }
+        // A causal call's rows of this block read only the first i0 + nb keys.
+        const std::int64_t m = causal ? i0 + nb : n;
+        mat P = (scale * (Q * K.topRows(m).transpose())).eval();
+        for (std::int64_t i = 0; i < nb; ++i)
+          for (std::int64_t j = 0; j < m; ++j)
+            P(i, j) =
+                (causal && j > i0 + i) || !std::isfinite(L(i)) ? 0.0 : std::exp(P(i, j) - L(i));
+        const mat dP = dO * V.topRows(m).transpose();
+        const Eigen::VectorXd Dv = (dO.cwiseProduct(O)).rowwise().sum();
+        const mat Qa = Q.cwiseAbs();
+        // Row i's weights also carry the score's own rounding inside the kernel (float32 or
+        // better): its dot product over D terms, exp's argument and the LSE, a relative error
+        // eps_i = u_int·(2·scale·Σ_d |q_id|·max_j |k_jd| + |lse_i| + ln L) — large where the
+        // scores are (a sharply scaled q). In units of u_t: weight w_i = 1 + eps_i / u_t.
+        const Eigen::RowVectorXd kmax = Ka.topRows(m).colwise().maxCoeff();
+        Eigen::VectorXd w(nb);
+        for (std::int64_t i = 0; i < nb; ++i) {
+          const double c = scale * Qa.row(i).dot(kmax);
+          const double lse_i = std::isfinite(L(i)) ? std::abs(L(i)) : 0.0;
+          w(i) = 1.0 + u_int * (2 * c + lse_i + std::log(static_cast<double>(n))) / u_t;
+        }
+        const mat dSa = P.cwiseProduct(dP.colwise() - Dv).cwiseAbs();
+        const mat dSw = dSa.array().colwise() * w.array();
+        const mat F = P * Va.topRows(m);
+        const Eigen::VectorXd E =
+            (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + mat(F.array().colwise() * w.array())))
+                .rowwise()
+                .sum();
+        const mat PK = P * Ka.topRows(m);
+        const mat aq = scale * (dSw * Ka.topRows(m) + mat(PK.array().colwise() * E.array()));
+        AK.topRows(m) +=
+            scale * (dSw.transpose() * Qa + P.transpose() * mat(Qa.array().colwise() * E.array()));
+        AV.topRows(m) += P.transpose() * mat(dO.cwiseAbs().array().colwise() * w.array());
+        for (std::int64_t i = 0; i < nb; ++i)
+          for (int e = 0; e < D; ++e)
+            t.aq[static_cast<std::size_t>(((d.start + i0 + i) * H + h) * D + e)] = aq(i, e);
       }
+      for (std::int64_t j = 0; j < n; ++j)
+        for (int e = 0; e < D; ++e) {
+          const auto at = static_cast<std::size_t>(((d.start + j) * Hr + kh) * D + e);
+          t.ak[at] += AK(j, e);
+          t.av[at] += AV(j, e);
+        }
     }
-  };
-  const auto threads =
-      std::min<std::size_t>(items.size(), std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (std::size_t i = 1; i < threads; ++i) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  });
   return t;
 }
 
@@ -644,7 +649,6 @@ class call_check {
 
   void set_tolerances() {
     auto& e = model_;
-    for (const auto& d : doc_ranges(g_.cu)) e.L = std::max(e.L, static_cast<double>(d.size()));
     const auto max_abs = [](const vec& x) {
       double m = 0;
       for (double y : x)
@@ -656,14 +660,12 @@ class call_check {
     e.max_lse = max_abs(ref_.lse);
     e.max_q = max_abs(q_);
     e.max_k = max_abs(k_);
-    e.scale = m_.scale;
-    e.D = g_.D;
-    e.R = g_.R;
-    if (const tens* t = get(fwd_, 0, "lse")) e.u_lse = unit_roundoff(t->type);
-    // The kernel's input precision and its internal one (float32 or better).
-    if (const tens* t = get(fwd_, 0, "q.local")) e.u_in = unit_roundoff(t->type);
-    u_int_ = std::min(e.u_in > 0 ? e.u_in : 1.0, std::ldexp(1.0, -24));
-    u_t_ = e.u_in + u_int_ * std::sqrt(e.L);
+    const tens* lse = get(fwd_, 0, "lse");
+    const tens* q = get(fwd_, 0, "q.local");
+    const auto u =
+        complete_model(e, g_, m_.scale, lse ? &lse->type : nullptr, q ? &q->type : nullptr);
+    u_int_ = u.u_int;
+    u_t_ = u.u_t;
     const tens* out = get(fwd_, 0, "out.local");
     rep_.error_model = e.describe(out ? out->type : io::st_dtype::f32);
   }
@@ -800,21 +802,7 @@ dump_report validate_dump(const dump_set& d, const dump_options& opt) {
     } else {
       call_check check(d, g, static_cast<int>(c), rep);
       check.run();
-      if (!rep.first) {
-        rep.first = diagnose(check.state(), rep);
-        // A difference none of the fixed mistakes explains: search the families.
-        constexpr std::string_view none = "; none of the known mistakes reproduces it";
-        if (rep.first)
-          if (const auto at = rep.first->diagnosis.find(none); at != std::string::npos)
-            if (const auto fam = search_families(d, g, static_cast<int>(c), rep.first->stage,
-                                                 rep.first->ranks, opt);
-                fam && fam->starts_with("; it equals")) {
-              const auto rest = rep.first->diagnosis.find(" (stage ", at);
-              rep.first->diagnosis =
-                  rep.first->diagnosis.substr(0, at) + *fam +
-                  (rest == std::string::npos ? std::string() : rep.first->diagnosis.substr(rest));
-            }
-      }
+      if (!rep.first) rep.first = diagnose(check.state(), rep);
     }
     // A verdict must rest on the output: without out.local nothing computed was compared.
     bool output = false, failed = false;
