@@ -396,4 +396,41 @@ void bias_added_twice::add_bias(tensor& x, const tensor& b) {
 
 tensor kv_not_repeated_before_all_to_all::repeat_heads(const tensor& x, int) { return x; }
 
+tensor attention_error_amplified::widened(const tensor& x) {
+  return from_host(dtype::f64, x.shape, to_host(x));
+}
+
+void attention_error_amplified::amplify(tensor& x, const tensor& exact) {
+  auto a = to_host(x);
+  const auto e = to_host(exact);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::isfinite(a[i]) && std::isfinite(e[i])) a[i] = e[i] + k_ * (a[i] - e[i]);
+  x = from_host(x.type, x.shape, a);
+}
+
+void attention_error_amplified::attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                                                  const attention_docs& docs, tensor& out,
+                                                  tensor& lse) {
+  forwarding_compute::attention_forward(q, k, v, docs, out, lse);
+  tensor out64 = empty(dtype::f64, out.shape), lse64 = empty(dtype::f64, lse.shape);
+  forwarding_compute::attention_forward(widened(q), widened(k), widened(v), docs, out64, lse64);
+  amplify(out, out64);
+  amplify(lse, lse64);
+}
+
+void attention_error_amplified::attention_backward(const tensor& q, const tensor& k,
+                                                   const tensor& v, const tensor& out,
+                                                   const tensor& lse, const tensor& dout,
+                                                   const attention_docs& docs, tensor& dq,
+                                                   tensor& dk, tensor& dv) {
+  forwarding_compute::attention_backward(q, k, v, out, lse, dout, docs, dq, dk, dv);
+  tensor dq64 = empty(dtype::f64, dq.shape), dk64 = empty(dtype::f64, dk.shape),
+         dv64 = empty(dtype::f64, dv.shape);
+  forwarding_compute::attention_backward(widened(q), widened(k), widened(v), widened(out),
+                                         widened(lse), widened(dout), docs, dq64, dk64, dv64);
+  amplify(dq, dq64);
+  amplify(dk, dk64);
+  amplify(dv, dv64);
+}
+
 }  // namespace seqpar::test

@@ -236,6 +236,28 @@ class bias_added_twice : public forwarding_compute {
   void add_bias(tensor& x, const tensor& b) override;
 };
 
+// ---- precision (issue 37): an error of a stated size, to pin check's bound from the failing side
+
+/// The attention's own rounding error multiplied by k: every output of attention_forward (out,
+/// lse) and attention_backward (dq, dk, dv) becomes exact + k·(result − exact), exact being the
+/// same call in float64 on the same inputs. k = 1 is the kernel as it is; k = 10 a kernel ten
+/// times less precise. No effect on a float64 run (its error is already ~0).
+class attention_error_amplified : public forwarding_compute {
+ public:
+  attention_error_amplified(std::unique_ptr<compute> inner, double k)
+      : forwarding_compute(std::move(inner)), k_(k) {}
+  void attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                         const attention_docs& docs, tensor& out, tensor& lse) override;
+  void attention_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                          const tensor& lse, const tensor& dout, const attention_docs& docs,
+                          tensor& dq, tensor& dk, tensor& dv) override;
+
+ private:
+  tensor widened(const tensor& x);
+  void amplify(tensor& x, const tensor& exact);
+  double k_;
+};
+
 /// K/V heads not repeated before the all-to-all (U > Hkv): the repeat left for after it.
 class kv_not_repeated_before_all_to_all : public forwarding_compute {
  public:

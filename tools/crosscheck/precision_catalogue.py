@@ -13,8 +13,10 @@ of_bound must be within --factor (default 2) of the recorded one, in both direct
 bound loosened or tightened by more than that factor, on the healthy side or on a bug, fails.
 """
 import argparse
+import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,15 +38,34 @@ COLUMNS = {
 STAGES = list(COLUMNS)
 
 
-def entries():
-    """(job, variant, dtype) of the catalogue: every precision variant in bf16, the correct ones
-    in f32 too, and the low-precision ring merge (exp(lse) without the max)."""
+UNIT_ROUNDOFF = {"f32": 2.0 ** -24, "bf16": 2.0 ** -8, "f16": 2.0 ** -11}
+# error_stats' local stages per column (the norm-wise error against the non-SP reference).
+LOCAL = {"out": "out.local", "lse": "lse", "dq": "grad.q.local", "dk": "grad.k.local",
+         "dv": "grad.v.local"}
+GPU_KERNELS = ("flash", "efficient", "cudnn", "math", "math_tf32")
+
+
+def entries(kind="cpu"):
+    """(job, variant, dtype) of the catalogue. "cpu": every precision variant in bf16 (and in
+    f16 where the local torch computes f16 on the CPU), the correct ones in f32 too, the
+    low-precision ring merge, and the SDPA path emulated on the CPU. "gpu": torch SDPA with each
+    backend forced, in every dtype, at the catalogue's shape and two larger ones."""
     out = []
+    if kind == "gpu":
+        for suffix in ("", "_d64", "_d128"):
+            for k in GPU_KERNELS:
+                for dt in (("f32",) if k == "math_tf32" else ("bf16", "f16", "f32")):
+                    out.append(("ulysses", "sdpa_%s%s" % (k, suffix), dt))
+        return out
+    lowp = ["bf16", "f16"] if sp_jobs.LOWP == "f16" else ["bf16"]
     for (job, variant), (over, bug, cause) in sp_jobs.PRECISION.items():
-        out.append((job, variant, "bf16"))
+        for dt in lowp:
+            out.append((job, variant, dt))
         if bug is None:
             out.append((job, variant, "f32"))
     out.append(("ring", "lse_merge_no_max", sp_jobs.LOWP))
+    out.append(("ulysses", "sdpa_emulate", "bf16"))
+    out.append(("ulysses", "sdpa_emulate", "f32"))
     return out
 
 
@@ -66,26 +87,70 @@ def judge(seqpar, d):
             "of_bound": {s: of[s] for s in STAGES if s in of}}
 
 
-def run_all(seqpar, work, only=None):
+def run_one(seqpar, work, job, variant, dtype, keep=None):
+    cfg = sp_jobs.make_cfg(job, variant, dtype)
+    name = "%s-%s-%s" % (job, variant, dtype)
+    d = os.path.join(work, name)
+    row = {"job": job, "variant": variant, "dtype": dtype, "healthy": cfg["bug"] is None,
+           "what": sp_jobs.VARIANTS[(job, variant)][2],
+           "shape": "U %d × R %d, S %d, heads %d/%d, head_dim %d, docs %s" % (
+               cfg["U"], cfg["R"], cfg["S"], cfg["H"], cfg["Hkv"], cfg["D"], cfg["docs"])}
+    if not sp_jobs.run_job(cfg, d, quiet=not cfg["kernel"]):
+        row.update(exit=-1, error="the job failed" + (
+            " (the backend refused this dtype or shape)" if cfg["kernel"] else ""))
+        return row
+    kj = os.path.join(d, "kernel.json")
+    if os.path.exists(kj):
+        with open(kj) as f:
+            row["kernel"] = json.load(f)
+        os.unlink(kj)
+    row.update(judge(seqpar, d))
+    u = UNIT_ROUNDOFF[dtype]
+    stats = sp_jobs.error_stats(d, cfg)
+    row["rms_u"] = {c: stats[st]["rms"] / u for c, st in LOCAL.items() if st in stats}
+    if keep:
+        dst = os.path.join(keep, name)
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(d, dst)
+    shutil.rmtree(d, ignore_errors=True)
+    return row
+
+
+def run_all(seqpar, work, only=None, kind="cpu", jobs=1, keep=None):
+    todo = [e for e in entries(kind) if not only or e[1] in only]
+    rows = [None] * len(todo)
+
+    def one(i):
+        rows[i] = run_one(seqpar, work, *todo[i], keep=keep)
+        r = rows[i]
+        print("%-8s %-26s %-4s %s %s | rms/u %s" % (
+            r["job"], r["variant"], r["dtype"],
+            "error" if "pass" not in r else ("PASS" if r["pass"] else "FAIL"),
+            " ".join("%s=%.3g" % kv for kv in r.get("of_bound", {}).items()),
+            " ".join("%s=%.3g" % kv for kv in r.get("rms_u", {}).items())), flush=True)
+        print("ROW " + json.dumps(r), flush=True)  # kept by a log when a run is cut short
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        list(ex.map(one, range(len(todo))))
+    return rows
+
+
+def judge_dumps(seqpar, root, expected):
+    """Judges the committed dumps under root (real kernels' output: torch SDPA on a GPU, f16
+    jobs from torch 2.x) as run_one judges a fresh job; each expected row names its dump."""
     rows = []
-    for job, variant, dtype in entries():
-        if only and variant not in only:
-            continue
-        cfg = sp_jobs.make_cfg(job, variant, dtype)
-        d = os.path.join(work, "%s-%s-%s" % (job, variant, dtype))
-        if not sp_jobs.run_job(cfg, d, quiet=True):
-            rows.append({"job": job, "variant": variant, "dtype": dtype, "healthy": cfg["bug"] is None,
-                         "exit": -1, "error": "the job failed"})
-            continue
-        row = {"job": job, "variant": variant, "dtype": dtype, "healthy": cfg["bug"] is None,
-               "what": sp_jobs.VARIANTS[(job, variant)][2],
-               "shape": "U %d × R %d, S %d, heads %d/%d, head_dim %d, docs %s" % (
-                   cfg["U"], cfg["R"], cfg["S"], cfg["H"], cfg["Hkv"], cfg["D"], cfg["docs"])}
+    for e in expected:
+        d = os.path.join(root, e["dump"])
+        row = {k: e[k] for k in ("job", "variant", "dtype", "healthy", "what", "shape", "kernel")
+               if k in e}
         row.update(judge(seqpar, d))
+        cfg = sp_jobs.make_cfg(e["job"], e["variant"], e["dtype"])
+        stats = sp_jobs.error_stats(d, cfg)
+        u = UNIT_ROUNDOFF[e["dtype"]]
+        row["rms_u"] = {c: stats[st]["rms"] / u for c, st in LOCAL.items() if st in stats}
         rows.append(row)
-        print("%-8s %-26s %-4s %s %s" % (job, variant, dtype,
-                                         "PASS" if row.get("pass") else "FAIL",
-                                         " ".join("%s=%.3g" % kv for kv in row.get("of_bound", {}).items())),
+        print("%-40s %s %s" % (e["dump"], "PASS" if row.get("pass") else "FAIL",
+                               " ".join("%s=%.3g" % kv for kv in row.get("of_bound", {}).items())),
               flush=True)
     return rows
 
@@ -144,9 +209,21 @@ def main():
     ap.add_argument("--check", metavar="EXPECTED_JSON")
     ap.add_argument("--factor", type=float, default=2.0)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--kind", choices=("cpu", "gpu"), default="cpu",
+                    help="gpu: torch SDPA's backends on a CUDA device (torch >= 2.3)")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="jobs run at once")
+    ap.add_argument("--keep", metavar="DIR", help="keep every job's dump under DIR")
+    ap.add_argument("--dumps", metavar="DIR",
+                    help="judge the committed dumps under DIR (named by --check's rows) instead "
+                         "of running jobs")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        rows = run_all(os.path.abspath(a.seqpar), work, a.only)
+    if a.dumps:
+        if not a.check:
+            ap.error("--dumps needs --check (the rows naming the dumps)")
+        rows = judge_dumps(os.path.abspath(a.seqpar), a.dumps, json.load(open(a.check)))
+    else:
+        with tempfile.TemporaryDirectory() as work:
+            rows = run_all(os.path.abspath(a.seqpar), work, a.only, a.kind, a.jobs, a.keep)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "catalogue.json"), "w") as f:

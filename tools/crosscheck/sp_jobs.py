@@ -33,12 +33,15 @@ sys.path.insert(0, os.path.dirname(_HERE))  # tools/, for seqpar_dump
 import seqpar_dump  # noqa: E402
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+# The backends sdpa_attend can force (see there).
+SDPA_KERNELS = ("flash", "efficient", "cudnn", "math", "math+tf32", "emulate")
 
 
 def _f16_elementwise_ok():
     try:
-        a = torch.tensor([1.0, 2.0], dtype=torch.float16)
+        a = torch.tensor([[1.0, 2.0]], dtype=torch.float16)
         torch.log(torch.exp(a) * a / (a + a))
+        torch.einsum("nd,md->nm", a, a)
         return True
     except RuntimeError:
         return False
@@ -148,8 +151,33 @@ PRECISION = {
     ("ring", "rescale_missing_step1"): (
         dict(_PREC_RING, prec="rescale_missing_step1"), "rescale_missing_step1",
         "ring step 1 adds its partial output without rescaling the accumulated one"),
+    ("ulysses", "exp_nomax_lowp"): (
+        dict(U=2, S=2048, docs=[2048], D=32, qmul=2.5, prec="exp_nomax_lowp"), "exp_nomax_lowp",
+        "softmax as exp(s) / sum exp(s) in the input dtype, the row max not subtracted "
+        "(float16 overflows on long documents)"),
 }
 VARIANTS.update(PRECISION)
+
+# Real fused kernels (sdpa_attend): torch SDPA with one backend forced, Ulysses jobs at the
+# catalogue's shape and two larger ones. "emulate" (sp_jobs' own attend through the same
+# per-document path, on the CPU) runs anywhere; the others need torch >= 2.3 and a CUDA device.
+_SDPA_SHAPES = {
+    "": dict(_PREC_ULY),
+    "_d64": dict(U=2, S=2048, H=8, Hkv=8, D=64, docs=[2048]),
+    "_d128": dict(U=4, S=4096, H=16, Hkv=4, D=128, docs=[1024, 3072]),
+}
+SDPA = {}
+for _k in SDPA_KERNELS:
+    for _suffix, _shape in _SDPA_SHAPES.items():
+        if _k == "emulate" and _suffix:
+            continue
+        # TF32 in a float32 job is a precision bug (10-bit mantissas where float32 was asked).
+        SDPA[("ulysses", "sdpa_%s%s" % (_k.replace("+", "_"), _suffix))] = (
+            dict(_shape, kernel=_k), "tf32_matmul" if _k == "math+tf32" else None,
+            "torch SDPA, %s backend%s, per document" % (
+                _k.replace("+tf32", " with TF32 matrix products (allow_tf32) in a float32 job"),
+                " (sp_jobs' attend on the CPU)" if _k == "emulate" else " on the GPU"))
+VARIANTS.update(SDPA)
 
 STANDARD = [
     ("ulysses", "healthy_u2", "f32"),
@@ -183,7 +211,7 @@ def make_cfg(job, variant, dtype, seed=0):
         raise SystemExit("unknown job/variant %s/%s (see --list)" % (job, variant))
     over, bug, cause = VARIANTS[(job, variant)]
     cfg = dict(_SHAPES[job])
-    cfg.update(qmul=1.0, prec=None)
+    cfg.update(qmul=1.0, prec=None, kernel=None)
     cfg.update(over)
     cfg.update(job=job, variant=variant, dtype=dtype, seed=int(seed), bug=bug, cause=cause)
     for L in cfg["docs"]:
@@ -274,6 +302,8 @@ def attend(q, k, v, mask, scale, prec=None):
     and softmax in q's own dtype (a precision bug)."""
     if prec == "blocked":
         return _attend_blocked(q, k, v, mask, scale)
+    if prec == "exp_nomax_lowp":
+        return _attend_exp_nomax(q, k, v, mask, scale)
     cdt = q.dtype if prec == "scores_lowp" else _cdt(q.dtype)
     qf, kf, vf = q.to(cdt), k.to(cdt), v.to(cdt)
     h, hk = qf.shape[1], kf.shape[1]
@@ -289,6 +319,22 @@ def attend(q, k, v, mask, scale, prec=None):
         p = p.to(q.dtype).to(cdt)
     out = torch.einsum("hnm,mhd->nhd", p, vf)
     return out.to(q.dtype), lse.to(torch.float32)
+
+
+def _attend_exp_nomax(q, k, v, mask, scale):
+    """BROKEN (exp_nomax_lowp): softmax as exp(s) / sum exp(s) in q's own dtype, the row max not
+    subtracted: the sum overflows float16 (65504) on long documents or large scores."""
+    dt = q.dtype
+    h, hk = q.shape[1], k.shape[1]
+    kf, vf = k, v
+    if h != hk:
+        kf = k.repeat_interleave(h // hk, dim=1)
+        vf = v.repeat_interleave(h // hk, dim=1)
+    s = (torch.einsum("nhd,mhd->hnm", q, kf) * scale).to(dt)
+    p = torch.exp(s.masked_fill(~mask, float("-inf")))
+    den = p.sum(-1)
+    out = torch.einsum("hnm,mhd->nhd", p, vf) / den.transpose(0, 1).unsqueeze(-1)
+    return out.to(dt), torch.log(den).to(torch.float32)
 
 
 def _attend_blocked(q, k, v, mask, scale, block=16):
@@ -322,6 +368,95 @@ def _attend_blocked(q, k, v, mask, scale, block=16):
     lse = torch.where(seen, torch.log(run_sum.clamp_min(1e-300)) + torch.where(
         torch.isinf(run_max), torch.zeros_like(run_max), run_max), torch.full_like(run_sum, float("-inf")))
     return out.transpose(0, 1).to(q.dtype), lse.to(torch.float32)
+
+
+# ----------------------------------------------------------------------------- torch's SDPA kernels
+
+# Real fused kernels (issue 37's healthy side): torch >= 2.3's scaled_dot_product_attention on a
+# CUDA device with one backend forced. "emulate" runs sp_jobs' own attend() through the same
+# per-document path on the CPU, so the plumbing is testable without a GPU.
+
+
+def _kernel_lse(name, q, k, v, scale):
+    """The kernel's own log-sum-exp [1, h, L] (float32) for one causal document, from the
+    backend's aten entry point (a second forward of the same kernel); None where the backend
+    returns none (math) or its entry point is not there."""
+    h, hk = q.shape[1], k.shape[1]
+    if h != hk:
+        k, v = k.repeat_interleave(h // hk, dim=1), v.repeat_interleave(h // hk, dim=1)
+    L = q.shape[2]
+    aten = torch.ops.aten
+    with torch.no_grad():
+        if name == "flash":
+            r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False, scale=scale)
+        elif name == "efficient":
+            r = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True,
+                                                             scale=scale)
+        elif name == "cudnn":
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False,
+                                                         scale=scale)
+        else:
+            return None
+    lse = r[1]
+    return lse.reshape(lse.shape[0], lse.shape[1], -1)[..., :L].float()
+
+
+def sdpa_attend(q, k, v, cu, scale, kernel):
+    """Causal attention per document of cu through one SDPA backend on the GPU. q [n,h,D],
+    k/v [n,hk,D] on the CPU (differentiable); returns out [n,h,D] on the CPU in q's dtype, the
+    kernel's lse [h,n] (float32, None where the backend gives none) and what ran (a dict)."""
+    name = kernel
+    info = {"kernel": kernel, "torch": torch.__version__}
+    if name == "emulate":
+        dev = torch.device("cpu")
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                   "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH,
+                   "math+tf32": SDPBackend.MATH}[name]
+        dev = torch.device("cuda")
+        torch.backends.cuda.matmul.allow_tf32 = name == "math+tf32"
+        info["device"] = torch.cuda.get_device_name(0)
+    h, hk = q.shape[1], k.shape[1]
+    qd, kd, vd = (t.to(dev).transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, h, n, D]
+    outs, lses = [], []
+    gqa = "native" if h != hk else "none"
+    for a, b in zip(cu[:-1], cu[1:]):
+        qs, ks, vs = (t[:, :, a:b].contiguous() for t in (qd, kd, vd))
+        if name == "emulate":
+            mask = torch.tril(torch.ones(b - a, b - a, dtype=torch.bool))
+            o, l = attend(qs[0].transpose(0, 1), ks[0].transpose(0, 1), vs[0].transpose(0, 1),
+                          mask, scale)
+            outs.append(o.transpose(0, 1).unsqueeze(0))
+            lses.append(l.unsqueeze(0))
+            continue
+        with sdpa_kernel([backend]):
+            o = None
+            if gqa == "native":
+                try:
+                    o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                                       enable_gqa=True)
+                except RuntimeError:
+                    gqa = "repeat_interleave"  # this backend has no GQA: KV heads repeated
+            if o is None:
+                kr, vr = ks, vs
+                if h != hk:
+                    kr = ks.repeat_interleave(h // hk, dim=1)
+                    vr = vs.repeat_interleave(h // hk, dim=1)
+                o = F.scaled_dot_product_attention(qs, kr, vr, is_causal=True, scale=scale)
+        outs.append(o)
+        try:
+            lses.append(_kernel_lse(name, qs.detach(), ks.detach(), vs.detach(), scale))
+        except (RuntimeError, AttributeError, TypeError) as e:
+            info["lse_error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else repr(e)
+            lses.append(None)
+    info["gqa"] = gqa
+    out = torch.cat(outs, dim=2)[0].transpose(0, 1).to("cpu")
+    lse = None
+    if all(x is not None for x in lses):
+        lse = torch.cat(lses, dim=2)[0].to("cpu").float()
+    info["lse"] = lse is not None
+    return out.to(q.dtype), lse, info
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -662,11 +797,18 @@ def _worker(rank, cfg, out_dir, port):
                 s_used = scale_used
                 if bug == "scale_inv_d_one_rank" and urank == 1:
                     s_used = 1.0 / D
-                out_attn, lse = attend(qg, kg, vg, mask, s_used, cfg["prec"])
+                if cfg["kernel"]:
+                    out_attn, lse, info = sdpa_attend(qg, kg, vg, cu_used, s_used, cfg["kernel"])
+                    if rank == 0:
+                        with open(os.path.join(out_dir, "kernel.json"), "w") as f:
+                            json.dump(info, f)
+                else:
+                    out_attn, lse = attend(qg, kg, vg, mask, s_used, cfg["prec"])
             else:
                 out_attn, lse = RingAttn.apply(qg, kg, vg, make_plan())
             dumper.tap("out.attn", out_attn)
-            dumper.tap("lse", lse, layout="hs")
+            if lse is not None:
+                dumper.tap("lse", lse, layout="hs")
             out = HeadToSeq.apply(out_attn, U, ug)
         else:
             out, lse = RingAttn.apply(q, k, v, make_plan())
@@ -794,8 +936,19 @@ def compare_dumps(da, db):
 
 # ----------------------------------------------------------------------------- reference
 
+_REFERENCES = {}
+
+
 def reference(cfg):
-    """Non-SP attention on the global tensors in float64 with autograd."""
+    """Non-SP attention on the global tensors in float64 with autograd (kept per inputs: jobs
+    that differ in their kernel only share it)."""
+    key = json.dumps([cfg[x] for x in ("S", "H", "Hkv", "D", "docs", "dtype", "seed", "qmul")])
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _reference(cfg)
+    return _REFERENCES[key]
+
+
+def _reference(cfg):
     Q, K, V, W = (t.double() for t in global_inputs(cfg))
     Q.requires_grad_(True)
     K.requires_grad_(True)
@@ -818,35 +971,68 @@ def reference(cfg):
             "grad.k.local": K.grad, "grad.v.local": V.grad}
 
 
-def selfcheck_dump(d, cfg):
-    """Max normalized error (max|x - ref| / max|ref|) per stage over the ranks of dump d."""
+def _stage_pairs(d, cfg):
+    """(rank, stage, dumped tensor or None, float64 reference) of dump d's local stages and LSE,
+    against the non-SP reference of cfg; ("layout", None, None) where a rank's positions differ."""
     ref = reference(cfg)
     dump = load_dump(d)
     U, R = cfg["U"], cfg["R"]
-    errs = {}
     for rk, rd in dump.items():
         m, t = rd["meta"], rd["t"]
         rr, u = m["ring_rank"], m["ulysses_rank"]
         idx = torch.tensor(shard_tokens(cfg, rr, u), dtype=torch.long)
         if [int(x) for x in torch.tensor(global_positions(cfg["cu"], cfg["S"]))[idx]] != m["position_ids"]:
-            errs["layout"] = float("inf")
+            yield rk, "layout", None, None
         want = {
             "out.local": ref["out.local"][idx], "grad.q.local": ref["grad.q.local"][idx],
             "grad.k.local": ref["grad.k.local"][idx], "grad.v.local": ref["grad.v.local"][idx],
         }
         hq = cfg["H"] // U
         gidx = torch.tensor(ring_tokens(cfg["cu"], R, rr), dtype=torch.long)
-        want["lse"] = ref["lse"][u * hq:(u + 1) * hq][:, gidx]
+        if "lse" in t:
+            want["lse"] = ref["lse"][u * hq:(u + 1) * hq][:, gidx]
         for stage, r in want.items():
-            x = t.get(stage)
-            if x is None or tuple(x.shape) != tuple(r.shape):
+            yield rk, stage, t.get(stage), r
+
+
+def selfcheck_dump(d, cfg):
+    """Max normalized error (max|x - ref| / max|ref|) per stage over the ranks of dump d."""
+    errs = {}
+    for _, stage, x, r in _stage_pairs(d, cfg):
+        if r is None or x is None or tuple(x.shape) != tuple(r.shape):
+            e = float("inf")
+        else:
+            e = ((x.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+            if math.isnan(e):
                 e = float("inf")
-            else:
-                e = ((x.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
-                if math.isnan(e):
-                    e = float("inf")
-            errs[stage] = max(errs.get(stage, 0.0), e)
+        errs[stage] = max(errs.get(stage, 0.0), e)
     return errs
+
+
+def error_stats(d, cfg):
+    """Per local stage of dump d against the float64 non-SP reference, over all ranks: the
+    norm-wise relative error ||x - ref||_2 / ||ref||_2 ("rms") and max|x - ref| / max|ref|
+    ("max"); inf where a stage is missing, misshapen or not finite."""
+    acc = {}
+    for _, stage, x, r in _stage_pairs(d, cfg):
+        a = acc.setdefault(stage, [0.0, 0.0, 0.0, 0.0])  # sum err², sum ref², max err, max ref
+        if r is None or x is None or tuple(x.shape) != tuple(r.shape) or \
+                not torch.isfinite(x.double()).all():
+            a[0] = float("inf")
+            continue
+        fin = torch.isfinite(r)
+        e = (x.double() - r)[fin]
+        a[0] += float((e * e).sum())
+        a[1] += float((r[fin] * r[fin]).sum())
+        a[2] = max(a[2], float(e.abs().max())) if e.numel() else a[2]
+        a[3] = max(a[3], float(r[fin].abs().max())) if e.numel() else a[3]
+    out = {}
+    for stage, (se, sr, me, mr) in acc.items():
+        if se == float("inf"):
+            out[stage] = {"rms": float("inf"), "max": float("inf")}
+        else:
+            out[stage] = {"rms": math.sqrt(se / max(sr, 1e-300)), "max": me / max(mr, 1e-300)}
+    return out
 
 
 def _tolerance(dtype):

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+r"""Both sides of validate --dump's bounds (issue 37), from the test side: a healthy dump must
+pass, and the same dump with one computed quantity's error multiplied by a stated factor must
+fail at that quantity's stage.
+
+The planted error is the kernel's own: every element x of the quantity's stages (a Ulysses job's
+gathered and local copies alike, so the data movement between them stays exact) becomes
+ref + k·(x − ref), ref the float64 non-SP reference (tools/crosscheck/sp_jobs.py), rounded back
+to the dump's dtype. So "k = 3" is exactly "an error 3× what this correct kernel showed".
+
+    planted_error.py --seqpar build/tools/seqpar --cases tests/equivalence/data/precision/planted.json
+    planted_error.py --seqpar … --dump DIR --quantity dv --factor 3     # one case, printed
+
+Cases: [{"dump": DIR (relative to the cases file), "quantity": out|lse|dq|dk|dv,
+"factor": k, "why": "..."}, …]. Per case the healthy dump must pass with the quantity's
+of_bound h, and the planted one must fail, first at one of the quantity's stages, with an
+of_bound within 30 % of k·h (the transformation did what it says).
+Supported layouts: ring (U = 1) and Ulysses with U ≤ KV heads and R = 1.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+_SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(_SRC, "tools", "crosscheck"))
+sys.path.insert(0, os.path.join(_SRC, "tools"))
+import seqpar_dump  # noqa: E402
+import sp_jobs  # noqa: E402
+
+# Per quantity: the stages that hold it and the reference tensor each is cut from.
+STAGES = {
+    "out": {"out.local": "out.local", "out.attn": "out.local"},
+    "lse": {"lse": "lse"},
+    "dq": {"grad.q.local": "grad.q.local", "grad.q.gathered": "grad.q.local"},
+    "dk": {"grad.k.local": "grad.k.local", "grad.k.gathered": "grad.k.local"},
+    "dv": {"grad.v.local": "grad.v.local", "grad.v.gathered": "grad.v.local"},
+}
+
+
+def _cfg_of(d):
+    with open(os.path.join(d, "rank0.json")) as f:
+        meta = json.load(f)
+    cfg = sp_jobs.parse_job_string(meta.get("job", ""))
+    if cfg is None:
+        raise SystemExit("%s: not a dump of tools/crosscheck/sp_jobs.py (job %r)" % (d, meta.get("job")))
+    if cfg["U"] > 1 and (cfg["R"] > 1 or cfg["U"] > cfg["Hkv"]):
+        raise SystemExit("%s: planted errors need a ring job or a Ulysses job with U <= KV heads"
+                         % d)
+    return cfg
+
+
+def _want(cfg, ref, meta, stage, source):
+    """The reference values of one stage of one rank, in the dump's layout."""
+    U, R = cfg["U"], cfg["R"]
+    rr, u = meta["ring_rank"], meta["ulysses_rank"]
+    full = ref[source]
+    if stage == "lse":  # [heads of this rank, tokens of its ring rank]
+        hq = cfg["H"] // U
+        gidx = torch.tensor(sp_jobs.ring_tokens(cfg["cu"], R, rr), dtype=torch.long)
+        return full[u * hq:(u + 1) * hq][:, gidx]
+    if stage.endswith(".local"):
+        idx = torch.tensor(sp_jobs.shard_tokens(cfg, rr, u), dtype=torch.long)
+        return full[idx]
+    # gathered (Ulysses, R = 1): every token, this rank's slice of the heads
+    h = full.shape[1] // U
+    return full[:, u * h:(u + 1) * h]
+
+
+def plant(src, dst, quantity, k):
+    """Copies dump src to dst with quantity's error multiplied by k."""
+    cfg = _cfg_of(src)
+    ref = sp_jobs.reference(cfg)
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    touched = 0
+    for name in sorted(os.listdir(dst)):
+        if not (name.startswith("rank") and name.endswith(".json")):
+            continue
+        with open(os.path.join(dst, name)) as f:
+            meta = json.load(f)
+        for call in meta["calls"]:
+            for side in ("forward", "backward"):
+                if side not in call:
+                    continue
+                path = os.path.join(dst, call[side])
+                tensors, md = seqpar_dump.read_safetensors(path, with_metadata=True)
+                changed = False
+                for stage, source in STAGES[quantity].items():
+                    if stage not in tensors:
+                        continue
+                    x = tensors[stage]
+                    want = _want(cfg, ref, meta, stage, source)
+                    if tuple(want.shape) != tuple(x.shape):
+                        raise SystemExit("%s %s: shape %s, reference %s" % (
+                            path, stage, tuple(x.shape), tuple(want.shape)))
+                    tensors[stage] = (want + k * (x.double() - want)).to(x.dtype)
+                    changed = True
+                    touched += 1
+                if changed:
+                    seqpar_dump.write_safetensors(path, tensors, md or None, durable=False)
+    if not touched:
+        raise SystemExit("%s: no stage of %s was dumped" % (src, quantity))
+
+
+def judge(seqpar, d, quantity):
+    r = subprocess.run([seqpar, "validate", "--dump", d, "-q", "--json"], capture_output=True,
+                       text=True)
+    if r.returncode not in (0, 1):
+        raise SystemExit("seqpar validate --dump %s: exit %d: %s" % (d, r.returncode, r.stderr))
+    j = json.loads(r.stdout)
+    of = 0.0
+    for row in j["rows"]:
+        if row["stage"] in STAGES[quantity]:
+            x = row["of_bound"]
+            of = max(of, float("inf") if x == "inf" else float(x))
+    first = (j.get("first_difference") or {}).get("stage")
+    return j["pass"], first, of
+
+
+def run_case(seqpar, dump, quantity, k, work):
+    ok0, first0, h = judge(seqpar, dump, quantity)
+    planted = os.path.join(work, "planted")
+    plant(dump, planted, quantity, k)
+    ok1, first1, p = judge(seqpar, planted, quantity)
+    shutil.rmtree(planted, ignore_errors=True)
+    problems = []
+    if not ok0:
+        problems.append("the healthy dump fails (first at %s)" % first0)
+    if ok1:
+        problems.append("the error ×%g passes at %.3g of the bound: the bound is more than %g× "
+                        "the healthy error (%.3g)" % (k, p, k, h))
+    elif first1 not in STAGES[quantity]:
+        problems.append("the error ×%g fails first at %s, not at a stage of %s" % (k, first1,
+                                                                                  quantity))
+    if h > 0 and not (0.7 * k * h <= p <= 1.3 * k * h):
+        problems.append("planted of_bound %.3g is not ≈ %g × %.3g" % (p, k, h))
+    return h, p, problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seqpar", required=True)
+    ap.add_argument("--cases")
+    ap.add_argument("--dump")
+    ap.add_argument("--quantity", choices=sorted(STAGES))
+    ap.add_argument("--factor", type=float, default=3.0)
+    a = ap.parse_args()
+    seqpar = os.path.abspath(a.seqpar)
+    if a.cases:
+        base = os.path.dirname(os.path.abspath(a.cases))
+        with open(a.cases) as f:
+            cases = json.load(f)
+    elif a.dump and a.quantity:
+        base, cases = "", [{"dump": os.path.abspath(a.dump), "quantity": a.quantity,
+                            "factor": a.factor}]
+    else:
+        ap.error("--cases, or --dump with --quantity")
+    failures = 0
+    with tempfile.TemporaryDirectory() as work:
+        for c in cases:
+            d = os.path.join(base, c["dump"])
+            h, p, problems = run_case(seqpar, d, c["quantity"], c["factor"], work)
+            print("%-4s %-44s healthy %.3g of the bound, ×%g → %.3g: %s" % (
+                c["quantity"], os.path.basename(d.rstrip("/")), h, c["factor"], p,
+                "; ".join(problems) if problems else "ok"), flush=True)
+            failures += bool(problems)
+    print("%d cases, %d failed" % (len(cases), failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
