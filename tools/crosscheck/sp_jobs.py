@@ -22,6 +22,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 
 import torch
 import torch.distributed as dist
@@ -165,6 +166,8 @@ _SDPA_SHAPES = {
     "": dict(_PREC_ULY),
     "_d64": dict(U=2, S=2048, H=8, Hkv=8, D=64, docs=[2048]),
     "_d128": dict(U=4, S=4096, H=16, Hkv=4, D=128, docs=[1024, 3072]),
+    "_bigq": dict(_PREC_ULY, qmul=8.0),  # scores ~8× larger: a sharper, saturating softmax
+    "_long": dict(U=2, S=8192, H=8, Hkv=2, D=128, docs=[8192]),
 }
 SDPA = {}
 for _k in SDPA_KERNELS:
@@ -937,15 +940,17 @@ def compare_dumps(da, db):
 # ----------------------------------------------------------------------------- reference
 
 _REFERENCES = {}
+_REFERENCE_LOCK = threading.Lock()
 
 
 def reference(cfg):
     """Non-SP attention on the global tensors in float64 with autograd (kept per inputs: jobs
     that differ in their kernel only share it)."""
     key = json.dumps([cfg[x] for x in ("S", "H", "Hkv", "D", "docs", "dtype", "seed", "qmul")])
-    if key not in _REFERENCES:
-        _REFERENCES[key] = _reference(cfg)
-    return _REFERENCES[key]
+    with _REFERENCE_LOCK:  # one at a time: a large one takes much memory
+        if key not in _REFERENCES:
+            _REFERENCES[key] = _reference(cfg)
+        return _REFERENCES[key]
 
 
 def _reference(cfg):
