@@ -122,7 +122,7 @@ def run_one(seqpar, work, job, variant, dtype, seed=0, keep=None):
     if keep:
         dst = os.path.join(keep, name)
         shutil.rmtree(dst, ignore_errors=True)
-        shutil.copytree(d, dst)
+        shutil.copytree(d, dst, ignore=shutil.ignore_patterns(".rank*.lock"))
     shutil.rmtree(d, ignore_errors=True)
     return row
 

@@ -130,6 +130,12 @@ PRECISION = {
     ("ring", "healthy_r4_merge_reverse"): (
         dict(_PREC_RING, prec="merge_reverse"), None,
         "the ring's partial outputs merged from the last step to the first"),
+    ("ring", "healthy_r4_merge_shuffled"): (
+        dict(_PREC_RING, prec="merge_shuffled"), None,
+        "the ring's partial outputs merged in a shuffled step order (2, 0, 3, 1 for R 4)"),
+    ("ring", "healthy_r4_merge_tree"): (
+        dict(_PREC_RING, prec="merge_tree"), None,
+        "the ring's partial outputs merged pairwise as a tree ((0+1) + (2+3))"),
     ("ulysses", "healthy_u2_wide"): (dict(_PREC_ULY), None, ""),
     ("ulysses", "healthy_u2_blocked"): (
         dict(_PREC_ULY, prec="blocked"), None,
@@ -160,8 +166,9 @@ PRECISION = {
 VARIANTS.update(PRECISION)
 
 # Real fused kernels (sdpa_attend): torch SDPA with one backend forced, Ulysses jobs at the
-# catalogue's shape and two larger ones. "emulate" (sp_jobs' own attend through the same
-# per-document path, on the CPU) runs anywhere; the others need torch >= 2.3 and a CUDA device.
+# catalogue's shape, two larger ones, 8× sharper scores and one 8K document. "emulate"
+# (sp_jobs' own attend through the same per-document path, on the CPU) runs anywhere; the
+# others need torch >= 2.3 and a CUDA device.
 _SDPA_SHAPES = {
     "": dict(_PREC_ULY),
     "_d64": dict(U=2, S=2048, H=8, Hkv=8, D=64, docs=[2048]),
@@ -375,11 +382,6 @@ def _attend_blocked(q, k, v, mask, scale, block=16):
 
 # ----------------------------------------------------------------------------- torch's SDPA kernels
 
-# Real fused kernels (issue 37's healthy side): torch >= 2.3's scaled_dot_product_attention on a
-# CUDA device with one backend forced. "emulate" runs sp_jobs' own attend() through the same
-# per-document path on the CPU, so the plumbing is testable without a GPU.
-
-
 def _kernel_lse(name, q, k, v, scale):
     """The kernel's own log-sum-exp [1, h, L] (float32) for one causal document, from the
     backend's aten entry point (a second forward of the same kernel); None where the backend
@@ -423,7 +425,7 @@ def sdpa_attend(q, k, v, cu, scale, kernel):
     h, hk = q.shape[1], k.shape[1]
     qd, kd, vd = (t.to(dev).transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, h, n, D]
     outs, lses = [], []
-    gqa = "native" if h != hk else "none"
+    gqa = "none" if h == hk else ("repeat_interleave" if name == "emulate" else "native")
     for a, b in zip(cu[:-1], cu[1:]):
         qs, ks, vs = (t[:, :, a:b].contiguous() for t in (qd, kd, vd))
         if name == "emulate":
@@ -567,6 +569,40 @@ def _merge_softplus(o_acc, l_acc, o_new, l_new):
     return o_acc * w_acc + o_new * w_new, l_acc + F.softplus(d)
 
 
+# Correct ring merges in other orders than step by step (issue 37's healthy side).
+MERGE_ORDERS = ("merge_reverse", "merge_shuffled", "merge_tree")
+
+
+def _merge_pair(a, b):
+    """Two partial results (out [n,h,D], lse [h,n], rows that saw keys) merged exactly."""
+    (oa, la, ra), (ob, lb, rb) = a, b
+    both, only_b = ra & rb, rb & ~ra
+    o, l = oa.clone(), la.clone()
+    if both.any():
+        o[both], l[:, both] = _merge_softplus(oa[both], la[:, both], ob[both], lb[:, both])
+    o[only_b], l[:, only_b] = ob[only_b], lb[:, only_b]
+    return o, l, ra | rb
+
+
+def _merge_in_order(parts, order):
+    """The ring's partials (one per step) merged from the last step to the first, in a shuffled
+    step order, or pairwise as a tree."""
+    if order == "merge_tree":
+        while len(parts) > 1:
+            parts = [_merge_pair(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+                     for i in range(0, len(parts), 2)]
+        return parts[0]
+    if order == "merge_reverse":
+        idx = list(reversed(range(len(parts))))
+    else:  # merge_shuffled: a fixed permutation that is neither forward nor reverse
+        idx = [2, 0, 3, 1] if len(parts) == 4 else [i for i in range(1, len(parts), 2)] + [
+            i for i in range(0, len(parts), 2)]
+    acc = parts[idx[0]]
+    for i in idx[1:]:
+        acc = _merge_pair(acc, parts[i])
+    return acc
+
+
 def _merge_no_max(o_acc, l_acc, o_new, l_new, lowp):
     # BROKEN (lse_merge_no_max): exp(lse) straight in the low precision.
     oa, la, ob, lb = (t.to(lowp) for t in (o_acc, l_acc, o_new, l_new))
@@ -611,7 +647,7 @@ class RingAttn(torch.autograd.Function):
             else:
                 o, l = attend(qf, kv[0], kv[1], mask, plan.scale,
                               "blocked" if plan.prec == "blocked" else None)
-            if plan.prec == "merge_reverse":
+            if plan.prec in MERGE_ORDERS:
                 parts.append((o, l, mask.any(dim=1)))
             elif o_acc is None:
                 o_acc, l_acc = o, l
@@ -637,16 +673,8 @@ class RingAttn(torch.autograd.Function):
                 w.wait()
             if reqs:
                 kv = nxt_kv
-        if parts:  # merge_reverse: the same partials, merged from the last step to the first
-            o_acc, l_acc, _ = parts[-1]
-            for o, l, rows in reversed(parts[:-1]):
-                both = rows & ~torch.isinf(l_acc).all(0)
-                only = rows & ~both
-                o_acc, l_acc = o_acc.clone(), l_acc.clone()
-                if both.any():
-                    mo, ml = _merge_softplus(o_acc[both], l_acc[:, both], o[both], l[:, both])
-                    o_acc[both], l_acc[:, both] = mo, ml
-                o_acc[only], l_acc[:, only] = o[only], l[:, only]
+        if parts:  # the same partials, merged in another order (MERGE_ORDERS)
+            o_acc, l_acc, _ = _merge_in_order(parts, plan.prec)
         ctx.plan = plan
         saved_lse = l_acc.to(plan.dtype).to(l_acc.dtype) if plan.prec == "lse_lowp" else l_acc
         ctx.save_for_backward(q, k, v, o_acc, saved_lse)
