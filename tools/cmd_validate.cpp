@@ -15,6 +15,7 @@
 
 #include "io/file.hpp"
 #include "verify/dump.hpp"
+#include "verify/dump_calibration.hpp"
 
 #if defined(SEQPAR_HAVE_GPU)
 #include "gpu/cuda_compute.hpp"
@@ -34,14 +35,37 @@ struct validate_args {
   bool json = false, quiet = false;
   std::string dump, html;
   bool all_rows = false;
-  bool exhaustive = false, sample = false;
+  bool exhaustive = false, sample = false, strict = false;
   std::int64_t rows = 6000;
   std::uint64_t seed = 0;
   int threads = 0;
   std::vector<int> calls;
 };
 
+/// The calibration the passing stages were read against: per quantity the largest fraction of
+/// its bound a correct kernel reached, for the dump's dtype (null where there is none).
+nlohmann::json calibration_json(const verify::dump_report& r) {
+  if (r.calibration_dtype.empty()) return nullptr;
+  nlohmann::json largest = nlohmann::json::object();
+  for (const char* q : {"out", "lse", "dq", "dk", "dv"})
+    if (auto c = verify::largest_correct(r.calibration_dtype, q))
+      largest[q] = {{"largest_correct", c->largest}, {"kernel", std::string(c->kernel)}};
+  return {{"dtype", r.calibration_dtype},
+          {"suspect_factor", verify::kSuspectFactor},
+          {"strict", r.strict},
+          {"quantities", largest}};
+}
+
 nlohmann::json dump_json(const verify::dump_report& r) {
+  nlohmann::json notes = nlohmann::json::array();
+  for (const auto& n : r.precision_notes)
+    notes.push_back({{"call", n.call},
+                     {"stage", n.stage},
+                     {"quantity", n.quantity},
+                     {"rank", n.rank},
+                     {"of_bound", n.of_bound},
+                     {"largest_correct", n.largest_correct},
+                     {"text", n.text}});
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows) {
     auto j = row_json(row.row, "stage", true);
@@ -83,6 +107,8 @@ nlohmann::json dump_json(const verify::dump_report& r) {
       {"closest_to_bound",
        closest_json(closest_to_bound(
            r.rows, [](const auto& x) -> const compared_tensor& { return x.row; }))},
+      {"calibration", calibration_json(r)},
+      {"precision_notes", notes},
       {"rows", rows}};
 }
 
@@ -91,8 +117,8 @@ int run_dump(const validate_args& a, CLI::App& sub) {
   for (const auto* opt : sub.get_options()) {
     const auto& n = opt->get_name();
     static const std::set<std::string> dump_flags{
-        "--dump",       "--html",   "--json", "--quiet",       "--all-rows", "--help",
-        "--exhaustive", "--sample", "--rows", "--sample-seed", "--threads",  "--calls"};
+        "--dump",   "--html", "--json",        "--quiet",   "--all-rows", "--help",  "--exhaustive",
+        "--sample", "--rows", "--sample-seed", "--threads", "--calls",    "--strict"};
     if (opt->count() > 0 && !dump_flags.count(n))
       fail<config_error>(
           "{} does not apply to --dump: the layout (ulysses, ring, heads, "
@@ -116,6 +142,7 @@ int run_dump(const validate_args& a, CLI::App& sub) {
   opt.seed = a.seed;
   opt.threads = a.threads;
   opt.calls = a.calls;
+  opt.strict = a.strict;
   const auto rep = verify::validate_dump(dump, opt);
   if (!a.html.empty()) io::write_atomic(a.html, verify::dump_report_html(rep));
   io::write_atomic(
@@ -210,6 +237,10 @@ action add_validate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--calls", a->calls, "with --dump: check only these call indices")
       ->delimiter(',');
+  sub->add_flag("--strict", a->strict,
+                "with --dump: also fail a stage that passes its bound but is more than 2× the "
+                "largest error a correct kernel showed in seqpar's calibration (the precision "
+                "notes)");
   a->flags.add_to(*sub);
   sub->add_option("--dtype", a->dtype_name, "f32 | bf16 (GPU run; the reference is float64)")
       ->capture_default_str();

@@ -72,6 +72,19 @@ struct dump_finding {
   std::string diagnosis;   ///< what the data look like, and the likely cause
 };
 
+/// A computed stage that passed although its error is more than kSuspectFactor times the largest
+/// any correct kernel reached in seqpar's calibration (dump_calibration.hpp): within the bound,
+/// but more than rounding in the dump's dtype has been seen to explain.
+struct precision_note {
+  int call = 0;
+  std::string stage;     ///< the stage (worst rank)
+  std::string quantity;  ///< out, lse, dq, dk, dv
+  int rank = -1;
+  double of_bound = 0;         ///< its error as a fraction of the bound
+  double largest_correct = 0;  ///< the calibration's largest, same dtype and quantity
+  std::string text;            ///< the sentence the report prints
+};
+
 struct dump_report {
   std::string dir;
   dump_meta layout;  ///< the shared layout fields (rank 0's meta)
@@ -89,6 +102,11 @@ struct dump_report {
   std::int64_t rows_checked = 0;         ///< computed-stage rows compared, all stages and ranks
   std::int64_t random_rows = 0;          ///< of them drawn uniformly, per computed stage (smallest)
   double miss_1pct = 0, miss_01pct = 0;  ///< P(a bug in 1% / 0.1% of a stage's rows unseen)
+  /// The calibration the passing stages were read against ("bf16", "f16", "f32"; empty when the
+  /// dump's dtype has none) and what it flagged.
+  std::string calibration_dtype;
+  std::vector<precision_note> precision_notes;
+  bool strict = false;  ///< dump_options::strict: the notes failed the verdict
 };
 
 /// The stages in the order a job runs them (the order "first difference" follows).
@@ -106,6 +124,9 @@ struct dump_options {
   double exhaustive_seconds = 10;
   /// Calls to check (indices); empty: all.
   std::vector<int> calls;
+  /// Precision notes (a passing stage above kSuspectFactor × the calibration's largest correct
+  /// error, dump_calibration.hpp) fail the verdict too.
+  bool strict = false;
 };
 
 /// Why automatic mode picks what it picks: the exhaustive check's estimated time and memory.

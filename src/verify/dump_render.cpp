@@ -8,6 +8,7 @@
 
 #include "core/html.hpp"
 #include "verify/dump.hpp"
+#include "verify/dump_calibration.hpp"
 
 namespace seqpar::verify {
 
@@ -75,12 +76,19 @@ std::string dump_report_text(const dump_report& r, bool all_rows) {
         "{}\n",
         f.call, f.call_name, f.stage, f.ranks.size() > 1 ? "s" : "", fmt::join(f.ranks, ", "),
         f.where, f.diagnosis);
+  } else if (!r.pass) {
+    o += fmt::format(
+        "FAIL (--strict): every stage within its bound, but {} stage{} more than {:g}× the "
+        "largest error a correct {} kernel showed (precision: below)\n",
+        r.precision_notes.size(), r.precision_notes.size() > 1 ? "s" : "", kSuspectFactor,
+        r.calibration_dtype);
   } else {
     o += fmt::format("PASS: {} stage comparisons on {} ranks within tolerance{}\n", r.rows.size(),
                      r.layout.ulysses * r.layout.ring,
                      margin_sentence(closest_to_bound(
                          r.rows, [](const auto& x) -> const compared_tensor& { return x.row; })));
   }
+  for (const auto& n : r.precision_notes) o += "precision: " + n.text + "\n";
   o += fmt::format("compared: {} of {} (rank, stage) rows pass\n", passing, r.rows.size());
   if (!r.not_dumped.empty())
     o += fmt::format("not dumped (not checked): {}\n", fmt::join(r.not_dumped, "; "));
@@ -177,6 +185,7 @@ std::string dump_report_html(const dump_report& r) {
     }
     h += "</table>\n";
   }
+  for (const auto& n : r.precision_notes) h += "<p>precision: " + html_escape(n.text) + "</p>\n";
   if (!r.not_dumped.empty())
     h += "<p>not dumped (not checked): " +
          html_escape(fmt::format("{}", fmt::join(r.not_dumped, "; "))) + "</p>\n";

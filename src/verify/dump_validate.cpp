@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 
 #include "sim/attention.hpp"
+#include "verify/dump_calibration.hpp"
 #include "verify/dump_internal.hpp"
 #include "verify/dump_sampled.hpp"
 
@@ -839,6 +840,9 @@ dump_report validate_dump(const dump_set& d, const dump_options& opt) {
   }
   rep.pass =
       std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.row.pass; });
+  add_precision_notes(rep);
+  rep.strict = opt.strict;
+  if (opt.strict && !rep.precision_notes.empty()) rep.pass = false;
   return rep;
 }
 

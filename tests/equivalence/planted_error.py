@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 r"""Both sides of validate --dump's bounds (issue 37), from the test side: a healthy dump must
-pass, and the same dump with one computed quantity's error multiplied by a stated factor must
-fail at that quantity's stage.
+pass without precision notes, the same dump with one computed quantity's error multiplied by a
+stated factor must fail at that quantity's stage, and with its error made 3× the largest any
+correct kernel showed (seqpar's calibration) it must fail or carry a precision note on that
+quantity, and fail under --strict.
 
 The planted error is the kernel's own: every element x of the quantity's stages (a Ulysses job's
 gathered and local copies alike, so the data movement between them stays exact) becomes
@@ -108,28 +110,50 @@ def plant(src, dst, quantity, k):
         raise SystemExit("%s: no stage of %s was dumped" % (src, quantity))
 
 
-def judge(seqpar, d, quantity):
-    r = subprocess.run([seqpar, "validate", "--dump", d, "-q", "--json"], capture_output=True,
-                       text=True)
+def report(seqpar, d, strict=False):
+    r = subprocess.run([seqpar, "validate", "--dump", d, "-q", "--json"] +
+                       (["--strict"] if strict else []), capture_output=True, text=True)
     if r.returncode not in (0, 1):
         raise SystemExit("seqpar validate --dump %s: exit %d: %s" % (d, r.returncode, r.stderr))
-    j = json.loads(r.stdout)
+    return json.loads(r.stdout)
+
+
+def judge(seqpar, d, quantity, strict=False):
+    """(pass, first failing stage, the quantity's largest of_bound, precision-noted quantities,
+    the report's calibration)."""
+    j = report(seqpar, d, strict)
     of = 0.0
     for row in j["rows"]:
         if row["stage"] in STAGES[quantity]:
             x = row["of_bound"]
             of = max(of, float("inf") if x == "inf" else float(x))
     first = (j.get("first_difference") or {}).get("stage")
-    return j["pass"], first, of
+    noted = {n["quantity"] for n in j.get("precision_notes", [])}
+    return j["pass"], first, of, noted, j.get("calibration")
 
 
 def run_case(seqpar, dump, quantity, k, work):
-    ok0, first0, h = judge(seqpar, dump, quantity)
+    ok0, first0, h, noted0, cal = judge(seqpar, dump, quantity)
     planted = os.path.join(work, "planted")
     plant(dump, planted, quantity, k)
-    ok1, first1, p = judge(seqpar, planted, quantity)
-    shutil.rmtree(planted, ignore_errors=True)
+    ok1, first1, p, _, _ = judge(seqpar, planted, quantity)
     problems = []
+    # Three times the largest error any correct kernel showed (the calibration's): it fails, or
+    # passes with a precision note on this quantity — and fails under --strict.
+    largest = cal["quantities"][quantity]["largest_correct"] if cal else 0
+    if h > 0 and largest > 0:
+        k3 = 3 * largest / h
+        plant(dump, planted, quantity, k3)
+        ok3, _, p3, noted3, _ = judge(seqpar, planted, quantity)
+        strict3 = judge(seqpar, planted, quantity, strict=True)[0]
+        if ok3 and quantity not in noted3:
+            problems.append("an error 3× the largest correct one (×%.3g here, %.3g of the bound) "
+                            "passes without a precision note" % (k3, p3))
+        if strict3:
+            problems.append("an error 3× the largest correct one passes --strict")
+    shutil.rmtree(planted, ignore_errors=True)
+    if noted0:
+        problems.append("the healthy dump has precision notes on %s" % sorted(noted0))
     if not ok0:
         problems.append("the healthy dump fails (first at %s)" % first0)
     if ok1:
@@ -143,6 +167,33 @@ def run_case(seqpar, dump, quantity, k, work):
     return h, p, problems
 
 
+def check_calibration(seqpar, dumps, data_files):
+    """The calibration seqpar reports (src/verify/dump_calibration.cpp) must be the largest
+    fraction of its bound over the correct runs of the catalogues, per dtype and quantity
+    (within 1 %: the constants have three digits)."""
+    best = {}
+    for path in data_files:
+        with open(path) as f:
+            for r in json.load(f):
+                if r.get("healthy") and r.get("pass") is True:
+                    for q, x in r.get("of_bound", {}).items():
+                        best[(r["dtype"], q)] = max(best.get((r["dtype"], q), 0.0), x)
+    problems = []
+    for dt in sorted({d for d, _ in best}):
+        d = next((x for x in dumps if x.rstrip("/").endswith("-" + dt)), None)
+        if d is None:
+            problems.append("calibration %s: no committed dump of that dtype to read it" % dt)
+            continue
+        cal = report(seqpar, d).get("calibration") or {}
+        for q in STAGES:
+            want = best.get((dt, q))
+            got = cal.get("quantities", {}).get(q, {}).get("largest_correct")
+            if want is None or got is None or abs(got - want) > 0.01 * want:
+                problems.append("calibration %s %s: seqpar says %s, the catalogues %s" % (
+                    dt, q, got, want))
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seqpar", required=True)
@@ -150,6 +201,9 @@ def main():
     ap.add_argument("--dump")
     ap.add_argument("--quantity", choices=sorted(STAGES))
     ap.add_argument("--factor", type=float, default=3.0)
+    ap.add_argument("--calibration", nargs="+", metavar="CATALOGUE_JSON",
+                    help="also check seqpar's calibration (read from the cases' dumps, one per "
+                         "dtype) against the largest correct errors of these catalogues")
     a = ap.parse_args()
     seqpar = os.path.abspath(a.seqpar)
     if a.cases:
@@ -170,6 +224,14 @@ def main():
                 c["quantity"], os.path.basename(d.rstrip("/")), h, c["factor"], p,
                 "; ".join(problems) if problems else "ok"), flush=True)
             failures += bool(problems)
+    if a.calibration:
+        problems = check_calibration(seqpar, [os.path.join(base, c["dump"]) for c in cases],
+                                     a.calibration)
+        for p in problems:
+            print("FAIL:", p)
+        print("calibration: %s" % ("%d problems" % len(problems) if problems else
+                                   "seqpar's equals the catalogues' largest correct errors"))
+        failures += bool(problems)
     print("%d cases, %d failed" % (len(cases), failures))
     return 1 if failures else 0
 
