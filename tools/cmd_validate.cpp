@@ -47,9 +47,10 @@ struct validate_args {
 nlohmann::json calibration_json(const verify::dump_report& r) {
   if (r.calibration_dtype.empty()) return nullptr;
   nlohmann::json largest = nlohmann::json::object();
-  for (const char* q : {"out", "lse", "dq", "dk", "dv"})
+  for (const auto q : verify::kCalibratedQuantities)
     if (auto c = verify::largest_correct(r.calibration_dtype, q))
-      largest[q] = {{"largest_correct", c->largest}, {"kernel", std::string(c->kernel)}};
+      largest[std::string(q)] = {{"largest_correct", c->largest},
+                                 {"kernel", std::string(c->kernel)}};
   return {{"dtype", r.calibration_dtype},
           {"suspect_factor", verify::kSuspectFactor},
           {"strict", r.strict},
@@ -238,9 +239,10 @@ action add_validate(CLI::App& app) {
   sub->add_option("--calls", a->calls, "with --dump: check only these call indices")
       ->delimiter(',');
   sub->add_flag("--strict", a->strict,
-                "with --dump: also fail a stage that passes its bound but is more than 2× the "
-                "largest error a correct kernel showed in seqpar's calibration (the precision "
-                "notes)");
+                fmt::format("with --dump: also fail a stage that passes its bound but is more "
+                            "than {:g}× the largest error a correct kernel showed in seqpar's "
+                            "calibration (the precision notes)",
+                            verify::kSuspectFactor));
   a->flags.add_to(*sub);
   sub->add_option("--dtype", a->dtype_name, "f32 | bf16 (GPU run; the reference is float64)")
       ->capture_default_str();
@@ -250,7 +252,13 @@ action add_validate(CLI::App& app) {
   add_report_flags(*sub, a->json, a->quiet);
   return [a, sub]() -> int {
     if (!a->dump.empty()) return run_dump(*a, *sub);
-    if (!a->html.empty()) fail<config_error>("--html applies to --dump only");
+    for (const char* flag : {"--html", "--all-rows", "--exhaustive", "--sample", "--rows",
+                             "--sample-seed", "--threads", "--calls", "--strict"})
+      if (sub->get_option(flag)->count() > 0)
+        fail<config_error>(
+            "{} applies to --dump only: pass --dump DIR (a seqpar.dump "
+            "directory), or drop {}",
+            flag, flag);
 #if !defined(SEQPAR_HAVE_GPU)
     (void)a->flags.resolve();  // invalid flags still exit 2 with their own message
     fmt::print(stderr,

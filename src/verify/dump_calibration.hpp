@@ -6,6 +6,7 @@
 // (tests/equivalence/data/precision/*.json; the table in the README and docs/validate.md).
 // A passing stage far above it is reported as a precision note, not a failure: the bound is a
 // worst case no correct kernel may exceed, the calibration what correct kernels have done.
+#include <array>
 #include <optional>
 #include <string_view>
 
@@ -16,6 +17,10 @@ namespace seqpar::verify {
 /// A passing stage is noted when its fraction of the bound exceeds this many times the
 /// calibration's largest (healthy runs of the same kernel vary by up to 1.8× over seeds).
 inline constexpr double kSuspectFactor = 2.0;
+
+/// The computed quantities the calibration covers, in report order.
+inline constexpr std::array<std::string_view, 5> kCalibratedQuantities{"out", "lse", "dq", "dk",
+                                                                       "dv"};
 
 /// "out", "lse", "dq", "dk" or "dv" for a computed stage of a dump; empty for data movement.
 std::string_view calibration_quantity(std::string_view stage);

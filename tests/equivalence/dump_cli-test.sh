@@ -63,4 +63,9 @@ done
 expect 2 "has no out.local on any rank" -- validate --dump "$tmp/d5"
 expect 2 "--ulysses does not apply to --dump" -- validate --dump "$dumps/$healthy" --ulysses 2
 expect 2 "--html applies to --dump only" -- validate --html "$tmp/x.html"
+expect 2 "--strict applies to --dump only" -- validate --strict
+expect 2 "--exhaustive applies to --dump only" -- validate --exhaustive
+# --strict: a passing dump stays passing when no stage is far above the calibration; the JSON
+# names the calibration it was read against.
+expect 0 '"strict":true' -- validate --dump "$dumps/$healthy" -q --json --strict
 finish

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -32,6 +31,7 @@ import torch
 _SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(_SRC, "tools", "crosscheck"))
 sys.path.insert(0, os.path.join(_SRC, "tools"))
+import precision_catalogue as pc  # noqa: E402
 import seqpar_dump  # noqa: E402
 import sp_jobs  # noqa: E402
 
@@ -110,26 +110,15 @@ def plant(src, dst, quantity, k):
         raise SystemExit("%s: no stage of %s was dumped" % (src, quantity))
 
 
-def report(seqpar, d, strict=False):
-    r = subprocess.run([seqpar, "validate", "--dump", d, "-q", "--json"] +
-                       (["--strict"] if strict else []), capture_output=True, text=True)
-    if r.returncode not in (0, 1):
-        raise SystemExit("seqpar validate --dump %s: exit %d: %s" % (d, r.returncode, r.stderr))
-    return json.loads(r.stdout)
-
-
 def judge(seqpar, d, quantity, strict=False):
     """(pass, first failing stage, the quantity's largest of_bound, precision-noted quantities,
     the report's calibration)."""
-    j = report(seqpar, d, strict)
-    of = 0.0
-    for row in j["rows"]:
-        if row["stage"] in STAGES[quantity]:
-            x = row["of_bound"]
-            of = max(of, float("inf") if x == "inf" else float(x))
+    code, j = pc.validate_json(seqpar, d, *(["--strict"] if strict else []))
+    if code not in (0, 1):
+        raise SystemExit("seqpar validate --dump %s: exit %d: %s" % (d, code, j))
     first = (j.get("first_difference") or {}).get("stage")
     noted = {n["quantity"] for n in j.get("precision_notes", [])}
-    return j["pass"], first, of, noted, j.get("calibration")
+    return j["pass"], first, pc.fractions(j).get(quantity, 0.0), noted, j.get("calibration")
 
 
 def run_case(seqpar, dump, quantity, k, work):
@@ -171,22 +160,20 @@ def check_calibration(seqpar, dumps, data_files):
     """The calibration seqpar reports (src/verify/dump_calibration.cpp) must be the largest
     fraction of its bound over the correct runs of the catalogues, per dtype and quantity
     (within 1 %: the constants have three digits)."""
-    best = {}
+    rows = []
     for path in data_files:
         with open(path) as f:
-            for r in json.load(f):
-                if r.get("healthy") and r.get("pass") is True:
-                    for q, x in r.get("of_bound", {}).items():
-                        best[(r["dtype"], q)] = max(best.get((r["dtype"], q), 0.0), x)
+            rows += json.load(f)
+    best = pc.largest_correct(rows)
     problems = []
     for dt in sorted({d for d, _ in best}):
         d = next((x for x in dumps if x.rstrip("/").endswith("-" + dt)), None)
         if d is None:
             problems.append("calibration %s: no committed dump of that dtype to read it" % dt)
             continue
-        cal = report(seqpar, d).get("calibration") or {}
+        cal = judge(seqpar, d, "out")[4] or {}
         for q in STAGES:
-            want = best.get((dt, q))
+            want = best.get((dt, q), (None,))[0]
             got = cal.get("quantities", {}).get(q, {}).get("largest_correct")
             if want is None or got is None or abs(got - want) > 0.01 * want:
                 problems.append("calibration %s %s: seqpar says %s, the catalogues %s" % (

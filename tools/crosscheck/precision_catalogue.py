@@ -24,6 +24,7 @@ import tempfile
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 import sp_jobs  # noqa: E402
+import torch  # noqa: E402
 
 # Per computed quantity, the stages that carry it: a Ulysses job's attention runs on the gathered
 # heads (out.attn, grad.*.gathered; its local stages are then exact all-to-alls), a ring job's on
@@ -38,7 +39,9 @@ COLUMNS = {
 STAGES = list(COLUMNS)
 
 
-UNIT_ROUNDOFF = {"f32": 2.0 ** -24, "bf16": 2.0 ** -8, "f16": 2.0 ** -11}
+def unit_roundoff(dtype):
+    """u of a job dtype name: half the machine epsilon (2^-24 f32, 2^-8 bf16, 2^-11 f16)."""
+    return torch.finfo(sp_jobs.DTYPES[dtype]).eps / 2
 # error_stats' local stages per column (the norm-wise error against the non-SP reference).
 LOCAL = {"out": "out.local", "lse": "lse", "dq": "grad.q.local", "dk": "grad.k.local",
          "dv": "grad.v.local"}
@@ -78,22 +81,52 @@ def entries(kind="cpu"):
     return out
 
 
-def judge(seqpar, d):
-    r = subprocess.run([seqpar, "validate", "--dump", d, "-q", "--json"], capture_output=True,
-                       text=True)
+def validate_json(seqpar, d, *flags):
+    """`seqpar validate --dump d --json [flags]`: (exit code, the report, or stderr's tail)."""
+    r = subprocess.run([seqpar, "validate", "--dump", d, "-q", "--json"] + list(flags),
+                       capture_output=True, text=True)
     if r.returncode not in (0, 1):
-        return {"exit": r.returncode, "error": r.stderr.strip()[-400:]}
-    j = json.loads(r.stdout)
+        return r.returncode, r.stderr.strip()[-400:]
+    return r.returncode, json.loads(r.stdout)
+
+
+def fractions(report):
+    """Per column (COLUMNS) the largest of_bound over its stages and ranks."""
     of = {}
-    for row in j["rows"]:
+    for row in report["rows"]:
         for col, stages in COLUMNS.items():
             if row["stage"] in stages:
                 x = row["of_bound"]
-                x = float("inf") if x == "inf" else float(x)
-                of[col] = max(of.get(col, 0.0), x)
+                of[col] = max(of.get(col, 0.0), float("inf") if x == "inf" else float(x))
+    return {s: of[s] for s in STAGES if s in of}
+
+
+def judge(seqpar, d):
+    code, j = validate_json(seqpar, d)
+    if code not in (0, 1):
+        return {"exit": code, "error": j}
     first = j.get("first_difference") or {}
-    return {"exit": r.returncode, "pass": j["pass"], "first_stage": first.get("stage"),
-            "of_bound": {s: of[s] for s in STAGES if s in of}}
+    return {"exit": code, "pass": j["pass"], "first_stage": first.get("stage"),
+            "of_bound": fractions(j)}
+
+
+def typical_errors(d, cfg):
+    """Per column the norm-wise error of the local stages against the float64 non-SP
+    reference, in units of the dtype's u (sp_jobs.error_stats)."""
+    u = unit_roundoff(cfg["dtype"])
+    stats = sp_jobs.error_stats(d, cfg)
+    return {c: stats[st]["rms"] / u for c, st in LOCAL.items() if st in stats}
+
+
+def largest_correct(rows):
+    """{(dtype, column): (largest of_bound, its row)} over the correct rows with a verdict."""
+    best = {}
+    for r in rows:
+        if r.get("healthy") and "pass" in r:
+            for q, x in r.get("of_bound", {}).items():
+                if x > best.get((r["dtype"], q), (-1, None))[0]:
+                    best[(r["dtype"], q)] = (x, r)
+    return best
 
 
 def run_one(seqpar, work, job, variant, dtype, seed=0, keep=None):
@@ -115,10 +148,8 @@ def run_one(seqpar, work, job, variant, dtype, seed=0, keep=None):
             row["kernel"] = json.load(f)
         os.unlink(kj)
     row.update(judge(seqpar, d))
-    u = UNIT_ROUNDOFF[dtype]
     if cfg["S"] * cfg["S"] * cfg["H"] <= 3e8:  # the float64 reference's scores fit easily
-        stats = sp_jobs.error_stats(d, cfg)
-        row["rms_u"] = {c: stats[st]["rms"] / u for c, st in LOCAL.items() if st in stats}
+        row["rms_u"] = typical_errors(d, cfg)
     if keep:
         dst = os.path.join(keep, name)
         shutil.rmtree(dst, ignore_errors=True)
@@ -155,10 +186,7 @@ def judge_dumps(seqpar, root, expected):
         row = {k: e[k] for k in ("job", "variant", "dtype", "healthy", "what", "shape", "kernel")
                if k in e}
         row.update(judge(seqpar, d))
-        cfg = sp_jobs.make_cfg(e["job"], e["variant"], e["dtype"])
-        stats = sp_jobs.error_stats(d, cfg)
-        u = UNIT_ROUNDOFF[e["dtype"]]
-        row["rms_u"] = {c: stats[st]["rms"] / u for c, st in LOCAL.items() if st in stats}
+        row["rms_u"] = typical_errors(d, sp_jobs.make_cfg(e["job"], e["variant"], e["dtype"]))
         rows.append(row)
         print("%-40s %s %s" % (e["dump"], "PASS" if row.get("pass") else "FAIL",
                                " ".join("%s=%.3g" % kv for kv in row.get("of_bound", {}).items())),
@@ -212,15 +240,11 @@ def summary(rows, planted):
     """The README's two tables: per dtype and quantity the largest fraction of its bound any
     correct kernel reached (which, the margin, the planted factor that fails), and per bug its
     verdict and the factor over the bound and over the largest correct error."""
-    best, typical = {}, {}
+    best, typical = largest_correct(rows), {}
     for r in rows:
-        if not r.get("healthy") or "pass" not in r:
-            continue
-        for q, x in r.get("of_bound", {}).items():
-            if x > best.get((r["dtype"], q), (-1, None))[0]:
-                best[(r["dtype"], q)] = (x, r)
-        for q, x in r.get("rms_u", {}).items():
-            typical[(r["dtype"], q)] = max(typical.get((r["dtype"], q), 0.0), x)
+        if r.get("healthy") and "pass" in r:
+            for q, x in r.get("rms_u", {}).items():
+                typical[(r["dtype"], q)] = max(typical.get((r["dtype"], q), 0.0), x)
     fails_at = {}
     for c in planted:
         name = c["dump"].rstrip("/").rsplit("/", 1)[-1]
