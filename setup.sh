@@ -10,9 +10,9 @@ cd "$(dirname "$0")"
 packages=(meson ninja-build pkg-config g++ cmake libeigen3-dev libfmt-dev libgtest-dev
           librapidcheck-dev libboost-context-dev libmpich-dev mpich nlohmann-json3-dev libcli11-dev clang clang-format
           libclang-rt-14-dev python3 zlib1g-dev)
-# The PyTorch side's tests (tests/python, the live torch jobs) need torch and its test tools.
-[ "${1:-}" = test ] && packages+=(python3-torch python3-hypothesis python3-pytest python3-venv
-                                  python3-setuptools python3-pip chromium)
+# The PyTorch side's tests (tests/python, the live torch jobs) run in the project venv (.venv,
+# below); Debian's python3-venv makes it, Chromium renders the HTML reports.
+[ "${1:-}" = test ] && packages+=(python3-venv python3-pip chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,6 +41,35 @@ configure() {  # dir, extra meson args…
   rm -f "$log"
 }
 configure build
+
+# The project venv: torch, Hypothesis, pytest and the SP frameworks users pip-install (DeepSpeed,
+# VeOmni, yunchang, xorl), every version pinned in requirements.txt. Debian's python3 makes it;
+# it is rebuilt only when requirements.txt changes (its hash is kept in .venv/requirements.sha256).
+# The first install downloads ~3.6 GB from PyPI (torch's CUDA 13 wheels: the CPU runs the tests).
+make_venv() {
+  local want have=""
+  want=$(sha256sum requirements.txt | cut -d' ' -f1)
+  [ -f .venv/requirements.sha256 ] && have=$(cat .venv/requirements.sha256)
+  [ "$want" = "$have" ] && [ -x .venv/bin/python ] && return 0
+  echo "setup: installing the Python packages of requirements.txt into .venv (first time: minutes)"
+  [ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
+  local log
+  log=$(mktemp)
+  # DeepSpeed ships as an sdist whose setup.py imports torch: wheel and torch first, then the
+  # rest without build isolation (DS_BUILD_OPS=0: no C++/CUDA ops are compiled).
+  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check wheel \
+           "$(grep -E '^torch==' requirements.txt)" -c requirements.txt &&
+         DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check \
+           --no-build-isolation -r requirements.txt; } >"$log" 2>&1; then
+    tail -n 40 "$log"
+    rm -f "$log"
+    echo "setup: pip install -r requirements.txt failed (above)" >&2
+    return 1
+  fi
+  rm -f "$log"
+  echo "$want" >.venv/requirements.sha256
+}
+[ "${1:-}" = test ] && make_venv
 
 case "${1:-}" in
   "") echo "setup: built build/tools/seqpar" ;;

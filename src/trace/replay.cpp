@@ -74,6 +74,7 @@ void checker::on_call(call_record&& r) {
   seen_[r.group].insert(r.rank);
   if (r.line >= last_line_of_rank_[r.rank].first) {
     last_line_of_rank_[r.rank] = {r.line, r.group};
+    last_call_[r.rank] = {r.group, r.seq, r.op, r.tag};
     last_state_[r.rank] = r.state;
     if (r.state && *r.state == "started") states_meaningful_ = true;
     blocked_in_[r.rank] = r.state && *r.state == "started"
@@ -91,6 +92,19 @@ void checker::on_call(call_record&& r) {
   check_used_before_wait(r.rank, r.tag, r.line);
   if (r.handle) on_async_start(r);
   if (r.p2p) return on_p2p(std::move(r));
+  if (r.op == "all_to_all" && members && meta_ && !meta_->ranks_recorded.empty() &&
+      !r.splits_truncated)
+    for (std::size_t i = 0; i < members->size(); ++i) {
+      const int m = (*members)[i];
+      if (std::find(meta_->ranks_recorded.begin(), meta_->ranks_recorded.end(), m) !=
+          meta_->ranks_recorded.end())
+        continue;
+      const auto at = [&](const std::optional<dims>& sp) -> std::int64_t {
+        return sp && i < sp->size() ? (*sp)[i] : -1;
+      };
+      splits_toward_absent_[{r.group, r.seq}][m][r.rank] = {at(r.in_splits), at(r.out_splits)};
+      if (auto n = out_numel(r)) received_[{r.group, r.seq}][r.rank] = *n;
+    }
   auto key = std::make_pair(r.group, r.seq);
   auto& v = pending_[key];
   for (const auto& o : v)
@@ -135,6 +149,7 @@ void checker::finish() {
           meta_->ranks_recorded.end())
         without_file.insert(r);
   }
+  if (!without_file.empty()) summarize_absent(without_file);
   // A profiler records a window of the run (its schedule) and drops a call that fails: a rank
   // whose profile ends early may have gone on. Whether it reached the call is not known.
   const bool profiler = from_profiler();
@@ -247,6 +262,7 @@ void checker::finish() {
         const auto& [group, src, dst] = key;
         const bool send = side == &sends_;
         const int partner = send ? dst : src;
+        if (without_file.contains(partner)) continue;  // in the summary of absent ranks
         problem p{
             category::p2p_mismatch,
             r.rank,
@@ -324,8 +340,107 @@ void checker::finish() {
     return std::make_tuple(a.phase, a.seq, prio(a), a.rank, a.line) <
            std::make_tuple(b.phase, b.seq, prio(b), b.rank, b.line);
   });
-  rep_.consistent = rep_.problems_total == 0;
+  rep_.consistent = rep_.problems_total == 0 && rep_.missing_ranks.empty();
   build_token_layout();
+}
+
+void checker::summarize_absent(const std::set<int>& without_file) {
+  rep_.missing_ranks.assign(without_file.begin(), without_file.end());
+  auto& ev = rep_.missing_evidence;
+  auto list = [](const std::vector<int>& v) {
+    return fmt::format("rank{} {}", v.size() == 1 ? "" : "s", fmt::join(v, ", "));
+  };
+  std::vector<int> present;
+  for (int r : seen_any_)
+    if (!without_file.contains(r)) present.push_back(r);
+  ev.push_back(fmt::format(
+      "{} of a world of {} left no file: {} calls were not compared, and no verdict on the "
+      "job can be given from the {} present rank{}",
+      list(rep_.missing_ranks), meta_ ? meta_->world_size : 0,
+      without_file.size() == 1 ? "its" : "their", present.size(),
+      present.size() == 1 ? "" : "s"));
+  // Where each present rank stopped.
+  std::map<std::tuple<std::string, std::int64_t, std::string, std::string>, std::vector<int>> stops;
+  for (int r : present)
+    if (auto it = last_call_.find(r); it != last_call_.end()) stops[it->second].push_back(r);
+  auto call_text = [](const auto& c) {
+    const auto& [group, seq, op, tag] = c;
+    return fmt::format("seq {} of {} ({}{})", seq, group, op,
+                       tag.empty() || tag == op ? "" : " " + tag);
+  };
+  if (stops.size() == 1 && present.size() > 1) {
+    const auto& [call, ranks] = *stops.begin();
+    const auto* members = group_ranks(std::get<0>(call));
+    std::vector<int> needed;
+    if (members)
+      for (int m : *members)
+        if (without_file.contains(m)) needed.push_back(m);
+    ev.push_back(fmt::format(
+        "every present rank's last recorded call is {}{}", call_text(call),
+        needed.empty() ? ""
+                       : fmt::format(": a call that needs {} — the step ended there for all of "
+                                     "them (a rank lost in or before it, or files written "
+                                     "after it)",
+                                     list(needed))));
+  } else if (!stops.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [call, ranks] : stops)
+      parts.push_back(fmt::format("{} at {}", list(ranks), call_text(call)));
+    ev.push_back(fmt::format("the present ranks stop at different calls: {}",
+                             fmt::join(parts, "; ")));
+  }
+  // What the present ranks' all-to-all split lists expect of an absent rank.
+  for (const auto& [key, by_absent] : splits_toward_absent_)
+    for (const auto& [absent, by_rank] : by_absent) {
+      std::map<std::int64_t, std::vector<int>> expect;
+      for (const auto& [r, io] : by_rank)
+        if (io.second >= 0) expect[io.second].push_back(r);
+      if (expect.size() < 2) continue;
+      std::vector<std::string> parts;
+      for (const auto& [n, ranks] : expect)
+        parts.push_back(fmt::format("{} expect{} {} elements", list(ranks),
+                                    ranks.size() == 1 ? "s" : "", n));
+      ev.push_back(fmt::format(
+          "at seq {} of {} (all_to_all) the present ranks disagree about what rank {} sends "
+          "them: {} — one side's split list is wrong (a stale list on the rank that differs "
+          "is the usual cause); rank {}'s own list was not recorded",
+          key.second, key.first, absent, fmt::join(parts, ", "), absent));
+    }
+  // Without split lists (Flight Recorder): what each present rank received in all.
+  for (const auto& [key, by_rank] : received_) {
+    if (splits_toward_absent_.contains(key)) {
+      bool listed = false;
+      for (const auto& [absent, rs] : splits_toward_absent_[key])
+        for (const auto& [r, io] : rs) listed = listed || io.second >= 0;
+      if (listed) continue;  // the split lists said it more precisely above
+    }
+    std::map<std::int64_t, std::vector<int>> got;
+    for (const auto& [r, n] : by_rank) got[n].push_back(r);
+    if (got.size() < 2) continue;
+    std::vector<std::string> parts;
+    for (const auto& [n, ranks] : got)
+      parts.push_back(fmt::format("{} receive{} {} elements", list(ranks),
+                                  ranks.size() == 1 ? "s" : "", n));
+    ev.push_back(fmt::format(
+        "at seq {} of {} (all_to_all) the present ranks receive different amounts: {} — in a "
+        "Ulysses all-to-all of equal shards every rank receives the same; the source records no "
+        "split lists, "
+        "and the absent rank's part of the exchange is unknown",
+        key.second, key.first, fmt::join(parts, ", ")));
+  }
+  // Point-to-point calls with an absent partner.
+  std::set<std::string> p2p;
+  for (auto* side : {&sends_, &recvs_})
+    for (const auto& [key, q] : *side) {
+      const auto& [group, src, dst] = key;
+      const bool send = side == &sends_;
+      const int partner = send ? dst : src;
+      if (without_file.contains(partner) && !q.empty())
+        p2p.insert(fmt::format("rank {} {} rank {}", send ? src : dst,
+                               send ? "sent to" : "received from", partner));
+    }
+  if (!p2p.empty())
+    ev.push_back(fmt::format("{}: not paired (the partner left no file)", fmt::join(p2p, "; ")));
 }
 
 int checker::index_in(const std::vector<int>& v, int x) {

@@ -21,6 +21,7 @@ inline constexpr const char* type_mismatch = "COLLECTIVE_TYPE_MISMATCH";
 inline constexpr const char* size_mismatch = "SIZE_OR_SYNTAX_MISMATCH";
 inline constexpr const char* dtype_mismatch = "COLLECTIVE_DTYPE_MISMATCH";
 inline constexpr const char* state_mismatch = "COLLECTIVE_STATE_MISMATCH";
+inline constexpr const char* root_mismatch = "COLLECTIVE_ROOT_MISMATCH";  ///< broadcast roots
 inline constexpr const char* missing_rank = "MISSING_RANK";   ///< the hang diagnosis
 inline constexpr const char* p2p_mismatch = "P2P_MISMATCH";   ///< send/recv pairing
 inline constexpr const char* ring_peer = "RING_PEER";         ///< a ring step not to its neighbour
@@ -74,6 +75,12 @@ struct report {
   std::map<std::string, std::int64_t> checked;  ///< what was checked, counted
   std::vector<std::string> unchecked;           ///< what could not be checked, and why
   std::string run_ended;  ///< flight records: why the run ended (its error, the watchdog, a signal)
+  /// Ranks of the world with no file of their own (an import of some ranks' files). A report
+  /// with any is never consistent: it leads with them and with `missing_evidence`, what the
+  /// present ranks show about the absent ones (where each present rank stopped, the calls that
+  /// needed an absent rank, what the present ranks' split lists expect of it).
+  std::vector<int> missing_ranks;
+  std::vector<std::string> missing_evidence;
   int world_size = 0;
   std::map<std::string, std::vector<int>> groups;
   /// group → seq → rank → cell; the first `timeline_limit` seqs of each group.

@@ -72,6 +72,15 @@ void checker::check_collective(const std::string& group, std::int64_t seq,
              "the ranks exchange different element types (a cast missing on one rank); the "
              "bytes are misread or the collective hangs",
              r->line});
+  if (auto root = majority<int>(recs, [](auto& r) { return r.root; }))
+    for (const auto* r : recs)
+      if (r->root && *r->root != *root)
+        add({category::root_mismatch, r->rank, group, seq, r->tag, r->op,
+             fmt::format("root {}", *r->root), fmt::format("root {} like the other members", *root),
+             "the ranks broadcast from different roots: each keeps or overwrites different "
+             "data (a root computed from a local rank, or a group rank passed where a global "
+             "rank is meant)",
+             r->line});
   if (auto st = majority<std::string>(recs, [](auto& r) { return r.state; }))
     for (const auto* r : recs)
       if (r->state && *r->state != *st)

@@ -215,9 +215,12 @@ class checker {
   /// groups): how many positions were compared, how many disagree in op or element count, and
   /// the first such position, described.
   /// Sources that record a window of the run (a profiler's schedule) and drop a failing call.
-  bool from_profiler() const { return meta_ && (meta_->source == "kineto" || order_matched()); }
+  bool from_profiler() const {
+    return meta_ && (meta_->source == "kineto" || order_matched());
+  }
   bool order_matched() const {
-    return meta_ && (meta_->source == "kineto-2.0" || meta_->source == "profiler-legacy");
+    return meta_ && (meta_->source == "kineto-2.0" || meta_->source == "profiler-legacy" ||
+                     meta_->source == "kineto-c10d");
   }
   std::int64_t positions_ = 0, disagreeing_positions_ = 0;
   std::string first_disagreement_;
@@ -227,6 +230,16 @@ class checker {
   std::map<std::pair<std::string, std::string>, std::size_t> per_cat_;
   std::set<int> sp_reported_;
   std::map<int, std::pair<std::int64_t, std::string>> last_line_of_rank_;  ///< line, group
+  /// Each rank's last call (group, seq, op, tag), for the ranks-without-file summary.
+  std::map<int, std::tuple<std::string, std::int64_t, std::string, std::string>> last_call_;
+  /// All-to-alls whose group holds a rank without a file: what each present rank sends to
+  /// and expects from it (elements), by (group, seq) → absent rank → present rank.
+  std::map<std::pair<std::string, std::int64_t>,
+           std::map<int, std::map<int, std::pair<std::int64_t, std::int64_t>>>>
+      splits_toward_absent_;
+  /// The same all-to-alls: each present rank's received element count.
+  std::map<std::pair<std::string, std::int64_t>, std::map<int, std::int64_t>> received_;
+  void summarize_absent(const std::set<int>& without_file);
   /// Per rank: its last call when that call never returned (state "started": the rank was
   /// blocked in it when the record was written), as "seq S of G (tag)"; else empty.
   std::map<int, std::string> blocked_in_;

@@ -19,7 +19,25 @@ std::string json_str(const std::string& s) { return nlohmann::json(s).dump(); }
 
 std::string to_text(const report& r) {
   std::string out;
-  if (r.consistent) {
+  if (!r.missing_ranks.empty()) {
+    out += fmt::format("{}: INCOMPLETE — {} of {} left no file\n", r.source,
+                       r.missing_ranks.size() == 1
+                           ? fmt::format("rank {}", r.missing_ranks.front())
+                           : fmt::format("ranks {}", fmt::join(r.missing_ranks, ", ")),
+                       r.world_size);
+    for (const auto& e : r.missing_evidence) out += fmt::format("  - {}\n", e);
+    if (r.problems_total == 0)
+      out += "among the present ranks: no problem found\n";
+    else
+      out += fmt::format("among the present ranks: {} problem{} (first first)\n",
+                         r.problems_total, r.problems_total == 1 ? "" : "s");
+    int i = 0;
+    for (const auto& p : r.problems)
+      out += fmt::format("{:>3}. [{}] {}\n", ++i, p.category, p.message());
+    if (r.problems_total > static_cast<std::int64_t>(r.problems.size()))
+      out += fmt::format("     … {} more not listed\n",
+                         r.problems_total - static_cast<std::int64_t>(r.problems.size()));
+  } else if (r.consistent) {
     out += fmt::format("{}: consistent\n", r.source);
   } else {
     out += fmt::format("{}: {} problem{} (first first)\n", r.source, r.problems_total,
@@ -55,6 +73,9 @@ nlohmann::json to_json(const report& r) {
   for (const auto& [k, v] : r.checked) checked[k] = v;
   nlohmann::json j = {{"trace", r.source},
                       {"consistent", r.consistent},
+                      {"complete", r.missing_ranks.empty()},
+                      {"missing_ranks", r.missing_ranks},
+                      {"missing_evidence", r.missing_evidence},
                       {"problems_total", r.problems_total},
                       {"problems", std::move(probs)},
                       {"checked", std::move(checked)},
@@ -89,6 +110,12 @@ std::string to_html(const report& r) {
        "svg text{font:10px monospace}\n"
        "</style></head><body>\n";
   h += "<h1>seqpar replay: " + esc(r.source) + "</h1>\n";
+  if (!r.missing_ranks.empty()) {
+    h += fmt::format("<p class=\"bad\">INCOMPLETE: rank(s) {} of {} left no file</p>\n<ul>",
+                     fmt::join(r.missing_ranks, ", "), r.world_size);
+    for (const auto& e : r.missing_evidence) h += "<li>" + esc(e) + "</li>";
+    h += "</ul>\n";
+  }
   h += r.consistent ? "<p class=\"ok\">consistent</p>\n"
                     : fmt::format("<p class=\"bad\">{} problem(s); the first is listed first</p>\n",
                                   r.problems_total);

@@ -193,6 +193,7 @@ call_record parse_call(const line_ctx& c, const nlohmann::json& j, bool p2p,
     r.splits_truncated = v->get<bool>();
   }
   if (const auto* v = find(j, "peer")) r.peer = as_rank(c, *v, "peer", world);
+  if (const auto* v = find(j, "root")) r.root = as_rank(c, *v, "root", world);
   if (p2p && r.peer && *r.peer == r.rank)
     c.fail("p2p {} of rank {} names itself as peer", r.op, r.rank);
   const auto* async = find(j, "async");
@@ -350,6 +351,7 @@ nlohmann::json to_json(const call_record& c) {
                       {"seq", c.seq},
                       {"op", c.op}};
   if (c.peer) j["peer"] = *c.peer;
+  if (c.root) j["root"] = *c.root;
   if (c.dtype) j["dtype"] = *c.dtype;
   auto put = [&](const char* key, const std::optional<dims>& d) {
     if (d) j[key] = *d;

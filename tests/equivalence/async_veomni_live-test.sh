@@ -2,7 +2,7 @@
 # seqpar's async Ulysses (core) against VeOmni's own AsyncUlyssesQKVProjection, run now on 2
 # gloo processes (the committed fixture data/torch/async-ulysses-veomni.json is checked by
 # async_veomni_fixture). Needs torch and a VeOmni checkout: $VEOMNI_DIR or an importable veomni
-# package. Exit 77 (meson SKIP) when either is missing.
+# package. Fails when either is missing (./setup.sh test installs both).
 #   async_veomni_live-test.sh TORCH_CROSSCHECK SOURCE_DIR
 set -u
 tc=$1
@@ -13,8 +13,8 @@ if [ -z "$root" ]; then
   root=$("$py" -c 'import os, veomni; print(os.path.dirname(os.path.dirname(veomni.__file__)))' 2>/dev/null)
 fi
 if [ -z "$root" ] || [ ! -f "$root/veomni/distributed/sequence_parallel/async_ulysses.py" ]; then
-  echo "SKIP: VeOmni's veomni/distributed/sequence_parallel/async_ulysses.py not found (set VEOMNI_DIR to a VeOmni checkout)"
-  exit 77
+  echo "FAIL: VeOmni's veomni/distributed/sequence_parallel/async_ulysses.py not found (./setup.sh test installs the veomni package; or set VEOMNI_DIR to a checkout)"
+  exit 1
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

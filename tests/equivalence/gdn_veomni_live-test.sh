@@ -2,7 +2,7 @@
 # seqpar's GatedDeltaNet against VeOmni's own torch functions run now (the committed fixture
 # data/torch/gdn-veomni.json is checked by gdn_veomni_fixture). Needs torch and VeOmni's Qwen3.5
 # modelling file: $VEOMNI_QWEN3_5 (the file), $VEOMNI_DIR (a checkout), or an importable veomni
-# package. Exit 77 (meson SKIP) when either is missing.
+# package. Fails when either is missing (./setup.sh test installs both).
 #   gdn_veomni_live-test.sh TORCH_CROSSCHECK SOURCE_DIR
 set -u
 tc=$1
@@ -16,8 +16,8 @@ if [ -z "$file" ]; then
   [ -n "$pkg" ] && file=$pkg/$rel
 fi
 if [ -z "$file" ] || [ ! -f "$file" ]; then
-  echo "SKIP: VeOmni's $rel not found (set VEOMNI_DIR to a VeOmni checkout)"
-  exit 77
+  echo "FAIL: VeOmni's $rel not found (./setup.sh test installs the veomni package; or set VEOMNI_DIR to a checkout)"
+  exit 1
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

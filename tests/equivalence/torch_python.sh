@@ -1,13 +1,11 @@
-# Sourced by the live PyTorch tests: sets $py to the first of $PYTHON, python3 on PATH and
-# Debian's /usr/bin/python3 (python3-torch) that can import torch, or exits 77 (meson SKIP).
-py=""
-for cand in ${PYTHON:-} python3 /usr/bin/python3; do
-  if "$cand" -c 'import torch' 2>/dev/null; then
-    py=$cand
-    break
-  fi
-done
-if [ -z "$py" ]; then
-  echo "SKIP: no python3 here can import torch (apt-get install python3-torch)"
-  exit 77
+# Sourced by the tests that run PyTorch: sets $py to the project venv's Python (.venv, made by
+# `./setup.sh test` from requirements.txt: the pinned torch, Hypothesis, pytest and the SP
+# frameworks), or to $PYTHON when set (another torch, e.g. to check a second torch version).
+# No torch is a failure, not a skip: every test that needs torch has it after ./setup.sh test.
+_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+py=${PYTHON:-$_root/.venv/bin/python}
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  echo "FAIL: $py cannot import torch: run ./setup.sh test (it makes .venv from requirements.txt)," \
+    "or set PYTHON to a Python that has torch"
+  exit 1
 fi

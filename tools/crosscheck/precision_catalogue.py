@@ -49,8 +49,8 @@ GPU_KERNELS = ("flash", "efficient", "cudnn", "math", "math_tf32")
 
 
 def entries(kind="cpu"):
-    """(job, variant, dtype) of the catalogue. "cpu": every precision variant in bf16 (and in
-    f16 where the local torch computes f16 on the CPU), the correct ones in f32 too, the
+    """(job, variant, dtype) of the catalogue. "cpu": every precision variant in bf16 and in
+    f16 (torch >= 2.1 computes float16 on the CPU), the correct ones in f32 too, the
     low-precision ring merge, and the SDPA path emulated on the CPU. "gpu": torch SDPA with each
     backend forced, in every dtype, at the catalogue's shape and two larger ones."""
     out = []
@@ -69,13 +69,13 @@ def entries(kind="cpu"):
                             continue  # no float32 kernel
                         out.append(("ulysses", "sdpa_%s%s" % (k, suffix), dt, seed))
         return out
-    lowp = ["bf16", "f16"] if sp_jobs.LOWP == "f16" else ["bf16"]
+    lowp = ["bf16", "f16"]
     for (job, variant), (over, bug, cause) in sp_jobs.PRECISION.items():
         for dt in lowp:
             out.append((job, variant, dt))
         if bug is None:
             out.append((job, variant, "f32"))
-    out.append(("ring", "lse_merge_no_max", sp_jobs.LOWP))
+    out += [("ring", "lse_merge_no_max", dt) for dt in lowp]
     out.append(("ulysses", "sdpa_emulate", "bf16"))
     out.append(("ulysses", "sdpa_emulate", "f32"))
     return out

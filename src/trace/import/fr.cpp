@@ -220,6 +220,9 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
     for (int r : pg.ranks) world = std::max(world, r + 1);
   }
   t.meta.world_size = std::max(world, 1);
+  // The ranks whose dump was read: replay leads with the others (a rank that died, or whose
+  // dump was not collected) instead of judging the job from the present ones alone.
+  t.meta.ranks_recorded.assign(ranks_seen.begin(), ranks_seen.end());
 
   // Align every group's records from the newest first seq any rank still holds (the ring
   // buffer drops old entries at different times on different ranks).
@@ -247,6 +250,22 @@ trace::trace_data from_fr(const std::vector<std::string>& files) {
       pg = std::to_string(id->get<std::int64_t>());
     else
       fail<trace_error>("{}: entry has neither 'process_group' [name, desc] nor 'pg_id'", where);
+    if (!group_of.contains(pg) && pgs.size() == 1 && pgs.begin()->second.name.empty()) {
+      // torch 2.11's gloo dumps: pg_config holds one group under an empty name while the
+      // entries name it ["0", "default_pg"]; with one group in the job it is that one.
+      const auto& only = pgs.begin()->second;
+      std::string desc = "default_pg";
+      if (const auto* pgv = field(e, "process_group");
+          pgv && pgv->is_array() && pgv->size() > 1 && (*pgv)[1].is_string())
+        desc = (*pgv)[1].get<std::string>();
+      group_of[pg] = desc.empty() || desc == "undefined" ? "pg" + pg : desc;
+      t.meta.groups.erase(group_of[pgs.begin()->first]);
+      t.meta.groups[group_of[pg]] = only.ranks;
+      notes.insert(fmt::format(
+          "pg_config lists one group under an empty name (a gloo dump): taken as process group "
+          "{} ({}), the only group of the job",
+          pg, group_of[pg]));
+    }
     if (!group_of.contains(pg)) {
       // A group missing from pg_config: name it, membership unknown — except the default group
       // (pg 0) of a dump without any pg_config (versions before ~1.3): every rank, in order.

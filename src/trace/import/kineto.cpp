@@ -53,6 +53,22 @@ struct split_list {
   bool present = false;
 };
 
+/// The integers of "[4, 4, 6]" (empty for "[]" or "").
+dims parse_splits_text(const std::string& text) {
+  dims v;
+  for (std::size_t i = 0; i < text.size();) {
+    if (text[i] < '0' || text[i] > '9') {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    if (j - i <= 15) v.push_back(std::stoll(text.substr(i, j - i)));
+    i = j;
+  }
+  return v;
+}
+
 split_list parse_splits(const json& a, const char* key) {
   split_list s;
   const auto* v = arg(a, key);
@@ -91,12 +107,15 @@ int rank_from_file_name(const std::string& path) {
 }
 
 /// Which generation of the profiler wrote a file.
-enum class generation { modern, torch20, legacy, none };
+enum class generation { modern, c10d, torch20, legacy, none };
 
 const char* generation_name(generation g) {
   switch (g) {
     case generation::modern:
       return "the torch >= 2.1 Kineto format (record_param_comms with 'Collective name')";
+    case generation::c10d:
+      return "the torch 2.x CPU format (c10d::* dispatcher events with 'Concrete Inputs', no "
+             "record_param_comms)";
     case generation::torch20:
       return "the torch ~2.0 Kineto format (nccl:*/gloo:* annotations with 'Input Dims')";
     case generation::legacy:
@@ -109,12 +128,26 @@ const char* generation_name(generation g) {
 
 bool is_gpu_annotation(const json& e) { return str_arg(e, "cat") == "gpu_user_annotation"; }
 
+/// "c10d::alltoall_base_" → "alltoall_base", "c10d::_allgather_base_" → "_allgather_base"; ""
+/// for any other name.
+std::string c10d_op_name(std::string_view name) {
+  if (name.rfind("c10d::", 0) != 0) return "";
+  std::string n(name.substr(6));
+  while (!n.empty() && n.back() == '_') n.pop_back();  // the in-place op's underscore
+  return n;
+}
+
 generation generation_of(const std::vector<json>& events) {
-  bool named = false, sized_backend = false, backend = false;
+  bool named = false, sized_backend = false, backend = false, c10d = false;
   for (const auto& e : events) {
     if (!e.is_object()) continue;
     const auto name = str_arg(e, "name");
-    if (name == "record_param_comms") {
+    if (!c10d_op_name(name).empty()) {
+      if (const auto* a = arg(e, "args");
+          a && a->is_object() && (arg(*a, "Concrete Inputs") || arg(*a, "Input Dims")) &&
+          !op_from_c10d(c10d_op_name(name)).empty())
+        c10d = true;
+    } else if (name == "record_param_comms") {
       if (const auto* a = arg(e, "args"); a && a->is_object() && arg(*a, "Collective name"))
         named = true;
     } else if (is_backend_collective(name) && !is_gpu_annotation(e)) {
@@ -124,6 +157,7 @@ generation generation_of(const std::vector<json>& events) {
     }
   }
   if (named) return generation::modern;
+  if (c10d) return generation::c10d;
   if (sized_backend) return generation::torch20;
   if (backend) return generation::legacy;
   return generation::none;
@@ -142,6 +176,175 @@ std::optional<std::int64_t> first_numel(const json& a) {
             : n * x.get<std::int64_t>();
   }
   return n;
+}
+
+/// "Input Dims"[i]: a tensor's dims, or (a TensorList) its tensors' dims.
+std::vector<dims> dims_at(const json& a, std::size_t i) {
+  std::vector<dims> out;
+  const auto* d = arg(a, "Input Dims");
+  if (!d || !d->is_array() || i >= d->size() || !(*d)[i].is_array()) return out;
+  const auto& x = (*d)[i];
+  auto one = [](const json& arr) -> std::optional<dims> {
+    dims v;
+    for (const auto& n : arr) {
+      if (!n.is_number_integer() || n.get<std::int64_t>() < 0) return std::nullopt;
+      v.push_back(n.get<std::int64_t>());
+    }
+    return v;
+  };
+  if (!x.empty() && x[0].is_array()) {
+    for (const auto& t : x)
+      if (auto v = one(t)) out.push_back(*v);
+  } else if (auto v = one(x)) {
+    out.push_back(*v);
+  }
+  return out;
+}
+
+std::string concrete_at(const json& a, std::size_t i) {
+  const auto* c = arg(a, "Concrete Inputs");
+  if (!c || !c->is_array() || i >= c->size()) return "";
+  return (*c)[i].is_string() ? (*c)[i].get<std::string>() : (*c)[i].dump();
+}
+
+std::string type_at(const json& a, std::size_t i) {
+  const auto* c = arg(a, "Input type");
+  if (!c || !c->is_array() || i >= c->size() || !(*c)[i].is_string()) return "";
+  return (*c)[i].get<std::string>();
+}
+
+std::int64_t numel_of(const dims& d) {
+  std::int64_t n = 1;
+  for (auto x : d) n = x > 0 && n > (std::int64_t{1} << 53) / x ? (std::int64_t{1} << 53) : n * x;
+  return n;
+}
+
+/// One rank's collectives from torch 2.x's dispatcher events (`c10d::alltoall_base_`,
+/// `c10d::allreduce_`, `c10d::send`, …; a CPU/gloo profile has no record_param_comms). Each
+/// event's "Concrete Inputs" follow the op's schema: alltoall_base_(output, input, group,
+/// output_split_sizes, input_split_sizes, …) with split sizes in rows of dim 0 ("[]": equal),
+/// broadcast_(tensors, group, root_rank, …), send(tensors, group, dst, tag), recv_(tensors,
+/// group, src, tag); "Input Dims" are the tensors' full shapes. The process group is not
+/// recorded (an opaque object): calls go to `group`, whose members map group ranks to global
+/// ones. TensorList ops carry no element type; it is taken from the backend's annotation of the
+/// same call (`gloo:all_reduce`, in issue order) when the two sequences agree.
+std::vector<std::pair<double, call_record>> read_c10d(const std::vector<json>& events, int rank,
+                                                      const std::string& group,
+                                                      const std::vector<int>& members,
+                                                      std::set<std::string>& notes) {
+  struct item {
+    double ts;
+    const json* e;
+  };
+  std::vector<item> c10d, backend;
+  for (const auto& e : events) {
+    if (!e.is_object()) continue;
+    const auto name = str_arg(e, "name");
+    double ts = 0;
+    if (const auto* v = arg(e, "ts"); v && v->is_number()) ts = v->get<double>();
+    if (!c10d_op_name(name).empty())
+      c10d.push_back({ts, &e});
+    else if (is_backend_collective(name) && !is_gpu_annotation(e))
+      backend.push_back({ts, &e});
+  }
+  auto by_ts = [](const item& x, const item& y) { return x.ts < y.ts; };
+  std::stable_sort(c10d.begin(), c10d.end(), by_ts);
+  std::stable_sort(backend.begin(), backend.end(), by_ts);
+  const auto P = static_cast<std::int64_t>(members.size());
+  auto global = [&](const std::string& text) -> std::optional<int> {
+    const auto v = parse_splits_text(text);
+    if (v.size() != 1 || v[0] >= P) return std::nullopt;
+    return members[static_cast<std::size_t>(v[0])];
+  };
+  std::vector<std::pair<double, call_record>> out;
+  std::size_t b = 0;  // next backend annotation
+  for (const auto& [ts, e] : c10d) {
+    const auto name = c10d_op_name(str_arg(*e, "name"));
+    const auto op = op_from_c10d(name);
+    if (op.empty()) {
+      if (name != "barrier" && name != "monitored_barrier")
+        notes.insert(fmt::format(
+            "profiler collective 'c10d::{}' has no seqpar-trace equivalent; skipped", name));
+      continue;
+    }
+    const auto* a = arg(*e, "args");
+    if (!a || !a->is_object()) continue;
+    call_record c;
+    c.rank = rank;
+    c.op = op;
+    c.p2p = op == "send" || op == "recv";
+    c.group = group;
+    // The c10d op as the tag (a send and its recv share one: replay pairs them by tag).
+    c.tag = c.p2p ? "c10d::send/recv" : "c10d::" + name;
+    const bool base = name == "alltoall_base" || name == "_allgather_base" ||
+                      name == "_reduce_scatter_base";
+    if (c.p2p) {
+      if (auto d = dims_at(*a, 0); !d.empty()) c.shape = d[0];
+      c.peer = global(concrete_at(*a, 2));
+      if (c.peer && *c.peer == c.rank) c.peer.reset();
+      if (!c.peer) notes.insert("some c10d send/recv events name no peer; they were not paired");
+    } else if (base) {
+      // (output, input, group, …): full shapes, the element type of the input.
+      auto o = dims_at(*a, 0), i = dims_at(*a, 1);
+      if (!o.empty()) c.out_shape = o[0];
+      if (!i.empty()) c.in_shape = i[0];
+      if (auto dt = dtype_from_cpp(type_at(*a, 1)); !dt.empty()) c.dtype = dt;
+      if (name == "alltoall_base") {
+        // Split sizes count rows of dim 0: elements = rows × the row's numel.
+        auto to_elements = [&](const std::string& text, const std::optional<dims>& shape,
+                               std::optional<dims>& into) {
+          auto rows = parse_splits_text(text);
+          if (rows.empty() || !shape || shape->empty()) return;  // "[]": an equal split
+          if (static_cast<std::int64_t>(rows.size()) != P) {
+            notes.insert(fmt::format(
+                "a c10d all-to-all split list has {} entries for a group of {} (the profile "
+                "does not say which process group a call used): those lists were not compared",
+                rows.size(), P));
+            c.splits_truncated = true;
+            return;
+          }
+          const auto row = numel_of(dims(shape->begin() + 1, shape->end()));
+          for (auto& r : rows) r *= row;
+          into = rows;
+        };
+        to_elements(concrete_at(*a, 4), c.in_shape, c.in_splits);
+        to_elements(concrete_at(*a, 3), c.out_shape, c.out_splits);
+      }
+    } else if (name == "alltoall") {
+      // (output_tensors, input_tensors, …): one tensor per peer.
+      auto o = dims_at(*a, 0), i = dims_at(*a, 1);
+      dims os, is;
+      for (const auto& d : o) os.push_back(numel_of(d));
+      for (const auto& d : i) is.push_back(numel_of(d));
+      if (static_cast<std::int64_t>(os.size()) == P) c.out_splits = os;
+      if (static_cast<std::int64_t>(is.size()) == P) c.in_splits = is;
+    } else {
+      // allreduce_, broadcast_, allgather_, reduce_scatter_: (tensors, group, …).
+      auto t = dims_at(*a, 0);
+      if (name == "allgather" || name == "reduce_scatter") {
+        auto i = dims_at(*a, 1);  // allgather_(output lists, input list)
+        if (!i.empty()) c.in_shape = i[0];
+        if (name == "allgather" && !t.empty() && c.in_shape)
+          c.out_shape = dims{numel_of(*c.in_shape) * P};
+      } else if (!t.empty()) {
+        c.in_shape = c.out_shape = t[0];
+      }
+      if (name == "broadcast") c.root = global(concrete_at(*a, 2));
+    }
+    // The element type of a TensorList op: the backend's annotation of the same call.
+    while (b < backend.size() && op_from_c10d(str_arg(*backend[b].e, "name")) != op &&
+           b + 1 < backend.size() &&
+           op_from_c10d(str_arg(*backend[b + 1].e, "name")) == op)
+      ++b;  // an annotation without a c10d event (none seen so far): step over it
+    if (b < backend.size() && op_from_c10d(str_arg(*backend[b].e, "name")) == op) {
+      if (!c.dtype)
+        if (const auto* ba = arg(*backend[b].e, "args"); ba && ba->is_object())
+          if (auto dt = dtype_from_cpp(type_at(*ba, 0)); !dt.empty()) c.dtype = dt;
+      ++b;
+    }
+    out.push_back({ts, std::move(c)});
+  }
+  return out;
 }
 
 /// "ranks 2–127" / "rank 5" / "ranks 1, 3, 6–9": a compact list.
@@ -173,6 +376,7 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
   };
   std::map<int, std::vector<ev>> per_rank;
   std::map<generation, std::vector<std::string>> by_generation;
+  bool c10d_several_groups = false;
   for (const auto& path : files) {
     // One pass over the text, parsing only the events an importer reads (the collectives'):
     // memory is the file's text, not a DOM of it.
@@ -182,7 +386,8 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
       scanned = scan_chrome_trace(
           text,
           [](std::string_view name) {
-            return name == "record_param_comms" || is_backend_collective(name);
+            return name == "record_param_comms" || is_backend_collective(name) ||
+                   name.rfind("c10d::", 0) == 0;
           },
           path);
     } catch (const trace_error&) {
@@ -234,6 +439,28 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
       return rank;
     };
     std::size_t n = 0;
+    if (gen == generation::c10d) {
+      const int rank = need_rank(file_rank);
+      // The events name no process group: with one group in distributedInfo.pg_config it is
+      // that one; with several, every call is matched across the whole world in issue order.
+      std::string group = "default_pg";
+      std::vector<int> members;
+      if (t.meta.groups.size() == 1) {
+        group = t.meta.groups.begin()->first;
+        members = t.meta.groups.begin()->second;
+      } else {
+        if (t.meta.groups.size() > 1) c10d_several_groups = true;
+        const int w = std::max({world, rank + 1, 1});
+        for (int r = 0; r < w; ++r) members.push_back(r);
+      }
+      for (auto& [ts, c] : read_c10d(*events, rank, group, members, notes)) {
+        per_rank[rank].push_back({ts, std::move(c), std::nullopt});
+        ++n;
+      }
+      file_ranks.insert(rank);
+      if (n == 0) notes.insert(fmt::format("{} holds no collective seqpar can check", path));
+      continue;
+    }
     if (gen != generation::modern) {
       // torch ~2.0 and the legacy export: the backend's own events, "nccl:all_reduce",
       // "gloo:all_to_all" (the CPU-side annotation; the GPU copy is skipped). torch ~2.0 sizes
@@ -408,6 +635,23 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
                                   : ", no split sizes (all-to-all per-peer counts not compared), "
                                     "no output sizes"));
   }
+  if (gen == generation::c10d) {
+    t.meta.source = "kineto-c10d";
+    if (c10d_several_groups) {
+      std::vector<int> all(static_cast<std::size_t>(t.meta.world_size));
+      for (int r = 0; r < t.meta.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
+      t.meta.groups.clear();
+      t.meta.groups["default_pg"] = all;
+      notes.insert(
+          "the c10d::* events do not name their process group and the job has several: every "
+          "collective was matched across all ranks in issue order, so a job whose ranks "
+          "rightly issue different calls on different subgroups cannot be judged from them "
+          "(record with tools/seqpar_recorder.py for that)");
+    }
+    notes.insert(
+        "c10d::* events record no reduce op (an opaque object in the profile): reduce ops were "
+        "not compared");
+  }
   if (!world_known)
     notes.insert(fmt::format(
         "the world size is unknown (no distributedInfo): taken as the highest rank with a file "
@@ -428,6 +672,10 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
         "and trailing-dim checks were skipped");
     notes.insert("the profiler records no seqpar tags and no collective state");
   }
+  if (gen == generation::c10d)
+    notes.insert(
+        "the profiler records no seqpar tags (calls are tagged with their c10d op) and no "
+        "collective state");
   t.meta.notes.assign(notes.begin(), notes.end());
   return t;
 }
