@@ -10,7 +10,7 @@ src=$2
 . "$(dirname "$0")/torch_python.sh"
 root=${VEOMNI_DIR:-}
 if [ -z "$root" ]; then
-  root=$("$py" -c 'import os, veomni; print(os.path.dirname(os.path.dirname(veomni.__file__)))' 2>/dev/null)
+  root=$("$py" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("veomni").submodule_search_locations[0]))' 2>/dev/null)
 fi
 if [ -z "$root" ] || [ ! -f "$root/veomni/distributed/sequence_parallel/async_ulysses.py" ]; then
   echo "FAIL: VeOmni's veomni/distributed/sequence_parallel/async_ulysses.py not found (./setup.sh test installs the veomni package; or set VEOMNI_DIR to a checkout)"

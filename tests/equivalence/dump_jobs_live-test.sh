@@ -3,7 +3,7 @@
 # job) and judged by seqpar validate --dump: healthy jobs pass, each broken one is diagnosed at the
 # stage and ranks its entry in data/dumps/expected.json names. Exit 77 (meson SKIP) without torch.
 # The entries of job "veomni" (tools/crosscheck/veomni_ulysses_job.py, VeOmni's own Ulysses
-# all-to-alls) are rerun only when $VEOMNI_DIR names a VeOmni checkout, and skipped otherwise.
+# all-to-alls) run on $VEOMNI_DIR (a checkout) or the pinned veomni package of the project venv.
 #   dump_jobs_live-test.sh SEQPAR SOURCE_DIR
 set -u
 seqpar=$1
@@ -11,6 +11,13 @@ src=$2
 . "$(dirname "$0")/torch_python.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# VeOmni: $VEOMNI_DIR (a checkout), else the veomni package of the project venv.
+veomni=${VEOMNI_DIR:-$("$py" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("veomni").submodule_search_locations[0]))' 2>/dev/null)}
+if [ -z "$veomni" ]; then
+  echo "FAIL: no VeOmni: the project venv has no veomni package (./setup.sh test installs it)"
+  exit 1
+fi
+export VEOMNI_DIR=$veomni
 if [ -n "${VEOMNI_DIR:-}" ]; then
   "$py" "$src/tools/crosscheck/veomni_ulysses_job.py" --all --veomni "$VEOMNI_DIR" "$tmp/dumps" \
     >"$tmp/veomni.log" 2>&1 || {

@@ -12,7 +12,7 @@ rel=veomni/models/transformers/qwen3_5/generated/patched_modeling_qwen3_5_gpu.py
 file=${VEOMNI_QWEN3_5:-}
 [ -z "$file" ] && [ -n "${VEOMNI_DIR:-}" ] && file=$VEOMNI_DIR/$rel
 if [ -z "$file" ]; then
-  pkg=$("$py" -c 'import os, veomni; print(os.path.dirname(os.path.dirname(veomni.__file__)))' 2>/dev/null)
+  pkg=$("$py" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("veomni").submodule_search_locations[0]))' 2>/dev/null)
   [ -n "$pkg" ] && file=$pkg/$rel
 fi
 if [ -z "$file" ] || [ ! -f "$file" ]; then

@@ -1,19 +1,27 @@
-"""The frameworks' own Ulysses code as seqpar.testing implementations (their code is read from a
-checkout at run time, never copied here):
+"""The SP attention of the frameworks users pip-install, as seqpar.testing implementations: each
+calls the installed package's own code (requirements.txt pins the versions; nothing of theirs is
+copied here). The glue only adapts layouts: seqpar.testing hands each rank q [s, H, D] and
+k/v [s, Hkv, D] and wants out [s, H, D].
 
-- `veomni_ulysses`: VeOmni's prepare_ulysses_qkv / restore_ulysses_output (and the all-to-alls
-  under them), loaded from $VEOMNI_DIR by tools/crosscheck/async_ulysses_veomni.load_veomni.
-- `deepspeed_ulysses`: DeepSpeed's DistributedAttention / _SeqAllToAll from
-  $DEEPSPEED_DIR/deepspeed/sequence/layer.py (only the definitions, exec'd with torch.distributed
-  as deepspeed.comm; the uneven-heads, overlap-stream and RoPE paths are stubbed to raise).
+- `veomni_ulysses`: VeOmni's prepare_ulysses_qkv / restore_ulysses_output
+  (veomni.ops.kernels.attention.ulysses: KV repeat for U > Hkv, the all-to-alls of
+  veomni.distributed.sequence_parallel).
+- `deepspeed_ulysses`: DeepSpeed's DistributedAttention (deepspeed.sequence.layer) around a local
+  attention; DeepSpeed asserts KV heads >= U, so its users repeat KV heads first (as here).
+- `deepspeed_alst`: DeepSpeed ALST's Hugging Face Ulysses attention (UlyssesSPAttentionHF,
+  deepspeed.runtime.sequence_parallel.ulysses_sp) around a local attention.
+- `torch_cp_ring`: torch's own context-parallel ring attention
+  (torch.distributed.tensor.experimental._context_parallel: _templated_ring_attention forward
+  and backward, its head-tail load balancing when the layout is zigzag) with the CPU's fused
+  SDPA kernel. The public context_parallel() refuses the CPU kernel (see _TORCH_CP_PUBLIC).
+- `yunchang_usp`: yunchang's LongContextAttention (Ulysses x ring, USP) with its torch
+  backend; forward only (see YUNCHANG_BACKWARD).
 
-Between the all-to-alls sits the same local attention: masked varlen causal softmax over the
-gathered rows' documents (ctx.cu_seqlens_ring), float32 sums, like SDPA with a block mask.
+Between the all-to-alls of the Ulysses frameworks sits the same local attention: masked varlen
+causal softmax over the gathered rows' documents (ctx.cu_seqlens_ring), float32 sums.
 """
-import ast
 import os
 import sys
-import typing
 
 import torch
 import torch.distributed as dist
@@ -32,75 +40,29 @@ def local_attention(q, k, v, cu, scale, causal=True):
 
 # ----------------------------------------------------------------------------- VeOmni
 
-_VEOMNI = {}
-
-
-def _veomni(group, U):
-    import async_ulysses_veomni
-    import veomni_ulysses_job
-    key = (id(group), U)
-    if key not in _VEOMNI:
-        root = os.environ["VEOMNI_DIR"]
-        _VEOMNI[key] = async_ulysses_veomni.load_veomni(root, group, files=veomni_ulysses_job.FILES,
-                                                        world_size=U)[0]
-    return _VEOMNI[key]
-
-
 def veomni_ulysses(q, k, v, ctx):
-    ns = _veomni(ctx.ulysses_group, ctx.ulysses)
+    from veomni.ops.kernels.attention.ulysses import prepare_ulysses_qkv, restore_ulysses_output
     q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)  # VeOmni's [1, s, H, D]
-    qg, kg, vg, _ = ns["prepare_ulysses_qkv"](q4, k4, v4, group=ctx.ulysses_group,
-                                              ulysses_size=ctx.ulysses)
+    qg, kg, vg, _ = prepare_ulysses_qkv(q4, k4, v4, group=ctx.ulysses_group,
+                                        ulysses_size=ctx.ulysses)
     ctx.tap("q.gathered", qg, layout="bshd")
     ctx.tap("k.gathered", kg, layout="bshd")
     ctx.tap("v.gathered", vg, layout="bshd")
     o = local_attention(qg[0], kg[0], vg[0], ctx.cu_seqlens_ring, ctx.scale, ctx.causal)
     o = ctx.tap("out.attn", o.unsqueeze(0), layout="bshd")
-    return ns["restore_ulysses_output"](o, group=ctx.ulysses_group)[0]
+    return restore_ulysses_output(o, group=ctx.ulysses_group)[0]
 
 
 # ----------------------------------------------------------------------------- DeepSpeed
 
-_DEEPSPEED = {}
-_DS_NAMES = ["_generate_layout_params", "post_all2all", "pre_all2all_fun", "single_all_to_all",
-             "_SeqAllToAll", "DistributedAttention"]
-
-
-def _refuse(what):
-    def f(*a, **k):
-        raise RuntimeError("DeepSpeed path not available on the CPU harness: %s" % what)
-    return f
-
-
-def load_deepspeed(root):
-    """DistributedAttention and its helpers from root/deepspeed/sequence/layer.py."""
-    if root in _DEEPSPEED:
-        return _DEEPSPEED[root]
-    path = os.path.join(root, "deepspeed", "sequence", "layer.py")
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    found = [n for n in tree.body
-             if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in _DS_NAMES]
-    missing = sorted(set(_DS_NAMES) - {n.name for n in found})
-    if missing:
-        raise RuntimeError("%s: no definition of %s" % (path, ", ".join(missing)))
-    ns = {"torch": torch, "dist": dist, "Tensor": torch.Tensor, "Module": torch.nn.Module,
-          "Any": typing.Any, "Tuple": typing.Tuple, "get_num_kv_heads": lambda: None,
-          "set_num_kv_heads": _refuse("set_num_kv_heads (uneven heads)"),
-          "get_shard_size_list": _refuse("get_shard_size_list (uneven heads)"),
-          "uneven_heads_all2all": _refuse("uneven_heads_all2all"),
-          "get_accelerator": _refuse("get_accelerator (overlap streams)"),
-          "apply_rotary_pos_emb": _refuse("apply_rotary_pos_emb"),
-          "rearrange": _refuse("einops.rearrange")}
-    exec(compile(ast.Module(body=found, type_ignores=[]), path, "exec"), ns)
-    _DEEPSPEED[root] = ns
-    return ns
+_DS_READY = []
 
 
 def deepspeed_ulysses(q, k, v, ctx):
-    ns = load_deepspeed(os.environ["DEEPSPEED_DIR"])
+    from deepspeed.sequence.layer import DistributedAttention
+    _deepspeed_comm()
     U, Hkv = ctx.ulysses, ctx.kv_heads
-    if U > Hkv:  # DeepSpeed asserts KV heads ≥ U: repeat them first, as its users do
+    if U > Hkv:  # DeepSpeed asserts KV heads >= U: repeat them first, as its users do
         k = ctx.tap("k.repeated", k.repeat_interleave(U // Hkv, 1))
         v = ctx.tap("v.repeated", v.repeat_interleave(U // Hkv, 1))
 
@@ -111,5 +73,166 @@ def deepspeed_ulysses(q, k, v, ctx):
         o = local_attention(qg[0], kg[0], vg[0], ctx.cu_seqlens_ring, ctx.scale, ctx.causal)
         return ctx.tap("out.attn", o.unsqueeze(0), layout="bshd")
 
-    da = ns["DistributedAttention"](local, ctx.ulysses_group)
+    da = DistributedAttention(local, ctx.ulysses_group)
     return da(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), 0)[0]
+
+
+def _deepspeed_comm():
+    import deepspeed
+    if not _DS_READY:  # deepspeed.comm over the gloo world the harness made
+        deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+        _DS_READY.append(True)
+
+
+_ALST = {}
+
+
+def deepspeed_alst(q, k, v, ctx):
+    """DeepSpeed ALST's UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel.ulysses_sp):
+    the Hugging Face attention wrapper, called as a transformers model calls it (HF layout
+    [batch, heads, tokens, head_dim], this rank's position_ids, which it all-gathers), around a
+    core attention; it repeats KV heads itself when U > Hkv."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    _deepspeed_comm()
+    s, H, D = q.shape
+
+    def core(module, qg, kg, vg, mask, *args, **kwargs):  # [1, h_local, S, D]
+        t = lambda x: x.transpose(1, 2)  # -> [1, S, h_local, D]
+        ctx.tap("q.gathered", t(qg), layout="bshd")
+        ctx.tap("k.gathered", t(kg), layout="bshd")
+        ctx.tap("v.gathered", t(vg), layout="bshd")
+        o = local_attention(t(qg)[0], t(kg)[0], t(vg)[0], ctx.cu_seqlens_ring, ctx.scale,
+                            ctx.causal)
+        return ctx.tap("out.attn", o.unsqueeze(0), layout="bshd"), None  # [1, S, h_local, D]
+
+    key = (ctx.ulysses, H, ctx.kv_heads, D, id(ctx.ulysses_group))
+    if key not in _ALST:
+        _ALST[key] = UlyssesSPAttentionHF(
+            attn=core, batch_size=1, attn_head_count=H, attn_head_size=D,
+            kv_head_count=ctx.kv_heads, num_hidden_layers=1, process_group=ctx.ulysses_group,
+            seq_length_is_variable=True)
+    u = _ALST[key]
+    u.attn = core
+    hf = lambda x: x.transpose(0, 1).unsqueeze(0)  # [s, h, D] -> [1, h, s, D]
+    pos = torch.as_tensor(ctx.position_ids, dtype=torch.long).reshape(1, -1)
+    module = torch.nn.Module()
+    module.num_key_value_groups = H // ctx.kv_heads
+    out, _ = u(module, hf(q), hf(k), hf(v), None, position_ids=pos)
+    return out[0].reshape(s, H, D)
+
+
+# ----------------------------------------------------------------------------- torch CP
+
+# Measured with torch 2.11 on gloo CPU ranks: context_parallel(mesh, buffers=…) around
+# F.scaled_dot_product_attention raises "Operator aten._scaled_dot_product_flash_attention_for_cpu
+# .default does not have a sharding strategy registered" (both rotate methods, load balancing on
+# or off): the public API dispatches only the CUDA kernels (flash, efficient, cuDNN). The ring
+# itself is device-independent; it runs here with the CPU kernel.
+_TORCH_CP_PUBLIC = ("torch.distributed.tensor.experimental.context_parallel dispatches only the "
+                    "CUDA SDPA kernels; on the CPU it raises (no sharding strategy for "
+                    "_scaled_dot_product_flash_attention_for_cpu)")
+
+
+class _TorchRing(torch.autograd.Function):
+    """torch's ring forward and backward (its own functions), as one autograd node."""
+
+    @staticmethod
+    def forward(fn_ctx, q, k, v, group, scale, load_balance):
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+        old = cpa._cp_options.enable_load_balance
+        cpa._cp_options.enable_load_balance = load_balance
+        try:
+            out, lse, *_ = cpa._templated_ring_attention(
+                group, 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, q, k, v,
+                is_causal=True, dropout_p=0.0, scale=scale)
+        finally:
+            cpa._cp_options.enable_load_balance = old
+        fn_ctx.save_for_backward(q, k, v, out, lse)
+        fn_ctx.group, fn_ctx.scale, fn_ctx.lb = group, scale, load_balance
+        return out
+
+    @staticmethod
+    def backward(fn_ctx, dout):
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+        q, k, v, out, lse = fn_ctx.saved_tensors
+        old = cpa._cp_options.enable_load_balance
+        cpa._cp_options.enable_load_balance = fn_ctx.lb
+        try:
+            dq, dk, dv, *_ = cpa._templated_ring_attention_backward(
+                fn_ctx.group, 2,
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+                grad_out=dout.contiguous(), grad_out_name="grad_out", query=q, key=k, value=v,
+                out=out, logsumexp=lse, is_causal=True, dropout_p=0.0, scale=fn_ctx.scale)
+        finally:
+            cpa._cp_options.enable_load_balance = old
+        return dq, dk, dv, None, None, None
+
+
+def torch_cp_ring(q, k, v, ctx):
+    """Ring only (U = 1): zigzag = torch's head-tail load balancing, contiguous = without."""
+    t = lambda x: x.transpose(0, 1).unsqueeze(0)  # [s, h, D] -> [1, h, s, D]
+    if ctx.kv_heads != ctx.heads:  # GQA: as torch's SDPA callers do, KV repeated to q's heads
+        k = k.repeat_interleave(ctx.heads // ctx.kv_heads, 1)
+        v = v.repeat_interleave(ctx.heads // ctx.kv_heads, 1)
+    o = _TorchRing.apply(t(q), t(k), t(v), ctx.ring_group, ctx.scale, ctx.layout == "zigzag")
+    return o[0].transpose(0, 1)
+
+
+# ----------------------------------------------------------------------------- yunchang
+
+# yunchang 0.6.4's torch backends (AttnType.TORCH_*) raise in backward
+# (kernels/attention.py: pytorch_attn_backward), and TORCH_MATH returns an all-zero LSE, which
+# the ring merge then uses; TORCH_FLASH calls the CUDA-only aten._scaled_dot_product_flash_
+# attention, so on the CPU the same op's CPU twin is put in its place. Varlen (documents) exists
+# only through flash-attn: one document per row.
+YUNCHANG_BACKWARD = ("yunchang 0.6.4's torch attention backends raise NotImplementedError in "
+                     "backward; its backward needs flash-attn (CUDA)")
+_YC = {}
+
+
+def yunchang_usp(q, k, v, ctx):
+    import yunchang
+    import yunchang.kernels.attention as yka
+    from yunchang.kernels import AttnType
+    yka._scaled_dot_product_flash_attention = (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu)
+    key = (ctx.ulysses, ctx.ring)
+    if key not in _YC:
+        # seqpar's cp rank = ring_rank * U + ulysses_rank: yunchang's use_ulysses_low=True.
+        yunchang.set_seq_parallel_pg(ctx.ulysses, ctx.ring, dist.get_rank(), dist.get_world_size(),
+                                     use_ulysses_low=True)
+        impl = "zigzag" if ctx.layout == "zigzag" else "basic"
+        _YC[key] = yunchang.LongContextAttention(ring_impl_type=impl,
+                                                 attn_type=AttnType.TORCH_FLASH)
+    out = _YC[key](q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale=ctx.scale,
+                   causal=True)
+    return out[0]
+
+
+# ----------------------------------------------------------------------------- negative controls
+# The same code on shards it does not lay out: the property must see it fail.
+
+def torch_cp_ring_no_load_balance(q, k, v, ctx):
+    """torch's ring with load balancing off, whatever the layout."""
+    t = lambda x: x.transpose(0, 1).unsqueeze(0)
+    if ctx.kv_heads != ctx.heads:
+        k = k.repeat_interleave(ctx.heads // ctx.kv_heads, 1)
+        v = v.repeat_interleave(ctx.heads // ctx.kv_heads, 1)
+    return _TorchRing.apply(t(q), t(k), t(v), ctx.ring_group, ctx.scale, False)[0].transpose(0, 1)
+
+
+def yunchang_usp_basic(q, k, v, ctx):
+    """yunchang's ring with ring_impl_type="basic" (contiguous shards), whatever the layout."""
+    import yunchang
+    import yunchang.kernels.attention as yka
+    from yunchang.kernels import AttnType
+    yka._scaled_dot_product_flash_attention = (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu)
+    key = ("basic", ctx.ulysses, ctx.ring)
+    if key not in _YC:
+        yunchang.set_seq_parallel_pg(ctx.ulysses, ctx.ring, dist.get_rank(), dist.get_world_size(),
+                                     use_ulysses_low=True)
+        _YC[key] = yunchang.LongContextAttention(ring_impl_type="basic",
+                                                 attn_type=AttnType.TORCH_FLASH)
+    return _YC[key](q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale=ctx.scale,
+                    causal=True)[0]

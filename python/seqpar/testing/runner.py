@@ -103,6 +103,7 @@ class Runner(object):
             pool = self.pools[scn.world] = RankPool(scn.world, self.pool_impl, self.start_method)
         task = {"scenario": scn.to_json(), "dir": d, "job": "seqpar.testing %s: %s" % (
             self.name, scn.describe()),
+            "backward": supports is None or supports.backward,
             "layout": {"padded_length": lay.padded_length,
                        "original_length": lay.original_length,
                        "cu_seqlens": list(lay.cu_seqlens),

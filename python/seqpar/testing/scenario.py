@@ -185,6 +185,8 @@ class Supports:
     max_ulysses: int = 64
     max_ring: int = 64
     profiles: tuple = ("xorl",)          # whose data path lays out the row
+    backward: bool = True                # False: forward only (no backward run, no gradient
+                                         # judged), for code whose backward cannot run here
 
     @staticmethod
     def of(x):

@@ -109,8 +109,9 @@ class _Rank(object):
                 if problem:
                     return {"status": "bad_output", "message": problem}
                 ctx_dumper.tap("out.local", out)
-            phase = "backward"
-            out.backward(w)
+            if task.get("backward", True):  # Supports(backward=False): forward only
+                phase = "backward"
+                out.backward(w)
         except Exception as e:  # the user's code raised: report it, keep the worker alive
             return {"status": "raised", "phase": phase, "error": _user_traceback(e),
                     "exception": type(e).__name__}
@@ -125,7 +126,8 @@ class _Rank(object):
                     "the projection's output, which autograd and the model use again; write "
                     "into a copy" % (n, "%d of %d elements changed" % (changed, orig.numel())
                                      if changed else "values unchanged", version, t._version, n))}
-        missing = [n for n, t in (("q", q), ("k", k), ("v", v)) if t.grad is None]
+        missing = [n for n, t in (("q", q), ("k", k), ("v", v))
+                   if t.grad is None and task.get("backward", True)]
         if missing:
             return {"status": "no_grad", "message": (
                 "no gradient reached %s: the output does not depend on %s, or the graph was cut "
