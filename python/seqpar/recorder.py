@@ -285,16 +285,19 @@ class Recorder:
     # ---- torch.distributed wrappers ----------------------------------------------------
     def install(self):
         d = self._dist
+        # One bound method per name, kept: torch compares ops by identity (P2POp checks its op
+        # against distributed_c10d's isend/irecv, and torch >= 2.4's batch_isend_irecv asks
+        # `op.op is isend` to pick group_dst or group_src), and each attribute access of a
+        # bound method makes a new object.
+        self._wrappers = {n: getattr(self, "_w_" + n) for n in self._WRAPPED}
         for name in self._WRAPPED:
             if hasattr(d, name) and name not in self._orig:
                 self._orig[name] = getattr(d, name)
-                setattr(d, name, getattr(self, "_w_" + name))
-        # P2POp(dist.isend, …) checks its op against distributed_c10d's own isend/irecv: those
-        # names must be the wrappers too, or batch_isend_irecv rejects the user's ops.
+                setattr(d, name, self._wrappers[name])
         from torch.distributed import distributed_c10d as c10d
         self._c10d_orig = {n: getattr(c10d, n) for n in ("isend", "irecv") if hasattr(c10d, n)}
         for n in self._c10d_orig:
-            setattr(c10d, n, getattr(self, "_w_" + n))
+            setattr(c10d, n, self._wrappers[n])
 
     def uninstall(self):
         for name, fn in self._orig.items():
@@ -370,25 +373,34 @@ class Recorder:
             kw["device_ids"] = device_ids
         return self._run([rec], self._orig["barrier"], **kw)
 
-    def _w_send(self, tensor, dst, group=None, tag=0):
-        rec = self._p2p("send", tensor, dst, group)
-        return self._run([rec], self._orig["send"], tensor, dst, group=group, tag=tag)
+    @staticmethod
+    def _global_peer(peer, group, group_peer):
+        """torch >= 2.4 names a peer by its rank in the group too (group_dst / group_src)."""
+        if peer is None and group_peer is not None:
+            import torch.distributed as dist
+            return dist.get_global_rank(group if group is not None else dist.group.WORLD,
+                                        group_peer)
+        return peer
 
-    def _w_recv(self, tensor, src=None, group=None, tag=0):
-        rec = self._p2p("recv", tensor, src, group)
-        return self._run([rec], self._orig["recv"], tensor, src, group=group, tag=tag)
+    def _w_send(self, tensor, dst=None, group=None, tag=0, **kw):
+        rec = self._p2p("send", tensor, self._global_peer(dst, group, kw.get("group_dst")), group)
+        return self._run([rec], self._orig["send"], tensor, dst, group=group, tag=tag, **kw)
 
-    def _w_isend(self, tensor, dst, group=None, tag=0):
+    def _w_recv(self, tensor, src=None, group=None, tag=0, **kw):
+        rec = self._p2p("recv", tensor, self._global_peer(src, group, kw.get("group_src")), group)
+        return self._run([rec], self._orig["recv"], tensor, src, group=group, tag=tag, **kw)
+
+    def _w_isend(self, tensor, dst=None, group=None, tag=0, **kw):
         if self._in_batch:
-            return self._orig["isend"](tensor, dst, group=group, tag=tag)
-        rec = self._p2p("send", tensor, dst, group)
-        return self._run([rec], self._orig["isend"], tensor, dst, group=group, tag=tag)
+            return self._orig["isend"](tensor, dst, group=group, tag=tag, **kw)
+        rec = self._p2p("send", tensor, self._global_peer(dst, group, kw.get("group_dst")), group)
+        return self._run([rec], self._orig["isend"], tensor, dst, group=group, tag=tag, **kw)
 
-    def _w_irecv(self, tensor, src=None, group=None, tag=0):
+    def _w_irecv(self, tensor, src=None, group=None, tag=0, **kw):
         if self._in_batch:
-            return self._orig["irecv"](tensor, src, group=group, tag=tag)
-        rec = self._p2p("recv", tensor, src, group)
-        return self._run([rec], self._orig["irecv"], tensor, src, group=group, tag=tag)
+            return self._orig["irecv"](tensor, src, group=group, tag=tag, **kw)
+        rec = self._p2p("recv", tensor, self._global_peer(src, group, kw.get("group_src")), group)
+        return self._run([rec], self._orig["irecv"], tensor, src, group=group, tag=tag, **kw)
 
     def _w_batch_isend_irecv(self, p2p_op_list):
         recs = []

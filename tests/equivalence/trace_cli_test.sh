@@ -111,8 +111,10 @@ kv() {  # kv VARIANT WANT_RC TEXT: import the variant, replay it, expect TEXT in
 kv one_more 1 "1. [SIZE_OR_SYNTAX_MISMATCH] rank 5 seq 4 of default_pg nccl:all_reduce all_reduce: in 394242 elements, expected 394241"
 kv float64_rank 1 "1. [COLLECTIVE_DTYPE_MISMATCH] rank 3 seq 0 of default_pg nccl:all_to_all all_to_all: dtype float64, expected dtype float32"
 kv stops 1 "rank 6's profile ends at seq 3 of default_pg while rank 0's goes on"
-kv missing_file 0 "consistent"
+# A rank without a file: never "consistent" — INCOMPLETE (exit 1), the present ranks judged.
+kv missing_file 1 "INCOMPLETE — rank 7 of 8 left no file"
 expect_in "replay torch 2.0 missing_file" "$tmp/out" "rank 7 of 8 have no file: their calls were not compared"
+expect_in "replay torch 2.0 missing_file" "$tmp/out" "among the present ranks: no problem found"
 check "import torch 2.0 alone" 0 "$seqpar" import --from kineto "$tmp/kv/alone" --out "$tmp/kv_alone.jsonl"
 check "replay torch 2.0 alone" 2 "$seqpar" replay "$tmp/kv_alone.jsonl"
 expect_in "replay torch 2.0 alone" "$tmp/err" "nothing was compared: every call in the trace comes from rank 2 alone of a world of 8"

@@ -77,6 +77,24 @@ def _all_to_all_lists(output_list, input_list, group=None, async_op=False):
     return None
 
 
+def import_veomni(group):
+    """The installed veomni package, imported as users import it: the Ulysses group set through
+    its own seam (set_ulysses_sequence_parallel_group), and gloo's missing list all_to_all
+    emulated over all_to_all_single (_all_to_all_lists). Returns (namespace, sha256 of the
+    module files)."""
+    import importlib
+    mod = importlib.import_module("veomni.distributed.sequence_parallel.async_ulysses")
+    comm = importlib.import_module("veomni.distributed.sequence_parallel.comm")
+    comm.set_ulysses_sequence_parallel_group(group)
+    dist.all_to_all = _all_to_all_lists
+    digest = hashlib.sha256()
+    for name in ("async_ulysses", "ulysses", "backward", "utils", "comm"):
+        m = importlib.import_module("veomni.distributed.sequence_parallel." + name)
+        with open(m.__file__, "rb") as f:
+            digest.update(f.read())
+    return {"async_ulysses_qkv_projection": mod.async_ulysses_qkv_projection}, digest.hexdigest()
+
+
 def load_veomni(root, group, files=None, world_size=None):
     """Executes the wanted definitions of each file ({path in the checkout: [names]}, default
     FILES) in one namespace, with the Ulysses group getters answering `group` and `world_size`
@@ -125,7 +143,13 @@ def rank_main(rank, root, case, port, results):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=U)
     torch.set_num_threads(1)
-    ns, digest = load_veomni(root, dist.group.WORLD)
+    # A checkout is read definition by definition (load_veomni); the installed package is
+    # imported (its modules changed shape across versions: 0.1.12's backward helpers live in
+    # backward.py and op_wrappers.py).
+    if root == "package":
+        ns, digest = import_veomni(dist.group.WORLD)
+    else:
+        ns, digest = load_veomni(root, dist.group.WORLD)
     out = []
     for sub in case["cases"]:
         t = {x["name"]: decode(x) for x in sub["tensors"]}
@@ -152,7 +176,9 @@ def rank_main(rank, root, case, port, results):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--veomni", required=True, help="a VeOmni checkout (its root directory)")
+    ap.add_argument("--veomni", required=True,
+                    help="a VeOmni checkout (its root directory), or 'package': the installed "
+                         "veomni package")
     ap.add_argument("input", help="the JSON of torch_crosscheck async-dump")
     ap.add_argument("output")
     args = ap.parse_args()

@@ -144,7 +144,7 @@ generation generation_of(const std::vector<json>& events) {
     const auto name = str_arg(e, "name");
     if (!c10d_op_name(name).empty()) {
       if (const auto* a = arg(e, "args");
-          a && a->is_object() && (arg(*a, "Concrete Inputs") || arg(*a, "Input Dims")) &&
+          a && a->is_object() && arg(*a, "Concrete Inputs") &&
           !op_from_c10d(c10d_op_name(name)).empty())
         c10d = true;
     } else if (name == "record_param_comms") {
