@@ -357,8 +357,7 @@ void checker::summarize_absent(const std::set<int>& without_file) {
       "{} of a world of {} left no file: {} calls were not compared, and no verdict on the "
       "job can be given from the {} present rank{}",
       list(rep_.missing_ranks), meta_ ? meta_->world_size : 0,
-      without_file.size() == 1 ? "its" : "their", present.size(),
-      present.size() == 1 ? "" : "s"));
+      without_file.size() == 1 ? "its" : "their", present.size(), present.size() == 1 ? "" : "s"));
   // Where each present rank stopped.
   std::map<std::tuple<std::string, std::int64_t, std::string, std::string>, std::vector<int>> stops;
   for (int r : present)
@@ -386,8 +385,8 @@ void checker::summarize_absent(const std::set<int>& without_file) {
     std::vector<std::string> parts;
     for (const auto& [call, ranks] : stops)
       parts.push_back(fmt::format("{} at {}", list(ranks), call_text(call)));
-    ev.push_back(fmt::format("the present ranks stop at different calls: {}",
-                             fmt::join(parts, "; ")));
+    ev.push_back(
+        fmt::format("the present ranks stop at different calls: {}", fmt::join(parts, "; ")));
   }
   // What the present ranks' all-to-all split lists expect of an absent rank.
   for (const auto& [key, by_absent] : splits_toward_absent_)
@@ -398,8 +397,8 @@ void checker::summarize_absent(const std::set<int>& without_file) {
       if (expect.size() < 2) continue;
       std::vector<std::string> parts;
       for (const auto& [n, ranks] : expect)
-        parts.push_back(fmt::format("{} expect{} {} elements", list(ranks),
-                                    ranks.size() == 1 ? "s" : "", n));
+        parts.push_back(
+            fmt::format("{} expect{} {} elements", list(ranks), ranks.size() == 1 ? "s" : "", n));
       ev.push_back(fmt::format(
           "at seq {} of {} (all_to_all) the present ranks disagree about what rank {} sends "
           "them: {} — one side's split list is wrong (a stale list on the rank that differs "
@@ -419,8 +418,8 @@ void checker::summarize_absent(const std::set<int>& without_file) {
     if (got.size() < 2) continue;
     std::vector<std::string> parts;
     for (const auto& [n, ranks] : got)
-      parts.push_back(fmt::format("{} receive{} {} elements", list(ranks),
-                                  ranks.size() == 1 ? "s" : "", n));
+      parts.push_back(
+          fmt::format("{} receive{} {} elements", list(ranks), ranks.size() == 1 ? "s" : "", n));
     ev.push_back(fmt::format(
         "at seq {} of {} (all_to_all) the present ranks receive different amounts: {} — in a "
         "Ulysses all-to-all of equal shards every rank receives the same; the source records no "

@@ -215,9 +215,7 @@ class checker {
   /// groups): how many positions were compared, how many disagree in op or element count, and
   /// the first such position, described.
   /// Sources that record a window of the run (a profiler's schedule) and drop a failing call.
-  bool from_profiler() const {
-    return meta_ && (meta_->source == "kineto" || order_matched());
-  }
+  bool from_profiler() const { return meta_ && (meta_->source == "kineto" || order_matched()); }
   bool order_matched() const {
     return meta_ && (meta_->source == "kineto-2.0" || meta_->source == "profiler-legacy" ||
                      meta_->source == "kineto-c10d");

@@ -29,8 +29,8 @@ std::string to_text(const report& r) {
     if (r.problems_total == 0)
       out += "among the present ranks: no problem found\n";
     else
-      out += fmt::format("among the present ranks: {} problem{} (first first)\n",
-                         r.problems_total, r.problems_total == 1 ? "" : "s");
+      out += fmt::format("among the present ranks: {} problem{} (first first)\n", r.problems_total,
+                         r.problems_total == 1 ? "" : "s");
     int i = 0;
     for (const auto& p : r.problems)
       out += fmt::format("{:>3}. [{}] {}\n", ++i, p.category, p.message());

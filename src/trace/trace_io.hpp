@@ -60,8 +60,8 @@ struct call_record {
   bool splits_truncated = false;  ///< the source cut the split lists (kineto: 30 entries)
   std::optional<std::int64_t> in_numel, out_numel;  ///< when only element counts are known
   std::optional<int> peer;                          ///< p2p: global rank of the peer
-  std::optional<int> root;  ///< broadcast: global rank of the root, when the source records it
-  std::optional<dims> shape;                        ///< p2p: message shape
+  std::optional<int> root;    ///< broadcast: global rank of the root, when the source records it
+  std::optional<dims> shape;  ///< p2p: message shape
   std::string tag;
   std::optional<std::string> state;  ///< completed | started | scheduled
   /// Wall-clock times of the call (seconds since the epoch), when the source records them

@@ -62,6 +62,32 @@ def _module(name, **attrs):
     return m
 
 
+def nccl_like_all_gather(tensor_list, tensor, group=None, async_op=False):
+    """all_gather as NCCL does it, over gloo: NCCL checks only element counts (a 0-d input into
+    [1]-shaped outputs), gloo also checks shapes; outputs of different sizes are filled by one
+    broadcast per rank, as ProcessGroupNCCL::allgather does. DeepSpeed targets NCCL."""
+    if tensor.dim() == 0 and tensor_list and tensor_list[0].dim() == 1:
+        tensor = tensor.reshape(1)
+    if all(t.shape == tensor.shape for t in tensor_list):
+        return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+    me = dist.get_rank(group)
+    for src, out in enumerate(tensor_list):
+        if src == me:
+            out.copy_(tensor)
+        dist.broadcast(out, src=src, group=group)
+
+
+def load_adapter_package():
+    """The adapter of the installed deepspeed package, imported as users import it, over the
+    gloo world (deepspeed.comm initialised on it; its all_gather given NCCL's semantics)."""
+    import deepspeed
+    import deepspeed.comm
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    deepspeed.comm.all_gather = nccl_like_all_gather
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+    return UlyssesSPDataLoaderAdapter
+
+
 def load_adapter(path):
     class _Unused:
         def __init__(self, *a, **k):
@@ -74,19 +100,7 @@ def load_adapter(path):
     _module("deepspeed.sequence.layer", _DimZeroAllToAll=_Unused)
     _module("deepspeed.utils")
     _module("deepspeed.utils.logging", logger=logging.getLogger("deepspeed"))
-    def all_gather(tensor_list, tensor, group=None, async_op=False):
-        # NCCL checks only element counts; gloo also checks shapes. DeepSpeed targets NCCL.
-        if tensor.dim() == 0 and tensor_list and tensor_list[0].dim() == 1:
-            tensor = tensor.reshape(1)
-        if all(t.shape == tensor.shape for t in tensor_list):
-            return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
-        me = dist.get_rank(group)
-        for src, out in enumerate(tensor_list):
-            if src == me:
-                out.copy_(tensor)
-            dist.broadcast(out, src=src, group=group)
-
-    comm = _module("deepspeed.comm", all_gather=all_gather, all_gather_object=dist.all_gather_object,
+    comm = _module("deepspeed.comm", all_gather=nccl_like_all_gather, all_gather_object=dist.all_gather_object,
                    get_rank=dist.get_rank, get_world_size=dist.get_world_size,
                    ProcessGroup=dist.ProcessGroup)
     sys.modules["deepspeed"].comm = comm
@@ -188,7 +202,7 @@ def plain(batch):
 def worker(rank, world, init_file, ulysses_sp, rows, result_dir):
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=5))
-    Adapter = load_adapter(ulysses_sp)
+    Adapter = load_adapter_package() if ulysses_sp == "package" else load_adapter(ulysses_sp)
     dl = torch.utils.data.DataLoader([as_batch(rows[rank])], batch_size=None)
     result = {"rank": rank}
     try:
@@ -239,7 +253,8 @@ def run_case(name, U, rows, ulysses_sp, out_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ulysses-sp", required=True, help="DeepSpeed's ulysses_sp.py")
+    ap.add_argument("--ulysses-sp", required=True,
+                    help="DeepSpeed's ulysses_sp.py, or 'package': the installed deepspeed")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)

@@ -143,9 +143,8 @@ generation generation_of(const std::vector<json>& events) {
     if (!e.is_object()) continue;
     const auto name = str_arg(e, "name");
     if (!c10d_op_name(name).empty()) {
-      if (const auto* a = arg(e, "args");
-          a && a->is_object() && arg(*a, "Concrete Inputs") &&
-          !op_from_c10d(c10d_op_name(name)).empty())
+      if (const auto* a = arg(e, "args"); a && a->is_object() && arg(*a, "Concrete Inputs") &&
+                                          !op_from_c10d(c10d_op_name(name)).empty())
         c10d = true;
     } else if (name == "record_param_comms") {
       if (const auto* a = arg(e, "args"); a && a->is_object() && arg(*a, "Collective name"))
@@ -276,8 +275,8 @@ std::vector<std::pair<double, call_record>> read_c10d(const std::vector<json>& e
     c.group = group;
     // The c10d op as the tag (a send and its recv share one: replay pairs them by tag).
     c.tag = c.p2p ? "c10d::send/recv" : "c10d::" + name;
-    const bool base = name == "alltoall_base" || name == "_allgather_base" ||
-                      name == "_reduce_scatter_base";
+    const bool base =
+        name == "alltoall_base" || name == "_allgather_base" || name == "_reduce_scatter_base";
     if (c.p2p) {
       if (auto d = dims_at(*a, 0); !d.empty()) c.shape = d[0];
       c.peer = global(concrete_at(*a, 2));
@@ -333,8 +332,7 @@ std::vector<std::pair<double, call_record>> read_c10d(const std::vector<json>& e
     }
     // The element type of a TensorList op: the backend's annotation of the same call.
     while (b < backend.size() && op_from_c10d(str_arg(*backend[b].e, "name")) != op &&
-           b + 1 < backend.size() &&
-           op_from_c10d(str_arg(*backend[b + 1].e, "name")) == op)
+           b + 1 < backend.size() && op_from_c10d(str_arg(*backend[b + 1].e, "name")) == op)
       ++b;  // an annotation without a c10d event (none seen so far): step over it
     if (b < backend.size() && op_from_c10d(str_arg(*backend[b].e, "name")) == op) {
       if (!c.dtype)
