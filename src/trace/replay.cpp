@@ -388,22 +388,31 @@ void checker::summarize_absent(const std::set<int>& without_file) {
     ev.push_back(
         fmt::format("the present ranks stop at different calls: {}", fmt::join(parts, "; ")));
   }
+  // "ranks 0, 2 expect 64 elements, rank 1 expects 96 elements": the present ranks grouped by
+  // a count (verb: "expect", "receive"); empty when they all agree.
+  auto disagreement = [&](const std::map<int, std::int64_t>& by_rank, const char* verb) {
+    std::map<std::int64_t, std::vector<int>> groups;
+    for (const auto& [r, n] : by_rank)
+      if (n >= 0) groups[n].push_back(r);
+    std::vector<std::string> parts;
+    if (groups.size() >= 2)
+      for (const auto& [n, ranks] : groups)
+        parts.push_back(
+            fmt::format("{} {}{} {} elements", list(ranks), verb, ranks.size() == 1 ? "s" : "", n));
+    return fmt::format("{}", fmt::join(parts, ", "));
+  };
   // What the present ranks' all-to-all split lists expect of an absent rank.
   for (const auto& [key, by_absent] : splits_toward_absent_)
     for (const auto& [absent, by_rank] : by_absent) {
-      std::map<std::int64_t, std::vector<int>> expect;
-      for (const auto& [r, io] : by_rank)
-        if (io.second >= 0) expect[io.second].push_back(r);
-      if (expect.size() < 2) continue;
-      std::vector<std::string> parts;
-      for (const auto& [n, ranks] : expect)
-        parts.push_back(
-            fmt::format("{} expect{} {} elements", list(ranks), ranks.size() == 1 ? "s" : "", n));
+      std::map<int, std::int64_t> expect;
+      for (const auto& [r, io] : by_rank) expect[r] = io.second;
+      const auto parts = disagreement(expect, "expect");
+      if (parts.empty()) continue;
       ev.push_back(fmt::format(
           "at seq {} of {} (all_to_all) the present ranks disagree about what rank {} sends "
           "them: {} — one side's split list is wrong (a stale list on the rank that differs "
           "is the usual cause); rank {}'s own list was not recorded",
-          key.second, key.first, absent, fmt::join(parts, ", "), absent));
+          key.second, key.first, absent, parts, absent));
     }
   // Without split lists (Flight Recorder): what each present rank received in all.
   for (const auto& [key, by_rank] : received_) {
@@ -413,19 +422,13 @@ void checker::summarize_absent(const std::set<int>& without_file) {
         for (const auto& [r, io] : rs) listed = listed || io.second >= 0;
       if (listed) continue;  // the split lists said it more precisely above
     }
-    std::map<std::int64_t, std::vector<int>> got;
-    for (const auto& [r, n] : by_rank) got[n].push_back(r);
-    if (got.size() < 2) continue;
-    std::vector<std::string> parts;
-    for (const auto& [n, ranks] : got)
-      parts.push_back(
-          fmt::format("{} receive{} {} elements", list(ranks), ranks.size() == 1 ? "s" : "", n));
+    const auto parts = disagreement(by_rank, "receive");
+    if (parts.empty()) continue;
     ev.push_back(fmt::format(
         "at seq {} of {} (all_to_all) the present ranks receive different amounts: {} — in a "
         "Ulysses all-to-all of equal shards every rank receives the same; the source records no "
-        "split lists, "
-        "and the absent rank's part of the exchange is unknown",
-        key.second, key.first, fmt::join(parts, ", ")));
+        "split lists, and the absent rank's part of the exchange is unknown",
+        key.second, key.first, parts));
   }
   // Point-to-point calls with an absent partner.
   std::set<std::string> p2p;

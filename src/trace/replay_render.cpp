@@ -17,6 +17,18 @@ std::string json_str(const std::string& s) { return nlohmann::json(s).dump(); }
 
 }  // namespace
 
+/// The numbered problem lines, and how many more were not listed.
+std::string problem_lines(const report& r) {
+  std::string out;
+  int i = 0;
+  for (const auto& p : r.problems)
+    out += fmt::format("{:>3}. [{}] {}\n", ++i, p.category, p.message());
+  if (r.problems_total > static_cast<std::int64_t>(r.problems.size()))
+    out += fmt::format("     … {} more not listed\n",
+                       r.problems_total - static_cast<std::int64_t>(r.problems.size()));
+  return out;
+}
+
 std::string to_text(const report& r) {
   std::string out;
   if (!r.missing_ranks.empty()) {
@@ -31,23 +43,13 @@ std::string to_text(const report& r) {
     else
       out += fmt::format("among the present ranks: {} problem{} (first first)\n", r.problems_total,
                          r.problems_total == 1 ? "" : "s");
-    int i = 0;
-    for (const auto& p : r.problems)
-      out += fmt::format("{:>3}. [{}] {}\n", ++i, p.category, p.message());
-    if (r.problems_total > static_cast<std::int64_t>(r.problems.size()))
-      out += fmt::format("     … {} more not listed\n",
-                         r.problems_total - static_cast<std::int64_t>(r.problems.size()));
+    out += problem_lines(r);
   } else if (r.consistent) {
     out += fmt::format("{}: consistent\n", r.source);
   } else {
     out += fmt::format("{}: {} problem{} (first first)\n", r.source, r.problems_total,
                        r.problems_total == 1 ? "" : "s");
-    int i = 0;
-    for (const auto& p : r.problems)
-      out += fmt::format("{:>3}. [{}] {}\n", ++i, p.category, p.message());
-    if (r.problems_total > static_cast<std::int64_t>(r.problems.size()))
-      out += fmt::format("     … {} more not listed\n",
-                         r.problems_total - static_cast<std::int64_t>(r.problems.size()));
+    out += problem_lines(r);
   }
   if (!r.run_ended.empty()) out += fmt::format("the run ended: {}\n", r.run_ended);
   std::vector<std::string> counts;

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import hypothesis
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -80,8 +81,11 @@ EXPECTED = {
     "lse_merge_no_max": "lse",
     "ring_src_off_by_one": "lse",
     "kv_grad_not_summed": "grad.v.local",
-    "no_causal": "lse",
+    # Which of the two the shrunk example shows first depends on the layout it shrinks to
+    # (a ring taps lse before its merged output): the cause is checked instead.
+    "no_causal": ("lse", "out.attn"),
 }
+CAUSE = {"no_causal": "without the causal mask"}
 
 
 @pytest.mark.parametrize("variant", sorted(EXPECTED))
@@ -93,7 +97,9 @@ def test_broken_variant_found_and_shrunk(variant):
     if want == "raised":
         assert " raised " in head, report
     else:
-        assert ": %s differs on" % want in head, report
+        wants = want if isinstance(want, tuple) else (want,)
+        assert any(": %s differs on" % w in head for w in wants), report
+    assert CAUSE.get(variant, "") in report, report
     scn = _scenario_of(report)
     assert scn.world <= 4 and scn.tokens <= 32, scn
     assert not _children()
@@ -125,8 +131,15 @@ def test_supports_skips_what_is_declared_unsupported():
     assert stats["failures"] == 0
 
 
+# Bad user code fails on every example and every failing example restarts the pool (its
+# collectives may be out of step): shrinking it would take minutes and prove nothing more about
+# the words of the report, so these tests stop at the first failing example.
+NO_SHRINK = {"phases": [hypothesis.Phase.explicit, hypothesis.Phase.reuse,
+                        hypothesis.Phase.generate]}
+
+
 def test_raising_rank_is_named_and_the_pool_recovers():
-    report = _fail(bad_code.raises_on_rank1, max_examples=20)
+    report = _fail(bad_code.raises_on_rank1, max_examples=20, settings=NO_SHRINK)
     assert "rank 1 raised ValueError in forward" in report, report
     assert "rank 1 gives up" in report
     assert "waiting in torch.distributed" in report, report  # rank 0, stuck in its all-to-all
@@ -153,7 +166,7 @@ def test_hang_names_the_rank_that_did_not_return():
     (bad_code.detached, "no gradient reached q"),
 ])
 def test_contract_violations_are_named(impl, words):
-    report = _fail(impl, max_examples=20)
+    report = _fail(impl, max_examples=20, settings=NO_SHRINK)
     assert words in report, report
     assert not _children()
 

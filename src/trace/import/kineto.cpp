@@ -53,7 +53,8 @@ struct split_list {
   bool present = false;
 };
 
-/// The integers of "[4, 4, 6]" (empty for "[]" or "").
+/// The integers of "[4, 4, 6]" (empty for "[]" or ""): every run of digits (no std::regex: its
+/// recursion per character overflows the stack on a long run).
 dims parse_splits_text(const std::string& text) {
   dims v;
   for (std::size_t i = 0; i < text.size();) {
@@ -75,18 +76,7 @@ split_list parse_splits(const json& a, const char* key) {
   if (!v) return s;
   std::string text = v->is_string() ? v->get<std::string>() : v->dump();
   s.truncated = text.find("...") != std::string::npos;
-  // Every run of digits (no std::regex: its recursion per character overflows the stack on a
-  // long run).
-  for (std::size_t i = 0; i < text.size();) {
-    if (text[i] < '0' || text[i] > '9') {
-      ++i;
-      continue;
-    }
-    std::size_t j = i;
-    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
-    if (j - i <= 15) s.values.push_back(std::stoll(text.substr(i, j - i)));
-    i = j;
-  }
+  s.values = parse_splits_text(text);
   s.present = !s.values.empty() || s.truncated;
   return s;
 }
