@@ -298,6 +298,15 @@ def _cdt(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _mm(eq, a, b):
+    """einsum; in float16/bfloat16 as the CPU's low-precision GEMM computes it (products summed
+    in float32, the result rounded once to the input dtype), written out so that a job means the
+    same under every torch (torch 2.1's CPU has no float16 GEMM)."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        return torch.einsum(eq, a.float(), b.float()).to(a.dtype)
+    return torch.einsum(eq, a, b)
+
+
 def attend(q, k, v, mask, scale, prec=None):
     """Masked softmax attention; q [n,h,D], k/v [m,hk,D] (GQA: q head i uses KV head
     i // (h/hk)). Accumulates in float32 like the fused kernels; returns out [n,h,D] in q's dtype
@@ -314,14 +323,14 @@ def attend(q, k, v, mask, scale, prec=None):
     if h != hk:
         kf = kf.repeat_interleave(h // hk, dim=1)
         vf = vf.repeat_interleave(h // hk, dim=1)
-    s = torch.einsum("nhd,mhd->hnm", qf, kf) * scale
+    s = _mm("nhd,mhd->hnm", qf, kf) * scale
     s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(s - safe.unsqueeze(-1))
     if prec == "p_lowp_gemm":  # P enters the P·V product in the input dtype
         p = p.to(q.dtype).to(cdt)
-    out = torch.einsum("hnm,mhd->nhd", p, vf)
+    out = _mm("hnm,mhd->nhd", p, vf)
     return out.to(q.dtype), lse.to(torch.float32)
 
 
@@ -334,10 +343,10 @@ def _attend_exp_nomax(q, k, v, mask, scale):
     if h != hk:
         kf = k.repeat_interleave(h // hk, dim=1)
         vf = v.repeat_interleave(h // hk, dim=1)
-    s = (torch.einsum("nhd,mhd->hnm", q, kf) * scale).to(dt)
+    s = (_mm("nhd,mhd->hnm", q, kf) * scale).to(dt)
     p = torch.exp(s.masked_fill(~mask, float("-inf")))
     den = p.sum(-1)
-    out = torch.einsum("hnm,mhd->nhd", p, vf) / den.transpose(0, 1).unsqueeze(-1)
+    out = _mm("hnm,mhd->nhd", p, vf) / den.transpose(0, 1).unsqueeze(-1)
     return out.to(dt), torch.log(den).to(torch.float32)
 
 

@@ -167,6 +167,8 @@ std::optional<std::int64_t> first_numel(const json& a) {
   return n;
 }
 
+std::string type_at(const json& a, std::size_t i);
+
 /// "Input Dims"[i]: a tensor's dims, or (a TensorList) its tensors' dims.
 std::vector<dims> dims_at(const json& a, std::size_t i) {
   std::vector<dims> out;
@@ -181,7 +183,10 @@ std::vector<dims> dims_at(const json& a, std::size_t i) {
     }
     return v;
   };
-  if (!x.empty() && x[0].is_array()) {
+  if (x.empty()) {
+    // "[]": a 0-d tensor, or (torch 2.1) a TensorList whose shapes were not recorded.
+    if (type_at(a, i) != "TensorList") out.push_back(dims{});
+  } else if (x[0].is_array()) {
     for (const auto& t : x)
       if (auto v = one(t)) out.push_back(*v);
   } else if (auto v = one(x)) {
@@ -320,14 +325,21 @@ std::vector<std::pair<double, call_record>> read_c10d(const std::vector<json>& e
       }
       if (name == "broadcast") c.root = global(concrete_at(*a, 2));
     }
-    // The element type of a TensorList op: the backend's annotation of the same call.
+    // The element type of a TensorList op (and, torch 2.1, its shape): the backend's annotation
+    // of the same call.
     while (b < backend.size() && op_from_c10d(str_arg(*backend[b].e, "name")) != op &&
            b + 1 < backend.size() && op_from_c10d(str_arg(*backend[b + 1].e, "name")) == op)
       ++b;  // an annotation without a c10d event (none seen so far): step over it
     if (b < backend.size() && op_from_c10d(str_arg(*backend[b].e, "name")) == op) {
-      if (!c.dtype)
-        if (const auto* ba = arg(*backend[b].e, "args"); ba && ba->is_object())
+      if (const auto* ba = arg(*backend[b].e, "args"); ba && ba->is_object()) {
+        if (!c.dtype)
           if (auto dt = dtype_from_cpp(type_at(*ba, 0)); !dt.empty()) c.dtype = dt;
+        const bool same_shape = op == "all_reduce" || op == "broadcast";
+        if (auto d = dims_at(*ba, 0); !d.empty()) {
+          if (c.p2p && !c.shape) c.shape = d[0];
+          if (same_shape && !c.in_shape) c.in_shape = c.out_shape = d[0];
+        }
+      }
       ++b;
     }
     out.push_back({ts, std::move(c)});
@@ -437,6 +449,7 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
         group = t.meta.groups.begin()->first;
         members = t.meta.groups.begin()->second;
       } else {
+        // No pg_config (torch 2.1): the default group, every rank of the world.
         if (t.meta.groups.size() > 1) c10d_several_groups = true;
         const int w = std::max({world, rank + 1, 1});
         for (int r = 0; r < w; ++r) members.push_back(r);
@@ -625,17 +638,18 @@ trace::trace_data from_kineto(const std::vector<std::string>& files) {
   }
   if (gen == generation::c10d) {
     t.meta.source = "kineto-c10d";
-    if (c10d_several_groups) {
+    if (c10d_several_groups || t.meta.groups.empty()) {
       std::vector<int> all(static_cast<std::size_t>(t.meta.world_size));
       for (int r = 0; r < t.meta.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
       t.meta.groups.clear();
       t.meta.groups["default_pg"] = all;
+    }
+    if (c10d_several_groups)
       notes.insert(
           "the c10d::* events do not name their process group and the job has several: every "
           "collective was matched across all ranks in issue order, so a job whose ranks "
           "rightly issue different calls on different subgroups cannot be judged from them "
           "(record with tools/seqpar_recorder.py for that)");
-    }
     notes.insert(
         "c10d::* events record no reduce op (an opaque object in the profile): reduce ops were "
         "not compared");

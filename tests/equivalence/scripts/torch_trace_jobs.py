@@ -4,8 +4,8 @@ job: the PyTorch profiler (Kineto chrome trace, record_shapes=True) and the Flig
 
     python torch_trace_jobs.py MODE OUT_DIR [--world P] [--port N]
 
-writes OUT_DIR/kineto/rank<r>.json and OUT_DIR/fr/nccl_trace_rank_<r>.json for every rank that
-lives to write them. The step is a Ulysses attention layer over all P ranks (P = 4 by default):
+writes OUT_DIR/kineto/rank<r>.json and (a torch whose Flight Recorder records gloo: 2.11 does,
+2.1 does not) OUT_DIR/fr/nccl_trace_rank_<r>.json for every rank that lives to write them. The step is a Ulysses attention layer over all P ranks (P = 4 by default):
 all-to-alls of q, of the fused k/v and of the output forward, their transposes backward, the
 gradients all-reduced, the embedding broadcast from rank 0, a loss all-gathered, and one ring
 hop (send to r+1, receive from r-1). Modes (traces/README.md's bugs, made for real):
@@ -88,6 +88,11 @@ def _step(rank, P, mode, log):
         log.append("rank %d: %s" % (rank, str(e).splitlines()[0][:120]))
 
 
+def has_flight_recorder():
+    """Whether this torch records gloo collectives in its Flight Recorder (torch 2.1 does not)."""
+    return hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json")
+
+
 def _work(rank, P, mode, out, port):
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -104,6 +109,8 @@ def _work(rank, P, mode, out, port):
     if mode == "stale_splits" and rank == 3:
         os._exit(3)  # dies after the step, before writing anything
     prof.export_chrome_trace(os.path.join(out, "kineto", "rank%d.json" % rank))
+    if not has_flight_recorder():
+        os._exit(0)
     fr = torch._C._distributed_c10d._dump_fr_trace_json()
     fr = fr.decode() if isinstance(fr, bytes) else fr
     tmp = os.path.join(out, "fr", ".nccl_trace_rank_%d.json.tmp" % rank)
@@ -121,7 +128,7 @@ def main():
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--port", type=int, default=int(os.environ.get("SEQPAR_JOB_PORT", "29640")))
     a = ap.parse_args()
-    for sub in ("kineto", "fr"):
+    for sub in ("kineto", "fr") if has_flight_recorder() else ("kineto",):
         os.makedirs(os.path.join(a.out, sub), exist_ok=True)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_work, args=(r, a.world, a.mode, a.out, a.port))
