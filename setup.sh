@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-packages=(meson ninja-build pkg-config g++ cmake libeigen3-dev libfmt-dev libgtest-dev
+packages=(meson ninja-build pkg-config g++ cmake python3-pip libeigen3-dev libfmt-dev libgtest-dev
           librapidcheck-dev libboost-context-dev libmpich-dev mpich nlohmann-json3-dev libcli11-dev clang clang-format
           libclang-rt-14-dev python3 zlib1g-dev)
 # The PyTorch side's tests (tests/python, the live torch jobs) run in the project venv (.venv,
@@ -25,6 +25,32 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
 fi
+
+# The header-only cudnn-frontend (cuDNN's graph API in C++; gpu/fused_attention.cpp) for builds
+# with CUDA: its pinned release's headers, unpacked from PyPI's wheel into .deps/ (git-ignored).
+cudnn_frontend_version=1.32.0
+fetch_cudnn_frontend() {
+  local dest=.deps/cudnn-frontend
+  [ -f "$dest/VERSION" ] && [ "$(cat "$dest/VERSION")" = "$cudnn_frontend_version" ] && return 0
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
+  echo "setup: fetching the cudnn-frontend $cudnn_frontend_version headers into $dest"
+  local tmp
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+       --python-version 3.11 --platform manylinux_2_28_x86_64 -d "$tmp" \
+       "nvidia-cudnn-frontend==$cudnn_frontend_version" >/dev/null 2>&1 &&
+     rm -rf "$dest" && mkdir -p "$dest" &&
+     python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, sys.argv[2]) for n in z.namelist() if n.startswith("include/")]' \
+       "$tmp"/nvidia_cudnn_frontend-*.whl "$dest"; then
+    echo "$cudnn_frontend_version" >"$dest/VERSION"
+  else
+    echo "setup: could not fetch nvidia-cudnn-frontend $cudnn_frontend_version from PyPI; the GPU" \
+      "backend builds without cuDNN attention (SIMT kernels only)" >&2
+    rm -rf "$dest"
+  fi
+  rm -rf "$tmp"
+}
+fetch_cudnn_frontend
 
 jobs=$(nproc 2>/dev/null || echo 2)
 configure() {  # dir, extra meson args…

@@ -39,6 +39,7 @@ struct device_alltoall {
   std::int64_t per_peer = 0;
   bench::device_buffer send, recv;
   std::vector<std::int64_t> counts;
+  double memcpy_gbps = 0;
 
   device_alltoall(communicator& c, void* s, int dev)
       : comm(c), stream(static_cast<cudaStream_t>(s)), device(dev) {
@@ -68,10 +69,23 @@ struct device_alltoall {
       return bench::alltoall::wrong(host.data(), p.ranks, per_peer, comm.rank(), seed);
     };
     o.measure_baseline = [this](const std::string&) {
-      return bench::baseline{"cudaMemcpy device-to-device, 256 MiB",
-                             bench::device_memcpy_gbps(std::size_t{256} << 20, stream), "GB/s"};
+      memcpy_gbps = bench::device_memcpy_gbps(std::size_t{256} << 20, stream);
+      return bench::baseline{"cudaMemcpy device-to-device, 256 MiB", memcpy_gbps, "GB/s"};
     };
     o.ratio_meaning = "busbw / device-to-device cudaMemcpy GB/s";
+    if (backend == "device-local") {
+      // P virtual ranks share one device: it moves every rank's bytes (P·size, the own piece
+      // included), so the device's rate is the number to hold against its memcpy.
+      o.extra_columns = {"dev_GB/s"};
+      o.finish = [this](const bench::point& p, bench::row& r) {
+        const double dev = r.algbw * p.ranks;
+        r.extra = {dev};
+        r.ratio = memcpy_gbps > 0 ? dev / memcpy_gbps : 0;
+      };
+      o.ratio_meaning =
+          "device GB/s (P*size/time: every byte the shared device copies, counted once) / "
+          "device-to-device cudaMemcpy GB/s (bytes counted once)";
+    }
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device);
     o.notes = {fmt::format("device {} (rank {}'s)", prop.name, comm.rank())};

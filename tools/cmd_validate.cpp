@@ -31,6 +31,7 @@ struct validate_args {
   scenario_flags flags;
   std::string dtype_name = "f32";
   int device = 0;
+  std::string engine = "auto";
   run_guard_flags guard;
   bool json = false, quiet = false;
   std::string dump, html;
@@ -166,6 +167,7 @@ nlohmann::json report_json(const verify::validate_report& r) {
           {"backend", "gpu"},
           {"transport", r.transport},
           {"device", r.device},
+          {"attention_engine", r.attention_engine},
           {"covers", "attention sub-layer (Ulysses all-to-alls, ring/local attention, backward)"},
           {"scenario", io::scenario_to_json(r.scen)},
           {"tolerance",
@@ -179,11 +181,11 @@ std::string report_text(const verify::validate_report& r) {
   const auto& s = r.scen;
   std::string o = fmt::format(
       "seqpar validate  scenario {}  ulysses {} × ring {}{}  heads {}/{} kv  dim {}  docs {}  {}\n"
-      "GPU: {}  transport: {}\ncompared: the attention sub-layer only (the decoder's other ops do "
-      "not run on the GPU)\n\n",
+      "GPU: {}  transport: {}  attention: {}\ncompared: the attention sub-layer only (the "
+      "decoder's other ops do not run on the GPU)\n\n",
       s.name, s.ulysses, s.ring, s.ring > 1 ? (s.zigzag ? " zigzag" : " contiguous") : "", s.heads,
       s.kv_heads, s.head_dim, fmt::join(s.docs, ","),
-      r.type == dtype::bf16 ? "bfloat16" : "float32", r.device, r.transport);
+      r.type == dtype::bf16 ? "bfloat16" : "float32", r.device, r.transport, r.attention_engine);
   o += fmt::format("{:>4} {:<10} {}\n", "rank", "stage", row_cells_header());
   int passed = 0;
   for (const auto& row : r.rows) {
@@ -246,6 +248,10 @@ action add_validate(CLI::App& app) {
   a->flags.add_to(*sub);
   sub->add_option("--dtype", a->dtype_name, "f32 | bf16 (GPU run; the reference is float64)")
       ->capture_default_str();
+  sub->add_option("--attention-engine", a->engine,
+                  "GPU attention kernels: auto (cuDNN's fused attention for bf16 where it loads, "
+                  "else SIMT), cudnn, simt")
+      ->check(CLI::IsMember({"auto", "cudnn", "simt"}));
   sub->add_option("--device", a->device, "CUDA device of the single-GPU mode")
       ->capture_default_str();
   add_run_guard_flags(*sub, a->guard);
@@ -270,6 +276,7 @@ action add_validate(CLI::App& app) {
     verify::validate_options opt;
     opt.type = parse_gpu_dtype(a->dtype_name);
     opt.device = a->device;
+    opt.attention_engine = a->engine;
     opt.timeout = a->guard.timeout();
     opt.flight_dir = a->guard.flight_dir;
     std::string why;

@@ -25,7 +25,8 @@ namespace seqpar {
 struct rendezvous_round {
   std::vector<const rendezvous_slot*> slots;
   int arrived = 0, synced = 0, done = 0, left = 0;
-  int error_kind = 0;  ///< 0 none, 1 error, 2 shape_error
+  int completed_by = -1;  ///< the member whose arrival completed the round
+  int error_kind = 0;     ///< 0 none, 1 error, 2 shape_error
   std::string message;
 };
 
@@ -445,6 +446,16 @@ rendezvous::rendezvous(thread_world& world, const comm_group& g, int rank,
     auto [kind, message] = validate(g, seq_, *r_);
     r_->error_kind = kind;
     r_->message = std::move(message);
+    r_->completed_by = me_;
+    if (kind == 0 && mine.on_complete) {
+      try {
+        (*mine.on_complete)(*this);
+      } catch (const std::exception& e) {
+        r_->error_kind = 1;
+        r_->message =
+            fmt::format("{} on group {}: {}", call_name(mine, seq_), describe(g_), e.what());
+      }
+    }
     st_.notify_locked();
   }
   auto& doing = st_.doing[static_cast<std::size_t>(rank_)];
@@ -525,6 +536,8 @@ rendezvous::~rendezvous() {
                                       "its buffers",
                                       rank_, call_name(mine_, seq_), g_.name));
 }
+
+int rendezvous::completed_by() const { return r_->completed_by; }
 
 const rendezvous_slot& rendezvous::slot(int member) const {
   return *r_->slots[static_cast<std::size_t>(member)];

@@ -31,6 +31,8 @@ inline std::chrono::milliseconds watchdog_deadline(std::chrono::milliseconds bas
 
 /// What one member brings to a round: its call and the buffers the others read. Pointers stay
 /// valid until the member's rendezvous::finish() returns.
+class rendezvous;
+
 struct rendezvous_slot {
   const char* op = "";  ///< all_to_all, all_gather, reduce_scatter, all_reduce, send_recv, barrier
   dtype type = dtype::f32;
@@ -41,6 +43,16 @@ struct rendezvous_slot {
   /// all_reduce split over the members: this member's share of the sum, which the others
   /// read between sync() and finish().
   const std::byte* part = nullptr;
+  /// Transport-private data the member publishes to the others of the round (the device-local
+  /// GPU communicator: its CUDA events, so receivers wait on the device instead of the host).
+  const void* transport = nullptr;
+  /// all_to_all, all_gather: the member's receive buffer, for transports where one member
+  /// moves the whole round (the device-local GPU communicator).
+  void* recv = nullptr;
+  /// Run by the member whose arrival completes a valid round, before any member is released,
+  /// with every slot in place (under the world's lock: keep it short). What it throws fails the
+  /// round for every member.
+  const std::function<void(const rendezvous&)>* on_complete = nullptr;
   std::string tag;  ///< for messages
 
   /// The slot of a call with one send buffer and count (counts/ops are set by the caller).
@@ -146,7 +158,10 @@ class rendezvous {
 
   const rendezvous_slot& slot(int member) const;
   int me() const { return me_; }  ///< this rank's index in the group
+  std::size_t group_size() const { return g_.ranks.size(); }
   std::int64_t seq() const { return seq_; }
+  /// The member whose arrival completed the round (it ran the slots' on_complete).
+  int completed_by() const;
 
   /// Between read and finish, for rounds in two steps (each member writes something the
   /// others read next): returns once every member has called it.

@@ -12,6 +12,7 @@
 
 #include "gpu/cublas_lazy.hpp"
 #include "gpu/cuda_check.hpp"
+#include "gpu/fused_attention.hpp"
 #include "gpu/kernels/attention.hpp"
 #include "gpu/kernels/bf16.hpp"
 #include "gpu/kernels/layout.hpp"
@@ -73,8 +74,22 @@ struct cuda_compute::impl {
     void* p = nullptr;
     std::size_t cap = 0;
   };
-  enum slot { s_cu_q, s_cu_k, s_tiles_q, s_tiles_k, s_rows, s_next, s_delta, s_pos, n_slots };
+  enum slot {
+    s_cu_q,
+    s_cu_k,
+    s_tiles_q,
+    s_tiles_k,
+    s_rows,
+    s_next,
+    s_delta,
+    s_pos,
+    s_stats,
+    n_slots
+  };
   scratch bufs[n_slots];
+  attention_engine engine = attention_engine::automatic;
+  std::unique_ptr<fused_attention> fused;  ///< made on the first cuDNN call
+  std::string engine_used = "none";
 };
 
 cuda_compute::cuda_compute(int device, int rank) : impl_(new impl), device_(device), rank_(rank) {
@@ -95,6 +110,7 @@ cuda_compute::cuda_compute(int device, int rank) : impl_(new impl), device_(devi
 cuda_compute::~cuda_compute() {
   cudaSetDevice(device_);
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
+  impl_->fused.reset();
   for (auto& b : impl_->bufs)
     if (b.p) cudaFree(b.p);
   if (impl_->blas) cublas().destroy(impl_->blas);
@@ -487,6 +503,69 @@ launch::attention_call call_of(const tensor& q, const tensor& k, const tensor& v
 
 }  // namespace
 
+void cuda_compute::set_attention_engine(attention_engine e) { impl_->engine = e; }
+
+const std::string& cuda_compute::attention_engine_used() const { return impl_->engine_used; }
+
+namespace {
+
+/// The fused-attention call of a cuda_compute attention call, or why it cannot be one.
+gpu::fused_attention_args fused_args(const tensor& q, const tensor& k, const attention_docs& docs,
+                                     std::string& why) {
+  fused_attention_args a;
+  a.type = attn_storage::bf16;
+  a.q = q.data;
+  a.k = k.data;
+  a.sq = q.shape[0];
+  a.sk = k.shape[0];
+  a.hq = static_cast<int>(q.shape[1]);
+  a.hkv = static_cast<int>(k.shape[1]);
+  a.d = static_cast<int>(q.shape[2]);
+  a.scale = static_cast<float>(docs.scale);
+  a.causal = docs.causal;
+  a.cu_q = docs.cu_q;
+  a.cu_k = docs.cu_k;
+  why = q.type == dtype::bf16 ? fused_attention_unsupported(a)
+                              : fmt::format("cuDNN's fused attention takes 16-bit storage, not {}",
+                                            dtype_name(q.type));
+  return a;
+}
+
+}  // namespace
+
+bool cuda_compute::use_cudnn(const tensor& q, const tensor& k, const attention_docs& docs,
+                             fused_attention_args& a) {
+  if (impl_->engine == attention_engine::simt) {
+    impl_->engine_used = "simt";
+    return false;
+  }
+  std::string why;
+  a = fused_args(q, k, docs, why);
+  if (!why.empty()) {
+    if (impl_->engine == attention_engine::cudnn)
+      fail<config_error>("attention engine cudnn: {}", why);
+    impl_->engine_used = "simt (" + why + ")";
+    return false;
+  }
+  if (!impl_->fused)
+    impl_->fused = std::make_unique<fused_attention>(device_, impl_->stream, rank_);
+  impl_->engine_used = fmt::format("cudnn {}", cudnn_version());
+  return true;
+}
+
+bool cuda_compute::fused_call(const std::function<void()>& run) {
+  try {
+    run();
+    return true;
+  } catch (const backend_error& e) {
+    // automatic: cuDNN refused this shape (its graph did not build); the SIMT kernels take the
+    // call and the reason is kept.
+    if (impl_->engine == attention_engine::cudnn) throw;
+    impl_->engine_used = fmt::format("simt (cuDNN refused: {})", e.what());
+    return false;
+  }
+}
+
 void cuda_compute::attention_forward(const tensor& q, const tensor& k, const tensor& v,
                                      const attention_docs& docs, tensor& out, tensor& lse) {
   check_qkv(q, k, v);
@@ -495,6 +574,19 @@ void cuda_compute::attention_forward(const tensor& q, const tensor& k, const ten
       lse.type != q.type)
     fail<shape_error>("attention_forward: out {} and lse {} for q {}", shape_str(out.shape),
                       shape_str(lse.shape), shape_str(q.shape));
+  if (fused_attention_args a; use_cudnn(q, k, docs, a)) {
+    SEQPAR_CUDA(cudaSetDevice, device_);
+    a.v = v.data;
+    a.out = out.data;
+    const std::size_t n = static_cast<std::size_t>(lse.numel());
+    a.stats = static_cast<float*>(
+        upload(*impl_, impl::s_stats, static_cast<const float*>(nullptr), n, rank_));
+    if (fused_call([&] { impl_->fused->forward(a); })) {
+      check_launch(launch::from_f32(lse.type, lse.numel(), a.stats, lse.data, impl_->stream),
+                   "attention_forward (LSE)", rank_);
+      return;
+    }
+  }
   fill(out, 0.0);  // rows outside every document
   fill(lse, -INFINITY);
   auto a = call_of(q, k, v, docs);
@@ -525,6 +617,20 @@ void cuda_compute::attention_backward(const tensor& q, const tensor& k, const te
         shape_str(out.shape), shape_str(lse.shape), shape_str(dout.shape), shape_str(dq.shape),
         shape_str(dk.shape), shape_str(dv.shape), shape_str(q.shape), shape_str(k.shape));
   SEQPAR_CUDA(cudaSetDevice, device_);
+  if (fused_attention_args a; use_cudnn(q, k, docs, a)) {
+    a.v = v.data;
+    a.out = const_cast<void*>(out.data);
+    a.dout = dout.data;
+    a.dq = dq.data;
+    a.dk = dk.data;
+    a.dv = dv.data;
+    const std::size_t n = static_cast<std::size_t>(lse.numel());
+    a.stats = static_cast<float*>(
+        upload(*impl_, impl::s_stats, static_cast<const float*>(nullptr), n, rank_));
+    check_launch(launch::to_f32(lse.type, lse.numel(), lse.data, a.stats, false, impl_->stream),
+                 "attention_backward (LSE)", rank_);
+    if (fused_call([&] { impl_->fused->backward(a); })) return;
+  }
   // Rows outside every document keep these zeros.
   SEQPAR_CUDA(cudaMemsetAsync, dq.data, 0, dq.bytes(), impl_->stream);
   SEQPAR_CUDA(cudaMemsetAsync, dk.data, 0, dk.bytes(), impl_->stream);

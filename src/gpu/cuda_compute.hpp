@@ -2,6 +2,8 @@
 // The CUDA backend of `compute` (DESIGN.md "Layers"): device tensors, kernels whose per-thread
 // bodies live in gpu/kernels/*.hpp (tested on the CPU by looping over the grid), cuBLAS GEMMs.
 // This header has no CUDA include: plain C++ (tools, tests) can use it.
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -10,10 +12,17 @@
 
 namespace seqpar::gpu {
 
+struct fused_attention_args;
+
 /// CUDA devices visible to this process, or −1 with `reason` set (e.g. "cudaGetDeviceCount
 /// returned 35 (CUDA driver version is insufficient for CUDA runtime version)"); 0 devices also
 /// sets a reason. Never throws.
 int device_count(std::string* reason = nullptr);
+
+/// Which kernels run attention on a cuda_compute. automatic: cuDNN's fused attention
+/// (gpu/fused_attention.hpp) for bfloat16 where cuDNN loads and takes the shape, the SIMT kernels
+/// otherwise (float32 always); cudnn: cuDNN or an error saying why not; simt: the SIMT kernels.
+enum class attention_engine : std::uint8_t { automatic, cudnn, simt };
 
 /// `compute` on one CUDA device. Tensors are device memory (cudaMalloc'd, freed by the last
 /// tensor sharing the storage); every kernel runs on this object's stream, in call order;
@@ -45,7 +54,8 @@ class cuda_compute final : public compute {
   void add(tensor& acc, const tensor& x) override;
   tensor clone(const tensor& x) override;
   void scale(tensor& acc, double a) override;
-  /// Tiled SIMT kernels (gpu/kernels/attention.hpp); head_dim ≤ 128.
+  /// cuDNN's fused attention or the tiled SIMT kernels (gpu/kernels/attention.hpp), as
+  /// set_attention_engine says; head_dim ≤ 128.
   void attention_forward(const tensor& q, const tensor& k, const tensor& v,
                          const attention_docs& docs, tensor& out, tensor& lse) override;
   void attention_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
@@ -96,6 +106,11 @@ class cuda_compute final : public compute {
   void rms_norm_bwd(const tensor& x, const tensor& w, const tensor& r, const tensor& dy, tensor& dx,
                     tensor& dw);
 
+  /// Chooses the attention kernels (default automatic).
+  void set_attention_engine(attention_engine e);
+  /// The kernels of the last attention call: "cudnn 91900", "simt", or "simt (why not cuDNN)".
+  const std::string& attention_engine_used() const;
+
   /// Waits for every kernel issued so far.
   void synchronize();
   /// The cudaStream_t all work runs on (as void*: no CUDA include here).
@@ -106,6 +121,11 @@ class cuda_compute final : public compute {
   struct impl;  ///< CUDA state (stream, cuBLAS handle, scratch); defined in cuda_compute.cu
 
  private:
+  /// True (and `a` filled) when this attention call runs on cuDNN; records the engine used.
+  bool use_cudnn(const tensor& q, const tensor& k, const attention_docs& docs,
+                 fused_attention_args& a);
+  /// Runs a cuDNN call; false when cuDNN refused it and the engine is automatic.
+  bool fused_call(const std::function<void()>& run);
   std::unique_ptr<impl> impl_;
   int device_, rank_;
 };

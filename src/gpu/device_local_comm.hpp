@@ -5,6 +5,7 @@
 // ring, hybrid) exactly as P GPUs would, so `seqpar validate` needs a single device.
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -27,10 +28,17 @@ class device_local_world : public thread_world {
 };
 
 /// The communicator of one virtual rank. Buffers are device pointers on the world's device.
-/// Before a collective it waits for its compute stream (the send data is complete); the
-/// receiver copies from the senders' buffers on its own stream, and no member leaves a round
-/// before every member has finished reading, so send buffers stay valid. Reductions (SUM, f32,
-/// bf16, f64) add the members' blocks in group order with cuda_compute::add: deterministic.
+/// No collective blocks the host on the device for all_to_all, all_gather and send_recv: each
+/// member records a `ready` event on its stream (its send data written and its receive buffer
+/// free, in stream order) and publishes it in the rendezvous. all_to_all and all_gather move the
+/// whole round in one batched kernel launch: the member whose arrival completes the round makes
+/// its stream wait on every `ready` event, copies every piece of every member and records
+/// `done`; each other member's stream waits on that `done` before anything it enqueues later.
+/// send_recv: each receiver copies its pieces in one launch on its own stream and records
+/// `done`; senders' streams wait on their receivers' `done`. Events are per (rank, group): a
+/// member re-records them only in its next round of that group, which cannot complete before
+/// every member has enqueued its waits on this round's. Reductions (SUM, f32, bf16, f64) add the
+/// members' blocks in group order with cuda_compute::add: deterministic.
 /// Checks what a real transport cannot report: members calling different ops, dtypes or counts
 /// at the same call number, unpaired all_to_all counts, send/recv without a partner.
 /// Nonblocking calls (start_all_to_all) complete at start here: communicator's default.
@@ -52,10 +60,23 @@ class device_local_communicator : public communicator {
   void do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) override;
   void do_barrier(const comm_group& g) override;
 
+ public:
+  ~device_local_communicator() override;
+  device_local_communicator(const device_local_communicator&) = delete;
+  device_local_communicator& operator=(const device_local_communicator&) = delete;
+
+  /// A member's CUDA events for one group (cudaEvent_t as void*: no CUDA include here).
+  struct round_events {
+    void* ready = nullptr;
+    void* done = nullptr;
+  };
+
  private:
+  round_events& events_for(const comm_group& g);
   device_local_world& world_;
   int rank_;
   cuda_compute& c_;
+  std::map<std::string, round_events> events_;
 };
 
 /// Runs body on P threads, virtual ranks 0..P-1 of one device, each with its own cuda_compute

@@ -447,4 +447,152 @@ int attention_backward(const attention_call& a, stream_t s) {
   });
 }
 
+// ---- helpers of the cuDNN attention path ----
+
+namespace {
+
+__global__ void fill_row_ranges_kernel(std::uint32_t* base, std::int64_t row_words,
+                                       const std::int64_t* ranges, std::uint32_t pattern) {
+  const std::int64_t b = ranges[2 * blockIdx.y], e = ranges[2 * blockIdx.y + 1];
+  const std::int64_t n = (e - b) * row_words;
+  std::uint32_t* p = base + b * row_words;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    p[i] = pattern;
+}
+
+}  // namespace
+
+int fill_row_ranges(void* base, std::int64_t row_words, const std::int64_t* ranges, int n,
+                    std::uint32_t pattern, stream_t s) {
+  if (n <= 0 || row_words <= 0) return 0;
+  for (int done = 0; done < n; done += 65535) {  // grid.y limit
+    const dim3 grid(64, static_cast<unsigned>(std::min(n - done, 65535)));
+    fill_row_ranges_kernel<<<grid, block_threads, 0, static_cast<cudaStream_t>(s)>>>(
+        static_cast<std::uint32_t*>(base), row_words, ranges + 2 * done, pattern);
+    if (int e = static_cast<int>(cudaGetLastError())) return e;
+  }
+  return 0;
+}
+
+namespace {
+struct finite_f {
+  const float* x;
+  float* y;
+  __device__ void operator()(std::int64_t i) const {
+    const float v = x[i];
+    y[i] = v == -INFINITY ? 0.f : v;
+  }
+};
+template <class T>
+struct from_f32_f {
+  const float* x;
+  T* y;
+  __device__ void operator()(std::int64_t i) const { y[i] = from_float<T>(x[i]); }
+};
+template <class T>
+struct to_f32_f {
+  const T* x;
+  float* y;
+  bool finite;
+  __device__ void operator()(std::int64_t i) const {
+    const float v = to_float(x[i]);
+    y[i] = finite && v == -INFINITY ? 0.f : v;
+  }
+};
+}  // namespace
+
+int finite_stats(std::int64_t n, const float* x, float* y, stream_t s) {
+  return run(n, s, finite_f{x, y});
+}
+
+int from_f32(dtype t, std::int64_t n, const float* x, void* y, stream_t s) {
+  return by_float<false>(t, [&]<class T>() {
+    return run(n, s, from_f32_f<T>{x, static_cast<T*>(y)});
+  });
+}
+
+int to_f32(dtype t, std::int64_t n, const void* x, float* y, bool finite, stream_t s) {
+  return by_float<false>(t, [&]<class T>() {
+    return run(n, s, to_f32_f<T>{static_cast<const T*>(x), y, finite});
+  });
+}
+
+// ---- batched copy (device-local collectives) ----
+
+namespace {
+
+struct copy_batch {
+  copy_piece piece[max_copy_pieces];
+  std::int64_t first_chunk[max_copy_pieces + 1];  ///< prefix sum of each piece's chunks
+  int n;
+};
+
+/// A chunk is 64 KiB: each block copies whole chunks, 16 bytes per thread per step, four
+/// independent loads in flight before the stores.
+constexpr std::int64_t copy_chunk = 64 << 10;
+
+__global__ void __launch_bounds__(256) batched_copy_kernel(const __grid_constant__ copy_batch b) {
+  const std::int64_t chunks = b.first_chunk[b.n];
+  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    int lo = 0, hi = b.n - 1;  // the piece holding chunk c
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (b.first_chunk[mid] <= c)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const copy_piece& p = b.piece[lo];
+    const std::int64_t begin = (c - b.first_chunk[lo]) * copy_chunk;
+    const std::int64_t end = begin + copy_chunk < p.bytes ? begin + copy_chunk : p.bytes;
+    const auto* src = static_cast<const unsigned char*>(p.src);
+    auto* dst = static_cast<unsigned char*>(p.dst);
+    const bool vec = ((reinterpret_cast<std::uintptr_t>(src) |
+                       reinterpret_cast<std::uintptr_t>(dst) | static_cast<std::uintptr_t>(begin)) &
+                      15) == 0;
+    if (vec) {
+      const std::int64_t words = (end - begin) / 16;
+      const uint4* s4 = reinterpret_cast<const uint4*>(src + begin);
+      uint4* d4 = reinterpret_cast<uint4*>(dst + begin);
+      std::int64_t i = threadIdx.x;
+      for (; i + 3 * 256 < words; i += 4 * 256) {
+        const uint4 a0 = s4[i], a1 = s4[i + 256], a2 = s4[i + 512], a3 = s4[i + 768];
+        d4[i] = a0;
+        d4[i + 256] = a1;
+        d4[i + 512] = a2;
+        d4[i + 768] = a3;
+      }
+      for (; i < words; i += 256) d4[i] = s4[i];
+      for (std::int64_t j = begin + words * 16 + threadIdx.x; j < end; j += 256) dst[j] = src[j];
+    } else {
+      for (std::int64_t j = begin + threadIdx.x; j < end; j += 256) dst[j] = src[j];
+    }
+  }
+}
+
+}  // namespace
+
+int batched_copy(const copy_piece* pieces, int n, stream_t s) {
+  if (n <= 0) return 0;
+  if (n > max_copy_pieces) return static_cast<int>(cudaErrorInvalidValue);
+  copy_batch b{};
+  b.n = n;
+  b.first_chunk[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    b.piece[i] = pieces[i];
+    b.first_chunk[i + 1] =
+        b.first_chunk[i] +
+        (pieces[i].bytes > 0 ? (pieces[i].bytes + copy_chunk - 1) / copy_chunk : 0);
+  }
+  const std::int64_t chunks = b.first_chunk[n];
+  if (chunks == 0) return 0;
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const std::int64_t blocks = std::min<std::int64_t>(chunks, static_cast<std::int64_t>(sms) * 8);
+  batched_copy_kernel<<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(s)>>>(b);
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace seqpar::gpu::launch

@@ -65,4 +65,31 @@ int k_tile_rows(int d);
 int attention_forward(const attention_call& a, stream_t s);
 int attention_backward(const attention_call& a, stream_t s);
 
+// ---- helpers of the cuDNN attention path (gpu/fused_attention.cpp) ----
+
+/// Writes `pattern` into every 32-bit word of rows [ranges[2i], ranges[2i+1]) (device array of
+/// n pairs) of a row-major array with row_words words per row.
+int fill_row_ranges(void* base, std::int64_t row_words, const std::int64_t* ranges, int n,
+                    std::uint32_t pattern, stream_t s);
+/// y = x with −inf replaced by 0 (an LSE cuDNN's backward can read: see fused_attention.cpp).
+int finite_stats(std::int64_t n, const float* x, float* y, stream_t s);
+/// float32 → storage (f32, bf16), rounding to nearest even.
+int from_f32(dtype t, std::int64_t n, const float* x, void* y, stream_t s);
+/// storage (f32, bf16) → float32, with −inf replaced by 0 when `finite`.
+int to_f32(dtype t, std::int64_t n, const void* x, float* y, bool finite, stream_t s);
+
+// ---- device-local collectives (gpu/device_local_comm.cpp) ----
+
+/// One piece of a batched copy.
+struct copy_piece {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::int64_t bytes = 0;
+};
+/// The most pieces one batched_copy launch takes (a kernel parameter).
+constexpr int max_copy_pieces = 64;
+/// Copies every piece in one launch (16-byte accesses where a piece's addresses and size
+/// allow; byte copies otherwise). n ≤ max_copy_pieces; pieces must not overlap.
+int batched_copy(const copy_piece* pieces, int n, stream_t s);
+
 }  // namespace seqpar::gpu::launch

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "sim/parallel.hpp"
 
 namespace seqpar::sim {
 
@@ -332,7 +333,8 @@ inline bool crosses_diagonal(bool causal, const q_tile& t, std::int64_t j0, std:
 /// entirely above the causal diagonal are skipped; keys past the diagonal get P = 0 exactly.
 /// Extra memory: O(tiles.q·(d + tiles.k)) (tile rows = max(tiles.q, hq/hkv)), never O(S²).
 template <class T>
-void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_tiles tiles) {
+void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_tiles tiles,
+                       int workers = 1) {
   using namespace detail;
   validate_tiled(a, tiles, "attention_forward");
   const std::int64_t d = a.d, hkv = a.hkv, group = a.hq / a.hkv;
@@ -341,9 +343,26 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_til
   std::fill(out, out + a.sq * a.hq * d, T(0));
   std::fill(lse, lse + a.sq * a.hq, neg_inf<T>());
 
-  row_matrix<T> qs(tile_rows, d), s(tile_rows, tiles.k), o(tile_rows, d);
-  row_vector<T> m(tile_rows), l(tile_rows);
-  for_each_q_tile(a, tiles, [&](const q_tile& t) {
+  // Every q tile writes its own rows of out and lse: tiles run in any order, on any worker,
+  // with the same result.
+  std::vector<q_tile> all;
+  for_each_q_tile(a, tiles, [&](const q_tile& t) { all.push_back(t); });
+  struct scratch {
+    row_matrix<T> qs, s, o;
+    row_vector<T> m, l;
+  };
+  const int nw = std::max(1, std::min<int>(workers, static_cast<int>(all.size())));
+  std::vector<scratch> sc(static_cast<std::size_t>(nw));
+  for (auto& x : sc) {
+    x.qs.resize(tile_rows, d);
+    x.s.resize(tile_rows, tiles.k);
+    x.o.resize(tile_rows, d);
+    x.m.resize(tile_rows);
+    x.l.resize(tile_rows);
+  }
+  run_items(nw, static_cast<std::int64_t>(all.size()), [&](int w, std::int64_t item) {
+    const q_tile& t = all[static_cast<std::size_t>(item)];
+    auto& [qs, s, o, m, l] = sc[static_cast<std::size_t>(w)];
     const std::int64_t n = t.rows * group;  // stacked tile rows
     gather(qs, a.q, a, t, scale);
     const auto q_s = qs.topRows(n);
@@ -393,19 +412,25 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_til
 
 /// Tiled forward with the default tiles.
 template <class T>
-void attention_forward(const attention_args<T>& a, T* out, T* lse) {
-  attention_forward(a, out, lse, attention_tiles{});
+void attention_forward(const attention_args<T>& a, T* out, T* lse, int workers = 1) {
+  attention_forward(a, out, lse, attention_tiles{}, workers);
 }
 
 /// Tiled backward (FlashAttention-2 recomputation), same contract as attention_backward_naive:
 /// OVERWRITES dq, dk, dv; uses the given lse and out. Per (doc, KV head, q tile of the group's q
 /// heads stacked): D = rowsum(dO ∘ O); per visible k tile: P = exp((scale·Q)·Kᵀ - lse),
-/// dV += Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP - D), dQ += scale·dS·K, dK += dSᵀ·(scale·Q). dK and dV
-/// accumulate straight into the outputs, summing the group's heads inside the GEMMs (single
-/// thread, fixed order: bitwise deterministic). Extra memory: O(tiles.q·(d + tiles.k)).
+/// dV += Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP - D), dQ += scale·dS·K, dK += dSᵀ·(scale·Q).
+///
+/// Work items, fixed by the sizes alone (so the result is bitwise the same for any `workers`):
+/// the q tiles of each (doc, KV head) are cut into C consecutive chunks of about equal
+/// (row, key) pairs, C = clamp(pairs / 2^22, 1, 8). A chunk writes its tiles' dq rows and sums
+/// its dK, dV contributions in tile order — into the outputs when C = 1, else into a chunk-private
+/// [keys it sees, d] buffer, and the buffers are then added into dk, dv in chunk order (in
+/// parallel over key rows). Extra memory: O(tiles.q·(d + tiles.k)) per worker plus, for split
+/// documents, C·lk·d per KV head — linear in the sequence, never O(S²).
 template <class T>
 void attention_backward(const attention_args<T>& a, const T* out, const T* lse, const T* dout,
-                        T* dq, T* dk, T* dv, attention_tiles tiles) {
+                        T* dq, T* dk, T* dv, attention_tiles tiles, int workers = 1) {
   using namespace detail;
   validate_tiled(a, tiles, "attention_backward");
   const std::int64_t d = a.d, hkv = a.hkv, group = a.hq / a.hkv;
@@ -415,76 +440,175 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
   std::fill(dk, dk + a.sk * hkv * d, T(0));
   std::fill(dv, dv + a.sk * hkv * d, T(0));
 
-  row_matrix<T> qs(tile_rows, d), dos(tile_rows, d), dq_acc(tile_rows, d);
-  row_matrix<T> p(tile_rows, tiles.k), dp(tile_rows, tiles.k);
-  row_vector<T> big_d(tile_rows), lse_s(tile_rows);
-  for_each_q_tile(a, tiles, [&](const q_tile& t) {
-    const std::int64_t n = t.rows * group;  // stacked tile rows
-    gather(qs, a.q, a, t, scale);
-    gather(dos, dout, a, t, T(1));
-    const auto q_s = qs.topRows(n);
-    const auto do_s = dos.topRows(n);
-    for (std::int64_t r = 0; r < t.rows; ++r) {
-      const std::int64_t first = group_rows(out, a, t, r) - out;
-      const Eigen::Map<const row_matrix<T>> o_r(out + first, group, d);
-      big_d.segment(r * group, group) = do_s.middleRows(r * group, group)
-                                            .cwiseProduct(o_r)
-                                            .rowwise()
-                                            .sum();  // D = rowsum(dO ∘ O)
-      lse_s.segment(r * group, group) = Eigen::Map<const row_vector<T>>(lse + first / d, group);
+  // The chunks: consecutive q tiles of one (doc, KV head).
+  std::vector<q_tile> all;
+  for_each_q_tile(a, tiles, [&](const q_tile& t) { all.push_back(t); });
+  struct chunk {
+    std::size_t first, last;  ///< tiles [first, last)
+    std::int64_t keys;        ///< keys its tiles see (the largest k_end)
+    int parts;                ///< chunks of its (doc, KV head)
+    std::size_t part0;        ///< index of that (doc, KV head)'s first chunk
+  };
+  std::vector<chunk> chunks;
+  constexpr double chunk_pairs = 1 << 22;
+  constexpr int max_parts = 8;
+  for (std::size_t i = 0; i < all.size();) {
+    std::size_t j = i;
+    double pairs = 0;
+    while (j < all.size() && all[j].dr.q0 == all[i].dr.q0 && all[j].dr.k0 == all[i].dr.k0 &&
+           all[j].dr.lq == all[i].dr.lq && all[j].g == all[i].g) {
+      pairs += static_cast<double>(all[j].rows * group * all[j].k_end);
+      ++j;
     }
-    auto dq_s = dq_acc.topRows(n);
-    dq_s.setZero();
-    for (std::int64_t j0 = 0; j0 < t.k_end; j0 += tiles.k) {
-      const std::int64_t cols = std::min<std::int64_t>(tiles.k, t.k_end - j0);
-      const std::int64_t kfirst = ((t.dr.k0 + j0) * hkv + t.g) * d;
-      const Eigen::OuterStride<> kv(hkv * d);
-      const const_head_map<T> k_tile(a.k + kfirst, cols, d, kv);
-      const const_head_map<T> v_tile(a.v + kfirst, cols, d, kv);
-      head_map<T> dk_tile(dk + kfirst, cols, d, kv);
-      head_map<T> dv_tile(dv + kfirst, cols, d, kv);
-      auto p_tile = p.topLeftCorner(n, cols);
-      auto dp_tile = dp.topLeftCorner(n, cols);
-      p_tile.noalias() = q_s * k_tile.transpose();
-      const bool diagonal = crosses_diagonal(a.causal, t, j0, cols);
-      for (std::int64_t r = 0; r < n; ++r) {
-        // A row with lse = -inf saw nothing: all its P are 0. Hidden keys are zeroed explicitly
-        // (Eigen's vectorised exp maps -inf to a tiny non-zero).
-        const std::int64_t vis =
-            lse_s(r) == neg_inf<T>() ? 0 : visible_keys(diagonal, t, r, group, j0, cols);
-        auto pr = p_tile.row(r);
-        pr.head(vis) = (pr.head(vis).array() - lse_s(r)).exp().matrix();
-        pr.tail(cols - vis).setZero();
+    const int parts = static_cast<int>(
+        std::clamp<double>(std::floor(pairs / chunk_pairs), 1, std::min<double>(max_parts, j - i)));
+    const std::size_t part0 = chunks.size();
+    double acc = 0;
+    std::size_t start = i;
+    for (std::size_t t = i; t < j; ++t) {
+      acc += static_cast<double>(all[t].rows * group * all[t].k_end);
+      const int made = static_cast<int>(chunks.size() - part0);
+      if (t + 1 == j || (made + 1 < parts && acc >= pairs * (made + 1) / parts)) {
+        std::int64_t keys = 0;
+        for (std::size_t u = start; u <= t; ++u) keys = std::max(keys, all[u].k_end);
+        chunks.push_back({start, t + 1, keys, parts, part0});
+        start = t + 1;
       }
-      dv_tile.noalias() += p_tile.transpose() * do_s;
-      if (cols == 1) {
-        // A one-key tile: dP - D = dO·(v - O) directly. The GEMM for dP and the row sum for D
-        // would round apart, leaving noise where the row's output is this very value (a row
-        // seeing only this key, whose dS is exactly 0).
+    }
+    for (std::size_t c = part0; c < chunks.size(); ++c)
+      chunks[c].parts = static_cast<int>(chunks.size() - part0);
+    i = j;
+  }
+  // Chunk-private dK, dV of split documents.
+  std::vector<row_matrix<T>> part_dk(chunks.size()), part_dv(chunks.size());
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    if (chunks[c].parts > 1) {
+      part_dk[c].setZero(chunks[c].keys, d);
+      part_dv[c].setZero(chunks[c].keys, d);
+    }
+
+  struct scratch {
+    row_matrix<T> qs, dos, dq_acc, p, dp;
+    row_vector<T> big_d, lse_s;
+  };
+  const int nw = std::max(1, std::min<int>(workers, static_cast<int>(chunks.size())));
+  std::vector<scratch> sc(static_cast<std::size_t>(nw));
+  for (auto& x : sc) {
+    x.qs.resize(tile_rows, d);
+    x.dos.resize(tile_rows, d);
+    x.dq_acc.resize(tile_rows, d);
+    x.p.resize(tile_rows, tiles.k);
+    x.dp.resize(tile_rows, tiles.k);
+    x.big_d.resize(tile_rows);
+    x.lse_s.resize(tile_rows);
+  }
+  run_items(nw, static_cast<std::int64_t>(chunks.size()), [&](int w, std::int64_t ci) {
+    const chunk& ch = chunks[static_cast<std::size_t>(ci)];
+    auto& [qs, dos, dq_acc, p, dp, big_d, lse_s] = sc[static_cast<std::size_t>(w)];
+    const bool split = ch.parts > 1;
+    for (std::size_t ti = ch.first; ti < ch.last; ++ti) {
+      const q_tile& t = all[ti];
+      const std::int64_t n = t.rows * group;  // stacked tile rows
+      gather(qs, a.q, a, t, scale);
+      gather(dos, dout, a, t, T(1));
+      const auto q_s = qs.topRows(n);
+      const auto do_s = dos.topRows(n);
+      for (std::int64_t r = 0; r < t.rows; ++r) {
+        const std::int64_t first = group_rows(out, a, t, r) - out;
+        const Eigen::Map<const row_matrix<T>> o_r(out + first, group, d);
+        big_d.segment(r * group, group) = do_s.middleRows(r * group, group)
+                                              .cwiseProduct(o_r)
+                                              .rowwise()
+                                              .sum();  // D = rowsum(dO ∘ O)
+        lse_s.segment(r * group, group) = Eigen::Map<const row_vector<T>>(lse + first / d, group);
+      }
+      auto dq_s = dq_acc.topRows(n);
+      dq_s.setZero();
+      for (std::int64_t j0 = 0; j0 < t.k_end; j0 += tiles.k) {
+        const std::int64_t cols = std::min<std::int64_t>(tiles.k, t.k_end - j0);
+        const std::int64_t kfirst = ((t.dr.k0 + j0) * hkv + t.g) * d;
+        const Eigen::OuterStride<> kv(hkv * d);
+        const const_head_map<T> k_tile(a.k + kfirst, cols, d, kv);
+        const const_head_map<T> v_tile(a.v + kfirst, cols, d, kv);
+        const Eigen::OuterStride<> own(split ? d : hkv * d);
+        const std::size_t c = static_cast<std::size_t>(ci);
+        head_map<T> dk_tile(split ? part_dk[c].data() + j0 * d : dk + kfirst, cols, d, own);
+        head_map<T> dv_tile(split ? part_dv[c].data() + j0 * d : dv + kfirst, cols, d, own);
+        auto p_tile = p.topLeftCorner(n, cols);
+        auto dp_tile = dp.topLeftCorner(n, cols);
+        p_tile.noalias() = q_s * k_tile.transpose();
+        const bool diagonal = crosses_diagonal(a.causal, t, j0, cols);
         for (std::int64_t r = 0; r < n; ++r) {
-          const Eigen::Map<const row_vector<T>> o_r(
-              group_rows(out, a, t, r / group) + (r % group) * d, d);
-          dp_tile(r, 0) = p_tile(r, 0) * do_s.row(r).dot(v_tile.row(0) - o_r.transpose());
+          // A row with lse = -inf saw nothing: all its P are 0. Hidden keys are zeroed
+          // explicitly (Eigen's vectorised exp maps -inf to a tiny non-zero).
+          const std::int64_t vis =
+              lse_s(r) == neg_inf<T>() ? 0 : visible_keys(diagonal, t, r, group, j0, cols);
+          auto pr = p_tile.row(r);
+          pr.head(vis) = (pr.head(vis).array() - lse_s(r)).exp().matrix();
+          pr.tail(cols - vis).setZero();
         }
-      } else {
-        dp_tile.noalias() = do_s * v_tile.transpose();
-        for (std::int64_t r = 0; r < n; ++r)  // dS = P ∘ (dP - D), in place of dP
-          dp_tile.row(r).array() = p_tile.row(r).array() * (dp_tile.row(r).array() - big_d(r));
+        dv_tile.noalias() += p_tile.transpose() * do_s;
+        if (cols == 1) {
+          // A one-key tile: dP - D = dO·(v - O) directly. The GEMM for dP and the row sum for
+          // D would round apart, leaving noise where the row's output is this very value (a
+          // row seeing only this key, whose dS is exactly 0).
+          for (std::int64_t r = 0; r < n; ++r) {
+            const Eigen::Map<const row_vector<T>> o_r(
+                group_rows(out, a, t, r / group) + (r % group) * d, d);
+            dp_tile(r, 0) = p_tile(r, 0) * do_s.row(r).dot(v_tile.row(0) - o_r.transpose());
+          }
+        } else {
+          dp_tile.noalias() = do_s * v_tile.transpose();
+          for (std::int64_t r = 0; r < n; ++r)  // dS = P ∘ (dP - D), in place of dP
+            dp_tile.row(r).array() = p_tile.row(r).array() * (dp_tile.row(r).array() - big_d(r));
+        }
+        dq_s.noalias() += dp_tile * k_tile;
+        dk_tile.noalias() += dp_tile.transpose() * q_s;
       }
-      dq_s.noalias() += dp_tile * k_tile;
-      dk_tile.noalias() += dp_tile.transpose() * q_s;
+      for (std::int64_t r = 0; r < t.rows; ++r)
+        Eigen::Map<row_matrix<T>>(group_rows(dq, a, t, r), group, d) =
+            scale * dq_s.middleRows(r * group, group);
     }
-    for (std::int64_t r = 0; r < t.rows; ++r)
-      Eigen::Map<row_matrix<T>>(group_rows(dq, a, t, r), group, d) =
-          scale * dq_s.middleRows(r * group, group);
   });
+
+  // Split documents: dk, dv = the chunks' sums in chunk order, 512 key rows per item.
+  struct block {
+    std::size_t part0;
+    int parts;
+    std::int64_t j0, rows;
+  };
+  std::vector<block> blocks;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    if (chunks[c].parts == 1 || c != chunks[c].part0) continue;
+    std::int64_t keys = 0;
+    for (int k = 0; k < chunks[c].parts; ++k) keys = std::max(keys, chunks[c + k].keys);
+    for (std::int64_t j0 = 0; j0 < keys; j0 += 512)
+      blocks.push_back({c, chunks[c].parts, j0, std::min<std::int64_t>(512, keys - j0)});
+  }
+  run_items(std::max(1, std::min<int>(workers, static_cast<int>(blocks.size()))),
+            static_cast<std::int64_t>(blocks.size()), [&](int, std::int64_t bi) {
+              const block& b = blocks[static_cast<std::size_t>(bi)];
+              const q_tile& t = all[chunks[b.part0].first];
+              const Eigen::OuterStride<> kv(hkv * d);
+              for (int k = 0; k < b.parts; ++k) {
+                const std::size_t c = b.part0 + static_cast<std::size_t>(k);
+                const std::int64_t have =
+                    std::clamp<std::int64_t>(chunks[c].keys - b.j0, 0, b.rows);
+                if (have == 0) continue;
+                const std::int64_t kfirst = ((t.dr.k0 + b.j0) * hkv + t.g) * d;
+                head_map<T> dk_rows(dk + kfirst, have, d, kv);
+                head_map<T> dv_rows(dv + kfirst, have, d, kv);
+                dk_rows += part_dk[c].middleRows(b.j0, have);
+                dv_rows += part_dv[c].middleRows(b.j0, have);
+              }
+            });
 }
 
 /// Tiled backward with the default tiles.
 template <class T>
 void attention_backward(const attention_args<T>& a, const T* out, const T* lse, const T* dout,
-                        T* dq, T* dk, T* dv) {
-  attention_backward(a, out, lse, dout, dq, dk, dv, attention_tiles{});
+                        T* dq, T* dk, T* dv, int workers = 1) {
+  attention_backward(a, out, lse, dout, dq, dk, dv, attention_tiles{}, workers);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -232,7 +232,7 @@ void eigen_compute::attention_forward(const tensor& q, const tensor& k, const te
     if (naive_)
       sim::attention_forward_naive(a, out.as<T>(), lse.as<T>());
     else
-      sim::attention_forward(a, out.as<T>(), lse.as<T>());
+      sim::attention_forward(a, out.as<T>(), lse.as<T>(), workers_);
   });
 }
 
@@ -247,7 +247,7 @@ void eigen_compute::attention_backward(const tensor& q, const tensor& k, const t
                                     dk.as<T>(), dv.as<T>());
     else
       sim::attention_backward(a, out.as<T>(), lse.as<T>(), dout.as<T>(), dq.as<T>(), dk.as<T>(),
-                              dv.as<T>());
+                              dv.as<T>(), workers_);
   });
 }
 

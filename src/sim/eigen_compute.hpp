@@ -5,11 +5,14 @@ namespace seqpar::sim {
 
 /// The CPU reference's `compute`: host tensors, f64 and f32 (the scalar follows each tensor's
 /// dtype), attention through the tiled online-softmax kernels of attention.hpp.
-/// Deterministic: single-threaded, fixed summation order.
+/// Deterministic: fixed work items and summation order, so results are bitwise the same for
+/// any number of attention workers.
 class eigen_compute final : public compute {
  public:
-  /// naive = true routes attention through the materialising oracle kernels (small sizes).
-  explicit eigen_compute(bool naive = false) : naive_(naive) {}
+  /// naive = true routes attention through the materialising oracle kernels (small sizes);
+  /// workers: threads the tiled attention may use (the caller and workers − 1 pool threads),
+  /// for ranks that have cores to spare.
+  explicit eigen_compute(bool naive = false, int workers = 1) : naive_(naive), workers_(workers) {}
 
   tensor empty(dtype t, shape_t s) override;
   tensor zeros(dtype t, shape_t s) override;
@@ -61,6 +64,7 @@ class eigen_compute final : public compute {
 
  private:
   bool naive_;
+  int workers_ = 1;
 };
 
 /// Host tensor of the CPU reference (what eigen_compute::empty returns).

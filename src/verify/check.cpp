@@ -197,7 +197,8 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
 /// options say).
 template <class T>
 step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
-                            const model_params<T>& p, const check_options& opt) {
+                            const model_params<T>& p, const check_options& opt,
+                            int attention_workers = 1) {
   const int k = comm.rank();
   std::optional<faulty_communicator> faulty;
   communicator* link = &comm;
@@ -205,7 +206,8 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
   std::unique_ptr<communicator> wrapped;
   if (opt.wrap_communicator) link = (wrapped = opt.wrap_communicator(*link)).get();
   if (opt.recorder) link->set_recorder(opt.recorder);
-  std::unique_ptr<compute> comp = std::make_unique<eigen_compute>(opt.naive_attention);
+  std::unique_ptr<compute> comp =
+      std::make_unique<eigen_compute>(opt.naive_attention, attention_workers);
   if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp), *link);
   sp_env env = cp_rank_env(*link, *comp, s, cb);
   return train_step(p, s, rank_input(s, cb, k), env);
@@ -262,7 +264,11 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
   std::vector<step_output<T>> outs(static_cast<std::size_t>(s.cp()));
   inproc_world world(s.cp());
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
-  world.set_carriers(rank_carriers(s, opt));
+  const int carriers = rank_carriers(s, opt);
+  world.set_carriers(carriers);
+  // Ranks on threads of their own with cores to spare: each rank's attention takes a share of
+  // them (its work items are fixed by the sizes, so the result does not change).
+  const int attention_workers = carriers >= 2 * s.cp() ? carriers / s.cp() : 1;
   flight_recorder flight;
   // After a watchdog abort, a stalled rank that wakes up must not appear to have made the call
   // it missed; after an error, ranks still arriving at the call are victims and are recorded.
@@ -276,7 +282,8 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
   try {
     run_ranks(world, [&](communicator& comm) {
       comm.set_flight_recorder(&flight);
-      outs[static_cast<std::size_t>(comm.rank())] = sp_rank_step(comm, s, cb, p, opt);
+      outs[static_cast<std::size_t>(comm.rank())] =
+          sp_rank_step(comm, s, cb, p, opt, attention_workers);
     });
   } catch (const std::exception& e) {
     if (opt.flight_dir.empty()) throw;

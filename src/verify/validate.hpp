@@ -18,6 +18,9 @@ namespace seqpar::verify {
 struct validate_options {
   dtype type = dtype::f32;  ///< GPU precision: f32 or bf16 (the reference is always float64)
   int device = 0;           ///< device-local mode: the GPU of all virtual ranks
+  /// Attention kernels of the GPU run: "auto" (cuDNN's fused attention for bf16 where it
+  /// loads, the SIMT kernels otherwise), "cudnn" (or an error), "simt".
+  std::string attention_engine = "auto";
   /// The watchdog's deadline per call, per 64 MiB it moves (0 = the backend's default, 60 s).
   std::chrono::milliseconds timeout{0};
   /// Where a run whose transport fails leaves its ranks' flight records (as check does); empty
@@ -31,6 +34,7 @@ struct validate_report {
   dtype type = dtype::f32;
   std::string transport;  ///< "device-local (P virtual ranks on one GPU)" or "nccl (P processes)"
   std::string device;     ///< GPU name(s)
+  std::string attention_engine;       ///< what ran rank 0's attention: "cudnn 91900", "simt (…)"
   std::vector<compared_tensor> rows;  ///< one per rank and stage (tensor = the stage name)
   bool pass = false;
   double tol_exact = 0, tol_forward = 0, tol_backward = 0;

@@ -1,6 +1,7 @@
 // Device tests of the CUDA backend: cuda_compute against eigen_compute on random tensors, the
 // device-local communicator, and the SP algorithms of src/core run on the GPU against the CPU
 // reference (run_validate_local). Exit 77 (meson SKIP) when no CUDA device can be used.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "core/scenario.hpp"
 #include "gpu/cuda_compute.hpp"
 #include "gpu/device_local_comm.hpp"
+#include "gpu/fused_attention.hpp"
 #include "gpu/kernels/bf16.hpp"
 #include "sim/attention.hpp"
 #include "sim/eigen_compute.hpp"
@@ -67,7 +69,9 @@ TEST_F(device, data_movement_is_bit_exact) {
   EXPECT_LE(rel_err(g.to_host(acc_g), c.to_host(acc_c)), 0x1p-23);
 }
 
-TEST_F(device, attention_matches_the_oracle_in_f32_and_bf16) {
+// The SIMT kernels (cuDNN's path has its own tests below).
+TEST_F(device, simt_attention_matches_the_oracle_in_f32_and_bf16) {
+  g.set_attention_engine(gpu::attention_engine::simt);
   for (dtype t : {dtype::f32, dtype::bf16}) {
     attention_docs docs;
     docs.cu_q = {0, 70, 75, 140};
@@ -100,6 +104,110 @@ TEST_F(device, attention_matches_the_oracle_in_f32_and_bf16) {
     EXPECT_LE(rel_err(g.to_host(dk), c.to_host(rk)), tb);
     EXPECT_LE(rel_err(g.to_host(dv), c.to_host(rv)), tb);
   }
+}
+
+// cuDNN's fused attention (bf16) on documents that exercise every edge rule: a causal document
+// with more q than k rows (its first rows see no key), q rows without k rows, k rows without q
+// rows, an empty document, rows past the last document; GQA; d = 64 and 128; causal and full.
+// Against the float64 reference (forward; backward from the GPU's own out/LSE), the blank rows
+// exactly, and the backward bitwise the same twice (deterministic algorithm).
+TEST_F(device, cudnn_attention_matches_the_oracle_on_edge_documents) {
+  std::string why;
+  if (!gpu::cudnn_version(&why)) GTEST_SKIP() << why;
+  g.set_attention_engine(gpu::attention_engine::cudnn);
+  const dtype t = dtype::bf16;
+  for (int d : {64, 128})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "d=" << d << " causal=" << causal);
+      attention_docs docs;
+      docs.cu_q = {0, 70, 75, 75, 140, 140, 150};
+      docs.cu_k = {0, 50, 95, 120, 120, 120, 180};
+      docs.causal = causal;
+      docs.scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const std::int64_t sq = 155, sk = 185;
+      const int hq = 8, hkv = 2;
+      tensor hq_, hk_, hv_, hdo;
+      const auto nq = static_cast<std::size_t>(sq * hq * d),
+                 nk = static_cast<std::size_t>(sk * hkv * d);
+      tensor q = both(values(nq, 12, t), {sq, hq, d}, hq_, t);
+      tensor k = both(values(nk, 13, t), {sk, hkv, d}, hk_, t);
+      tensor v = both(values(nk, 14, t), {sk, hkv, d}, hv_, t);
+      tensor dout = both(values(nq, 15, t), {sq, hq, d}, hdo, t);
+      tensor out = g.empty(t, {sq, hq, d}), lse = g.empty(t, {sq, hq});
+      g.fill(out, 7.0);  // poison: every element must be written
+      g.fill(lse, 7.0);
+      g.attention_forward(q, k, v, docs, out, lse);
+      EXPECT_EQ(g.attention_engine_used().rfind("cudnn", 0), 0u) << g.attention_engine_used();
+      tensor ho = c.empty(dtype::f64, {sq, hq, d}), hl = c.empty(dtype::f64, {sq, hq});
+      c.attention_forward(hq_, hk_, hv_, docs, ho, hl);
+      const auto go = g.to_host(out), gl = g.to_host(lse), ro = c.to_host(ho), rl = c.to_host(hl);
+      EXPECT_LE(rel_err(go, ro), 0x1p-8 * 8);
+      for (std::size_t i = 0; i < gl.size(); ++i) {
+        if (std::isinf(rl[i])) {
+          EXPECT_TRUE(std::isinf(gl[i]) && gl[i] < 0) << "lse row " << i / hq << " head " << i % hq;
+          for (int e = 0; e < d; ++e) EXPECT_EQ(go[i * d + static_cast<std::size_t>(e)], 0.0);
+        } else {
+          EXPECT_NEAR(gl[i], rl[i], 0x1p-7 * (1 + std::abs(rl[i]))) << "lse " << i;
+        }
+      }
+      tensor dq = g.empty(t, q.shape), dk = g.empty(t, k.shape), dv = g.empty(t, v.shape);
+      g.fill(dq, 7.0);
+      g.fill(dk, 7.0);
+      g.fill(dv, 7.0);
+      g.attention_backward(q, k, v, out, lse, dout, docs, dq, dk, dv);
+      tensor ho2 = c.from_host(dtype::f64, out.shape, go),
+             hl2 = c.from_host(dtype::f64, lse.shape, gl);
+      tensor rq = c.empty(dtype::f64, q.shape), rk = c.empty(dtype::f64, k.shape),
+             rv = c.empty(dtype::f64, v.shape);
+      c.attention_backward(hq_, hk_, hv_, ho2, hl2, hdo, docs, rq, rk, rv);
+      const auto gq = g.to_host(dq), gk = g.to_host(dk), gv = g.to_host(dv);
+      EXPECT_LE(rel_err(gq, c.to_host(rq)), 4 * 0x1p-8);
+      EXPECT_LE(rel_err(gk, c.to_host(rk)), 4 * 0x1p-8);
+      EXPECT_LE(rel_err(gv, c.to_host(rv)), 4 * 0x1p-8);
+      const auto rqh = c.to_host(rq), rkh = c.to_host(rk);
+      for (std::size_t i = 0; i < gq.size(); ++i)
+        if (rqh[i] == 0.0 && std::isinf(rl[i / static_cast<std::size_t>(d)]))
+          EXPECT_EQ(gq[i], 0.0) << "dq of a row that sees no key, element " << i;
+      for (std::int64_t j : {95, 119, 180, 184})  // k rows nothing sees
+        for (int e = 0; e < hkv * d; ++e) {
+          EXPECT_EQ(gk[static_cast<std::size_t>(j * hkv * d + e)], 0.0) << "dk row " << j;
+          EXPECT_EQ(gv[static_cast<std::size_t>(j * hkv * d + e)], 0.0) << "dv row " << j;
+        }
+      tensor dq2 = g.empty(t, q.shape), dk2 = g.empty(t, k.shape), dv2 = g.empty(t, v.shape);
+      g.attention_backward(q, k, v, out, lse, dout, docs, dq2, dk2, dv2);
+      EXPECT_EQ(g.to_host(dq2), gq) << "deterministic backward";
+      EXPECT_EQ(g.to_host(dk2), gk);
+      EXPECT_EQ(g.to_host(dv2), gv);
+    }
+}
+
+// The same call on both engines: cuDNN (tensor cores, 16-bit P) and SIMT (fp32 P) agree to the
+// bf16 error model, and float32 tensors fall back to SIMT under `automatic`.
+TEST_F(device, attention_engines_agree_and_float32_stays_on_simt) {
+  std::string why;
+  if (!gpu::cudnn_version(&why)) GTEST_SKIP() << why;
+  attention_docs docs;
+  docs.cu_q = {0, 300, 512};
+  docs.cu_k = {0, 280, 512};
+  docs.scale = 0.125;
+  const int hq = 4, hkv = 1, d = 64;
+  const std::int64_t s = 512;
+  const auto run = [&](gpu::attention_engine e, dtype t) {
+    g.set_attention_engine(e);
+    tensor q = g.from_host(t, {s, hq, d}, values(static_cast<std::size_t>(s * hq * d), 21, t));
+    tensor k = g.from_host(t, {s, hkv, d}, values(static_cast<std::size_t>(s * hkv * d), 22, t));
+    tensor v = g.from_host(t, {s, hkv, d}, values(static_cast<std::size_t>(s * hkv * d), 23, t));
+    tensor out = g.empty(t, {s, hq, d}), lse = g.empty(t, {s, hq});
+    g.attention_forward(q, k, v, docs, out, lse);
+    return g.to_host(out);
+  };
+  const auto a = run(gpu::attention_engine::cudnn, dtype::bf16);
+  const auto b = run(gpu::attention_engine::simt, dtype::bf16);
+  EXPECT_LE(rel_err(a, b), 0x1p-7);
+  run(gpu::attention_engine::automatic, dtype::f32);
+  EXPECT_EQ(g.attention_engine_used().rfind("simt", 0), 0u) << g.attention_engine_used();
+  run(gpu::attention_engine::automatic, dtype::bf16);
+  EXPECT_EQ(g.attention_engine_used().rfind("cudnn", 0), 0u) << g.attention_engine_used();
 }
 
 TEST_F(device, gemm_rope_rms_norm_match_the_cpu) {
@@ -170,6 +278,41 @@ TEST(device_local, collectives_move_and_sum_like_the_cpu) {
                                {p2p_op::kind::recv, (r + 2) % 3, got1.data, 1, {}}};
     comm.send_recv(world, ops, dtype::f32);
     if (c.to_host(got1)[0] != (r + 2) % 3) throw error("ring exchange wrong");
+  });
+}
+
+// The batched, host-sync-free collectives: back-to-back all_to_alls on one buffer pair (a send
+// buffer rewritten right after a round must not change what the receivers read), odd byte
+// counts (bf16 pieces off 16-byte alignment), more pieces than one launch takes.
+TEST(device_local, back_to_back_all_to_alls_keep_stream_order) {
+  const int P = 4;
+  gpu::run_device_ranks(P, 0, [](communicator& comm, gpu::cuda_compute& c) {
+    const int r = comm.rank();
+    const comm_group world{"world", {0, 1, 2, 3}};
+    for (int round = 0; round < 50; ++round) {
+      // rank r sends (j + round) % 5 + 1 elements to rank j, valued 1000·round + 100·r + j.
+      std::vector<std::int64_t> sc(P), rc(P);
+      std::vector<double> send;
+      for (int j = 0; j < P; ++j) {
+        sc[static_cast<std::size_t>(j)] = (j + round) % 5 + 1;
+        rc[static_cast<std::size_t>(j)] = (r + round) % 5 + 1;
+        for (int e = 0; e < sc[static_cast<std::size_t>(j)]; ++e)
+          send.push_back(1000 * round + 100 * r + j);
+      }
+      tensor s = c.from_host(dtype::bf16, {static_cast<std::int64_t>(send.size())}, send);
+      std::int64_t total = 0;
+      for (auto n : rc) total += n;
+      tensor out = c.empty(dtype::bf16, {total});
+      comm.all_to_all(world, s.data, sc, out.data, rc, dtype::bf16);
+      c.fill(s, -1.0);  // rewrite the send buffer at once: stream order keeps the round's data
+      const auto got = c.to_host(out);
+      std::size_t at = 0;
+      for (int j = 0; j < P; ++j)
+        for (int e = 0; e < rc[static_cast<std::size_t>(j)]; ++e, ++at)
+          if (got[at] != gpu::round_bf16(1000.0 * round + 100 * j + r))
+            throw error(fmt::format("round {}: rank {} got {} from rank {}, expected {}", round, r,
+                                    got[at], j, 1000 * round + 100 * j + r));
+    }
   });
 }
 

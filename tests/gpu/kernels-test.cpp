@@ -14,6 +14,7 @@
 
 #include "core/compare.hpp"
 #include "core/rng.hpp"
+#include "gpu/fused_attention_plan.hpp"
 #include "gpu/kernels/attention.hpp"
 #include "gpu/kernels/bf16.hpp"
 #include "gpu/kernels/layout.hpp"
@@ -439,3 +440,96 @@ TEST(attention_kernels, a_wrong_causal_offset_is_caught) {
 }
 
 }  // namespace
+
+namespace {
+
+using range = std::pair<std::int64_t, std::int64_t>;
+
+// Which rows see no key, by brute force over the mask (bottom-right causal): the plan's blank
+// ranges must be exactly the q rows that see nothing and the k rows that nothing sees.
+void expect_plan_matches_the_mask(const std::vector<std::int32_t>& cu_q,
+                                  const std::vector<std::int32_t>& cu_k, std::int64_t sq,
+                                  std::int64_t sk, bool causal) {
+  const int hq = 4, hkv = 2, d = 8;
+  const auto p = seqpar::gpu::plan_fused_attention(cu_q, cu_k, sq, sk, hq, hkv, d, causal);
+  std::vector<bool> q_sees(static_cast<std::size_t>(sq)), k_seen(static_cast<std::size_t>(sk));
+  for (std::size_t doc = 0; doc + 1 < cu_q.size(); ++doc) {
+    const std::int64_t lq = cu_q[doc + 1] - cu_q[doc], lk = cu_k[doc + 1] - cu_k[doc];
+    for (std::int64_t i = 0; i < lq; ++i)
+      for (std::int64_t j = 0; j < lk; ++j)
+        if (!causal || j <= i + lk - lq) {
+          q_sees[static_cast<std::size_t>(cu_q[doc] + i)] = true;
+          k_seen[static_cast<std::size_t>(cu_k[doc] + j)] = true;
+        }
+  }
+  const auto blank_rows = [](const std::vector<range>& r, std::int64_t n) {
+    std::vector<bool> b(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      EXPECT_LT(r[i].first, r[i].second);
+      if (i) EXPECT_LT(r[i - 1].second, r[i].first) << "ranges sorted and merged";
+      for (auto x = r[i].first; x < r[i].second; ++x) b[static_cast<std::size_t>(x)] = true;
+    }
+    return b;
+  };
+  const auto qb = blank_rows(p.q_blank, sq), kb = blank_rows(p.k_blank, sk);
+  for (std::int64_t i = 0; i < sq; ++i)
+    EXPECT_EQ(qb[static_cast<std::size_t>(i)], !q_sees[static_cast<std::size_t>(i)])
+        << "q row " << i;
+  for (std::int64_t j = 0; j < sk; ++j)
+    EXPECT_EQ(kb[static_cast<std::size_t>(j)], !k_seen[static_cast<std::size_t>(j)])
+        << "k row " << j;
+  // The batch: documents with both sides, their element offsets and lengths.
+  ASSERT_EQ(p.seq_q.size(), static_cast<std::size_t>(p.batch));
+  ASSERT_EQ(p.q_offset.size(), static_cast<std::size_t>(p.batch + 1));
+  std::size_t b = 0;
+  for (std::size_t doc = 0; doc + 1 < cu_q.size(); ++doc) {
+    const std::int32_t lq = cu_q[doc + 1] - cu_q[doc], lk = cu_k[doc + 1] - cu_k[doc];
+    if (lq == 0 || lk == 0) continue;
+    ASSERT_LT(b, p.seq_q.size());
+    EXPECT_EQ(p.seq_q[b], lq);
+    EXPECT_EQ(p.seq_k[b], lk);
+    EXPECT_EQ(p.q_offset[b], cu_q[doc] * hq * d);
+    EXPECT_EQ(p.k_offset[b], cu_k[doc] * hkv * d);
+    EXPECT_EQ(p.stats_offset[b], cu_q[doc] * hq);
+    EXPECT_GE(p.max_q, lq);
+    EXPECT_GE(p.max_k, lk);
+    ++b;
+  }
+  EXPECT_EQ(b, p.seq_q.size());
+}
+
+}  // namespace
+
+TEST(fused_attention_plan, blank_rows_are_exactly_the_rows_the_mask_leaves_alone) {
+  // lq > lk (a causal prefix sees nothing), lq < lk, an empty q side, an empty k side, rows past
+  // the last document, an empty document.
+  const std::vector<std::int32_t> cu_q = {0, 70, 75, 75, 140, 140, 150};
+  const std::vector<std::int32_t> cu_k = {0, 50, 95, 120, 120, 120, 180};
+  for (bool causal : {true, false}) {
+    expect_plan_matches_the_mask(cu_q, cu_k, 155, 185, causal);
+    expect_plan_matches_the_mask({0, 64}, {0, 64}, 64, 64, causal);
+    expect_plan_matches_the_mask({0, 0}, {0, 0}, 3, 2, causal);
+  }
+  // Random layouts.
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    std::vector<std::int32_t> cq = {0}, ck = {0};
+    const int docs = 1 + static_cast<int>(seqpar::uniform_pm1(11, seed, 0) * 2 + 3) % 6;
+    for (int i = 0; i < docs; ++i) {
+      const auto draw = [&](int k) {
+        const double u = 0.5 + 0.5 * seqpar::uniform_pm1(12, seed, 10 * i + k);
+        return static_cast<std::int32_t>(u * 9) - 2;  // -2..6: empty sides often
+      };
+      cq.push_back(cq.back() + std::max(0, draw(1)));
+      ck.push_back(ck.back() + std::max(0, draw(2)));
+    }
+    expect_plan_matches_the_mask(cq, ck, cq.back() + seed % 3, ck.back() + seed % 2, seed % 2);
+  }
+}
+
+TEST(fused_attention_plan, length_classes_are_powers_of_two_from_64) {
+  EXPECT_EQ(seqpar::gpu::fused_length_class(1), 64);
+  EXPECT_EQ(seqpar::gpu::fused_length_class(64), 64);
+  EXPECT_EQ(seqpar::gpu::fused_length_class(65), 128);
+  EXPECT_EQ(seqpar::gpu::fused_length_class(4096), 4096);
+  EXPECT_EQ(seqpar::gpu::fused_length_class(4097), 8192);
+}
