@@ -117,19 +117,10 @@ namespace {
 /// released. Runs under the world's lock (rendezvous_slot::on_complete).
 void launch_round(const rendezvous& r, const std::vector<launch::copy_piece>& pieces,
                   cudaStream_t s, int rank_) {
-  const int n = static_cast<int>(r.group_size());
-  for (int j = 0; j < n; ++j)
-    if (j != r.me())
-      SEQPAR_CUDA(cudaStreamWaitEvent, s,
-                  ev(static_cast<const round_events*>(r.slot(j).transport)->ready), 0);
-  for (std::size_t i = 0; i < pieces.size(); i += launch::max_copy_pieces) {
-    const int k =
-        static_cast<int>(std::min<std::size_t>(launch::max_copy_pieces, pieces.size() - i));
-    if (const int e = launch::batched_copy(pieces.data() + i, k, s))
-      raise("batched_copy", e, cudaGetErrorString(static_cast<cudaError_t>(e)), rank_);
-  }
-  SEQPAR_CUDA(cudaEventRecord, ev(static_cast<const round_events*>(r.slot(r.me()).transport)->done),
-              s);
+  std::vector<int> everyone(r.group_size());
+  for (std::size_t j = 0; j < everyone.size(); ++j) everyone[j] = static_cast<int>(j);
+  auto& mine = *static_cast<round_events*>(const_cast<void*>(r.slot(r.me()).transport));
+  copy_round(r, mine, everyone, pieces, s, rank_);
 }
 
 /// After the round: this member's stream waits for the completing member's copy (unless it

@@ -134,6 +134,17 @@ struct table_layout {
 using graph_key = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, int, int, int,
                              bool, std::uint32_t, bool, std::int64_t, std::int64_t>;
 
+/// The variant-pack entries the forward and backward graphs share: q, k, v, the lengths and the
+/// ragged offsets of q-shaped (q, o), k-shaped (k, v) and LSE rows.
+std::unordered_map<std::int64_t, void*> variant_pack(const fused_attention_args& a, std::int32_t* t,
+                                                     const table_layout& L) {
+  return {{u_q, const_cast<void*>(a.q)}, {u_k, const_cast<void*>(a.k)},
+          {u_v, const_cast<void*>(a.v)}, {u_seq_q, t + L.seq_q},
+          {u_seq_k, t + L.seq_k},        {u_ro_q, t + L.ro_q},
+          {u_ro_k, t + L.ro_k},          {u_ro_v, t + L.ro_k},
+          {u_ro_o, t + L.ro_q},          {u_ro_stats, t + L.ro_s}};
+}
+
 }  // namespace
 
 struct fused_attention::impl {
@@ -392,18 +403,9 @@ void fused_attention::forward(const fused_attention_args& a) {
     auto g = im.graph(true, a, p);
     std::int32_t* t = im.upload_table(p);
     const table_layout L(p.batch);
-    std::unordered_map<std::int64_t, void*> pack{{u_q, const_cast<void*>(a.q)},
-                                                 {u_k, const_cast<void*>(a.k)},
-                                                 {u_v, const_cast<void*>(a.v)},
-                                                 {u_o, a.out},
-                                                 {u_stats, a.stats},
-                                                 {u_seq_q, t + L.seq_q},
-                                                 {u_seq_k, t + L.seq_k},
-                                                 {u_ro_q, t + L.ro_q},
-                                                 {u_ro_k, t + L.ro_k},
-                                                 {u_ro_v, t + L.ro_k},
-                                                 {u_ro_o, t + L.ro_q},
-                                                 {u_ro_stats, t + L.ro_s}};
+    auto pack = variant_pack(a, t, L);
+    pack[u_o] = a.out;
+    pack[u_stats] = a.stats;
     im.execute(*g, pack, "cuDNN attention forward");
   }
   // Rows cuDNN does not own (or that see no key): out 0, LSE −inf.
@@ -429,27 +431,17 @@ void fused_attention::backward(const fused_attention_args& a) {
     auto g = im.graph(false, a, p);
     std::int32_t* t = im.upload_table(p);
     const table_layout L(p.batch);
-    std::unordered_map<std::int64_t, void*> pack{
-        {u_q, const_cast<void*>(a.q)},
-        {u_k, const_cast<void*>(a.k)},
-        {u_v, const_cast<void*>(a.v)},
-        {u_o, const_cast<void*>(static_cast<const void*>(a.out))},
-        {u_do, const_cast<void*>(a.dout)},
-        {u_stats, stats},
-        {u_dq, a.dq},
-        {u_dk, a.dk},
-        {u_dv, a.dv},
-        {u_seq_q, t + L.seq_q},
-        {u_seq_k, t + L.seq_k},
-        {u_ro_q, t + L.ro_q},
-        {u_ro_k, t + L.ro_k},
-        {u_ro_v, t + L.ro_k},
-        {u_ro_o, t + L.ro_q},
-        {u_ro_do, t + L.ro_q},
-        {u_ro_dq, t + L.ro_q},
-        {u_ro_dk, t + L.ro_k},
-        {u_ro_dv, t + L.ro_k},
-        {u_ro_stats, t + L.ro_s}};
+    auto pack = variant_pack(a, t, L);
+    pack.insert({{u_o, const_cast<void*>(static_cast<const void*>(a.out))},
+                 {u_do, const_cast<void*>(a.dout)},
+                 {u_stats, stats},
+                 {u_dq, a.dq},
+                 {u_dk, a.dk},
+                 {u_dv, a.dv},
+                 {u_ro_do, t + L.ro_q},
+                 {u_ro_dq, t + L.ro_q},
+                 {u_ro_dk, t + L.ro_k},
+                 {u_ro_dv, t + L.ro_k}});
     im.execute(*g, pack, "cuDNN attention backward");
   }
   im.fill_rows(a.dq, q_words, p.q_blank, 0u);

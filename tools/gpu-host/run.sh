@@ -10,13 +10,13 @@
 #   tools/gpu-host/run.sh [--bundle DIR] [--out DIR] [--steps LIST] [--prebuilt DIR]
 #     --bundle    the folder pack.sh made (default: gpu-bundle)
 #     --out       results folder (default: gpu-results-<date>; must not exist or be empty)
-#     --steps     comma list of: build,test,sanitize,bench,sdpa,scale (default: all)
+#     --steps     comma list of: build,test,validate,sanitize,bench,sdpa,scale (default: all)
 #     --prebuilt  a build folder made elsewhere (-Dcpu=portable) to use when the build fails
 #     --threads   thread counts of the scaling step (default 1,2,4,8,16)
 # Exit status: 0 when every step passed, 1 when one failed, 2 on a usage error.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bundle=$root/gpu-bundle out="" steps=build,test,sanitize,bench,sdpa,scale prebuilt="" threads=1,2,4,8,16
+bundle=$root/gpu-bundle out="" steps=build,test,validate,sanitize,bench,sdpa,scale prebuilt="" threads=1,2,4,8,16
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle=$2; shift 2 ;;
@@ -138,6 +138,15 @@ if want test; then
   step test-core-headers-nvcc 120 "$(bin tests/gpu/core-headers-nvcc-test)"
   step test-gpu-device 900 "$(bin tests/gpu/gpu-device-test)"
   step test-gpu-validate-cli 600 sh "$root/tests/gpu/validate-cli-test.sh" "$(bin tools/seqpar)"
+fi
+
+# ---- seqpar validate on a mid-size attention layer: the GPU's time beside the CPU reference's,
+# with each attention engine (JSON: seconds.gpu, seconds.reference) ----
+if want validate; then
+  for engine in cudnn simt; do
+    step "validate-$engine" 600 "$(bin tools/seqpar)" validate --heads 16 --kv-heads 4 --head-dim 128 \
+      --docs 2048,1024,1024 -u 4 -r 2 --dtype bf16 --attention-engine "$engine" --quiet --json
+  done
 fi
 
 # ---- benchmarks ----
