@@ -92,7 +92,7 @@ action add_collate(CLI::App& app) {
       ->required();
   sub->add_option("--pad-token-id", args->pad_token_id, "input_ids pad value")
       ->capture_default_str();
-  sub->add_flag("--json", args->json, "machine-readable output (DESIGN.md contract)");
+  sub->add_flag("--json", args->json, "machine-readable output (docs/formats.md)");
   sub->add_option("--out,-o", args->out, "write the output here instead of stdout");
   return [args] {
     collate_options opt;

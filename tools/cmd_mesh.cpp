@@ -159,7 +159,7 @@ action add_mesh(CLI::App& app) {
                   "SP dims folded into FSDP: all | ulysses_only | ring_only | none")
       ->capture_default_str();
   sub->add_option("--profile", args->profile, "xorl | veomni")->capture_default_str();
-  sub->add_flag("--json", args->json, "machine-readable output (DESIGN.md contract)");
+  sub->add_flag("--json", args->json, "machine-readable output (docs/formats.md)");
   sub->add_option("--out,-o", args->out, "write the output here instead of stdout");
   return [args] {
     mesh_config cfg = args->cfg;

@@ -171,6 +171,11 @@ void validate(const scenario& s) {
   require_positive("layers", s.layers, 64);
   if (s.vocab < 2 || s.vocab > (1 << 20))
     fail<config_error>("vocab={} is out of range; use a value in [2, {}]", s.vocab, 1 << 20);
+  if (s.pad_token_id < 0 || s.pad_token_id >= s.vocab)
+    fail<config_error>(
+        "pad_token_id={} is not a token of the vocabulary (vocab={}): padding would embed a row "
+        "that does not exist; use a pad_token_id in [0, {}]",
+        s.pad_token_id, s.vocab, s.vocab - 1);
   if (s.heads % s.kv_heads != 0)
     fail<config_error>(
         "num_heads={} is not a multiple of num_kv_heads={} (GQA shares one KV head per group of "

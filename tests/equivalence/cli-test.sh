@@ -114,6 +114,8 @@ expect 2 "layers=0 is out of range; use a value in [1, 64]" -- plan --layers 0
 expect 2 "vocab=1 is out of range; use a value in [2," -- plan --vocab 1
 expect 2 "ring_backward 'foo' is unknown; use allgather or ring" -- plan --ring-backward foo --ring 2 --docs 8
 expect 2 "ring_forward 'foo' is unknown; use p2p or allgather" -- plan --ring-forward foo --ring 2 --docs 8
+echo '{"vocab":96,"pad_token_id":96}' >"$tmp/pad.json"
+expect 2 "pad_token_id=96 is not a token of the vocabulary (vocab=96)" -- check --config "$tmp/pad.json"
 echo '{"ulysses":2,"ring":1,"cp_size":4}' >"$tmp/cp.json"
 expect 2 "scenario cp_size=4 disagrees with ulysses*ring=2*1=2" -- plan --config "$tmp/cp.json"
 expect 2 "83886080 tokens in total is more than the supported 67108864" -- plan --docs 16777216,16777216,16777216,16777216,16777216
