@@ -28,7 +28,9 @@ void run_items(int workers, std::int64_t n, const std::function<void(int, std::i
       if (!first) first = std::current_exception();
     }
   };
-  auto helpers = thread_pool::shared().start(workers - 1, [&](int j) { loop(j + 1); });
+  // The pool reads the job until wait() returns: it must outlive the batch (a named object).
+  const std::function<void(int)> helper = [&](int j) { loop(j + 1); };
+  auto helpers = thread_pool::shared().start(workers - 1, helper);
   loop(0);
   helpers.wait();
   if (first) std::rethrow_exception(first);
