@@ -23,7 +23,7 @@ import broken_attention  # noqa: E402
 
 EXAMPLE = os.path.join(ROOT, "python", "examples", "zigzag_ring_attention.py")
 ZIGZAG = {"layouts": ("zigzag",)}
-HEALTHY_EXAMPLES = int(os.environ.get("SEQPAR_HEALTHY_EXAMPLES", "500"))
+HEALTHY_EXAMPLES = int(os.environ.get("SEQPAR_HEALTHY_EXAMPLES", "300"))
 
 
 def _children():
