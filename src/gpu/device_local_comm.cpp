@@ -135,6 +135,16 @@ void wait_for_round(const rendezvous& r, cudaStream_t s, int rank_) {
 
 }  // namespace
 
+void device_local_communicator::whole_round(
+    const comm_group& g, round_events& e, rendezvous_slot& mine,
+    const std::function<void(const rendezvous&)>& complete) {
+  mine.transport = &e;
+  mine.on_complete = &complete;
+  rendezvous r(world_, g, rank_, mine);
+  wait_for_round(r, static_cast<cudaStream_t>(c_.stream()), rank_);
+  r.finish();
+}
+
 void device_local_communicator::do_all_to_all(const comm_group& g, const void* send,
                                               std::span<const std::int64_t> send_counts, void* recv,
                                               std::span<const std::int64_t> recv_counts, dtype t) {
@@ -164,11 +174,7 @@ void device_local_communicator::do_all_to_all(const comm_group& g, const void* s
   mine.send_counts = send_counts;
   mine.recv_counts = recv_counts;
   mine.recv = recv;
-  mine.transport = &e;
-  mine.on_complete = &complete;
-  rendezvous r(world_, g, rank_, mine);
-  wait_for_round(r, s, rank_);
-  r.finish();
+  whole_round(g, e, mine, complete);
 }
 
 void device_local_communicator::do_all_gather(const comm_group& g, const void* send,
@@ -190,11 +196,7 @@ void device_local_communicator::do_all_gather(const comm_group& g, const void* s
   };
   auto mine = rendezvous_slot::of("all_gather", t, send, count, call_info().tag);
   mine.recv = recv;
-  mine.transport = &e;
-  mine.on_complete = &complete;
-  rendezvous r(world_, g, rank_, mine);
-  wait_for_round(r, s, rank_);
-  r.finish();
+  whole_round(g, e, mine, complete);
 }
 
 void device_local_communicator::do_reduce_scatter(const comm_group& g, const void* send, void* recv,

@@ -73,6 +73,11 @@ class device_local_communicator : public communicator {
 
  private:
   round_events& events_for(const comm_group& g);
+  /// all_to_all, all_gather: publishes `mine` with this member's events and the round's batched
+  /// copy (`complete`, run by the member that completes the round), then orders this member's
+  /// stream after that copy.
+  void whole_round(const comm_group& g, round_events& e, rendezvous_slot& mine,
+                   const std::function<void(const rendezvous&)>& complete);
   device_local_world& world_;
   int rank_;
   cuda_compute& c_;

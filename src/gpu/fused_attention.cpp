@@ -178,23 +178,40 @@ struct fused_attention::impl {
     return t == attn_storage::f16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
   }
 
-  /// A [b, h, L, d] tensor in token-major packed rows, with its ragged offset tensor.
+  /// The [b + 1] int32 ragged offsets (elements) of one packed tensor.
+  static std::shared_ptr<fe::graph::Tensor_attributes> offsets(fe::graph::Graph& g,
+                                                               const std::string& name,
+                                                               std::int64_t uid, std::int64_t b) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({b + 1, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(fe::DataType_t::INT32));
+  }
+
+  /// A [b, h, L, d] input in token-major packed rows, with its ragged offsets.
   std::shared_ptr<fe::graph::Tensor_attributes> rows(fe::graph::Graph& g, const char* name,
                                                      std::int64_t u, std::int64_t ro_uid,
                                                      std::int64_t b, std::int64_t h, std::int64_t L,
                                                      std::int64_t d) {
-    auto ro = g.tensor(fe::graph::Tensor_attributes()
-                           .set_name(std::string("ro_") + name)
-                           .set_uid(ro_uid)
-                           .set_dim({b + 1, 1, 1, 1})
-                           .set_stride({1, 1, 1, 1})
-                           .set_data_type(fe::DataType_t::INT32));
     return g.tensor(fe::graph::Tensor_attributes()
                         .set_name(name)
                         .set_uid(u)
                         .set_dim({b, h, L, d})
                         .set_stride({L * h * d, d, h * d, 1})
-                        .set_ragged_offset(ro));
+                        .set_ragged_offset(offsets(g, std::string("ro_") + name, ro_uid, b)));
+  }
+
+  /// Marks a graph output as [b, h, L, d] token-major packed rows with its ragged offsets.
+  static void output_rows(fe::graph::Graph& g, fe::graph::Tensor_attributes& t, const char* name,
+                          std::int64_t u, std::int64_t ro_uid, std::int64_t b, std::int64_t h,
+                          std::int64_t L, std::int64_t d) {
+    t.set_output(true)
+        .set_uid(u)
+        .set_dim({b, h, L, d})
+        .set_stride({L * h * d, d, h * d, 1})
+        .set_ragged_offset(offsets(g, std::string("ro_") + name, ro_uid, b));
   }
 
   std::shared_ptr<fe::graph::Tensor_attributes> lengths(fe::graph::Graph& g, const char* name,
@@ -239,12 +256,7 @@ struct fused_attention::impl {
     auto v = rows(*g, "v", u_v, u_ro_v, b, hkv, Lk, d);
     auto seq_q = lengths(*g, "seq_q", u_seq_q, b);
     auto seq_k = lengths(*g, "seq_k", u_seq_k, b);
-    auto ro_stats = g->tensor(fe::graph::Tensor_attributes()
-                                  .set_name("ro_stats")
-                                  .set_uid(u_ro_stats)
-                                  .set_dim({b + 1, 1, 1, 1})
-                                  .set_stride({1, 1, 1, 1})
-                                  .set_data_type(fe::DataType_t::INT32));
+    auto ro_stats = offsets(*g, "ro_stats", u_ro_stats, b);
     const std::vector<std::int64_t> stats_dim{b, hq, Lq, 1}, stats_stride{Lq * hq, 1, hq, 1};
     if (fwd) {
       auto opts = fe::graph::SDPA_attributes()
@@ -258,17 +270,7 @@ struct fused_attention::impl {
                       .set_max_total_seq_len_kv(Tk);
       if (a.causal) opts.set_causal_mask_bottom_right(true);
       auto [o, stats] = g->sdpa(q, k, v, opts);
-      auto ro_o = g->tensor(fe::graph::Tensor_attributes()
-                                .set_name("ro_o")
-                                .set_uid(u_ro_o)
-                                .set_dim({b + 1, 1, 1, 1})
-                                .set_stride({1, 1, 1, 1})
-                                .set_data_type(fe::DataType_t::INT32));
-      o->set_output(true)
-          .set_uid(u_o)
-          .set_dim({b, hq, Lq, d})
-          .set_stride({Lq * hq * d, d, hq * d, 1})
-          .set_ragged_offset(ro_o);
+      output_rows(*g, *o, "o", u_o, u_ro_o, b, hq, Lq, d);
       stats->set_output(true)
           .set_uid(u_stats)
           .set_data_type(fe::DataType_t::FLOAT)
@@ -297,24 +299,9 @@ struct fused_attention::impl {
                       .set_deterministic_algorithm(a.deterministic);
       if (a.causal) opts.set_causal_mask_bottom_right(true);
       auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
-      const auto out_rows = [&](std::shared_ptr<fe::graph::Tensor_attributes>& t, const char* name,
-                                std::int64_t u, std::int64_t ro_uid, std::int64_t h,
-                                std::int64_t L) {
-        auto ro = g->tensor(fe::graph::Tensor_attributes()
-                                .set_name(std::string("ro_") + name)
-                                .set_uid(ro_uid)
-                                .set_dim({b + 1, 1, 1, 1})
-                                .set_stride({1, 1, 1, 1})
-                                .set_data_type(fe::DataType_t::INT32));
-        t->set_output(true)
-            .set_uid(u)
-            .set_dim({b, h, L, d})
-            .set_stride({L * h * d, d, h * d, 1})
-            .set_ragged_offset(ro);
-      };
-      out_rows(dq, "dq", u_dq, u_ro_dq, hq, Lq);
-      out_rows(dk, "dk", u_dk, u_ro_dk, hkv, Lk);
-      out_rows(dv, "dv", u_dv, u_ro_dv, hkv, Lk);
+      output_rows(*g, *dq, "dq", u_dq, u_ro_dq, b, hq, Lq, d);
+      output_rows(*g, *dk, "dk", u_dk, u_ro_dk, b, hkv, Lk, d);
+      output_rows(*g, *dv, "dv", u_dv, u_ro_dv, b, hkv, Lk, d);
       finish(*g, "cuDNN attention backward graph");
     }
     graphs.emplace(key, g);
