@@ -26,7 +26,7 @@
 #include "core/cu_seqlens.hpp"
 #include "core/rng.hpp"
 #include "io/safetensors.hpp"
-#include "verify/dump_internal.hpp"
+#include "dump/geometry.hpp"
 
 namespace {
 

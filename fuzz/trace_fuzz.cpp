@@ -33,7 +33,7 @@
 #include "trace/import/import.hpp"
 #include "trace/replay.hpp"
 #include "trace/trace_io.hpp"
-#include "verify/dump.hpp"
+#include "dump/dump.hpp"
 
 namespace {
 

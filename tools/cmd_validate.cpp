@@ -14,8 +14,8 @@
 #include "scenario_flags.hpp"
 
 #include "io/file.hpp"
-#include "verify/dump.hpp"
-#include "verify/dump_calibration.hpp"
+#include "dump/dump.hpp"
+#include "dump/calibration.hpp"
 
 #if defined(SEQPAR_HAVE_GPU)
 #include "gpu/cuda_compute.hpp"

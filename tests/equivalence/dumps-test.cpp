@@ -16,8 +16,8 @@
 #include "io/file.hpp"
 #include "io/safetensors.hpp"
 #include "sim/attention.hpp"
-#include "verify/dump.hpp"
-#include "verify/dump_emulate.hpp"
+#include "dump/dump.hpp"
+#include "dump/emulate.hpp"
 
 namespace fs = std::filesystem;
 using namespace seqpar;
@@ -38,13 +38,13 @@ const std::map<std::string, std::string> cause_words{
     {"a2a_wrong_dims", "token-major"},
     {"local_cu", "local position ids"},
     {"zigzag_swapped", "swapped order"},
-    {"no_scale", "without the softmax scale"},
+    {"no_scale", "scores not multiplied by the scale"},
     {"lse_merge_no_max", "without subtracting their maximum"},
     {"ring_src_off_by_one", "off by one"},
     {"kv_grad_not_summed", "did not sum"},
     {"no_causal", "without the causal mask"},
     {"swapped_dims", "the dimensions are swapped"},
-    // Named by the families of mistakes (dump_sampled.cpp), not by the fixed list.
+    // Named by the families of mistakes (src/dump/families.cpp).
     {"causal_hides_diag", "hides the diagonal"},
     {"scale_inv_d_one_rank", "divided by head_dim instead of its square root"},
     {"last_token_own_doc", "last token is a document of its own"},

@@ -157,7 +157,7 @@ def run_case(seqpar, dump, quantity, k, work):
 
 
 def check_calibration(seqpar, dumps, data_files):
-    """The calibration seqpar reports (src/verify/dump_calibration.cpp) must be the largest
+    """The calibration seqpar reports (src/dump/calibration.cpp) must be the largest
     fraction of its bound over the correct runs of the catalogues, per dtype and quantity
     (within 1 %: the constants have three digits)."""
     rows = []

@@ -1,5 +1,5 @@
-// Ring attention as key sets (dump_emulate.hpp).
-#include "verify/dump_emulate.hpp"
+// Ring attention as key sets (emulate.hpp).
+#include "dump/emulate.hpp"
 
 #include <algorithm>
 #include <cmath>

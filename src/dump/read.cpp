@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "dump/dump.hpp"
 #include "io/file.hpp"
 #include "io/json_get.hpp"
-#include "verify/dump.hpp"
 
 namespace seqpar::verify {
 

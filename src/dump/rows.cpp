@@ -1,6 +1,6 @@
-// The row reference of dump_rows.hpp: chunked (flash-style) float64 attention over one
+// The row reference of rows.hpp: chunked (flash-style) float64 attention over one
 // document's keys for a block of query rows, and its transpose for key rows.
-#include "verify/dump_rows.hpp"
+#include "dump/rows.hpp"
 
 #include <fmt/format.h>
 
@@ -23,6 +23,9 @@ namespace {
 
 using mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 constexpr std::int64_t chunk = 1024;  // keys (or queries) per block: memory ~ rows × chunk
+constexpr std::size_t kBlockRows = 512;
+constexpr double kUnknown =
+    std::numeric_limits<double>::quiet_NaN();  // rows per unit of work (group_rows)
 constexpr double ninf = -std::numeric_limits<double>::infinity();
 
 std::unique_ptr<io::mapped_safetensors> open_file(const std::string& dir, const std::string& f) {
@@ -124,7 +127,10 @@ row_reference::row_reference(const mapped_call& c, bound_units u, int threads)
     : c_(c),
       u_(u),
       threads_(threads > 0 ? threads
-                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+      stats_{std::vector<double>(static_cast<std::size_t>(c.g().S) * c.g().H, kUnknown),
+             std::vector<double>(static_cast<std::size_t>(c.g().S) * c.g().H, kUnknown),
+             std::vector<double>(static_cast<std::size_t>(c.g().S) * c.g().H, kUnknown)} {}
 
 attention_variant row_reference::reference() const {
   attention_variant v;
@@ -136,7 +142,10 @@ attention_variant row_reference::reference() const {
 
 namespace {
 
-/// Rows grouped by (reference document, KV head), in first-seen order of the sorted keys.
+/// Rows grouped by (reference document, KV head), in first-seen order of the sorted keys, each
+/// group cut into blocks of at most kBlockRows rows: the blocks' score matrices (rows × chunk)
+/// stay small whatever the row count (every row of a long document in exhaustive mode), and
+/// every block is a unit of work for the threads. A row's values do not depend on its block.
 template <class Row>
 std::vector<std::vector<std::size_t>> group_rows(const geometry& g, const std::vector<Row>& rows,
                                                  int per_kv) {
@@ -151,7 +160,10 @@ std::vector<std::vector<std::size_t>> group_rows(const geometry& g, const std::v
     groups[{lo, head / per_kv}].push_back(i);
   }
   std::vector<std::vector<std::size_t>> out;
-  for (auto& [key, v] : groups) out.push_back(std::move(v));
+  for (auto& [key, v] : groups)
+    for (std::size_t i = 0; i < v.size(); i += kBlockRows)
+      out.emplace_back(v.begin() + static_cast<std::ptrdiff_t>(i),
+                       v.begin() + static_cast<std::ptrdiff_t>(std::min(v.size(), i + kBlockRows)));
   return out;
 }
 
@@ -311,6 +323,14 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
             .rowwise()
             .sum();
     const mat aq = v.scale * (dSwK + mat(PK.array().colwise() * E.array()));
+    if (v.cu == c_.g().cu && v.scale == c_.scale() && v.causal == c_.causal() && v.diag == 0)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto& row = rows[idx[static_cast<std::size_t>(i)]];
+        const auto at = static_cast<std::size_t>(row.token * g.H + row.head);
+        stats_.lse[at] = L(i);
+        stats_.dv[at] = Dv(i);
+        stats_.e[at] = E(i);
+      }
     for (std::int64_t i = 0; i < n; ++i) {
       const auto at = idx[static_cast<std::size_t>(i)] * static_cast<std::size_t>(D);
       for (int e = 0; e < D; ++e) {
@@ -393,33 +413,45 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
         const std::int64_t c = std::min(chunk, hq1 - i0);
         mat Q(c, D), dO(c, D), O(c, D);
         Eigen::VectorXd L(c), Dv(c), w(c), E(c);
+        std::vector<bool> known(static_cast<std::size_t>(c), false);
         std::vector<query_row> need;
+        std::vector<std::int64_t> need_at;
         for (std::int64_t i = 0; i < c; ++i) {
           c_.read_local("q.local", g.H, i0 + i, h, Q.row(i).data());
           c_.read_local("grad.out.local", g.H, i0 + i, h, dO.row(i).data());
-          if (c_.has_lse()) {
+          const auto at = static_cast<std::size_t>((i0 + i) * g.H + h);
+          if (!std::isnan(stats_.e[at])) {
+            known[static_cast<std::size_t>(i)] = true;
+            L(i) = stats_.lse[at];
+            Dv(i) = stats_.dv[at];
+            E(i) = stats_.e[at];
+          } else if (c_.has_lse()) {
             L(i) = c_.read_lse(i0 + i, h);
             c_.read_out(i0 + i, h, O.row(i).data());
           } else {
             need.push_back({i0 + i, h});
+            need_at.push_back(i);
           }
         }
         if (!need.empty()) {
           const row_reference serial(c_, u_, 1);
           const auto st = serial.queries(stats_variant, need, false);
-          for (std::int64_t i = 0; i < c; ++i) {
-            L(i) = st.lse[static_cast<std::size_t>(i)];
-            std::copy_n(st.out.data() + i * D, D, O.row(i).data());
+          for (std::size_t n = 0; n < need.size(); ++n) {
+            L(need_at[n]) = st.lse[n];
+            std::copy_n(st.out.data() + n * static_cast<std::size_t>(D), D,
+                        O.row(need_at[n]).data());
           }
         }
         for (std::int64_t i = 0; i < c; ++i) {
-          Dv(i) = dO.row(i).dot(O.row(i));
           const auto [a, b] = doc_of(v.cu, i0 + i);
           const double lse_i = std::isfinite(L(i)) ? std::abs(L(i)) : 0.0;
           w(i) = 1.0 + u_.u_int *
                            (2 * v.scale * Q.row(i).cwiseAbs().dot(kmax) + lse_i +
                             std::log(std::max<double>(static_cast<double>(b - a), 1.0))) /
                            u_.u_t;
+          if (known[static_cast<std::size_t>(i)]) continue;
+          // The job's statistics (checked on the query rows), and E bounded through max|v|.
+          Dv(i) = dO.row(i).dot(O.row(i));
           E(i) = dO.row(i).cwiseAbs().dot(O.row(i).cwiseAbs() + w(i) * vmax);
         }
         mat P = v.scale * (K * Q.transpose());  // [nk, c]

@@ -1,19 +1,17 @@
 #pragma once
 // The float64 reference of chosen rows of a dumped attention call, read in place from the
 // mapped local shards (io/mapped.hpp): O(L·D) per query row and per key row (L its document),
-// never the whole row. `validate --dump` uses it to check long-context dumps by stratified
-// sampling (dump_sampled.cpp), and to search the families of likely mistakes (a changed scale,
-// a shifted causal diagonal, moved or split document boundaries, a KV gradient not reduced over
-// the ring) on the rows that differ.
+// never the whole row. The engine (engine.hpp) checks the computed stages on it, every row or a
+// stratified sample, and the family search (families.hpp) evaluates its mistakes with it.
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "dump/emulate.hpp"
+#include "dump/geometry.hpp"
 #include "io/mapped.hpp"
-#include "verify/dump_emulate.hpp"
-#include "verify/dump_internal.hpp"
 
 namespace seqpar::verify::dump_detail {
 
@@ -76,7 +74,7 @@ struct attention_variant {
   /// Key-side rows: only queries held by the key's own ring rank contribute (a KV gradient not
   /// reduced over the ring).
   bool own_ring_only = false;
-  /// A ring job with one thing changed (dump_emulate.hpp): query rows attend to the explicit key
+  /// A ring job with one thing changed (emulate.hpp): query rows attend to the explicit key
   /// sets it gives (out and LSE only; the backward is not emulated).
   std::shared_ptr<const ring_job> ring;
 };
@@ -101,6 +99,17 @@ struct key_result {
 };
 
 /// The reference rows. Query rows: out, LSE, and with the backward dq and its term magnitudes.
+/// The term magnitudes a are what each gradient element sums, in magnitude: the reach of a
+/// kernel's roundings into it. For a kernel that rounds P and dS to its input dtype before each
+/// matrix product (FlashAttention's tensor-core GEMMs do) and forms D_i = Σ_d dO_id·O_id from its
+/// own rounded output:
+///   aq = scale·(|dS|·|K| + (P·|K|)∘E),  ak = scale·(|dS|ᵀ·|Q| + Pᵀ·(E∘|Q|)),  av = Pᵀ·|dO|,
+/// with E_i = Σ_d |dO_id|·(|O_id| + (P·|V|)_id), the reach of the output's error into D_i. To
+/// first order the gradient's error is then at most u_in·a + u_g·|grad| per element (u_in the
+/// inputs' unit roundoff, u_g the stored gradient's), plus float32 accumulation (u_int·sqrt(L)·a).
+/// The score's own rounding inside the kernel moves row i's weights by a relative
+/// eps_i = u_int·(2·scale·Σ_d |q_id|·max_j |k_jd| + |lse_i| + ln L): the row's terms are weighted
+/// by 1 + eps_i / u_t, u_t = u_in + u_int·sqrt(L).
 /// Key rows: dk, dv and magnitudes, summed over their query heads, from the job's dumped LSE and
 /// output when every rank has them (the key's gradient sums over every later query of its
 /// document: their statistics are the job's, themselves checked on the sampled query rows),
@@ -119,6 +128,15 @@ class row_reference {
   const mapped_call& c_;
   bound_units u_;
   int threads_;
+  /// The reference's statistics of every query row (token·H + head) whose backward queries()
+  /// computed: LSE, D_i = Σ_d dO_id·O_id and E_i; NaN elsewhere. keys() uses them where known
+  /// (every row, in exhaustive mode: the key gradients' reference is then exact), and elsewhere
+  /// the job's dumped LSE and output, checked on the sampled query rows, with E_i bounded by
+  /// Σ_d |dO_id|·(|O_id| + w_i·max_j |v_jd|). Each row is written by one work item.
+  struct query_stats {
+    std::vector<double> lse, dv, e;
+  };
+  mutable query_stats stats_;
 };
 
 }  // namespace seqpar::verify::dump_detail

@@ -73,7 +73,7 @@ struct dump_finding {
 };
 
 /// A computed stage that passed although its error is more than kSuspectFactor times the largest
-/// any correct kernel reached in seqpar's calibration (dump_calibration.hpp): within the bound,
+/// any correct kernel reached in seqpar's calibration (calibration.hpp): within the bound,
 /// but more than rounding in the dump's dtype has been seen to explain.
 struct precision_note {
   int call = 0;
@@ -125,7 +125,7 @@ struct dump_options {
   /// Calls to check (indices); empty: all.
   std::vector<int> calls;
   /// Precision notes (a passing stage above kSuspectFactor × the calibration's largest correct
-  /// error, dump_calibration.hpp) fail the verdict too.
+  /// error, calibration.hpp) fail the verdict too.
   bool strict = false;
 };
 

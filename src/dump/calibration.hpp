@@ -10,7 +10,7 @@
 #include <optional>
 #include <string_view>
 
-#include "verify/dump.hpp"
+#include "dump/dump.hpp"
 
 namespace seqpar::verify {
 

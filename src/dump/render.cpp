@@ -7,8 +7,8 @@
 #include <map>
 
 #include "core/html.hpp"
-#include "verify/dump.hpp"
-#include "verify/dump_calibration.hpp"
+#include "dump/calibration.hpp"
+#include "dump/dump.hpp"
 
 namespace seqpar::verify {
 

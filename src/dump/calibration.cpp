@@ -1,4 +1,4 @@
-#include "verify/dump_calibration.hpp"
+#include "dump/calibration.hpp"
 
 #include <fmt/format.h>
 

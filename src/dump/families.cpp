@@ -1,0 +1,331 @@
+// The families of likely mistakes of a computed stage (families.hpp): each member is the
+// reference attention with one thing changed, described in the words of the mistake, and the
+// search that keeps the member reproducing the failing rows.
+#include "dump/families.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "core/cu_seqlens.hpp"
+
+namespace seqpar::verify::dump_detail {
+
+std::vector<std::pair<std::string, attention_variant>> family_members(const geometry& g,
+                                                                      const dump_meta& m,
+                                                                      const attention_variant& base,
+                                                                      bool key, bool grad) {
+  std::vector<std::pair<std::string, attention_variant>> members;
+  const double D = g.D;
+  for (double a : {0.0, 1.0, 0.25, 0.75}) {
+    auto v = base;
+    v.scale = std::pow(D, -a);
+    if (std::abs(v.scale / m.scale - 1) < 1e-12) continue;
+    members.push_back(
+        {fmt::format("attention with softmax scale 1/d^{} = {:.6g} where the meta says {:.6g} "
+                     "(= 1/√{}): {}",
+                     a, v.scale, m.scale, g.D,
+                     a == 0   ? "scores not multiplied by the scale"
+                     : a == 1 ? "divided by head_dim instead of its square root"
+                              : "the wrong power of head_dim"),
+         v});
+  }
+  for (double c : {2.0, 0.5, std::sqrt(2.0), 1 / std::sqrt(2.0)}) {
+    auto v = base;
+    v.scale = m.scale * c;
+    members.push_back(
+        {fmt::format("attention with softmax scale {:.6g} × the meta's {:.6g}", c, m.scale), v});
+  }
+  {
+    auto v = base;
+    v.causal = !m.causal;
+    members.push_back({m.causal ? "attention without the causal mask: tokens attend to later "
+                                  "tokens of their document"
+                                : "causal attention where the meta says non-causal",
+                       v});
+  }
+  if (m.causal)
+    for (int k : {-1, 1, -2, 2}) {
+      auto v = base;
+      v.diag = k;
+      members.push_back(
+          {k == -1 ? "attention with a causal mask that hides the diagonal: a token does not "
+                     "attend to itself (j < i instead of j ≤ i)"
+                   : fmt::format("attention with the causal diagonal shifted by {} (key j "
+                                 "visible to query i when j ≤ i {} {})",
+                                 k, k < 0 ? "−" : "+", std::abs(k)),
+           v});
+    }
+  const auto docs = doc_ranges(g.cu);
+  const auto with_cu = [&](std::vector<std::int32_t> cu) {
+    auto v = base;
+    std::sort(cu.begin(), cu.end());
+    cu.erase(std::unique(cu.begin(), cu.end()), cu.end());
+    v.cu = std::move(cu);
+    return v;
+  };
+  {
+    std::vector<std::int32_t> last = g.cu, firsts = g.cu;
+    for (const auto& d : docs)
+      if (d.size() > 1) {
+        last.push_back(static_cast<std::int32_t>(d.end - 1));
+        firsts.push_back(static_cast<std::int32_t>(d.start + 1));
+      }
+    members.push_back(
+        {"attention where each document's last token is a document of its own "
+         "(a boundary at end − 1: an off-by-one in cu_seqlens)",
+         with_cu(last)});
+    members.push_back(
+        {"attention where each document's first token is a document of its own "
+         "(a boundary at start + 1)",
+         with_cu(firsts)});
+  }
+  for (int k : {1, -1, 2, -2}) {
+    std::vector<std::int32_t> cu = g.cu;
+    for (std::size_t i = 1; i + 1 < cu.size(); ++i)
+      cu[i] = std::clamp<std::int32_t>(cu[i] + k, cu[i - 1], cu.back());
+    members.push_back({fmt::format("attention with every document boundary moved by {} token{} "
+                                   "(cu_seqlens off by {})",
+                                   k, std::abs(k) > 1 ? "s" : "", k),
+                       with_cu(cu)});
+  }
+  members.push_back(
+      {"attention over the whole row as one document: tokens attend across "
+       "document boundaries (cu_seqlens not passed to the kernel)",
+       with_cu({0, static_cast<std::int32_t>(g.S)})});
+  if (key && g.R > 1) {
+    auto v = base;
+    v.own_ring_only = true;
+    members.push_back(
+        {"the K/V gradient without its reduction over the ring: each ring rank "
+         "keeps only its own queries' contribution to its keys (the gradient "
+         "of the KV blocks it sent around the ring is not sent back and summed)",
+         v});
+  }
+  if (!grad && g.R > 1 && m.zigzag) {
+    // The ring job emulated with one thing changed (forward stages).
+    const auto job = [&](int shift, bool local_cu) {
+      auto v = base;
+      v.ring = std::make_shared<ring_job>(dump_ring_job(g, m.causal, shift, local_cu));
+      return v;
+    };
+    members.push_back(
+        {"zigzag ring attention with cu_seqlens computed from each rank's local position ids (a "
+         "document starts wherever position_id == 0): on a rank whose chunks hold no position "
+         "0 the tokens of different documents form one document and attend across the "
+         "boundary; use the global cu_seqlens // R",
+         job(0, true)});
+    for (int shift : {1, -1, 2, -2})
+      if (std::abs(shift) < g.R)
+        members.push_back(
+            {fmt::format("zigzag ring attention whose sections are chosen for KV source "
+                         "(r − i {} {}) mod R while the KV held at step i is that of (r − i) "
+                         "mod R: the ring source is off by {}",
+                         shift > 0 ? "+" : "−", std::abs(shift),
+                         std::abs(shift) == 1 ? "one" : "two"),
+             job(shift, false)});
+  }
+  return members;
+}
+
+ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool local_cu) {
+  ring_job job;
+  job.ring = g.R;
+  job.causal = causal;
+  job.section_shift = section_shift;
+  const auto scaled = scale_cu_seqlens_for_ring(g.cu, g.R);
+  for (int r = 0; r < g.R; ++r) {
+    const auto tok = g.ring_tokens(r);
+    job.tokens.emplace_back(tok.begin(), tok.end());
+    if (!local_cu) {
+      job.local_cu.emplace_back(scaled.begin(), scaled.end());
+      continue;
+    }
+    std::vector<std::int32_t> cu{0};
+    for (std::size_t i = 1; i < tok.size(); ++i)
+      if (g.pos[static_cast<std::size_t>(tok[i])] == 0) cu.push_back(static_cast<std::int32_t>(i));
+    cu.push_back(static_cast<std::int32_t>(tok.size()));
+    job.local_cu.push_back(std::move(cu));
+  }
+  return job;
+}
+
+std::string search_families(const call_context& c, const std::string& st,
+                            const std::vector<int>& ranks) {
+  const bool key = st.starts_with("grad.k.") || st.starts_with("grad.v.");
+  const bool is_v = st.starts_with("grad.v.");
+  const bool grad = st.starts_with("grad.");
+  if (grad && !c.mc.has_backward()) return "";
+  const row_reference ref(c.mc, c.units, c.opt.threads);
+  const auto base = ref.reference();
+  const int Hr = c.g.Hkv * c.g.rep;
+  // Evaluation rows: failing and passing sampled rows of the failing ranks.
+  struct eval_rank {
+    int k;
+    view v;
+    row_set rows;
+    vec got;
+    double tol_abs;
+    int copies;
+  };
+  std::vector<eval_rank> ev;
+  std::int64_t n_rows = 0;
+  const auto values = [&](const attention_variant& var, const eval_rank& e) {
+    std::vector<query_row> qr;
+    std::vector<key_row> kr;
+    const int per = c.g.H / (e.copies > 1 || e.v.X == c.g.Hkv ? c.g.Hkv : Hr);
+    for (auto i : e.rows.rows) {
+      const auto [ti, j] = e.v.at(i);
+      const auto t = e.v.tokens[static_cast<std::size_t>(ti)];
+      if (key)
+        kr.push_back({t, (e.v.h0 + j) * per, per});
+      else
+        qr.push_back({t, e.v.h0 + j});
+    }
+    if (key) {
+      auto r = ref.keys(var, kr);
+      return is_v ? r.dv : r.dk;
+    }
+    auto r = ref.queries(var, qr, grad);
+    return st == "lse" ? r.lse : grad ? r.dq : r.out;
+  };
+  for (int k : ranks) {
+    if (ev.size() == 4) break;
+    const auto v = view_of(c.g, st, k);
+    const auto* t = c.mc.get(k, st);
+    if (!t || t->shape != v.shape(c.g)) continue;
+    eval_rank e{k, v, c.draw(v, k, 9, 96), {}, 0, st.ends_with(".local") && key ? c.g.rep : 1};
+    const int w = v.kind == view::lse ? 1 : c.g.D;
+    const auto want = values(base, e);
+    e.got.resize(want.size());
+    for (std::size_t i = 0; i < e.rows.rows.size(); ++i) {
+      const auto [ti, j] = v.at(e.rows.rows[i]);
+      t->read(v.offset(ti, j, c.g.D), w, e.got.data() + i * static_cast<std::size_t>(w));
+    }
+    // The stage's normwise bound, as compare_sampled states it.
+    double peak = st == "lse" ? c.model.max_lse : grad ? 0.0 : c.model.max_out;
+    for (double x : want)
+      if (std::isfinite(x)) peak = std::max(peak, std::abs(x));
+    e.tol_abs = grad ? 0.0 : c.model.of(st, t->type) * peak;
+    if (grad) {
+      // Gradients: the largest per-element bound over the rows (terms from the reference).
+      std::vector<query_row> qr;
+      key_result kres;
+      query_result qres;
+      vec terms;
+      if (key) {
+        const int per = c.g.H / (e.copies > 1 || v.X == c.g.Hkv ? c.g.Hkv : Hr);
+        std::vector<key_row> kr;
+        for (auto i : e.rows.rows) {
+          const auto [ti, j] = v.at(i);
+          kr.push_back({v.tokens[static_cast<std::size_t>(ti)], (v.h0 + j) * per, per});
+        }
+        kres = ref.keys(base, kr);
+        terms = is_v ? kres.av : kres.ak;
+      } else {
+        for (auto i : e.rows.rows) {
+          const auto [ti, j] = v.at(i);
+          qr.push_back({v.tokens[static_cast<std::size_t>(ti)], v.h0 + j});
+        }
+        qres = ref.queries(base, qr, true);
+        terms = qres.aq;
+      }
+      const double u_g = unit_roundoff(t->type) * e.copies;
+      for (std::size_t i = 0; i < want.size(); ++i)
+        if (std::isfinite(want[i]))
+          e.tol_abs = std::max(e.tol_abs, u_g * std::abs(want[i]) + c.units.u_t * terms[i]);
+    }
+    // Keep the failing rows and a few passing ones.
+    row_set keep;
+    vec got;
+    int good = 0;
+    for (std::size_t i = 0; i < e.rows.rows.size(); ++i) {
+      bool bad = false;
+      for (int x = 0; x < w; ++x) {
+        const auto at = i * static_cast<std::size_t>(w) + static_cast<std::size_t>(x);
+        bad |= !(std::abs(e.got[at] - want[at]) <= e.tol_abs) && e.got[at] != want[at];
+      }
+      if (bad ? keep.boundary >= 32 : good >= 12) continue;
+      (bad ? keep.boundary : keep.random)++;
+      good += bad ? 0 : 1;
+      keep.rows.push_back(e.rows.rows[i]);
+      got.insert(got.end(), e.got.begin() + static_cast<std::ptrdiff_t>(i * w),
+                 e.got.begin() + static_cast<std::ptrdiff_t>((i + 1) * w));
+    }
+    if (keep.boundary == 0) continue;  // the row_set missed this rank's difference
+    e.rows = std::move(keep);
+    e.got = std::move(got);
+    n_rows += static_cast<std::int64_t>(e.rows.rows.size());
+    ev.push_back(std::move(e));
+  }
+  if (ev.empty()) return "";
+  // Non-finite values where the reference is finite: an overflow, named by the LSE there.
+  {
+    std::vector<query_row> at;
+    std::vector<std::int64_t> tokens;
+    for (const auto& e : ev) {
+      const int w = e.v.kind == view::lse ? 1 : c.g.D;
+      for (std::size_t i = 0; i < e.rows.rows.size(); ++i) {
+        bool inf = false;
+        for (int x = 0; x < w; ++x)
+          inf |=
+              !std::isfinite(e.got[i * static_cast<std::size_t>(w) + static_cast<std::size_t>(x)]);
+        if (!inf) continue;
+        const auto [ti, j] = e.v.at(e.rows.rows[i]);
+        const auto t = e.v.tokens[static_cast<std::size_t>(ti)];
+        tokens.push_back(t);
+        // A key-side row: its query heads' LSE over the document is the same scale.
+        at.push_back({t, key ? (e.v.h0 + j) * (c.g.H / e.v.X) : e.v.h0 + j});
+      }
+    }
+    if (!at.empty()) {
+      const auto r = ref.queries(base, at, false);
+      double lse_there = 0;
+      for (double x : r.lse)
+        if (std::isfinite(x)) lse_there = std::max(lse_there, x);
+      const auto type = c.mc.get(ev.front().k, st)->type;
+      const double lim = log_max(type);
+      if (lse_there > lim)
+        return fmt::format(
+            "; it has non-finite values (inf/NaN) at tokens {} where the reference is finite, "
+            "and the reference's LSE there reaches {:.4g} > log(max {}) = {:.4g}: exp(lse) "
+            "overflows — an LSE merge that exponentiates the LSEs without subtracting their "
+            "maximum (merge with exp(lse_i − max) or the softplus form)",
+            ranges(tokens), lse_there, io::st_dtype_name(type), lim);
+      return fmt::format(
+          "; it has non-finite values (inf/NaN) at tokens {} where the reference "
+          "is finite",
+          ranges(tokens));
+    }
+  }
+  const auto& m = c.d.ranks.front();
+  const auto members = family_members(c.g, m, base, key, grad);
+  for (const auto& [desc, var] : members) {
+    bool all = true;
+    for (const auto& e : ev) {
+      const auto alt = values(var, e);
+      for (std::size_t i = 0; all && i < alt.size(); ++i) {
+        all = std::abs(e.got[i] - alt[i]) <= e.tol_abs || e.got[i] == alt[i];
+      }
+      if (!all) break;
+    }
+    if (all)
+      return fmt::format(
+          "; it equals {} (found among {} members of the families searched, on "
+          "{} sampled rows)",
+          desc, members.size(), n_rows);
+  }
+  return fmt::format(
+      "; none of the searched mistakes reproduces it ({} members: softmax scale 1/d^α and "
+      "constant factors, the causal mask removed or its diagonal shifted by ±1, ±2, document "
+      "boundaries moved by ±1, ±2, split off or removed{}; on {} sampled rows)",
+      members.size(),
+      key && c.g.R > 1     ? ", the ring reduction of the K/V gradient"
+      : !grad && c.g.R > 1 ? ", the ring's KV source shifted by ±1, ±2, local cu_seqlens"
+                           : "",
+      n_rows);
+}
+
+}  // namespace seqpar::verify::dump_detail
