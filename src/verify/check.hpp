@@ -94,7 +94,7 @@ ref::batch reference_batch(const scenario& s, const packed_batch& b);
 
 /// The reference's whole input for a scenario: its float64 parameters (model_params::init) as
 /// plain named matrices, and reference_batch(s, make_batch(s)). For tools that run the same
-/// step elsewhere (tools/crosscheck/torch_reference.py).
+/// step elsewhere (tests/jobs/torch_reference.py).
 struct reference_inputs {
   ref::weights weights;
   ref::batch batch;

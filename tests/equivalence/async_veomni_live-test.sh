@@ -23,5 +23,5 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$tc" async-dump "$tmp/in.json" || exit 1
-"$py" "$src/tools/crosscheck/async_ulysses_veomni.py" --veomni "$root" "$tmp/in.json" "$tmp/out.json" || exit 1
+"$py" "$src/tests/jobs/async_ulysses_veomni.py" --veomni "$root" "$tmp/in.json" "$tmp/out.json" || exit 1
 "$tc" async-compare "$tmp/out.json"

@@ -1,5 +1,5 @@
 // seqpar collate against the real xorl and VeOmni collators: every fixture in data/collate was
-// produced by running the framework's own code (tools/crosscheck/gen_collate_fixtures.py).
+// produced by running the framework's own code (tests/jobs/gen_collate_fixtures.py).
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DeepSpeed ALST's UlyssesSPDataLoaderAdapter of the pinned deepspeed package, run now on gloo
-# (tools/crosscheck/gen_deepspeed_adapter_fixtures.py --ulysses-sp package: 18 cases, U 1–4,
+# (tests/jobs/gen_deepspeed_adapter_fixtures.py --ulysses-sp package: 18 cases, U 1–4,
 # healthy and the adapter's own errors): every output must equal the committed fixture of
 # data/deepspeed/, which collate_fixtures holds `seqpar collate --profile deepspeed` to — so
 # seqpar reproduces the adapter users pip-install, not only the one the fixtures came from.
@@ -10,7 +10,7 @@ src=$1
 . "$src/tests/equivalence/torch_python.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$py" "$src/tools/crosscheck/gen_deepspeed_adapter_fixtures.py" --ulysses-sp package \
+"$py" "$src/tests/jobs/gen_deepspeed_adapter_fixtures.py" --ulysses-sp package \
   --out "$tmp/fx" >"$tmp/log" 2>&1 || { tail -30 "$tmp/log"; exit 1; }
 fails=0
 n=0

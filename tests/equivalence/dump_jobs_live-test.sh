@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The real PyTorch SP jobs rerun now (tools/crosscheck/sp_jobs.py --all: gloo, 2–4 processes per
+# The real PyTorch SP jobs rerun now (tests/jobs/sp_jobs.py --all: gloo, 2–4 processes per
 # job) and judged by seqpar validate --dump: healthy jobs pass, each broken one is diagnosed at the
 # stage and ranks its entry in data/dumps/expected.json names. Exit 77 (meson SKIP) without torch.
-# The entries of job "veomni" (tools/crosscheck/veomni_ulysses_job.py, VeOmni's own Ulysses
+# The entries of job "veomni" (tests/jobs/veomni_ulysses_job.py, VeOmni's own Ulysses
 # all-to-alls) run on $VEOMNI_DIR (a checkout) or the pinned veomni package of the project venv.
 #   dump_jobs_live-test.sh SEQPAR SOURCE_DIR
 set -u
@@ -19,13 +19,13 @@ if [ -z "$veomni" ]; then
 fi
 export VEOMNI_DIR=$veomni
 if [ -n "${VEOMNI_DIR:-}" ]; then
-  "$py" "$src/tools/crosscheck/veomni_ulysses_job.py" --all --veomni "$VEOMNI_DIR" "$tmp/dumps" \
+  "$py" "$src/tests/jobs/veomni_ulysses_job.py" --all --veomni "$VEOMNI_DIR" "$tmp/dumps" \
     >"$tmp/veomni.log" 2>&1 || {
     tail -20 "$tmp/veomni.log"
     exit 1
   }
 fi
-"$py" "$src/tools/crosscheck/sp_jobs.py" --all "$tmp/dumps" >"$tmp/jobs.log" 2>&1 || {
+"$py" "$src/tests/jobs/sp_jobs.py" --all "$tmp/dumps" >"$tmp/jobs.log" 2>&1 || {
   tail -20 "$tmp/jobs.log"
   exit 1
 }

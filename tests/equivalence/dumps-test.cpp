@@ -1,4 +1,4 @@
-// validate --dump on dumps of real PyTorch SP jobs (tools/crosscheck/sp_jobs.py, gloo, 2–4
+// validate --dump on dumps of real PyTorch SP jobs (tests/jobs/sp_jobs.py, gloo, 2–4
 // processes; data/dumps/README.md): every healthy job passes, every broken one is diagnosed at
 // the stage, ranks and cause its healthy twin differs at (expected.json, found by comparing the
 // two jobs' tensors in Python). Plus the ring emulator against the reference, and test-side

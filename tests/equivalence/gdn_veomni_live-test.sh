@@ -22,5 +22,5 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$tc" gdn-dump "$tmp/in.json" || exit 1
-"$py" "$src/tools/crosscheck/gdn_veomni.py" --veomni "$file" "$tmp/in.json" "$tmp/out.json" || exit 1
+"$py" "$src/tests/jobs/gdn_veomni.py" --veomni "$file" "$tmp/in.json" "$tmp/out.json" || exit 1
 "$tc" gdn-compare "$tmp/out.json"

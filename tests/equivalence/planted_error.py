@@ -7,7 +7,7 @@ quantity, and fail under --strict.
 
 The planted error is the kernel's own: every element x of the quantity's stages (a Ulysses job's
 gathered and local copies alike, so the data movement between them stays exact) becomes
-ref + k·(x − ref), ref the float64 non-SP reference (tools/crosscheck/sp_jobs.py), rounded back
+ref + k·(x − ref), ref the float64 non-SP reference (tests/jobs/sp_jobs.py), rounded back
 to the dump's dtype. So "k = 3" is exactly "an error 3× what this correct kernel showed".
 
     planted_error.py --seqpar build/tools/seqpar --cases tests/equivalence/data/precision/planted.json
@@ -29,7 +29,7 @@ import tempfile
 import torch
 
 _SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(_SRC, "tools", "crosscheck"))
+sys.path.insert(0, os.path.join(_SRC, "tests", "jobs"))
 sys.path.insert(0, os.path.join(_SRC, "tools"))
 import precision_catalogue as pc  # noqa: E402
 import seqpar_dump  # noqa: E402
@@ -50,7 +50,7 @@ def _cfg_of(d):
         meta = json.load(f)
     cfg = sp_jobs.parse_job_string(meta.get("job", ""))
     if cfg is None:
-        raise SystemExit("%s: not a dump of tools/crosscheck/sp_jobs.py (job %r)" % (d, meta.get("job")))
+        raise SystemExit("%s: not a dump of tests/jobs/sp_jobs.py (job %r)" % (d, meta.get("job")))
     if cfg["U"] > 1 and (cfg["R"] > 1 or cfg["U"] > cfg["Hkv"]):
         raise SystemExit("%s: planted errors need a ring job or a Ulysses job with U <= KV heads"
                          % d)

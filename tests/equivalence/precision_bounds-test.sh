@@ -14,7 +14,7 @@ src=$2
 data=$src/tests/equivalence/data/precision
 . "$(dirname "$0")/torch_python.sh"
 status=0
-"$py" "$src/tools/crosscheck/precision_catalogue.py" --seqpar "$seqpar" --dumps "$data/dumps" \
+"$py" "$src/tests/jobs/precision_catalogue.py" --seqpar "$seqpar" --dumps "$data/dumps" \
   --check "$data/dumps/expected.json" || status=1
 "$py" "$src/tests/equivalence/planted_error.py" --seqpar "$seqpar" --cases "$data/planted.json" \
   --calibration "$data/sdpa_h200.json" "$data/sdpa_h200_seeds.json" "$data/catalogue_torch211.json" \

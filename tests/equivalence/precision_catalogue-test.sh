@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The precision catalogue (issue 37) rerun now: correct kernels that round or add differently
-# and kernels with real precision bugs, as PyTorch SP jobs on gloo (tools/crosscheck/sp_jobs.py,
+# and kernels with real precision bugs, as PyTorch SP jobs on gloo (tests/jobs/sp_jobs.py,
 # PRECISION), each judged by seqpar validate --dump. Every verdict and first failing stage must
 # match tests/equivalence/data/precision/catalogue_torch211.json (the catalogue under the pinned
 # torch; catalogue.json is the same catalogue under Debian's torch 1.13, kept as data), and every
@@ -12,5 +12,5 @@ set -u
 seqpar=$1
 src=$2
 . "$(dirname "$0")/torch_python.sh"
-exec "$py" "$src/tools/crosscheck/precision_catalogue.py" --seqpar "$seqpar" \
+exec "$py" "$src/tests/jobs/precision_catalogue.py" --seqpar "$seqpar" \
   --check "$src/tests/equivalence/data/precision/catalogue_torch211.json"

@@ -1,4 +1,4 @@
-// seqpar's reference (src/sim/reference.hpp) against PyTorch (tools/crosscheck/torch_reference.py).
+// seqpar's reference (src/sim/reference.hpp) against PyTorch (tests/jobs/torch_reference.py).
 //   torch_crosscheck dump DIR [SCENARIO…]     writes DIR/NAME.input.json: sizes, conventions,
 //                                             the unpadded row and every parameter
 //   torch_crosscheck compare DIR [SCENARIO…]  runs the reference and compares it with PyTorch's
@@ -171,7 +171,7 @@ bool compare(const scenario& s, const fs::path& dir) {
   const fs::path file = dir / (s.name + ".json");
   std::ifstream f(file);
   if (!f)
-    seqpar::fail("{}: missing (regenerate: see tools/crosscheck/torch_reference.py)",
+    seqpar::fail("{}: missing (regenerate: see tests/jobs/torch_reference.py)",
                  file.string());
   const json torch = json::parse(f);
   const auto in = seqpar::verify::reference_inputs_of(s);
@@ -221,7 +221,7 @@ bool compare(const scenario& s, const fs::path& dir) {
   return ok;
 }
 
-// ---- VeOmni's own GatedDeltaNet functions (tools/crosscheck/gdn_veomni.py).
+// ---- VeOmni's own GatedDeltaNet functions (tests/jobs/gdn_veomni.py).
 
 /// Inputs for VeOmni's delta rule and gated norm: random, written with the fixture (the
 /// comparison reads them back from it, so the generator's platform does not matter).
@@ -255,7 +255,7 @@ void gdn_dump(const fs::path& file) {
 bool gdn_compare(const fs::path& file) {
   std::ifstream f(file);
   if (!f)
-    seqpar::fail("{}: missing (regenerate: see tools/crosscheck/gdn_veomni.py)", file.string());
+    seqpar::fail("{}: missing (regenerate: see tests/jobs/gdn_veomni.py)", file.string());
   const json j = json::parse(f);
   const json& in = j.at("inputs");
   std::map<std::string, matrix> t;
@@ -339,7 +339,7 @@ bool gdn_compare(const fs::path& file) {
   return ok;
 }
 
-// ---- async Ulysses against VeOmni's AsyncUlyssesQKVProjection (tools/crosscheck/
+// ---- async Ulysses against VeOmni's AsyncUlyssesQKVProjection (tests/jobs/
 // async_ulysses_veomni.py): two cases on 2 ranks, 7 tokens (the gathered sequence trimmed to
 // unpadded_dim_size 7 of 8), one with Hkv = U (no repeat), one with Hkv < U (K, V repeated).
 
@@ -484,7 +484,7 @@ std::map<std::string, matrix> async_ours(const json& sub, std::int64_t unpadded)
 bool async_compare(const fs::path& file) {
   std::ifstream f(file);
   if (!f)
-    seqpar::fail("{}: missing (regenerate: see tools/crosscheck/async_ulysses_veomni.py)",
+    seqpar::fail("{}: missing (regenerate: see tests/jobs/async_ulysses_veomni.py)",
                  file.string());
   const json j = json::parse(f);
   std::map<std::string, matrix> theirs;

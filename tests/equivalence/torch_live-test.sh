@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # seqpar's reference against PyTorch computed now (the committed fixtures are checked by
-# torch_fixtures): dump every scenario's input, run tools/crosscheck/torch_reference.py, compare.
+# torch_fixtures): dump every scenario's input, run tests/jobs/torch_reference.py, compare.
 # Exit 77 (meson SKIP) when torch cannot be imported.
 #   torch_live-test.sh TORCH_CROSSCHECK SOURCE_DIR
 set -u
@@ -10,6 +10,6 @@ src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$tc" dump "$tmp/in" >/dev/null || exit 1
-"$py" "$src/tools/crosscheck/torch_reference.py" "$tmp"/in/*.input.json --out-dir "$tmp/torch" \
+"$py" "$src/tests/jobs/torch_reference.py" "$tmp"/in/*.input.json --out-dir "$tmp/torch" \
   >/dev/null || exit 1
 "$tc" compare "$tmp/torch"

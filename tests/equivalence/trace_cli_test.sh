@@ -82,7 +82,7 @@ check "replay fr broken" 1 "$seqpar" replay "$tmp/frb.jsonl"
 expect_in "replay fr broken" "$tmp/out" "COLLECTIVE_STATE_MISMATCH"
 check "import kineto" 0 "$seqpar" import --from kineto "$samples/kineto" --out "$tmp/k.jsonl"
 check "replay kineto" 0 "$seqpar" replay "$tmp/k.jsonl"
-# The legacy profiler export of real gloo jobs (tools/crosscheck/gen_legacy_profiler_traces.py):
+# The legacy profiler export of real gloo jobs (tests/jobs/gen_legacy_profiler_traces.py):
 # only collective names and order; a rank that skipped the all_reduce is named, never "consistent".
 check "import legacy healthy" 0 "$seqpar" import --from kineto "$samples/profiler_legacy_healthy" --out "$tmp/lh.jsonl"
 check "replay legacy healthy" 0 "$seqpar" replay "$tmp/lh.jsonl"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# VeOmni's SP collator of the pinned veomni package, run now (tools/crosscheck/gen_collate_fixtures.py
+# VeOmni's SP collator of the pinned veomni package, run now (tests/jobs/gen_collate_fixtures.py
 # --veomni <the installed package>: the collator's own __call__ once per cp rank): every output
 # must equal the committed fixture of data/collate/, which collate_fixtures holds
 # `seqpar collate --profile veomni` to. Known, stated differences: VeOmni 0.1.12 accepts context
@@ -13,7 +13,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 root=$("$py" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("veomni").submodule_search_locations[0]))' 2>/dev/null)
 [ -n "$root" ] || { echo "FAIL: the project venv has no veomni package (./setup.sh test installs it)"; exit 1; }
-"$py" "$src/tools/crosscheck/gen_collate_fixtures.py" --veomni "$root" --out "$tmp/fx" \
+"$py" "$src/tests/jobs/gen_collate_fixtures.py" --veomni "$root" --out "$tmp/fx" \
   >"$tmp/log" 2>&1 || { tail -30 "$tmp/log"; exit 1; }
 declare -A known=(
   [veomni_cp2_u2_error.json]="Context parallelism cannot be combined with Ulysses"

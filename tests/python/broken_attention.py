@@ -1,5 +1,5 @@
 """Broken variants of python/examples/zigzag_ring_attention.py: each overrides one step with a
-mistake SP authors have made (the broken jobs of tools/crosscheck/sp_jobs.py, as user code).
+mistake SP authors have made (the broken jobs of tests/jobs/sp_jobs.py, as user code).
 `make(name)` returns the per-rank function; `VARIANTS` lists them with the mistake in words."""
 import os
 import sys

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 _ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(_ROOT, "tools", "crosscheck"))
+sys.path.insert(0, os.path.join(_ROOT, "tests", "jobs"))
 
 
 def local_attention(q, k, v, cu, scale, causal=True):

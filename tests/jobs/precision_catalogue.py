@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-r"""The precision catalogue (issue 37): real PyTorch SP jobs (tools/crosscheck/sp_jobs.py, gloo,
+r"""The precision catalogue (issue 37): real PyTorch SP jobs (tests/jobs/sp_jobs.py, gloo,
 2–4 processes) that are correct but round or add differently, and jobs with the precision bugs
 framework authors have made, each judged by `seqpar validate --dump`. Per job: the verdict, the
 first failing stage, and per stage the error as a fraction of seqpar's bound (of_bound).

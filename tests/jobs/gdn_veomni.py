@@ -13,7 +13,7 @@ batch (what cu_seqlens means: the state starts at 0 in every document). They com
 float32 internally (`.to(torch.float32)`), so the comparison tolerance is float32's.
 
     build/tests/equivalence/torch_crosscheck gdn-dump /tmp/gdn-in.json
-    /usr/bin/python3 tools/crosscheck/gdn_veomni.py --veomni PATH/TO/patched_modeling_qwen3_5_gpu.py \
+    /usr/bin/python3 tests/jobs/gdn_veomni.py --veomni PATH/TO/patched_modeling_qwen3_5_gpu.py \
         /tmp/gdn-in.json tests/equivalence/data/torch/gdn-veomni.json
     build/tests/equivalence/torch_crosscheck gdn-compare tests/equivalence/data/torch/gdn-veomni.json
 """
@@ -97,7 +97,7 @@ def main():
         gated = norm(t["x"].reshape(-1, dv), t["z"].reshape(-1, dv)).reshape(seq, hv * dv)
         unit_q = ns["l2norm"](t["q"].reshape(seq, hk, dk), dim=-1, eps=1e-6).reshape(seq, hk * dk)
     out = {
-        "producer": f"tools/crosscheck/gdn_veomni.py, torch {torch.__version__}; VeOmni "
+        "producer": f"tests/jobs/gdn_veomni.py, torch {torch.__version__}; VeOmni "
                     f"{args.veomni.split('/')[-1]} sha256 {digest[:16]}",
         "inputs": case,
         "outputs": [encode("veomni.chunk_gated_delta_rule", chunk),

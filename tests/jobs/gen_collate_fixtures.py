@@ -7,7 +7,7 @@ process groups, device meshes) are replaced by minimal stand-ins in sys.modules.
 getter the collator calls in __post_init__ is replaced by a tiny object carrying the sizes and the rank
 we want, so the collator's own __call__ runs unmodified once per cp rank.
 
-    /usr/bin/python3 tools/crosscheck/gen_collate_fixtures.py \
+    /usr/bin/python3 tests/jobs/gen_collate_fixtures.py \
         --xorl /tmp/fw/xorl --veomni /tmp/fw/veomni --out tests/equivalence/data/collate
 
 --xorl    work tree of github.com/togethercomputer/xorl (contains src/xorl/)

@@ -4,7 +4,7 @@
 # incrementally in one scratch build directory, runs `seqpar check --scenario NAME` (float64) on
 # every built-in scenario and reports, per mutant, the scenarios whose check failed (caught) —
 # then reverts it. Not a CI test: it rebuilds four times (minutes on two cores).
-#   tools/crosscheck/mutants.sh [--rev REV] [SCRATCH_DIR]
+#   tests/jobs/mutants.sh [--rev REV] [SCRATCH_DIR]
 #     --rev REV    mutate the tree of commit REV instead of the working tree (to compare with an
 #                  older reference, e.g. the parent of the commit that wired the oracle in)
 # Exit 0 when every mutant applied and built (caught or not), 2 on a setup error.

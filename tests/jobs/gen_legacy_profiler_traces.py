@@ -3,7 +3,7 @@
 --from kineto`: torch.profiler(record_shapes=True) on a CPU build without Kineto writes a bare JSON
 array whose collectives are backend events ("gloo:all_to_all", "gloo:all_reduce") with empty args.
 
-    /usr/bin/python3 tools/crosscheck/gen_legacy_profiler_traces.py P OUT_DIR [hang|op_mismatch]
+    /usr/bin/python3 tests/jobs/gen_legacy_profiler_traces.py P OUT_DIR [hang|op_mismatch]
 
 P gloo processes on localhost each run an all_to_all_single of a [2P, 4, 8] tensor and an
 all_reduce of 16 values, and export OUT_DIR/rank<r>.json. With `hang`, the last rank skips the

@@ -14,7 +14,7 @@ same asynchronous Work semantics. float64 throughout; norm_type None (VeOmni's q
 apex or torch_npu kernels).
 
     build/tests/equivalence/torch_crosscheck async-dump /tmp/async-in.json
-    /usr/bin/python3 tools/crosscheck/async_ulysses_veomni.py --veomni PATH/TO/VeOmni \
+    /usr/bin/python3 tests/jobs/async_ulysses_veomni.py --veomni PATH/TO/VeOmni \
         /tmp/async-in.json tests/equivalence/data/torch/async-ulysses-veomni.json
     build/tests/equivalence/torch_crosscheck async-compare tests/equivalence/data/torch/async-ulysses-veomni.json
 """

@@ -14,7 +14,7 @@ Output (--out-dir, one NAME.json per input): loss, valid_tokens and, as base64 f
 (in seqpar's layout).
 
     build/tests/equivalence/torch_crosscheck dump /tmp/torch-in
-    /usr/bin/python3 tools/crosscheck/torch_reference.py /tmp/torch-in/*.input.json \
+    /usr/bin/python3 tests/jobs/torch_reference.py /tmp/torch-in/*.input.json \
         --out-dir tests/equivalence/data/torch
     build/tests/equivalence/torch_crosscheck compare tests/equivalence/data/torch
 """
@@ -367,7 +367,7 @@ def run(case):
         tensors.append(encode("grad." + t["name"], g))
     return {
         "scenario": cfg["name"],
-        "producer": f"tools/crosscheck/torch_reference.py, torch {torch.__version__}, float64",
+        "producer": f"tests/jobs/torch_reference.py, torch {torch.__version__}, float64",
         "loss": loss.item(),
         "valid_tokens": valid,
         "tensors": tensors,

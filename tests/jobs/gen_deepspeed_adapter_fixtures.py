@@ -10,7 +10,7 @@ all_gather_object on the default group). The adapter itself runs unmodified.
 
     git --git-dir=<DeepSpeed mirror> show HEAD:deepspeed/runtime/sequence_parallel/ulysses_sp.py \
         > /tmp/ulysses_sp.py
-    /usr/bin/python3 tools/crosscheck/gen_deepspeed_adapter_fixtures.py \
+    /usr/bin/python3 tests/jobs/gen_deepspeed_adapter_fixtures.py \
         --ulysses-sp /tmp/ulysses_sp.py --out tests/equivalence/data/deepspeed
 
 Each case writes <name>.json: {"ulysses", "input": {"rows": [...]}, "outcome": "ok" | "error",

@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_HERE))  # tools/, for seqpar_dump
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(_HERE)), "tools"))  # for seqpar_dump
 import seqpar_dump  # noqa: E402
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -107,7 +107,7 @@ VARIANTS = {
 # Precision (issue 37): correct kernels that round or sum differently (healthy: the largest
 # error a correct kernel may show), and precision bugs framework authors have made. They run on
 # larger shapes (the error grows with the document length and head_dim); `prec` selects the
-# code path. Their verdicts and errors are in tools/crosscheck/precision_catalogue.py.
+# code path. Their verdicts and errors are in tests/jobs/precision_catalogue.py.
 _PREC_RING = dict(R=4, S=256, docs=[64, 192], D=32)
 _PREC_ULY = dict(U=2, S=256, docs=[96, 160], D=32)
 PRECISION = {
