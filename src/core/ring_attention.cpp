@@ -25,6 +25,10 @@ void push_doc(std::vector<std::int32_t>& cu, std::int64_t len) {
   cu.push_back(static_cast<std::int32_t>(cu.back() + len));
 }
 
+// One class of ~340 lines, kept whole on purpose: the forward's schedule (which block each step
+// computes, the sections of zigzag, the merge) and the backward's (the same steps in the same
+// order, the dK/dV accumulator travelling the ring) must mirror each other line for line, and
+// reading them side by side in one class is how a change to one is checked against the other.
 class ring_attention final : public inner_attention {
  public:
   ring_attention(communicator& comm, compute& c, ring_setup s)

@@ -622,6 +622,11 @@ std::vector<std::pair<Eigen::Index, Eigen::Index>> ops::tile_rows(Eigen::Index n
   return out;
 }
 
+// One function of ~340 lines on purpose: the forward saves per layer what the backward reads
+// (norm statistics, q/k/v, the attention's saved state, the MLP tiles), and the collectives of
+// the backward must be issued in exactly the reverse order of the forward's on every rank; the
+// step reads top to bottom as it runs (forward, loss, backward, gradient sync), each sub-layer a
+// call into core (ulysses, ring_attention, linear_attention) or an ops:: helper.
 template <class T>
 step_output<T> train_step(const model_params<T>& p, const scenario& s, const rank_tokens_input& in,
                           sp_env& env) {

@@ -362,6 +362,10 @@ std::string rank_ranges(const std::vector<int>& ranks) {
 
 }  // namespace
 
+// One pass over every file's events (~320 lines): the profiler formats' generations differ in
+// field names and units event by event, and the pass keeps the per-rank state (process groups,
+// the call counters, the notes) that every branch reads; the per-event decisions are helpers
+// above (generation_of, read_c10d).
 trace::trace_data from_kineto(const std::vector<std::string>& files) {
   trace::trace_data t;
   t.meta.source = "kineto";
