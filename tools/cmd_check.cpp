@@ -47,6 +47,18 @@ nlohmann::json report_json(const verify::check_report& r) {
             {"sp", r.sp_seconds},
             {"reference", r.reference_seconds},
             {"compare", r.compare_seconds}}},
+          {"first_departure", r.first ? nlohmann::json{{"pass", r.first->pass},
+                                                       {"layer", r.first->layer},
+                                                       {"op", r.first->op},
+                                                       {"tag", r.first->tag},
+                                                       {"group", r.first->group},
+                                                       {"call", r.first->call},
+                                                       {"ranks", r.first->ranks},
+                                                       {"tokens", r.first->tokens},
+                                                       {"cause", r.first->cause},
+                                                       {"line", r.first->line}}
+                                      : nlohmann::json(nullptr)},
+          {"departure_note", r.departure},
           {"closest_to_bound", closest_json(closest_to_bound(
                                    r.rows, [](const auto& x) -> const auto& { return x; }))},
           {"rows", rows}};
@@ -54,7 +66,12 @@ nlohmann::json report_json(const verify::check_report& r) {
 
 std::string report_text(const verify::check_report& r) {
   const auto& s = r.scen;
-  std::string o = fmt::format(
+  std::string o;
+  if (r.first)
+    o += r.first->line + "\n";
+  else if (!r.departure.empty())
+    o += "first departure: " + r.departure + "\n";
+  o += fmt::format(
       "seqpar check  scenario {}  profile {}  ulysses {} × ring {}{}  heads {}/{} kv  dim {}  "
       "layers {}  docs {}{}  {}\ncpu: {}\n\n",
       s.name, profile_name(s.profile), s.ulysses, s.ring,

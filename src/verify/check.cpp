@@ -205,6 +205,8 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
   if (opt.fault.kind != fault_kind::none) link = &faulty.emplace(comm, opt.fault);
   std::unique_ptr<communicator> wrapped;
   if (opt.wrap_communicator) link = (wrapped = opt.wrap_communicator(*link)).get();
+  std::unique_ptr<communicator> captured;
+  if (opt.capture) link = (captured = capturing_communicator(*link, *opt.capture)).get();
   if (opt.recorder) link->set_recorder(opt.recorder);
   std::unique_ptr<compute> comp =
       std::make_unique<eigen_compute>(opt.naive_attention, attention_workers);
@@ -626,6 +628,39 @@ struct check_run {
   }
 };
 
+/// Reruns the SP step with every collective captured and names the first call whose received
+/// data are not what its senders sent (the SP step is deterministic: the same faults and seams
+/// hit the same calls).
+template <class T>
+void find_departure(check_report& rep, const scenario& s, const collated_batch& cb,
+                    const model_params<T>& p, const check_options& opt) {
+  capture_log log;
+  check_options o = opt;
+  o.capture = &log;
+  o.recorder = nullptr;
+  o.flight_dir.clear();
+  o.progress = {};
+  try {
+    run_sp<T>(s, cb, p, o);
+  } catch (const std::exception& e) {
+    rep.departure =
+        fmt::format("the SP step's rerun with its collectives captured failed: {}", e.what());
+    return;
+  }
+  const auto calls = log.calls();
+  rep.first = first_divergence(
+      calls,
+      [&cb, &s](int k, bool gathered) {
+        return gathered ? ring_rank_tokens(cb, k / s.ulysses) : rank_tokens(cb, k);
+      },
+      cb.original_length);
+  if (!rep.first)
+    rep.departure = fmt::format(
+        "all {} collectives of the SP step delivered what their senders sent: it departs in "
+        "what the ranks compute or hold, not in transport",
+        calls.size());
+}
+
 template <class T>
 check_report run_typed(const scenario& s, const check_options& opt) {
   auto t0 = std::chrono::steady_clock::now();
@@ -667,6 +702,10 @@ check_report run_typed(const scenario& s, const check_options& opt) {
       return micro_result<T>{std::move(m.ref), std::move(m.outs)};
     });
   rep.compare_seconds = std::max(0.0, seconds_since(t0) - micro_seconds);
+  if (!rep.pass && opt.find_departure) {
+    say("first departure: the SP step again, every collective captured with its data");
+    find_departure<T>(rep, s, cb, p, opt);
+  }
   return rep;
 }
 

@@ -3,6 +3,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "core/scenario.hpp"
 #include "sim/faulty_comm.hpp"
 #include "sim/reference.hpp"
+#include "verify/divergence.hpp"
 
 namespace seqpar::verify {
 
@@ -34,6 +36,12 @@ struct check_options {
   /// Called with a short line at each stage of a run (for progress output).
   std::function<void(std::string_view)> progress;
   comm_recorder* recorder = nullptr;  ///< records every collective of the SP run
+  /// Records every collective of the SP run with its data (what the first-departure search
+  /// reads); the outermost layer of each rank's communicator, so it sees what the step sees.
+  capture_log* capture = nullptr;
+  /// When the check fails, rerun the SP step with every collective captured and name where it
+  /// first departs (check_report::first); off: the end results only.
+  bool find_departure = true;
   /// The watchdog's deadline per collective: a call may wait this long for its group per
   /// 64 MiB it moves (at least once) before the run is aborted naming the members that never
   /// arrived. 0 = the default, 60 s.
@@ -85,7 +93,11 @@ struct check_report {
   /// width; a parameter gradient: its out × in features, head edges marked), for --html.
   std::vector<error_heatmap> heatmaps;
   std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)
-  std::string isa;              ///< the CPU vector instruction sets (sim::cpu_isa)
+  /// A failed check: the first collective whose received data differ from what its senders
+  /// sent (divergence.hpp); with `departure` saying what was searched when none does.
+  std::optional<divergence> first;
+  std::string departure;
+  std::string isa;  ///< the CPU vector instruction sets (sim::cpu_isa)
 };
 
 /// What the non-SP reference of a check trains on: the scenario's row unpadded, labels aligned

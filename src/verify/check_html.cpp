@@ -40,6 +40,15 @@ std::string check_report_html(const check_report& r) {
                     "<p class=\"bad\"><b>FAIL</b>: {} of {} tensors within tolerance; reproduce: "
                     "<code>{}</code></p>\n",
                     passed, r.rows.size(), html_escape(io::scenario_command(s)));
+  if (r.first)
+    h += "<h2>Where the SP step first departs</h2>\n<p class=\"bad\">" +
+         html_escape(r.first->line) +
+         "</p>\n<p class=\"note\">The first collective, in the order the ranks issue them, "
+         "whose received data are not what its senders sent; everything below is its "
+         "consequence.</p>\n";
+  else if (!r.departure.empty())
+    h += "<h2>Where the SP step first departs</h2>\n<p class=\"note\">" + html_escape(r.departure) +
+         "</p>\n";
   if (!r.heatmaps.empty()) {
     h += "<h2>Where it differs</h2>\n<p class=\"note\">Each cell: the worst error of its "
          "elements over the error model's bound (white to blue: within it; red, darker per "

@@ -26,6 +26,11 @@ void assert_equivalent(const scenario& s, dtype t) {
   verify::check_options opt;
   opt.type = t;
   const auto rep = verify::run_check(s, opt);
+  // Where the step first departs leads, as in seqpar check's report; the end results follow.
+  if (rep.first)
+    RC_LOG() << rep.first->line << "\n";
+  else if (!rep.departure.empty())
+    RC_LOG() << "first departure: " << rep.departure << "\n";
   for (const auto& row : rep.rows)
     if (!row.pass)
       RC_LOG() << row.tensor << ": max_rel " << row.max_rel << " > " << row.tolerance << " "

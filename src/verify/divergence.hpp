@@ -1,0 +1,76 @@
+#pragma once
+// Where an SP step first departs: every collective of a rerun of the step is captured (what each
+// rank sent and received), and each call's received data is checked against what the senders'
+// data imply (an all-to-all delivers member j's j-th… chunk, an all-gather concatenates, a
+// reduction sums, a message arrives as sent). The first call, in the order the ranks issue
+// them, whose received data differ is the first departure; its wrong chunks are classified
+// (dropped: zeros; another member's chunk; reversed order; a reduction doubled or zeroed) and,
+// for the Ulysses all-to-alls, mapped to the global tokens they carry.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/communicator.hpp"
+
+namespace seqpar::verify {
+
+/// One collective of one rank, with its data.
+struct call_capture {
+  int rank = 0;            ///< global rank that issued it
+  std::int64_t order = 0;  ///< its position among this rank's calls
+  std::string op, tag, group;
+  std::vector<int> members;  ///< the group's global ranks
+  std::int64_t seq = 0;      ///< calls of this rank in this group before it
+  dtype type = dtype::f32;
+  std::vector<std::int64_t> in_shape, out_shape;
+  /// all_to_all: per member (send / receive chunk); all_gather: sent[0] and one received chunk
+  /// per member; reductions: sent[0] (the input) and received[0] (the result); send_recv: the
+  /// sends and the receives in posting order, with peers (member indices) in send_peer /
+  /// recv_peer.
+  std::vector<std::vector<unsigned char>> sent, received;
+  std::vector<int> send_peer, recv_peer;
+};
+
+/// Every call captured by the capturing communicators of one step. Thread-safe.
+class capture_log {
+ public:
+  void add(call_capture c);
+  std::vector<call_capture> calls() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<call_capture> calls_;
+};
+
+/// A communicator that forwards every call to `inner` and adds what was sent and received to
+/// `log` (tags and groups as given). Nonblocking all-to-alls complete at once through it.
+std::unique_ptr<communicator> capturing_communicator(communicator& inner, capture_log& log);
+
+/// The first departure of a step.
+struct divergence {
+  std::string pass;   ///< "forward", "backward" (from the tag) or "" (gradient sync, other)
+  std::string layer;  ///< "L0", … or ""
+  std::string op, tag, group;
+  std::int64_t call = 0;   ///< the call's index among the group's calls (seq)
+  std::vector<int> ranks;  ///< global ranks whose received data differ
+  std::string tokens;      ///< "tokens 14–20" (global, of the unpadded row) or ""
+  std::string cause;       ///< what the wrong data are, e.g. "a chunk was dropped"
+  std::string line;        ///< the whole sentence the report leads with
+};
+
+/// The global tokens a rank's rows hold, for the token ranges of a divergence: row i of global
+/// rank k → position in the unpadded row (≥ the row's length: padding). `gathered`: the rows
+/// after the Ulysses all-to-all (every token of the rank's ring rank), else its local rows.
+using token_map = std::function<std::vector<std::int64_t>(int rank, bool gathered)>;
+
+/// The first call whose received data differ from what its senders' data imply; nullopt when
+/// every captured call is consistent (the departure is then in computation, not transport).
+std::optional<divergence> first_divergence(const std::vector<call_capture>& calls,
+                                           const token_map& tokens, std::int64_t row_length);
+
+}  // namespace seqpar::verify

@@ -1,0 +1,161 @@
+// seqpar check names where a failing SP step first departs (verify/divergence.hpp): every
+// transport fault kind at the right op, tag, call, rank, cause and tokens; a reduction, a ring
+// exchange and a ring all-gather; a transport bug injected through the communicator seam; and
+// bugs that no collective shows (compute, collation) said to be in computation.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/collate.hpp"
+#include "core/layout.hpp"
+#include "support/bugs.hpp"
+#include "verify/check.hpp"
+
+namespace {
+
+using namespace seqpar;
+
+scenario make(int U, int R, int hq, int hkv, std::vector<std::int64_t> docs) {
+  scenario s;
+  s.ulysses = U;
+  s.ring = R;
+  s.heads = hq;
+  s.kv_heads = hkv;
+  s.head_dim = 8;
+  s.hidden = 32;
+  s.intermediate = 48;
+  s.vocab = 40;
+  s.docs = std::move(docs);
+  return s;
+}
+
+verify::check_options fault(fault_kind kind, int rank, std::string op, std::string tag,
+                            int peer = 0, int other = 2) {
+  verify::check_options o;
+  o.fault.kind = kind;
+  o.fault.rank = rank;
+  o.fault.op = std::move(op);
+  o.fault.tag = std::move(tag);
+  o.fault.peer = peer;
+  o.fault.other_peer = other;
+  return o;
+}
+
+bool has(const std::string& text, const std::string& words) {
+  return text.find(words) != std::string::npos;
+}
+
+TEST(departure, every_all_to_all_fault_is_named_at_its_call_rank_and_tokens) {
+  // U 4, R 1, no zigzag: cp rank k holds tokens [k·chunk, (k+1)·chunk) of the padded row.
+  const auto s = make(4, 1, 8, 2, {9, 14});
+  const auto cb = collate(make_batch(s), options_of(s));
+  const auto rank0 = rank_tokens(cb, 0);
+  const std::string rank0_tokens = fmt::format(
+      "tokens {}–{}", rank0.front(), std::min<std::int64_t>(rank0.back(), cb.original_length - 1));
+  const struct {
+    fault_kind kind;
+    std::string cause;
+  } cases[] = {{fault_kind::drop_chunk, "zeros from member 0 (rank 0): a dropped chunk"},
+               {fault_kind::duplicate_chunk, "a chunk duplicated over another"},
+               {fault_kind::permute_chunks, "the chunks were permuted"},
+               {fault_kind::swap_peers, "two members' chunks swapped places"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(fault_kind_name(c.kind)));
+    const auto rep = verify::run_check(s, fault(c.kind, 1, "all_to_all", "L0.attn.q.fwd"));
+    ASSERT_FALSE(rep.pass);
+    ASSERT_TRUE(rep.first.has_value()) << rep.departure;
+    const auto& d = *rep.first;
+    EXPECT_EQ(d.op, "all_to_all");
+    EXPECT_EQ(d.tag, "L0.attn.q.fwd");
+    EXPECT_EQ(d.pass, "forward");
+    EXPECT_EQ(d.layer, "L0");
+    EXPECT_EQ(d.call, 0);
+    EXPECT_EQ(d.ranks, std::vector<int>{1});
+    EXPECT_TRUE(has(d.cause, c.cause)) << d.line;
+    EXPECT_TRUE(
+        d.line.starts_with("first departure: the forward pass, layer L0 at all_to_all "
+                           "L0.attn.q.fwd (call 0 of group ulysses0): rank 1 received"))
+        << d.line;
+    EXPECT_FALSE(d.tokens.empty()) << d.line;
+    if (c.kind == fault_kind::drop_chunk) EXPECT_EQ(d.tokens, rank0_tokens) << d.line;
+  }
+}
+
+TEST(departure, a_backward_all_to_all_is_named_in_the_backward_pass) {
+  const auto rep =
+      verify::run_check(make(2, 1, 4, 2, {8, 16}),
+                        fault(fault_kind::drop_chunk, 0, "all_to_all", "L0.attn.q.bwd", 1));
+  ASSERT_TRUE(rep.first.has_value()) << rep.departure;
+  EXPECT_EQ(rep.first->pass, "backward");
+  EXPECT_EQ(rep.first->tag, "L0.attn.q.bwd");
+  EXPECT_EQ(rep.first->ranks, std::vector<int>{0});
+  // The reverse all-to-all carries the receiver's own tokens.
+  EXPECT_FALSE(rep.first->tokens.empty()) << rep.first->line;
+}
+
+TEST(departure, a_dropped_or_doubled_gradient_reduction_is_named) {
+  const auto s = make(2, 2, 4, 2, {8, 16});
+  auto rep = verify::run_check(s, fault(fault_kind::drop_chunk, 0, "all_reduce", "grad"));
+  ASSERT_TRUE(rep.first.has_value()) << rep.departure;
+  EXPECT_EQ(rep.first->op, "all_reduce");
+  EXPECT_TRUE(has(rep.first->tag, "grad")) << rep.first->line;
+  EXPECT_TRUE(has(rep.first->cause, "the reduction's result was dropped")) << rep.first->line;
+  rep = verify::run_check(s, fault(fault_kind::duplicate_chunk, 1, "all_reduce", "grad"));
+  ASSERT_TRUE(rep.first.has_value()) << rep.departure;
+  EXPECT_TRUE(has(rep.first->cause, "counted twice")) << rep.first->line;
+  EXPECT_EQ(rep.first->ranks, std::vector<int>{1});
+}
+
+TEST(departure, a_dropped_ring_message_is_named) {
+  const auto rep = verify::run_check(make(1, 2, 2, 2, {8, 4}),
+                                     fault(fault_kind::drop_chunk, 1, "send_recv", "", 0));
+  ASSERT_FALSE(rep.pass);
+  ASSERT_TRUE(rep.first.has_value()) << rep.departure;
+  EXPECT_EQ(rep.first->op, "send_recv");
+  EXPECT_EQ(rep.first->ranks, std::vector<int>{1});
+  EXPECT_TRUE(has(rep.first->cause, "a dropped message")) << rep.first->line;
+  EXPECT_EQ(rep.first->pass, "forward");
+}
+
+TEST(departure, a_ring_all_gather_names_the_ring_ranks_tokens) {
+  const auto s = make(2, 2, 8, 1, {24, 16, 12});
+  const auto rep = verify::run_check(s, fault(fault_kind::drop_chunk, 0, "all_gather", "", 1));
+  ASSERT_TRUE(rep.first.has_value()) << rep.departure;
+  EXPECT_EQ(rep.first->op, "all_gather");
+  EXPECT_TRUE(has(rep.first->cause, "zeros from member 1 (rank 2)")) << rep.first->line;
+  EXPECT_TRUE(rep.first->tokens.starts_with("tokens ")) << rep.first->line;
+}
+
+TEST(departure, a_transport_bug_through_the_communicator_seam_is_named) {
+  verify::check_options o;
+  o.wrap_communicator = test::wrap_communicator_in<test::grad_sync_averaged>();
+  const auto rep = verify::run_check(make(2, 2, 4, 2, {8, 16}), o);
+  ASSERT_FALSE(rep.pass);
+  ASSERT_TRUE(rep.first.has_value()) << rep.departure;
+  EXPECT_EQ(rep.first->op, "all_reduce");
+  EXPECT_TRUE(has(rep.first->cause, "not the sum of the members' inputs")) << rep.first->line;
+}
+
+TEST(departure, bugs_no_collective_shows_are_said_to_be_in_computation) {
+  const auto s = make(4, 1, 8, 2, {9, 14});
+  verify::check_options o;
+  o.wrap_compute = test::wrap_compute_in<test::kv_heads_repeated_blockwise>();
+  auto rep = verify::run_check(s, o);
+  ASSERT_FALSE(rep.pass);
+  EXPECT_FALSE(rep.first.has_value()) << rep.first->line;
+  EXPECT_TRUE(has(rep.departure, "delivered what their senders sent")) << rep.departure;
+  verify::check_options c;
+  c.transform_collated = test::pad_labels_with_zero;
+  rep = verify::run_check(make(2, 1, 4, 2, {7, 4}), c);
+  if (!rep.pass) EXPECT_TRUE(has(rep.departure, "not in transport")) << rep.departure;
+}
+
+TEST(departure, a_passing_check_reports_none_and_reruns_nothing) {
+  const auto rep = verify::run_check(make(2, 2, 4, 2, {8, 16}));
+  EXPECT_TRUE(rep.pass);
+  EXPECT_FALSE(rep.first.has_value());
+  EXPECT_TRUE(rep.departure.empty());
+}
+
+}  // namespace
