@@ -32,14 +32,19 @@ std::vector<std::vector<std::int64_t>> ring_key_sets(const ring_job& job, int r,
       const auto d = doc_of(cu, i);
       const std::int64_t start = cu[d], end = cu[d + 1], mid = start + (end - start) / 2;
       for (std::int64_t j = 0; j < m; ++j) {
-        if (doc_of(cu, j) != d) continue;
+        const auto dj = doc_of(cu, j);
+        const bool cross = step > 0 && job.doc_mask_own_block_only;
+        if (dj != d && !cross) continue;
         bool sees;
-        if (step == 0)
+        if (step == 0) {
           sees = !job.causal || j <= i;  // diagonal: the rank's own KV
-        else if (assumed < r)
-          sees = j < mid;  // lower: every query row, the early half of the KV
-        else
+        } else if (assumed < r) {
+          // lower: every query row, the early half of the KV (of the key's own document)
+          const std::int64_t js = cu[dj], je = cu[dj + 1];
+          sees = j < js + (je - js) / 2;
+        } else {
           sees = i >= mid;  // upper: the late half of the query rows, every KV row
+        }
         if (sees) keys[static_cast<std::size_t>(i - i0)].push_back(kv[static_cast<std::size_t>(j)]);
       }
     }

@@ -23,6 +23,10 @@ struct ring_job {
   /// (r − i + section_shift) mod R ("lower" when below r, else "upper") while the KV held is that
   /// of (r − i) mod R; 0 is correct.
   int section_shift = 0;
+  /// The document mask applied on the diagonal block only: other steps' sections (lower: the
+  /// early half of each document's KV rows; upper: the late half of each document's query rows)
+  /// without the same-document condition.
+  bool doc_mask_own_block_only = false;
 };
 
 /// The key multisets of local rows [i0, i1) of ring rank r, as global token ids (callers walk

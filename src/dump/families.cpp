@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
+#include <optional>
 
 #include "core/cu_seqlens.hpp"
 
@@ -104,6 +106,15 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
          "of the KV blocks it sent around the ring is not sent back and summed)",
          v});
   }
+  if (grad && !key && g.R > 1) {
+    auto v = base;
+    v.other_block_dq_factor = 1 / base.scale;
+    members.push_back(
+        {"dQ whose contributions from other ring ranks' KV blocks are not multiplied by the "
+         "softmax scale (only the own block's are): the scale missing on the blocks received "
+         "over the ring",
+         v});
+  }
   if (!grad && g.R > 1 && m.zigzag) {
     // The ring job emulated with one thing changed (forward stages).
     const auto job = [&](int shift, bool local_cu) {
@@ -111,6 +122,17 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
       v.ring = std::make_shared<ring_job>(dump_ring_job(g, m.causal, shift, local_cu));
       return v;
     };
+    {
+      auto v = job(0, false);
+      auto j = std::make_shared<ring_job>(*v.ring);
+      j->doc_mask_own_block_only = true;
+      v.ring = j;
+      members.push_back(
+          {"zigzag ring attention with the document mask applied only on the ring's own "
+           "(diagonal) block: on the other ranks' blocks queries attend across document "
+           "boundaries (the lower/upper sections without the same-document condition)",
+           v});
+    }
     members.push_back(
         {"zigzag ring attention with cu_seqlens computed from each rank's local position ids (a "
          "document starts wherever position_id == 0): on a rank whose chunks hold no position "
@@ -152,6 +174,146 @@ ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool l
   return job;
 }
 
+namespace {
+
+/// Rows of one failing rank the search evaluates mistakes on: failing and some passing rows,
+/// the job's values there, and the stage's bound in absolute terms.
+struct eval_rank {
+  int k;
+  view v;
+  row_set rows;
+  vec got;
+  double tol_abs;
+  int copies;
+};
+
+using values_fn = std::function<vec(const attention_variant&, const eval_rank&)>;
+
+/// The variant's values equal the job's on every evaluated row, within the stage's bound.
+bool reproduces(const std::vector<eval_rank>& ev, const values_fn& values,
+                const attention_variant& var) {
+  for (const auto& e : ev) {
+    const auto alt = values(var, e);
+    for (std::size_t i = 0; i < alt.size(); ++i)
+      if (!(std::abs(e.got[i] - alt[i]) <= e.tol_abs) && e.got[i] != alt[i]) return false;
+  }
+  return true;
+}
+
+/// The worst evaluated row's error over its bound under a variant (≤ 1: reproduced).
+double misfit(const std::vector<eval_rank>& ev, const values_fn& values,
+              const attention_variant& var) {
+  double worst = 0;
+  for (const auto& e : ev) {
+    const auto alt = values(var, e);
+    for (std::size_t i = 0; i < alt.size(); ++i) {
+      const double d = std::abs(e.got[i] - alt[i]);
+      worst = std::max(worst, std::isfinite(d) ? d / std::max(e.tol_abs, 1e-300) : INFINITY);
+    }
+  }
+  return worst;
+}
+
+/// The softmax scale as a free parameter: the scale that reproduces the failing rows, fitted
+/// by a log-spaced scan over [scale/8, 8·scale] refined by golden-section search, named when it
+/// reproduces them within the bound (and by the head_dim it corresponds to).
+std::optional<std::string> fit_scale(const geometry& g, const dump_meta& m,
+                                     const std::vector<eval_rank>& ev, const values_fn& values,
+                                     const attention_variant& base) {
+  const auto at = [&](double log_s) {
+    auto v = base;
+    v.scale = std::exp(log_s);
+    return misfit(ev, values, v);
+  };
+  const double c = std::log(m.scale), span = std::log(8.0);
+  constexpr int n = 96;
+  int best = 0;
+  std::vector<double> f(n + 1);
+  for (int i = 0; i <= n; ++i) {
+    f[static_cast<std::size_t>(i)] = at(c - span + 2 * span * i / n);
+    if (f[static_cast<std::size_t>(i)] < f[static_cast<std::size_t>(best)]) best = i;
+  }
+  double a = c - span + 2 * span * std::max(best - 1, 0) / n;
+  double b = c - span + 2 * span * std::min(best + 1, n) / n;
+  const double phi = (std::sqrt(5.0) - 1) / 2;
+  for (int it = 0; it < 80; ++it) {
+    const double x1 = b - phi * (b - a), x2 = a + phi * (b - a);
+    if (at(x1) < at(x2))
+      b = x2;
+    else
+      a = x1;
+  }
+  const double log_s = (a + b) / 2;
+  if (!(at(log_s) <= 1)) return std::nullopt;
+  const double s = std::exp(log_s), d_eff = 1 / (s * s);
+  const long n_eff = std::lround(d_eff);
+  std::string what;
+  if (std::abs(d_eff - static_cast<double>(n_eff)) < 1e-3 * d_eff) {
+    const long D = g.D;
+    if (n_eff == 8 * ((D + 7) / 8) && n_eff != D)
+      what = fmt::format(
+          "head_dim {} rounded up to {}, a multiple of 8, as for a kernel that pads head_dim "
+          "(scale from the padded size instead of the real one)",
+          D, n_eff);
+    else if (n_eff == 16 * ((D + 15) / 16) && n_eff != D)
+      what = fmt::format("head_dim {} rounded up to {}, a multiple of 16 (a padded kernel's)", D,
+                         n_eff);
+    else
+      what = fmt::format("the scale of head_dim {} instead of {}", n_eff, D);
+    return fmt::format(
+        "; it equals attention with softmax scale {:.6g} = 1/√{} where the meta says {:.6g} "
+        "(= 1/√{}): {} (the scale fitted as a free parameter to the failing rows)",
+        s, n_eff, m.scale, g.D, what);
+  }
+  return fmt::format(
+      "; it equals attention with softmax scale {:.6g} (= {:.4g} × the meta's {:.6g}), fitted "
+      "as a free parameter to the failing rows: a scale that is none of 1/d^α",
+      s, s / m.scale, m.scale);
+}
+
+/// A K/V gradient that is another ring rank's: rank (r, u) holding at its rows the reference
+/// gradient of ring rank (r + t) mod R's rows (a dK/dV accumulator delivered to the wrong
+/// rank; t = 2 when a P2P ring's last hop goes the wrong way).
+std::optional<std::string> other_ring_block(const call_context& c, const std::string& st,
+                                            const std::vector<eval_rank>& ev,
+                                            const row_reference& ref,
+                                            const attention_variant& base) {
+  const auto& g = c.g;
+  if (g.R < 2 || ev.empty()) return std::nullopt;
+  const bool is_v = st.starts_with("grad.v.");
+  const int Hr = g.Hkv * g.rep;
+  for (int t = 1; t < g.R; ++t) {
+    bool all = true;
+    for (const auto& e : ev) {
+      const int k2 = ((e.k / g.U + t) % g.R) * g.U + e.k % g.U;
+      const auto v2 = view_of(g, st, k2);
+      const int per = g.H / (e.copies > 1 || e.v.X == g.Hkv ? g.Hkv : Hr);
+      std::vector<key_row> rows;
+      for (auto i : e.rows.rows) {
+        const auto [ti, j] = e.v.at(i);
+        rows.push_back({v2.tokens[static_cast<std::size_t>(ti)], (v2.h0 + j) * per, per});
+      }
+      const auto r = ref.keys(base, rows);
+      const auto& alt = is_v ? r.dv : r.dk;
+      for (std::size_t i = 0; all && i < alt.size(); ++i)
+        all = std::abs(e.got[i] - alt[i]) <= e.tol_abs || e.got[i] == alt[i];
+      if (!all) break;
+    }
+    if (all)
+      return fmt::format(
+          "; it equals the K/V gradient of ring rank (r + {}) mod R's block: each ring rank holds "
+          "another rank's dK/dV{}",
+          t,
+          t == 2 && g.R > 2
+              ? " — a P2P ring whose dK/dV accumulators travel +1 per step and whose last hop, "
+                "which returns each accumulator to its owner, went the wrong way (to r − 1)"
+              : fmt::format(" (the accumulators shifted by {} ring steps)", t));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::string search_families(const call_context& c, const std::string& st,
                             const std::vector<int>& ranks) {
   const bool key = st.starts_with("grad.k.") || st.starts_with("grad.v.");
@@ -162,17 +324,9 @@ std::string search_families(const call_context& c, const std::string& st,
   const auto base = ref.reference();
   const int Hr = c.g.Hkv * c.g.rep;
   // Evaluation rows: failing and passing sampled rows of the failing ranks.
-  struct eval_rank {
-    int k;
-    view v;
-    row_set rows;
-    vec got;
-    double tol_abs;
-    int copies;
-  };
   std::vector<eval_rank> ev;
   std::int64_t n_rows = 0;
-  const auto values = [&](const attention_variant& var, const eval_rank& e) {
+  const values_fn values = [&](const attention_variant& var, const eval_rank& e) {
     std::vector<query_row> qr;
     std::vector<key_row> kr;
     const int per = c.g.H / (e.copies > 1 || e.v.X == c.g.Hkv ? c.g.Hkv : Hr);
@@ -302,30 +456,29 @@ std::string search_families(const call_context& c, const std::string& st,
   }
   const auto& m = c.d.ranks.front();
   const auto members = family_members(c.g, m, base, key, grad);
-  for (const auto& [desc, var] : members) {
-    bool all = true;
-    for (const auto& e : ev) {
-      const auto alt = values(var, e);
-      for (std::size_t i = 0; all && i < alt.size(); ++i) {
-        all = std::abs(e.got[i] - alt[i]) <= e.tol_abs || e.got[i] == alt[i];
-      }
-      if (!all) break;
-    }
-    if (all)
+  for (const auto& [desc, var] : members)
+    if (reproduces(ev, values, var))
       return fmt::format(
           "; it equals {} (found among {} members of the families searched, on "
           "{} sampled rows)",
           desc, members.size(), n_rows);
-  }
+  // Mistakes with a parameter: fitted, not listed.
+  if (key)
+    if (auto found = other_ring_block(c, st, ev, ref, base)) return *found;
+  if (!key)
+    if (auto found = fit_scale(c.g, m, ev, values, base)) return *found;
   return fmt::format(
       "; none of the searched mistakes reproduces it ({} members: softmax scale 1/d^α and "
       "constant factors, the causal mask removed or its diagonal shifted by ±1, ±2, document "
-      "boundaries moved by ±1, ±2, split off or removed{}; on {} sampled rows)",
+      "boundaries moved by ±1, ±2, split off or removed{}; the softmax scale fitted as a free "
+      "parameter{}; on {} sampled rows)",
       members.size(),
       key && c.g.R > 1     ? ", the ring reduction of the K/V gradient"
-      : !grad && c.g.R > 1 ? ", the ring's KV source shifted by ±1, ±2, local cu_seqlens"
+      : !grad && c.g.R > 1 ? ", the ring's KV source shifted by ±1, ±2, local cu_seqlens, the "
+                             "document mask on the own block only"
+      : grad && c.g.R > 1  ? ", dQ of other ranks' blocks without the scale"
                            : "",
-      n_rows);
+      key && c.g.R > 1 ? "; another ring rank's K/V gradient" : "", n_rows);
 }
 
 }  // namespace seqpar::verify::dump_detail

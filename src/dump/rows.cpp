@@ -127,10 +127,7 @@ row_reference::row_reference(const mapped_call& c, bound_units u, int threads)
     : c_(c),
       u_(u),
       threads_(threads > 0 ? threads
-                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
-      stats_{std::vector<double>(static_cast<std::size_t>(c.g().S) * c.g().H, kUnknown),
-             std::vector<double>(static_cast<std::size_t>(c.g().S) * c.g().H, kUnknown),
-             std::vector<double>(static_cast<std::size_t>(c.g().S) * c.g().H, kUnknown)} {}
+                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
 attention_variant row_reference::reference() const {
   attention_variant v;
@@ -311,7 +308,18 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
           P(i, j) = visible(i, j0 + j) && std::isfinite(L(i)) ? std::exp(P(i, j) - L(i)) : 0.0;
       const mat dP = dO * V.transpose();
       const mat dS = P.cwiseProduct(dP.colwise() - Dv);
-      dq.noalias() += dS * K;
+      if (v.other_block_dq_factor != 1) {
+        // Keys of another ring rank than the query's: their dQ terms scaled by the factor.
+        mat f = mat::Ones(n, c);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const auto qr = c_.at(rows[idx[static_cast<std::size_t>(i)]].token) / g.Sg;
+          for (std::int64_t j = 0; j < c; ++j)
+            if (c_.at(j0 + j) / g.Sg != qr) f(i, j) = v.other_block_dq_factor;
+        }
+        dq.noalias() += dS.cwiseProduct(f) * K;
+      } else {
+        dq.noalias() += dS * K;
+      }
       const mat dSw = dS.cwiseAbs().array().colwise() * w.array();
       const mat Ka = K.cwiseAbs();
       dSwK.noalias() += dSw * Ka;
@@ -323,14 +331,14 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
             .rowwise()
             .sum();
     const mat aq = v.scale * (dSwK + mat(PK.array().colwise() * E.array()));
-    if (v.cu == c_.g().cu && v.scale == c_.scale() && v.causal == c_.causal() && v.diag == 0)
+    if (v.cu == c_.g().cu && v.scale == c_.scale() && v.causal == c_.causal() && v.diag == 0 &&
+        v.other_block_dq_factor == 1) {
+      std::lock_guard lock(stats_mu_);
       for (std::int64_t i = 0; i < n; ++i) {
         const auto& row = rows[idx[static_cast<std::size_t>(i)]];
-        const auto at = static_cast<std::size_t>(row.token * g.H + row.head);
-        stats_.lse[at] = L(i);
-        stats_.dv[at] = Dv(i);
-        stats_.e[at] = E(i);
+        stats_[row.token * g.H + row.head] = {L(i), Dv(i), E(i)};
       }
+    }
     for (std::int64_t i = 0; i < n; ++i) {
       const auto at = idx[static_cast<std::size_t>(i)] * static_cast<std::size_t>(D);
       for (int e = 0; e < D; ++e) {
@@ -419,12 +427,11 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
         for (std::int64_t i = 0; i < c; ++i) {
           c_.read_local("q.local", g.H, i0 + i, h, Q.row(i).data());
           c_.read_local("grad.out.local", g.H, i0 + i, h, dO.row(i).data());
-          const auto at = static_cast<std::size_t>((i0 + i) * g.H + h);
-          if (!std::isnan(stats_.e[at])) {
+          if (const auto it = stats_.find((i0 + i) * g.H + h); it != stats_.end()) {
             known[static_cast<std::size_t>(i)] = true;
-            L(i) = stats_.lse[at];
-            Dv(i) = stats_.dv[at];
-            E(i) = stats_.e[at];
+            L(i) = it->second[0];
+            Dv(i) = it->second[1];
+            E(i) = it->second[2];
           } else if (c_.has_lse()) {
             L(i) = c_.read_lse(i0 + i, h);
             c_.read_out(i0 + i, h, O.row(i).data());

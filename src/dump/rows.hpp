@@ -3,10 +3,13 @@
 // mapped local shards (io/mapped.hpp): O(L·D) per query row and per key row (L its document),
 // never the whole row. The engine (engine.hpp) checks the computed stages on it, every row or a
 // stratified sample, and the family search (families.hpp) evaluates its mistakes with it.
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "dump/emulate.hpp"
@@ -74,6 +77,9 @@ struct attention_variant {
   /// Key-side rows: only queries held by the key's own ring rank contribute (a KV gradient not
   /// reduced over the ring).
   bool own_ring_only = false;
+  /// dQ's contributions from keys held by another ring rank than the query's, multiplied by
+  /// this factor (1: correct; 1/scale: those blocks' dQ without the softmax scale).
+  double other_block_dq_factor = 1;
   /// A ring job with one thing changed (emulate.hpp): query rows attend to the explicit key
   /// sets it gives (out and LSE only; the backward is not emulated).
   std::shared_ptr<const ring_job> ring;
@@ -129,14 +135,13 @@ class row_reference {
   bound_units u_;
   int threads_;
   /// The reference's statistics of every query row (token·H + head) whose backward queries()
-  /// computed: LSE, D_i = Σ_d dO_id·O_id and E_i; NaN elsewhere. keys() uses them where known
-  /// (every row, in exhaustive mode: the key gradients' reference is then exact), and elsewhere
-  /// the job's dumped LSE and output, checked on the sampled query rows, with E_i bounded by
-  /// Σ_d |dO_id|·(|O_id| + w_i·max_j |v_jd|). Each row is written by one work item.
-  struct query_stats {
-    std::vector<double> lse, dv, e;
-  };
-  mutable query_stats stats_;
+  /// computed: LSE, D_i = Σ_d dO_id·O_id and E_i. keys() uses them where known (every row, in
+  /// exhaustive mode: the key gradients' reference is then exact), and elsewhere the job's
+  /// dumped LSE and output, checked on the sampled query rows, with E_i bounded by
+  /// Σ_d |dO_id|·(|O_id| + w_i·max_j |v_jd|). Written under the mutex by queries()' work items;
+  /// keys() only reads it (no queries() runs meanwhile). Sparse: a sample's rows only.
+  mutable std::mutex stats_mu_;
+  mutable std::unordered_map<std::int64_t, std::array<double, 3>> stats_;
 };
 
 }  // namespace seqpar::verify::dump_detail

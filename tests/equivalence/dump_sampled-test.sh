@@ -53,6 +53,16 @@ for mode in --sample --exhaustive; do
     validate --dump "$dumps/ulysses-last_token_own_doc-f32" $mode -q
   expect 1 "without its reduction over the ring" -- \
     validate --dump "$dumps/ring-kv_grad_not_reduced-f32" $mode -q
+  # Fitted, not listed: the softmax scale as a free parameter, another ring rank's K/V block;
+  # and the ring's document mask on the own block only, dQ of other blocks without the scale.
+  expect 1 "head_dim 12 rounded up to 16, a multiple of 8" -- \
+    validate --dump "$dumps/ring-scale_padded_d-f32" $mode -q
+  expect 1 "document mask applied only on the ring's own (diagonal) block" -- \
+    validate --dump "$dumps/ring-docmask_own_block-f32" $mode -q
+  expect 1 "not multiplied by the softmax scale (only the own block's are)" -- \
+    validate --dump "$dumps/ring-dq_other_blocks_unscaled-f32" $mode -q
+  expect 1 "K/V gradient of ring rank (r + 2) mod R's block" -- \
+    validate --dump "$dumps/ring-dkv_last_hop_wrong_way-f32" $mode -q
 done
 
 # 2. Synthetic dumps: healthy passes, a bug on each document's last token is caught and named.

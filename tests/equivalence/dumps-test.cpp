@@ -48,6 +48,11 @@ const std::map<std::string, std::string> cause_words{
     {"causal_hides_diag", "hides the diagonal"},
     {"scale_inv_d_one_rank", "divided by head_dim instead of its square root"},
     {"last_token_own_doc", "last token is a document of its own"},
+    // Fitted (a free softmax scale, another ring rank's block) or emulated ring variants.
+    {"scale_padded_d", "head_dim 12 rounded up to 16, a multiple of 8"},
+    {"docmask_own_block", "document mask applied only on the ring's own (diagonal) block"},
+    {"dq_other_blocks_unscaled", "other ring ranks' KV blocks are not multiplied by the softmax"},
+    {"dkv_last_hop_wrong_way", "last hop, which returns each accumulator to its owner, went the wrong way"},
     {"kv_grad_not_reduced", "without its reduction over the ring"},
 };
 

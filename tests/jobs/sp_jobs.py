@@ -102,6 +102,19 @@ VARIANTS = {
     ("ring", "kv_grad_not_reduced"): (
         dict(R=2), "kv_grad_not_reduced",
         "ring K/V gradients not reduced over the ring: each rank keeps its own queries' part"),
+    # Mistakes a fixed list of family members does not hold; named by fitting (issue 46).
+    ("ring", "scale_padded_d"): (
+        dict(R=2, D=12), "scale_padded_d",
+        "softmax scale 1/sqrt(8*ceil(D/8)) (head_dim rounded up as for a padded kernel)"),
+    ("ring", "docmask_own_block"): (
+        dict(R=2), "docmask_own_block",
+        "document mask applied only on the ring's own (diagonal) block"),
+    ("ring", "dq_other_blocks_unscaled"): (
+        dict(R=2), "dq_other_blocks_unscaled",
+        "dQ contributions of other ranks' KV blocks not multiplied by the softmax scale"),
+    ("ring", "dkv_last_hop_wrong_way"): (
+        dict(R=4, S=64, docs=[16, 48]), "dkv_last_hop_wrong_way",
+        "the dK/dV accumulator's last hop sent to r-1 instead of r+1: rank r gets block r+2's"),
 }
 
 # Precision (issue 37): correct kernels that round or sum differently (healthy: the largest
@@ -198,6 +211,10 @@ STANDARD = [
     ("ulysses", "scale_inv_d_one_rank", "f32"),
     ("ulysses", "last_token_own_doc", "f32"),
     ("ring", "kv_grad_not_reduced", "f32"),
+    ("ring", "scale_padded_d", "f32"),
+    ("ring", "docmask_own_block", "f32"),
+    ("ring", "dq_other_blocks_unscaled", "f32"),
+    ("ring", "dkv_last_hop_wrong_way", "f32"),
     ("ulysses", "no_scale", "f32"),
     ("ring", "lse_merge_no_max", "bf16"),
     ("ring", "ring_src_off_by_one", "f32"),
@@ -292,6 +309,18 @@ def section_mask(kind, cu, n, causal=True):
     if kind == "upper":
         return same & (i >= mid)[:, None]
     raise ValueError(kind)
+
+
+def step_mask(plan, i, n):
+    """The mask of ring step i: section_mask, or (docmask_own_block) the document mask only on
+    the diagonal block: other blocks' sections without document boundaries."""
+    if plan.bug != "docmask_own_block" or i == 0:
+        return section_mask(plan.sections[i], plan.cu, n)
+    _, mid = doc_table(plan.cu, n)
+    rows = torch.arange(n)
+    if plan.sections[i] == "lower":
+        return (rows < mid)[None, :].expand(n, n)
+    return (rows >= mid)[:, None].expand(n, n)
 
 
 def _cdt(dtype):
@@ -562,6 +591,7 @@ class RingPlan(object):
         self.lowp = lowp
         self.prec = prec          # precision variant (see PRECISION)
         self.no_kv_reduce = False  # the kv_grad_not_reduced bug: K/V gradients kept unreduced
+        self.bug = None            # the other ring bugs (docmask_own_block, dq_other_blocks_…)
         self.dtype = dtype        # the job's input dtype
 
 
@@ -642,7 +672,7 @@ class RingAttn(torch.autograd.Function):
             reqs = []
             if i + 1 < plan.R:
                 nxt_kv, reqs = _exchange(kv, plan)
-            mask = section_mask(plan.sections[i], plan.cu, n)
+            mask = step_mask(plan, i, n)
             if lowp_in:
                 o, l = attend(qf.to(plan.dtype), kv[0].to(plan.dtype), kv[1].to(plan.dtype), mask,
                               plan.scale, plan.prec)
@@ -707,7 +737,7 @@ class RingAttn(torch.autograd.Function):
         dv_all = torch.zeros_like(dk_all)
         for i in range(plan.R):
             src = (plan.r - i) % plan.R
-            mask = section_mask(plan.sections[i], plan.cu, n)
+            mask = step_mask(plan, i, n)
             kk = k_all[src].repeat_interleave(g, dim=1)
             vv = v_all[src].repeat_interleave(g, dim=1)
             s = torch.einsum("nhd,mhd->hnm", qf, kk) * plan.scale
@@ -717,7 +747,9 @@ class RingAttn(torch.autograd.Function):
             dv = torch.einsum("hnm,nhd->mhd", lowp(p), do)
             dp = torch.einsum("nhd,mhd->hnm", do, vv)
             ds = lowp(p * (dp - drow.unsqueeze(-1)))
-            dq += plan.scale * torch.einsum("hnm,mhd->nhd", ds, kk)
+            # BROKEN (dq_other_blocks_unscaled): other ranks' blocks without the scale.
+            dq_scale = 1.0 if plan.bug == "dq_other_blocks_unscaled" and i > 0 else plan.scale
+            dq += dq_scale * torch.einsum("hnm,mhd->nhd", ds, kk)
             dk = plan.scale * torch.einsum("hnm,nhd->mhd", ds, qf)
             dk_all[src] += dk.reshape(n, hk, g, d).sum(2).to(acc_dt)
             dv_all[src] += dv.reshape(n, hk, g, d).sum(2).to(acc_dt)
@@ -728,7 +760,11 @@ class RingAttn(torch.autograd.Function):
         if not plan.no_kv_reduce:
             dist.all_reduce(dk_all, group=plan.group)
             dist.all_reduce(dv_all, group=plan.group)
-        return (dq.to(q.dtype), dk_all[plan.r].to(k.dtype), dv_all[plan.r].to(v.dtype), None)
+        # A P2P backward passes each block's dK/dV accumulator along the ring (+1 per step) and
+        # after R-1 hops sends it home; BROKEN (dkv_last_hop_wrong_way): that last hop goes to
+        # r-1, so rank r receives the accumulator of block r+2.
+        own = (plan.r + 2) % plan.R if plan.bug == "dkv_last_hop_wrong_way" else plan.r
+        return (dq.to(q.dtype), dk_all[own].to(k.dtype), dv_all[own].to(v.dtype), None)
 
 
 # ----------------------------------------------------------------------------- one job
@@ -775,6 +811,8 @@ def _worker(rank, cfg, out_dir, port):
 
     scale = 1.0 / math.sqrt(D)
     scale_used = 1.0 if bug == "no_scale" else scale
+    if bug == "scale_padded_d":  # BROKEN: the scale of head_dim padded to a multiple of 8
+        scale_used = 1.0 / math.sqrt(8 * math.ceil(D / 8))
     dumper = seqpar_dump.Dumper(
         out_dir, ulysses=U, ring=R, ulysses_rank=urank, ring_rank=ring_rank, heads=H,
         kv_heads=Hkv, head_dim=D, scale=scale, causal=True, cu_seqlens=cfg["cu"],
@@ -795,6 +833,7 @@ def _worker(rank, cfg, out_dir, port):
                         merge="no_max" if bug == "lse_merge_no_max" else "softplus",
                         lowp=DTYPES[cfg["dtype"] if cfg["dtype"] in ("bf16", "f16") else "bf16"], prec=cfg["prec"], dtype=DTYPES[cfg["dtype"]])
         plan.no_kv_reduce = bug == "kv_grad_not_reduced"
+        plan.bug = bug
         return plan
 
     with dumper.call(name="L0.attn"):
@@ -1086,13 +1125,17 @@ def _twin_key(cfg):
                  ("job", "U", "R", "S", "H", "Hkv", "D", "docs", "qmul", "dtype", "seed"))
 
 
-def cmd_all(root, seed):
+def cmd_all(root, seed, only=None):
+    """Every standard job (or only the variants named), dumped under root with expected.json;
+    the entries of jobs not run are kept."""
     os.makedirs(root, exist_ok=True)
     ok = True
     expected = {}
     healthy = {}
     with tempfile.TemporaryDirectory(prefix="sp_jobs-twins-") as tmp:
         for job, variant, dtype in STANDARD:
+            if only and variant not in only:
+                continue
             cfg = make_cfg(job, variant, dtype, seed)
             name = _dir_name(job, variant, dtype)
             out = os.path.join(root, name)
@@ -1131,8 +1174,8 @@ def cmd_all(root, seed):
     path = os.path.join(root, "expected.json")
     if os.path.exists(path):  # keep the entries of other jobs (veomni_ulysses_job.py's "veomni")
         with open(path) as f:
-            expected = dict({n: e for n, e in json.load(f).items() if e.get("job") not in _SHAPES},
-                            **expected)
+            expected = dict({n: e for n, e in json.load(f).items()
+                             if only or e.get("job") not in _SHAPES}, **expected)
     with open(path, "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -1189,6 +1232,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--all", metavar="OUTROOT")
+    ap.add_argument("--only", help="with --all: these variants only (comma-separated)")
     ap.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"))
     ap.add_argument("--selfcheck", nargs="?", const="", metavar="ROOT")
     a = ap.parse_args(argv)
@@ -1209,7 +1253,7 @@ def main(argv=None):
         print("first differing stage: %s on ranks %s" % (r["first_stage"], r["ranks"]))
         return 0 if r["first_stage"] is None else 1
     if a.all:
-        return 0 if cmd_all(a.all, a.seed) else 1
+        return 0 if cmd_all(a.all, a.seed, set(a.only.split(",")) if a.only else None) else 1
     if a.selfcheck is not None:
         return 0 if cmd_selfcheck(a.selfcheck, a.seed) else 1
     if not (a.job and a.variant and a.out):
