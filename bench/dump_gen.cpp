@@ -1,4 +1,4 @@
-// dump_gen: writes a synthetic seqpar-dump/1 directory (tools/dump_format.md) of any size,
+// dump_gen: writes a synthetic seqpar-dump/1 directory (docs/dump_format.md) of any size,
 // without torch, for bench/dump_scale.sh: a long-context SP job's attention call, healthy or with
 // one bug (each document's last token attended as a document of its own).
 //

@@ -34,34 +34,41 @@ dtype parse_dtype(const std::string& s) {
 nlohmann::json report_json(const verify::check_report& r) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows) rows.push_back(row_json(row, "tensor", false));
-  return {{"pass", r.pass},
-          {"dtype", r.type == dtype::f64 ? "f64" : "f32"},
-          {"backend", r.backend},
-          {"isa", r.isa},
-          {"scenario", io::scenario_to_json(r.scen)},
-          {"tolerance", r.tolerance},
-          {"error_model", r.error_model},
-          {"warnings", r.warnings},
-          {"seconds",
-           {{"setup", r.setup_seconds},
-            {"sp", r.sp_seconds},
-            {"reference", r.reference_seconds},
-            {"compare", r.compare_seconds}}},
-          {"first_departure", r.first ? nlohmann::json{{"pass", r.first->pass},
-                                                       {"layer", r.first->layer},
-                                                       {"op", r.first->op},
-                                                       {"tag", r.first->tag},
-                                                       {"group", r.first->group},
-                                                       {"call", r.first->call},
-                                                       {"ranks", r.first->ranks},
-                                                       {"tokens", r.first->tokens},
-                                                       {"cause", r.first->cause},
-                                                       {"line", r.first->line}}
-                                      : nlohmann::json(nullptr)},
-          {"departure_note", r.departure},
-          {"closest_to_bound", closest_json(closest_to_bound(
-                                   r.rows, [](const auto& x) -> const auto& { return x; }))},
-          {"rows", rows}};
+  return {
+      {"pass", r.pass},
+      {"dtype", r.type == dtype::f64 ? "f64" : "f32"},
+      {"backend", r.backend},
+      {"isa", r.isa},
+      {"scenario", io::scenario_to_json(r.scen)},
+      {"tolerance", r.tolerance},
+      {"error_model", r.error_model},
+      {"warnings", r.warnings},
+      {"seconds",
+       {{"setup", r.setup_seconds},
+        {"sp", r.sp_seconds},
+        {"reference", r.reference_seconds},
+        {"compare", r.compare_seconds}}},
+      {"first_departure", r.first ? nlohmann::json{{"pass", r.first->pass},
+                                                   {"layer", r.first->layer},
+                                                   {"op", r.first->op},
+                                                   {"tag", r.first->tag},
+                                                   {"group", r.first->group},
+                                                   {"call", r.first->call},
+                                                   {"ranks", r.first->ranks},
+                                                   {"tokens", r.first->tokens},
+                                                   {"cause", r.first->cause},
+                                                   {"line", r.first->line}}
+                                  : nlohmann::json(nullptr)},
+      {"departure_note", r.departure},
+      {"attention_difference", r.attention ? nlohmann::json{{"call", r.attention->call_name},
+                                                            {"stage", r.attention->stage},
+                                                            {"ranks", r.attention->ranks},
+                                                            {"where", r.attention->where},
+                                                            {"diagnosis", r.attention->diagnosis}}
+                                           : nlohmann::json(nullptr)},
+      {"closest_to_bound", closest_json(closest_to_bound(
+                               r.rows, [](const auto& x) -> const auto& { return x; }))},
+      {"rows", rows}};
 }
 
 std::string report_text(const verify::check_report& r) {

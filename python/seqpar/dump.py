@@ -1,5 +1,5 @@
 """seqpar dump hook: records a PyTorch SP job's attention, rank by rank, in the `seqpar-dump/1`
-format (tools/dump_format.md) that `seqpar validate --dump DIR` checks. Standard library + torch
+format (docs/dump_format.md) that `seqpar validate --dump DIR` checks. Standard library + torch
 (1.13 and 2.x), CPU or GPU tensors. Example, a Ulysses attention layer:
 
     import seqpar.dump

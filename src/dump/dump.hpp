@@ -1,6 +1,6 @@
 #pragma once
 // `seqpar validate --dump DIR`: a PyTorch SP job's attention, dumped rank by rank by
-// tools/seqpar_dump.py (format: tools/dump_format.md), checked stage by stage against the
+// tools/seqpar_dump.py (format: docs/dump_format.md), checked stage by stage against the
 // float64 reference. The non-SP attention is rebuilt from the dumped local shards; what every
 // rank should hold at every stage comes from the core layout (zigzag permutation, Ulysses head
 // slices, KV repeat). Data movement (all-to-alls, repeats) must be bit-exact; attention outputs

@@ -1,4 +1,4 @@
-// Reading a dump's metas (rankR.json, tools/dump_format.md) and checking that they describe one
+// Reading a dump's metas (rankR.json, docs/dump_format.md) and checking that they describe one
 // SP layout seqpar knows.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -22,7 +22,7 @@ using json = nlohmann::json;
 template <class T>
 T field(const json& j, const char* key, const std::string& path) {
   if (!j.contains(key))
-    fail<trace_error>("{}: the meta has no \"{}\" (see tools/dump_format.md for the fields)", path,
+    fail<trace_error>("{}: the meta has no \"{}\" (see docs/dump_format.md for the fields)", path,
                       key);
   const auto& v = j.at(key);
   const bool fits = io::json_fits<T>(v) && (!std::is_same_v<T, std::string> || v.is_string()) &&

@@ -2,7 +2,7 @@
 // Safetensors (the public format) in and out: an 8-byte little-endian header length N, N bytes
 // of JSON {"name": {"dtype", "shape", "data_offsets": [begin, end]}, …, "__metadata__": {…}}
 // (offsets relative to the end of the header), then the raw little-endian buffers. The tensor
-// dumps of tools/seqpar_dump.py (tools/dump_format.md) are read with it.
+// dumps of tools/seqpar_dump.py (docs/dump_format.md) are read with it.
 #include <cstdint>
 #include <map>
 #include <span>

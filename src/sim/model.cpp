@@ -728,9 +728,15 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
             s.qk_norm ? qk_norm_fwd(comp, s, p, l, "k", c.k_pre, Hkv, c.r_k) : c.k_pre, Hkv, D,
             pos);
         const mat<T> v = proj("wv", "bv");
-        o = ulysses_forward(comm, comp, ucfg, *inner, to_tensor(comp, q, H, D),
-                            to_tensor(comp, k, Hkv, D), to_tensor(comp, v, Hkv, D), c.saved,
-                            L(l, "attn"));
+        const tensor qt = to_tensor(comp, q, H, D), kt = to_tensor(comp, k, Hkv, D),
+                     vt = to_tensor(comp, v, Hkv, D);
+        if (env.tap_attention) {
+          env.tap_attention(L(l, "attn"), "q.local", qt);
+          env.tap_attention(L(l, "attn"), "k.local", kt);
+          env.tap_attention(L(l, "attn"), "v.local", vt);
+        }
+        o = ulysses_forward(comm, comp, ucfg, *inner, qt, kt, vt, c.saved, L(l, "attn"));
+        if (env.tap_attention) env.tap_attention(L(l, "attn"), "out.local", o);
       } else {
         // Async Ulysses (VeOmni's order): q, k, v projected one by one, each overlapping the
         // previous all-to-all; q/k norm and RoPE on the gathered rows.
@@ -931,8 +937,14 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       c.async_saved = {};
       c.q_gathered = c.k_gathered = {};
     } else {
-      const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved,
-                                           to_tensor(comp, dattn, H, D), L(l, "attn"));
+      const tensor dout = to_tensor(comp, dattn, H, D);
+      if (env.tap_attention) env.tap_attention(L(l, "attn"), "grad.out.local", dout);
+      const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved, dout, L(l, "attn"));
+      if (env.tap_attention) {
+        env.tap_attention(L(l, "attn"), "grad.q.local", g.dq);
+        env.tap_attention(L(l, "attn"), "grad.k.local", g.dk);
+        env.tap_attention(L(l, "attn"), "grad.v.local", g.dv);
+      }
       c.saved = {};
       mat<T> dq = ops::rope_bwd(from_tensor<T>(comp, g.dq, n, std::int64_t{H} * D), H, D, pos);
       mat<T> dk = ops::rope_bwd(from_tensor<T>(comp, g.dk, n, std::int64_t{Hkv} * D), Hkv, D, pos);

@@ -101,6 +101,11 @@ struct sp_env {
   comm_group fsdp_group;  ///< gradients SUMmed here first, then divided by fsdp_divide
   std::optional<comm_group> sp_grad_sync_group;  ///< then SUMmed here (cp_fsdp_mode)
   double fsdp_divide = 1.0;  ///< xorl: 1 (sum); veomni: fsdp group size (FSDP averages)
+  /// Receives the softmax attention's stages of every (sync Ulysses) call as they are made, by
+  /// the names of the seqpar-dump/1 format: (call, stage, tensor) with call "L<l>.attn" and
+  /// stage q.local, k.local, v.local (what enters the Ulysses step, after RoPE), out.local;
+  /// grad.out.local, grad.q.local, grad.k.local, grad.v.local. Empty: nothing is recorded.
+  std::function<void(const std::string&, const std::string&, const tensor&)> tap_attention;
 };
 
 template <class T>

@@ -212,6 +212,14 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
       std::make_unique<eigen_compute>(opt.naive_attention, attention_workers);
   if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp), *link);
   sp_env env = cp_rank_env(*link, *comp, s, cb);
+  if (opt.attention) {
+    auto make = env.make_inner;
+    env.make_inner = [&opt, k, make](compute& c) { return opt.attention->wrap(k, c, make(c)); };
+    env.tap_attention = [&opt, k, &comp](const std::string& call, const std::string& stage,
+                                         const tensor& x) {
+      opt.attention->tap(k, call, stage, *comp, x);
+    };
+  }
   return train_step(p, s, rank_input(s, cb, k), env);
 }
 
@@ -635,8 +643,10 @@ template <class T>
 void find_departure(check_report& rep, const scenario& s, const collated_batch& cb,
                     const model_params<T>& p, const check_options& opt) {
   capture_log log;
+  attention_stages stages(s, cb, opt.type);
   check_options o = opt;
   o.capture = &log;
+  o.attention = &stages;
   o.recorder = nullptr;
   o.flight_dir.clear();
   o.progress = {};
@@ -654,11 +664,35 @@ void find_departure(check_report& rep, const scenario& s, const collated_batch& 
         return gathered ? ring_rank_tokens(cb, k / s.ulysses) : rank_tokens(cb, k);
       },
       cb.original_length);
-  if (!rep.first)
-    rep.departure = fmt::format(
-        "all {} collectives of the SP step delivered what their senders sent: it departs in "
-        "what the ranks compute or hold, not in transport",
-        calls.size());
+  if (rep.first) return;
+  const auto transport = fmt::format(
+      "all {} collectives of the SP step delivered what their senders sent", calls.size());
+  if (stages.empty()) {
+    rep.departure = transport +
+                    ": it departs in what the ranks compute or hold, not in transport (the "
+                    "attention's stages are recorded for sync Ulysses and ring softmax layers "
+                    "only)";
+    return;
+  }
+  try {
+    const auto v = judge_attention(stages, opt.threads);
+    if (v.first) {
+      rep.attention = v.first;
+      rep.departure =
+          fmt::format("{}; in attention: call {} first differs at stage {} on ranks {} ({}): {}",
+                      transport, v.first->call_name, v.first->stage,
+                      fmt::join(v.first->ranks, ", "), v.first->where, v.first->diagnosis);
+    } else {
+      rep.departure = fmt::format(
+          "{}, and {} match: it departs outside attention, in what the ranks compute or hold "
+          "(projections, norms, MLP, loss, labels, positions)",
+          transport, v.what);
+    }
+  } catch (const std::exception& e) {
+    rep.departure =
+        fmt::format("{}: it departs in what the ranks compute or hold, not in transport ({})",
+                    transport, e.what());
+  }
 }
 
 template <class T>

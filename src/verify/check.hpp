@@ -17,6 +17,7 @@
 #include "core/scenario.hpp"
 #include "sim/faulty_comm.hpp"
 #include "sim/reference.hpp"
+#include "verify/attention_stages.hpp"
 #include "verify/divergence.hpp"
 
 namespace seqpar::verify {
@@ -39,6 +40,8 @@ struct check_options {
   /// Records every collective of the SP run with its data (what the first-departure search
   /// reads); the outermost layer of each rank's communicator, so it sees what the step sees.
   capture_log* capture = nullptr;
+  /// Records every rank's softmax attention stages (seqpar-dump/1 names) for the dump engine.
+  attention_stages* attention = nullptr;
   /// When the check fails, rerun the SP step with every collective captured and name where it
   /// first departs (check_report::first); off: the end results only.
   bool find_departure = true;
@@ -96,6 +99,9 @@ struct check_report {
   /// A failed check: the first collective whose received data differ from what its senders
   /// sent (divergence.hpp); with `departure` saying what was searched when none does.
   std::optional<divergence> first;
+  /// No collective departs: the dump engine's verdict on the step's attention calls (its first
+  /// differing stage, diagnosed), when one differs.
+  std::optional<dump_finding> attention;
   std::string departure;
   std::string isa;  ///< the CPU vector instruction sets (sim::cpu_isa)
 };

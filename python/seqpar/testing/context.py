@@ -5,7 +5,7 @@ import torch
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
-# Stages a user may tap besides the ones the harness taps itself (tools/dump_format.md).
+# Stages a user may tap besides the ones the harness taps itself (docs/dump_format.md).
 TAPPABLE = ("k.repeated", "v.repeated", "q.gathered", "k.gathered", "v.gathered", "out.attn",
             "lse")
 

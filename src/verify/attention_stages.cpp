@@ -1,0 +1,189 @@
+// A failing check's attention judged by the dump engine (attention_stages.hpp).
+#include "verify/attention_stages.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/cu_seqlens.hpp"
+#include "core/error.hpp"
+#include "io/file.hpp"
+#include "sim/sp_setup.hpp"
+
+namespace seqpar::verify {
+
+namespace fs = std::filesystem;
+
+attention_stages::attention_stages(const scenario& s, const collated_batch& cb, dtype t)
+    : s_(s),
+      cb_(cb),
+      type_(t == dtype::f32 ? io::st_dtype::f32 : io::st_dtype::f64),
+      order_(static_cast<std::size_t>(s.cp())),
+      calls_(static_cast<std::size_t>(s.cp())) {}
+
+void attention_stages::tap(int rank, const std::string& call, const std::string& stage, compute& c,
+                           const tensor& x) {
+  auto values = c.to_host(x);
+  std::vector<std::int64_t> shape = x.shape;
+  if (stage == "lse" && shape.size() == 2) {  // core [rows, heads] → dump [heads, rows]
+    const auto n = shape[0], h = shape[1];
+    std::vector<double> t(values.size());
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < h; ++j)
+        t[static_cast<std::size_t>(j * n + i)] = values[static_cast<std::size_t>(i * h + j)];
+    values = std::move(t);
+    shape = {h, n};
+  }
+  auto tensor = io::make_tensor(stage, shape, values, type_);
+  std::lock_guard lock(mu_);
+  auto& calls = calls_[static_cast<std::size_t>(rank)];
+  if (!calls.count(call)) order_[static_cast<std::size_t>(rank)].push_back(call);
+  auto& f = calls[call];
+  (stage.starts_with("grad.") ? f.bwd : f.fwd).push_back(std::move(tensor));
+}
+
+namespace {
+
+/// Records what enters and leaves the inner attention (the gathered stages) and forwards.
+class tapping_inner final : public inner_attention {
+ public:
+  tapping_inner(attention_stages& st, int rank, compute& c, std::unique_ptr<inner_attention> in)
+      : st_(st), rank_(rank), c_(c), in_(std::move(in)) {}
+  void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out, tensor& lse,
+               const std::string& tag) override {
+    st_.tap(rank_, tag, "q.gathered", c_, q);
+    st_.tap(rank_, tag, "k.gathered", c_, k);
+    st_.tap(rank_, tag, "v.gathered", c_, v);
+    in_->forward(q, k, v, out, lse, tag);
+    st_.tap(rank_, tag, "out.attn", c_, out);
+    st_.tap(rank_, tag, "lse", c_, lse);
+  }
+  void backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                const tensor& lse, const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
+                const std::string& tag) override {
+    st_.tap(rank_, tag, "grad.out.attn", c_, dout);
+    in_->backward(q, k, v, out, lse, dout, dq, dk, dv, tag);
+    st_.tap(rank_, tag, "grad.q.gathered", c_, dq);
+    st_.tap(rank_, tag, "grad.k.gathered", c_, dk);
+    st_.tap(rank_, tag, "grad.v.gathered", c_, dv);
+  }
+
+ private:
+  attention_stages& st_;
+  int rank_;
+  compute& c_;
+  std::unique_ptr<inner_attention> in_;
+};
+
+}  // namespace
+
+std::unique_ptr<inner_attention> attention_stages::wrap(int rank, compute& c,
+                                                        std::unique_ptr<inner_attention> in) {
+  // U = 1: the inner attention's inputs are the local shards themselves (no gathered stages).
+  if (s_.ulysses == 1) return in;
+  return std::make_unique<tapping_inner>(*this, rank, c, std::move(in));
+}
+
+bool attention_stages::empty() const {
+  std::lock_guard lock(mu_);
+  for (const auto& o : order_)
+    if (!o.empty()) return false;
+  return true;
+}
+
+void attention_stages::write(const std::string& dir) const {
+  std::lock_guard lock(mu_);
+  // The row's true documents (the packed row's, padded), not what a collator handed the kernel:
+  // the engine judges the kernel against them.
+  const auto cu = cu_seqlens_from_position_ids(cb_.padded.position_ids);
+  if (cu.empty() || cu.back() != cb_.padded_length)
+    fail<config_error>(
+        "the collated row's cu_seqlens end at {} but the row is padded to {}: tokens outside "
+        "every document have no place in a seqpar-dump/1 layout, so the attention's stages are "
+        "not judged one by one",
+        cu.empty() ? 0 : cu.back(), cb_.padded_length);
+  for (const auto& rank : calls_)
+    for (const auto& [name, f] : rank)
+      if (std::none_of(f.fwd.begin(), f.fwd.end(),
+                       [](const io::st_tensor& t) { return t.name == "q.local"; }))
+        fail<config_error>(
+            "attention call {} ran async Ulysses (RoPE after the all-to-all, so no local shard "
+            "is what enters attention): its stages are not judged one by one",
+            name);
+  for (int k = 0; k < s_.cp(); ++k) {
+    const auto rank_dir = fmt::format("rank{}", k);
+    fs::create_directories(fs::path(dir) / rank_dir);
+    nlohmann::json calls = nlohmann::json::array();
+    int index = 0;
+    for (const auto& name : order_[static_cast<std::size_t>(k)]) {
+      const auto& f = calls_[static_cast<std::size_t>(k)].at(name);
+      nlohmann::json call{{"index", index}, {"name", name}};
+      const auto put = [&](const std::vector<io::st_tensor>& ts, const char* side) {
+        if (ts.empty()) return;
+        const auto file = fmt::format("{}/call{:04d}.{}.safetensors", rank_dir, index, side);
+        io::st_file sf;
+        sf.tensors = ts;
+        io::write_safetensors((fs::path(dir) / file).string(), sf);
+        call[side == std::string("fwd") ? "forward" : "backward"] = file;
+      };
+      put(f.fwd, "fwd");
+      put(f.bwd, "bwd");
+      calls.push_back(std::move(call));
+      ++index;
+    }
+    // The positions the rank's step used (RoPE), one per local row.
+    const auto positions = sim::rank_input(s_, cb_, k).positions;
+    const nlohmann::json meta{{"schema", "seqpar-dump/1"},
+                              {"rank", k},
+                              {"world_size", s_.cp()},
+                              {"ulysses", s_.ulysses},
+                              {"ring", s_.ring},
+                              {"ulysses_rank", k % s_.ulysses},
+                              {"ring_rank", k / s_.ulysses},
+                              {"ring_layout", s_.zigzag ? "zigzag" : "contiguous"},
+                              {"heads", s_.heads},
+                              {"kv_heads", s_.kv_heads},
+                              {"head_dim", s_.head_dim},
+                              {"scale", 1.0 / std::sqrt(static_cast<double>(s_.head_dim))},
+                              {"causal", true},
+                              {"cu_seqlens", cu},
+                              {"position_ids", positions},
+                              {"dtype", type_ == io::st_dtype::f32 ? "float32" : "float64"},
+                              {"job", "seqpar check: the SP step's own attention"},
+                              {"calls", calls}};
+    io::write_atomic((fs::path(dir) / fmt::format("rank{}.json", k)).string(), meta.dump());
+  }
+}
+
+attention_verdict judge_attention(const attention_stages& st, int threads) {
+  // A private directory under the system's temporary one, removed whatever happens.
+  std::random_device rd;
+  const auto dir = fs::temp_directory_path() /
+                   fmt::format("seqpar-attention-{:016x}", (std::uint64_t{rd()} << 32) | rd());
+  struct remover {
+    fs::path p;
+    ~remover() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{dir};
+  st.write(dir.string());
+  const auto set = read_dump(dir.string());
+  dump_options opt;
+  opt.mode = dump_options::mode_t::exhaustive;
+  opt.threads = threads;
+  const auto rep = validate_dump(set, opt);
+  attention_verdict v;
+  v.first = rep.first;
+  v.what = fmt::format(
+      "{} attention call(s) of {} ranks, every stage against its float64 "
+      "reference given the call's own inputs (the validate --dump engine)",
+      rep.call_names.size(), set.ranks.size());
+  return v;
+}
+
+}  // namespace seqpar::verify
