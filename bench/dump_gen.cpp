@@ -25,8 +25,8 @@
 
 #include "core/cu_seqlens.hpp"
 #include "core/rng.hpp"
-#include "io/safetensors.hpp"
 #include "dump/geometry.hpp"
+#include "io/safetensors.hpp"
 
 namespace {
 

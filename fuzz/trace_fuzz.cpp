@@ -27,13 +27,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "dump/dump.hpp"
 #include "io/batch_json.hpp"
 #include "io/safetensors.hpp"
 #include "trace/flight.hpp"
 #include "trace/import/import.hpp"
 #include "trace/replay.hpp"
 #include "trace/trace_io.hpp"
-#include "dump/dump.hpp"
 
 namespace {
 

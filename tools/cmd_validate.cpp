@@ -13,9 +13,9 @@
 #include "report.hpp"
 #include "scenario_flags.hpp"
 
-#include "io/file.hpp"
-#include "dump/dump.hpp"
 #include "dump/calibration.hpp"
+#include "dump/dump.hpp"
+#include "io/file.hpp"
 
 #if defined(SEQPAR_HAVE_GPU)
 #include "gpu/cuda_compute.hpp"

@@ -224,7 +224,8 @@ void check_computed(call_context& c, bool backward) {
       krandom[si] += smp.random;
       if (static_cast<std::int64_t>(smp.rows.size()) != v.rows()) kcomplete[si] = false;
       // A row of X heads: X = Hr (a copy: H / Hr query heads) or Hkv (every copy).
-      const int per = c.g.H / (q.copies > 1 || v.X == c.g.Hkv ? c.g.Hkv : Hr);
+      const int per =
+          c.g.H / (q.copies > 1 || (v.kind == view::local && v.X == c.g.Hkv) ? c.g.Hkv : Hr);
       // dK and dV of the same rows come from one pass (grad.k.* then grad.v.*).
       auto& cache = kcache[fmt::format("{}{}", static_cast<int>(v.kind), v.X)];
       if (cache.dk.empty()) {

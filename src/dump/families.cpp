@@ -287,7 +287,8 @@ std::optional<std::string> other_ring_block(const call_context& c, const std::st
     for (const auto& e : ev) {
       const int k2 = ((e.k / g.U + t) % g.R) * g.U + e.k % g.U;
       const auto v2 = view_of(g, st, k2);
-      const int per = g.H / (e.copies > 1 || e.v.X == g.Hkv ? g.Hkv : Hr);
+      const int per =
+          g.H / (e.copies > 1 || (e.v.kind == view::local && e.v.X == g.Hkv) ? g.Hkv : Hr);
       std::vector<key_row> rows;
       for (auto i : e.rows.rows) {
         const auto [ti, j] = e.v.at(i);
@@ -329,7 +330,8 @@ std::string search_families(const call_context& c, const std::string& st,
   const values_fn values = [&](const attention_variant& var, const eval_rank& e) {
     std::vector<query_row> qr;
     std::vector<key_row> kr;
-    const int per = c.g.H / (e.copies > 1 || e.v.X == c.g.Hkv ? c.g.Hkv : Hr);
+    const int per =
+        c.g.H / (e.copies > 1 || (e.v.kind == view::local && e.v.X == c.g.Hkv) ? c.g.Hkv : Hr);
     for (auto i : e.rows.rows) {
       const auto [ti, j] = e.v.at(i);
       const auto t = e.v.tokens[static_cast<std::size_t>(ti)];
@@ -370,7 +372,8 @@ std::string search_families(const call_context& c, const std::string& st,
       query_result qres;
       vec terms;
       if (key) {
-        const int per = c.g.H / (e.copies > 1 || v.X == c.g.Hkv ? c.g.Hkv : Hr);
+        const int per =
+            c.g.H / (e.copies > 1 || (v.kind == view::local && v.X == c.g.Hkv) ? c.g.Hkv : Hr);
         std::vector<key_row> kr;
         for (auto i : e.rows.rows) {
           const auto [ti, j] = v.at(i);

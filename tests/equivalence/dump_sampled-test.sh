@@ -72,6 +72,11 @@ done
 "$gen" --out "$tmp/u8" --tokens 2048 --ulysses 8 --ring 1 --heads 8 --kv-heads 2 --head-dim 32 >/dev/null
 expect 0 "PASS: " -- validate --dump "$tmp/h" --sample -q
 expect 0 "PASS: " -- validate --dump "$tmp/u8" --sample -q
+# One KV head repeated over U = 2 ranks: the gathered K holds one head, as many as the local K
+# (a key row's query heads come from the view's kind, not from its head count; this crashed).
+"$gen" --out "$tmp/k1" --tokens 512 --ulysses 2 --ring 1 --heads 4 --kv-heads 1 --head-dim 16 >/dev/null
+expect 0 "PASS: " -- validate --dump "$tmp/k1" --sample -q
+expect 0 "PASS: " -- validate --dump "$tmp/k1" --exhaustive -q
 expect 0 "PASS: " -- validate --dump "$tmp/h" --exhaustive -q
 expect 1 "last token is a document of its own" -- validate --dump "$tmp/b" --sample -q --rows 64
 # Exhaustive mode: the fixed list does not know this mistake; the family search names it.

@@ -13,11 +13,11 @@
 #include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
 #include "core/zigzag.hpp"
+#include "dump/dump.hpp"
+#include "dump/emulate.hpp"
 #include "io/file.hpp"
 #include "io/safetensors.hpp"
 #include "sim/attention.hpp"
-#include "dump/dump.hpp"
-#include "dump/emulate.hpp"
 
 namespace fs = std::filesystem;
 using namespace seqpar;
@@ -52,7 +52,8 @@ const std::map<std::string, std::string> cause_words{
     {"scale_padded_d", "head_dim 12 rounded up to 16, a multiple of 8"},
     {"docmask_own_block", "document mask applied only on the ring's own (diagonal) block"},
     {"dq_other_blocks_unscaled", "other ring ranks' KV blocks are not multiplied by the softmax"},
-    {"dkv_last_hop_wrong_way", "last hop, which returns each accumulator to its owner, went the wrong way"},
+    {"dkv_last_hop_wrong_way",
+     "last hop, which returns each accumulator to its owner, went the wrong way"},
     {"kv_grad_not_reduced", "without its reduction over the ring"},
 };
 

@@ -171,8 +171,7 @@ bool compare(const scenario& s, const fs::path& dir) {
   const fs::path file = dir / (s.name + ".json");
   std::ifstream f(file);
   if (!f)
-    seqpar::fail("{}: missing (regenerate: see tests/jobs/torch_reference.py)",
-                 file.string());
+    seqpar::fail("{}: missing (regenerate: see tests/jobs/torch_reference.py)", file.string());
   const json torch = json::parse(f);
   const auto in = seqpar::verify::reference_inputs_of(s);
   const auto got = ref::train_step(s, in.weights, in.batch);
@@ -254,8 +253,7 @@ void gdn_dump(const fs::path& file) {
 /// the gated RMSNorm) against VeOmni's functions' outputs in `file`.
 bool gdn_compare(const fs::path& file) {
   std::ifstream f(file);
-  if (!f)
-    seqpar::fail("{}: missing (regenerate: see tests/jobs/gdn_veomni.py)", file.string());
+  if (!f) seqpar::fail("{}: missing (regenerate: see tests/jobs/gdn_veomni.py)", file.string());
   const json j = json::parse(f);
   const json& in = j.at("inputs");
   std::map<std::string, matrix> t;
@@ -484,8 +482,7 @@ std::map<std::string, matrix> async_ours(const json& sub, std::int64_t unpadded)
 bool async_compare(const fs::path& file) {
   std::ifstream f(file);
   if (!f)
-    seqpar::fail("{}: missing (regenerate: see tests/jobs/async_ulysses_veomni.py)",
-                 file.string());
+    seqpar::fail("{}: missing (regenerate: see tests/jobs/async_ulysses_veomni.py)", file.string());
   const json j = json::parse(f);
   std::map<std::string, matrix> theirs;
   for (const auto& x : j.at("outputs")) theirs[x.at("name")] = decode(x, file.string());
