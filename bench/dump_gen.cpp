@@ -140,7 +140,10 @@ int main(int argc, char** argv) {
   app.add_option("--heads", H)->capture_default_str();
   app.add_option("--kv-heads", Hkv)->capture_default_str();
   app.add_option("--head-dim", D)->capture_default_str();
-  app.add_option("--bug", bug, "none | last-token (each document's last token its own document)")
+  app.add_option("--bug", bug,
+                 "none | last-token (each document's last token its own document) | "
+                 "edge:doc-first|doc-last|chunk-edge|piece-edge (the output of the rows of that "
+                 "boundary class alone, and of no other, off by 0.25)")
       ->capture_default_str();
   app.add_option("--stages", stages,
                  "all | local (only the local shards, the LSE and the local gradients: what "
@@ -173,8 +176,12 @@ int main(int argc, char** argv) {
   if (bug == "last-token") {
     for (std::size_t i = 1; i < cu.size(); ++i) compute_cu.push_back(cu[i] - 1);
     std::sort(compute_cu.begin(), compute_cu.end());
-  } else if (bug != "none") {
-    fmt::print(stderr, "dump_gen: --bug {} is unknown (none | last-token)\n", bug);
+  } else if (bug != "none" && bug != "edge:doc-first" && bug != "edge:doc-last" &&
+             bug != "edge:chunk-edge" && bug != "edge:piece-edge") {
+    fmt::print(stderr,
+               "dump_gen: --bug {} is unknown (none | last-token | edge:doc-first | "
+               "edge:doc-last | edge:chunk-edge | edge:piece-edge)\n",
+               bug);
     return 2;
   }
   verify::dump_meta m;
@@ -224,6 +231,35 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> where(static_cast<std::size_t>(tokens));
   for (std::size_t i = 0; i < g.perm.size(); ++i)
     where[static_cast<std::size_t>(g.perm[i])] = static_cast<std::int64_t>(i);
+  // The boundary classes validate --dump's sample always holds, per token, as its ring rank's
+  // gathered rows see them: a document's first or last token, a Ulysses piece's first or last
+  // row, a zigzag chunk edge (the next or previous row is not the next or previous token).
+  // --bug edge:CLASS perturbs the tokens of that class that are in no other.
+  std::vector<unsigned char> edge_bug(static_cast<std::size_t>(tokens), 0);
+  if (bug.starts_with("edge:")) {
+    const std::string want = bug.substr(5);
+    std::int64_t marked = 0;
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const auto p = where[static_cast<std::size_t>(t)];
+      const auto ti = p % g.Sg, base = p - ti;
+      const auto at = [&](std::int64_t i) { return g.perm[static_cast<std::size_t>(base + i)]; };
+      const bool first = g.pos[static_cast<std::size_t>(t)] == 0;
+      const bool last = std::binary_search(cu.begin(), cu.end(), static_cast<std::int32_t>(t + 1));
+      const bool piece = ti % g.s == 0 || ti % g.s == g.s - 1;
+      const bool jump = (ti > 0 && at(ti - 1) + 1 != t) || (ti + 1 < g.Sg && at(ti + 1) != t + 1);
+      const int classes = first + last + piece + jump;
+      const bool mine = (want == "doc-first" && first) || (want == "doc-last" && last) ||
+                        (want == "piece-edge" && piece) || (want == "chunk-edge" && jump);
+      if (mine && classes == 1) {
+        edge_bug[static_cast<std::size_t>(t)] = 1;
+        ++marked;
+      }
+    }
+    if (marked == 0) {
+      fmt::print(stderr, "dump_gen: no token is a {} and nothing else in this layout\n", want);
+      return 2;
+    }
+  }
   // Writes a global [S, X, D] row (token, head) to a local stage and, when dumped, a gathered one.
   const auto put_local = [&](bool backward, const char* st, int X, std::int64_t t, int h,
                              const double* v) {
@@ -338,6 +374,8 @@ int main(int argc, char** argv) {
         }
         put_local(false, "q.local", H, t, h, q.data());
         put_gathered(false, "q.gathered", hq, t, h, q.data());
+        if (edge_bug[static_cast<std::size_t>(t)])
+          for (auto& x : o) x += 0.25;
         put_local(false, "out.local", H, t, h, o.data());
         put_gathered(false, "out.attn", hq, t, h, o.data());
         put_gathered(false, "lse", hq, t, h, &lse, 1);
