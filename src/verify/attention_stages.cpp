@@ -11,6 +11,7 @@
 
 #include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
+#include "core/layout.hpp"
 #include "io/file.hpp"
 #include "sim/sp_setup.hpp"
 
@@ -97,15 +98,24 @@ bool attention_stages::empty() const {
 
 void attention_stages::write(const std::string& dir) const {
   std::lock_guard lock(mu_);
-  // The row's true documents (the packed row's, padded), not what a collator handed the kernel:
-  // the engine judges the kernel against them.
-  const auto cu = cu_seqlens_from_position_ids(cb_.padded.position_ids);
+  // The row's true documents, not what a collator handed the kernel (the engine judges the
+  // kernel against them): the real tokens' from their position ids; the padded tail's as the
+  // collator placed it (its own document, or the last document's continuation).
+  const auto L = cb_.original_length;
+  const auto& kernel_cu = cb_.ranks.front().cu_seqlens;
+  const std::span<const std::int64_t> real(cb_.padded.position_ids.data(),
+                                           static_cast<std::size_t>(L));
+  std::vector<std::int32_t> cu;
+  for (auto b : cu_seqlens_from_position_ids(real))
+    if (b < L) cu.push_back(b);
+  for (auto b : kernel_cu)
+    if (b >= L) cu.push_back(b);
   if (cu.empty() || cu.back() != cb_.padded_length)
     fail<config_error>(
         "the collated row's cu_seqlens end at {} but the row is padded to {}: tokens outside "
         "every document have no place in a seqpar-dump/1 layout, so the attention's stages are "
         "not judged one by one",
-        cu.empty() ? 0 : cu.back(), cb_.padded_length);
+        kernel_cu.empty() ? 0 : kernel_cu.back(), cb_.padded_length);
   for (const auto& rank : calls_)
     for (const auto& [name, f] : rank)
       if (std::none_of(f.fwd.begin(), f.fwd.end(),
@@ -135,8 +145,15 @@ void attention_stages::write(const std::string& dir) const {
       calls.push_back(std::move(call));
       ++index;
     }
-    // The positions the rank's step used (RoPE), one per local row.
-    const auto positions = sim::rank_input(s_, cb_, k).positions;
+    // The positions the rank's step used (RoPE), one per local row; pad rows (whose positions
+    // conventions differ between collators and touch no real token) as the layout places them.
+    auto positions = sim::rank_input(s_, cb_, k).positions;
+    const auto held = rank_tokens(cb_, k);
+    for (std::size_t i = 0; i < held.size() && i < positions.size(); ++i)
+      if (held[i] >= L) {
+        const auto it = std::upper_bound(cu.begin(), cu.end(), static_cast<std::int32_t>(held[i]));
+        positions[i] = held[i] - *(it - 1);
+      }
     const nlohmann::json meta{{"schema", "seqpar-dump/1"},
                               {"rank", k},
                               {"world_size", s_.cp()},
@@ -179,6 +196,10 @@ attention_verdict judge_attention(const attention_stages& st, int threads) {
   const auto rep = validate_dump(set, opt);
   attention_verdict v;
   v.first = rep.first;
+  if (rep.first)
+    for (const auto& r : rep.rows)
+      if (r.call == rep.first->call && r.row.tensor == rep.first->stage && r.heat)
+        v.heatmaps.push_back(*r.heat);
   v.what = fmt::format(
       "{} attention call(s) of {} ranks, every stage against its float64 "
       "reference given the call's own inputs (the validate --dump engine)",

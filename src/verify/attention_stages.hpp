@@ -56,6 +56,8 @@ class attention_stages {
 struct attention_verdict {
   std::optional<dump_finding> first;
   std::string what;
+  /// The first differing stage's error over tokens × heads, one per differing rank.
+  std::vector<error_heatmap> heatmaps;
 };
 attention_verdict judge_attention(const attention_stages& st, int threads);
 

@@ -678,6 +678,8 @@ void find_departure(check_report& rep, const scenario& s, const collated_batch& 
     const auto v = judge_attention(stages, opt.threads);
     if (v.first) {
       rep.attention = v.first;
+      // The first differing stage per rank, before the end results' consequences.
+      rep.heatmaps.insert(rep.heatmaps.begin(), v.heatmaps.begin(), v.heatmaps.end());
       rep.departure =
           fmt::format("{}; in attention: call {} first differs at stage {} on ranks {} ({}): {}",
                       transport, v.first->call_name, v.first->stage,

@@ -427,13 +427,16 @@ std::optional<divergence> first_divergence(const std::vector<call_capture>& call
   const std::string dotted = "." + c.tag + ".";
   if (dotted.find(".fwd.") != std::string::npos) d.pass = "forward";
   if (dotted.find(".bwd.") != std::string::npos) d.pass = "backward";
-  std::vector<std::string> per_rank;
+  std::vector<std::pair<std::string, std::vector<int>>> said;  // what → ranks, in first order
   std::vector<std::int64_t> toks;
   bool pad = false;
   for (const auto& m : found) {
     if (m.call->group != c.group || m.call->seq != c.seq) continue;
     d.ranks.push_back(m.call->rank);
-    per_rank.push_back(fmt::format("rank {} received {}", m.call->rank, m.what));
+    auto it =
+        std::find_if(said.begin(), said.end(), [&](const auto& w) { return w.first == m.what; });
+    if (it == said.end()) it = said.insert(said.end(), {m.what, {}});
+    it->second.push_back(m.call->rank);
     for (const auto& [chunk, lo, hi] : m.spans)
       for (auto t : chunk_tokens(*m.call, chunk, lo, hi,
                                  chunk < static_cast<int>(m.call->received.size())
@@ -448,6 +451,12 @@ std::optional<divergence> first_divergence(const std::vector<call_capture>& call
       }
   }
   std::sort(d.ranks.begin(), d.ranks.end());
+  std::vector<std::string> per_rank;
+  for (auto& [what, ranks] : said) {
+    std::sort(ranks.begin(), ranks.end());
+    per_rank.push_back(fmt::format("rank{} {} received {}", ranks.size() > 1 ? "s" : "",
+                                   fmt::join(ranks, ", "), what));
+  }
   if (!toks.empty())
     d.tokens = fmt::format("tokens {}{}", runs(toks), pad ? " (and padding)" : "");
   else if (pad)

@@ -453,3 +453,51 @@ TEST(precision, attention_error_planted_above_the_healthy_one_fails_check) {
     EXPECT_GT(planted, 1.3) << "U" << s.ulysses << " R" << s.ring << ": healthy " << healthy;
   }
 }
+
+namespace {
+
+// Where each bug of the catalogue first departs (check_report::first / attention / departure):
+// the first line a person debugging it reads.
+struct departure_case {
+  std::string name;
+  scenario s;
+  verify::check_options bug;
+  std::string expect;  ///< a substring of the first departure line
+};
+
+std::string first_line(const verify::check_report& r) {
+  return r.first ? r.first->line : "first departure: " + r.departure;
+}
+
+TEST(departures, every_bug_of_the_catalogue_is_placed) {
+  auto ds = make(4, 1, 8, 2, {9, 14, 5}, profile::deepspeed);
+  ds.tiles = 3;
+  const std::vector<departure_case> cases = {
+      {"avg_instead_of_sum_in_gradient_sync", make(2, 2, 4, 2, {8, 16}),
+       transported<grad_sync_averaged>(), "not the sum of the members' inputs"},
+      {"labels_shifted_after_slicing", make(4, 1, 8, 2, {9, 14, 3}, profile::veomni),
+       collated(shift_labels_after_slicing), "it departs outside attention"},
+      {"wrong_pad_value", make(4, 1, 8, 2, {9, 14}), collated(pad_labels_with_zero),
+       "it departs outside attention"},
+      {"deepspeed_position_ids_per_rank", ds, collated(position_ids_local_per_rank),
+       "in attention: call L0.attn first differs at stage layout"},
+      {"kv_heads_repeated_blockwise", make(4, 1, 8, 2, {9, 15}),
+       computed<kv_heads_repeated_blockwise>(), "repeated blockwise"},
+      {"off_by_one_in_the_all_to_all_plan", make(2, 1, 4, 2, {7, 9}),
+       transported<all_to_all_blocks_one_peer_off>(), "at all_to_all L0.attn.q.fwd"},
+      {"ring_section_logic_off_by_one", make(1, 4, 2, 2, {16, 8}),
+       transported<ring_peers_off_by_one>(std::string(".ring.")), "at send_recv L0.attn.ring."},
+      {"cu_seqlens_from_zigzagged_position_ids", make(2, 2, 4, 2, {8, 16}),
+       collated(ring_cu_seqlens_from_zigzagged_ids), "in attention: call L0.attn first differs"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto r = verify::run_check(c.s, c.bug);
+    ASSERT_FALSE(r.pass);
+    const auto line = first_line(r);
+    std::cout << c.name << ": " << line.substr(0, 400) << "\n";
+    EXPECT_NE(line.find(c.expect), std::string::npos) << line;
+  }
+}
+
+}  // namespace
