@@ -112,7 +112,7 @@ def test_rerun_command_reproduces_the_shrunk_case(tmp_path):
     cmd = line.split("re-run:", 1)[1].strip()
     p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
-    assert "lse differs on" in p.stdout and "without the softmax scale" in p.stdout, p.stdout
+    assert "lse differs on" in p.stdout and "scores not multiplied by the scale" in p.stdout, p.stdout
     # The kept dump is the shrunk example's and seqpar validate reads it on its own.
     dump = next(l for l in report.splitlines() if l.strip().startswith("dump:")).split()[1]
     v = subprocess.run([os.environ["SEQPAR"], "validate", "--dump", dump, "-q"],
