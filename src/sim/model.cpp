@@ -760,6 +760,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       }
       c.x_mid = x + projection(comp, p, c.attn_out, L(l, "wo"), L(l, "bo"), s.o_bias);
     }
+    if (env.tap_layer) env.tap_layer(l, "x_mid", c.x_mid.template cast<double>());
     c.mlp_normed = ops::rms_norm_fwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp);
     if (tiles.size() > 1) {
       // TiledMLP: tile by tile, nothing of the intermediate width is kept for the backward.
@@ -774,6 +775,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       c.act = ops::swiglu_fwd(c.gate, c.up);
       x = c.x_mid + ops::linear_fwd(c.act, p[L(l, "w_down")]);
     }
+    if (env.tap_layer) env.tap_layer(l, "x_out", x.template cast<double>());
   }
   col<T> r_final;
   const mat<T> final_normed = ops::rms_norm_fwd(x, p["final_norm"], r_final);
@@ -840,8 +842,13 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     dfinal = ops::linear_bwd(final_normed, p["lm_head"], dlogits, gr["lm_head"]);
   }
   mat<T> dx = ops::rms_norm_bwd(x, p["final_norm"], r_final, dfinal, gr["final_norm"]);
+  // The backward's taps are of the global loss: VeOmni's ∂L/∂ℓ factor P divided out.
+  const double tap_scale = shifts_whole_row(env.profile) && env.loss_group.size() > 1
+                               ? 1.0 / static_cast<double>(env.loss_group.size())
+                               : 1.0;
   for (int l = s.layers - 1; l >= 0; --l) {
     auto& c = caches[static_cast<std::size_t>(l)];
+    if (env.tap_layer) env.tap_layer(l, "d_out", dx.template cast<double>() * tap_scale);
     // MLP: x = x_mid + swiglu(m·w_gate, m·w_up)·w_down, m = rms_norm(x_mid).
     mat<T> dm;
     if (tiles.size() > 1) {
@@ -865,6 +872,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     }
     const mat<T> dx_mid =
         dx + ops::rms_norm_bwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp, dm, gr[L(l, "mlp_norm")]);
+    if (env.tap_layer) env.tap_layer(l, "d_mid", dx_mid.template cast<double>() * tap_scale);
     if (s.layer_is_linear(l)) {
       const auto K = Kl, V = Vl;
       const mat<T> dn =

@@ -106,6 +106,12 @@ struct sp_env {
   /// stage q.local, k.local, v.local (what enters the Ulysses step, after RoPE), out.local;
   /// grad.out.local, grad.q.local, grad.k.local, grad.v.local. Empty: nothing is recorded.
   std::function<void(const std::string&, const std::string&, const tensor&)> tap_attention;
+  /// Receives every layer's boundaries as they are made, the local rows in float64: (layer,
+  /// stage, rows [local tokens, hidden]) with stage "x_mid" (the residual after the layer's
+  /// attention block), "x_out" (after its MLP block), and in the backward "d_out" (the gradient
+  /// arriving at the layer's output) and "d_mid" (at its attention block's output), both of the
+  /// global loss (VeOmni's ∂L/∂ℓ factor P divided out). Empty: nothing is recorded.
+  std::function<void(int, const std::string&, const Eigen::MatrixXd&)> tap_layer;
 };
 
 template <class T>

@@ -1028,7 +1028,8 @@ struct qkv_split {
 
 }  // namespace
 
-step_result train_step(const scenario& s, const weights& w, const batch& b, int threads) {
+step_result train_step(const scenario& s, const weights& w, const batch& b, int threads,
+                       const layer_tap& tap) {
   check_weights(s, w);
   if (b.labels.size() != b.input_ids.size() || b.position_ids.size() != b.input_ids.size())
     fail<shape_error>(
@@ -1098,11 +1099,13 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       c.x_mid = x + ops::linear(c.o, w.at(L(l, "wo")), threads);
       if (s.o_bias) c.x_mid.rowwise() += w.at(L(l, "bo")).row(0);
     }
+    if (tap) tap(l, "x_mid", c.x_mid);
     c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")), threads);
     c.gate = ops::linear(c.m, w.at(L(l, "w_gate")), threads);
     c.up = ops::linear(c.m, w.at(L(l, "w_up")), threads);
     c.act = ops::swiglu(c.gate, c.up, threads);
     x = c.x_mid + ops::linear(c.act, w.at(L(l, "w_down")), threads);
+    if (tap) tap(l, "x_out", x);
   }
   const matrix final_normed = ops::rms_norm(x, w.at("final_norm"), threads);
   out.logits = ops::linear(final_normed, w.at("lm_head"), threads);
@@ -1119,6 +1122,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
   matrix dx = ops::rms_norm_backward(x, w.at("final_norm"), dfinal, gr.at("final_norm"), threads);
   for (int l = s.layers - 1; l >= 0; --l) {
     const auto& c = acts[static_cast<std::size_t>(l)];
+    if (tap) tap(l, "d_out", dx);
     const matrix dact =
         ops::linear_backward(c.act, w.at(L(l, "w_down")), dx, gr.at(L(l, "w_down")), threads);
     matrix dgate, dup;
@@ -1128,6 +1132,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     dm += ops::linear_backward(c.m, w.at(L(l, "w_up")), dup, gr.at(L(l, "w_up")), threads);
     const matrix dx_mid = dx + ops::rms_norm_backward(c.x_mid, w.at(L(l, "mlp_norm")), dm,
                                                       gr.at(L(l, "mlp_norm")), threads);
+    if (tap) tap(l, "d_mid", dx_mid);
 
     if (s.layer_is_linear(l)) {
       const qkv_split sp(s);

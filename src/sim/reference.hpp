@@ -14,6 +14,7 @@
 // needs any other seqpar symbol.
 #include <Eigen/Core>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -84,7 +85,13 @@ struct step_result {
 /// id/label outside the vocabulary.
 /// `threads` (0 = every core) share every operation (see ops); the result is bitwise identical
 /// at any thread count.
-step_result train_step(const scenario& s, const weights& w, const batch& b, int threads = 0);
+/// `tap`, when set, receives every layer's boundaries as they are made (layer, stage, rows
+/// [tokens, hidden]): "x_mid" (the residual after the attention block), "x_out" (after the MLP
+/// block), "d_out" (the gradient arriving at the layer's output), "d_mid" (at the attention
+/// block's output).
+using layer_tap = std::function<void(int, const std::string&, const matrix&)>;
+step_result train_step(const scenario& s, const weights& w, const batch& b, int threads = 0,
+                       const layer_tap& tap = {});
 
 /// Document boundaries [begin, end) of a packed row: a document starts at index 0 and wherever
 /// position_id == 0.

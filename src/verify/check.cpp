@@ -212,6 +212,10 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
       std::make_unique<eigen_compute>(opt.naive_attention, attention_workers);
   if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp), *link);
   sp_env env = cp_rank_env(*link, *comp, s, cb);
+  if (opt.layers)
+    env.tap_layer = [&opt, k](int layer, const std::string& stage, const Eigen::MatrixXd& rows) {
+      opt.layers->add(k, layer, stage, rows);
+    };
   if (opt.attention) {
     auto make = env.make_inner;
     env.make_inner = [&opt, k, make](compute& c) { return opt.attention->wrap(k, c, make(c)); };
@@ -640,13 +644,16 @@ struct check_run {
 /// data are not what its senders sent (the SP step is deterministic: the same faults and seams
 /// hit the same calls).
 template <class T>
-void find_departure(check_report& rep, const scenario& s, const collated_batch& cb,
+void find_departure(check_report& rep, const scenario& s, const packed_batch& batch,
+                    const collated_batch& cb, const model_params<double>& p64,
                     const model_params<T>& p, const check_options& opt) {
   capture_log log;
   attention_stages stages(s, cb, opt.type);
+  layer_trace layers;
   check_options o = opt;
   o.capture = &log;
   o.attention = &stages;
+  o.layers = &layers;
   o.recorder = nullptr;
   o.flight_dir.clear();
   o.progress = {};
@@ -665,8 +672,26 @@ void find_departure(check_report& rep, const scenario& s, const collated_batch& 
       },
       cb.original_length);
   if (rep.first) return;
-  const auto transport = fmt::format(
+  auto transport = fmt::format(
       "all {} collectives of the SP step delivered what their senders sent", calls.size());
+  // Layer by layer against the reference's own boundaries (the oracle, rows in token order).
+  try {
+    (void)ref::train_step(s, as_reference_weights(p64), reference_batch(s, batch), opt.threads,
+                          [&layers](int l, const std::string& st, const ref::matrix& m) {
+                            layers.add(-1, l, st, Eigen::MatrixXd(m));
+                          });
+    const double tol = std::max(rep.tolerance, 1e-10);
+    if (auto where = first_layer_departure(
+            layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
+            cb.original_length, tol)) {
+      rep.layer_departure = *where;
+      transport += "; " + *where;
+    } else {
+      transport += "; every layer's boundaries, forward and backward, match the reference's";
+    }
+  } catch (const std::exception&) {
+    // The boundaries are a refinement: without them the attention's verdict still stands.
+  }
   if (stages.empty()) {
     rep.departure = transport +
                     ": it departs in what the ranks compute or hold, not in transport (the "
@@ -740,7 +765,7 @@ check_report run_typed(const scenario& s, const check_options& opt) {
   rep.compare_seconds = std::max(0.0, seconds_since(t0) - micro_seconds);
   if (!rep.pass && opt.find_departure) {
     say("first departure: the SP step again, every collective captured with its data");
-    find_departure<T>(rep, s, cb, p, opt);
+    find_departure<T>(rep, s, batch, cb, p64, p, opt);
   }
   return rep;
 }

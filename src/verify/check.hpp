@@ -42,6 +42,8 @@ struct check_options {
   capture_log* capture = nullptr;
   /// Records every rank's softmax attention stages (seqpar-dump/1 names) for the dump engine.
   attention_stages* attention = nullptr;
+  /// Records every rank's layer boundaries (sim::sp_env::tap_layer) for the first departure.
+  layer_trace* layers = nullptr;
   /// When the check fails, rerun the SP step with every collective captured and name where it
   /// first departs (check_report::first); off: the end results only.
   bool find_departure = true;
@@ -102,6 +104,9 @@ struct check_report {
   /// No collective departs: the dump engine's verdict on the step's attention calls (its first
   /// differing stage, diagnosed), when one differs.
   std::optional<dump_finding> attention;
+  /// No collective departs: the first layer boundary where an SP rank's rows differ from the
+  /// reference's (forward layer by layer, then the backward), in words; empty when none does.
+  std::string layer_departure;
   std::string departure;
   std::string isa;  ///< the CPU vector instruction sets (sim::cpu_isa)
 };

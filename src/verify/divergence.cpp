@@ -473,4 +473,70 @@ std::optional<divergence> first_divergence(const std::vector<call_capture>& call
   return d;
 }
 
+void layer_trace::add(int rank, int layer, const std::string& stage, Eigen::MatrixXd rows) {
+  std::lock_guard lock(mu_);
+  rows_[{rank, layer, stage}] = std::move(rows);
+}
+
+const Eigen::MatrixXd* layer_trace::get(int rank, int layer, const std::string& stage) const {
+  std::lock_guard lock(mu_);
+  const auto it = rows_.find({rank, layer, stage});
+  return it == rows_.end() ? nullptr : &it->second;
+}
+
+std::optional<std::string> first_layer_departure(
+    const layer_trace& trace, int layers, int ranks,
+    const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
+    double tol) {
+  std::vector<std::pair<int, std::string>> order;
+  for (int l = 0; l < layers; ++l) {
+    order.emplace_back(l, "x_mid");
+    order.emplace_back(l, "x_out");
+  }
+  for (int l = layers - 1; l >= 0; --l) {
+    order.emplace_back(l, "d_out");
+    order.emplace_back(l, "d_mid");
+  }
+  static const std::map<std::string, std::string> words{
+      {"x_mid", "forward: the residual after its attention block"},
+      {"x_out", "forward: its output (after the MLP block)"},
+      {"d_out", "backward: the gradient arriving at its output"},
+      {"d_mid", "backward: the gradient at its attention block's output"}};
+  for (const auto& [l, stage] : order) {
+    const auto* ref = trace.get(-1, l, stage);
+    if (!ref) continue;
+    const double peak = ref->cwiseAbs().maxCoeff();
+    const double lim = tol * std::max(peak, 1e-300);
+    std::vector<int> bad_ranks;
+    std::vector<std::int64_t> bad_tokens;
+    double worst = 0;
+    for (int k = 0; k < ranks; ++k) {
+      const auto* got = trace.get(k, l, stage);
+      if (!got) continue;
+      const auto rows = rows_of(k);
+      bool bad = false;
+      for (Eigen::Index i = 0; i < got->rows() && i < static_cast<Eigen::Index>(rows.size()); ++i) {
+        const auto t = rows[static_cast<std::size_t>(i)];
+        if (t >= row_length || t >= ref->rows() || got->cols() != ref->cols()) continue;
+        const double d = (got->row(i) - ref->row(t)).cwiseAbs().maxCoeff();
+        if (!(d <= lim)) {
+          bad = true;
+          bad_tokens.push_back(t);
+          worst = std::max(worst, std::isfinite(d) ? d : INFINITY);
+        }
+      }
+      if (bad) bad_ranks.push_back(k);
+    }
+    if (bad_ranks.empty()) continue;
+    const bool from_loss = stage == "d_out" && l == layers - 1;
+    return fmt::format(
+        "layer L{}, {}{} differs on ranks {} at tokens {} (max rel {:.3g})", l, words.at(stage),
+        from_loss ? " (the last layer: what the loss, the labels and the head send "
+                    "back; every forward boundary agrees)"
+                  : "",
+        fmt::join(bad_ranks, ", "), runs(bad_tokens), worst / std::max(peak, 1e-300));
+  }
+  return std::nullopt;
+}
+
 }  // namespace seqpar::verify

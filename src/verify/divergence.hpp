@@ -6,13 +6,16 @@
 // them, whose received data differ is the first departure; its wrong chunks are classified
 // (dropped: zeros; another member's chunk; reversed order; a reduction doubled or zeroed) and,
 // for the Ulysses all-to-alls, mapped to the global tokens they carry.
+#include <Eigen/Core>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/communicator.hpp"
@@ -72,5 +75,27 @@ using token_map = std::function<std::vector<std::int64_t>(int rank, bool gathere
 /// every captured call is consistent (the departure is then in computation, not transport).
 std::optional<divergence> first_divergence(const std::vector<call_capture>& calls,
                                            const token_map& tokens, std::int64_t row_length);
+
+/// Every rank's (or the reference's, as rank −1) layer boundaries of one step, float64 rows:
+/// (rank, layer, stage) → [tokens, hidden] (sim::sp_env::tap_layer, ref::layer_tap). Thread-safe.
+class layer_trace {
+ public:
+  void add(int rank, int layer, const std::string& stage, Eigen::MatrixXd rows);
+  const Eigen::MatrixXd* get(int rank, int layer, const std::string& stage) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::tuple<int, int, std::string>, Eigen::MatrixXd> rows_;
+};
+
+/// The first layer boundary, in the order the step makes them (each layer's "x_mid" then
+/// "x_out", then the backward's "d_out" and "d_mid" from the last layer down), where an SP
+/// rank's rows differ from the reference's rows (rank −1 of `trace`) of the same tokens by more
+/// than `tol` × the stage's largest reference value; nullopt when every boundary agrees.
+/// `rows_of(rank)`: the padded-row index of each local row (≥ row_length: padding, skipped).
+std::optional<std::string> first_layer_departure(
+    const layer_trace& trace, int layers, int ranks,
+    const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
+    double tol);
 
 }  // namespace seqpar::verify

@@ -151,8 +151,10 @@ TEST(departure, compute_bugs_in_attention_are_diagnosed_by_the_dump_engine) {
   EXPECT_EQ(rep.attention->call_name, "L0.attn");
   EXPECT_EQ(rep.attention->stage, "k.gathered") << rep.departure;
   EXPECT_TRUE(has(rep.attention->diagnosis, "repeated blockwise")) << rep.departure;
-  EXPECT_TRUE(has(rep.departure, "delivered what their senders sent; in attention"))
-      << rep.departure;
+  EXPECT_TRUE(
+      rep.layer_departure.starts_with("layer L0, forward: the residual after its attention block"))
+      << rep.layer_departure;
+  EXPECT_TRUE(has(rep.departure, "; in attention: call L0.attn")) << rep.departure;
 }
 
 TEST(departure, a_collation_bug_the_ring_attends_by_is_diagnosed_at_its_stage) {
@@ -179,6 +181,12 @@ TEST(departure, bugs_outside_attention_are_said_to_be_outside_it) {
   EXPECT_FALSE(rep.first.has_value());
   EXPECT_FALSE(rep.attention.has_value()) << rep.departure;
   EXPECT_TRUE(has(rep.departure, "it departs outside attention")) << rep.departure;
+  // A label bug: every forward boundary agrees; the backward departs at the last layer's output
+  // gradient (what the loss sends back).
+  EXPECT_TRUE(
+      rep.layer_departure.starts_with("layer L0, backward: the gradient arriving at its "
+                                      "output"))
+      << rep.layer_departure;
 }
 
 TEST(departure, a_passing_check_reports_none_and_reruns_nothing) {
