@@ -1172,7 +1172,8 @@ def cmd_all(root, seed, only=None, twins=True):
                              differing=cmp_["differing"])
             expected[name] = entry
             print("%-40s %s%s" % (name, "healthy" if entry["healthy"] else
-                                  "first_stage=%s ranks=%s" % (entry["first_stage"], entry["ranks"]),
+                                  "first_stage=%s ranks=%s"
+                                  % (entry.get("first_stage"), entry.get("ranks")),
                                   " (crashed, as expected)" if crashed else ""))
     if not twins:
         return ok
