@@ -11,6 +11,7 @@
 #include "core/collate.hpp"
 #include "core/layout.hpp"
 #include "support/bugs.hpp"
+#include "support/scenarios.hpp"
 #include "verify/check.hpp"
 
 namespace {
@@ -18,17 +19,7 @@ namespace {
 using namespace seqpar;
 
 scenario make(int U, int R, int hq, int hkv, std::vector<std::int64_t> docs) {
-  scenario s;
-  s.ulysses = U;
-  s.ring = R;
-  s.heads = hq;
-  s.kv_heads = hkv;
-  s.head_dim = 8;
-  s.hidden = 32;
-  s.intermediate = 48;
-  s.vocab = 40;
-  s.docs = std::move(docs);
-  return s;
+  return test::small_scenario(U, R, hq, hkv, std::move(docs));
 }
 
 verify::check_options fault(fault_kind kind, int rank, std::string op, std::string tag,

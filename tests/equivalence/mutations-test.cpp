@@ -14,6 +14,7 @@
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
 #include "support/bugs.hpp"
+#include "support/scenarios.hpp"
 #include "trace/replay.hpp"
 #include "trace/trace_io.hpp"
 #include "verify/check.hpp"
@@ -25,19 +26,7 @@ using namespace seqpar::test;
 
 scenario make(int U, int R, int hq, int hkv, std::vector<std::int64_t> docs,
               profile p = profile::xorl) {
-  scenario s;
-  s.name = "mutation";
-  s.profile = p;
-  s.ulysses = U;
-  s.ring = R;
-  s.heads = hq;
-  s.kv_heads = hkv;
-  s.head_dim = 8;
-  s.hidden = 32;
-  s.intermediate = 48;
-  s.vocab = 40;
-  s.docs = std::move(docs);
-  return s;
+  return small_scenario(U, R, hq, hkv, std::move(docs), p);
 }
 
 /// The rows a check fails, or {"error"} when the run could not even complete (a thrown error
