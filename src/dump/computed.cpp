@@ -103,7 +103,7 @@ void finish_sampling(call_context& c, std::int64_t min_random) {
 }  // namespace
 
 void check_computed(call_context& c, bool backward) {
-  const int P = c.g.P, D = c.g.D, Hr = c.g.Hkv * c.g.rep;
+  const int P = c.g.P, D = c.g.D;
   const std::int64_t per_rank = (c.opt.rows + P - 1) / P;
   const row_reference ref(c.mc, c.units, c.opt.threads > 0 ? c.opt.threads : 0);
   const auto variant = ref.reference();
@@ -224,8 +224,7 @@ void check_computed(call_context& c, bool backward) {
       krandom[si] += smp.random;
       if (static_cast<std::int64_t>(smp.rows.size()) != v.rows()) kcomplete[si] = false;
       // A row of X heads: X = Hr (a copy: H / Hr query heads) or Hkv (every copy).
-      const int per =
-          c.g.H / (q.copies > 1 || (v.kind == view::local && v.X == c.g.Hkv) ? c.g.Hkv : Hr);
+      const int per = query_heads_per_key_row(c.g, v, q.copies);
       // dK and dV of the same rows come from one pass (grad.k.* then grad.v.*).
       auto& cache = kcache[fmt::format("{}{}", static_cast<int>(v.kind), v.X)];
       if (cache.dk.empty()) {

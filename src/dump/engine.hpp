@@ -51,6 +51,14 @@ struct view {
 };
 view view_of(const geometry& g, const std::string& stage, int k);
 
+/// The query heads a key row of view v sums: a row of a KV head (the local, unrepeated view, or
+/// every copy summed: copies > 1) sums H / Hkv of them, a row of one repeated copy (repeated or
+/// gathered views) H / (Hkv·rep). From the view's kind, not its head count: a gathered K may
+/// hold as many heads as the local one.
+inline int query_heads_per_key_row(const geometry& g, const view& v, int copies) {
+  return g.H / (copies > 1 || (v.kind == view::local && v.X == g.Hkv) ? g.Hkv : g.Hkv * g.rep);
+}
+
 /// The rows of a view that are compared.
 struct row_set {
   std::vector<std::int64_t> rows;  ///< element rows of the view, ascending

@@ -281,14 +281,12 @@ std::optional<std::string> other_ring_block(const call_context& c, const std::st
   const auto& g = c.g;
   if (g.R < 2 || ev.empty()) return std::nullopt;
   const bool is_v = st.starts_with("grad.v.");
-  const int Hr = g.Hkv * g.rep;
   for (int t = 1; t < g.R; ++t) {
     bool all = true;
     for (const auto& e : ev) {
       const int k2 = ((e.k / g.U + t) % g.R) * g.U + e.k % g.U;
       const auto v2 = view_of(g, st, k2);
-      const int per =
-          g.H / (e.copies > 1 || (e.v.kind == view::local && e.v.X == g.Hkv) ? g.Hkv : Hr);
+      const int per = query_heads_per_key_row(g, e.v, e.copies);
       std::vector<key_row> rows;
       for (auto i : e.rows.rows) {
         const auto [ti, j] = e.v.at(i);
@@ -323,15 +321,13 @@ std::string search_families(const call_context& c, const std::string& st,
   if (grad && !c.mc.has_backward()) return "";
   const row_reference ref(c.mc, c.units, c.opt.threads);
   const auto base = ref.reference();
-  const int Hr = c.g.Hkv * c.g.rep;
   // Evaluation rows: failing and passing sampled rows of the failing ranks.
   std::vector<eval_rank> ev;
   std::int64_t n_rows = 0;
   const values_fn values = [&](const attention_variant& var, const eval_rank& e) {
     std::vector<query_row> qr;
     std::vector<key_row> kr;
-    const int per =
-        c.g.H / (e.copies > 1 || (e.v.kind == view::local && e.v.X == c.g.Hkv) ? c.g.Hkv : Hr);
+    const int per = query_heads_per_key_row(c.g, e.v, e.copies);
     for (auto i : e.rows.rows) {
       const auto [ti, j] = e.v.at(i);
       const auto t = e.v.tokens[static_cast<std::size_t>(ti)];
@@ -372,8 +368,7 @@ std::string search_families(const call_context& c, const std::string& st,
       query_result qres;
       vec terms;
       if (key) {
-        const int per =
-            c.g.H / (e.copies > 1 || (v.kind == view::local && v.X == c.g.Hkv) ? c.g.Hkv : Hr);
+        const int per = query_heads_per_key_row(c.g, v, e.copies);
         std::vector<key_row> kr;
         for (auto i : e.rows.rows) {
           const auto [ti, j] = v.at(i);
