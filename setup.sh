@@ -12,7 +12,8 @@ packages=(meson ninja-build pkg-config g++ cmake python3-pip libeigen3-dev libfm
           libclang-rt-14-dev python3 zlib1g-dev)
 # The PyTorch side's tests (tests/python, the live torch jobs) run in the project venv (.venv,
 # below); Debian's python3-venv makes it, Chromium renders the HTML reports.
-[ "${1:-}" = test ] && packages+=(python3-venv python3-pip chromium)
+# iproute2 (ip netns, tc) and util-linux (unshare) make the test hosts of tests/mpi/hosts-test.py.
+[ "${1:-}" = test ] && packages+=(python3-venv python3-pip chromium iproute2 util-linux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

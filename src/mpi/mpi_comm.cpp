@@ -1,5 +1,6 @@
 #include "mpi/mpi_comm.hpp"
 #include "mpi/phase_guard.hpp"
+#include "mpi/reachability.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -111,8 +112,13 @@ mpi_session::~mpi_session() {
   int fin = 0;
   MPI_Finalized(&fin);
   if (!owns_ || fin) return;
+  // MPI_Finalize flushes the job's last traffic, which a slow link stretches: it gets 4 × the
+  // deadline (as a progressing wait does), at least 10 s.
   const phase_guard guard(
-      "MPI_Finalize", timeout_,
+      "MPI_Finalize",
+      timeout_.count() > 0
+          ? std::max<std::chrono::milliseconds>(4 * timeout_, std::chrono::seconds(10))
+          : timeout_,
       "a process of the job stopped, hung or died after its last call, so the job cannot end "
       "cleanly; what this rank printed before stands");
   MPI_Finalize();
@@ -128,6 +134,12 @@ void mpi_session::abort_world(const std::string& message, int code) {
   // mpiexec forwards the ranks' output asynchronously and stops forwarding when the abort
   // kills the job: give the message a moment to reach the user first.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // MPI_Abort asks mpiexec to end the job. On a host cut off from mpiexec's (a link down) the
+  // request never arrives and the call never returns: this process then ends on its own.
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::_Exit(code);
+  }).detach();
   if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
@@ -275,6 +287,13 @@ struct mpi_communicator::impl {
   std::vector<std::vector<int>> waits_for;
   std::vector<char> acked;   ///< per world rank (announce_abort)
   std::vector<char> silent;  ///< per world rank: named silent by this rank's watchdog
+  /// Network or process (reachability.hpp): this rank's listening port, every rank's endpoint
+  /// (exchanged when the communicator is made), and what the last probe found per world rank
+  /// (unknown: not probed).
+  std::unique_ptr<liveness_port> port;
+  std::vector<endpoint> peers;
+  std::vector<reach> reached;
+  std::vector<int> cut_off;  ///< world ranks on hosts the last probe found unreachable
   /// Heartbeats in flight, with their payloads (kept until each send completes).
   struct beat {
     std::string text;
@@ -371,7 +390,28 @@ mpi_communicator::mpi_communicator(mpi_options opt) : impl_(std::make_unique<imp
   impl_->acked.assign(static_cast<std::size_t>(size_), 0);
   impl_->silent.assign(static_cast<std::size_t>(size_), 0);
   host_ = processor_name();
+  // Where every rank can be asked whether its host still answers (the watchdog's network or
+  // process question).
+  impl_->port = std::make_unique<liveness_port>(host_);
+  std::vector<char> wire(endpoint::wire_size * static_cast<std::size_t>(size_));
+  std::vector<char> mine(endpoint::wire_size);
+  impl_->port->self().to_wire(mine.data());
+  check_mpi(MPI_Allgather(mine.data(), static_cast<int>(endpoint::wire_size), MPI_CHAR, wire.data(),
+                          static_cast<int>(endpoint::wire_size), MPI_CHAR, impl_->world),
+            "MPI_Allgather");
+  for (int r = 0; r < size_; ++r)
+    impl_->peers.push_back(
+        endpoint::from_wire(wire.data() + endpoint::wire_size * static_cast<std::size_t>(r)));
+  impl_->reached.assign(static_cast<std::size_t>(size_), reach::unknown);
 }
+
+const std::string& mpi_communicator::host_of(int rank) const {
+  return impl_->peers.at(static_cast<std::size_t>(rank)).host;
+}
+
+std::vector<int> mpi_communicator::cut_off() const { return impl_->cut_off; }
+
+const std::vector<endpoint>& mpi_communicator::endpoints() const { return impl_->peers; }
 
 mpi_communicator::~mpi_communicator() = default;
 
@@ -570,8 +610,27 @@ std::string describe_member(const mpi_communicator::impl& im, int r, steady::tim
   if (alive(im, r, now, limit))
     return fmt::format("rank {} (alive {:.2g} s ago, {})", r, seconds(now - im.heard[k]),
                        im.doing[k]);
+  const auto silent_for = seconds(now - std::max(start, im.heard[k]));
+  if (im.reached[k] != reach::unknown)
+    return fmt::format("rank {} (silent for {:.3g} s; {})", r, silent_for,
+                       explain(im.reached[k], im.peers[k], im.opt.probe_budget));
   return fmt::format("rank {} (silent for {:.3g} s: stopped, hung in local work, or dead)", r,
-                     seconds(now - std::max(start, im.heard[k])));
+                     silent_for);
+}
+
+// Network or process (reachability.hpp's assess): notes what each probed rank answered
+// (describe_member says it), marks every rank cut off by the network or gone silent (so that
+// announce_abort does not wait for them), and returns the lead of the watchdog's message ("" when
+// every probed host answered and every process still holds its socket).
+std::string probe_network(mpi_communicator::impl& im, const std::vector<int>& quiet) {
+  if (im.opt.probe_budget.count() <= 0 || im.peers.empty()) return "";
+  const auto a = assess(im.peers, im.me, quiet, im.opt.probe_budget);
+  for (std::size_t r = 0; r < a.found.size(); ++r)
+    if (a.found[r] != reach::unknown) im.reached[r] = a.found[r];
+  im.cut_off = a.cut_off;
+  for (int r : a.cut_off) im.silent[static_cast<std::size_t>(r)] = 1;
+  for (int r : a.gone) im.silent[static_cast<std::size_t>(r)] = 1;
+  return a.lead;
 }
 
 // Where the waits from this rank lead, as the lead of the watchdog's message. From the members
@@ -646,6 +705,11 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
                   std::vector<MPI_Status>* statuses = nullptr) {
   if (statuses) statuses->assign(reqs.size(), MPI_Status{});
   const auto start = steady::now();
+  // Progress, not wall time alone: while this host keeps receiving data (a transfer over a slow
+  // link), a deadline that passes is extended, up to 4 × the deadline in all.
+  constexpr std::int64_t moving_bytes = 64 << 10;  ///< per deadline, to count as progress
+  std::int64_t rx_mark = host_rx_bytes(), rx_moved = 0;
+  auto progress_at = start;
   const auto period = std::max(std::chrono::milliseconds(50), im.opt.timeout / 4);
   auto next_beat = start + std::min(period, std::chrono::milliseconds(200));
   int idle = 0;
@@ -684,8 +748,34 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
                  beat_payload(fmt::format("waiting in {} on '{}'", w.call, w.g.name), missing));
       next_beat = now + period;
     }
+    since = std::max(since, progress_at);
+    if (w.limit.count() > 0 && now - since >= w.limit && now - start < 4 * w.limit) {
+      const auto rx = host_rx_bytes();
+      if (rx >= 0 && rx_mark >= 0 && rx - rx_mark >= moving_bytes) {
+        rx_moved += rx - rx_mark;
+        rx_mark = rx;
+        progress_at = now;
+        continue;
+      }
+    }
     if (w.limit.count() > 0 && now - since >= w.limit) {
       const double waited = seconds(now - start), limit_s = seconds(w.limit);
+      // Network or process: the hosts of the members gone silent are asked.
+      // (Every silent rank, not only this group's: a wait chain may end at any of them.)
+      std::vector<int> quiet;
+      for (int r = 0; r < world_size && quiet.size() < 256; ++r)
+        if (r != im.me && !alive(im, r, now, w.limit)) quiet.push_back(r);
+      const auto network =
+          progress_at != start
+              ? fmt::format(
+                    "the network is slow: data kept arriving at this host ({:.3g} MiB in "
+                    "{:.3g} s) but the call did not finish, the deadline extended to {:.3g} s "
+                    "while it did (a slow or congested link; raise --timeout if it is merely "
+                    "slow); ",
+                    static_cast<double>(rx_moved) / (1 << 20), seconds(progress_at - start),
+                    seconds(now - start))
+          : quiet.empty() ? std::string()
+                          : probe_network(im, quiet);
       std::vector<std::string> who;
       const char* inside = w.arrivals_known
                                ? ": every member arrived, the transfer did not finish"
@@ -693,11 +783,11 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
       if (!missing.empty() && w.transfer)
         // The data phase: the chain runs through the members whose messages are pending.
         fail<error>(
-            "watchdog: {} on group {} did not complete within {:.3g} s{}: {}; messages still "
+            "watchdog: {}{} on group {} did not complete within {:.3g} s{}: {}; messages still "
             "pending with ranks {}. A member stopped inside the call (stalled, or stopped by "
             "SIGSTOP) or the network stalls; if the transfer is merely slow, raise --timeout",
-            w.call, describe(w.g), limit_s, inside, chain_summary(im, missing, start, now, w.limit),
-            missing);
+            network, w.call, describe(w.g), limit_s, inside,
+            chain_summary(im, missing, start, now, w.limit), missing);
       if (!missing.empty()) {
         const auto chains = chain_summary(im, missing, start, now, w.limit);
         std::vector<int> arrived;
@@ -708,11 +798,11 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
         for (int r : w.g.ranks)
           if (std::find(missing.begin(), missing.end(), r) == missing.end()) arrived.push_back(r);
         fail<error>(
-            "watchdog: {} on group {} waited {:.3g} s (deadline {:.3g} s): {}; members that "
+            "watchdog: {}{} on group {} waited {:.3g} s (deadline {:.3g} s): {}; members that "
             "never arrived: {}; arrived: ranks {}. A rank that stopped without dying (stalled, "
             "deadlocked, stopped by a debugger or SIGSTOP) or that skipped this call leaves "
             "the others waiting here; if the ranks are merely slow, raise --timeout",
-            w.call, describe(w.g), waited, limit_s, chains, fmt::join(who, ", "), arrived);
+            network, w.call, describe(w.g), waited, limit_s, chains, fmt::join(who, ", "), arrived);
       }
       // Every member arrived (or arrivals are unknown): the wait ends at the members gone
       // silent inside the call.
@@ -723,10 +813,10 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
           im.silent[static_cast<std::size_t>(r)] = 1;
         }
       fail<error>(
-          "watchdog: {} on group {} did not complete within {:.3g} s{}{}. A member stopped "
+          "watchdog: {}{} on group {} did not complete within {:.3g} s{}{}. A member stopped "
           "inside the call (stalled, or stopped by SIGSTOP) or the network stalls; if the "
           "transfer is merely slow, raise --timeout",
-          w.call, describe(w.g), limit_s, inside,
+          network, w.call, describe(w.g), limit_s, inside,
           who.empty() ? "" : fmt::format("; {}", fmt::join(who, "; ")));
     }
     // Spin briefly (small calls finish in microseconds), then back off.
@@ -747,13 +837,21 @@ struct call_context {
 };
 
 // Cancels the receives of a failed wait (a late member's message must not land in a buffer that
-// is gone) and lets the sends go.
+// is gone) and lets the sends go. A cancel completes at once unless the message was already on
+// its way from a peer that can no longer be reached (a link down): MPI_Wait would then never
+// return, so the cancel gets half a second and a receive still pending after it is left to MPI.
+// Only a failing run abandons a call, and it ends: the process never reuses that buffer.
 void abandon(std::vector<MPI_Request>& reqs, const std::vector<int>& from) {
+  const auto until = steady::now() + std::chrono::milliseconds(500);
   for (std::size_t k = 0; k < reqs.size(); ++k) {
     if (reqs[k] == MPI_REQUEST_NULL) continue;
     if (from[k] >= 0) {
       MPI_Cancel(&reqs[k]);
-      MPI_Wait(&reqs[k], MPI_STATUS_IGNORE);
+      for (int flag = 0; !flag;) {
+        if (MPI_Test(&reqs[k], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || steady::now() > until)
+          break;
+        if (!flag) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     } else {
       MPI_Request_free(&reqs[k]);
     }

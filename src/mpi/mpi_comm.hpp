@@ -7,9 +7,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/communicator.hpp"
 #include "core/error.hpp"
+#include "mpi/reachability.hpp"
 
 namespace seqpar::mpi {
 
@@ -62,8 +64,11 @@ struct mpi_options {
   /// once), before this rank gives up with an error naming the call, the group and the members
   /// that never arrived (with verify_calls every member's arrival is a message of its own, so
   /// the missing ones are known). A member doing long local work announces itself with
-  /// while_busy's heartbeats. 0 = wait forever.
+  /// while_busy's heartbeats. 0 = wait forever. When it fires on a silent member, the hosts
+  /// of the silent members (and one rank of every other host) are probed over TCP for up to
+  /// `probe_budget`, so that the message says whether the network or the process failed.
   std::chrono::milliseconds timeout{60000};
+  std::chrono::milliseconds probe_budget{1000};
 };
 
 /// Thrown on a rank whose wait was ended by another rank's abort notice
@@ -105,6 +110,15 @@ class mpi_communicator : public communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
   const std::string& host() const { return host_; }
+  /// The host (processor name) of world rank `rank`, as that rank reported it.
+  const std::string& host_of(int rank) const;
+  /// The world ranks on hosts that the watchdog's last probe found cut off by the network
+  /// (no TCP answer from the host: a link, the network or the host down); empty when no
+  /// watchdog fired, or every silent rank's host still answered.
+  std::vector<int> cut_off() const;
+  /// Where every world rank can be probed (reachability.hpp); fixed once the communicator is
+  /// made, so another thread (a signal's) may read it.
+  const std::vector<endpoint>& endpoints() const;
   /// Changes the watchdog's deadline (mpi_options::timeout) for the calls that follow.
   void set_timeout(std::chrono::milliseconds t);
 

@@ -35,6 +35,8 @@ std::string flight_text(const flight_recorder& fr, int rank, const flight_meta& 
         fmt::format("rank {} kept its last {} calls; its {} earlier calls are not in this record",
                     rank, fr.capacity(), dropped));
   meta.rank_of_file = rank;
+  meta.hosts = m.hosts;
+  if (!m.unreachable.empty()) meta.unreachable_by[rank] = m.unreachable;
   std::string out = dump_line(to_json(meta)) + "\n";
   for (const auto& e : fr.calls(rank)) {
     auto j = to_json(from_comm_record(e.call));
@@ -73,6 +75,7 @@ struct signal_target {
   std::vector<int> ranks;
   flight_meta meta;
   std::string dir;
+  std::function<std::string()> why;
 };
 
 signal_target& target() {
@@ -83,13 +86,14 @@ signal_target& target() {
 }  // namespace
 
 flight_on_signal::flight_on_signal(const flight_recorder& fr, std::vector<int> ranks, flight_meta m,
-                                   std::string dir) {
+                                   std::string dir, std::function<std::string()> why) {
   auto& t = target();
   std::lock_guard lock(t.mu);
   t.fr = dir.empty() ? nullptr : &fr;
   t.ranks = std::move(ranks);
   t.meta = std::move(m);
   t.dir = std::move(dir);
+  t.why = std::move(why);
 }
 
 flight_on_signal::~flight_on_signal() {
@@ -113,8 +117,18 @@ void watch_signals_for_flight_records() {
       if (lock.owns_lock() && t.fr) {
         auto m = t.meta;
         m.reason = fmt::format("stopped by signal {} ({})", sig, strsignal(sig));
-        m.failed_rank = -1;
-        const auto files = write_flight_records(t.dir, *t.fr, t.ranks, m);
+        auto files = write_flight_records(t.dir, *t.fr, t.ranks, m);
+        // What the process can still find out goes in after: the records are on disk first, in
+        // case the launcher's SIGKILL follows its SIGTERM closely.
+        if (t.why) {
+          try {
+            if (auto more = t.why(); !more.empty()) {
+              m.reason += ": " + more;
+              files = write_flight_records(t.dir, *t.fr, t.ranks, m);
+            }
+          } catch (const std::exception&) {
+          }
+        }
         std::fflush(stdout);
         fmt::print(stderr,
                    "seqpar: error: {}; flight records of {} rank(s) (their last calls) are in "
@@ -168,6 +182,8 @@ trace_data merge_traces(const std::vector<std::string>& paths) {
         if (!out.meta.config && m->config) out.meta.config = m->config;
         if (out.meta.failed_rank < 0) out.meta.failed_rank = m->failed_rank;
         if (out.meta.reason.empty()) out.meta.reason = m->reason;
+        if (out.meta.hosts.empty()) out.meta.hosts = m->hosts;
+        for (const auto& [r, cut] : m->unreachable_by) out.meta.unreachable_by[r] = cut;
         for (const auto& [name, ranks] : m->groups) {
           auto [it, fresh] = out.meta.groups.emplace(name, ranks);
           if (!fresh && it->second != ranks)

@@ -4,6 +4,7 @@
 // of one run back into one trace for replay.
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,6 +21,10 @@ struct flight_meta {
   std::optional<nlohmann::json> config;  ///< the scenario (scenario_to_json), when known
   std::string reason;                    ///< why the run stopped (the error, the signal)
   int failed_rank = -1;  ///< the rank whose own error ended the run; -1: watchdog, signal
+  /// The host of every world rank (an MPI run; empty: one process).
+  std::vector<std::string> hosts;
+  /// The ranks this record's rank found cut off by the network (the MPI watchdog's probe).
+  std::vector<int> unreachable;
 };
 
 /// Rank `rank`'s flight record as trace text: meta (source "seqpar-flight", the groups the
@@ -38,8 +43,10 @@ std::vector<std::string> write_flight_records(const std::string& dir, const flig
 /// watch_signals_for_flight_records(); without it (or with `dir` empty) it does nothing.
 class flight_on_signal {
  public:
+  /// `why` (optional, run on the signal's thread: no MPI) adds what this process can still
+  /// find out to the reason, e.g. which peers are gone (the launcher's SIGTERM after a death).
   flight_on_signal(const flight_recorder& fr, std::vector<int> ranks, flight_meta m,
-                   std::string dir);
+                   std::string dir, std::function<std::string()> why = {});
   ~flight_on_signal();
   flight_on_signal(const flight_on_signal&) = delete;
   flight_on_signal& operator=(const flight_on_signal&) = delete;

@@ -25,6 +25,61 @@ std::string problem::message() const {
 
 namespace detail {
 
+namespace {
+
+// The network findings of an MPI run's flight records: every rank's watchdog that fired probed
+// the silent ranks' hosts and recorded the ranks on hosts that gave no answer. The host cut off
+// is the one the most other hosts could not reach (each of its own ranks, cut off too, finds
+// every other host dark: one reporter each); where two hosts name only each other, neither can
+// be told from the other and both are named.
+std::vector<problem> network_findings(const meta_record& m) {
+  if (m.unreachable_by.empty()) return {};
+  const auto host = [&](int r) {
+    return r >= 0 && static_cast<std::size_t>(r) < m.hosts.size()
+               ? m.hosts[static_cast<std::size_t>(r)]
+               : fmt::format("rank {}'s host", r);
+  };
+  std::map<std::string, std::set<std::string>> named_by;  // host → hosts whose ranks named it
+  std::map<std::string, std::set<int>> reporters;         // host → ranks that named it
+  for (const auto& [by, cut] : m.unreachable_by)
+    for (int r : cut)
+      if (host(r) != host(by)) {
+        named_by[host(r)].insert(host(by));
+        reporters[host(r)].insert(by);
+      }
+  std::size_t most = 0;
+  for (const auto& [h, by] : named_by) most = std::max(most, by.size());
+  std::vector<std::string> cut_hosts;
+  for (const auto& [h, by] : named_by)
+    if (by.size() == most) cut_hosts.push_back(h);
+  std::vector<problem> out;
+  for (const auto& h : cut_hosts) {
+    std::vector<int> on;
+    for (int r = 0; r < m.world_size; ++r)
+      if (host(r) == h) on.push_back(r);
+    const auto& by = named_by[h];
+    const auto cause =
+        cut_hosts.size() > 1
+            ? fmt::format(
+                  "hosts {} could not reach each other when their watchdogs fired (no TCP "
+                  "answer): the network between them, or a link of one of them, went down",
+                  fmt::join(cut_hosts, " and "))
+            : fmt::format(
+                  "host {} gave no TCP answer to the watchdogs of ranks {} (on {} other host{}) "
+                  "when they fired: its link, the network to it, or the host itself went down — "
+                  "the network, not a process",
+                  h, fmt::join(reporters[h], ", "), by.size(), by.size() == 1 ? "" : "s");
+    for (int r : on)
+      out.push_back(
+          problem{category::network, r, "", -1, "", "",
+                  fmt::format("rank {} on host {} (ranks {}) cut off", r, h, fmt::join(on, ", ")),
+                  "", cause, m.line});
+  }
+  return out;
+}
+
+}  // namespace
+
 void checker::on_meta(const meta_record& m) {
   meta_ = m;
   rep_.world_size = m.world_size;
@@ -46,6 +101,7 @@ void checker::on_meta(const meta_record& m) {
               m.line};
     add(std::move(p));
   }
+  for (auto& p : network_findings(m)) add(std::move(p));
   if (m.config)
     build_model(*m.config);
   else

@@ -112,6 +112,38 @@ meta_record parse_meta(const line_ctx& c, const nlohmann::json& j) {
     m.failed_rank = as_rank(c, *v, "failed_rank", m.world_size);
   if (const auto* v = find(j, "reason")) m.reason = as_string(c, *v, "reason");
   if (const auto* v = find(j, "rank")) m.rank_of_file = as_rank(c, *v, "rank", m.world_size);
+  if (const auto* v = find(j, "hosts")) {
+    if (!v->is_array() || v->size() != static_cast<std::size_t>(m.world_size))
+      c.fail("'hosts' must be an array of {} host names (one per rank), got {}", m.world_size,
+             v->dump().substr(0, 80));
+    for (std::size_t i = 0; i < v->size(); ++i)
+      m.hosts.push_back(as_string(c, (*v)[i], fmt::format("hosts[{}]", i)));
+  }
+  const auto rank_list = [&](const nlohmann::json& v, const std::string& what) {
+    if (!v.is_array()) c.fail("'{}' must be an array of ranks", what);
+    std::vector<int> out;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      out.push_back(as_rank(c, v[i], fmt::format("{}[{}]", what, i), m.world_size));
+    return out;
+  };
+  if (const auto* v = find(j, "unreachable")) {
+    if (m.rank_of_file < 0)
+      c.fail("'unreachable' belongs to one rank's flight record, which names its 'rank'");
+    m.unreachable_by[m.rank_of_file] = rank_list(*v, "unreachable");
+  }
+  if (const auto* v = find(j, "unreachable_by")) {
+    if (!v->is_object()) c.fail("'unreachable_by' must map a rank (as text) to an array of ranks");
+    for (const auto& [k, list] : v->items()) {
+      int r = -1;
+      try {
+        r = std::stoi(k);
+      } catch (const std::exception&) {
+      }
+      if (r < 0 || r >= m.world_size || std::to_string(r) != k)
+        c.fail("'unreachable_by' key '{}' is not a rank of a world of {}", k, m.world_size);
+      m.unreachable_by[r] = rank_list(list, fmt::format("unreachable_by.{}", k));
+    }
+  }
   if (const auto* v = find(j, "world_size_known")) {
     if (!v->is_boolean()) c.fail("'world_size_known' must be true or false");
     m.world_size_known = v->get<bool>();
@@ -341,6 +373,15 @@ nlohmann::json to_json(const meta_record& m) {
   if (!m.ranks_recorded.empty()) j["ranks_recorded"] = m.ranks_recorded;
   if (!m.world_size_known) j["world_size_known"] = false;
   if (m.rank_of_file >= 0) j["rank"] = m.rank_of_file;
+  if (!m.hosts.empty()) j["hosts"] = m.hosts;
+  if (m.rank_of_file >= 0 && m.unreachable_by.size() == 1 &&
+      m.unreachable_by.begin()->first == m.rank_of_file) {
+    j["unreachable"] = m.unreachable_by.begin()->second;
+  } else if (!m.unreachable_by.empty()) {
+    nlohmann::json u = nlohmann::json::object();
+    for (const auto& [r, cut] : m.unreachable_by) u[std::to_string(r)] = cut;
+    j["unreachable_by"] = std::move(u);
+  }
   return j;
 }
 

@@ -43,6 +43,12 @@ struct meta_record {
   bool world_size_known = true;
   /// A flight record's meta: the rank whose file this is (-1 otherwise).
   int rank_of_file = -1;
+  /// Flight records of an MPI run: the host of every world rank (empty: not recorded).
+  std::vector<std::string> hosts;
+  /// Flight records: recording rank → the ranks its watchdog found cut off by the network (no
+  /// TCP answer from their host). One record writes its own as "unreachable"; a merged trace
+  /// holds every record's ("unreachable_by").
+  std::map<int, std::vector<int>> unreachable_by;
   std::int64_t line = 0;
 };
 

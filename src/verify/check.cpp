@@ -289,7 +289,7 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
   std::vector<int> all_ranks(static_cast<std::size_t>(s.cp()));
   std::iota(all_ranks.begin(), all_ranks.end(), 0);
   const trace::flight_on_signal on_signal(
-      flight, all_ranks, {s.cp(), io::scenario_to_json(s), {}, -1}, opt.flight_dir);
+      flight, all_ranks, {s.cp(), io::scenario_to_json(s), {}, -1, {}, {}}, opt.flight_dir);
   world.set_abort_hook([&flight](int, const std::string& message) {
     if (message.starts_with("watchdog")) flight.freeze();
   });
@@ -304,8 +304,9 @@ std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
     // The rank whose own error ended the run; none when the watchdog did (the waiter that
     // fired is not the culprit: the records name the rank that never arrived).
     const int failed = world.abort_message().starts_with("watchdog") ? -1 : world.failed_rank();
-    const auto files = trace::write_flight_records(
-        opt.flight_dir, flight, all_ranks, {s.cp(), io::scenario_to_json(s), e.what(), failed});
+    const auto files =
+        trace::write_flight_records(opt.flight_dir, flight, all_ranks,
+                                    {s.cp(), io::scenario_to_json(s), e.what(), failed, {}, {}});
     rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
   }
   return outs;

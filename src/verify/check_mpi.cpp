@@ -81,13 +81,22 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
   flight_recorder flight;
   world.set_flight_recorder(&flight);
-  const trace::flight_on_signal on_signal(flight, {me}, {P, io::scenario_to_json(s), {}, -1},
-                                          opt.flight_dir);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < P; ++r) hosts.push_back(world.host_of(r));
+  // The launcher's SIGTERM usually means another process of the job died: the record says
+  // which peers are gone or cut off, asked over TCP (no MPI on the signal's thread).
+  const auto& peers = world.endpoints();
+  const auto probe_peers = [&peers, me] {
+    return mpi::assess(peers, me, {}, std::chrono::milliseconds(500)).lead;
+  };
+  const trace::flight_on_signal on_signal(
+      flight, {me}, {P, io::scenario_to_json(s), {}, -1, hosts, {}}, opt.flight_dir, probe_peers);
   const auto write_record = [&](const std::string& reason, int failed) -> std::size_t {
     if (opt.flight_dir.empty()) return 0;
     const int ranks[] = {me};
-    return trace::write_flight_records(opt.flight_dir, flight, ranks,
-                                       {P, io::scenario_to_json(s), reason, failed})
+    return trace::write_flight_records(
+               opt.flight_dir, flight, ranks,
+               {P, io::scenario_to_json(s), reason, failed, hosts, world.cut_off()})
         .size();
   };
   // A phase the MPI watchdog cannot watch (group creation, MPI_Finalize) that outlives its
@@ -105,8 +114,11 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     return write_record(reason, failed);
   };
   // A watchdog's finding names the rank that never arrived, not the one that waited.
+  // So do the probes' findings: a peer gone or cut off, not this rank.
   const auto by_watchdog = [](const std::string& m) {
-    return m.find("watchdog: ") != std::string::npos;
+    return m.find("watchdog: ") != std::string::npos ||
+           m.find("the network: ") != std::string::npos ||
+           m.find("the process: ") != std::string::npos;
   };
 
   try {
@@ -120,14 +132,27 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     mpi::phase_guard::set_last_words(nullptr);
     return rep.pass ? 0 : 1;
   } catch (const mpi::peer_abort& e) {
-    // Another rank failed and reports it; leave this rank's record and wait for the end.
+    // Another rank failed and reports it; leave this rank's record and wait for the end (the
+    // announcer's MPI_Abort, through mpiexec). Where mpiexec cannot reach this host (a link
+    // down), nothing comes: the process ends on its own.
     leave_record(e.what(), by_watchdog(e.what()) ? -1 : e.rank());
     world.acknowledge_abort(e.rank());
-    std::this_thread::sleep_for(std::chrono::seconds(30));
+    std::this_thread::sleep_for(std::chrono::seconds(3));
     std::_Exit(2);
   } catch (const std::exception& e) {
-    const std::string message = e.what();
-    const auto own = leave_record(message, by_watchdog(message) ? -1 : me);
+    std::string message = e.what();
+    int failed = by_watchdog(message) ? -1 : me;
+    // An MPI call that failed (UCX: "Endpoint timeout", a reset connection) usually failed
+    // because of its peer: ask the peers whether they are gone or cut off before blaming this
+    // rank.
+    if (dynamic_cast<const backend_error*>(&e) != nullptr) {
+      if (auto lead = mpi::assess(peers, me, {}, std::chrono::milliseconds(1000)).lead;
+          !lead.empty()) {
+        message = fmt::format("rank {} on {}: {}{}", me, session.host(), lead, message);
+        failed = -1;
+      }
+    }
+    const auto own = leave_record(message, failed);
     const int acks = world.announce_abort(message, std::chrono::seconds(3));
     mpi::mpi_session::abort_world(
         opt.flight_dir.empty()

@@ -277,8 +277,8 @@ validate_report run_validate_local(const scenario& s, const validate_options& op
     if (opt.flight_dir.empty()) throw;
     std::vector<int> ranks(static_cast<std::size_t>(s.cp()));
     for (int r = 0; r < s.cp(); ++r) ranks[static_cast<std::size_t>(r)] = r;
-    const auto files = trace::write_flight_records(opt.flight_dir, flight, ranks,
-                                                   {s.cp(), io::scenario_to_json(s), e.what(), -1});
+    const auto files = trace::write_flight_records(
+        opt.flight_dir, flight, ranks, {s.cp(), io::scenario_to_json(s), e.what(), -1, {}, {}});
     rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
   }
   rep.gpu_seconds = seconds_since(t0);
@@ -389,8 +389,8 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
       // its own record.
       if (opt.flight_dir.empty()) throw;
       const int mine[] = {rank};
-      const auto files = trace::write_flight_records(opt.flight_dir, flight, mine,
-                                                     {size, io::scenario_to_json(s), e.what(), -1});
+      const auto files = trace::write_flight_records(
+          opt.flight_dir, flight, mine, {size, io::scenario_to_json(s), e.what(), -1, {}, {}});
       rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
     }
   }

@@ -2,7 +2,8 @@
 // (check-mpi-test.sh): the same distributed check (verify::check_mpi) over a communicator that
 // throws, SIGKILLs or SIGSTOPs itself at a chosen call (tests/support/failing_comm.hpp).
 //
-//   mpiexec -n P failing_rank_check (--throw-at | --die-at | --stop-at) RANK:TAG[:N]
+//   mpiexec -n P failing_rank_check (--throw-at | --die-at | --stop-at | --mark-at) RANK:TAG[:N]
+//   (--mark-at: with --mark-file F [--mark-when before|inside|after], for tests/mpi/hosts)
 //   (--stop-at RANK:init stops that rank before MPI_Init)
 //     [--timeout S] [--flight-record DIR] [scenario flags]
 //
@@ -19,18 +20,26 @@
 #include "core/error.hpp"
 #include "scenario_flags.hpp"
 #include "support/failing_comm.hpp"
+#include "trace/flight.hpp"
 #include "verify/check_mpi.hpp"
 
 int main(int argc, char** argv) {
   using namespace seqpar;
+  trace::watch_signals_for_flight_records();  // as seqpar's main: SIGTERM leaves the records
   CLI::App app("runs the MPI check with one failing rank");
   cli::scenario_flags flags;
   flags.add_to(app);
-  std::string throw_at, die_at, stop_at, flight_dir;
+  std::string throw_at, die_at, stop_at, mark_at, mark_file, mark_when = "before", flight_dir;
   double timeout_s = 0;
   app.add_option("--throw-at", throw_at, "RANK:TAG[:N]: that rank throws seqpar::error there");
   app.add_option("--die-at", die_at, "RANK:TAG[:N]: that rank raises SIGKILL on itself there");
   app.add_option("--stop-at", stop_at, "RANK:TAG[:N]: that rank raises SIGSTOP on itself there");
+  app.add_option("--mark-at", mark_at,
+                 "RANK:TAG[:N]: that rank creates --mark-file at that call (a harness breaks the "
+                 "network then)");
+  app.add_option("--mark-file", mark_file, "the file --mark-at creates");
+  app.add_option("--mark-when", mark_when, "before | inside | after the marked call")
+      ->check(CLI::IsMember({"before", "inside", "after"}));
   app.add_option("--timeout", timeout_s, "the watchdog's deadline in seconds (0 = default)");
   app.add_option("--flight-record", flight_dir, "where failing ranks leave their flight records");
   try {
@@ -39,12 +48,18 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    if (!throw_at.empty() + !die_at.empty() + !stop_at.empty() != 1)
-      fail<config_error>("give exactly one of --throw-at, --die-at and --stop-at");
-    const auto spec =
-        !throw_at.empty() ? test::parse_failure(test::failure_spec::action::throw_error, throw_at)
-        : !die_at.empty() ? test::parse_failure(test::failure_spec::action::kill, die_at)
-                          : test::parse_failure(test::failure_spec::action::stop, stop_at);
+    if (!throw_at.empty() + !die_at.empty() + !stop_at.empty() + !mark_at.empty() != 1)
+      fail<config_error>("give exactly one of --throw-at, --die-at, --stop-at and --mark-at");
+    if (!mark_at.empty() && mark_file.empty()) fail<config_error>("--mark-at needs --mark-file");
+    auto spec = !throw_at.empty()
+                    ? test::parse_failure(test::failure_spec::action::throw_error, throw_at)
+                : !die_at.empty()  ? test::parse_failure(test::failure_spec::action::kill, die_at)
+                : !mark_at.empty() ? test::parse_failure(test::failure_spec::action::mark, mark_at)
+                                   : test::parse_failure(test::failure_spec::action::stop, stop_at);
+    spec.mark_file = mark_file;
+    spec.when = mark_when == "inside"  ? test::failure_spec::moment::inside
+                : mark_when == "after" ? test::failure_spec::moment::after
+                                       : test::failure_spec::moment::before;
     // TAG "init": the rank stops before MPI_Init (the others wait inside it for this process).
     if (spec.tag == "init" && spec.what == test::failure_spec::action::stop) {
       const char* r = std::getenv("PMI_RANK");

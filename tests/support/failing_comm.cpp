@@ -32,11 +32,37 @@ failure_spec parse_failure(failure_spec::action what, const std::string& text) {
   return f;
 }
 
-void failing_communicator::maybe_fail(const char* op, const comm_group& g) {
-  if (spec_.what == failure_spec::action::none || rank() != spec_.rank) return;
+namespace {
+
+// Creates the mark file; with `wait`, blocks until the harness removes it (at most 20 s).
+void mark(const std::string& file, bool wait) {
+  if (std::FILE* f = std::fopen(file.c_str(), "w")) std::fclose(f);
+  for (int k = 0; wait && k < 4000; ++k) {
+    if (std::FILE* f = std::fopen(file.c_str(), "r")) {
+      std::fclose(f);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } else {
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+void failing_communicator::after(bool hit) {
+  if (hit && spec_.when == failure_spec::moment::after) mark(spec_.mark_file, true);
+}
+
+bool failing_communicator::maybe_fail(const char* op, const comm_group& g) {
+  if (spec_.what == failure_spec::action::none || rank() != spec_.rank) return false;
   const auto& tag = call_info().tag;
-  if (spec_.tag != "*" && spec_.tag != tag) return;
-  if (matches_++ != spec_.call) return;
+  if (spec_.tag != "*" && spec_.tag != tag) return false;
+  if (matches_++ != spec_.call) return false;
+  if (spec_.what == failure_spec::action::mark) {
+    if (spec_.when != failure_spec::moment::after)
+      mark(spec_.mark_file, spec_.when == failure_spec::moment::before);
+    return true;
+  }
   if (spec_.what == failure_spec::action::kill) {
     std::fflush(stdout);
     std::fflush(stderr);
@@ -46,11 +72,11 @@ void failing_communicator::maybe_fail(const char* op, const comm_group& g) {
     std::fflush(stdout);
     std::fflush(stderr);
     std::raise(SIGSTOP);
-    return;  // resumed (SIGCONT): go on with the call
+    return false;  // resumed (SIGCONT): go on with the call
   }
   if (spec_.what == failure_spec::action::stall) {
     std::this_thread::sleep_for(std::chrono::milliseconds(spec_.stall_ms));
-    return;
+    return false;
   }
   fail<error>("injected failure: rank {} throws at {} ({}) on group '{}'", rank(), op, tag, g.name);
 }
@@ -58,36 +84,42 @@ void failing_communicator::maybe_fail(const char* op, const comm_group& g) {
 void failing_communicator::do_all_to_all(const comm_group& g, const void* send,
                                          std::span<const std::int64_t> send_counts, void* recv,
                                          std::span<const std::int64_t> recv_counts, dtype t) {
-  maybe_fail("all_to_all", g);
+  const bool hit = maybe_fail("all_to_all", g);
   forwarding_communicator::do_all_to_all(g, send, send_counts, recv, recv_counts, t);
+  after(hit);
 }
 
 void failing_communicator::do_all_gather(const comm_group& g, const void* send, std::int64_t count,
                                          void* recv, dtype t) {
-  maybe_fail("all_gather", g);
+  const bool hit = maybe_fail("all_gather", g);
   forwarding_communicator::do_all_gather(g, send, count, recv, t);
+  after(hit);
 }
 
 void failing_communicator::do_reduce_scatter(const comm_group& g, const void* send, void* recv,
                                              std::int64_t count, dtype t) {
-  maybe_fail("reduce_scatter", g);
+  const bool hit = maybe_fail("reduce_scatter", g);
   forwarding_communicator::do_reduce_scatter(g, send, recv, count, t);
+  after(hit);
 }
 
 void failing_communicator::do_all_reduce(const comm_group& g, void* buf, std::int64_t count,
                                          dtype t) {
-  maybe_fail("all_reduce", g);
+  const bool hit = maybe_fail("all_reduce", g);
   forwarding_communicator::do_all_reduce(g, buf, count, t);
+  after(hit);
 }
 
 void failing_communicator::do_send_recv(const comm_group& g, std::span<const p2p_op> ops, dtype t) {
-  maybe_fail("send_recv", g);
+  const bool hit = maybe_fail("send_recv", g);
   forwarding_communicator::do_send_recv(g, ops, t);
+  after(hit);
 }
 
 void failing_communicator::do_barrier(const comm_group& g) {
-  maybe_fail("barrier", g);
+  const bool hit = maybe_fail("barrier", g);
   forwarding_communicator::do_barrier(g);
+  after(hit);
 }
 
 }  // namespace seqpar::test

@@ -13,8 +13,13 @@ namespace seqpar::test {
 struct failure_spec {
   /// throw_error: throws seqpar::error; kill: SIGKILL on its own process; stop: SIGSTOP on its
   /// own process (stalled, not dead: the watchdog's case); stall: this thread sleeps
-  /// `stall_ms` before going on (a stalled rank of the in-process backend).
-  enum class action { none, throw_error, kill, stop, stall } what = action::none;
+  /// `stall_ms` before going on (a stalled rank of the in-process backend); mark: tells a test
+  /// harness the moment has come by creating `mark_file` (before the call: then waits until
+  /// the harness removes it; inside: goes on into the call at once; after: once the call
+  /// returned, then waits) — the harness then breaks the network at that moment.
+  enum class action { none, throw_error, kill, stop, stall, mark } what = action::none;
+  enum class moment { before, inside, after } when = moment::before;
+  std::string mark_file;
   int rank = 0;
   std::string tag = "*";
   std::int64_t call = 0;
@@ -46,8 +51,10 @@ class failing_communicator : public forwarding_communicator {
   void do_barrier(const comm_group& g) override;
 
  private:
-  /// Fails here if this call is the configured one.
-  void maybe_fail(const char* op, const comm_group& g);
+  /// Fails here if this call is the configured one; true when it is the call to mark.
+  bool maybe_fail(const char* op, const comm_group& g);
+  /// After the marked call returned (moment after).
+  void after(bool hit);
 
   failure_spec spec_;
   std::int64_t matches_ = 0;

@@ -1,0 +1,178 @@
+"""Network faults at chosen moments of a distributed `seqpar check` over test hosts
+(testhosts.py): one run, measured — used by tests/mpi/hosts-test.py (a few runs on every CI run)
+and bench/hosts_soak.py (the soak and its table).
+
+A run launches tests' failing_rank_check (the real `check --backend mpi`, over a communicator
+that creates a mark file at the chosen call) with one rank per host in turn; when the victim
+host's first rank reaches the moment, the harness breaks the network there, then lets it go on:
+
+  cut       the host's link goes down (ip link set … down)
+  kill      every process of the host is SIGKILLed (its ranks and its launcher proxy): the host
+            died
+  kill-ranks  the host's rank processes are SIGKILLed, its launcher proxy lives (the OOM
+            killer); run with Hydra's -disable-auto-cleanup, so that the survivors go on
+  slow      the link delays every packet (tc netem delay), from the start: not a fault
+  lossy     the link drops packets (tc netem loss), from the start: not a fault
+
+Moments: before / inside / after an all-to-all (the first Ulysses all-to-all, L0.attn.q.fwd),
+inside a ring step (L0.attn.ring.fwd.step0). "Inside" is made certain by slowing the victim's
+link to 8 kbit/s at the mark (tc tbf) and cutting it 100 ms after the victim went into the call,
+while its messages crawl.
+
+What is measured: whether the first error message names the victim host and its ranks (and says
+the network for a cut), the time from the fault until the last surviving rank process ended,
+whether every surviving rank left its flight record, and whether `seqpar replay` of the records
+names the same ranks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+
+from testhosts import TestHosts
+
+MOMENTS = {
+    "before-a2a": ("L0.attn.q.fwd", "before"),
+    "inside-a2a": ("L0.attn.q.fwd", "inside"),
+    "after-a2a": ("L0.attn.q.fwd", "after"),
+    "inside-ring": ("L0.attn.ring.fwd.step0", "inside"),
+}
+FAULTS = ("cut", "kill", "kill-ranks")
+# Not faults: the check must pass. slow: tc tbf (every kernel with traffic control); lossy: tc
+# netem, where the kernel has sch_netem.
+NOT_FAULTS = {"slow": ("slow", "20mbit"), "lossy": ("netem", "loss 2%")}
+# Hybrid Ulysses 2 × ring (ranks / 2), GQA, several documents: every group crosses hosts.
+def scenario(np: int) -> list[str]:
+    ring = np // 2
+    unit = 2 * ring * 8
+    return ["--ulysses", "2", "--ring", str(ring), "--heads", "4", "--kv-heads", "2",
+            "--docs", f"{4 * unit},{2 * unit},{unit}", "--layers", "2"]
+
+
+def _wait_for(pred, limit: float, step: float = 0.01) -> bool:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, moment: str,
+            victim: int, workdir: str, deadline_s: float = 2.0,
+            auto_cleanup: bool = True) -> dict:
+    """One run; returns its measurements (see the module's text)."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    records = os.path.join(workdir, "records")
+    mark = os.path.join(workdir, "mark")
+    victims = hosts.ranks_on(victim, np)
+    host = hosts.names[victim]
+    row = {"fault": fault, "moment": moment, "host": host, "ranks": victims}
+    argv = [failing, "--timeout", str(deadline_s), "--flight-record", records, *scenario(np)]
+    if fault in NOT_FAULTS:
+        how, spec = NOT_FAULTS[fault]
+        if how == "netem":
+            why = hosts.netem_available()
+            if why:
+                row.update(skipped=why)
+                return row
+            hosts.netem(victim, spec)
+        else:
+            hosts.slow(victim, spec)
+        row["moment"] = "whole run"
+        argv[1:1] = ["--mark-at", f"{victims[0]}:never", "--mark-file", mark]
+    else:
+        tag, when = MOMENTS[moment]
+        argv[1:1] = ["--mark-at", f"{victims[0]}:{tag}", "--mark-file", mark,
+                     "--mark-when", "before" if when == "inside" else when]
+    out = open(os.path.join(workdir, "out.txt"), "w")
+    err_path = os.path.join(workdir, "err.txt")
+    err = open(err_path, "w")
+    t0 = time.monotonic()
+    if fault == "kill-ranks":
+        auto_cleanup = False
+    job = subprocess.Popen(hosts.mpiexec(np, argv, auto_cleanup), stdout=out, stderr=err,
+                           cwd=workdir)
+    try:
+        if fault in NOT_FAULTS:
+            rc = job.wait(timeout=300)
+            row.update(exit=rc, seconds=round(time.monotonic() - t0, 2),
+                       named_right=rc == 0, records_left=not os.path.exists(records),
+                       replay_right=True, first="")
+            return row
+        if not _wait_for(lambda: os.path.exists(mark) or job.poll() is not None, 60):
+            raise RuntimeError("the victim never reached its moment")
+        if job.poll() is not None:
+            raise RuntimeError(f"the job ended before the moment (exit {job.returncode})")
+        if MOMENTS[moment][1] == "inside":
+            hosts.slow(victim, "8kbit")
+            os.unlink(mark)
+            time.sleep(0.1)
+        t_fault = time.monotonic()
+        if fault == "cut":
+            hosts.cut(victim)
+        elif fault == "kill":
+            hosts.kill(victim)
+        else:
+            for p in hosts.procs(victim, os.path.basename(failing)):
+                os.kill(p, 9)
+        if fault != "cut":
+            # The slow link only held the call in flight; the host itself still answers.
+            hosts.slow(victim, None)
+        if os.path.exists(mark):
+            os.unlink(mark)
+        survivors = [h for h in range(hosts.n) if not (fault != "cut" and h == victim)]
+        name = os.path.basename(failing)
+        _wait_for(lambda: not any(hosts.procs(h, name) for h in survivors), 60, 0.05)
+        t_end = time.monotonic() - t_fault
+        left = sum(len(hosts.procs(h, name)) for h in survivors)
+    finally:
+        hosts.mend(victim)
+        hosts.slow(victim, None)
+        try:
+            job.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
+        out.close()
+        err.close()
+    text = open(err_path, errors="replace").read()
+    errors = [l for l in text.splitlines() if "seqpar: error:" in l or "BAD TERMINATION" in l]
+    first = errors[0] if errors else ""
+    ranks_text = ", ".join(map(str, victims))
+    # A cut is named in the first error message. A killed host's processes make MPICH's
+    # mpiexec end the job at once (its own message is an assert): the survivors' words no longer
+    # reach the console, so the records' reason is the first message the user can read.
+    named_cut = lambda text: "the network" in text and host in text and f"ranks {ranks_text}" in text
+    named_kill = lambda text: "the process" in text and host in text and \
+        any(f"{r} on host" in text or f"{r}, " in text for r in victims)
+    surviving_ranks = [r for r in range(np) if not (fault != "cut" and r in victims)]
+    have = sorted(int(m.group(1)) for f in (os.listdir(records) if os.path.isdir(records) else [])
+                  if (m := re.fullmatch(r"rank-(\d+)\.jsonl", f)))
+    replay_ranks: list[int] = []
+    run_ended = ""
+    if have:
+        rp = subprocess.run([seqpar, "replay", "--json", records], capture_output=True, text=True)
+        try:
+            rep = json.loads(rp.stdout)
+            cat = "NETWORK_UNREACHABLE" if fault == "cut" else "MISSING_RANK"
+            replay_ranks = sorted({p["rank"] for p in rep.get("problems", [])
+                                   if p.get("category") == cat} | set(rep.get("missing_ranks", [])))
+            run_ended = rep.get("run_ended", "")
+        except (json.JSONDecodeError, TypeError):
+            replay_ranks = []
+    if fault == "cut":
+        named = named_cut(first)
+    else:
+        first = first or run_ended.split("\n")[0]
+        named = named_kill(run_ended)
+    row.update(exit=job.returncode, seconds=round(t_end, 2), left_running=left,
+               named_right=named, first=first[:400],
+               records_left=all(r in have for r in surviving_ranks), records=have,
+               replay_ranks=replay_ranks, replay_right=replay_ranks == victims)
+    return row
