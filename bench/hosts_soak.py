@@ -37,8 +37,14 @@ def main():
                     help="share of the runs made with a CPU hog on every core")
     ap.add_argument("--deadline", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=47)
-    ap.add_argument("--json", default="")
+    ap.add_argument("--json", default="", help="every run's row, written as the soak goes")
+    ap.add_argument("--table", nargs="*", default=None,
+                    help="print the table of earlier soaks' --json files instead of running one")
     a = ap.parse_args()
+    if a.table is not None:
+        rows = [r for p in a.table for r in json.load(open(p))]
+        print_table(rows, a.deadline)
+        return
     why = TestHosts.available()
     if why:
         sys.exit(f"hosts_soak: {why}")
@@ -72,6 +78,9 @@ def main():
                     p.join()
             row["loaded"] = loaded
             rows.append(row)
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(rows, f, indent=1)
             print(f"[{time.monotonic() - t0:6.0f}s] {k + 1}/{a.runs} {'loaded' if loaded else 'quiet '} "
                   f"{fault:5} {row['moment']:11} {row['host']}: "
                   + ("skipped: " + row["skipped"][:60] if "skipped" in row else
@@ -79,11 +88,12 @@ def main():
                      f"exit {row['exit']} {row['seconds']} s named={row['named_right']} "
                      f"records={row['records_left']} replay={row['replay_right']}"),
                   flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
     print(f"\n{a.runs} runs in {time.monotonic() - t0:.0f} s, deadline {a.deadline} s "
           f"(verdict limit: deadline + 5 s)\n")
+    print_table(rows, a.deadline)
+
+
+def print_table(rows, deadline):
     print("| load | fault | moment | runs | named right | time to verdict (median / max) | "
           "within deadline + 5 s | records left | replay names them |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -98,7 +108,7 @@ def main():
                   f"skipped: {skipped[0]['skipped'][:70]} | | | | |")
             continue
         secs = [r["seconds"] for r in done]
-        within = sum(1 for r in done if r["seconds"] <= a.deadline + 5)
+        within = sum(1 for r in done if r["seconds"] <= deadline + 5)
         cnt = lambda key: sum(1 for r in done if r.get(key))
         print(f"| {'loaded' if loaded else 'quiet'} | {fault} | {moment} | {len(rs)} | "
               f"{cnt('named_right')}/{len(done)} | "

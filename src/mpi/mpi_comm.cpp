@@ -113,11 +113,11 @@ mpi_session::~mpi_session() {
   MPI_Finalized(&fin);
   if (!owns_ || fin) return;
   // MPI_Finalize flushes the job's last traffic, which a slow link stretches: it gets 4 × the
-  // deadline (as a progressing wait does), at least 10 s.
+  // deadline (as a progressing wait does), at least 30 s.
   const phase_guard guard(
       "MPI_Finalize",
       timeout_.count() > 0
-          ? std::max<std::chrono::milliseconds>(4 * timeout_, std::chrono::seconds(10))
+          ? std::max<std::chrono::milliseconds>(4 * timeout_, std::chrono::seconds(30))
           : timeout_,
       "a process of the job stopped, hung or died after its last call, so the job cannot end "
       "cleanly; what this rank printed before stands");
@@ -735,17 +735,27 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
       continue;
     }
     missing.clear();
-    auto since = start;
+    auto since = start, member_moving = start;
     for (std::size_t k = 0; k < reqs.size(); ++k)
       if (reqs[k] != MPI_REQUEST_NULL && k < arrival_of.size() && arrival_of[k] >= 0) {
         const int r = w.g.ranks[static_cast<std::size_t>(arrival_of[k])];
         if (std::find(missing.begin(), missing.end(), r) != missing.end()) continue;
         missing.push_back(r);
-        since = std::max(since, im.heard_busy[static_cast<std::size_t>(r)]);
+        const auto m = static_cast<std::size_t>(r);
+        since = std::max(since, im.heard_busy[m]);
+        // A member alive and inside the data phase of a call every member of it joined (a big
+        // gather over a slow link) is making progress elsewhere; the ranks in that transfer
+        // watch its peers. Counted like data arriving: up to 4 × the deadline.
+        if (alive(im, r, now, w.limit) && im.doing[m].rfind("waiting in ", 0) == 0 &&
+            im.doing[m].ends_with(", its data in flight"))
+          member_moving = std::max(member_moving, im.heard[m]);
       }
+    if (now - start < 4 * w.limit) since = std::max(since, member_moving);
     if (now >= next_beat) {
       send_beats(im, world_size,
-                 beat_payload(fmt::format("waiting in {} on '{}'", w.call, w.g.name), missing));
+                 beat_payload(fmt::format("waiting in {} on '{}'{}", w.call, w.g.name,
+                                          w.transfer ? ", its data in flight" : ""),
+                              missing));
       next_beat = now + period;
     }
     since = std::max(since, progress_at);

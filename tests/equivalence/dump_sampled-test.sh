@@ -93,6 +93,55 @@ for cls in doc-first doc-last chunk-edge piece-edge; do
   rm -rf "$tmp/e"
 done
 
+# 2b. The promises of both modes, each pinned from the failing side (issue 50: every one was a
+#     surviving mutant of bench/mutants/dump.json). One healthy BF16 dump ($tmp/h), copies of
+#     it with one planted error (tests/equivalence/scripts/edit_dump.py).
+edit() { python3 "$(dirname "$0")/scripts/edit_dump.py" "$@"; }
+planted() { rm -rf "$tmp/p"; cp -r "$tmp/h" "$tmp/p"; edit "$tmp/p/rank0/call0000.fwd.safetensors" "$@" || fail "edit_dump $*"; }
+# The sample's size and the miss probability it prints.
+"$seqpar" validate --dump "$tmp/h" --sample --rows 500 --json -q >"$tmp/s500.json"
+python3 - "$tmp/s500.json" <<'PY' && ok || fail "the sample's random rows or its printed miss probability"
+import json, sys
+s = json.load(open(sys.argv[1]))["sampling"]
+n = s["random_rows_per_stage"]
+ok = n >= 0.9 * 500 and abs(s["miss_probability_1pct"] - 0.99 ** n) <= 1e-12 \
+    and abs(s["miss_probability_0.1pct"] - 0.999 ** n) <= 1e-12
+print("random rows", n, "miss", s["miss_probability_1pct"], s["miss_probability_0.1pct"])
+sys.exit(0 if ok else 1)
+PY
+# Exhaustive means every row: an LSE off by 0.01 on one interior row (one head) is missed by a
+# one-row sample and caught by --exhaustive.
+planted lse --token 700 --head 1 --add 0.01
+expect 0 "PASS: " -- validate --dump "$tmp/p" --sample --rows 1 -q
+expect 1 "stage lse" -- validate --dump "$tmp/p" --exhaustive -q
+# A boundary row is drawn on every head: the same error on a document's first token, head 1 only.
+planted lse --token 0 --head 1 --add 0.01
+expect 1 "stage lse" -- validate --dump "$tmp/p" --sample --rows 1 -q
+# Data movement on every element: the last row of a gathered stage one BF16 step off.
+planted q.gathered --token 2047 --head 1 --ulp
+expect 1 "stage q.gathered" -- validate --dump "$tmp/p" --sample --rows 1 -q
+# A tensor of a dtype a dump cannot hold (integers): refused.
+planted q.local --dtype I16
+expect 2 "F64, F32, F16 or BF16" -- validate --dump "$tmp/p" --sample -q
+# Exhaustive mode takes the error model's maxima from the reference: one output element made
+# 1000× larger does not widen the output's bound.
+planted out.attn --token 500 --head 1 --scale 1000
+"$seqpar" validate --dump "$tmp/h" --exhaustive --json -q >"$tmp/eh.json"
+"$seqpar" validate --dump "$tmp/p" --exhaustive --json -q >"$tmp/ep.json"
+"$seqpar" validate --dump "$tmp/h" --sample --json -q >"$tmp/sh.json"
+python3 - "$tmp/eh.json" "$tmp/ep.json" "$tmp/sh.json" <<'PY' && ok || fail "the bounds: a wrong job widened its own, or sampled mode's key-gradient bound is not within 3x of exhaustive mode's"
+import json, sys
+rows = lambda p: {(r["call"], r["rank"], r["stage"]): r for r in json.load(open(p))["rows"]}
+h, p, s = rows(sys.argv[1]), rows(sys.argv[2]), rows(sys.argv[3])
+same = all(h[k]["tolerance"] == p[k]["tolerance"] for k in h if k[2] == "out.attn")
+# Sampled mode bounds a key gradient's E_i through max|v| where it did not compute the query
+# row: up to ~2.5x looser than exhaustive mode (docs/validate.md), never more than 3x.
+ratios = [s[k]["tolerance"] / h[k]["tolerance"] for k in s
+          if k in h and k[2].startswith("grad.") and h[k]["tolerance"] > 0]
+print("out.attn bounds equal:", same, "sampled/exhaustive gradient bounds:", min(ratios), max(ratios))
+sys.exit(0 if same and ratios and max(ratios) <= 3 and min(ratios) >= 0.9 else 1)
+PY
+
 # 3. The same rows and numbers at any thread count.
 "$seqpar" validate --dump "$tmp/h" --sample --json -q --threads 1 >"$tmp/t1.json"
 "$seqpar" validate --dump "$tmp/h" --sample --json -q --threads 3 >"$tmp/t3.json"

@@ -110,6 +110,14 @@ fi
 #    names rank 2 wherever the deadlines fire (tests/soak/stop_soak.py measures it over 200
 #    random victims and moments). The replay of the records names it too.
 hybrid=(--ulysses 2 --ring 2 --layers 2 --docs 8192,4096,4096)
+# Time limits judge progress, not wall time alone: a verdict cannot come before the work the job
+# does up to the fault, which a loaded machine stretches (loaded-test.sh runs this test beside a
+# CPU hog on every core). The healthy run of the same job, timed now, is added to each limit
+# below that covers the SP step or the reference.
+t0=$(date +%s)
+(cd "$tmp" && timeout 300 "$mpiexec" -n 4 "$seqpar" check --backend mpi -q "${hybrid[@]}" > /dev/null 2>&1)
+healthy=$(( $(date +%s) - t0 ))
+echo "the healthy hybrid job takes ${healthy} s here now"
 launch ext -- "$mpiexec" -n 4 "$seqpar" check --backend mpi --timeout 4 --flight-record "$tmp/ext" "${hybrid[@]}"
 t0=$(date +%s)
 if wait_for ext "SP step" 2; then
@@ -120,7 +128,7 @@ if wait_for ext "SP step" 2; then
   dt=$(( $(date +%s) - t0 ))
   kill -KILL "$(cat "$tmp/ext.pid.2")" 2> /dev/null
   echo "external SIGSTOP: exit $rc after ${dt} s"
-  if [ "$rc" -ne 2 ] || [ "$dt" -gt 30 ] || ! first_watchdog_names 2 "$tmp/ext.out"; then
+  if [ "$rc" -ne 2 ] || [ "$dt" -gt $((30 + healthy)) ] || ! first_watchdog_names 2 "$tmp/ext.out"; then
     fail "external SIGSTOP: exit $rc after ${dt} s, want 2 naming rank 2 first: $(grep -m1 watchdog "$tmp/ext.out" | head -c 800)"
   else
     ok
@@ -165,7 +173,7 @@ for victim in 0 2; do
     dt=$(( $(date +%s) - t0 ))
     kill -KILL "$(cat "$tmp/ref$victim.pid.$victim")" 2> /dev/null
     echo "rank $victim stopped in the reference phase: exit $rc after ${dt} s"
-    if [ "$rc" -ne 2 ] || [ "$dt" -gt 20 ] || ! first_watchdog_names $victim "$tmp/ref$victim.out"; then
+    if [ "$rc" -ne 2 ] || [ "$dt" -gt $((20 + healthy)) ] || ! first_watchdog_names $victim "$tmp/ref$victim.out"; then
       fail "rank $victim stopped in the reference phase: exit $rc after ${dt} s: $(grep -m1 watchdog "$tmp/ref$victim.out" | head -c 600)"
     else ok; fi
   else
@@ -187,7 +195,9 @@ if wait_for fifo "" 1; then
   dt=$(( $(date +%s) - t0 ))
   echo "stalled record: exit $rc after ${dt} s"
   recs=$(cd "$tmp/fifo" && ls rank-*.jsonl 2> /dev/null | tr '\n' ' ')
-  if [ "$rc" -ne 2 ] || [ "$dt" -gt 25 ] || [ "$recs" != "rank-0.jsonl rank-2.jsonl rank-3.jsonl " ] || ! grep -q "injected failure: rank 0 throws" "$tmp/fifo.out"; then
+  # Exit 2 (the abort's code); on a loaded machine Hydra may report 9 instead, the SIGKILL it
+  # had to send the rank blocked in its write (its own guard would end it only after 10 s).
+  if { [ "$rc" -ne 2 ] && [ "$rc" -ne 9 ]; } || [ "$dt" -gt 25 ] || [ "$recs" != "rank-0.jsonl rank-2.jsonl rank-3.jsonl " ] || ! grep -q "injected failure: rank 0 throws" "$tmp/fifo.out"; then
     fail "stalled record: exit $rc after ${dt} s, records '$recs': $(head -c 600 "$tmp/fifo.out")"
   else ok; fi
 else

@@ -101,9 +101,13 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
     try:
         if fault in NOT_FAULTS:
             rc = job.wait(timeout=300)
+            err.flush()
+            text = open(err_path, errors="replace").read()
+            first = next((l for l in text.splitlines() if "seqpar: error:" in l
+                          or "BAD TERMINATION" in l or "assert" in l), "")
             row.update(exit=rc, seconds=round(time.monotonic() - t0, 2),
                        named_right=rc == 0, records_left=not os.path.exists(records),
-                       replay_right=True, first="")
+                       replay_right=True, first=first[:400])
             return row
         if not _wait_for(lambda: os.path.exists(mark) or job.poll() is not None, 60):
             raise RuntimeError("the victim never reached its moment")
@@ -120,7 +124,10 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
             hosts.kill(victim)
         else:
             for p in hosts.procs(victim, os.path.basename(failing)):
-                os.kill(p, 9)
+                try:
+                    os.kill(p, 9)
+                except ProcessLookupError:
+                    pass
         if fault != "cut":
             # The slow link only held the call in flight; the host itself still answers.
             hosts.slow(victim, None)
@@ -161,8 +168,11 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
         try:
             rep = json.loads(rp.stdout)
             cat = "NETWORK_UNREACHABLE" if fault == "cut" else "MISSING_RANK"
+            # A rank named only as blocked behind another finding is a consequence, not a cause.
             replay_ranks = sorted({p["rank"] for p in rep.get("problems", [])
-                                   if p.get("category") == cat} | set(rep.get("missing_ranks", [])))
+                                   if p.get("category") == cat
+                                   and "is itself blocked in" not in p.get("cause", "")}
+                                  | set(rep.get("missing_ranks", [])))
             run_ended = rep.get("run_ended", "")
         except (json.JSONDecodeError, TypeError):
             replay_ranks = []
