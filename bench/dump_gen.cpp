@@ -140,10 +140,13 @@ int main(int argc, char** argv) {
   app.add_option("--heads", H)->capture_default_str();
   app.add_option("--kv-heads", Hkv)->capture_default_str();
   app.add_option("--head-dim", D)->capture_default_str();
-  app.add_option("--bug", bug,
-                 "none | last-token (each document's last token its own document) | "
-                 "edge:doc-first|doc-last|chunk-edge|piece-edge (the output of the rows of that "
-                 "boundary class alone, and of no other, off by 0.25)")
+  app.add_option(
+         "--bug", bug,
+         "none | last-token (each document's last token its own document) | first-token (each "
+         "document's first token its own document) | scale:F (the job's softmax scale F × "
+         "the meta's) | "
+         "edge:doc-first|doc-last|chunk-edge|piece-edge (the output of the rows of that "
+         "boundary class alone, and of no other, off by 0.25)")
       ->capture_default_str();
   app.add_option("--stages", stages,
                  "all | local (only the local shards, the LSE and the local gradients: what "
@@ -173,14 +176,28 @@ int main(int argc, char** argv) {
   }
   // What the job computes with: the meta's documents, or each last token split off.
   std::vector<std::int32_t> compute_cu = cu;
+  double scale_factor = 1;  // --bug scale:F: the job's softmax scale F × the meta's
   if (bug == "last-token") {
     for (std::size_t i = 1; i < cu.size(); ++i) compute_cu.push_back(cu[i] - 1);
     std::sort(compute_cu.begin(), compute_cu.end());
+  } else if (bug == "first-token") {
+    for (std::size_t i = 0; i + 1 < cu.size(); ++i) compute_cu.push_back(cu[i] + 1);
+    std::sort(compute_cu.begin(), compute_cu.end());
+  } else if (bug.starts_with("scale:")) {
+    try {
+      scale_factor = std::stod(bug.substr(6));
+    } catch (const std::exception&) {
+      scale_factor = 0;
+    }
+    if (!(scale_factor > 0)) {
+      fmt::print(stderr, "dump_gen: --bug {} needs a positive factor (scale:2)\n", bug);
+      return 2;
+    }
   } else if (bug != "none" && bug != "edge:doc-first" && bug != "edge:doc-last" &&
              bug != "edge:chunk-edge" && bug != "edge:piece-edge") {
     fmt::print(stderr,
-               "dump_gen: --bug {} is unknown (none | last-token | edge:doc-first | "
-               "edge:doc-last | edge:chunk-edge | edge:piece-edge)\n",
+               "dump_gen: --bug {} is unknown (none | last-token | first-token | scale:F | "
+               "edge:doc-first | edge:doc-last | edge:chunk-edge | edge:piece-edge)\n",
                bug);
     return 2;
   }
@@ -279,7 +296,7 @@ int main(int argc, char** argv) {
     else
       f.put(ti, ((p % g.Sg) * hx + h % hx) * D, v, D);
   };
-  const double scale = m.scale;
+  const double scale = m.scale * scale_factor;  // what the job computes with
   const auto docs = doc_ranges(compute_cu);
   const auto sz = [](auto x) { return static_cast<std::size_t>(x); };
   const int per_kv = H / Hkv, per_copy = H / Hr;
@@ -453,7 +470,7 @@ int main(int argc, char** argv) {
     j["heads"] = H;
     j["kv_heads"] = Hkv;
     j["head_dim"] = D;
-    j["scale"] = scale;
+    j["scale"] = m.scale;  // what the meta says (the job's own may differ: --bug scale:F)
     j["causal"] = true;
     j["cu_seqlens"] = cu;
     std::vector<std::int64_t> pos;

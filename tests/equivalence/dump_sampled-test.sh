@@ -109,10 +109,10 @@ ok = n >= 0.9 * 500 and abs(s["miss_probability_1pct"] - 0.99 ** n) <= 1e-12 \
 print("random rows", n, "miss", s["miss_probability_1pct"], s["miss_probability_0.1pct"])
 sys.exit(0 if ok else 1)
 PY
-# Exhaustive means every row: an LSE off by 0.01 on one interior row (one head) is missed by a
-# one-row sample and caught by --exhaustive.
-planted lse --token 700 --head 1 --add 0.01
-expect 0 "PASS: " -- validate --dump "$tmp/p" --sample --rows 1 -q
+# Exhaustive means every row: an LSE off by 0.01 on one interior row (one head), a row the
+# default sample (6000 random rows per stage, seed 0) does not draw, is caught by --exhaustive.
+planted lse --token 701 --head 1 --add 0.01
+expect 0 "PASS: " -- validate --dump "$tmp/p" --sample -q
 expect 1 "stage lse" -- validate --dump "$tmp/p" --exhaustive -q
 # A boundary row is drawn on every head: the same error on a document's first token, head 1 only.
 planted lse --token 0 --head 1 --add 0.01
@@ -123,9 +123,9 @@ expect 1 "stage q.gathered" -- validate --dump "$tmp/p" --sample --rows 1 -q
 # A tensor of a dtype a dump cannot hold (integers): refused.
 planted q.local --dtype I16
 expect 2 "F64, F32, F16 or BF16" -- validate --dump "$tmp/p" --sample -q
-# Exhaustive mode takes the error model's maxima from the reference: one output element made
-# 1000× larger does not widen the output's bound.
-planted out.attn --token 500 --head 1 --scale 1000
+# Exhaustive mode takes the error model's maxima from the reference: one element of the job's
+# output made 1000× larger does not widen the output's bound.
+planted out.local --token 100 --head 3 --scale 1000
 "$seqpar" validate --dump "$tmp/h" --exhaustive --json -q >"$tmp/eh.json"
 "$seqpar" validate --dump "$tmp/p" --exhaustive --json -q >"$tmp/ep.json"
 "$seqpar" validate --dump "$tmp/h" --sample --json -q >"$tmp/sh.json"
@@ -141,6 +141,20 @@ ratios = [s[k]["tolerance"] / h[k]["tolerance"] for k in s
 print("out.attn bounds equal:", same, "sampled/exhaustive gradient bounds:", min(ratios), max(ratios))
 sys.exit(0 if same and ratios and max(ratios) <= 3 and min(ratios) >= 0.9 else 1)
 PY
+
+# Each member of the families the cause search fits is named when it is the bug (synthetic
+# jobs from dump_gen: a document split after its first token; softmax scales of the scale
+# family: 2 × the meta's, 1/d^0.25, 1/d, and none at all).
+for bug_words in "first-token|first token is a document of its own" \
+                 "scale:2|softmax scale 2 × the meta's" \
+                 "scale:2.8284271247461903|softmax scale 1/d^0.25 = " \
+                 "scale:0.125|softmax scale 1/d^1 = " \
+                 "scale:8|scores not multiplied by the scale"; do
+  rm -rf "$tmp/f"
+  "$gen" --out "$tmp/f" --tokens 2048 --ulysses 4 --ring 2 --heads 8 --kv-heads 2 --head-dim 64 \
+    --bug "${bug_words%%|*}" >/dev/null
+  expect 1 "${bug_words#*|}" -- validate --dump "$tmp/f" --sample -q
+done
 
 # 3. The same rows and numbers at any thread count.
 "$seqpar" validate --dump "$tmp/h" --sample --json -q --threads 1 >"$tmp/t1.json"

@@ -8,6 +8,9 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include "core/error.hpp"
 #include "core/scenario.hpp"
 #include "io/scenario_json.hpp"
@@ -384,6 +387,49 @@ TEST(trace_import, nccl_debug_log) {
   EXPECT_EQ(rep.problems.front().category, replay::category::size_mismatch);
   EXPECT_EQ(rep.problems.front().rank, 1);
   EXPECT_EQ(rep.checked.at("p2p_pairs"), 2);
+}
+
+// Every ncclDataType_t number maps to its dtype as nccl.h defines it (0 int8 … 9 bfloat16 …),
+// and a rank whose all_reduce is bfloat16 against one whose is float16 — two 16-bit types of
+// equal size, the mix a mapping that merges them would hide — is a dtype mismatch.
+TEST(trace_import, nccl_log_datatypes) {
+  const char* want[] = {"int8",    "uint8",    "int32",         "uint32",
+                        "int64",   "uint64",   "float16",       "float32",
+                        "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2"};
+  const auto path =
+      (std::filesystem::temp_directory_path() / fmt::format("seqpar-nccl-{}.log", ::getpid()))
+          .string();
+  {
+    std::ofstream f(path);
+    for (int r = 0; r < 2; ++r)
+      f << fmt::format(
+          "n1:{0}:{0} [{1}] NCCL INFO comm 0x10{1} rank {1} nranks 2 cudaDev {1} nvmlDev {1} "
+          "busId {1}000 commId 0xabc - Init COMPLETE\n",
+          4000 + r, r);
+    for (int d = 0; d < 12; ++d)
+      for (int r = 0; r < 2; ++r)
+        f << fmt::format(
+            "n1:{0}:{0} [{1}] NCCL INFO AllReduce: opCount {2:x} sendbuff 0x7f0 recvbuff 0x7f0 "
+            "count 4 datatype {3} op 0 root 0 comm 0x10{1} [nranks=2] stream 0x600\n",
+            4000 + r, r, d, d == 11 ? (r == 0 ? 9 : 6) : d);
+  }
+  const auto t = import::from_nccl_log({path});
+  std::filesystem::remove(path);
+  ASSERT_EQ(t.calls.size(), 24u);
+  int seen = 0;
+  for (const auto& c : t.calls) {
+    if (c.seq >= 11) continue;  // the last all_reduce: bfloat16 against float16
+    ASSERT_TRUE(c.dtype.has_value());
+    EXPECT_EQ(*c.dtype, want[c.seq]) << "datatype " << c.seq << " on rank " << c.rank;
+    ++seen;
+  }
+  EXPECT_EQ(seen, 22);
+  std::istringstream in(t.text());
+  trace::reader rd(in, "nccl");
+  const auto rep = replay::run(rd);
+  ASSERT_FALSE(rep.problems.empty());
+  EXPECT_EQ(rep.problems.front().category, replay::category::dtype_mismatch)
+      << rep.problems.front().message();
 }
 
 // A fuzzer finding: a 3.5 KB crafted log line made the regex-based NCCL line parser backtrack

@@ -538,6 +538,13 @@ TEST(mpi_comm, watchdog_follows_the_wait_chain_to_the_silent_rank) {
               std::string::npos)
         << msg;
     EXPECT_NE(msg.find("members that never arrived: rank 0 (alive"), std::string::npos) << msg;
+    // The deadline is the deadline: it fired after 1 s of waiting (plus the probe of the silent
+    // rank's host), not after twice that.
+    const auto at = msg.find(" waited ");
+    ASSERT_NE(at, std::string::npos) << msg;
+    const double waited = std::stod(msg.substr(at + 8));
+    EXPECT_GE(waited, 1.0) << msg;
+    EXPECT_LT(waited, 1.6) << msg;
   } else if (me == 2) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2600));  // never joins t.x
   }
