@@ -194,6 +194,13 @@ TEST(mutations, cu_seqlens_not_covering_padding) {
   EXPECT_TRUE(rows.count("layout.uncovered_tokens")) << str(rows);
 }
 
+// The other side: xorl's ring leaves its SP padding outside cu_seqlens by design (4 pad tokens
+// here); cu_seqlens that cover it are as wrong as cu_seqlens that stop short.
+TEST(mutations, cu_seqlens_covering_ring_padding) {
+  const auto rows = caught(make(2, 2, 4, 2, {8, 12}), collated(cu_seqlens_cover_padding));
+  EXPECT_TRUE(rows.count("layout.uncovered_tokens")) << str(rows);
+}
+
 TEST(mutations, off_by_one_in_the_all_to_all_plan) {
   const auto bug = transported<all_to_all_blocks_one_peer_off>();
   const auto rows = caught(make(2, 1, 4, 2, {7, 9}), bug);

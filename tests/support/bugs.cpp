@@ -73,6 +73,16 @@ void cu_seqlens_stop_before_padding(collated_batch& cb) {
   }
 }
 
+void cu_seqlens_cover_padding(collated_batch& cb) {
+  const auto Lp = static_cast<std::int32_t>(cb.padded_length);
+  for (auto& rb : cb.ranks) {
+    auto& cu = rb.cu_seqlens;
+    if (cu.empty() || cu.back() >= Lp) continue;
+    cu.back() = Lp;
+    rb.max_seqlen = max_seqlen(cu);
+  }
+}
+
 void ring_cu_seqlens_from_zigzagged_ids(collated_batch& cb) {
   // xorl's ranks hold the full, zigzagged position ids of the row.
   for (auto& rb : cb.ranks) {

@@ -32,6 +32,10 @@ void position_ids_local_per_rank(collated_batch& cb);
 void pad_labels_with_zero(collated_batch& cb);
 /// cu_seqlens stop at the unpadded length although the padded tail is attended.
 void cu_seqlens_stop_before_padding(collated_batch& cb);
+/// cu_seqlens extended over the SP padding, which xorl's ring (R > 1) leaves outside every
+/// document: the last document swallows the pad tokens (they come after it: no real token
+/// attends to them, so only the layout can tell).
+void cu_seqlens_cover_padding(collated_batch& cb);
 /// Ring: cu_seqlens computed from the zigzagged position ids (the rank-ordered row) instead of
 /// the original ones, so document boundaries land in the wrong places.
 void ring_cu_seqlens_from_zigzagged_ids(collated_batch& cb);
