@@ -146,8 +146,7 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // because of its peer: ask the peers whether they are gone or cut off before blaming this
     // rank.
     if (dynamic_cast<const backend_error*>(&e) != nullptr) {
-      if (auto lead = mpi::assess(peers, me, {}, std::chrono::milliseconds(1000)).lead;
-          !lead.empty()) {
+      if (auto lead = mpi::assess(peers, me, {}, mo.probe_budget).lead; !lead.empty()) {
         message = fmt::format("rank {} on {}: {}{}", me, session.host(), lead, message);
         failed = -1;
       }

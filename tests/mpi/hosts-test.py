@@ -55,7 +55,6 @@ with TestHosts(4) as hosts:
         keys = ("pass", "dtype", "scenario", "tolerance", "rows")
         check(all(a[k] == b[k] for k in keys) and len(a["rows"]) >= 10,
               f"the report across hosts equals the one-process report bitwise ({len(a['rows'])} rows)")
-        hosts_seen = {r for r in [hosts.names[h] for h in range(4)]}
         check(min(moved) > 100_000, f"every host's link carried the job's traffic: {moved} bytes")
     # 2. One network fault, at a random host.
     victim = random.randrange(4)

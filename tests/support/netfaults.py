@@ -53,6 +53,12 @@ def scenario(np: int) -> list[str]:
             "--docs", f"{4 * unit},{2 * unit},{unit}", "--layers", "2"]
 
 
+def _first_error(text: str, also: tuple[str, ...] = ()) -> str:
+    """The first line of a job's stderr that reports its failure (ours, or the launcher's)."""
+    marks = ("seqpar: error:", "BAD TERMINATION", *also)
+    return next((l for l in text.splitlines() if any(m in l for m in marks)), "")
+
+
 def _wait_for(pred, limit: float, step: float = 0.01) -> bool:
     end = time.monotonic() + limit
     while time.monotonic() < end:
@@ -103,8 +109,7 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
             rc = job.wait(timeout=300)
             err.flush()
             text = open(err_path, errors="replace").read()
-            first = next((l for l in text.splitlines() if "seqpar: error:" in l
-                          or "BAD TERMINATION" in l or "assert" in l), "")
+            first = _first_error(text, ("assert",))
             row.update(exit=rc, seconds=round(time.monotonic() - t0, 2),
                        named_right=rc == 0, records_left=not os.path.exists(records),
                        replay_right=True, first=first[:400])
@@ -149,8 +154,7 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
         out.close()
         err.close()
     text = open(err_path, errors="replace").read()
-    errors = [l for l in text.splitlines() if "seqpar: error:" in l or "BAD TERMINATION" in l]
-    first = errors[0] if errors else ""
+    first = _first_error(text)
     ranks_text = ", ".join(map(str, victims))
     # A cut is named in the first error message. A killed host's processes make MPICH's
     # mpiexec end the job at once (its own message is an assert): the survivors' words no longer
