@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/byte_pack.hpp"
 #include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
 #include "core/layout.hpp"
@@ -87,6 +88,57 @@ std::unique_ptr<inner_attention> attention_stages::wrap(int rank, compute& c,
   // U = 1: the inner attention's inputs are the local shards themselves (no gathered stages).
   if (s_.ulysses == 1) return in;
   return std::make_unique<tapping_inner>(*this, rank, c, std::move(in));
+}
+
+std::string attention_stages::pack(int rank) const {
+  std::lock_guard lock(mu_);
+  byte_writer w;
+  const auto k = static_cast<std::size_t>(rank);
+  const auto tensors = [&w](const std::vector<io::st_tensor>& v) {
+    w.i64(static_cast<std::int64_t>(v.size()));
+    for (const auto& t : v) {
+      w.str(t.name);
+      w.i64(static_cast<std::int64_t>(t.type));
+      w.list(t.shape);
+      w.str(t.bytes);
+    }
+  };
+  w.i64(rank);
+  w.i64(static_cast<std::int64_t>(order_[k].size()));
+  for (const auto& name : order_[k]) {
+    const auto& f = calls_[k].at(name);
+    w.str(name);
+    tensors(f.fwd);
+    tensors(f.bwd);
+  }
+  return std::move(w.bytes());
+}
+
+void attention_stages::merge(std::string_view packed) {
+  byte_reader r(packed);
+  const auto tensors = [&r] {
+    std::vector<io::st_tensor> v(static_cast<std::size_t>(std::max<std::int64_t>(0, r.i64())));
+    for (auto& t : v) {
+      t.name = r.str();
+      t.type = static_cast<io::st_dtype>(r.i64());
+      t.shape = r.list<std::int64_t>();
+      t.bytes = r.str();
+    }
+    return v;
+  };
+  const auto rank = r.i64();
+  if (rank < 0 || rank >= static_cast<std::int64_t>(calls_.size()))
+    fail<error>("a packed attention record names rank {} of {}", rank, calls_.size());
+  const auto k = static_cast<std::size_t>(rank);
+  std::lock_guard lock(mu_);
+  for (auto n = r.i64(); n > 0; --n) {
+    auto name = r.str();
+    call_files f;
+    f.fwd = tensors();
+    f.bwd = tensors();
+    if (!calls_[k].count(name)) order_[k].push_back(name);
+    calls_[k][name] = std::move(f);
+  }
 }
 
 bool attention_stages::empty() const {

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/collate.hpp"
@@ -36,6 +37,10 @@ class attention_stages {
   /// Writes the recorded calls as a seqpar-dump/1 directory (rank<k>.json and safetensors).
   void write(const std::string& dir) const;
   bool empty() const;
+  /// Rank `rank`'s recorded calls as one message (pack), and such a message added (merge): the
+  /// MPI check moves each process's record to rank 0.
+  std::string pack(int rank) const;
+  void merge(std::string_view packed);
 
  private:
   struct call_files {

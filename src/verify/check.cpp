@@ -14,6 +14,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "core/byte_pack.hpp"
 #include "core/collate.hpp"
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
@@ -641,31 +642,34 @@ struct check_run {
   }
 };
 
-/// Reruns the SP step with every collective captured and names the first call whose received
-/// data are not what its senders sent (the SP step is deterministic: the same faults and seams
-/// hit the same calls).
-template <class T>
-void find_departure(check_report& rep, const scenario& s, const packed_batch& batch,
-                    const collated_batch& cb, const model_params<double>& p64,
-                    const model_params<T>& p, const check_options& opt) {
+/// What a failing step's rerun records on every rank: each collective with its data, the
+/// layer boundaries and the attention's stages.
+struct step_record {
   capture_log log;
-  attention_stages stages(s, cb, opt.type);
+  attention_stages stages;
   layer_trace layers;
-  check_options o = opt;
-  o.capture = &log;
-  o.attention = &stages;
-  o.layers = &layers;
-  o.recorder = nullptr;
-  o.flight_dir.clear();
-  o.progress = {};
-  try {
-    run_sp<T>(s, cb, p, o);
-  } catch (const std::exception& e) {
-    rep.departure =
-        fmt::format("the SP step's rerun with its collectives captured failed: {}", e.what());
-    return;
+
+  step_record(const scenario& s, const collated_batch& cb, dtype t) : stages(s, cb, t) {}
+  /// `opt` with every recorder pointing here (and no other output).
+  check_options recording(const check_options& opt) {
+    check_options o = opt;
+    o.capture = &log;
+    o.attention = &stages;
+    o.layers = &layers;
+    o.recorder = nullptr;
+    o.flight_dir.clear();
+    o.progress = {};
+    return o;
   }
-  const auto calls = log.calls();
+};
+
+/// Names where the step first departs, from every rank's record: the first call whose received
+/// data are not what its senders sent; else the first layer boundary that differs from the
+/// reference's own, and the attention's first differing stage (the dump engine's verdict).
+void judge_departure(check_report& rep, const scenario& s, const packed_batch& batch,
+                     const collated_batch& cb, const model_params<double>& p64,
+                     const check_options& opt, const std::vector<call_capture>& calls,
+                     step_record& rec) {
   rep.first = first_divergence(
       calls,
       [&cb, &s](int k, bool gathered) {
@@ -678,12 +682,12 @@ void find_departure(check_report& rep, const scenario& s, const packed_batch& ba
   // Layer by layer against the reference's own boundaries (the oracle, rows in token order).
   try {
     (void)ref::train_step(s, as_reference_weights(p64), reference_batch(s, batch), opt.threads,
-                          [&layers](int l, const std::string& st, const ref::matrix& m) {
-                            layers.add(-1, l, st, Eigen::MatrixXd(m));
+                          [&rec](int l, const std::string& st, const ref::matrix& m) {
+                            rec.layers.add(-1, l, st, Eigen::MatrixXd(m));
                           });
     const double tol = std::max(rep.tolerance, 1e-10);
     if (auto where = first_layer_departure(
-            layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
+            rec.layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
             cb.original_length, tol)) {
       rep.layer_departure = *where;
       transport += "; " + *where;
@@ -693,7 +697,7 @@ void find_departure(check_report& rep, const scenario& s, const packed_batch& ba
   } catch (const std::exception&) {
     // The boundaries are a refinement: without them the attention's verdict still stands.
   }
-  if (stages.empty()) {
+  if (rec.stages.empty()) {
     rep.departure = transport +
                     ": it departs in what the ranks compute or hold, not in transport (the "
                     "attention's stages are recorded for sync Ulysses and ring softmax layers "
@@ -701,7 +705,7 @@ void find_departure(check_report& rep, const scenario& s, const packed_batch& ba
     return;
   }
   try {
-    const auto v = judge_attention(stages, opt.threads);
+    const auto v = judge_attention(rec.stages, opt.threads);
     if (v.first) {
       rep.attention = v.first;
       // The first differing stage per rank, before the end results' consequences.
@@ -721,6 +725,23 @@ void find_departure(check_report& rep, const scenario& s, const packed_batch& ba
         fmt::format("{}: it departs in what the ranks compute or hold, not in transport ({})",
                     transport, e.what());
   }
+}
+
+/// Reruns the SP step with everything recorded and names where it first departs (the SP step
+/// is deterministic: the same faults and seams hit the same calls).
+template <class T>
+void find_departure(check_report& rep, const scenario& s, const packed_batch& batch,
+                    const collated_batch& cb, const model_params<double>& p64,
+                    const model_params<T>& p, const check_options& opt) {
+  step_record rec(s, cb, opt.type);
+  try {
+    run_sp<T>(s, cb, p, rec.recording(opt));
+  } catch (const std::exception& e) {
+    rep.departure =
+        fmt::format("the SP step's rerun with its collectives captured failed: {}", e.what());
+    return;
+  }
+  judge_departure(rep, s, batch, cb, p64, opt, rec.log.calls(), rec);
 }
 
 template <class T>
@@ -896,6 +917,32 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
   // Every process learns rank 0's verdict (rank 0 contributes it, the others 0).
   world.all_reduce(all, &verdict, 1, dtype::i32, op_info{"check.verdict", {}, {}});
   rep.pass = verdict == 1;
+  if (!rep.pass && opt.find_departure) {
+    // Every process reruns its rank's step with everything recorded; the records go to rank 0,
+    // which judges them as the in-process check does.
+    say("first departure: the SP step again, every collective captured with its data");
+    step_record rec(s, cb, opt.type);
+    (void)sp_rank_step<T>(world, s, cb, p, rec.recording(opt));
+    byte_writer w;
+    w.str(pack_calls(rec.log.calls()));
+    w.str(rec.layers.pack());
+    w.str(rec.stages.pack(me));
+    say("gathering every rank's captured calls, layer boundaries and attention stages on rank 0");
+    const auto records = gather_to_first(world, all, w.bytes(), "check.departure");
+    if (me == 0)
+      world.while_busy(all, [&] {
+        step_record merged(s, cb, opt.type);
+        std::vector<call_capture> calls;
+        for (const auto& m : records) {
+          byte_reader r(m);
+          for (auto& c : unpack_calls(r.str())) calls.push_back(std::move(c));
+          merged.layers.merge(r.str());
+          merged.stages.merge(r.str());
+        }
+        judge_departure(rep, s, batch, cb, p64, opt, calls, merged);
+      });
+    world.barrier(all, op_info{"check.departure.done", {}, {}});
+  }
   return rep;
 }
 

@@ -11,6 +11,8 @@
 #include <map>
 #include <tuple>
 
+#include "core/byte_pack.hpp"
+
 namespace seqpar::verify {
 
 void capture_log::add(call_capture c) {
@@ -476,6 +478,125 @@ std::optional<divergence> first_divergence(const std::vector<call_capture>& call
 void layer_trace::add(int rank, int layer, const std::string& stage, Eigen::MatrixXd rows) {
   std::lock_guard lock(mu_);
   rows_[{rank, layer, stage}] = std::move(rows);
+}
+
+std::string layer_trace::pack() const {
+  std::lock_guard lock(mu_);
+  byte_writer w;
+  w.i64(static_cast<std::int64_t>(rows_.size()));
+  for (const auto& [key, m] : rows_) {
+    const auto& [rank, layer, stage] = key;
+    w.i64(rank);
+    w.i64(layer);
+    w.str(stage);
+    w.i64(m.rows());
+    w.i64(m.cols());
+    w.blob(m.data(), static_cast<std::size_t>(m.size()) * sizeof(double));
+  }
+  return std::move(w.bytes());
+}
+
+void layer_trace::merge(std::string_view packed) {
+  byte_reader r(packed);
+  for (auto n = r.i64(); n > 0; --n) {
+    const auto rank = static_cast<int>(r.i64()), layer = static_cast<int>(r.i64());
+    auto stage = r.str();
+    const auto rows = r.i64(), cols = r.i64();
+    const auto data = r.blob();
+    if (rows < 0 || cols < 0 || data.size() != static_cast<std::size_t>(rows * cols) * 8)
+      fail<error>("a packed layer boundary is corrupt: {}×{} with {} bytes", rows, cols,
+                  data.size());
+    Eigen::MatrixXd m(rows, cols);
+    std::memcpy(m.data(), data.data(), data.size());
+    add(rank, layer, stage, std::move(m));
+  }
+}
+
+std::string pack_calls(const std::vector<call_capture>& calls) {
+  byte_writer w;
+  const auto runs = [&w](const std::vector<bytes>& v) {
+    w.i64(static_cast<std::int64_t>(v.size()));
+    for (const auto& b : v) w.blob(b.data(), b.size());
+  };
+  w.i64(static_cast<std::int64_t>(calls.size()));
+  for (const auto& c : calls) {
+    w.i64(c.rank);
+    w.i64(c.order);
+    w.str(c.op);
+    w.str(c.tag);
+    w.str(c.group);
+    w.list(c.members);
+    w.i64(c.seq);
+    w.i64(static_cast<std::int64_t>(c.type));
+    w.list(c.in_shape);
+    w.list(c.out_shape);
+    runs(c.sent);
+    runs(c.received);
+    w.list(c.send_peer);
+    w.list(c.recv_peer);
+  }
+  return std::move(w.bytes());
+}
+
+std::vector<call_capture> unpack_calls(std::string_view packed) {
+  byte_reader r(packed);
+  const auto runs = [&r] {
+    std::vector<bytes> v(static_cast<std::size_t>(std::max<std::int64_t>(0, r.i64())));
+    for (auto& b : v) {
+      const auto s = r.blob();
+      b.assign(s.begin(), s.end());
+    }
+    return v;
+  };
+  std::vector<call_capture> calls;
+  for (auto n = r.i64(); n > 0; --n) {
+    call_capture c;
+    c.rank = static_cast<int>(r.i64());
+    c.order = r.i64();
+    c.op = r.str();
+    c.tag = r.str();
+    c.group = r.str();
+    c.members = r.list<int>();
+    c.seq = r.i64();
+    c.type = static_cast<dtype>(r.i64());
+    c.in_shape = r.list<std::int64_t>();
+    c.out_shape = r.list<std::int64_t>();
+    c.sent = runs();
+    c.received = runs();
+    c.send_peer = r.list<int>();
+    c.recv_peer = r.list<int>();
+    calls.push_back(std::move(c));
+  }
+  return calls;
+}
+
+std::vector<std::string> gather_to_first(communicator& comm, const comm_group& g,
+                                         const std::string& mine, const std::string& tag) {
+  const auto P = static_cast<std::size_t>(g.size());
+  const int me = g.index_of(comm.rank());
+  const std::int64_t mine_bytes = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> sizes(P);
+  comm.all_gather(g, &mine_bytes, 1, sizes.data(), dtype::i64, op_info{tag + ".sizes", {1}, {1}});
+  const auto words = [](std::int64_t n) { return (n + 7) / 8; };
+  std::vector<std::int64_t> send(static_cast<std::size_t>(words(mine_bytes)), 0);
+  if (!mine.empty()) std::memcpy(send.data(), mine.data(), mine.size());
+  std::vector<std::int64_t> send_counts(P, 0), recv_counts(P, 0);
+  send_counts[0] = static_cast<std::int64_t>(send.size());
+  std::int64_t total = 0;
+  if (me == 0)
+    for (std::size_t k = 0; k < P; ++k) total += recv_counts[k] = words(sizes[k]);
+  std::vector<std::int64_t> recv(static_cast<std::size_t>(total));
+  comm.all_to_all(g, send.data(), send_counts, recv.data(), recv_counts, dtype::i64,
+                  op_info{tag, {static_cast<std::int64_t>(send.size())}, {total}});
+  std::vector<std::string> out;
+  if (me != 0) return out;
+  std::int64_t at = 0;
+  for (std::size_t k = 0; k < P; ++k) {
+    out.emplace_back(reinterpret_cast<const char*>(recv.data() + at),
+                     static_cast<std::size_t>(sizes[k]));
+    at += recv_counts[k];
+  }
+  return out;
 }
 
 const Eigen::MatrixXd* layer_trace::get(int rank, int layer, const std::string& stage) const {

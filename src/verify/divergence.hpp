@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -50,6 +51,16 @@ class capture_log {
   std::vector<call_capture> calls_;
 };
 
+/// Captured calls as one message and back (the MPI check moves each rank's to rank 0).
+std::string pack_calls(const std::vector<call_capture>& calls);
+std::vector<call_capture> unpack_calls(std::string_view packed);
+
+/// Every member's `mine` on member 0 of `g` (in member order; the others get an empty list), of
+/// any lengths: the lengths are gathered first, then the bytes (as 8-byte words) by one
+/// all-to-all in which only member 0 receives.
+std::vector<std::string> gather_to_first(communicator& comm, const comm_group& g,
+                                         const std::string& mine, const std::string& tag);
+
 /// A communicator that forwards every call to `inner` and adds what was sent and received to
 /// `log` (tags and groups as given). Nonblocking all-to-alls complete at once through it.
 std::unique_ptr<communicator> capturing_communicator(communicator& inner, capture_log& log);
@@ -82,6 +93,9 @@ class layer_trace {
  public:
   void add(int rank, int layer, const std::string& stage, Eigen::MatrixXd rows);
   const Eigen::MatrixXd* get(int rank, int layer, const std::string& stage) const;
+  /// Every boundary recorded here as one message (pack), and another trace's added (merge).
+  std::string pack() const;
+  void merge(std::string_view packed);
 
  private:
   mutable std::mutex mu_;

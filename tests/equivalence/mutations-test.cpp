@@ -13,6 +13,7 @@
 #include "core/ring_attention.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
+#include "sim/model.hpp"
 #include "support/bugs.hpp"
 #include "support/scenarios.hpp"
 #include "trace/replay.hpp"
@@ -448,6 +449,71 @@ TEST(precision, attention_error_planted_above_the_healthy_one_fails_check) {
     EXPECT_LT(healthy, 1.0 / 60) << "U" << s.ulysses << " R" << s.ring;
     EXPECT_GT(planted, 1.3) << "U" << s.ulysses << " R" << s.ring << ": healthy " << healthy;
   }
+}
+
+// A parameter gradient far below the largest one is judged against its own size (floored at
+// 1e-3 of the largest): an error of 1.3 × the tolerance of it fails its row. Planted after the
+// gradient sync into one element of the smallest gradient (here ~6 % of the largest), the same
+// on every rank. Judged against a floor of a tenth of the largest, it would pass (at ≤ 0.91 of
+// the bound).
+class one_gradient_element_shifted : public forwarding_communicator {
+ public:
+  one_gradient_element_shifted(communicator& inner, std::int64_t at, double delta, int* hits)
+      : forwarding_communicator(inner), at_(at), delta_(delta), hits_(hits) {}
+
+ protected:
+  void do_all_reduce(const comm_group& g, void* buf, std::int64_t count, dtype t) override {
+    forwarding_communicator::do_all_reduce(g, buf, count, t);
+    if (call_info().tag != "grad.fsdp" || t != dtype::f64 || at_ >= count) return;
+    static_cast<double*>(buf)[at_] += delta_;
+    ++*hits_;
+  }
+
+ private:
+  std::int64_t at_;
+  double delta_;
+  int* hits_;
+};
+
+TEST(precision, a_small_gradient_is_judged_against_its_own_size) {
+  const auto s = make(2, 2, 4, 2, {8, 16});
+  const auto in = verify::reference_inputs_of(s);
+  const auto ref = ref::train_step(s, in.weights, in.batch);
+  double largest = 0;
+  for (const auto& g : ref.grads.values) largest = std::max(largest, g.cwiseAbs().maxCoeff());
+  // The smallest gradient still above the floor, and its offset in the flat gradient buffer
+  // (parameters in their fixed order).
+  const auto p = sim::model_params<double>::init(s);
+  ASSERT_EQ(p.names, ref.grads.names);
+  std::size_t pick = p.names.size();
+  double pick_max = largest;
+  std::int64_t offset = 0, pick_at = 0;
+  for (std::size_t i = 0; i < p.names.size(); ++i) {
+    const double m = ref.grads.values[i].cwiseAbs().maxCoeff();
+    if (m > 2e-3 * largest && m < pick_max) {
+      pick = i;
+      pick_max = m;
+      Eigen::Index r = 0, c = 0;
+      ref.grads.values[i].cwiseAbs().maxCoeff(&r, &c);
+      pick_at = offset + c * ref.grads.values[i].rows() + r;  // column-major, as the views
+    }
+    offset += p.values[i].size();
+  }
+  ASSERT_LT(pick, p.names.size());
+  ASSERT_LT(pick_max, 0.07 * largest) << p.names[pick];
+  const double tol = verify::tolerance_for(s, dtype::f64);
+  int hits = 0;
+  verify::check_options o;
+  o.find_departure = false;
+  o.wrap_communicator =
+      wrap_communicator_in<one_gradient_element_shifted>(pick_at, 1.3 * tol * pick_max, &hits);
+  const auto rep = verify::run_check(s, o);
+  ASSERT_GT(hits, 0) << "the gradient sync never ran";
+  std::set<std::string> failed;
+  for (const auto& r : rep.rows)
+    if (!r.pass) failed.insert(r.tensor);
+  EXPECT_EQ(failed, std::set<std::string>{std::string("grad.") + p.names[pick]})
+      << p.names[pick] << " max " << pick_max << " of " << largest;
 }
 
 namespace {

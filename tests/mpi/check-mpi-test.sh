@@ -101,6 +101,38 @@ failing_job "throwing rank" 2 \
   'seqpar: error: rank 1 on *injected failure: rank 1 throws at all_reduce (loss.sum)' \
   -- --throw-at 1:loss.sum --ulysses 2 --ring 1 --layers 1 --docs 9,6 --heads 4 --kv-heads 2
 
+# A failing check names where the step first departs, under MPI as in one process: every
+# process reruns its rank's step with its collectives, layer boundaries and attention stages
+# recorded, and rank 0 judges them all. Each transport fault kind (all-to-all, ring message,
+# reduction, all-gather): the same first departure and note as --backend sim.
+hybrid=(--ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1)
+for f in drop_chunk:rank=1 duplicate_chunk:rank=2 permute_chunks:rank=0 swap_peers:rank=3 \
+         drop_chunk:op=send_recv,rank=2 drop_chunk:op=all_reduce,rank=1 \
+         duplicate_chunk:op=all_gather,rank=0; do
+  "$seqpar" check --json -q "${hybrid[@]}" --fault "$f" > "$tmp/dep.sim.json" 2> /dev/null
+  timeout 60 "$mpiexec" -n 4 "$seqpar" check --backend mpi --json -q "${hybrid[@]}" \
+    --fault "$f" > "$tmp/dep.mpi.json" 2> "$tmp/dep.mpi.err"
+  rc=$?
+  sim=$(jq -c '[.first_departure, .departure_note]' "$tmp/dep.sim.json")
+  mpi=$(jq -c '[.first_departure, .departure_note]' "$tmp/dep.mpi.json" 2> /dev/null)
+  line=$(jq -r '.[0].line // empty' <<< "$mpi" 2> /dev/null)
+  if [ "$rc" -ne 1 ] || [[ "$line" != "first departure: "* ]]; then
+    fail "--fault $f under mpi: exit $rc (want 1) and no first departure: $(head -3 "$tmp/dep.mpi.err")"
+  elif [ "$sim" != "$mpi" ]; then
+    fail "--fault $f: mpi's first departure differs from sim's: $mpi vs $sim"
+  else ok; fi
+done
+# A compute bug (no collective departs): the layer boundaries and the attention's stages of
+# every process, judged on rank 0, name the KV heads repeated blockwise on the right ranks.
+out=$(timeout 60 "$mpiexec" -n 4 "$failing" --bug kv_heads_repeated_blockwise --ulysses 4 \
+  --ring 1 --heads 8 --kv-heads 2 --docs 9,14,3 2> "$tmp/bug.err")
+rc=$?
+want="in attention: call L0.attn first differs at stage k.gathered on ranks 1, 2"
+if [ "$rc" -ne 1 ] || [[ "$out" != *"all 36 collectives of the SP step delivered what their senders sent; layer L0, forward"* ]] \
+   || [[ "$out" != *"$want"* ]] || [[ "$out" != *"holds KV head 1 where head 0 was expected"* ]]; then
+  fail "compute bug under mpi (exit $rc): $out $(head -3 "$tmp/bug.err")"
+else ok; fi
+
 # A rank killed by SIGKILL mid-run (n = 4, inside the hybrid step): mpiexec ends the job.
 failing_job "killed rank" 4 'BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES' \
   -- --die-at 3:loss.sum --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1

@@ -5,6 +5,9 @@
 //   mpiexec -n P failing_rank_check (--throw-at | --die-at | --stop-at | --mark-at) RANK:TAG[:N]
 //   (--mark-at: with --mark-file F [--mark-when before|inside|after], for tests/mpi/hosts)
 //   (--stop-at RANK:init stops that rank before MPI_Init)
+//   mpiexec -n P failing_rank_check --bug NAME [scenario flags]
+//   (a compute bug of tests/support/bugs.hpp on every rank, no failing rank: prints the
+//   report's first line, where the step first departs)
 //     [--timeout S] [--flight-record DIR] [scenario flags]
 //
 // Exit codes as seqpar check's: 0 pass, 1 a difference, 2 invalid input or a failed rank.
@@ -19,6 +22,7 @@
 
 #include "core/error.hpp"
 #include "scenario_flags.hpp"
+#include "support/bugs.hpp"
 #include "support/failing_comm.hpp"
 #include "trace/flight.hpp"
 #include "verify/check_mpi.hpp"
@@ -29,7 +33,7 @@ int main(int argc, char** argv) {
   CLI::App app("runs the MPI check with one failing rank");
   cli::scenario_flags flags;
   flags.add_to(app);
-  std::string throw_at, die_at, stop_at, mark_at, mark_file, mark_when = "before", flight_dir;
+  std::string throw_at, die_at, stop_at, mark_at, mark_file, mark_when = "before", flight_dir, bug;
   double timeout_s = 0;
   app.add_option("--throw-at", throw_at, "RANK:TAG[:N]: that rank throws seqpar::error there");
   app.add_option("--die-at", die_at, "RANK:TAG[:N]: that rank raises SIGKILL on itself there");
@@ -42,14 +46,33 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"before", "inside", "after"}));
   app.add_option("--timeout", timeout_s, "the watchdog's deadline in seconds (0 = default)");
   app.add_option("--flight-record", flight_dir, "where failing ranks leave their flight records");
+  app.add_option("--bug", bug, "a compute bug on every rank instead of a failing rank")
+      ->check(CLI::IsMember(
+          {"kv_heads_repeated_blockwise", "bias_added_twice", "merge_without_max_subtraction"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    if (!bug.empty()) {
+      verify::check_options opt;
+      opt.wrap_compute = bug == "kv_heads_repeated_blockwise"
+                             ? test::wrap_compute_in<test::kv_heads_repeated_blockwise>()
+                         : bug == "bias_added_twice"
+                             ? test::wrap_compute_in<test::bias_added_twice>()
+                             : test::wrap_compute_in<test::merge_without_max_subtraction>();
+      return verify::check_mpi([&](verify::check_options&) { return flags.resolve(); }, opt,
+                               [](const verify::check_report& rep) {
+                                 fmt::print("{}\n", rep.pass ? "PASS"
+                                                    : rep.first
+                                                        ? rep.first->line
+                                                        : "first departure: " + rep.departure);
+                               });
+    }
     if (!throw_at.empty() + !die_at.empty() + !stop_at.empty() + !mark_at.empty() != 1)
-      fail<config_error>("give exactly one of --throw-at, --die-at, --stop-at and --mark-at");
+      fail<config_error>(
+          "give exactly one of --throw-at, --die-at, --stop-at, --mark-at and --bug");
     if (!mark_at.empty() && mark_file.empty()) fail<config_error>("--mark-at needs --mark-file");
     auto spec = !throw_at.empty()
                     ? test::parse_failure(test::failure_spec::action::throw_error, throw_at)

@@ -551,6 +551,50 @@ TEST(mpi_comm, watchdog_follows_the_wait_chain_to_the_silent_rank) {
   comm().barrier(world_group());
 }
 
+// Where the chains end at a busy rank and at a silent one, the silent one is named first (it is
+// the likelier culprit): rank 3 waits for rank 0, which waits in t.sx for ranks 1 and 2; rank 1
+// is busy in local work (heartbeats say so), rank 2 sleeps without a word. The breadth-first
+// walk meets rank 1 first; the message must still lead with rank 2.
+TEST(mpi_comm, watchdog_names_silent_chain_ends_before_busy_ones) {
+  if (comm().world_size() < 4) GTEST_SKIP() << "needs 4 ranks";
+  const int me = comm().rank();
+  auto& raw = leaked_communicator();
+  const comm_group x{"t.sx", {0, 1, 2}}, w{"t.sw", {0, 3}};
+  if (x.index_of(me) >= 0) raw.barrier(x);
+  if (w.index_of(me) >= 0) raw.barrier(w);
+  comm().barrier(world_group());
+  int value = 1;
+  const auto pause = std::chrono::milliseconds(2600);
+  if (me == 0) {
+    // Its own deadline keeps moving while rank 1 is busy; its heartbeats (every 250 ms) keep it
+    // alive in rank 3's eyes. Ranks 1 and 2 join after the pause: the call completes.
+    raw.set_timeout(std::chrono::milliseconds(1000));
+    raw.all_reduce(x, &value, 1, dtype::i32, tagged("t.sx"));
+    EXPECT_EQ(value, 3);
+  } else if (me == 1) {
+    raw.set_timeout(std::chrono::milliseconds(1000));
+    raw.while_busy(x, [&] { std::this_thread::sleep_for(pause); });
+    raw.all_reduce(x, &value, 1, dtype::i32, tagged("t.sx"));
+  } else if (me == 2) {
+    std::this_thread::sleep_for(pause);  // silent, then joins
+    raw.all_reduce(x, &value, 1, dtype::i32, tagged("t.sx"));
+  } else if (me == 3) {
+    raw.set_timeout(std::chrono::milliseconds(1000));
+    const auto msg =
+        expect_throw<error>([&] { raw.all_reduce(w, &value, 1, dtype::i32, tagged("t.sw")); });
+    const auto silent = msg.find("the wait ends at rank 2 (silent for");
+    const auto busy = msg.find("the wait ends at rank 1 (alive");
+    ASSERT_NE(silent, std::string::npos) << msg;
+    ASSERT_NE(busy, std::string::npos) << msg;
+    EXPECT_LT(silent, busy) << msg;
+    EXPECT_NE(msg.find("rank 3 waits for rank 0, which waits in all_reduce #1 (t.sx) on 't.sx' "
+                       "for rank"),
+              std::string::npos)
+        << msg;
+  }
+  comm().barrier(world_group());
+}
+
 // Two ranks, each waiting for the other in a different group: a deadlock, named as a cycle.
 TEST(mpi_comm, watchdog_names_a_cycle_of_waits_as_a_deadlock) {
   const int me = comm().rank();

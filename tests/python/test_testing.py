@@ -158,6 +158,23 @@ def test_hang_names_the_rank_that_did_not_return():
     assert not _children()
 
 
+def test_grace_after_a_raise_not_the_hang_deadline():
+    # Rank 1 raises; the other ranks block in their collectives and never return. Once one rank
+    # has failed, the others get a short grace (2 s), not the whole deadline (30 s here), before
+    # the example is judged and the pool restarted.
+    import time
+    scn = Scenario(ulysses=2, ring=2, layout="zigzag", heads=4, kv_heads=2, head_dim=4,
+                   docs=(8,), dtype="f32")
+    spt.run_one(bad_code.healthy, scn, deadline=30)  # the pool is up: time the example alone
+    t0 = time.monotonic()
+    ok, text = spt.run_one(bad_code.raises_on_rank1, scn, deadline=30)
+    took = time.monotonic() - t0
+    assert not ok
+    assert "rank 1 raised ValueError" in text, text
+    assert took < 12, "the example took %.1f s: the others waited the deadline, not the grace" % took
+    assert not _children()
+
+
 @pytest.mark.parametrize("impl,words", [
     (bad_code.wrong_shape, "the rank's output must have q's shape"),
     (bad_code.wrong_dtype, "the output must have q's dtype"),
