@@ -687,6 +687,21 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   const auto L = [](int l, const char* what) { return fmt::format("L{}.{}", l, what); };
   const auto tiles = ops::tile_rows(n, s.tiles);
 
+  // The backward's taps are of the global loss: VeOmni's ∂L/∂ℓ factor P divided out.
+  const double tap_scale = shifts_whole_row(env.profile) && env.loss_group.size() > 1
+                               ? 1.0 / static_cast<double>(env.loss_group.size())
+                               : 1.0;
+  const auto tap = [&env](int l, const char* stage, const mat<T>& rows, double scale = 1.0) {
+    if (env.tap_layer) env.tap_layer(l, stage, rows.template cast<double>() * scale);
+  };
+  const auto tap_grad = [&](int l, const char* stage, const mat<T>& rows) {
+    tap(l, stage, rows, tap_scale);
+  };
+  const auto tap_heads = [&](int l, const char* stage, const tensor& t, std::int64_t width,
+                             bool grad) {
+    if (env.tap_layer) tap(l, stage, from_tensor<T>(comp, t, n, width), grad ? tap_scale : 1.0);
+  };
+
   // Forward.
   mat<T> x = ops::embedding_fwd(p["embed"], ids);
   std::vector<layer_cache<T>> caches(static_cast<std::size_t>(s.layers));
@@ -694,6 +709,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     auto& c = caches[static_cast<std::size_t>(l)];
     c.x_in = x;
     c.attn_normed = ops::rms_norm_fwd(x, p[L(l, "attn_norm")], c.r_attn);
+    tap(l, "attn_norm", c.attn_normed);
     if (s.layer_is_linear(l)) {
       // GatedDeltaNet (core/linear_attention): projections here, the SP path in core.
       const auto K = Kl, V = Vl;
@@ -713,6 +729,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
                       to_tensor(comp, z, Hv, s.linear_v_dim), to_tensor(comp, b, Hv, 1),
                       to_tensor(comp, a, Hv, 1), c.gdn, L(l, "gdn"));
       c.attn_out = from_tensor<T>(comp, y, n, V);
+      tap(l, "attn", c.attn_out);
       c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "out_proj")]);
     } else {
       const auto proj = [&](const char* w, const char* b) {
@@ -722,12 +739,17 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       if (!env.async_ulysses) {
         c.q_pre = proj("wq", "bq");
         c.k_pre = proj("wk", "bk");
+        const mat<T> v = proj("wv", "bv");
+        tap(l, "q_proj", c.q_pre);
+        tap(l, "k_proj", c.k_pre);
+        tap(l, "v", v);
         const mat<T> q = ops::rope_fwd(
             s.qk_norm ? qk_norm_fwd(comp, s, p, l, "q", c.q_pre, H, c.r_q) : c.q_pre, H, D, pos);
         const mat<T> k = ops::rope_fwd(
             s.qk_norm ? qk_norm_fwd(comp, s, p, l, "k", c.k_pre, Hkv, c.r_k) : c.k_pre, Hkv, D,
             pos);
-        const mat<T> v = proj("wv", "bv");
+        tap(l, "q", q);
+        tap(l, "k", k);
         const tensor qt = to_tensor(comp, q, H, D), kt = to_tensor(comp, k, Hkv, D),
                      vt = to_tensor(comp, v, Hkv, D);
         if (env.tap_attention) {
@@ -741,9 +763,14 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
         // Async Ulysses (VeOmni's order): q, k, v projected one by one, each overlapping the
         // previous all-to-all; q/k norm and RoPE on the gathered rows.
         ulysses_async_hooks hooks;
-        hooks.project_q = [&] { return to_tensor(comp, proj("wq", "bq"), H, D); };
-        hooks.project_k = [&] { return to_tensor(comp, proj("wk", "bk"), Hkv, D); };
-        hooks.project_v = [&] { return to_tensor(comp, proj("wv", "bv"), Hkv, D); };
+        const auto projected = [&](const char* w, const char* b, const char* stage, int heads) {
+          const mat<T> y = proj(w, b);
+          tap(l, stage, y);
+          return to_tensor(comp, y, heads, D);
+        };
+        hooks.project_q = [&] { return projected("wq", "bq", "q_proj", H); };
+        hooks.project_k = [&] { return projected("wk", "bk", "k_proj", Hkv); };
+        hooks.project_v = [&] { return projected("wv", "bv", "v", Hkv); };
         hooks.post_q = [&](const tensor& x) {
           return async_post(comp, s, p, l, "q", x, c.q_gathered, gpos);
         };
@@ -753,6 +780,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
         o = ulysses_async_forward(comm, comp, ucfg, *inner, hooks, c.async_saved, 0, L(l, "attn"));
       }
       c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
+      tap(l, "attn", c.attn_out);
       if (s.output_gate) {  // Qwen3.5: attention output ∘ sigmoid(a·wg), per token (local)
         c.attn_raw = c.attn_out;
         c.gate_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wg")]);
@@ -760,8 +788,9 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       }
       c.x_mid = x + projection(comp, p, c.attn_out, L(l, "wo"), L(l, "bo"), s.o_bias);
     }
-    if (env.tap_layer) env.tap_layer(l, "x_mid", c.x_mid.template cast<double>());
+    tap(l, "x_mid", c.x_mid);
     c.mlp_normed = ops::rms_norm_fwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp);
+    tap(l, "mlp_norm", c.mlp_normed);
     if (tiles.size() > 1) {
       // TiledMLP: tile by tile, nothing of the intermediate width is kept for the backward.
       x = c.x_mid;
@@ -773,9 +802,10 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       c.gate = ops::linear_fwd(c.mlp_normed, p[L(l, "w_gate")]);
       c.up = ops::linear_fwd(c.mlp_normed, p[L(l, "w_up")]);
       c.act = ops::swiglu_fwd(c.gate, c.up);
+      tap(l, "mlp_act", c.act);
       x = c.x_mid + ops::linear_fwd(c.act, p[L(l, "w_down")]);
     }
-    if (env.tap_layer) env.tap_layer(l, "x_out", x.template cast<double>());
+    tap(l, "x_out", x);
   }
   col<T> r_final;
   const mat<T> final_normed = ops::rms_norm_fwd(x, p["final_norm"], r_final);
@@ -842,13 +872,9 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     dfinal = ops::linear_bwd(final_normed, p["lm_head"], dlogits, gr["lm_head"]);
   }
   mat<T> dx = ops::rms_norm_bwd(x, p["final_norm"], r_final, dfinal, gr["final_norm"]);
-  // The backward's taps are of the global loss: VeOmni's ∂L/∂ℓ factor P divided out.
-  const double tap_scale = shifts_whole_row(env.profile) && env.loss_group.size() > 1
-                               ? 1.0 / static_cast<double>(env.loss_group.size())
-                               : 1.0;
   for (int l = s.layers - 1; l >= 0; --l) {
     auto& c = caches[static_cast<std::size_t>(l)];
-    if (env.tap_layer) env.tap_layer(l, "d_out", dx.template cast<double>() * tap_scale);
+    tap_grad(l, "d_out", dx);
     // MLP: x = x_mid + swiglu(m·w_gate, m·w_up)·w_down, m = rms_norm(x_mid).
     mat<T> dm;
     if (tiles.size() > 1) {
@@ -865,18 +891,21 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       }
     } else {
       const mat<T> dact = ops::linear_bwd(c.act, p[L(l, "w_down")], dx, gr[L(l, "w_down")]);
+      tap_grad(l, "d_mlp_act", dact);
       mat<T> dgate, dup;
       ops::swiglu_bwd(c.gate, c.up, dact, dgate, dup);
       dm = ops::linear_bwd(c.mlp_normed, p[L(l, "w_gate")], dgate, gr[L(l, "w_gate")]);
       dm += ops::linear_bwd(c.mlp_normed, p[L(l, "w_up")], dup, gr[L(l, "w_up")]);
     }
+    tap_grad(l, "d_mlp_norm", dm);
     const mat<T> dx_mid =
         dx + ops::rms_norm_bwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp, dm, gr[L(l, "mlp_norm")]);
-    if (env.tap_layer) env.tap_layer(l, "d_mid", dx_mid.template cast<double>() * tap_scale);
+    tap_grad(l, "d_mid", dx_mid);
     if (s.layer_is_linear(l)) {
       const auto K = Kl, V = Vl;
       const mat<T> dn =
           ops::linear_bwd(c.attn_out, p[L(l, "out_proj")], dx_mid, gr[L(l, "out_proj")]);
+      tap_grad(l, "d_attn", dn);
       const gdn_grads g = gdn_backward(comm, comp, gcfg, env.linear_docs, c.gdn_w, c.gdn,
                                        to_tensor(comp, dn, Hv, s.linear_v_dim), L(l, "gdn"));
       c.gdn = {};
@@ -894,6 +923,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       add_host<T>(comp, g.dA_log, gr[L(l, "A_log")]);
       add_host<T>(comp, g.ddt_bias, gr[L(l, "dt_bias")]);
       add_host<T>(comp, g.dnorm, gr[L(l, "gdn_norm")]);
+      tap_grad(l, "d_attn_norm", da);
       dx = dx_mid +
            ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
       continue;
@@ -918,6 +948,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       da += ops::linear_bwd(c.attn_normed, p[L(l, "wg")], dgate, gr[L(l, "wg")]);
       dattn = dattn.cwiseProduct(sg);
     }
+    tap_grad(l, "d_attn", dattn);
     const auto proj_bwd = [&](const char* w, const char* b, const mat<T>& dy) {
       da += ops::linear_bwd(c.attn_normed, p[L(l, w)], dy, gr[L(l, w)]);
       if (s.qkv_bias) bias_grad(b, dy);
@@ -948,6 +979,9 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       const tensor dout = to_tensor(comp, dattn, H, D);
       if (env.tap_attention) env.tap_attention(L(l, "attn"), "grad.out.local", dout);
       const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved, dout, L(l, "attn"));
+      tap_heads(l, "d_q", g.dq, std::int64_t{H} * D, true);
+      tap_heads(l, "d_k", g.dk, std::int64_t{Hkv} * D, true);
+      tap_heads(l, "d_v", g.dv, std::int64_t{Hkv} * D, true);
       if (env.tap_attention) {
         env.tap_attention(L(l, "attn"), "grad.q.local", g.dq);
         env.tap_attention(L(l, "attn"), "grad.k.local", g.dk);
@@ -964,6 +998,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       proj_bwd("wk", "bk", dk);
       proj_bwd("wv", "bv", from_tensor<T>(comp, g.dv, n, std::int64_t{Hkv} * D));
     }
+    tap_grad(l, "d_attn_norm", da);
     dx = dx_mid +
          ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
   }

@@ -106,11 +106,18 @@ struct sp_env {
   /// stage q.local, k.local, v.local (what enters the Ulysses step, after RoPE), out.local;
   /// grad.out.local, grad.q.local, grad.k.local, grad.v.local. Empty: nothing is recorded.
   std::function<void(const std::string&, const std::string&, const tensor&)> tap_attention;
-  /// Receives every layer's boundaries as they are made, the local rows in float64: (layer,
-  /// stage, rows [local tokens, hidden]) with stage "x_mid" (the residual after the layer's
-  /// attention block), "x_out" (after its MLP block), and in the backward "d_out" (the gradient
-  /// arriving at the layer's output) and "d_mid" (at its attention block's output), both of the
-  /// global loss (VeOmni's ∂L/∂ℓ factor P divided out). Empty: nothing is recorded.
+  /// Receives every layer's stages as they are made, the local rows in float64: (layer,
+  /// stage, rows [local tokens, width]). Forward: "attn_norm" (the attention norm's output),
+  /// "q_proj", "k_proj", "v" (the projections), "q", "k" (after the q/k norm and RoPE; sync
+  /// Ulysses and ring only), "attn" (the attention's or GatedDeltaNet's output after the reverse
+  /// all-to-all, before any output gate and the output projection), "x_mid" (the residual after
+  /// the attention block), "mlp_norm", "mlp_act" (SwiGLU's output; not with tiled MLP),
+  /// "x_out". Backward, of the global loss (VeOmni's ∂L/∂ℓ factor P divided out): "d_out" (the
+  /// gradient arriving at the layer's output), "d_mlp_act", "d_mlp_norm", "d_mid" (at the
+  /// attention block's output), "d_attn" (at the attention's output, after the gate's
+  /// backward), "d_q", "d_k", "d_v" (what the attention's backward returns, before RoPE's;
+  /// sync Ulysses and ring only), "d_attn_norm". The reference's ref::layer_tap gives the same
+  /// stages of the whole row. Empty: nothing is recorded.
   std::function<void(int, const std::string&, const Eigen::MatrixXd&)> tap_layer;
 };
 

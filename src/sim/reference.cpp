@@ -1054,6 +1054,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     auto& c = acts[static_cast<std::size_t>(l)];
     c.x_in = x;
     c.a = ops::rms_norm(x, w.at(L(l, "attn_norm")), threads);
+    if (tap) tap(l, "attn_norm", c.a);
     if (s.layer_is_linear(l)) {
       // GatedDeltaNet: x_mid = x + out_proj(gated_norm(delta_rule(conv(a·in_qkv)), a·in_z)).
       const qkv_split sp(s);
@@ -1067,6 +1068,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
                                   c.conv.rightCols(sp.V), c.g, c.beta, s.linear_k_heads,
                                   s.linear_v_heads, pos, threads);
       c.q = ops::gated_rms_norm(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads);
+      if (tap) tap(l, "attn", c.q);
       c.x_mid = x + ops::linear(c.q, w.at(L(l, "out_proj")), threads);
     } else {
       // q = a·wq (+ bq), likewise k and v; q and k normed per head (RMSNorm or LayerNorm),
@@ -1090,7 +1092,15 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       }
       c.q = ops::rope(c.q, H, D, pos, threads);
       c.k = ops::rope(c.k, Hkv, D, pos, threads);
+      if (tap) {
+        tap(l, "q_proj", c.q_pre);
+        tap(l, "k_proj", c.k_pre);
+        tap(l, "v", c.v);
+        tap(l, "q", c.q);
+        tap(l, "k", c.k);
+      }
       c.attn = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads);
+      if (tap) tap(l, "attn", c.attn);
       c.o = c.attn;
       if (s.output_gate) {  // o ∘ sigmoid(a·wg)
         c.gate_pre = ops::linear(c.a, w.at(L(l, "wg")), threads);
@@ -1101,9 +1111,11 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     }
     if (tap) tap(l, "x_mid", c.x_mid);
     c.m = ops::rms_norm(c.x_mid, w.at(L(l, "mlp_norm")), threads);
+    if (tap) tap(l, "mlp_norm", c.m);
     c.gate = ops::linear(c.m, w.at(L(l, "w_gate")), threads);
     c.up = ops::linear(c.m, w.at(L(l, "w_up")), threads);
     c.act = ops::swiglu(c.gate, c.up, threads);
+    if (tap) tap(l, "mlp_act", c.act);
     x = c.x_mid + ops::linear(c.act, w.at(L(l, "w_down")), threads);
     if (tap) tap(l, "x_out", x);
   }
@@ -1125,11 +1137,13 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     if (tap) tap(l, "d_out", dx);
     const matrix dact =
         ops::linear_backward(c.act, w.at(L(l, "w_down")), dx, gr.at(L(l, "w_down")), threads);
+    if (tap) tap(l, "d_mlp_act", dact);
     matrix dgate, dup;
     ops::swiglu_backward(c.gate, c.up, dact, dgate, dup, threads);
     matrix dm =
         ops::linear_backward(c.m, w.at(L(l, "w_gate")), dgate, gr.at(L(l, "w_gate")), threads);
     dm += ops::linear_backward(c.m, w.at(L(l, "w_up")), dup, gr.at(L(l, "w_up")), threads);
+    if (tap) tap(l, "d_mlp_norm", dm);
     const matrix dx_mid = dx + ops::rms_norm_backward(c.x_mid, w.at(L(l, "mlp_norm")), dm,
                                                       gr.at(L(l, "mlp_norm")), threads);
     if (tap) tap(l, "d_mid", dx_mid);
@@ -1138,6 +1152,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       const qkv_split sp(s);
       const matrix dn = ops::linear_backward(c.q, w.at(L(l, "out_proj")), dx_mid,
                                              gr.at(L(l, "out_proj")), threads);
+      if (tap) tap(l, "d_attn", dn);
       matrix d_o, dz;
       ops::gated_rms_norm_backward(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads, dn, d_o, dz,
                                    gr.at(L(l, "gdn_norm")));
@@ -1158,6 +1173,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       da += ops::linear_backward(c.a, w.at(L(l, "in_z")), dz, gr.at(L(l, "in_z")), threads);
       da += ops::linear_backward(c.a, w.at(L(l, "in_b")), dgb, gr.at(L(l, "in_b")), threads);
       da += ops::linear_backward(c.a, w.at(L(l, "in_a")), dga, gr.at(L(l, "in_a")), threads);
+      if (tap) tap(l, "d_attn_norm", da);
       dx = dx_mid + ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da,
                                            gr.at(L(l, "attn_norm")), threads);
       continue;
@@ -1173,8 +1189,14 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       da += ops::linear_backward(c.a, w.at(L(l, "wg")), dgate, gr.at(L(l, "wg")), threads);
       d_o = d_o.cwiseProduct(sg);
     }
+    if (tap) tap(l, "d_attn", d_o);
     matrix dq, dk, dv;
     ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv, threads);
+    if (tap) {
+      tap(l, "d_q", dq);
+      tap(l, "d_k", dk);
+      tap(l, "d_v", dv);
+    }
     dq = ops::rope_backward(dq, H, D, pos, threads);
     dk = ops::rope_backward(dk, Hkv, D, pos, threads);
     if (s.qk_norm) {
@@ -1192,6 +1214,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     da += ops::linear_backward(c.a, w.at(L(l, "wq")), dq, gr.at(L(l, "wq")), threads);
     da += ops::linear_backward(c.a, w.at(L(l, "wk")), dk, gr.at(L(l, "wk")), threads);
     da += ops::linear_backward(c.a, w.at(L(l, "wv")), dv, gr.at(L(l, "wv")), threads);
+    if (tap) tap(l, "d_attn_norm", da);
     dx = dx_mid + ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da,
                                          gr.at(L(l, "attn_norm")), threads);
   }

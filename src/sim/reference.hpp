@@ -85,10 +85,14 @@ struct step_result {
 /// id/label outside the vocabulary.
 /// `threads` (0 = every core) share every operation (see ops); the result is bitwise identical
 /// at any thread count.
-/// `tap`, when set, receives every layer's boundaries as they are made (layer, stage, rows
-/// [tokens, hidden]): "x_mid" (the residual after the attention block), "x_out" (after the MLP
-/// block), "d_out" (the gradient arriving at the layer's output), "d_mid" (at the attention
-/// block's output).
+/// `tap`, when set, receives every layer's stages as they are made (layer, stage, rows
+/// [tokens, width]): forward "attn_norm", "q_proj", "k_proj", "v", "q", "k" (after the q/k norm
+/// and RoPE), "attn" (the attention's output before any output gate; a GatedDeltaNet layer's
+/// gated-norm output), "x_mid" (the residual after the attention block), "mlp_norm",
+/// "mlp_act", "x_out"; backward "d_out" (the gradient arriving at the layer's output),
+/// "d_mlp_act", "d_mlp_norm", "d_mid" (at the attention block's output), "d_attn" (at the
+/// attention's output, after the gate's backward), "d_q", "d_k", "d_v" (the attention's
+/// backward, before RoPE's), "d_attn_norm". GatedDeltaNet layers give no q/k/v stages.
 using layer_tap = std::function<void(int, const std::string&, const matrix&)>;
 step_result train_step(const scenario& s, const weights& w, const batch& b, int threads = 0,
                        const layer_tap& tap = {});

@@ -609,20 +609,44 @@ std::optional<std::string> first_layer_departure(
     const layer_trace& trace, int layers, int ranks,
     const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
     double tol) {
-  std::vector<std::pair<int, std::string>> order;
-  for (int l = 0; l < layers; ++l) {
-    order.emplace_back(l, "x_mid");
-    order.emplace_back(l, "x_out");
-  }
-  for (int l = layers - 1; l >= 0; --l) {
-    order.emplace_back(l, "d_out");
-    order.emplace_back(l, "d_mid");
-  }
-  static const std::map<std::string, std::string> words{
+  // Every stage of a layer in the order the step makes it (layer_trace's stages; those a rank
+  // or the reference did not record are skipped).
+  static const std::pair<const char*, const char*> forward[] = {
+      {"attn_norm", "forward: its attention norm's output"},
+      {"q_proj", "forward: q projected (before its norm and RoPE)"},
+      {"k_proj", "forward: k projected (before its norm and RoPE)"},
+      {"v", "forward: v projected"},
+      {"q", "forward: q after its norm and RoPE (what enters the all-to-all or the ring)"},
+      {"k", "forward: k after its norm and RoPE (what enters the all-to-all or the ring)"},
+      {"attn",
+       "forward: the attention's output back in token layout (after the reverse all-to-all, "
+       "before the output projection)"},
       {"x_mid", "forward: the residual after its attention block"},
-      {"x_out", "forward: its output (after the MLP block)"},
+      {"mlp_norm", "forward: its MLP norm's output"},
+      {"mlp_act", "forward: its MLP's activation (SwiGLU)"},
+      {"x_out", "forward: its output (after the MLP block)"}};
+  static const std::pair<const char*, const char*> backward[] = {
       {"d_out", "backward: the gradient arriving at its output"},
-      {"d_mid", "backward: the gradient at its attention block's output"}};
+      {"d_mlp_act", "backward: the gradient at its MLP's activation"},
+      {"d_mlp_norm", "backward: the gradient at its MLP norm's output"},
+      {"d_mid", "backward: the gradient at its attention block's output"},
+      {"d_attn", "backward: the gradient at the attention's output (what its backward receives)"},
+      {"d_q", "backward: q's gradient from the attention's backward (before RoPE's)"},
+      {"d_k", "backward: k's gradient from the attention's backward (before RoPE's)"},
+      {"d_v", "backward: v's gradient from the attention's backward"},
+      {"d_attn_norm", "backward: the gradient at its attention norm's output"}};
+  std::vector<std::pair<int, std::string>> order;
+  std::map<std::string, std::string> words;
+  for (int l = 0; l < layers; ++l)
+    for (const auto& [stage, what] : forward) {
+      order.emplace_back(l, stage);
+      words[stage] = what;
+    }
+  for (int l = layers - 1; l >= 0; --l)
+    for (const auto& [stage, what] : backward) {
+      order.emplace_back(l, stage);
+      words[stage] = what;
+    }
   for (const auto& [l, stage] : order) {
     const auto* ref = trace.get(-1, l, stage);
     if (!ref) continue;

@@ -87,7 +87,7 @@ using token_map = std::function<std::vector<std::int64_t>(int rank, bool gathere
 std::optional<divergence> first_divergence(const std::vector<call_capture>& calls,
                                            const token_map& tokens, std::int64_t row_length);
 
-/// Every rank's (or the reference's, as rank −1) layer boundaries of one step, float64 rows:
+/// Every rank's (or the reference's, as rank −1) layer stages of one step, float64 rows:
 /// (rank, layer, stage) → [tokens, hidden] (sim::sp_env::tap_layer, ref::layer_tap). Thread-safe.
 class layer_trace {
  public:
@@ -102,8 +102,8 @@ class layer_trace {
   std::map<std::tuple<int, int, std::string>, Eigen::MatrixXd> rows_;
 };
 
-/// The first layer boundary, in the order the step makes them (each layer's "x_mid" then
-/// "x_out", then the backward's "d_out" and "d_mid" from the last layer down), where an SP
+/// The first layer stage, in the order the step makes them (each layer's forward stages, then
+/// the backward's from the last layer down; sim::sp_env::tap_layer names them), where an SP
 /// rank's rows differ from the reference's rows (rank −1 of `trace`) of the same tokens by more
 /// than `tol` × the stage's largest reference value; nullopt when every boundary agrees.
 /// `rows_of(rank)`: the padded-row index of each local row (≥ row_length: padding, skipped).

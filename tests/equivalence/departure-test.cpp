@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "core/collate.hpp"
@@ -142,10 +144,44 @@ TEST(departure, compute_bugs_in_attention_are_diagnosed_by_the_dump_engine) {
   EXPECT_EQ(rep.attention->call_name, "L0.attn");
   EXPECT_EQ(rep.attention->stage, "k.gathered") << rep.departure;
   EXPECT_TRUE(has(rep.attention->diagnosis, "repeated blockwise")) << rep.departure;
-  EXPECT_TRUE(
-      rep.layer_departure.starts_with("layer L0, forward: the residual after its attention block"))
+  // The layer's stages against the reference's own: q, k, v agree, the attention's output is
+  // the first to differ.
+  EXPECT_TRUE(rep.layer_departure.starts_with("layer L0, forward: the attention's output"))
       << rep.layer_departure;
   EXPECT_TRUE(has(rep.departure, "; in attention: call L0.attn")) << rep.departure;
+}
+
+TEST(departure, compute_bugs_before_attention_are_placed_at_their_stage) {
+  // Each layer stage is compared with the reference's own (its intermediates, rows mapped by
+  // the layout): a bug in the projections or the q/k norm is named where it happens, not at
+  // the attention or the residual it flows into.
+  struct placed {
+    const char* name;
+    scenario s;
+    std::function<std::unique_ptr<compute>(std::unique_ptr<compute>, communicator&)> bug;
+    const char* want;
+  };
+  auto bias = make(2, 1, 4, 2, {9, 15});
+  bias.qkv_bias = true;
+  auto bias_async = bias;
+  bias_async.ulysses_strategy = "async";
+  const placed cases[] = {
+      {"bias added twice (sync Ulysses)", bias, test::wrap_compute_in<test::bias_added_twice>(),
+       "layer L0, forward: q projected (before its norm and RoPE) differs on ranks 0, 1"},
+      {"bias added twice (async Ulysses)", bias_async,
+       test::wrap_compute_in<test::bias_added_twice>(),
+       "layer L0, forward: q projected (before its norm and RoPE) differs on ranks 0, 1"},
+  };
+  for (const auto& c : cases) {
+    verify::check_options o;
+    o.wrap_compute = c.bug;
+    const auto rep = verify::run_check(c.s, o);
+    ASSERT_FALSE(rep.pass) << c.name;
+    EXPECT_FALSE(rep.first.has_value()) << c.name;
+    EXPECT_TRUE(rep.layer_departure.starts_with(c.want))
+        << c.name << ": " << rep.layer_departure << "\n"
+        << rep.departure;
+  }
 }
 
 TEST(departure, a_collation_bug_the_ring_attends_by_is_diagnosed_at_its_stage) {
