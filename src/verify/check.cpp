@@ -676,7 +676,19 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
         return gathered ? ring_rank_tokens(cb, k / s.ulysses) : rank_tokens(cb, k);
       },
       cb.original_length);
-  if (rep.first) return;
+  if (rep.first) {
+    // The picture: which tokens each rank received wrong, over the ranks of the call.
+    error_heatmap map(fmt::format("first departure: {} {} — tokens received wrong, per rank",
+                                  rep.first->op, rep.first->tag),
+                      "token", cb.original_length, "rank", s.cp());
+    for (const auto& c : calls)
+      if (c.group == rep.first->group && c.seq == rep.first->call)
+        for (std::int64_t t = 0; t < cb.original_length; ++t) map.add(t, c.rank, 0);
+    for (const auto& [k, t] : rep.first->wrong_tokens) map.add(t, k, 1e3);
+    map.solid = doc_bounds(s);
+    if (!rep.first->wrong_tokens.empty()) rep.heatmaps.insert(rep.heatmaps.begin(), map);
+    return;
+  }
   auto transport = fmt::format(
       "all {} collectives of the SP step delivered what their senders sent", calls.size());
   // Layer by layer against the reference's own boundaries (the oracle, rows in token order).
@@ -689,8 +701,10 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
     if (auto where = first_layer_departure(
             rec.layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
             cb.original_length, tol)) {
-      rep.layer_departure = *where;
-      transport += "; " + *where;
+      rep.layer_departure = where->line;
+      transport += "; " + where->line;
+      where->map.solid = doc_bounds(s);
+      rep.heatmaps.insert(rep.heatmaps.begin(), std::move(where->map));
     } else {
       transport += "; every layer's boundaries, forward and backward, match the reference's";
     }
@@ -709,7 +723,9 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
     if (v.first) {
       rep.attention = v.first;
       // The first differing stage per rank, before the end results' consequences.
-      rep.heatmaps.insert(rep.heatmaps.begin(), v.heatmaps.begin(), v.heatmaps.end());
+      // (after the first differing layer stage's map, when there is one)
+      rep.heatmaps.insert(rep.heatmaps.begin() + (rep.layer_departure.empty() ? 0 : 1),
+                          v.heatmaps.begin(), v.heatmaps.end());
       rep.departure =
           fmt::format("{}; in attention: call {} first differs at stage {} on ranks {} ({}): {}",
                       transport, v.first->call_name, v.first->stage,

@@ -446,10 +446,12 @@ std::optional<divergence> first_divergence(const std::vector<call_capture>& call
                                            dtype_size(m.call->type)
                                      : 0,
                                  tokens)) {
-        if (t < row_length)
+        if (t < row_length) {
           toks.push_back(t);
-        else
+          d.wrong_tokens.emplace_back(m.call->rank, t);
+        } else {
           pad = true;
+        }
       }
   }
   std::sort(d.ranks.begin(), d.ranks.end());
@@ -605,7 +607,7 @@ const Eigen::MatrixXd* layer_trace::get(int rank, int layer, const std::string& 
   return it == rows_.end() ? nullptr : &it->second;
 }
 
-std::optional<std::string> first_layer_departure(
+std::optional<layer_departure> first_layer_departure(
     const layer_trace& trace, int layers, int ranks,
     const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
     double tol) {
@@ -655,6 +657,8 @@ std::optional<std::string> first_layer_departure(
     std::vector<int> bad_ranks;
     std::vector<std::int64_t> bad_tokens;
     double worst = 0;
+    error_heatmap map(fmt::format("layer L{} {} — error over tokens × ranks", l, stage), "token",
+                      row_length, "rank", ranks);
     for (int k = 0; k < ranks; ++k) {
       const auto* got = trace.get(k, l, stage);
       if (!got) continue;
@@ -664,6 +668,7 @@ std::optional<std::string> first_layer_departure(
         const auto t = rows[static_cast<std::size_t>(i)];
         if (t >= row_length || t >= ref->rows() || got->cols() != ref->cols()) continue;
         const double d = (got->row(i) - ref->row(t)).cwiseAbs().maxCoeff();
+        map.add(t, k, std::isfinite(d) ? d / lim : INFINITY);
         if (!(d <= lim)) {
           bad = true;
           bad_tokens.push_back(t);
@@ -674,12 +679,14 @@ std::optional<std::string> first_layer_departure(
     }
     if (bad_ranks.empty()) continue;
     const bool from_loss = stage == "d_out" && l == layers - 1;
-    return fmt::format(
-        "layer L{}, {}{} differs on ranks {} at tokens {} (max rel {:.3g})", l, words.at(stage),
-        from_loss ? " (the last layer: what the loss, the labels and the head send "
-                    "back; every forward boundary agrees)"
-                  : "",
-        fmt::join(bad_ranks, ", "), runs(bad_tokens), worst / std::max(peak, 1e-300));
+    return layer_departure{
+        fmt::format("layer L{}, {}{} differs on ranks {} at tokens {} (max rel {:.3g})", l,
+                    words.at(stage),
+                    from_loss ? " (the last layer: what the loss, the labels and the head send "
+                                "back; every forward boundary agrees)"
+                              : "",
+                    fmt::join(bad_ranks, ", "), runs(bad_tokens), worst / std::max(peak, 1e-300)),
+        std::move(map)};
   }
   return std::nullopt;
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/communicator.hpp"
+#include "core/heatmap.hpp"
 
 namespace seqpar::verify {
 
@@ -75,6 +76,9 @@ struct divergence {
   std::string tokens;      ///< "tokens 14–20" (global, of the unpadded row) or ""
   std::string cause;       ///< what the wrong data are, e.g. "a chunk was dropped"
   std::string line;        ///< the whole sentence the report leads with
+  /// (receiving global rank, token of the unpadded row) of every wrong value's row, for the
+  /// picture of the departure (padding left out).
+  std::vector<std::pair<int, std::int64_t>> wrong_tokens;
 };
 
 /// The global tokens a rank's rows hold, for the token ranges of a divergence: row i of global
@@ -107,7 +111,12 @@ class layer_trace {
 /// rank's rows differ from the reference's rows (rank −1 of `trace`) of the same tokens by more
 /// than `tol` × the stage's largest reference value; nullopt when every boundary agrees.
 /// `rows_of(rank)`: the padded-row index of each local row (≥ row_length: padding, skipped).
-std::optional<std::string> first_layer_departure(
+struct layer_departure {
+  std::string line;  ///< "layer L0, forward: q projected … differs on ranks 0, 1 at tokens …"
+  /// The stage's error over tokens (unpadded row) × ranks, as a fraction of the bound.
+  error_heatmap map;
+};
+std::optional<layer_departure> first_layer_departure(
     const layer_trace& trace, int layers, int ranks,
     const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
     double tol);

@@ -73,6 +73,22 @@ TEST(departure, every_all_to_all_fault_is_named_at_its_call_rank_and_tokens) {
         << d.line;
     EXPECT_FALSE(d.tokens.empty()) << d.line;
     if (c.kind == fault_kind::drop_chunk) EXPECT_EQ(d.tokens, rank0_tokens) << d.line;
+    // The picture leads the report's maps: rank 1's wrong tokens red, the call's other members
+    // clean, and nothing else red.
+    ASSERT_FALSE(rep.heatmaps.empty());
+    const auto& m = rep.heatmaps.front();
+    EXPECT_EQ(m.title, "first departure: all_to_all L0.attn.q.fwd — tokens received wrong, per rank");
+    ASSERT_EQ(m.rows, 4);
+    int red = 0;
+    for (std::int64_t r = 0; r < m.rows; ++r)
+      for (std::int64_t col = 0; col < m.columns; ++col) {
+        const float e = m.cells[static_cast<std::size_t>(r * m.columns + col)];
+        if (e > 1) {
+          ++red;
+          EXPECT_EQ(r, 1) << "row " << r << " col " << col;
+        }
+      }
+    EXPECT_GT(red, 0);
   }
 }
 
@@ -181,6 +197,9 @@ TEST(departure, compute_bugs_before_attention_are_placed_at_their_stage) {
     EXPECT_TRUE(rep.layer_departure.starts_with(c.want))
         << c.name << ": " << rep.layer_departure << "\n"
         << rep.departure;
+    // Its picture comes first: the stage's error over tokens × ranks.
+    ASSERT_FALSE(rep.heatmaps.empty()) << c.name;
+    EXPECT_EQ(rep.heatmaps.front().title, "layer L0 q_proj — error over tokens × ranks");
   }
 }
 
