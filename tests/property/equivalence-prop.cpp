@@ -38,6 +38,37 @@ void assert_equivalent(const scenario& s, dtype t) {
   RC_ASSERT(rep.pass);
 }
 
+// From the failing side: with a chunk of every first all-to-all dropped on rank 1 (a transport
+// fault), the property fails, RapidCheck shrinks the scenario, and the shrunk counterexample's
+// report leads with where the step first departs (the call, the rank, the tokens), then the
+// reproduce line and the end results.
+TEST(equivalence, a_failing_property_reports_the_shrunk_counterexamples_first_departure) {
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const auto held = rc::check("ulysses SP step with a dropped chunk", [] {
+    const auto s = *gens::ulysses_check_scenario();
+    RC_PRE(s.ulysses >= 2);
+    verify::check_options opt;
+    opt.fault = parse_fault("drop_chunk:rank=1,op=all_to_all");
+    const auto rep = verify::run_check(s, opt);
+    RC_LOG() << "reproduce: " << gens::command_of(s, "check") << "\n";
+    if (rep.first) RC_LOG() << rep.first->line << "\n";
+    RC_ASSERT(rep.pass);
+  });
+  const auto out = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(held);
+  EXPECT_NE(out.find("Falsifiable"), std::string::npos) << out;
+  const auto lead = out.find("first departure: the forward pass, layer L0 at all_to_all L0.attn.");
+  EXPECT_NE(lead, std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1 received zeros from member 0 (rank 0): a dropped chunk"),
+            std::string::npos)
+      << out;
+  // Shrunk: two ranks, one layer.
+  EXPECT_NE(out.find("--ulysses 2 --ring 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("--layers 1"), std::string::npos) << out;
+  std::cout << out;
+}
+
 RC_GTEST_PROP(equivalence, ulysses_step_equals_non_sp_in_f64, ()) {
   const auto s = *gens::ulysses_check_scenario();
   RC_TAG(s.ulysses, profile_name(s.profile));
