@@ -77,7 +77,8 @@ TEST(departure, every_all_to_all_fault_is_named_at_its_call_rank_and_tokens) {
     // clean, and nothing else red.
     ASSERT_FALSE(rep.heatmaps.empty());
     const auto& m = rep.heatmaps.front();
-    EXPECT_EQ(m.title, "first departure: all_to_all L0.attn.q.fwd — tokens received wrong, per rank");
+    EXPECT_EQ(m.title,
+              "first departure: all_to_all L0.attn.q.fwd — tokens received wrong, per rank");
     ASSERT_EQ(m.rows, 4);
     int red = 0;
     for (std::int64_t r = 0; r < m.rows; ++r)
