@@ -61,6 +61,7 @@ class ring_attention final : public inner_attention {
         tensor l_new = c_.empty(q.type, lse.shape);
         c_.fill(l_new, -std::numeric_limits<double>::infinity());
         run_forward(call, q, ks, vs, o_new, l_new);
+        if (s_.tap_step) s_.tap_step(tag, i, src, o_new, l_new);
         merge(out, lse, o_new, l_new);
       }
       if (i + 1 < R_) kv = exchange({kv}, fmt::format("{}.ring.fwd.step{}", tag, i)).front();

@@ -1,5 +1,7 @@
 #pragma once
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/communicator.hpp"
@@ -31,6 +33,11 @@ struct ring_setup {
   std::vector<std::int32_t> cu_global;
   std::int64_t padded_length = 0;  ///< N; each ring rank holds N/R rows
   double scale = 1.0;
+  /// Observes each step's partial result of the p2p forward before its merge: (the call's tag,
+  /// step i, the KV block's ring rank, out [rows, heads, d], lse [rows, heads]) over every local
+  /// row (rows its section leaves out: 0 and −∞). Steps a contiguous layout skips are not seen.
+  /// Empty: nothing is observed.
+  std::function<void(const std::string&, int, int, const tensor&, const tensor&)> tap_step;
 };
 
 /// Ring attention over `setup.group`, written once over communicator + compute: per step the

@@ -114,13 +114,19 @@ mpi_session::~mpi_session() {
   if (!owns_ || fin) return;
   // MPI_Finalize flushes the job's last traffic, which a slow link stretches: it gets 4 × the
   // deadline (as a progressing wait does), at least 30 s.
+  const bool done = finished_ >= 0;
   const phase_guard guard(
       "MPI_Finalize",
-      timeout_.count() > 0
+      done ? std::chrono::milliseconds(10000)
+      : timeout_.count() > 0
           ? std::max<std::chrono::milliseconds>(4 * timeout_, std::chrono::seconds(30))
           : timeout_,
-      "a process of the job stopped, hung or died after its last call, so the job cannot end "
-      "cleanly; what this rank printed before stands");
+      done ? "the job had finished (every rank passed its last barrier) and its result stands; "
+             "the MPI transport's teardown stalled, so this rank ends with the result's exit "
+             "code"
+           : "a process of the job stopped, hung or died after its last call, so the job cannot "
+             "end cleanly; what this rank printed before stands",
+      done ? finished_ : 2);
   MPI_Finalize();
 }
 

@@ -36,8 +36,15 @@ class mpi_session {
   /// failed on its own never leaves the others blocked in a collective.
   [[noreturn]] static void abort_world(const std::string& message, int code = 2);
 
+  /// The job has finished: every rank passed its last barrier and the result is printed. If
+  /// MPI_Finalize then stalls (seen across hosts over TCP: a process flushing its transport's
+  /// endpoints towards peers already blocked in the launcher's final barrier), the process ends
+  /// after 10 s with `exit_code` (the result's) and a note, not with an error.
+  void finished(int exit_code) { finished_ = exit_code; }
+
  private:
   bool owns_ = false;
+  int finished_ = -1;
   std::chrono::milliseconds timeout_{0};
   int rank_ = 0, size_ = 1;
   std::string host_;

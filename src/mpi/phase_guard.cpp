@@ -20,6 +20,7 @@ struct armed {
   std::string phase, hint;
   std::chrono::milliseconds limit;
   steady::time_point until;
+  int exit_code = 2;
 };
 
 struct monitor {
@@ -62,12 +63,13 @@ struct monitor {
                                        std::chrono::duration<double>(a.limit).count(), a.hint);
       const auto words = last_words;
       const auto me = who();
+      const int code = a.exit_code;
       lock.unlock();
-      if (words) words(message);
+      if (words && code == 2) words(message);
       std::fflush(stdout);
-      fmt::print(stderr, "seqpar: error: {}: {}\n", me, message);
+      fmt::print(stderr, "seqpar: {}: {}: {}\n", code == 2 ? "error" : "note", me, message);
       std::fflush(stderr);
-      std::_Exit(2);
+      std::_Exit(code);
     }
   }
 };
@@ -79,7 +81,8 @@ monitor& the_monitor() {
 
 }  // namespace
 
-phase_guard::phase_guard(std::string phase, std::chrono::milliseconds limit, std::string hint) {
+phase_guard::phase_guard(std::string phase, std::chrono::milliseconds limit, std::string hint,
+                         int exit_code) {
   if (limit.count() <= 0) return;
   auto& m = the_monitor();
   std::lock_guard lock(m.mu);
@@ -88,7 +91,7 @@ phase_guard::phase_guard(std::string phase, std::chrono::milliseconds limit, std
     m.started = true;
   }
   id_ = ++m.next;
-  m.phases[id_] = {std::move(phase), std::move(hint), limit, steady::now() + limit};
+  m.phases[id_] = {std::move(phase), std::move(hint), limit, steady::now() + limit, exit_code};
   m.cv.notify_all();
 }
 

@@ -16,8 +16,11 @@ namespace seqpar::mpi {
 class phase_guard {
  public:
   /// Arms a deadline of `limit` (0: none) for `phase` ("MPI_Init", …); `hint` says what the
-  /// user sees and can do. Guards nest; each is disarmed by its destructor.
-  phase_guard(std::string phase, std::chrono::milliseconds limit, std::string hint);
+  /// user sees and can do. Guards nest; each is disarmed by its destructor. `exit_code` other
+  /// than 2: the phase follows a finished job whose result stands — the line is a note, and
+  /// the process ends with that code.
+  phase_guard(std::string phase, std::chrono::milliseconds limit, std::string hint,
+              int exit_code = 2);
   ~phase_guard();
   phase_guard(const phase_guard&) = delete;
   phase_guard& operator=(const phase_guard&) = delete;

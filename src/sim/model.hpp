@@ -18,6 +18,7 @@
 
 #include "core/communicator.hpp"
 #include "core/compute.hpp"
+#include "core/ring_attention.hpp"
 #include "core/scenario.hpp"
 #include "core/ulysses.hpp"
 
@@ -90,6 +91,9 @@ struct sp_env {
   ulysses_config ulysses;
   /// Attention on the gathered sequence (local varlen, or ring); called once per step.
   std::function<std::unique_ptr<inner_attention>(compute&)> make_inner;
+  /// With ring > 1: the ring attention's setup make_inner was built from (a caller that records
+  /// the ring's steps rebuilds make_inner from it with ring_setup::tap_step set).
+  std::optional<ring_setup> ring;
   /// The documents of the gathered row for GatedDeltaNet layers (their convolution and state
   /// restart at each): the collated cu_seqlens, as VeOmni passes cu_seq_lens_q.
   attention_docs linear_docs;

@@ -87,6 +87,7 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
     rs.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
     rs.padded_length = cb.padded_length;
     env.make_inner = [rs, &comm](compute& c) { return make_ring_attention(comm, c, rs); };
+    env.ring = rs;
   }
   return env;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -196,6 +197,25 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
 
 /// The SP step of cp rank comm.rank() (the fault wrapper, the seams and the recorder as the
 /// options say).
+/// The layer of an attention call's tag ("L3.attn" → 3; −1 when it names none).
+int layer_of_tag(const std::string& tag) {
+  if (tag.size() < 2 || tag[0] != 'L') return -1;
+  int l = 0;
+  std::size_t i = 1;
+  for (; i < tag.size() && std::isdigit(static_cast<unsigned char>(tag[i])); ++i)
+    l = l * 10 + (tag[i] - '0');
+  return i > 1 ? l : -1;
+}
+
+/// A tensor [rows, …] as float64 rows [rows, the rest].
+Eigen::MatrixXd host_rows(compute& c, const tensor& x) {
+  const auto values = c.to_host(x);
+  const auto rows = x.shape.empty() ? Eigen::Index{0} : static_cast<Eigen::Index>(x.shape[0]);
+  const auto cols = rows > 0 ? static_cast<Eigen::Index>(values.size()) / rows : Eigen::Index{0};
+  using row_major = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  return Eigen::Map<const row_major>(values.data(), rows, cols);
+}
+
 template <class T>
 step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
                             const model_params<T>& p, const check_options& opt,
@@ -213,10 +233,24 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
       std::make_unique<eigen_compute>(opt.naive_attention, attention_workers);
   if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp), *link);
   sp_env env = cp_rank_env(*link, *comp, s, cb);
-  if (opt.layers)
+  if (opt.layers) {
     env.tap_layer = [&opt, k](int layer, const std::string& stage, const Eigen::MatrixXd& rows) {
       opt.layers->add(k, layer, stage, rows);
     };
+    // A p2p ring: each step's partial output and LSE too (the ring rebuilt with a tap).
+    if (env.ring && env.ring->forward == ring_forward_kind::p2p)
+      env.make_inner = [&opt, k, link, rs = *env.ring](compute& c) {
+        auto tapped = rs;
+        tapped.tap_step = [&opt, k, &c](const std::string& tag, int step, int, const tensor& out,
+                                        const tensor& lse) {
+          const int layer = layer_of_tag(tag);
+          if (layer < 0) return;
+          opt.layers->add(k, layer, fmt::format("ring_out.step{}", step), host_rows(c, out));
+          opt.layers->add(k, layer, fmt::format("ring_lse.step{}", step), host_rows(c, lse));
+        };
+        return make_ring_attention(*link, c, tapped);
+      };
+  }
   if (opt.attention) {
     auto make = env.make_inner;
     env.make_inner = [&opt, k, make](compute& c) { return opt.attention->wrap(k, c, make(c)); };
@@ -698,9 +732,33 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
                             rec.layers.add(-1, l, st, Eigen::MatrixXd(m));
                           });
     const double tol = std::max(rep.tolerance, 1e-10);
+    const bool p2p_ring = s.ring > 1 && s.ring_forward != "allgather";
+    if (p2p_ring) {
+      // Each ring step's partial as the correct schedule makes it, from the oracle's q, k, v.
+      ring_step_layout g;
+      g.layers = s.layers;
+      g.ulysses = s.ulysses;
+      g.ring = s.ring;
+      g.heads = s.heads;
+      g.kv_heads = s.kv_heads;
+      g.head_dim = s.head_dim;
+      g.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+      g.row_length = cb.original_length;
+      const auto rb = reference_batch(s, batch);
+      g.doc_of.assign(static_cast<std::size_t>(cb.original_length), 0);
+      std::int64_t doc = 0;
+      for (const auto& [b, e] : ref::documents(rb.position_ids)) {
+        for (auto t = b; t < e && t < cb.original_length; ++t)
+          g.doc_of[static_cast<std::size_t>(t)] = doc;
+        ++doc;
+      }
+      g.ring_rows = [&cb](int rr) { return ring_rank_tokens(cb, rr); };
+      add_ring_step_references(rec.layers, g);
+    }
     if (auto where = first_layer_departure(
             rec.layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
-            cb.original_length, tol)) {
+            cb.original_length, tol, p2p_ring ? s.ring : 0,
+            [&cb, &s](int k) { return ring_rank_tokens(cb, k / s.ulysses); })) {
       rep.layer_departure = where->line;
       transport += "; " + where->line;
       where->map.solid = doc_bounds(s);

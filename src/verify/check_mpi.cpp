@@ -130,6 +130,7 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // mpiexec to wait on.
     world.barrier(all, op_info{"check.done", {}, {}});
     mpi::phase_guard::set_last_words(nullptr);
+    session.finished(rep.pass ? 0 : 1);
     return rep.pass ? 0 : 1;
   } catch (const mpi::peer_abort& e) {
     // Another rank failed and reports it; leave this rank's record and wait for the end (the

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "core/byte_pack.hpp"
+#include "core/ring_schedule.hpp"
 
 namespace seqpar::verify {
 
@@ -607,19 +608,113 @@ const Eigen::MatrixXd* layer_trace::get(int rank, int layer, const std::string& 
   return it == rows_.end() ? nullptr : &it->second;
 }
 
+namespace {
+
+/// |got − want| per element, 0 where both hold the same value (−∞ of an empty softmax row).
+double row_difference(const Eigen::Ref<const Eigen::RowVectorXd>& got,
+                      const Eigen::Ref<const Eigen::RowVectorXd>& want) {
+  double d = 0;
+  for (Eigen::Index j = 0; j < got.size(); ++j) {
+    if (got[j] == want[j]) continue;
+    const double e = std::abs(got[j] - want[j]);
+    d = std::isnan(e) ? INFINITY : std::max(d, e);
+  }
+  return d;
+}
+
+double finite_peak(const Eigen::MatrixXd& m) {
+  double p = 0;
+  for (Eigen::Index i = 0; i < m.size(); ++i)
+    if (std::isfinite(m.data()[i])) p = std::max(p, std::abs(m.data()[i]));
+  return p;
+}
+
+}  // namespace
+
+void add_ring_step_references(layer_trace& trace, const ring_step_layout& g) {
+  const int U = g.ulysses, R = g.ring, H = g.heads, Hkv = g.kv_heads, D = g.head_dim;
+  if (R < 2 || U < 1 || H % U != 0 || Hkv < 1 || H % Hkv != 0) return;
+  const int Hl = H / U, group = H / Hkv;
+  constexpr Eigen::Index block = 256;  // query rows per product: memory O(block × keys), not S²
+  for (int l = 0; l < g.layers; ++l) {
+    const auto *q = trace.get(-1, l, "q"), *k = trace.get(-1, l, "k"), *v = trace.get(-1, l, "v");
+    if (!q || !k || !v || q->cols() != H * D || k->cols() != Hkv * D || v->cols() != Hkv * D)
+      continue;
+    for (int rank = 0; rank < U * R; ++rank) {
+      const int u = rank % U, rr = rank / U;
+      const auto rows = g.ring_rows(rr);
+      const auto n = static_cast<Eigen::Index>(rows.size());
+      for (int step = 0; step < R; ++step) {
+        std::vector<std::int64_t> keys;
+        for (auto t : g.ring_rows(ring_source(rr, step, R)))
+          if (t < g.row_length) keys.push_back(t);
+        const auto nk = static_cast<Eigen::Index>(keys.size());
+        Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, Hl * D);
+        Eigen::MatrixXd lse = Eigen::MatrixXd::Constant(n, Hl, -INFINITY);
+        for (int hl = 0; hl < Hl; ++hl) {
+          const int h = u * Hl + hl, kvh = h / group;
+          Eigen::MatrixXd K(nk, D), V(nk, D);
+          for (Eigen::Index j = 0; j < nk; ++j) {
+            K.row(j) = k->row(keys[static_cast<std::size_t>(j)]).segment(kvh * D, D);
+            V.row(j) = v->row(keys[static_cast<std::size_t>(j)]).segment(kvh * D, D);
+          }
+          for (Eigen::Index b0 = 0; b0 < n; b0 += block) {
+            const Eigen::Index bn = std::min(block, n - b0);
+            Eigen::MatrixXd Q(bn, D);
+            for (Eigen::Index i = 0; i < bn; ++i) {
+              const auto t = rows[static_cast<std::size_t>(b0 + i)];
+              Q.row(i) = t < g.row_length ? Eigen::RowVectorXd(q->row(t).segment(h * D, D))
+                                          : Eigen::RowVectorXd::Zero(D);
+            }
+            Eigen::MatrixXd S = g.scale * (Q * K.transpose());
+            for (Eigen::Index i = 0; i < bn; ++i) {
+              const auto t = rows[static_cast<std::size_t>(b0 + i)];
+              if (t >= g.row_length) continue;
+              double m = -INFINITY;
+              for (Eigen::Index j = 0; j < nk; ++j) {
+                const auto kt = keys[static_cast<std::size_t>(j)];
+                const bool seen = kt <= t && g.doc_of[static_cast<std::size_t>(kt)] ==
+                                                 g.doc_of[static_cast<std::size_t>(t)];
+                if (!seen) S(i, j) = -INFINITY;
+                m = std::max(m, S(i, j));
+              }
+              if (m == -INFINITY) continue;  // no key of this block: 0 and −∞, as the kernel
+              double sum = 0;
+              Eigen::RowVectorXd o = Eigen::RowVectorXd::Zero(D);
+              for (Eigen::Index j = 0; j < nk; ++j) {
+                if (S(i, j) == -INFINITY) continue;
+                const double e = std::exp(S(i, j) - m);
+                sum += e;
+                o += e * V.row(j);
+              }
+              out.row(b0 + i).segment(hl * D, D) = o / sum;
+              lse(b0 + i, hl) = m + std::log(sum);
+            }
+          }
+        }
+        trace.add(-2 - rank, l, fmt::format("ring_out.step{}", step), std::move(out));
+        trace.add(-2 - rank, l, fmt::format("ring_lse.step{}", step), std::move(lse));
+      }
+    }
+  }
+}
+
 std::optional<layer_departure> first_layer_departure(
     const layer_trace& trace, int layers, int ranks,
     const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
-    double tol) {
+    double tol, int ring_steps,
+    const std::function<std::vector<std::int64_t>(int)>& gathered_rows_of) {
   // Every stage of a layer in the order the step makes it (layer_trace's stages; those a rank
-  // or the reference did not record are skipped).
-  static const std::pair<const char*, const char*> forward[] = {
+  // or the reference did not record are skipped). A ring's steps sit between k and the
+  // attention's output; their references are per rank (−2 − rank), rows in gathered order.
+  static const std::pair<const char*, const char*> before_ring[] = {
       {"attn_norm", "forward: its attention norm's output"},
       {"q_proj", "forward: q projected (before its norm and RoPE)"},
       {"k_proj", "forward: k projected (before its norm and RoPE)"},
       {"v", "forward: v projected"},
       {"q", "forward: q after its norm and RoPE (what enters the all-to-all or the ring)"},
-      {"k", "forward: k after its norm and RoPE (what enters the all-to-all or the ring)"},
+      {"k", "forward: k after its norm and RoPE (what enters the all-to-all or the ring)"}};
+  static const std::pair<const char*, const char*> after_ring[] = {
       {"attn",
        "forward: the attention's output back in token layout (after the reverse all-to-all, "
        "before the output projection)"},
@@ -639,20 +734,38 @@ std::optional<layer_departure> first_layer_departure(
       {"d_attn_norm", "backward: the gradient at its attention norm's output"}};
   std::vector<std::pair<int, std::string>> order;
   std::map<std::string, std::string> words;
-  for (int l = 0; l < layers; ++l)
-    for (const auto& [stage, what] : forward) {
-      order.emplace_back(l, stage);
-      words[stage] = what;
+  const auto put = [&](int l, const std::string& stage, const std::string& what) {
+    order.emplace_back(l, stage);
+    words[stage] = what;
+  };
+  for (int l = 0; l < layers; ++l) {
+    for (const auto& [stage, what] : before_ring) put(l, stage, what);
+    for (int i = 0; i < ring_steps; ++i) {
+      put(l, fmt::format("ring_out.step{}", i),
+          fmt::format("forward: ring step {}'s partial output (queries against the KV block of "
+                      "ring rank (r − {}) mod R, before the merge)",
+                      i, i));
+      put(l, fmt::format("ring_lse.step{}", i),
+          fmt::format("forward: ring step {}'s partial LSE (the KV block of ring rank (r − {}) "
+                      "mod R)",
+                      i, i));
     }
+    for (const auto& [stage, what] : after_ring) put(l, stage, what);
+  }
   for (int l = layers - 1; l >= 0; --l)
-    for (const auto& [stage, what] : backward) {
-      order.emplace_back(l, stage);
-      words[stage] = what;
-    }
+    for (const auto& [stage, what] : backward) put(l, stage, what);
   for (const auto& [l, stage] : order) {
-    const auto* ref = trace.get(-1, l, stage);
-    if (!ref) continue;
-    const double peak = ref->cwiseAbs().maxCoeff();
+    const auto* whole = trace.get(-1, l, stage);
+    // The references of this stage: the whole row's (rows by token) or each rank's own.
+    double peak = 0;
+    bool any = whole != nullptr;
+    if (whole) peak = finite_peak(*whole);
+    for (int k = 0; k < ranks && !whole; ++k)
+      if (const auto* own = trace.get(-2 - k, l, stage)) {
+        any = true;
+        peak = std::max(peak, finite_peak(*own));
+      }
+    if (!any) continue;
     const double lim = tol * std::max(peak, 1e-300);
     std::vector<int> bad_ranks;
     std::vector<std::int64_t> bad_tokens;
@@ -661,13 +774,21 @@ std::optional<layer_departure> first_layer_departure(
                       row_length, "rank", ranks);
     for (int k = 0; k < ranks; ++k) {
       const auto* got = trace.get(k, l, stage);
-      if (!got) continue;
-      const auto rows = rows_of(k);
+      const auto* own = whole ? nullptr : trace.get(-2 - k, l, stage);
+      if (!got || (!whole && !own)) continue;
+      const auto rows = whole ? rows_of(k) : gathered_rows_of(k);
       bool bad = false;
       for (Eigen::Index i = 0; i < got->rows() && i < static_cast<Eigen::Index>(rows.size()); ++i) {
         const auto t = rows[static_cast<std::size_t>(i)];
-        if (t >= row_length || t >= ref->rows() || got->cols() != ref->cols()) continue;
-        const double d = (got->row(i) - ref->row(t)).cwiseAbs().maxCoeff();
+        if (t >= row_length) continue;
+        double d = 0;
+        if (whole) {
+          if (t >= whole->rows() || got->cols() != whole->cols()) continue;
+          d = row_difference(got->row(i), whole->row(t));
+        } else {
+          if (i >= own->rows() || got->cols() != own->cols()) continue;
+          d = row_difference(got->row(i), own->row(i));
+        }
         map.add(t, k, std::isfinite(d) ? d / lim : INFINITY);
         if (!(d <= lim)) {
           bad = true;

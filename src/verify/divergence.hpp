@@ -106,11 +106,31 @@ class layer_trace {
   std::map<std::tuple<int, int, std::string>, Eigen::MatrixXd> rows_;
 };
 
-/// The first layer stage, in the order the step makes them (each layer's forward stages, then
-/// the backward's from the last layer down; sim::sp_env::tap_layer names them), where an SP
-/// rank's rows differ from the reference's rows (rank −1 of `trace`) of the same tokens by more
-/// than `tol` × the stage's largest reference value; nullopt when every boundary agrees.
-/// `rows_of(rank)`: the padded-row index of each local row (≥ row_length: padding, skipped).
+/// What the reference of a ring's steps needs: the layout and the row's documents.
+struct ring_step_layout {
+  int layers = 0, ulysses = 1, ring = 1, heads = 0, kv_heads = 0, head_dim = 0;
+  double scale = 1.0;
+  std::int64_t row_length = 0;       ///< tokens of the unpadded row
+  std::vector<std::int64_t> doc_of;  ///< document index of each token (< row_length)
+  /// The padded-row index of each row a ring rank holds, in the gathered order.
+  std::function<std::vector<std::int64_t>(int ring_rank)> ring_rows;
+};
+
+/// Each ring step's partial result as the correct schedule makes it, per SP rank, from the
+/// reference's own q, k, v (rank −1's "q", "k", "v" of `trace`): global rank k's step i is its
+/// ring rank's rows against the KV block of ring rank (r − i) mod R, its Ulysses head slice,
+/// each query seeing the keys of the block in its own document at or before it (softmax in
+/// float64; a row that sees none: 0 and −∞). Added as rank −2 − k, stages "ring_out.step<i>"
+/// [rows, heads·d] and "ring_lse.step<i>" [rows, heads]. Memory O(256 × keys) per product.
+void add_ring_step_references(layer_trace& trace, const ring_step_layout& layout);
+
+/// The first layer stage, in the order the step makes them (each layer's forward stages, a
+/// ring's steps among them, then the backward's from the last layer down; sim::sp_env::tap_layer
+/// names them), where an SP rank's rows differ from the reference's rows of the same tokens
+/// (rank −1 of `trace`, or the rank's own reference −2 − rank for a ring step, rows in the
+/// gathered order of `gathered_rows_of`) by more than `tol` × the stage's largest reference
+/// value; nullopt when every stage agrees. `rows_of(rank)`: the padded-row index of each local
+/// row (≥ row_length: padding, skipped).
 struct layer_departure {
   std::string line;  ///< "layer L0, forward: q projected … differs on ranks 0, 1 at tokens …"
   /// The stage's error over tokens (unpadded row) × ranks, as a fraction of the bound.
@@ -119,6 +139,7 @@ struct layer_departure {
 std::optional<layer_departure> first_layer_departure(
     const layer_trace& trace, int layers, int ranks,
     const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
-    double tol);
+    double tol, int ring_steps = 0,
+    const std::function<std::vector<std::int64_t>(int)>& gathered_rows_of = {});
 
 }  // namespace seqpar::verify

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -12,7 +13,9 @@
 
 #include "core/collate.hpp"
 #include "core/layout.hpp"
+#include "sim/reference.hpp"
 #include "support/bugs.hpp"
+#include "support/forwarding_compute.hpp"
 #include "support/scenarios.hpp"
 #include "verify/check.hpp"
 
@@ -204,6 +207,77 @@ TEST(departure, compute_bugs_before_attention_are_placed_at_their_stage) {
   }
 }
 
+// A kernel that is wrong only on the ring's second step (every 2nd attention_forward call of
+// a rank: R = 2 runs two per forward): the step's partial output is named, not the merge.
+class second_ring_step_scaled : public test::forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                         const attention_docs& docs, tensor& out, tensor& lse) override {
+    forwarding_compute::attention_forward(q, k, v, docs, out, lse);
+    if (calls_++ % 2 == 1) scale(out, 1.5);
+  }
+
+ private:
+  int calls_ = 0;
+};
+
+TEST(departure, a_ring_step_that_computes_wrong_is_named_at_its_step) {
+  verify::check_options o;
+  o.wrap_compute = test::wrap_compute_in<second_ring_step_scaled>();
+  const auto rep = verify::run_check(make(2, 2, 4, 2, {8, 16}), o);
+  ASSERT_FALSE(rep.pass);
+  EXPECT_FALSE(rep.first.has_value()) << rep.first->line;
+  EXPECT_TRUE(rep.layer_departure.starts_with("layer L0, forward: ring step 1's partial output"))
+      << rep.layer_departure;
+}
+
+TEST(departure, healthy_ring_steps_equal_the_schedules_reference) {
+  // No false departure: every ring step's partial output and LSE of a correct step equals the
+  // reference built from the oracle's q, k, v (zigzag and contiguous, GQA, U × R hybrids).
+  auto contiguous = make(1, 3, 4, 2, {9, 6, 12});
+  contiguous.zigzag = false;
+  for (const auto& s : {make(2, 2, 4, 2, {8, 16}), make(1, 4, 4, 1, {16, 24}), contiguous}) {
+    SCOPED_TRACE(fmt::format("U{} R{} zigzag {}", s.ulysses, s.ring, s.zigzag));
+    verify::layer_trace trace;
+    verify::check_options o;
+    o.layers = &trace;
+    ASSERT_TRUE(verify::run_check(s, o).pass);
+    const auto b = make_batch(s);
+    const auto cb = collate(b, options_of(s));
+    const auto in = verify::reference_inputs_of(s);
+    (void)ref::train_step(s, in.weights, in.batch, 0,
+                          [&trace](int l, const std::string& st, const ref::matrix& m) {
+                            trace.add(-1, l, st, Eigen::MatrixXd(m));
+                          });
+    verify::ring_step_layout g;
+    g.layers = s.layers;
+    g.ulysses = s.ulysses;
+    g.ring = s.ring;
+    g.heads = s.heads;
+    g.kv_heads = s.kv_heads;
+    g.head_dim = s.head_dim;
+    g.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    g.row_length = cb.original_length;
+    g.doc_of.assign(static_cast<std::size_t>(cb.original_length), 0);
+    std::int64_t doc = 0;
+    for (const auto& [lo, hi] : ref::documents(in.batch.position_ids)) {
+      for (auto t = lo; t < hi; ++t) g.doc_of[static_cast<std::size_t>(t)] = doc;
+      ++doc;
+    }
+    g.ring_rows = [&cb](int rr) { return ring_rank_tokens(cb, rr); };
+    verify::add_ring_step_references(trace, g);
+    // (The last ring rank skips no step, contiguous or not.)
+    const int last = (s.ring - 1) * s.ulysses;
+    ASSERT_NE(trace.get(last, 0, "ring_out.step1"), nullptr);
+    ASSERT_NE(trace.get(-2 - last, 0, "ring_out.step1"), nullptr);
+    const auto where = verify::first_layer_departure(
+        trace, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); }, cb.original_length,
+        1e-10, s.ring, [&cb, &s](int k) { return ring_rank_tokens(cb, k / s.ulysses); });
+    EXPECT_FALSE(where.has_value()) << where->line;
+  }
+}
+
 TEST(departure, a_collation_bug_the_ring_attends_by_is_diagnosed_at_its_stage) {
   // cu_seqlens from the zigzagged position ids: the ring attends wrong documents; no collective
   // departs, the dump engine names the attention stage and ranks.
@@ -230,6 +304,20 @@ TEST(departure, bugs_outside_attention_are_said_to_be_outside_it) {
   EXPECT_TRUE(has(rep.departure, "it departs outside attention")) << rep.departure;
   // A label bug: every forward boundary agrees; the backward departs at the last layer's output
   // gradient (what the loss sends back).
+  EXPECT_TRUE(
+      rep.layer_departure.starts_with("layer L0, backward: the gradient arriving at its "
+                                      "output"))
+      << rep.layer_departure;
+}
+
+TEST(departure, a_label_bug_on_a_float32_ring_is_not_placed_in_the_ring) {
+  // float32: the ring's steps are judged at the check's float32 bound; a correct ring must not
+  // be named where the bug is elsewhere (the labels: the backward's first gradient).
+  verify::check_options c;
+  c.type = dtype::f32;
+  c.transform_collated = test::pad_labels_with_zero;
+  const auto rep = verify::run_check(make(2, 2, 4, 2, {8, 12}), c);  // 4 pad tokens
+  ASSERT_FALSE(rep.pass);
   EXPECT_TRUE(
       rep.layer_departure.starts_with("layer L0, backward: the gradient arriving at its "
                                       "output"))

@@ -47,10 +47,20 @@ with TestHosts(4) as hosts:
     sim = subprocess.run([seqpar, "check", "--backend", "sim", "--json", "-q", *args],
                          capture_output=True, text=True, timeout=300)
     moved = [hosts.tx_bytes(h) - before[h] for h in range(4)]
-    check(mpi.returncode == 0 and sim.returncode == 0,
-          f"check across 4 hosts exits {mpi.returncode} (sim {sim.returncode}): "
-          f"{[l for l in mpi.stderr.splitlines() if 'UCX' not in l][:3]}")
-    if mpi.returncode == 0:
+    # MPICH's UCX teardown across TCP hosts sometimes stalls after the job has finished (a
+    # process flushing its endpoints towards peers already in the launcher's final barrier;
+    # docs/status.md): the ranks then end after 10 s with the result's exit code and a note, and
+    # mpiexec may die of the closed sockets. The report is still judged whole below.
+    lines = [l for l in mpi.stderr.splitlines() if "UCX" not in l]
+    stalled = [l for l in lines if "the MPI transport's teardown stalled" in l]
+    errors = [l for l in lines if "seqpar: error" in l]
+    ended = mpi.returncode == 0 or (stalled and not errors and mpi.stdout.strip())
+    check(ended and sim.returncode == 0,
+          f"check across 4 hosts exits {mpi.returncode} (sim {sim.returncode}): {lines[:3]}")
+    if stalled:
+        print(f"note: MPI_Finalize stalled after the job finished on {len(stalled)} rank(s), "
+              f"ended by the teardown guard: {stalled[0][:160]}")
+    if ended:
         a, b = json.loads(mpi.stdout), json.loads(sim.stdout)
         keys = ("pass", "dtype", "scenario", "tolerance", "rows")
         check(all(a[k] == b[k] for k in keys) and len(a["rows"]) >= 10,

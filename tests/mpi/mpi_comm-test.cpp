@@ -576,7 +576,9 @@ TEST(mpi_comm, watchdog_names_silent_chain_ends_before_busy_ones) {
     raw.while_busy(x, [&] { std::this_thread::sleep_for(pause); });
     raw.all_reduce(x, &value, 1, dtype::i32, tagged("t.sx"));
   } else if (me == 2) {
-    std::this_thread::sleep_for(pause);  // silent, then joins
+    // Silent until after rank 3 has given up (~1 s), then joins — before rank 1 (else rank 0,
+    // left waiting for the silent rank alone, would give up too).
+    std::this_thread::sleep_for(pause - std::chrono::milliseconds(600));
     raw.all_reduce(x, &value, 1, dtype::i32, tagged("t.sx"));
   } else if (me == 3) {
     raw.set_timeout(std::chrono::milliseconds(1000));
