@@ -107,6 +107,29 @@ ref::batch reference_batch(const scenario& s, const packed_batch& b) {
   return rb;
 }
 
+ring_step_layout ring_step_layout_of(const scenario& s, const packed_batch& batch,
+                                     const collated_batch& cb) {
+  ring_step_layout g;
+  g.layers = s.layers;
+  g.ulysses = s.ulysses;
+  g.ring = s.ring;
+  g.heads = s.heads;
+  g.kv_heads = s.kv_heads;
+  g.head_dim = s.head_dim;
+  g.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+  g.row_length = cb.original_length;
+  const auto rb = reference_batch(s, batch);
+  g.doc_of.assign(static_cast<std::size_t>(cb.original_length), 0);
+  std::int64_t doc = 0;
+  for (const auto& [b, e] : ref::documents(rb.position_ids)) {
+    for (auto t = b; t < e && t < cb.original_length; ++t)
+      g.doc_of[static_cast<std::size_t>(t)] = doc;
+    ++doc;
+  }
+  g.ring_rows = [&cb](int rr) { return ring_rank_tokens(cb, rr); };
+  return g;
+}
+
 reference_inputs reference_inputs_of(const scenario& s) {
   validate(s);
   reference_inputs in;
@@ -733,28 +756,8 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
                           });
     const double tol = std::max(rep.tolerance, 1e-10);
     const bool p2p_ring = s.ring > 1 && s.ring_forward != "allgather";
-    if (p2p_ring) {
-      // Each ring step's partial as the correct schedule makes it, from the oracle's q, k, v.
-      ring_step_layout g;
-      g.layers = s.layers;
-      g.ulysses = s.ulysses;
-      g.ring = s.ring;
-      g.heads = s.heads;
-      g.kv_heads = s.kv_heads;
-      g.head_dim = s.head_dim;
-      g.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
-      g.row_length = cb.original_length;
-      const auto rb = reference_batch(s, batch);
-      g.doc_of.assign(static_cast<std::size_t>(cb.original_length), 0);
-      std::int64_t doc = 0;
-      for (const auto& [b, e] : ref::documents(rb.position_ids)) {
-        for (auto t = b; t < e && t < cb.original_length; ++t)
-          g.doc_of[static_cast<std::size_t>(t)] = doc;
-        ++doc;
-      }
-      g.ring_rows = [&cb](int rr) { return ring_rank_tokens(cb, rr); };
-      add_ring_step_references(rec.layers, g);
-    }
+    // Each ring step's partial as the correct schedule makes it, from the oracle's q, k, v.
+    if (p2p_ring) add_ring_step_references(rec.layers, ring_step_layout_of(s, batch, cb));
     if (auto where = first_layer_departure(
             rec.layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
             cb.original_length, tol, p2p_ring ? s.ring : 0,

@@ -250,23 +250,7 @@ TEST(departure, healthy_ring_steps_equal_the_schedules_reference) {
                           [&trace](int l, const std::string& st, const ref::matrix& m) {
                             trace.add(-1, l, st, Eigen::MatrixXd(m));
                           });
-    verify::ring_step_layout g;
-    g.layers = s.layers;
-    g.ulysses = s.ulysses;
-    g.ring = s.ring;
-    g.heads = s.heads;
-    g.kv_heads = s.kv_heads;
-    g.head_dim = s.head_dim;
-    g.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
-    g.row_length = cb.original_length;
-    g.doc_of.assign(static_cast<std::size_t>(cb.original_length), 0);
-    std::int64_t doc = 0;
-    for (const auto& [lo, hi] : ref::documents(in.batch.position_ids)) {
-      for (auto t = lo; t < hi; ++t) g.doc_of[static_cast<std::size_t>(t)] = doc;
-      ++doc;
-    }
-    g.ring_rows = [&cb](int rr) { return ring_rank_tokens(cb, rr); };
-    verify::add_ring_step_references(trace, g);
+    verify::add_ring_step_references(trace, verify::ring_step_layout_of(s, b, cb));
     // (The last ring rank skips no step, contiguous or not.)
     const int last = (s.ring - 1) * s.ulysses;
     ASSERT_NE(trace.get(last, 0, "ring_out.step1"), nullptr);
