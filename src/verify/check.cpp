@@ -107,18 +107,11 @@ ref::batch reference_batch(const scenario& s, const packed_batch& b) {
   return rb;
 }
 
-ring_step_layout ring_step_layout_of(const scenario& s, const packed_batch& batch,
+ring_step_layout ring_step_layout_of(const scenario& s, const ref::batch& rb,
                                      const collated_batch& cb) {
   ring_step_layout g;
-  g.layers = s.layers;
-  g.ulysses = s.ulysses;
-  g.ring = s.ring;
-  g.heads = s.heads;
-  g.kv_heads = s.kv_heads;
-  g.head_dim = s.head_dim;
-  g.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+  g.scen = s;
   g.row_length = cb.original_length;
-  const auto rb = reference_batch(s, batch);
   g.doc_of.assign(static_cast<std::size_t>(cb.original_length), 0);
   std::int64_t doc = 0;
   for (const auto& [b, e] : ref::documents(rb.position_ids)) {
@@ -218,8 +211,6 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
   return out;
 }
 
-/// The SP step of cp rank comm.rank() (the fault wrapper, the seams and the recorder as the
-/// options say).
 /// The layer of an attention call's tag ("L3.attn" → 3; −1 when it names none).
 int layer_of_tag(const std::string& tag) {
   if (tag.size() < 2 || tag[0] != 'L') return -1;
@@ -239,6 +230,8 @@ Eigen::MatrixXd host_rows(compute& c, const tensor& x) {
   return Eigen::Map<const row_major>(values.data(), rows, cols);
 }
 
+/// The SP step of cp rank comm.rank() (the fault wrapper, the seams and the recorder as the
+/// options say).
 template <class T>
 step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
                             const model_params<T>& p, const check_options& opt,
@@ -750,14 +743,15 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
       "all {} collectives of the SP step delivered what their senders sent", calls.size());
   // Layer by layer against the reference's own boundaries (the oracle, rows in token order).
   try {
-    (void)ref::train_step(s, as_reference_weights(p64), reference_batch(s, batch), opt.threads,
+    const auto rb = reference_batch(s, batch);
+    (void)ref::train_step(s, as_reference_weights(p64), rb, opt.threads,
                           [&rec](int l, const std::string& st, const ref::matrix& m) {
                             rec.layers.add(-1, l, st, Eigen::MatrixXd(m));
                           });
     const double tol = std::max(rep.tolerance, 1e-10);
     const bool p2p_ring = s.ring > 1 && s.ring_forward != "allgather";
     // Each ring step's partial as the correct schedule makes it, from the oracle's q, k, v.
-    if (p2p_ring) add_ring_step_references(rec.layers, ring_step_layout_of(s, batch, cb));
+    if (p2p_ring) add_ring_step_references(rec.layers, ring_step_layout_of(s, rb, cb));
     if (auto where = first_layer_departure(
             rec.layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
             cb.original_length, tol, p2p_ring ? s.ring : 0,

@@ -126,7 +126,7 @@ reference_inputs reference_inputs_of(const scenario& s);
 
 /// What add_ring_step_references needs of a scenario: its layout and the row's documents (from
 /// the reference batch's position ids); ring_rows reads `cb`, which must outlive the result.
-ring_step_layout ring_step_layout_of(const scenario& s, const packed_batch& batch,
+ring_step_layout ring_step_layout_of(const scenario& s, const ref::batch& rb,
                                      const collated_batch& cb);
 
 /// The relative tolerance for a scenario and precision, and the model behind it.

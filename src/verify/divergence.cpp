@@ -632,11 +632,13 @@ double finite_peak(const Eigen::MatrixXd& m) {
 }  // namespace
 
 void add_ring_step_references(layer_trace& trace, const ring_step_layout& g) {
-  const int U = g.ulysses, R = g.ring, H = g.heads, Hkv = g.kv_heads, D = g.head_dim;
+  const auto& s = g.scen;
+  const int U = s.ulysses, R = s.ring, H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   if (R < 2 || U < 1 || H % U != 0 || Hkv < 1 || H % Hkv != 0) return;
   const int Hl = H / U, group = H / Hkv;
   constexpr Eigen::Index block = 256;  // query rows per product: memory O(block × keys), not S²
-  for (int l = 0; l < g.layers; ++l) {
+  for (int l = 0; l < s.layers; ++l) {
     const auto *q = trace.get(-1, l, "q"), *k = trace.get(-1, l, "k"), *v = trace.get(-1, l, "v");
     if (!q || !k || !v || q->cols() != H * D || k->cols() != Hkv * D || v->cols() != Hkv * D)
       continue;
@@ -666,7 +668,7 @@ void add_ring_step_references(layer_trace& trace, const ring_step_layout& g) {
               Q.row(i) = t < g.row_length ? Eigen::RowVectorXd(q->row(t).segment(h * D, D))
                                           : Eigen::RowVectorXd::Zero(D);
             }
-            Eigen::MatrixXd S = g.scale * (Q * K.transpose());
+            Eigen::MatrixXd S = scale * (Q * K.transpose());
             for (Eigen::Index i = 0; i < bn; ++i) {
               const auto t = rows[static_cast<std::size_t>(b0 + i)];
               if (t >= g.row_length) continue;

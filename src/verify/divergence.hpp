@@ -21,6 +21,7 @@
 
 #include "core/communicator.hpp"
 #include "core/heatmap.hpp"
+#include "core/scenario.hpp"
 
 namespace seqpar::verify {
 
@@ -108,9 +109,8 @@ class layer_trace {
 
 /// What the reference of a ring's steps needs: the layout and the row's documents.
 struct ring_step_layout {
-  int layers = 0, ulysses = 1, ring = 1, heads = 0, kv_heads = 0, head_dim = 0;
-  double scale = 1.0;
-  std::int64_t row_length = 0;       ///< tokens of the unpadded row
+  scenario scen;                ///< layers, U, R, heads, KV heads, head_dim (scale 1/√head_dim)
+  std::int64_t row_length = 0;  ///< tokens of the unpadded row
   std::vector<std::int64_t> doc_of;  ///< document index of each token (< row_length)
   /// The padded-row index of each row a ring rank holds, in the gathered order.
   std::function<std::vector<std::int64_t>(int ring_rank)> ring_rows;

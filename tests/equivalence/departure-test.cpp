@@ -250,7 +250,7 @@ TEST(departure, healthy_ring_steps_equal_the_schedules_reference) {
                           [&trace](int l, const std::string& st, const ref::matrix& m) {
                             trace.add(-1, l, st, Eigen::MatrixXd(m));
                           });
-    verify::add_ring_step_references(trace, verify::ring_step_layout_of(s, b, cb));
+    verify::add_ring_step_references(trace, verify::ring_step_layout_of(s, in.batch, cb));
     // (The last ring rank skips no step, contiguous or not.)
     const int last = (s.ring - 1) * s.ulysses;
     ASSERT_NE(trace.get(last, 0, "ring_out.step1"), nullptr);
