@@ -15,7 +15,8 @@ void scenario_flags::add_to(CLI::App& app) {
   app.add_option(
       "--scenario", scenario_name_,
       "built-in scenario: default, ulysses, ring, qwen3-8b, llama3-8b, qwen2.5-7b, mha-8, alst "
-      "(the base of --profile deepspeed), qwen3.5 (hybrid GatedDeltaNet + softmax, VeOmni)");
+      "(the base of --profile deepspeed), qwen3.5 (hybrid GatedDeltaNet + softmax, VeOmni), "
+      "gpt-oss, gemma3, gemma2, llama4, dit (today's attention options: docs/attention.md)");
   app.add_option("--config", config_, "scenario JSON file (keys as in check --json 'scenario')");
   app.add_option("--ulysses,-u", ulysses_, "Ulysses group size U");
   app.add_option("--ring,-r", ring_, "ring attention group size R (cp = U*R)");
@@ -58,6 +59,19 @@ void scenario_flags::add_to(CLI::App& app) {
                  "with --qk-norm (implied): rmsnorm | layernorm (with bias)");
   app.add_flag("--qkv-bias", qkv_bias_, "softmax layers: biases on the q, k, v projections");
   app.add_flag("--o-bias", o_bias_, "softmax layers: bias on the output projection");
+  app.add_option("--mask", mask_,
+                 "softmax layers' mask: causal | bidirectional (diffusion transformers)");
+  app.add_option("--window", window_,
+                 "sliding window of the W layers: causal, W keys with the query's own "
+                 "(transformers' sliding_window); bidirectional, W keys each side");
+  app.add_option("--window-right", window_right_,
+                 "bidirectional windows: keys after the query (default: --window)");
+  app.add_option("--chunk", chunk_, "chunk length of the C layers (Llama 4's chunked attention)");
+  app.add_flag("--sinks", sinks_, "a learnable sink logit per query head (gpt-oss)");
+  app.add_option("--softcap", softcap_, "attention logit soft-capping cap·tanh(s/cap) (Gemma 2)");
+  app.add_option("--attention-pattern", attention_pattern_,
+                 "softmax layers' kinds, repeated: F full, W window, C chunked (gpt-oss WF, "
+                 "Gemma 3 WWWWWF, Llama 4 CCCF; default: W with --window, C with --chunk)");
   app.add_option("--ulysses-strategy", ulysses_strategy_,
                  "softmax layers' Ulysses: auto (the framework's choice) | sync | async "
                  "(projections overlapped with per-tensor all-to-alls)");
@@ -131,6 +145,17 @@ scenario scenario_flags::resolve() const {
   }
   if (qkv_bias_) s.qkv_bias = true;
   if (o_bias_) s.o_bias = true;
+  if (!mask_.empty()) {
+    if (mask_ != "causal" && mask_ != "bidirectional")
+      fail<config_error>("--mask '{}' is unknown; use causal or bidirectional", mask_);
+    s.bidirectional = mask_ == "bidirectional";
+  }
+  if (window_) s.window = *window_;
+  if (window_right_) s.window_right = *window_right_;
+  if (chunk_) s.chunk = *chunk_;
+  if (sinks_) s.sinks = true;
+  if (softcap_) s.softcap = *softcap_;
+  if (!attention_pattern_.empty()) s.attention_pattern = attention_pattern_;
   // The strategy is how the step runs, not what it computes: the scenario keeps its name.
   if (!ulysses_strategy_.empty()) s.ulysses_strategy = ulysses_strategy_;
   const bool overridden =
@@ -139,7 +164,9 @@ scenario scenario_flags::resolve() const {
       (!profile_.empty() && s.profile != base_profile) || no_zigzag_ || !ring_backward_.empty() ||
       !ring_forward_.empty() || !cp_fsdp_mode_.empty() || micro_step_ || tiles_ ||
       !layer_pattern_.empty() || !linear_heads_.empty() || !linear_head_dims_.empty() ||
-      conv_kernel_ || qk_norm_ || output_gate_ || !qk_norm_type_.empty() || qkv_bias_ || o_bias_;
+      conv_kernel_ || qk_norm_ || output_gate_ || !qk_norm_type_.empty() || qkv_bias_ || o_bias_ ||
+      !mask_.empty() || window_ || window_right_ || chunk_ || sinks_ || softcap_ ||
+      !attention_pattern_.empty();
   if (overridden && config_.empty()) s.name = "custom";
   validate(s);
   return s;

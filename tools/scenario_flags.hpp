@@ -30,6 +30,10 @@ class scenario_flags {
   bool no_zigzag_ = false, qk_norm_ = false, output_gate_ = false, qkv_bias_ = false,
        o_bias_ = false;
   std::string qk_norm_type_, ulysses_strategy_;
+  std::string mask_, attention_pattern_;
+  std::optional<std::int64_t> window_, window_right_, chunk_;
+  std::optional<double> softcap_;
+  bool sinks_ = false;
 };
 
 }  // namespace seqpar::cli

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.hpp"
 
@@ -135,6 +136,62 @@ void compute::add_bias(tensor& x, const tensor& b) {
               : v + bs[static_cast<std::size_t>(j)];
     }
   x = from_host(x.type, x.shape, xs);
+}
+
+void apply_options(attention_docs& d, const attention_options& o) {
+  d.causal = o.causal;
+  d.window_back = o.back;
+  d.window_ahead = o.ahead;
+  d.chunk = o.chunk;
+  d.softcap = o.softcap;
+}
+
+namespace {
+void check_sink_shapes(const tensor& out, const tensor& lse, std::size_t sinks, const char* who) {
+  if (out.shape.size() != 3 || lse.shape.size() != 2 || lse.shape[0] != out.shape[0] ||
+      lse.shape[1] != out.shape[1] || static_cast<std::size_t>(out.shape[1]) != sinks)
+    fail<shape_error>("{}: out [{}], lse [{}] and {} sinks are not [S, H, D], [S, H] and H alike",
+                      who, fmt::join(out.shape, ","), fmt::join(lse.shape, ","), sinks);
+}
+}  // namespace
+
+void compute::attention_sink_forward(tensor& out, tensor& lse, std::span<const double> sinks) {
+  check_sink_shapes(out, lse, sinks.size(), "attention_sink_forward");
+  auto o = to_host(out), l = to_host(lse);
+  const auto h = static_cast<std::size_t>(out.shape[1]);
+  const auto d = static_cast<std::size_t>(out.shape[2]);
+  const bool f32 = out.type == dtype::f32;
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    if (l[i] == -std::numeric_limits<double>::infinity()) continue;
+    const double x = sinks[i % h] - l[i];  // lse' − lse = softplus(sink − lse)
+    const double shift = std::max(x, 0.0) + std::log1p(std::exp(-std::abs(x)));
+    const double w = std::exp(-shift);
+    for (std::size_t c = 0; c < d; ++c)
+      o[i * d + c] = f32 ? static_cast<double>(static_cast<float>(o[i * d + c] * w)) : o[i * d + c] * w;
+    l[i] = f32 ? static_cast<double>(static_cast<float>(l[i] + shift)) : l[i] + shift;
+  }
+  out = from_host(out.type, out.shape, o);
+  lse = from_host(lse.type, lse.shape, l);
+}
+
+std::vector<double> compute::attention_sink_backward(const tensor& out, const tensor& lse,
+                                                     const tensor& dout,
+                                                     std::span<const double> sinks) {
+  check_sink_shapes(out, lse, sinks.size(), "attention_sink_backward");
+  if (dout.shape != out.shape)
+    fail<shape_error>("attention_sink_backward: dout is [{}], out [{}]", fmt::join(dout.shape, ","),
+                      fmt::join(out.shape, ","));
+  const auto o = to_host(out), l = to_host(lse), g = to_host(dout);
+  const auto h = static_cast<std::size_t>(out.shape[1]);
+  const auto d = static_cast<std::size_t>(out.shape[2]);
+  std::vector<double> ds(h, 0.0);
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    if (l[i] == -std::numeric_limits<double>::infinity()) continue;
+    double dot = 0;
+    for (std::size_t c = 0; c < d; ++c) dot += g[i * d + c] * o[i * d + c];
+    ds[i % h] -= std::exp(sinks[i % h] - l[i]) * dot;
+  }
+  return ds;
 }
 
 }  // namespace seqpar

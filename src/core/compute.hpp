@@ -3,6 +3,7 @@
 #include <span>
 #include <vector>
 
+#include "core/scenario.hpp"
 #include "core/tensor.hpp"
 #include "core/ulysses_plan.hpp"
 
@@ -11,11 +12,30 @@ namespace seqpar {
 /// The documents of one attention call: q rows [cu_q[i], cu_q[i+1]) attend to k rows
 /// [cu_k[i], cu_k[i+1]). Rows past the last entry belong to no document (output 0, lse -inf).
 /// causal: bottom-right aligned (flash-attn ≥ 2.1).
+///
+/// The attention options (docs/attention.md), in document positions p (query), k (key): a key
+/// is visible iff, besides causal's k ≤ p, p − k ≤ window_back (when ≥ 0), k − p ≤ window_ahead
+/// (non-causal, when ≥ 0) and p / chunk == k / chunk (when chunk > 0); scores are capped as
+/// softcap·tanh(s / softcap) before the mask (when softcap > 0). Positions are pos_q / pos_k
+/// per row (increasing within a document), or, left empty, bottom-right: q row i of a document
+/// at i + (lk − lq), k row j at j.
 struct attention_docs {
   std::vector<std::int32_t> cu_q, cu_k;
   bool causal = true;
   double scale = 1.0;
+  std::int64_t window_back = -1, window_ahead = -1, chunk = 0;
+  double softcap = 0;
+  std::vector<std::int32_t> pos_q, pos_k;
+  /// Whether any option beyond causal-or-not is set.
+  bool has_options() const {
+    return window_back >= 0 || window_ahead >= 0 || chunk > 0 || softcap > 0 || !pos_q.empty() ||
+           !pos_k.empty();
+  }
 };
+
+/// Sets a layer's mask and capping on docs (window_back, window_ahead, chunk, causal, softcap);
+/// positions are the caller's.
+void apply_options(attention_docs& d, const attention_options& o);
 
 /// Per-head normalisation of q/k over head_dim (Qwen3's q_norm/k_norm; VeOmni's async path
 /// offers both kinds, with weight and — LayerNorm — bias).
@@ -72,6 +92,16 @@ class compute {
   /// Online-softmax merge of a partial result into an accumulator (SEMANTICS.md §4).
   virtual void lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out_new,
                          const tensor& lse_new) = 0;
+  /// Attention sinks (gpt-oss): folds one logit per head, sinks `[H]` (double values), into a
+  /// finished attention out `[S, H, D]`, lse `[S, H]` — once, after every key block is merged:
+  /// lse' = log(e^lse + e^sink), out' = out·e^(lse − lse'); rows with lse = −∞ (outside every
+  /// document) stay. The q/k/v backward then runs on (out', lse') as it is. Default on the host.
+  virtual void attention_sink_forward(tensor& out, tensor& lse, std::span<const double> sinks);
+  /// The sinks' gradient `[H]` from the folded out', lse' and dout: −Σ_rows e^(sink − lse')·
+  /// (dout · out'). Default on the host.
+  virtual std::vector<double> attention_sink_backward(const tensor& out, const tensor& lse,
+                                                      const tensor& dout,
+                                                      std::span<const double> sinks);
 
   // ---- GatedDeltaNet (linear attention, SEMANTICS.md §7) on heads-sharded tensors. Documents
   // are docs.cu_q (causal; cu_k and scale unused): no convolution window and no recurrent state

@@ -1,8 +1,10 @@
 #include "core/ring_attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "core/attention_mask.hpp"
 #include "core/cu_seqlens.hpp"
 #include "core/ring_schedule.hpp"
 
@@ -19,7 +21,23 @@ struct section_call {
   rows_t q_rows, k_rows;
   attention_docs docs;
   bool skip = false;
+  bool masked_out = false;  ///< skipped because the layer's mask hides the whole block
 };
+
+/// Whether some query of the call sees some key under its mask (positions given).
+bool any_visible(const attention_docs& d) {
+  for (std::size_t i = 0; i + 1 < d.cu_q.size(); ++i) {
+    const auto k_first = d.pos_k.begin() + d.cu_k[i], k_last = d.pos_k.begin() + d.cu_k[i + 1];
+    if (k_first == k_last) continue;
+    for (auto r = d.cu_q[i]; r < d.cu_q[i + 1]; ++r) {
+      const auto [lo, hi] = visible_positions(d.causal, d.window_back, d.window_ahead, d.chunk,
+                                              d.pos_q[static_cast<std::size_t>(r)]);
+      const auto it = std::lower_bound(k_first, k_last, lo);
+      if (it != k_last && *it <= hi) return true;
+    }
+  }
+  return false;
+}
 
 void push_doc(std::vector<std::int32_t>& cu, std::int64_t len) {
   cu.push_back(static_cast<std::int32_t>(cu.back() + len));
@@ -31,8 +49,9 @@ void push_doc(std::vector<std::int32_t>& cu, std::int64_t len) {
 // reading them side by side in one class is how a change to one is checked against the other.
 class ring_attention final : public inner_attention {
  public:
-  ring_attention(communicator& comm, compute& c, ring_setup s)
-      : comm_(comm), c_(c), s_(std::move(s)) {
+  ring_attention(communicator& comm, compute& c, ring_setup s, const layer_attention& layer)
+      : comm_(comm), c_(c), s_(std::move(s)), opt_(layer.options) {
+    sinks_ = layer.sinks;
     R_ = s_.group.size();
     r_ = s_.group.index_of(comm.rank());
     if (r_ < 0) fail<error>("rank {} is not in ring group '{}'", comm.rank(), s_.group.name);
@@ -41,6 +60,8 @@ class ring_attention final : public inner_attention {
     rows_ = s_.padded_length / R_;
     // Each ring rank holds len/R rows of every document: local cu = cu // R.
     if (s_.zigzag) local_cu_ = scale_cu_seqlens_for_ring(s_.cu_global, R_);
+    positioned_ = opt_.local();
+    if (positioned_) local_pos_ = block_positions(r_);
   }
 
   void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out, tensor& lse,
@@ -56,6 +77,10 @@ class ring_attention final : public inner_attention {
       tensor ks = c_.empty(k.type, k.shape), vs = c_.empty(v.type, v.shape);
       c_.unstack_kv(kv, ks, vs);
       const auto call = section(i, src);
+      if (s_.counts)
+        ++(call.masked_out ? s_.counts->skipped_mask
+           : call.skip     ? s_.counts->skipped_layout
+                           : s_.counts->computed);
       if (!call.skip) {
         tensor o_new = c_.zeros(q.type, out.shape);
         tensor l_new = c_.empty(q.type, lse.shape);
@@ -66,12 +91,14 @@ class ring_attention final : public inner_attention {
       }
       if (i + 1 < R_) kv = exchange({kv}, fmt::format("{}.ring.fwd.step{}", tag, i)).front();
     }
+    fold_sinks(c_, out, lse);
   }
 
   void backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
                 const tensor& lse, const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
                 const std::string& tag) override {
     c_.fill(dq, 0.0);
+    sinks_backward(c_, out, lse, dout);
     if (s_.forward == ring_forward_kind::allgather)
       backward_prefix(q, k, v, out, lse, dout, dq, dk, dv, tag);
     else if (s_.backward == ring_backward_kind::allgather)
@@ -89,12 +116,80 @@ class ring_attention final : public inner_attention {
           name, x.shape.empty() ? 0 : x.shape[0], r_, s_.padded_length, R_, rows_);
   }
 
+  /// Document positions of ring rank b's rows (zigzag: chunk b, then chunk 2R−1−b, of every
+  /// document; contiguous: global rows [b·n, (b+1)·n)); rows outside every document get 0.
+  std::vector<std::int32_t> block_positions(int b) const {
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(rows_), 0);
+    if (s_.zigzag) {
+      const auto docs = doc_ranges(local_cu_);
+      for (const auto& d : docs) {
+        const auto half = d.size() / 2;
+        for (std::int64_t t = 0; t < d.size(); ++t) {
+          const std::int64_t chunk = t < half ? b : 2 * R_ - 1 - b;
+          pos[static_cast<std::size_t>(d.start + t)] =
+              static_cast<std::int32_t>(chunk * half + (t < half ? t : t - half));
+        }
+      }
+      return pos;
+    }
+    for (const auto& d : doc_ranges(s_.cu_global))
+      for (auto g = std::max(d.start, b * rows_); g < std::min(d.end, (b + 1) * rows_); ++g)
+        pos[static_cast<std::size_t>(g - b * rows_)] = static_cast<std::int32_t>(g - d.start);
+    return pos;
+  }
+
+  /// The layer's options on a call; with a window or chunk, the rows' positions too, and the call
+  /// skipped when its mask hides every key from every query.
+  void finish(section_call& call, const std::vector<std::int32_t>& q_pos,
+              const std::vector<std::int32_t>& k_pos) const {
+    const bool causal = call.docs.causal;
+    apply_options(call.docs, opt_);
+    call.docs.causal = causal && opt_.causal;  // a section below the diagonal needs no mask
+    if (!positioned_ || call.skip) return;
+    const auto pick = [](const std::vector<std::int32_t>& all, const rows_t& rows) {
+      if (rows.empty()) return all;
+      std::vector<std::int32_t> out;
+      out.reserve(rows.size());
+      for (auto r : rows) out.push_back(all[static_cast<std::size_t>(r)]);
+      return out;
+    };
+    call.docs.pos_q = call.all_q ? q_pos : pick(q_pos, call.q_rows);
+    call.docs.pos_k = pick(k_pos, call.k_rows);
+    if (!any_visible(call.docs)) call.skip = call.masked_out = true;
+  }
+
   /// The attention call of step i (KV of ring rank src) for this rank's rows.
   section_call section(int step, int src) const {
+    section_call call = layout_section(step, src);
+    finish(call, local_pos_, positioned_ ? block_positions(src) : std::vector<std::int32_t>{});
+    return call;
+  }
+
+  /// The section of step i as the layout alone gives it (causal or bidirectional, no window).
+  section_call layout_section(int step, int src) const {
     section_call call;
     call.docs.scale = s_.scale;
     call.docs.cu_q = {0};
     call.docs.cu_k = {0};
+    if (!opt_.causal) {  // bidirectional: each query row against every key of its document
+      call.docs.causal = false;
+      if (s_.zigzag) {
+        call.docs.cu_q = call.docs.cu_k = local_cu_;
+        return call;
+      }
+      const std::int64_t q0 = r_ * rows_, k0 = static_cast<std::int64_t>(src) * rows_;
+      for (const auto& d : doc_ranges(s_.cu_global)) {
+        auto overlap = [&](std::int64_t b0) {
+          return std::max<std::int64_t>(0, std::min(d.end, b0 + rows_) - std::max(d.start, b0));
+        };
+        push_doc(call.docs.cu_q, overlap(q0));
+        push_doc(call.docs.cu_k, overlap(k0));
+      }
+      for (std::int64_t j = 0; j < call.docs.cu_k.back(); ++j) call.k_rows.push_back(j);
+      if (call.k_rows.size() == static_cast<std::size_t>(rows_)) call.k_rows.clear();
+      call.skip = call.docs.cu_k.back() == 0 || call.docs.cu_q.back() == 0;
+      return call;
+    }
     if (s_.zigzag) {
       const ring_section sec = zigzag_section(r_, step, R_);
       const auto docs = doc_ranges(local_cu_);
@@ -271,16 +366,26 @@ class ring_attention final : public inner_attention {
 
   /// The prefix calls of this rank: rows of the gathered K,V (ring-rank blocks of `rows_`) in
   /// global order, per document, up to the end of each Q piece (bottom-right causal).
+  /// A bidirectional mask takes every key of the document, not the prefix; with a window or a
+  /// chunk the rows' positions go with the calls (the gathered keys of a document are its
+  /// positions 0, 1, … in order).
   std::vector<section_call> prefix_calls() const {
     std::vector<section_call> calls;
     auto start = [&](bool all_q) {
       section_call c;
       c.all_q = all_q;
       c.docs.scale = s_.scale;
-      c.docs.causal = true;
+      apply_options(c.docs, opt_);
       c.docs.cu_q = {0};
       c.docs.cu_k = {0};
       return c;
+    };
+    const auto positions = [&](section_call& c, std::int64_t q_first, std::int64_t q_len,
+                               std::int64_t k_len) {
+      if (!positioned_) return;
+      for (auto t = q_first; t < q_first + q_len; ++t)
+        c.docs.pos_q.push_back(static_cast<std::int32_t>(t));
+      for (std::int64_t t = 0; t < k_len; ++t) c.docs.pos_k.push_back(static_cast<std::int32_t>(t));
     };
     if (!s_.zigzag) {  // contiguous: global order is the gathered order
       section_call c = start(true);
@@ -288,11 +393,15 @@ class ring_attention final : public inner_attention {
       for (const auto& d : doc_ranges(s_.cu_global)) {
         const auto q_len =
             std::max<std::int64_t>(0, std::min(d.end, q0 + rows_) - std::max(d.start, q0));
-        const auto k_end = std::min(d.end, q0 + rows_);
+        const auto k_end = opt_.causal ? std::min(d.end, q0 + rows_) : d.end;
         push_doc(c.docs.cu_q, q_len);
         const auto k_len = q_len > 0 ? k_end - d.start : 0;
         for (auto j = d.start; j < d.start + k_len; ++j) c.k_rows.push_back(j);
         push_doc(c.docs.cu_k, k_len);
+        positions(c, std::max(d.start, q0) - d.start, q_len, k_len);
+      }
+      if (positioned_) {  // the local rows past the documents (padding)
+        c.docs.pos_q.resize(static_cast<std::size_t>(rows_), 0);
       }
       c.skip = c.k_rows.empty();
       calls.push_back(std::move(c));
@@ -301,18 +410,20 @@ class ring_attention final : public inner_attention {
     // Zigzag: global chunk j of a document lives on ring rank j (early half) or 2R−1−j (late).
     for (int piece = 0; piece < 2; ++piece) {
       const int j_q = piece == 0 ? r_ : 2 * R_ - 1 - r_;
+      const int j_last = opt_.causal ? j_q : 2 * R_ - 1;
       section_call c = start(false);
       for (const auto& d : doc_ranges(local_cu_)) {
         const auto half = d.size() / 2;
         for (auto i = d.start + piece * half; i < d.start + (piece + 1) * half; ++i)
           c.q_rows.push_back(i);
         push_doc(c.docs.cu_q, half);
-        for (int j = 0; j <= j_q; ++j) {
+        for (int j = 0; j <= j_last; ++j) {
           const int owner = j < R_ ? j : 2 * R_ - 1 - j;
           const auto first = owner * rows_ + d.start + (j < R_ ? 0 : half);
           for (auto i = first; i < first + half; ++i) c.k_rows.push_back(i);
         }
-        push_doc(c.docs.cu_k, (j_q + 1) * half);
+        push_doc(c.docs.cu_k, (j_last + 1) * half);
+        positions(c, j_q * half, half, (j_last + 1) * half);
       }
       c.skip = c.k_rows.empty();
       calls.push_back(std::move(c));
@@ -342,6 +453,7 @@ class ring_attention final : public inner_attention {
     auto [k_all, v_all] = gather_kv(k, v, tag + ".ring.kv.fwd");
     for (const auto& call : prefix_calls())
       if (!call.skip) run_forward(call, q, k_all, v_all, out, lse);
+    fold_sinks(c_, out, lse);
   }
 
   void backward_prefix(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
@@ -363,16 +475,20 @@ class ring_attention final : public inner_attention {
   communicator& comm_;
   compute& c_;
   ring_setup s_;
+  attention_options opt_;
   int R_ = 1, r_ = 0;
   std::int64_t rows_ = 0;
   std::vector<std::int32_t> local_cu_;
+  bool positioned_ = false;                ///< a window or chunk: calls carry positions
+  std::vector<std::int32_t> local_pos_;    ///< this rank's rows' document positions
 };
 
 }  // namespace
 
 std::unique_ptr<inner_attention> make_ring_attention(communicator& comm, compute& c,
-                                                     const ring_setup& setup) {
-  return std::make_unique<ring_attention>(comm, c, setup);
+                                                     const ring_setup& setup,
+                                                     const layer_attention& layer) {
+  return std::make_unique<ring_attention>(comm, c, setup, layer);
 }
 
 }  // namespace seqpar

@@ -1,4 +1,5 @@
 #pragma once
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,6 +23,14 @@ enum class ring_forward_kind {
   allgather,  ///< llama3-style: all-gather K,V once, causal attention against the prefix
 };
 
+/// How many steps the p2p forward computed and skipped, over every rank and layer that shares
+/// it (a check's tally; thread-safe).
+struct ring_step_counts {
+  std::atomic<std::int64_t> computed{0};
+  std::atomic<std::int64_t> skipped_layout{0};  ///< contiguous: a later block under a causal mask
+  std::atomic<std::int64_t> skipped_mask{0};    ///< no query of the step sees a key of the block
+};
+
 /// One ring group's view of the gathered sequence (after any Ulysses all-to-all).
 struct ring_setup {
   comm_group group;  ///< ring group, in ring-rank order
@@ -38,6 +47,8 @@ struct ring_setup {
   /// row (rows its section leaves out: 0 and −∞). Steps a contiguous layout skips are not seen.
   /// Empty: nothing is observed.
   std::function<void(const std::string&, int, int, const tensor&, const tensor&)> tap_step;
+  /// Where the p2p forward tallies its steps; null: nowhere.
+  std::shared_ptr<ring_step_counts> counts;
 };
 
 /// Ring attention over `setup.group`, written once over communicator + compute: per step the
@@ -45,7 +56,14 @@ struct ring_setup {
 /// upper per document halves; contiguous: causal / full / skip by block position), merged with
 /// the softplus form. p2p tags `<tag>.ring.fwd.step{i}`; backward `<tag>.ring.kv.bwd` +
 /// `<tag>.ring.dkv.bwd` (allgather) or `<tag>.ring.bwd.step{i}` (ring).
+///
+/// With a layer's options (docs/attention.md): a bidirectional mask makes every step's section
+/// the whole block (each query row against every key of its document there); a window or chunk
+/// masks each section by the rows' positions in their documents, and a step where no query sees
+/// any key of the block is skipped (no compute; the KV still travels on); capping goes to every
+/// block's kernel; sinks are folded in once, after the last merge.
 std::unique_ptr<inner_attention> make_ring_attention(communicator& comm, compute& c,
-                                                     const ring_setup& setup);
+                                                     const ring_setup& setup,
+                                                     const layer_attention& layer = {});
 
 }  // namespace seqpar

@@ -68,7 +68,74 @@ std::vector<int> valid_linear_ulysses_sizes(int k_heads, int v_heads) {
   return out;
 }
 
+/// The attention pattern in force: the given one, or one letter from the options.
+static std::string effective_attention_pattern(const scenario& s) {
+  if (!s.attention_pattern.empty()) return s.attention_pattern;
+  return s.window > 0 ? "W" : s.chunk > 0 ? "C" : "F";
+}
+
+attention_options scenario::attention_of(int l) const {
+  const std::string pattern = effective_attention_pattern(*this);
+  attention_options o;
+  o.kind = pattern[static_cast<std::size_t>(std::max(l, 0)) % pattern.size()];
+  o.causal = !bidirectional;
+  o.softcap = softcap;
+  o.sinks = sinks;
+  if (o.kind == 'W') {
+    o.back = bidirectional ? window : window - 1;
+    if (bidirectional) o.ahead = window_right < 0 ? window : window_right;
+  } else if (o.kind == 'C') {
+    o.chunk = chunk;
+  }
+  return o;
+}
+
+bool scenario::has_attention_options() const {
+  for (int l = 0; l < layers; ++l)
+    if (!layer_is_linear(l) && attention_of(l) != attention_options{}) return true;
+  return false;
+}
+
 static void validate_attention_options(const scenario& s) {
+  const std::string pattern = effective_attention_pattern(s);
+  if (pattern.find_first_not_of("FWC") != std::string::npos)
+    fail<config_error>(
+        "attention_pattern '{}' is not a string of F (full), W (sliding window) and C (chunked) "
+        "layers; use e.g. WF (gpt-oss), WWWWWF (Gemma 3) or CCCF (Llama 4)",
+        s.attention_pattern);
+  if (s.window < 0 || s.chunk < 0 || s.window_right < -1)
+    fail<config_error>("window={}, window_right={} and chunk={} must be >= 0; 0 turns each off",
+                       s.window, s.window_right, s.chunk);
+  if (pattern.find('W') != std::string::npos && s.window < 1)
+    fail<config_error>(
+        "attention_pattern '{}' has sliding-window layers (W) but window={}; give --window W "
+        "(W >= 1: the keys a query sees, its own counted)",
+        pattern, s.window);
+  if (pattern.find('C') != std::string::npos && s.chunk < 1)
+    fail<config_error>(
+        "attention_pattern '{}' has chunked layers (C) but chunk={}; give --chunk C (C >= 1)",
+        pattern, s.chunk);
+  if (s.attention_pattern.empty() && s.window > 0 && s.chunk > 0)
+    fail<config_error>(
+        "window={} and chunk={} without an attention_pattern: say which layers are which, e.g. "
+        "--attention-pattern WC",
+        s.window, s.chunk);
+  if (s.window > 0 && pattern.find('W') == std::string::npos)
+    fail<config_error>(
+        "window={} but attention_pattern '{}' has no W layer; add W layers or drop --window",
+        s.window, pattern);
+  if (s.chunk > 0 && pattern.find('C') == std::string::npos)
+    fail<config_error>(
+        "chunk={} but attention_pattern '{}' has no C layer; add C layers or drop --chunk",
+        s.chunk, pattern);
+  if (s.window_right >= 0 && !s.bidirectional)
+    fail<config_error>(
+        "window_right={} needs bidirectional attention (a causal query sees no later key); use "
+        "--mask bidirectional or drop --window-right",
+        s.window_right);
+  if (!std::isfinite(s.softcap) || s.softcap < 0)
+    fail<config_error>("softcap={} must be finite and >= 0 (0: no capping; Gemma 2 uses 50)",
+                       s.softcap);
   if (s.qk_norm_type != "rmsnorm" && s.qk_norm_type != "layernorm")
     fail<config_error>("qk_norm_type '{}' is unknown; use rmsnorm or layernorm", s.qk_norm_type);
   if (s.ulysses_strategy != "auto" && s.ulysses_strategy != "sync" && s.ulysses_strategy != "async")
@@ -307,6 +374,39 @@ const std::vector<scenario>& builtin_scenarios() {
     v.back().conv_kernel = 4;
     v.back().qk_norm = true;
     v.back().output_gate = true;
+    // Today's attention options (docs/attention.md), windows and chunks scaled to the row like
+    // the sizes: each cuts the documents below.
+    // gpt-oss (64 Q / 8 KV heads): a sink per head on every layer, sliding window (128 → 8) on
+    // the even layers, full attention on the odd ones; hybrid U 2 × R 2 zigzag.
+    add("gpt-oss", 2, 2, 8, 2, 16, 64, {40, 24, 12});
+    v.back().layers = 2;
+    v.back().sinks = true;
+    v.back().window = 8;
+    v.back().attention_pattern = "WF";
+    // Gemma 3 (32 Q / 16 KV heads): five sliding-window layers (1024 → 8) to one global.
+    add("gemma3", 2, 2, 8, 4, 16, 64, {40, 24, 12});
+    v.back().layers = 6;
+    v.back().window = 8;
+    v.back().attention_pattern = "WWWWWF";
+    v.back().qk_norm = true;
+    // Gemma 2: logit soft-capping (50 at its logit scale; 1 here, where tanh bends this model's
+    // scores) on alternating local (4096 → 8) and global layers; pure Ulysses.
+    add("gemma2", 4, 1, 8, 4, 16, 64, {40, 24, 13});
+    v.back().layers = 2;
+    v.back().softcap = 1.0;
+    v.back().window = 8;
+    v.back().attention_pattern = "WF";
+    // Llama 4: chunked local attention (8192 → 8: chunks aligned to each document's start) on
+    // three layers of four, global on the fourth; ring 4, zigzag.
+    add("llama4", 1, 4, 8, 2, 16, 64, {48, 16, 24});
+    v.back().layers = 4;
+    v.back().chunk = 8;
+    v.back().attention_pattern = "CCCF";
+    // A diffusion transformer (yunchang / xDiT USP): bidirectional attention, Ulysses 2 × a
+    // contiguous ring of 2.
+    add("dit", 2, 2, 8, 8, 16, 64, {30, 34});
+    v.back().bidirectional = true;
+    v.back().zigzag = false;
     return v;
   }();
   return all;

@@ -20,6 +20,23 @@ inline bool shifts_whole_row(profile p) { return p != profile::xorl; }
 /// UlyssesSPAttentionHF exchanges q, k and v in three.
 inline bool fused_kv_exchange(profile p) { return p != profile::deepspeed; }
 
+/// What one softmax layer's attention does beyond its documents (docs/attention.md), in a
+/// document's own positions p (query) and k (key); plain data. A key is visible iff (causal) k ≤
+/// p, p − k ≤ back when back ≥ 0, k − p ≤ ahead (non-causal) when ahead ≥ 0, and p / chunk == k /
+/// chunk when chunk > 0. Scores are capped as softcap·tanh(s / softcap) before the mask when
+/// softcap > 0; sinks: one learnable logit per query head ("L{l}.sinks" [1, heads]), an extra
+/// softmax column dropped before V.
+struct attention_options {
+  char kind = 'F';  ///< the layer's letter in attention_pattern: F full, W window, C chunked
+  bool causal = true;
+  std::int64_t back = -1, ahead = -1, chunk = 0;
+  double softcap = 0;
+  bool sinks = false;
+  /// Whether the mask hides keys beyond causal-or-not (a window or a chunk).
+  bool local() const { return back >= 0 || ahead >= 0 || chunk > 0; }
+  bool operator==(const attention_options&) const = default;
+};
+
 /// One SP training step to simulate: parallel sizes, attention shapes, model sizes and the
 /// documents packed into the single row. Sizes are global (pre-sharding).
 struct scenario {
@@ -78,6 +95,27 @@ struct scenario {
   /// (each projection overlapping the previous all-to-all: VeOmni's enable_async, xorl's
   /// UlyssesAsyncStrategy) or "auto" (the framework's own choice; resolve_ulysses_strategy).
   std::string ulysses_strategy = "auto";
+
+  // ---- Softmax layers' attention options (docs/attention.md); all off: causal, full.
+  bool bidirectional = false;  ///< no causal mask (diffusion transformers)
+  /// Sliding window of the W layers (0: none), as transformers' sliding_window: causal, W keys
+  /// counting the query's own (p − k < W); bidirectional, window keys before the query and
+  /// window_right after it (|p − k| ≤ W when window_right is −1).
+  std::int64_t window = 0;
+  std::int64_t window_right = -1;
+  std::int64_t chunk = 0;  ///< chunk length of the C layers (Llama 4; 0: none)
+  bool sinks = false;      ///< a learnable sink logit per query head (gpt-oss)
+  double softcap = 0;      ///< Gemma 2's attention logit soft-capping (0: none)
+  /// Per softmax layer, repeated over the layers like layer_pattern (layer l uses
+  /// attention_pattern[l % size]): F full (global), W sliding window, C chunked. Empty: every
+  /// layer W when window > 0, C when chunk > 0, else F. E.g. "WF" gpt-oss, "WWWWWF" Gemma 3,
+  /// "CCCF" Llama 4.
+  std::string attention_pattern;
+
+  /// Layer l's attention options (softmax layers).
+  attention_options attention_of(int l) const;
+  /// Whether any softmax layer has an option beyond causal, full attention.
+  bool has_attention_options() const;
 
   int cp() const { return ulysses * ring; }
   /// Whether layer l is a GatedDeltaNet layer (false for a pattern character other than 'L';

@@ -9,11 +9,13 @@ namespace seqpar {
 void local_attention::forward(const tensor& q, const tensor& k, const tensor& v, tensor& out,
                               tensor& lse, const std::string&) {
   c_.attention_forward(q, k, v, docs_, out, lse);
+  fold_sinks(c_, out, lse);
 }
 
 void local_attention::backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
                                const tensor& lse, const tensor& dout, tensor& dq, tensor& dk,
                                tensor& dv, const std::string&) {
+  sinks_backward(c_, out, lse, dout);
   c_.attention_backward(q, k, v, out, lse, dout, docs_, dq, dk, dv);
 }
 

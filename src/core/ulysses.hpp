@@ -7,9 +7,17 @@
 
 namespace seqpar {
 
+/// One softmax layer's attention as an SP rank runs it: the layer's options, and the sink logits
+/// of the query heads this rank holds (empty without sinks).
+struct layer_attention {
+  attention_options options;
+  std::vector<double> sinks;
+};
+
 /// The attention that runs once Ulysses has gathered the sequence: a local varlen attention
 /// (pure Ulysses) or ring attention across the ring group (hybrid). Tensors are heads-sharded:
-/// `[S_group, H/U, D]`.
+/// `[S_group, H/U, D]`. With sinks, forward folds them in once the result is whole (out and
+/// lse are the sinked ones) and backward leaves their gradient in sink_grad().
 class inner_attention {
  public:
   virtual ~inner_attention() = default;
@@ -18,12 +26,31 @@ class inner_attention {
   virtual void backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
                         const tensor& lse, const tensor& dout, tensor& dq, tensor& dk, tensor& dv,
                         const std::string& tag) = 0;
+  /// The gradient of this rank's sinks (one per head it holds) from the last backward; empty
+  /// without sinks.
+  virtual std::vector<double> sink_grad() const { return sink_grad_; }
+
+ protected:
+  /// The sinks enter the softmax here, once (compute::attention_sink_forward).
+  void fold_sinks(compute& c, tensor& out, tensor& lse) const {
+    if (!sinks_.empty()) c.attention_sink_forward(out, lse, sinks_);
+  }
+  void sinks_backward(compute& c, const tensor& out, const tensor& lse, const tensor& dout) {
+    if (!sinks_.empty()) sink_grad_ = c.attention_sink_backward(out, lse, dout, sinks_);
+  }
+  std::vector<double> sinks_, sink_grad_;
 };
 
 /// Varlen attention on this rank over the whole gathered sequence.
 class local_attention : public inner_attention {
  public:
   local_attention(compute& c, attention_docs docs) : c_(c), docs_(std::move(docs)) {}
+  /// With a layer's options (mask and capping on docs) and sinks.
+  local_attention(compute& c, attention_docs docs, const layer_attention& layer)
+      : c_(c), docs_(std::move(docs)) {
+    apply_options(docs_, layer.options);
+    sinks_ = layer.sinks;
+  }
   void forward(const tensor& q, const tensor& k, const tensor& v, tensor& out, tensor& lse,
                const std::string& tag) override;
   void backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,

@@ -456,6 +456,13 @@ void cuda_compute::lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out
 namespace {
 
 void check_docs(const attention_docs& docs, std::int64_t sq, std::int64_t sk) {
+  if (docs.has_options())
+    fail<config_error>(
+        "the CUDA backend's attention kernels know causal and full masks only (got window_back={} "
+        "window_ahead={} chunk={} softcap={} with{} positions); run sliding windows, chunks and "
+        "soft-capping on the CPU reference (seqpar check, --backend sim or mpi)",
+        docs.window_back, docs.window_ahead, docs.chunk, docs.softcap,
+        docs.pos_q.empty() && docs.pos_k.empty() ? "out" : "");
   if (docs.cu_q.size() != docs.cu_k.size() || docs.cu_q.empty())
     fail<shape_error>(
         "attention: cu_q has {} entries and cu_k {}; they must match and be non-empty",

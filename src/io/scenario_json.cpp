@@ -47,6 +47,13 @@ nlohmann::json scenario_to_json(const scenario& s) {
   if (s.qkv_bias) j["qkv_bias"] = true;
   if (s.o_bias) j["o_bias"] = true;
   if (s.ulysses_strategy != "auto") j["ulysses_strategy"] = s.ulysses_strategy;
+  if (s.bidirectional) j["mask"] = "bidirectional";
+  if (s.window > 0) j["window"] = s.window;
+  if (s.window_right >= 0) j["window_right"] = s.window_right;
+  if (s.chunk > 0) j["chunk"] = s.chunk;
+  if (s.sinks) j["sinks"] = true;
+  if (s.softcap > 0) j["softcap"] = s.softcap;
+  if (!s.attention_pattern.empty()) j["attention_pattern"] = s.attention_pattern;
   if (s.has_linear_layers()) {
     j["layer_pattern"] = s.layer_pattern;
     j["linear_k_heads"] = s.linear_k_heads;
@@ -71,7 +78,10 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
       "layer_pattern", "linear_k_heads", "linear_v_heads",
       "linear_k_dim",  "linear_v_dim",   "conv_kernel",
       "qk_norm",       "output_gate",    "qk_norm_type",
-      "qkv_bias",      "o_bias",         "ulysses_strategy"};
+      "qkv_bias",      "o_bias",         "ulysses_strategy",
+      "mask",          "window",         "window_right",
+      "chunk",         "sinks",          "softcap",
+      "attention_pattern"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
       fail<config_error>("scenario key '{}' is unknown; known keys: {}", it.key(),
@@ -125,6 +135,20 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   get("qkv_bias", s.qkv_bias);
   get("o_bias", s.o_bias);
   get("ulysses_strategy", s.ulysses_strategy);
+  if (j.contains("mask")) {
+    std::string m;
+    get("mask", m);
+    if (m != "causal" && m != "bidirectional")
+      fail<config_error>("scenario key 'mask' = \"{}\" is unknown; use causal or bidirectional",
+                         m);
+    s.bidirectional = m == "bidirectional";
+  }
+  get("window", s.window);
+  get("window_right", s.window_right);
+  get("chunk", s.chunk);
+  get("sinks", s.sinks);
+  get("softcap", s.softcap);
+  get("attention_pattern", s.attention_pattern);
   if (j.contains("cp_size") && j.at("cp_size") != s.cp())
     fail<config_error>(
         "scenario cp_size={} disagrees with ulysses*ring={}*{}={}; drop cp_size or "
@@ -153,6 +177,13 @@ std::string scenario_command(const scenario& s, const std::string& sub) {
   if (s.qkv_bias) cmd += " --qkv-bias";
   if (s.o_bias) cmd += " --o-bias";
   if (s.ulysses_strategy != "auto") cmd += " --ulysses-strategy " + s.ulysses_strategy;
+  if (s.bidirectional) cmd += " --mask bidirectional";
+  if (s.window > 0) cmd += fmt::format(" --window {}", s.window);
+  if (s.window_right >= 0) cmd += fmt::format(" --window-right {}", s.window_right);
+  if (s.chunk > 0) cmd += fmt::format(" --chunk {}", s.chunk);
+  if (s.sinks) cmd += " --sinks";
+  if (s.softcap > 0) cmd += fmt::format(" --softcap {}", s.softcap);
+  if (!s.attention_pattern.empty()) cmd += " --attention-pattern " + s.attention_pattern;
   if (s.has_linear_layers())
     cmd += fmt::format(
         " --layer-pattern {} --linear-heads {},{} --linear-head-dims {},{} --conv-kernel {}",

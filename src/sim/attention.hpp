@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/attention_mask.hpp"
 #include "core/error.hpp"
 #include "sim/parallel.hpp"
 
@@ -44,6 +45,16 @@ struct attention_args {
   int n_docs;
   double scale;  // usually 1/sqrt(d)
   bool causal;
+  /// The attention options (docs/attention.md), in document positions p (query) and k (key):
+  /// a key is visible iff p − k ≤ back (when back ≥ 0), k − p ≤ ahead (non-causal, when ahead ≥
+  /// 0), and p / chunk == k / chunk (when chunk > 0), besides causal's k ≤ p. Defaults: none.
+  std::int64_t back = -1, ahead = -1, chunk = 0;
+  /// > 0: scores are capped, s = softcap·tanh(scale·q·k / softcap), before the mask (Gemma 2).
+  double softcap = 0;
+  /// Each q (k) row's position in its document, strictly increasing within a document; null:
+  /// bottom-right alignment, q row i of a document at i + (lk − lq), k row j at j.
+  const std::int32_t* pos_q = nullptr;
+  const std::int32_t* pos_k = nullptr;
 };
 
 /// Tile sizes of the tiled kernels (both >= 1): q = rows per q tile, counting every q head of a
@@ -92,6 +103,47 @@ T dot(const T* q, const T* k, std::int64_t d) {
   return sum;
 }
 
+/// A document's query row i's position, and key row j's.
+template <class T>
+std::int64_t q_position(const attention_args<T>& a, const doc_rows& dr, std::int64_t i) {
+  return a.pos_q ? a.pos_q[dr.q0 + i] : i + dr.off;
+}
+template <class T>
+std::int64_t k_position(const attention_args<T>& a, const doc_rows& dr, std::int64_t j) {
+  return a.pos_k ? a.pos_k[dr.k0 + j] : j;
+}
+
+/// The key rows [first, second) of a document that its query row i may see. Visible positions
+/// form one interval [lo, hi] for every mask, and key positions increase, so the rows do too.
+template <class T>
+std::pair<std::int64_t, std::int64_t> key_range(const attention_args<T>& a, const doc_rows& dr,
+                                                std::int64_t i) {
+  const auto [lo, hi] =
+      visible_positions(a.causal, a.back, a.ahead, a.chunk, q_position(a, dr, i));
+  // An empty range stays at its lower end, so both ends keep growing with the row.
+  if (a.pos_k == nullptr) {
+    const std::int64_t b = std::clamp<std::int64_t>(lo, 0, dr.lk);
+    return {b, std::max(b, std::clamp<std::int64_t>(hi + 1, 0, dr.lk))};
+  }
+  const std::int32_t* first = a.pos_k + dr.k0;
+  const std::int32_t* last = first + dr.lk;
+  const std::int64_t b = std::lower_bound(first, last, lo) - first;
+  return {b, std::max<std::int64_t>(b, std::upper_bound(first, last, hi) - first)};
+}
+
+/// Whether query row i of the document may see key row j.
+template <class T>
+bool visible(const attention_args<T>& a, const doc_rows& dr, std::int64_t i, std::int64_t j) {
+  const auto [lo, hi] = key_range(a, dr, i);
+  return j >= lo && j < hi;
+}
+
+/// Capped score: softcap·tanh(s / softcap) (s itself without capping).
+template <class T>
+T capped(const attention_args<T>& a, T s) {
+  return a.softcap > 0 ? static_cast<T>(a.softcap) * std::tanh(s / static_cast<T>(a.softcap)) : s;
+}
+
 /// Checks everything the kernels index with; names the offending values.
 template <class T>
 void validate(const attention_args<T>& a, const char* who) {
@@ -130,16 +182,24 @@ void validate(const attention_args<T>& a, const char* who) {
   };
   check_cu(a.cu_q, a.sq, "cu_q", "sq");
   check_cu(a.cu_k, a.sk, "cu_k", "sk");
+  if (a.chunk < 0 || !std::isfinite(a.softcap) || a.softcap < 0)
+    fail<shape_error>("{}: chunk must be >= 0 and softcap finite and >= 0, got chunk={} softcap={}",
+                      who, a.chunk, a.softcap);
+  const auto check_pos = [&](const std::int32_t* pos, const std::int32_t* cu, const char* name) {
+    if (pos == nullptr) return;
+    for (int i = 0; i < a.n_docs; ++i)
+      for (std::int32_t r = cu[i]; r + 1 < cu[i + 1]; ++r)
+        if (pos[r + 1] <= pos[r])
+          fail<shape_error>(
+              "{}: {} must increase within a document, got {}[{}]={} then {} (document {})", who,
+              name, name, r, pos[r], pos[r + 1], i);
+  };
+  check_pos(a.pos_q, a.cu_q, "pos_q");
+  check_pos(a.pos_k, a.cu_k, "pos_k");
   const bool need_q = a.cu_q[a.n_docs] > 0, need_k = a.cu_k[a.n_docs] > 0;
   if ((need_q && a.q == nullptr) || (need_k && (a.k == nullptr || a.v == nullptr))) {
     fail<shape_error>("{}: q, k, v must not be null for sq={} sk={}", who, a.sq, a.sk);
   }
-}
-
-/// Last k row (exclusive, local to the doc) that any of q rows [i0, i1) may see.
-inline std::int64_t causal_k_end(bool causal, std::int64_t i1, std::int64_t lq, std::int64_t lk) {
-  if (!causal) return lk;
-  return std::clamp<std::int64_t>(i1 + (lk - lq), 0, lk);
 }
 
 }  // namespace detail
@@ -157,7 +217,8 @@ void attention_forward_naive(const attention_args<T>& a, T* out, T* lse) {
   std::fill(lse, lse + a.sq * hq, detail::neg_inf<T>());
   std::vector<T> s;
   for (int doc = 0; doc < a.n_docs; ++doc) {
-    const auto [q0, lq, k0, lk, off] = detail::rows_of(a, doc);
+    const detail::doc_rows dr = detail::rows_of(a, doc);
+    const auto [q0, lq, k0, lk, off] = dr;
     s.resize(static_cast<std::size_t>(lq * lk));
     for (std::int64_t h = 0; h < hq; ++h) {
       const std::int64_t g = h / group;
@@ -166,12 +227,12 @@ void attention_forward_naive(const attention_args<T>& a, T* out, T* lse) {
         T m = detail::neg_inf<T>();
         for (std::int64_t j = 0; j < lk; ++j) {
           T& sij = s[i * lk + j];
-          if (a.causal && j > i + off) {
+          if (!detail::visible(a, dr, i, j)) {
             sij = detail::neg_inf<T>();
             continue;
           }
           const T* kj = a.k + ((k0 + j) * hkv + g) * d;
-          sij = static_cast<T>(a.scale) * detail::dot(qi, kj, d);
+          sij = detail::capped(a, static_cast<T>(a.scale) * detail::dot(qi, kj, d));
           m = std::max(m, sij);
         }
         if (m == detail::neg_inf<T>()) continue;  // sees nothing: out 0, lse -inf
@@ -203,22 +264,30 @@ void attention_backward_naive(const attention_args<T>& a, const T* out, const T*
   std::fill(dq, dq + a.sq * hq * d, T(0));
   std::fill(dk, dk + a.sk * hkv * d, T(0));
   std::fill(dv, dv + a.sk * hkv * d, T(0));
-  std::vector<T> p;
+  std::vector<T> p, slope;
   for (int doc = 0; doc < a.n_docs; ++doc) {
-    const auto [q0, lq, k0, lk, off] = detail::rows_of(a, doc);
+    const detail::doc_rows dr = detail::rows_of(a, doc);
+    const auto [q0, lq, k0, lk, off] = dr;
     p.resize(static_cast<std::size_t>(lq * lk));
+    slope.assign(static_cast<std::size_t>(lq * lk), T(1));
     for (std::int64_t h = 0; h < hq; ++h) {
       const std::int64_t g = h / group;
-      // P = exp(S - lse): the softmax probabilities of the forward pass.
+      // P = exp(S - lse): the softmax probabilities of the forward pass; slope = dS/d(raw
+      // score), 1 − tanh² under capping.
       for (std::int64_t i = 0; i < lq; ++i) {
         const T* qi = a.q + ((q0 + i) * hq + h) * d;
         const T lse_i = lse[(q0 + i) * hq + h];
         for (std::int64_t j = 0; j < lk; ++j) {
           T& pij = p[i * lk + j];
           pij = 0;
-          if ((a.causal && j > i + off) || lse_i == detail::neg_inf<T>()) continue;
+          if (!detail::visible(a, dr, i, j) || lse_i == detail::neg_inf<T>()) continue;
           const T* kj = a.k + ((k0 + j) * hkv + g) * d;
-          pij = std::exp(scale * detail::dot(qi, kj, d) - lse_i);
+          const T sij = detail::capped(a, scale * detail::dot(qi, kj, d));
+          if (a.softcap > 0) {
+            const T t = sij / static_cast<T>(a.softcap);
+            slope[i * lk + j] = T(1) - t * t;
+          }
+          pij = std::exp(sij - lse_i);
         }
       }
       for (std::int64_t i = 0; i < lq; ++i) {
@@ -237,7 +306,7 @@ void attention_backward_naive(const attention_args<T>& a, const T* out, const T*
           const T* vj = a.v + krow;
           T dp = 0;
           for (std::int64_t c = 0; c < d; ++c) dp += doi[c] * vj[c];
-          const T ds = pij * (dp - big_d);  // dS = P ∘ (dP - D), softmax backward
+          const T ds = pij * (dp - big_d) * slope[i * lk + j];  // dS = P ∘ (dP - D) ∘ slope
           for (std::int64_t c = 0; c < d; ++c) {
             dqi[c] += scale * ds * kj[c];
             dk[krow + c] += scale * ds * qi[c];
@@ -270,7 +339,7 @@ void validate_tiled(const attention_args<T>& a, attention_tiles tiles, const cha
 /// k_end: the keys any of the rows may see.
 struct q_tile {
   doc_rows dr;
-  std::int64_t g, i0, rows, k_end;
+  std::int64_t g, i0, rows, k_lo, k_end;  ///< keys [k_lo, k_end) are seen by some row
 };
 
 /// Document rows per q tile: tiles.q tile rows hold tiles.q / group rows of every head of the
@@ -287,8 +356,11 @@ void for_each_q_tile(const attention_args<T>& a, attention_tiles tiles, F&& f) {
     for (std::int64_t g = 0; g < a.hkv; ++g)
       for (std::int64_t i0 = 0; i0 < dr.lq; i0 += step) {
         const std::int64_t rows = std::min<std::int64_t>(step, dr.lq - i0);
-        const std::int64_t k_end = causal_k_end(a.causal, i0 + rows, dr.lq, dr.lk);
-        if (k_end > 0) f(q_tile{dr, g, i0, rows, k_end});
+        // Both ends of the visible keys grow with the row: the tile's keys run from its first
+        // row's first to its last row's last (rows seeing nothing give [0, 0)).
+        const std::int64_t k_lo = key_range(a, dr, i0).first;
+        const std::int64_t k_end = key_range(a, dr, i0 + rows - 1).second;
+        if (k_end > k_lo) f(q_tile{dr, g, i0, rows, k_lo, k_end});
       }
   }
 }
@@ -310,18 +382,42 @@ void gather(row_matrix<T>& dst, const T* x, const attention_args<T>& a, const q_
         scale * Eigen::Map<const row_matrix<T>>(group_rows(x, a, t, r), group, a.d);
 }
 
-/// The keys [j0, j0 + cols) of a k tile that tile row r (q row i0 + r / group) may see: all of
-/// them unless the tile crosses the causal diagonal, then the first ones up to it (maybe none).
-inline std::int64_t visible_keys(bool diagonal, const q_tile& t, std::int64_t r, std::int64_t group,
-                                 std::int64_t j0, std::int64_t cols) {
-  if (!diagonal) return cols;
-  return std::clamp<std::int64_t>(t.i0 + r / group + t.dr.off - j0 + 1, 0, cols);
-}
+/// The visible keys of a q tile's rows: row i0 + r sees document keys [lo[r], hi[r]).
+struct tile_ranges {
+  std::vector<std::int64_t> lo, hi;
+  template <class T>
+  void fill(const attention_args<T>& a, const q_tile& t) {
+    lo.resize(static_cast<std::size_t>(t.rows));
+    hi.resize(static_cast<std::size_t>(t.rows));
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      const auto [l, h] = key_range(a, t.dr, t.i0 + r);
+      lo[static_cast<std::size_t>(r)] = l;
+      hi[static_cast<std::size_t>(r)] = h;
+    }
+  }
+  /// Whether every row sees every key of the k tile [j0, j0 + cols): only other tiles need
+  /// per-row masking.
+  bool whole(std::int64_t j0, std::int64_t cols) const {
+    return lo.back() <= j0 && hi.front() >= j0 + cols;
+  }
+  /// The keys [first, second) of the k tile (tile-local) that stacked tile row r (q row i0 +
+  /// r / group) may see.
+  std::pair<std::int64_t, std::int64_t> in_tile(std::int64_t r, std::int64_t group, std::int64_t j0,
+                                                std::int64_t cols) const {
+    const auto i = static_cast<std::size_t>(r / group);
+    const std::int64_t b = std::clamp<std::int64_t>(lo[i] - j0, 0, cols);
+    return {b, std::max(b, std::clamp<std::int64_t>(hi[i] - j0, 0, cols))};
+  }
+};
 
-/// Whether the k tile [j0, j0 + cols) holds a key past the causal diagonal of the q tile's first
-/// row; only such tiles need per-row masking.
-inline bool crosses_diagonal(bool causal, const q_tile& t, std::int64_t j0, std::int64_t cols) {
-  return causal && j0 + cols - 1 > t.i0 + t.dr.off;
+/// Caps a tile of scores in place (softcap·tanh(s / softcap)); keeps tanh in `t` for the
+/// backward's slope 1 − tanh². No-op without capping.
+template <class T, class Tile, class Keep>
+void cap_scores(const attention_args<T>& a, Tile&& s, Keep&& t) {
+  if (a.softcap <= 0) return;
+  const T c = static_cast<T>(a.softcap);
+  t = (s.array() / c).tanh().matrix();
+  s = c * t;
 }
 
 }  // namespace detail
@@ -348,8 +444,9 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_til
   std::vector<q_tile> all;
   for_each_q_tile(a, tiles, [&](const q_tile& t) { all.push_back(t); });
   struct scratch {
-    row_matrix<T> qs, s, o;
+    row_matrix<T> qs, s, o, t;
     row_vector<T> m, l;
+    tile_ranges ranges;
   };
   const int nw = std::max(1, std::min<int>(workers, static_cast<int>(all.size())));
   std::vector<scratch> sc(static_cast<std::size_t>(nw));
@@ -362,34 +459,39 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_til
   }
   run_items(nw, static_cast<std::int64_t>(all.size()), [&](int w, std::int64_t item) {
     const q_tile& t = all[static_cast<std::size_t>(item)];
-    auto& [qs, s, o, m, l] = sc[static_cast<std::size_t>(w)];
+    auto& [qs, s, o, th, m, l, ranges] = sc[static_cast<std::size_t>(w)];
     const std::int64_t n = t.rows * group;  // stacked tile rows
     gather(qs, a.q, a, t, scale);
+    ranges.fill(a, t);
     const auto q_s = qs.topRows(n);
     auto o_s = o.topRows(n);
     o_s.setZero();
     m.head(n).setConstant(neg_inf<T>());
     l.head(n).setZero();
-    for (std::int64_t j0 = 0; j0 < t.k_end; j0 += tiles.k) {
+    for (std::int64_t j0 = t.k_lo; j0 < t.k_end; j0 += tiles.k) {
       const std::int64_t cols = std::min<std::int64_t>(tiles.k, t.k_end - j0);
       const Eigen::OuterStride<> kv(hkv * d);
       const const_head_map<T> k_tile(a.k + ((t.dr.k0 + j0) * hkv + t.g) * d, cols, d, kv);
       const const_head_map<T> v_tile(a.v + ((t.dr.k0 + j0) * hkv + t.g) * d, cols, d, kv);
       auto s_tile = s.topLeftCorner(n, cols);
       s_tile.noalias() = q_s * k_tile.transpose();
-      const bool diagonal = crosses_diagonal(a.causal, t, j0, cols);
+      cap_scores(a, s_tile, th);
+      const bool whole = ranges.whole(j0, cols);
       for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t vis = visible_keys(diagonal, t, r, group, j0, cols);
+        const auto [b, e] = whole ? std::pair<std::int64_t, std::int64_t>{0, cols}
+                                  : ranges.in_tile(r, group, j0, cols);
+        const std::int64_t vis = e - b;
         auto sr = s_tile.row(r);
-        const T m_new = vis > 0 ? std::max(m(r), sr.head(vis).maxCoeff()) : m(r);
+        const T m_new = vis > 0 ? std::max(m(r), sr.segment(b, vis).maxCoeff()) : m(r);
         // Eigen's vectorised exp maps -inf to a tiny non-zero, so hidden keys are zeroed
         // explicitly, and a row that has seen no key yet keeps l = 0, O = 0.
-        sr.tail(cols - vis).setZero();
+        sr.head(b).setZero();
+        sr.tail(cols - e).setZero();
         if (m_new == neg_inf<T>()) {
-          sr.head(vis).setZero();
+          sr.segment(b, vis).setZero();
           continue;
         }
-        sr.head(vis) = (sr.head(vis).array() - m_new).exp().matrix();
+        sr.segment(b, vis) = (sr.segment(b, vis).array() - m_new).exp().matrix();
         const T alpha = std::exp(m(r) - m_new);  // 0 when m = -inf, 1 when the max holds
         if (alpha != T(1)) o_s.row(r) *= alpha;
         l(r) = alpha * l(r) + sr.sum();
@@ -457,7 +559,7 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
     double pairs = 0;
     while (j < all.size() && all[j].dr.q0 == all[i].dr.q0 && all[j].dr.k0 == all[i].dr.k0 &&
            all[j].dr.lq == all[i].dr.lq && all[j].g == all[i].g) {
-      pairs += static_cast<double>(all[j].rows * group * all[j].k_end);
+      pairs += static_cast<double>(all[j].rows * group * (all[j].k_end - all[j].k_lo));
       ++j;
     }
     const int parts = static_cast<int>(
@@ -466,7 +568,7 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
     double acc = 0;
     std::size_t start = i;
     for (std::size_t t = i; t < j; ++t) {
-      acc += static_cast<double>(all[t].rows * group * all[t].k_end);
+      acc += static_cast<double>(all[t].rows * group * (all[t].k_end - all[t].k_lo));
       const int made = static_cast<int>(chunks.size() - part0);
       if (t + 1 == j || (made + 1 < parts && acc >= pairs * (made + 1) / parts)) {
         std::int64_t keys = 0;
@@ -488,8 +590,9 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
     }
 
   struct scratch {
-    row_matrix<T> qs, dos, dq_acc, p, dp;
+    row_matrix<T> qs, dos, dq_acc, p, dp, th;
     row_vector<T> big_d, lse_s;
+    tile_ranges ranges;
   };
   const int nw = std::max(1, std::min<int>(workers, static_cast<int>(chunks.size())));
   std::vector<scratch> sc(static_cast<std::size_t>(nw));
@@ -504,13 +607,14 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
   }
   run_items(nw, static_cast<std::int64_t>(chunks.size()), [&](int w, std::int64_t ci) {
     const chunk& ch = chunks[static_cast<std::size_t>(ci)];
-    auto& [qs, dos, dq_acc, p, dp, big_d, lse_s] = sc[static_cast<std::size_t>(w)];
+    auto& [qs, dos, dq_acc, p, dp, th, big_d, lse_s, ranges] = sc[static_cast<std::size_t>(w)];
     const bool split = ch.parts > 1;
     for (std::size_t ti = ch.first; ti < ch.last; ++ti) {
       const q_tile& t = all[ti];
       const std::int64_t n = t.rows * group;  // stacked tile rows
       gather(qs, a.q, a, t, scale);
       gather(dos, dout, a, t, T(1));
+      ranges.fill(a, t);
       const auto q_s = qs.topRows(n);
       const auto do_s = dos.topRows(n);
       for (std::int64_t r = 0; r < t.rows; ++r) {
@@ -524,7 +628,7 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
       }
       auto dq_s = dq_acc.topRows(n);
       dq_s.setZero();
-      for (std::int64_t j0 = 0; j0 < t.k_end; j0 += tiles.k) {
+      for (std::int64_t j0 = t.k_lo; j0 < t.k_end; j0 += tiles.k) {
         const std::int64_t cols = std::min<std::int64_t>(tiles.k, t.k_end - j0);
         const std::int64_t kfirst = ((t.dr.k0 + j0) * hkv + t.g) * d;
         const Eigen::OuterStride<> kv(hkv * d);
@@ -537,15 +641,18 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
         auto p_tile = p.topLeftCorner(n, cols);
         auto dp_tile = dp.topLeftCorner(n, cols);
         p_tile.noalias() = q_s * k_tile.transpose();
-        const bool diagonal = crosses_diagonal(a.causal, t, j0, cols);
+        cap_scores(a, p_tile, th);
+        const bool whole = ranges.whole(j0, cols);
         for (std::int64_t r = 0; r < n; ++r) {
           // A row with lse = -inf saw nothing: all its P are 0. Hidden keys are zeroed
           // explicitly (Eigen's vectorised exp maps -inf to a tiny non-zero).
-          const std::int64_t vis =
-              lse_s(r) == neg_inf<T>() ? 0 : visible_keys(diagonal, t, r, group, j0, cols);
+          auto [b, e] = whole ? std::pair<std::int64_t, std::int64_t>{0, cols}
+                              : ranges.in_tile(r, group, j0, cols);
+          if (lse_s(r) == neg_inf<T>()) b = e = 0;
           auto pr = p_tile.row(r);
-          pr.head(vis) = (pr.head(vis).array() - lse_s(r)).exp().matrix();
-          pr.tail(cols - vis).setZero();
+          pr.segment(b, e - b) = (pr.segment(b, e - b).array() - lse_s(r)).exp().matrix();
+          pr.head(b).setZero();
+          pr.tail(cols - e).setZero();
         }
         dv_tile.noalias() += p_tile.transpose() * do_s;
         if (cols == 1) {
@@ -562,6 +669,8 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
           for (std::int64_t r = 0; r < n; ++r)  // dS = P ∘ (dP - D), in place of dP
             dp_tile.row(r).array() = p_tile.row(r).array() * (dp_tile.row(r).array() - big_d(r));
         }
+        if (a.softcap > 0)  // through the capping: dS/ds = 1 − tanh²
+          dp_tile.array() *= T(1) - th.topLeftCorner(n, cols).array().square();
         dq_s.noalias() += dp_tile * k_tile;
         dk_tile.noalias() += dp_tile.transpose() * q_s;
       }

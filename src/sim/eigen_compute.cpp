@@ -221,6 +221,20 @@ attention_args<T> args_of(const tensor& q, const tensor& k, const tensor& v,
   a.n_docs = static_cast<int>(docs.cu_q.size()) - 1;
   a.scale = docs.scale;
   a.causal = docs.causal;
+  a.back = docs.window_back;
+  a.ahead = docs.window_ahead;
+  a.chunk = docs.chunk;
+  a.softcap = docs.softcap;
+  const auto positions = [](const std::vector<std::int32_t>& pos, std::int64_t rows,
+                            const char* name) -> const std::int32_t* {
+    if (pos.empty()) return nullptr;
+    if (static_cast<std::int64_t>(pos.size()) != rows)
+      fail<shape_error>("attention: {} holds {} positions for {} rows; give one per row or none",
+                        name, pos.size(), rows);
+    return pos.data();
+  };
+  a.pos_q = positions(docs.pos_q, a.sq, "pos_q");
+  a.pos_k = positions(docs.pos_k, a.sk, "pos_k");
   return a;
 }
 }  // namespace

@@ -26,7 +26,7 @@ struct param_spec {
   /// conv: 1/sqrt(kernel)·u; a_log: log(1 + 0.75·(u + 1)) (decay rates A in [1, 2.5]);
   /// dt_bias: 0.5·u.
   /// bias: 0.1·u (projection and LayerNorm biases).
-  enum class kind { embed, proj, norm, conv, a_log, dt_bias, bias } k;
+  enum class kind { embed, proj, norm, conv, a_log, dt_bias, bias, sink } k;
 };
 
 std::vector<param_spec> param_specs(const scenario& s) {
@@ -69,6 +69,7 @@ std::vector<param_spec> param_specs(const scenario& s) {
         }
       }
       if (s.output_gate) out.push_back({n("wg"), h, qd, k::proj});
+      if (s.sinks) out.push_back({n("sinks"), 1, s.heads, k::sink});
     }
     out.push_back({n("mlp_norm"), 1, h, k::norm});
     out.push_back({n("w_gate"), h, f, k::proj});
@@ -136,6 +137,9 @@ model_params<T> model_params<T>::init(const scenario& s) {
         break;
       case k::bias:
         set([](double u) { return 0.1 * u; });
+        break;
+      case k::sink:  // sink logits in [0, 2]: the sink column takes a visible share of a row
+        set([](double u) { return 1.0 + u; });
         break;
       default:
         set([scale](double u) { return scale * u; });
@@ -423,6 +427,7 @@ struct layer_cache {
   mat<T> x_in, attn_normed, attn_out, x_mid, mlp_normed, gate, up, act;
   col<T> r_attn, r_mlp;
   ulysses_saved saved;
+  std::unique_ptr<inner_attention> inner;  ///< the layer's attention (softmax layers)
   // Softmax options: q, k before their per-head norm (and its 1/rms), the attention output
   // before the sigmoid gate and the gate's input.
   mat<T> q_pre, k_pre, attn_raw, gate_pre;
@@ -679,13 +684,27 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
         "model: async ulysses needs the positions of the {} gathered rows (sp_env."
         "ulysses_positions), got {}",
         std::int64_t{ucfg.group.size()} * n, gpos.size());
-  auto inner = env.make_inner(comp);
-  if (!inner) fail<config_error>("model: make_inner returned no attention");
 
   step_output<T> out;
   grad_set<T> gr(p);
   const auto L = [](int l, const char* what) { return fmt::format("L{}.{}", l, what); };
   const auto tiles = ops::tile_rows(n, s.tiles);
+  // Each softmax layer's attention, with its options and the sinks of the query heads this
+  // rank holds after the all-to-all (Ulysses member u: heads [u·H/U, (u+1)·H/U)).
+  const int u_index = ucfg.group.index_of(comm.rank());
+  const int heads_here = H / ucfg.group.size();
+  const auto make_inner = [&](int l) {
+    layer_attention la;
+    la.options = s.attention_of(l);
+    if (la.options.sinks) {
+      const auto& w = p[L(l, "sinks")];
+      for (int h = 0; h < heads_here; ++h)
+        la.sinks.push_back(static_cast<double>(w(0, u_index * heads_here + h)));
+    }
+    auto inner = env.make_inner(comp, la);
+    if (!inner) fail<config_error>("model: make_inner returned no attention");
+    return inner;
+  };
 
   // The backward's taps are of the global loss: VeOmni's ∂L/∂ℓ factor P divided out.
   const double tap_scale = shifts_whole_row(env.profile) && env.loss_group.size() > 1
@@ -757,7 +776,8 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
           env.tap_attention(L(l, "attn"), "k.local", kt);
           env.tap_attention(L(l, "attn"), "v.local", vt);
         }
-        o = ulysses_forward(comm, comp, ucfg, *inner, qt, kt, vt, c.saved, L(l, "attn"));
+        c.inner = make_inner(l);
+        o = ulysses_forward(comm, comp, ucfg, *c.inner, qt, kt, vt, c.saved, L(l, "attn"));
         if (env.tap_attention) env.tap_attention(L(l, "attn"), "out.local", o);
       } else {
         // Async Ulysses (VeOmni's order): q, k, v projected one by one, each overlapping the
@@ -777,7 +797,9 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
         hooks.post_k = [&](const tensor& x) {
           return async_post(comp, s, p, l, "k", x, c.k_gathered, gpos);
         };
-        o = ulysses_async_forward(comm, comp, ucfg, *inner, hooks, c.async_saved, 0, L(l, "attn"));
+        c.inner = make_inner(l);
+        o = ulysses_async_forward(comm, comp, ucfg, *c.inner, hooks, c.async_saved, 0,
+                                  L(l, "attn"));
       }
       c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
       tap(l, "attn", c.attn_out);
@@ -971,14 +993,15 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       hooks.project_q_backward = [&](const tensor& g) {
         proj_bwd("wq", "bq", from_tensor<T>(comp, g, n, std::int64_t{H} * D));
       };
-      ulysses_async_backward(comm, comp, ucfg, *inner, hooks, c.async_saved,
+      ulysses_async_backward(comm, comp, ucfg, *c.inner, hooks, c.async_saved,
                              to_tensor(comp, dattn, H, D), L(l, "attn"));
       c.async_saved = {};
       c.q_gathered = c.k_gathered = {};
     } else {
       const tensor dout = to_tensor(comp, dattn, H, D);
       if (env.tap_attention) env.tap_attention(L(l, "attn"), "grad.out.local", dout);
-      const qkv_grads g = ulysses_backward(comm, comp, ucfg, *inner, c.saved, dout, L(l, "attn"));
+      const qkv_grads g =
+          ulysses_backward(comm, comp, ucfg, *c.inner, c.saved, dout, L(l, "attn"));
       tap_heads(l, "d_q", g.dq, std::int64_t{H} * D, true);
       tap_heads(l, "d_k", g.dk, std::int64_t{Hkv} * D, true);
       tap_heads(l, "d_v", g.dv, std::int64_t{Hkv} * D, true);
@@ -998,6 +1021,13 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       proj_bwd("wk", "bk", dk);
       proj_bwd("wv", "bv", from_tensor<T>(comp, g.dv, n, std::int64_t{Hkv} * D));
     }
+    if (s.sinks) {  // this rank's heads' share; the gradient sync below sums the shares
+      const std::vector<double> ds = c.inner->sink_grad();
+      auto g = gr[L(l, "sinks")];
+      for (std::size_t h = 0; h < ds.size(); ++h)
+        g(0, u_index * heads_here + static_cast<int>(h)) += static_cast<T>(ds[h]);
+    }
+    c.inner.reset();
     tap_grad(l, "d_attn_norm", da);
     dx = dx_mid +
          ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);

@@ -89,8 +89,9 @@ struct sp_env {
   /// The attention all-to-all group (size U). heads/kv_heads/head_dim left 0 are taken from the
   /// scenario; set ones must match it.
   ulysses_config ulysses;
-  /// Attention on the gathered sequence (local varlen, or ring); called once per step.
-  std::function<std::unique_ptr<inner_attention>(compute&)> make_inner;
+  /// Attention on the gathered sequence (local varlen, or ring) with a softmax layer's options
+  /// and this rank's sinks; called once per softmax layer and step.
+  std::function<std::unique_ptr<inner_attention>(compute&, const layer_attention&)> make_inner;
   /// With ring > 1: the ring attention's setup make_inner was built from (a caller that records
   /// the ring's steps rebuilds make_inner from it with ring_setup::tap_step set).
   std::optional<ring_setup> ring;

@@ -47,7 +47,7 @@ inline constexpr std::int64_t ignore_label = -100;
 /// "L{l}.bv" [1, kv_heads·head_dim] after wv (q = a·wq + bq, …); with o_bias "L{l}.bo" [1,
 /// hidden] after wo; with qk_norm "L{l}.q_norm", "L{l}.k_norm" [1, head_dim] and, when
 /// qk_norm_type is "layernorm", "L{l}.q_norm_bias", "L{l}.k_norm_bias" [1, head_dim]; with
-/// output_gate "L{l}.wg" [hidden, heads·head_dim].
+/// output_gate "L{l}.wg" [hidden, heads·head_dim]; with sinks "L{l}.sinks" [1, heads].
 struct weights {
   std::vector<std::string> names;
   std::vector<matrix> values;
@@ -146,13 +146,37 @@ matrix rope(const matrix& x, int heads, int head_dim, std::span<const std::int64
 matrix rope_backward(const matrix& dy, int heads, int head_dim,
                      std::span<const std::int64_t> positions, int threads = 1);
 
+/// What a softmax layer's attention does beyond its documents, as transformers defines it
+/// (masking_utils and the gpt-oss / Gemma 2 eager attentions), in a document's own positions p
+/// (query) and k (key), each counted from the document's first token:
+///   F, causal: k ≤ p;  F, bidirectional: every key of the document;
+///   W, causal: p − window < k ≤ p (window keys, the query's own counted);
+///   W, bidirectional: p − window ≤ k ≤ p + right;
+///   C: k / chunk == p / chunk, and k ≤ p when causal.
+/// softcap > 0: a score s = scale·q·k becomes softcap·tanh(s / softcap) before the mask; sinks
+/// ([1, heads]): the softmax of a row takes one more column, the head's sink logit, which is then
+/// dropped (the row's weights sum to less than 1).
+struct attention_rule {
+  char kind = 'F';
+  bool causal = true;
+  std::int64_t window = 0, right = 0, chunk = 0;
+  double softcap = 0;
+  const matrix* sinks = nullptr;
+};
+
+/// Layer l's rule, read from the scenario's plain fields (bidirectional, window, window_right,
+/// chunk, attention_pattern, softcap; sinks from w's "L{l}.sinks" when s.sinks).
+attention_rule layer_rule(const scenario& s, const weights& w, int l);
+
 /// Causal attention within documents: q [tokens, heads·head_dim], k and v [tokens,
 /// kv_heads·head_dim]; for query head h (KV head g = floor(h·kv_heads/heads)) and token i of
 /// document [a, e): o_i = Σ_{a ≤ j ≤ i} softmax_j(scale·q_i·k_j) v_j, scale = 1/sqrt(head_dim).
 /// Items are (document, query head, tile of query rows); each row is computed on its own and
 /// written to its own place.
+/// With a rule: its mask, capping and sinks in place of the causal mask alone.
 matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
-                 int head_dim, std::span<const std::int64_t> position_ids, int threads = 1);
+                 int head_dim, std::span<const std::int64_t> position_ids, int threads = 1,
+                 const attention_rule& rule = {});
 /// dq, dk, dv (overwritten) from dout. Items are (document, query head, chunk of query rows;
 /// a long document has up to 4 chunks of about equal work): an item writes its dq and keeps
 /// its own dK, dV over the keys it reads; those partials are then added per (document, KV
@@ -161,7 +185,8 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
-                        matrix& dv, int threads = 1);
+                        matrix& dv, int threads = 1, const attention_rule& rule = {},
+                        matrix* dsinks = nullptr);
 
 /// The query-row offsets [0, …, tokens] of the chunks attention_backward cuts a document of
 /// `tokens` into: one chunk up to 2^24 causal pairs, then ceil(pairs / 2^24) up to 4, each

@@ -37,7 +37,9 @@ sp_env single_rank_env(communicator& comm, compute& comp, const scenario& s,
   env.ulysses = ulysses_config{self, s.heads, s.kv_heads, s.head_dim, true};
   auto docs = causal_docs(s, std::move(cu));
   env.linear_docs = docs;
-  env.make_inner = [docs](compute& c) { return std::make_unique<local_attention>(c, docs); };
+  env.make_inner = [docs](compute& c, const layer_attention& layer) {
+    return std::make_unique<local_attention>(c, docs, layer);
+  };
   env.fsdp_group = self;
   env.fsdp_divide = 1.0;
   return env;
@@ -74,7 +76,9 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
     }
   if (s.ring == 1) {
     auto docs = causal_docs(s, cu);
-    env.make_inner = [docs](compute& c) { return std::make_unique<local_attention>(c, docs); };
+    env.make_inner = [docs](compute& c, const layer_attention& layer) {
+    return std::make_unique<local_attention>(c, docs, layer);
+  };
   } else {
     ring_setup rs;
     rs.group = named(group_kind::ring, mesh, k);
@@ -86,7 +90,9 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
     rs.cu_global = cu;
     rs.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
     rs.padded_length = cb.padded_length;
-    env.make_inner = [rs, &comm](compute& c) { return make_ring_attention(comm, c, rs); };
+    env.make_inner = [rs, &comm](compute& c, const layer_attention& layer) {
+      return make_ring_attention(comm, c, rs, layer);
+    };
     env.ring = rs;
   }
   return env;

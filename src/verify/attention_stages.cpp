@@ -73,6 +73,7 @@ class tapping_inner final : public inner_attention {
     st_.tap(rank_, tag, "grad.k.gathered", c_, dk);
     st_.tap(rank_, tag, "grad.v.gathered", c_, dv);
   }
+  std::vector<double> sink_grad() const override { return in_->sink_grad(); }
 
  private:
   attention_stages& st_;

@@ -255,7 +255,7 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
     };
     // A p2p ring: each step's partial output and LSE too (the ring rebuilt with a tap).
     if (env.ring && env.ring->forward == ring_forward_kind::p2p)
-      env.make_inner = [&opt, k, link, rs = *env.ring](compute& c) {
+      env.make_inner = [&opt, k, link, rs = *env.ring](compute& c, const layer_attention& la) {
         auto tapped = rs;
         tapped.tap_step = [&opt, k, &c](const std::string& tag, int step, int, const tensor& out,
                                         const tensor& lse) {
@@ -264,12 +264,14 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
           opt.layers->add(k, layer, fmt::format("ring_out.step{}", step), host_rows(c, out));
           opt.layers->add(k, layer, fmt::format("ring_lse.step{}", step), host_rows(c, lse));
         };
-        return make_ring_attention(*link, c, tapped);
+        return make_ring_attention(*link, c, tapped, la);
       };
   }
   if (opt.attention) {
     auto make = env.make_inner;
-    env.make_inner = [&opt, k, make](compute& c) { return opt.attention->wrap(k, c, make(c)); };
+    env.make_inner = [&opt, k, make](compute& c, const layer_attention& la) {
+      return opt.attention->wrap(k, c, make(c, la));
+    };
     env.tap_attention = [&opt, k, &comp](const std::string& call, const std::string& stage,
                                          const tensor& x) {
       opt.attention->tap(k, call, stage, *comp, x);

@@ -166,7 +166,7 @@ std::vector<double> input_block(const scenario& s, int which,
 void run_rank(communicator& comm, compute& c, const scenario& s, const collated_batch& cb,
               dtype storage, dtype values, capture& cap) {
   sim::sp_env env = sim::cp_rank_env(comm, c, s, cb);
-  auto inner = env.make_inner(c);
+  auto inner = env.make_inner(c, layer_attention{});
   capturing_inner wrap(*inner, c, cap);
   const auto tokens = rank_tokens(cb, comm.rank());
   const auto n = static_cast<std::int64_t>(tokens.size());

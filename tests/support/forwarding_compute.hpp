@@ -49,6 +49,14 @@ class forwarding_compute : public compute {
                           tensor& dq, tensor& dk, tensor& dv) override {
     inner_->attention_backward(q, k, v, out, lse, dout, docs, dq, dk, dv);
   }
+  void attention_sink_forward(tensor& out, tensor& lse, std::span<const double> sinks) override {
+    inner_->attention_sink_forward(out, lse, sinks);
+  }
+  std::vector<double> attention_sink_backward(const tensor& out, const tensor& lse,
+                                              const tensor& dout,
+                                              std::span<const double> sinks) override {
+    return inner_->attention_sink_backward(out, lse, dout, sinks);
+  }
   void lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out_new,
                  const tensor& lse_new) override {
     inner_->lse_merge(out_acc, lse_acc, out_new, lse_new);

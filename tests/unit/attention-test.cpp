@@ -43,6 +43,10 @@ struct problem {
   int hq = 1, hkv = 1, d = 4;
   bool causal = false;
   std::uint64_t seed = 1;
+  // The attention options (defaults: none) and explicit positions (empty: bottom-right).
+  std::int64_t back = -1, ahead = -1, chunk = 0;
+  double softcap = 0;
+  std::vector<std::int32_t> pos_q, pos_k;
 
   std::vector<std::int32_t> cu(const std::vector<std::int32_t>& lens) const {
     std::vector<std::int32_t> c(lens.size() + 1, 0);
@@ -58,7 +62,9 @@ struct problem {
     for (auto x : k_lens) s += std::to_string(x) + ",";
     return s + "] q_tail=" + std::to_string(q_tail) + " hq=" + std::to_string(hq) +
            " hkv=" + std::to_string(hkv) + " d=" + std::to_string(d) +
-           " causal=" + std::to_string(causal);
+           " causal=" + std::to_string(causal) + " back=" + std::to_string(back) +
+           " ahead=" + std::to_string(ahead) + " chunk=" + std::to_string(chunk) +
+           " softcap=" + std::to_string(softcap) + (pos_q.empty() ? "" : " positioned");
   }
 };
 
@@ -76,6 +82,16 @@ struct instance {
     dout = filled<T>(p.sq() * p.hq * p.d, p.seed * 4 + 3);
   }
   attention_args<T> args() const {
+    auto a = plain_args();
+    a.back = pr.back;
+    a.ahead = pr.ahead;
+    a.chunk = pr.chunk;
+    a.softcap = pr.softcap;
+    a.pos_q = pr.pos_q.empty() ? nullptr : pr.pos_q.data();
+    a.pos_k = pr.pos_k.empty() ? nullptr : pr.pos_k.data();
+    return a;
+  }
+  attention_args<T> plain_args() const {
     return {q.data(),
             k.data(),
             v.data(),
@@ -640,3 +656,169 @@ TEST(attention, rejects_invalid_arguments_naming_the_values) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// The attention options (sliding windows, chunks, bidirectional windows, capping, positions).
+
+/// The option sets every shape is swept with: causal windows of 1 and 4 keys (transformers'
+/// sliding_window: W keys, the query's own counted → back = W − 1), bidirectional windows
+/// (symmetric and lopsided), chunks (causal and not), capping alone and with a window.
+struct option_set {
+  bool causal;
+  std::int64_t back, ahead, chunk;
+  double softcap;
+};
+const std::vector<option_set>& option_sets() {
+  static const std::vector<option_set> all = {
+      {true, 0, -1, 0, 0},  {true, 3, -1, 0, 0},   {false, 2, 2, 0, 0}, {false, 4, 0, 0, 0},
+      {false, 0, 3, 0, 0},  {true, -1, -1, 4, 0},  {false, -1, -1, 3, 0},
+      {true, -1, -1, 0, 0.7}, {false, 2, 1, 0, 1.5}, {true, 5, -1, 4, 2.0}};
+  return all;
+}
+
+double max_abs(const std::vector<double>& y) {
+  double m = 0;
+  for (double v : y)
+    if (std::isfinite(v)) m = std::max(m, std::abs(v));
+  return m;
+}
+
+/// Strictly increasing positions with gaps, like a zigzag block's (chunk r, then chunk 2R−1−r).
+std::vector<std::int32_t> gapped_positions(const std::vector<std::int32_t>& lens,
+                                           std::int64_t tail, int gap) {
+  std::vector<std::int32_t> pos;
+  for (auto len : lens)
+    for (std::int32_t i = 0; i < len; ++i) pos.push_back(i < len / 2 ? i : i + gap);
+  pos.resize(pos.size() + static_cast<std::size_t>(tail), 0);
+  return pos;
+}
+
+TEST(attention_options, tiled_matches_naive_for_every_mask_positions_and_tiles) {
+  int cases = 0;
+  for (auto p : shapes()) {
+    if (p.d > 16 || p.q_lens.size() > 3) continue;  // the small shapes: every option on each
+    for (const auto& o : option_sets()) {
+      for (bool positioned : {false, true}) {
+        problem q = p;
+        q.causal = o.causal;
+        q.back = o.back;
+        q.ahead = o.ahead;
+        q.chunk = o.chunk;
+        q.softcap = o.softcap;
+        if (positioned) {
+          q.pos_q = gapped_positions(q.q_lens, q.q_tail, 5);
+          q.pos_k = gapped_positions(q.k_lens, q.k_tail, 5);
+        }
+        const instance<double> in(q);
+        const auto ref = run(in, kernel::naive);
+        EXPECT_FALSE(any_nan(ref)) << q.name();
+        for (attention_tiles tiles :
+             {attention_tiles{}, attention_tiles{5, 3}, attention_tiles{1, 1}, attention_tiles{8, 2}}) {
+          const auto got = run(in, kernel::tiled, tiles);
+          const std::string ctx =
+              q.name() + " tiles=" + std::to_string(tiles.q) + "x" + std::to_string(tiles.k);
+          // Relative to the tensor's largest value, at least 1: a query seeing one key alone has
+          // dq = dk = 0 exactly in the naive kernel and rounding noise (~1e-17) in the tiled one.
+          const auto close = [](const std::vector<double>& x, const std::vector<double>& y) {
+            double scale = 1;
+            for (double v : y)
+              if (std::isfinite(v)) scale = std::max(scale, std::abs(v));
+            return max_rel_diff(x, y) * std::max(1e-300, max_abs(y)) / scale;
+          };
+          EXPECT_LE(close(got.out, ref.out), 1e-12) << ctx;
+          EXPECT_LE(close(got.lse, ref.lse), 1e-12) << ctx;
+          EXPECT_LE(close(got.dq, ref.dq), 1e-12) << ctx;
+          EXPECT_LE(close(got.dk, ref.dk), 1e-12) << ctx;
+          EXPECT_LE(close(got.dv, ref.dv), 1e-12) << ctx;
+          EXPECT_FALSE(any_nan(got)) << ctx;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 1000);
+}
+
+TEST(attention_options, naive_mask_is_the_definition) {
+  // One document of 12, query by query: the keys the naive kernel gives weight to are exactly
+  // the definition's (transformers' masking_utils, read independently of key_range).
+  problem p;
+  p.q_lens = p.k_lens = {12};
+  p.d = 2;
+  for (const auto& o : option_sets()) {
+    p.causal = o.causal;
+    p.back = o.back;
+    p.ahead = o.ahead;
+    p.chunk = o.chunk;
+    p.softcap = o.softcap;
+    instance<double> in(p);
+    // A one-hot value per key: out[i] = the softmax weight row (d = 2 can't hold 12 keys, so
+    // probe key by key with v = e_j on component 0).
+    for (int j = 0; j < 12; ++j) {
+      std::fill(in.v.begin(), in.v.end(), 0.0);
+      in.v[static_cast<std::size_t>(j) * 2] = 1.0;
+      results<double> r;
+      r.out.assign(in.q_size(), 0);
+      r.lse.assign(in.lse_size(), 0);
+      seqpar::sim::attention_forward_naive(in.args(), r.out.data(), r.lse.data());
+      for (int i = 0; i < 12; ++i) {
+        bool sees = o.causal ? j <= i : (o.ahead < 0 || j - i <= o.ahead);
+        if (o.back >= 0) sees = sees && i - j <= o.back;
+        if (o.chunk > 0) sees = sees && i / o.chunk == j / o.chunk;
+        EXPECT_EQ(r.out[static_cast<std::size_t>(i) * 2] > 0, sees)
+            << "query " << i << " key " << j << " " << p.name();
+      }
+    }
+  }
+}
+
+TEST(attention_options, capped_backward_matches_finite_differences) {
+  problem p;
+  p.q_lens = {6, 3};
+  p.k_lens = {6, 3};
+  p.hq = 2;
+  p.hkv = 1;
+  p.d = 3;
+  p.softcap = 0.6;  // well inside the bend of tanh for scores of this size
+  for (const auto& o : option_sets()) {
+    p.causal = o.causal;
+    p.back = o.back;
+    p.ahead = o.ahead;
+    p.chunk = o.chunk;
+    instance<double> in(p);
+    const auto r = run(in, kernel::tiled, attention_tiles{2, 3});
+    const double h = 1e-5;
+    for (auto* x : {&in.q, &in.k}) {
+      const auto& grad = x == &in.q ? r.dq : r.dk;
+      double diff = 0, scale = 0;
+      for (std::size_t i = 0; i < x->size(); ++i) {
+        const double x0 = (*x)[i];
+        (*x)[i] = x0 + h;
+        const double up = loss(in);
+        (*x)[i] = x0 - h;
+        const double down = loss(in);
+        (*x)[i] = x0;
+        diff = std::max(diff, std::abs((up - down) / (2 * h) - grad[i]));
+        scale = std::max(scale, std::abs(grad[i]));
+      }
+      EXPECT_LE(diff, 1e-6 * std::max(scale, 1.0)) << p.name();  // one key alone: dq = 0
+    }
+  }
+}
+
+TEST(attention_options, a_window_costs_tiles_of_its_width_not_of_the_document) {
+  // 4096 queries under a causal window of 64 keys: the forward touches O(S·W) pairs. Measured as
+  // the keys each q tile's loop visits (k_end − k_lo), summed: no more than (rows + W) per tile.
+  problem p;
+  p.q_lens = p.k_lens = {4096};
+  p.causal = true;
+  p.back = 63;
+  const instance<double> in(p);
+  std::int64_t pairs = 0, tiles = 0;
+  seqpar::sim::detail::for_each_q_tile(in.args(), attention_tiles{}, [&](const auto& t) {
+    pairs += t.rows * (t.k_end - t.k_lo);
+    ++tiles;
+  });
+  EXPECT_EQ(tiles, 4096 / 64);
+  EXPECT_LE(pairs, 4096 * (64 + 64));
+}

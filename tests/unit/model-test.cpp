@@ -276,7 +276,9 @@ sim::sp_env make_env(communicator& comm, compute& comp, const scenario& s, profi
   env.ulysses.kv_heads = s.kv_heads;
   env.ulysses.head_dim = s.head_dim;
   const attention_docs docs{cu, cu, true, 1.0 / std::sqrt(static_cast<double>(s.head_dim))};
-  env.make_inner = [docs](compute& c) { return std::make_unique<local_attention>(c, docs); };
+  env.make_inner = [docs](compute& c, const layer_attention& la) {
+    return std::make_unique<local_attention>(c, docs, la);
+  };
   env.fsdp_group = dp;
   env.fsdp_divide = shifts_whole_row(prof) ? dp.size() : 1.0;
   return env;
