@@ -60,6 +60,11 @@ nlohmann::json report_json(const verify::check_report& r) {
                                                    {"line", r.first->line}}
                                   : nlohmann::json(nullptr)},
       {"departure_note", r.departure},
+      {"attention", r.scen.describe_attention()},
+      {"ring_steps", r.ring_steps ? nlohmann::json{{"computed", r.ring_steps->computed},
+                                                   {"skipped_mask", r.ring_steps->skipped_mask},
+                                                   {"skipped_layout", r.ring_steps->skipped_layout}}
+                                  : nlohmann::json(nullptr)},
       {"attention_difference", r.attention ? nlohmann::json{{"call", r.attention->call_name},
                                                             {"stage", r.attention->stage},
                                                             {"ranks", r.attention->ranks},
@@ -87,6 +92,8 @@ std::string report_text(const verify::check_report& r) {
       (s.profile == profile::deepspeed ? fmt::format("  micro-step {}", s.micro_step) : "") +
           (s.tiles > 1 ? fmt::format("  tiles {}", s.tiles) : ""),
       r.type == dtype::f64 ? "float64" : "float32", r.isa);
+  if (s.has_attention_options())
+    o.insert(o.find("\ncpu: "), "\nattention: " + s.describe_attention());
   o += fmt::format("{:<28} {}\n", "tensor", row_cells_header());
   int passed = 0;
   for (const auto& row : r.rows) {
@@ -102,6 +109,15 @@ std::string report_text(const verify::check_report& r) {
       margin_sentence(closest_to_bound(
           r.rows, [](const auto& x) -> const auto& { return x; })),
       r.sp_seconds, r.reference_seconds, r.setup_seconds, r.compare_seconds);
+  if (r.ring_steps) {
+    const auto& t = *r.ring_steps;
+    o += fmt::format("ring steps (forward, every rank and layer): {} computed", t.computed);
+    if (t.skipped_mask > 0)
+      o += fmt::format(", {} skipped: no query of the step sees a key of the block", t.skipped_mask);
+    if (t.skipped_layout > 0)
+      o += fmt::format(", {} skipped: a later block under the causal mask", t.skipped_layout);
+    o += "\n";
+  }
   if (r.pass)
     for (const auto& w : r.warnings) o += fmt::format("note: {}\n", w);
   if (!r.pass) o += fmt::format("reproduce: {}\n", io::scenario_command(r.scen));

@@ -96,6 +96,24 @@ bool scenario::has_attention_options() const {
   return false;
 }
 
+std::string scenario::describe_attention() const {
+  std::string o = bidirectional ? "bidirectional" : "causal";
+  const std::string pattern = effective_attention_pattern(*this);
+  std::vector<std::string> kinds;
+  if (pattern.find('W') != std::string::npos)
+    kinds.push_back(bidirectional ? fmt::format("W window {} left, {} right", window,
+                                                window_right < 0 ? window : window_right)
+                                  : fmt::format("W window {}", window));
+  if (pattern.find('C') != std::string::npos) kinds.push_back(fmt::format("C chunk {}", chunk));
+  if (!kinds.empty()) {
+    if (pattern.find('F') != std::string::npos) kinds.push_back("F full");
+    o += fmt::format("; {} (pattern {})", fmt::join(kinds, ", "), pattern);
+  }
+  if (sinks) o += "; sinks";
+  if (softcap > 0) o += fmt::format("; softcap {}", softcap);
+  return o;
+}
+
 static void validate_attention_options(const scenario& s) {
   const std::string pattern = effective_attention_pattern(s);
   if (pattern.find_first_not_of("FWC") != std::string::npos)

@@ -116,6 +116,9 @@ struct scenario {
   attention_options attention_of(int l) const;
   /// Whether any softmax layer has an option beyond causal, full attention.
   bool has_attention_options() const;
+  /// The softmax layers' attention in words, e.g. "causal; layers W (window 8) F (pattern WF);
+  /// sinks; softcap 1" ("causal" when no option is set).
+  std::string describe_attention() const;
 
   int cp() const { return ulysses * ring; }
   /// Whether layer l is a GatedDeltaNet layer (false for a pattern character other than 'L';

@@ -249,6 +249,12 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
       std::make_unique<eigen_compute>(opt.naive_attention, attention_workers);
   if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp), *link);
   sp_env env = cp_rank_env(*link, *comp, s, cb);
+  if (env.ring && opt.ring_counts) {  // the ring rebuilt with the tally
+    env.ring->counts = opt.ring_counts;
+    env.make_inner = [link, rs = *env.ring](compute& c, const layer_attention& la) {
+      return make_ring_attention(*link, c, rs, la);
+    };
+  }
   if (opt.layers) {
     env.tap_layer = [&opt, k](int layer, const std::string& stage, const Eigen::MatrixXd& rows) {
       opt.layers->add(k, layer, stage, rows);
@@ -838,9 +844,15 @@ check_report run_typed(const scenario& s, const check_options& opt) {
     say(fmt::format("SP step: {} ranks (ulysses {} × ring {}), {} tokens each ({})", s.cp(),
                     s.ulysses, s.ring, cb.chunk, dtype_name(opt.type)));
   };
-  const auto both = run_both<T>(s, batch, cb, p64, p, opt, announce);
+  check_options tallied = opt;
+  tallied.ring_counts = std::make_shared<ring_step_counts>();
+  const auto both = run_both<T>(s, batch, cb, p64, p, tallied, announce);
   rep.reference_seconds = both.reference_seconds;
   rep.sp_seconds = both.sp_seconds;
+  if (s.ring > 1 && s.ring_forward == "p2p")
+    rep.ring_steps = ring_step_totals{tallied.ring_counts->computed.load(),
+                                      tallied.ring_counts->skipped_mask.load(),
+                                      tallied.ring_counts->skipped_layout.load()};
 
   t0 = std::chrono::steady_clock::now();
   double micro_seconds = 0;  // the further micro-steps' own steps, counted as sp and reference

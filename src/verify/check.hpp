@@ -14,6 +14,7 @@
 #include "core/compute.hpp"
 #include "core/dtype.hpp"
 #include "core/heatmap.hpp"
+#include "core/ring_attention.hpp"
 #include "core/scenario.hpp"
 #include "sim/faulty_comm.hpp"
 #include "sim/reference.hpp"
@@ -80,6 +81,14 @@ struct check_options {
   /// training step uses; the wrapper must forward to it. Called once per rank. The distributed
   /// check's own gathers (rows to rank 0, the verdict) bypass it.
   std::function<std::unique_ptr<communicator>(communicator&)> wrap_communicator;
+  /// Where the SP step's p2p ring tallies its steps (computed, skipped); run_check sets its own
+  /// for the main step and reports the totals (check_report::ring_steps).
+  std::shared_ptr<ring_step_counts> ring_counts;
+};
+
+/// The p2p ring's steps of a check, over every rank and softmax layer (forward).
+struct ring_step_totals {
+  std::int64_t computed = 0, skipped_mask = 0, skipped_layout = 0;
 };
 
 struct check_report {
@@ -109,6 +118,9 @@ struct check_report {
   std::string layer_departure;
   std::string departure;
   std::string isa;  ///< the CPU vector instruction sets (sim::cpu_isa)
+  /// With a p2p ring: its steps, computed and skipped (by the mask: no query sees the block;
+  /// by the layout: a later block under a causal mask in a contiguous ring).
+  std::optional<ring_step_totals> ring_steps;
 };
 
 /// What the non-SP reference of a check trains on: the scenario's row unpadded, labels aligned

@@ -84,7 +84,20 @@ std::vector<scenario> extra_scenarios() {
   b.o_bias = true;
   b.qk_norm = true;
   b.qk_norm_type = "layernorm";
-  return {s, g, b};
+  // Today's attention options the built-ins leave out: a lopsided bidirectional window beside a
+  // bidirectional chunked layer, with sinks and capping on both (every option at once).
+  scenario w = seqpar::default_scenario();
+  w.name = "bidirectional-window-chunk-sinks-softcap";
+  w.layers = 2;
+  w.bidirectional = true;
+  w.window = 3;
+  w.window_right = 1;
+  w.chunk = 5;
+  w.attention_pattern = "WC";
+  w.sinks = true;
+  w.softcap = 0.8;
+  w.seed = 13;
+  return {s, g, b, w};
 }
 
 std::vector<scenario> all_scenarios() {

@@ -92,13 +92,37 @@ def repeat_kv(x, times):
     return x[:, :, None].expand(b, h, times, s, d).reshape(b, h * times, s, d)
 
 
-def document_mask(position_ids):
-    """Additive mask [batch, 1, seq, seq]: token i sees token j iff j <= i in the same document
-    (a document starts where position_id == 0)."""
+def layer_kind(cfg, l):
+    """The softmax layer's letter: F full, W sliding window, C chunked (attention_pattern, or one
+    letter from the options when it is absent)."""
+    pattern = cfg.get("attention_pattern") or ("W" if cfg.get("window", 0) > 0 else
+                                               "C" if cfg.get("chunk", 0) > 0 else "F")
+    return pattern[l % len(pattern)]
+
+
+def document_mask(position_ids, cfg, kind):
+    """Additive mask [batch, 1, seq, seq]: token i may see token j of the same document (a document
+    starts where position_id == 0) as transformers' masking_utils overlays say, with q and kv the
+    positions in the document: causal kv <= q; sliding window (causal) kv > q - W; bidirectional
+    window q - W <= kv <= q + W_right; chunked kv // C == q // C."""
     doc = torch.cumsum((position_ids == 0).to(torch.int64), dim=-1)
-    seq = position_ids.shape[-1]
-    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
-    allowed = (doc[:, :, None] == doc[:, None, :]) & causal
+    q = position_ids[:, :, None]
+    kv = position_ids[:, None, :]
+    allowed = doc[:, :, None] == doc[:, None, :]
+    causal = cfg.get("mask", "causal") == "causal"
+    if causal:
+        allowed &= kv <= q
+    if kind == "W":
+        window = cfg["window"]
+        if causal:
+            allowed &= kv > q - window
+        else:
+            right = cfg.get("window_right", -1)
+            right = window if right < 0 else right
+            allowed &= (kv >= q - window) & (kv <= q + right)
+    elif kind == "C":
+        allowed &= torch.div(kv, cfg["chunk"], rounding_mode="floor") == torch.div(
+            q, cfg["chunk"], rounding_mode="floor")
     mask = torch.zeros(allowed.shape, dtype=f64)
     mask.masked_fill_(~allowed, torch.finfo(f64).min)
     return mask[:, None]
@@ -133,6 +157,9 @@ class Attention(nn.Module):
                 sys.exit(f"{cfg['name']}: qk_norm_type {norm_type!r} is unknown")
         if self.output_gate:
             self.g_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False, dtype=f64)
+        # gpt-oss: a learnable sink logit per query head; Gemma 2: logit soft-capping.
+        self.sinks = nn.Parameter(torch.zeros(self.heads, dtype=f64)) if cfg.get("sinks") else None
+        self.softcap = cfg.get("softcap", 0.0)
 
     def forward(self, x, rotary, cos, sin, mask):
         b, s, _ = x.shape
@@ -146,8 +173,19 @@ class Attention(nn.Module):
         v = split(self.v_proj(x), self.kv_heads)
         k = repeat_kv(k, self.heads // self.kv_heads)
         v = repeat_kv(v, self.heads // self.kv_heads)
-        scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim) + mask
-        probs = torch.softmax(scores, dim=-1)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim)
+        if self.softcap:  # Gemma 2's eager attention: cap·tanh(s/cap), before the mask
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores = scores + mask
+        if self.sinks is not None:
+            # gpt-oss's eager attention: the sink as one more column of every row, softmax over
+            # the row and the sink (its max subtracted), the sink's column dropped before V.
+            sink = self.sinks.reshape(1, -1, 1, 1).expand(b, -1, s, 1)
+            joined = torch.cat([scores, sink], dim=-1)
+            joined = joined - joined.max(dim=-1, keepdim=True).values
+            probs = torch.softmax(joined, dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         out = (probs @ v).transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
         if self.output_gate:
             out = out * torch.sigmoid(self.g_proj(x))
@@ -266,16 +304,18 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(cfg["hidden"], eps)
         self.lm_head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False, dtype=f64)
         self.rotary = Rotary(cfg["head_dim"], theta)
+        self.cfg = cfg
 
     def forward(self, input_ids, position_ids):
         embedded = self.embed_tokens(input_ids)
         embedded.retain_grad()
         cos, sin = self.rotary.cos_sin(position_ids)
-        mask = document_mask(position_ids)
+        masks = {kind: document_mask(position_ids, self.cfg, kind) for kind in "FWC"
+                 if any(layer_kind(self.cfg, l) == kind for l in range(len(self.layers)))}
         bounds = document_bounds(position_ids[0])
         x = embedded
-        for layer in self.layers:
-            x = layer(x, self.rotary, cos, sin, mask, bounds)
+        for l, layer in enumerate(self.layers):
+            x = layer(x, self.rotary, cos, sin, masks.get(layer_kind(self.cfg, l)), bounds)
         return self.lm_head(self.norm(x)), embedded
 
 
@@ -326,6 +366,8 @@ def seqpar_names(cfg):
                 names[f"L{l}.k_norm_bias"] = (p + "self_attn.k_norm.bias", False)
         if cfg.get("output_gate", False):
             names[f"L{l}.wg"] = (p + "self_attn.g_proj.weight", True)
+        if cfg.get("sinks", False):
+            names[f"L{l}.sinks"] = (p + "self_attn.sinks", False)
     names["final_norm"] = ("norm.weight", False)
     names["lm_head"] = ("lm_head.weight", True)
     return names
