@@ -111,6 +111,30 @@ RC_GTEST_PROP(equivalence, ring_and_hybrid_step_equals_non_sp_in_f64, ()) {
   assert_equivalent(s, dtype::f64);
 }
 
+// Today's attention options (sliding and bidirectional windows, chunks, sinks, capping, layer
+// patterns) under every layout: Ulysses, the p2p and all-gather rings (contiguous and zigzag),
+// hybrid, async Ulysses.
+RC_GTEST_PROP(equivalence, attention_options_step_equals_non_sp_in_f64, ()) {
+  const auto s = *gens::with_attention(rc::gen::oneOf(
+      gens::ring_check_scenario(), gens::ulysses_check_scenario(), gens::async_check_scenario()));
+  RC_TAG(s.bidirectional ? "bidirectional" : "causal",
+         s.window > 0 && s.chunk > 0 ? "window+chunk"
+         : s.window > 0              ? "window"
+         : s.chunk > 0               ? "chunk"
+                                     : "full",
+         s.sinks ? "sinks" : "no-sinks", s.softcap > 0 ? "capped" : "uncapped",
+         s.ring > 1 ? (s.zigzag ? "zigzag" : "contiguous") : "ulysses");
+  assert_equivalent(s, dtype::f64);
+}
+
+// The same options in float32 against the float64 oracle, under the stated error model (a
+// sink adds one column to a row's sum; capping's tanh has slope ≤ 1: neither widens it).
+RC_GTEST_PROP(equivalence, attention_options_f32_step_is_within_the_error_model, ()) {
+  auto s = *gens::with_attention(gens::ring_check_scenario());
+  s.docs.push_back(16 * s.ring);  // as f32_step_is_within_the_error_model below
+  assert_equivalent(s, dtype::f32);
+}
+
 // GatedDeltaNet layers (alone and in hybrids): Ulysses path in core ≡ the oracle's recurrence.
 RC_GTEST_PROP(equivalence, linear_attention_step_equals_non_sp_in_f64, ()) {
   const auto s = *gens::linear_check_scenario();

@@ -240,4 +240,43 @@ inline rc::Gen<scenario> ring_check_scenario() {
       });
 }
 
+/// Today's attention options drawn on top of a scenario (docs/attention.md), each shrinking
+/// toward the plain causal case (0 / false / "none" first): bidirectional or causal; sliding
+/// windows and chunks of widths around the documents' lengths (1 … longest + 1, so windows
+/// shorter than, equal to and longer than a document all come up), a right width for
+/// bidirectional windows; sinks; capping (2, 0.5: the scores' scale); layer patterns that mix
+/// them with full layers.
+inline rc::Gen<scenario> with_attention(rc::Gen<scenario> base) {
+  return rc::gen::mapcat(std::move(base), [](scenario s) {
+    std::int64_t longest = 1;
+    for (auto d : s.docs) longest = std::max(longest, d);
+    return rc::gen::map(
+        rc::gen::tuple(rc::gen::inRange(0, 4), rc::gen::arbitrary<bool>(),
+                       rc::gen::inRange<std::int64_t>(1, longest + 2),
+                       rc::gen::inRange<std::int64_t>(1, longest + 2), rc::gen::inRange(-1, 3),
+                       rc::gen::arbitrary<bool>(), rc::gen::inRange(0, 3), rc::gen::inRange(0, 3)),
+        [s](const std::tuple<int, bool, std::int64_t, std::int64_t, int, bool, int, int>& t) {
+          scenario o = s;
+          const int local = std::get<0>(t);  // 0 none, 1 window, 2 chunk, 3 both
+          o.bidirectional = std::get<1>(t);
+          if (local & 1) o.window = std::get<2>(t);
+          if (local & 2) o.chunk = std::get<3>(t);
+          if ((local & 1) && o.bidirectional && std::get<4>(t) >= 0) o.window_right = std::get<4>(t);
+          o.sinks = std::get<5>(t);
+          static const double caps[] = {0.0, 2.0, 0.5};
+          o.softcap = caps[std::get<6>(t)];
+          // Patterns: every layer local; local then full (gpt-oss, Gemma's 5:1 on two layers);
+          // full then local. With both a window and a chunk the pattern names each.
+          static const char* one[] = {"", "LF", "FL"};
+          static const char* both[] = {"WC", "WCF", "CFW"};
+          std::string pattern = local == 3 ? both[std::get<7>(t)] : one[std::get<7>(t)];
+          const char letter = local == 1 ? 'W' : 'C';
+          for (auto& c : pattern)
+            if (c == 'L') c = letter;
+          if (local != 0) o.attention_pattern = pattern;
+          return o;
+        });
+  });
+}
+
 }  // namespace seqpar::gens
