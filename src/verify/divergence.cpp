@@ -2,6 +2,8 @@
 // its senders.
 #include "verify/divergence.hpp"
 
+#include "core/attention_mask.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -638,7 +640,12 @@ void add_ring_step_references(layer_trace& trace, const ring_step_layout& g) {
   if (R < 2 || U < 1 || H % U != 0 || Hkv < 1 || H % Hkv != 0) return;
   const int Hl = H / U, group = H / Hkv;
   constexpr Eigen::Index block = 256;  // query rows per product: memory O(block × keys), not S²
+  // Each token's position in its document (a document's tokens are consecutive in the row).
+  std::vector<std::int64_t> pos(g.doc_of.size(), 0);
+  for (std::size_t t = 1; t < g.doc_of.size(); ++t)
+    if (g.doc_of[t] == g.doc_of[t - 1]) pos[t] = pos[t - 1] + 1;
   for (int l = 0; l < s.layers; ++l) {
+    const attention_options ao = s.attention_of(l);
     const auto *q = trace.get(-1, l, "q"), *k = trace.get(-1, l, "k"), *v = trace.get(-1, l, "v");
     if (!q || !k || !v || q->cols() != H * D || k->cols() != Hkv * D || v->cols() != Hkv * D)
       continue;
@@ -669,14 +676,20 @@ void add_ring_step_references(layer_trace& trace, const ring_step_layout& g) {
                                           : Eigen::RowVectorXd::Zero(D);
             }
             Eigen::MatrixXd S = scale * (Q * K.transpose());
+            if (ao.softcap > 0) S = ao.softcap * (S.array() / ao.softcap).tanh().matrix();
             for (Eigen::Index i = 0; i < bn; ++i) {
               const auto t = rows[static_cast<std::size_t>(b0 + i)];
               if (t >= g.row_length) continue;
+              // The layer's mask in document positions (causal, window, chunk).
+              const auto [lo, hi] = visible_positions(ao.causal, ao.back, ao.ahead, ao.chunk,
+                                                      pos[static_cast<std::size_t>(t)]);
               double m = -INFINITY;
               for (Eigen::Index j = 0; j < nk; ++j) {
                 const auto kt = keys[static_cast<std::size_t>(j)];
-                const bool seen = kt <= t && g.doc_of[static_cast<std::size_t>(kt)] ==
-                                                 g.doc_of[static_cast<std::size_t>(t)];
+                const auto kp = pos[static_cast<std::size_t>(kt)];
+                const bool seen = g.doc_of[static_cast<std::size_t>(kt)] ==
+                                      g.doc_of[static_cast<std::size_t>(t)] &&
+                                  kp >= lo && kp <= hi;
                 if (!seen) S(i, j) = -INFINITY;
                 m = std::max(m, S(i, j));
               }

@@ -413,8 +413,19 @@ tensor attention_error_amplified::widened(const tensor& x) {
 void attention_error_amplified::amplify(tensor& x, const tensor& exact) {
   auto a = to_host(x);
   const auto e = to_host(exact);
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::isfinite(a[i]) && std::isfinite(e[i])) a[i] = e[i] + k_ * (a[i] - e[i]);
+  const std::uint64_t call = calls_++;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(e[i])) continue;
+    if (!planted_) {
+      a[i] = e[i] + k_ * (a[i] - e[i]);
+      continue;
+    }
+    std::uint64_t z = (call << 32) + i + 0x9E3779B97F4A7C15ull;  // splitmix64 of (call, i)
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    const double sign = ((z ^ (z >> 31)) & 1) ? 1.0 : -1.0;
+    a[i] = e[i] * (1.0 + k_ * 0x1.0p-24 * sign);
+  }
   x = from_host(x.type, x.shape, a);
 }
 

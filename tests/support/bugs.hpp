@@ -5,6 +5,7 @@
 // reachable from product code.
 #include <functional>
 #include <map>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -246,10 +247,15 @@ class bias_added_twice : public forwarding_compute {
 /// lse) and attention_backward (dq, dk, dv) becomes exact + k·(result − exact), exact being the
 /// same call in float64 on the same inputs. k = 1 is the kernel as it is; k = 10 a kernel ten
 /// times less precise. No effect on a float64 run (its error is already ~0).
+///
+/// planted: instead, every output becomes exact·(1 + k·u·σ), u = 2⁻²⁴ (float32's unit
+/// roundoff) and σ = ±1 drawn from the element's index: an error of k roundoffs per element
+/// that does not depend on the CPU's own rounding (AVX2 or AVX-512, FMA or not), so a test that
+/// plants it measures the same fraction of the bound on every x86-64.
 class attention_error_amplified : public forwarding_compute {
  public:
-  attention_error_amplified(std::unique_ptr<compute> inner, double k)
-      : forwarding_compute(std::move(inner)), k_(k) {}
+  attention_error_amplified(std::unique_ptr<compute> inner, double k, bool planted = false)
+      : forwarding_compute(std::move(inner)), k_(k), planted_(planted) {}
   void attention_forward(const tensor& q, const tensor& k, const tensor& v,
                          const attention_docs& docs, tensor& out, tensor& lse) override;
   void attention_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
@@ -260,6 +266,8 @@ class attention_error_amplified : public forwarding_compute {
   tensor widened(const tensor& x);
   void amplify(tensor& x, const tensor& exact);
   double k_;
+  bool planted_;
+  std::uint64_t calls_ = 0;  ///< tensors planted so far: each gets its own signs
 };
 
 /// K/V heads not repeated before the all-to-all (U > Hkv): the repeat left for after it.
