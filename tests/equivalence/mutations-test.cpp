@@ -568,3 +568,94 @@ TEST(departures, every_bug_of_the_catalogue_is_placed) {
 }
 
 }  // namespace
+
+// ---- today's attention options (issue 57): the mistakes SP code makes with sinks, windows,
+// chunks, capping and bidirectional masks, each caught by check and placed by its departure.
+
+/// The small scenario with a layer's options on.
+scenario with_options(scenario s, std::int64_t window, std::int64_t chunk, bool sinks,
+                      double softcap, bool bidirectional = false) {
+  s.window = window;
+  s.chunk = chunk;
+  s.sinks = sinks;
+  s.softcap = softcap;
+  s.bidirectional = bidirectional;
+  return s;
+}
+
+/// A compute bug that changes each attention call's documents.
+verify::check_options docs_changed(void (*f)(attention_docs&)) {
+  verify::check_options o;
+  o.wrap_compute = [f](std::unique_ptr<compute> inner, communicator&) -> std::unique_ptr<compute> {
+    return std::make_unique<attention_docs_changed>(std::move(inner), f);
+  };
+  return o;
+}
+
+/// Sinks folded into every ring step: each rank's decorator gets its heads' sink values (layer
+/// 0's, the scenario's one layer), as the Ulysses all-to-all leaves them to it.
+verify::check_options sinks_on_every_step(const scenario& s) {
+  const auto p = sim::model_params<double>::init(s);
+  const auto& w = p["L0.sinks"];
+  verify::check_options o;
+  o.wrap_compute = [w, s](std::unique_ptr<compute> inner,
+                          communicator& comm) -> std::unique_ptr<compute> {
+    const int heads = s.heads / s.ulysses, u = comm.rank() % s.ulysses;
+    std::vector<double> mine;
+    for (int h = 0; h < heads; ++h) mine.push_back(w(0, u * heads + h));
+    return std::make_unique<sink_on_every_step>(std::move(inner), std::move(mine));
+  };
+  return o;
+}
+
+struct option_case {
+  std::string name;
+  scenario s;
+  verify::check_options bug;
+  std::vector<std::string> must_fail;  ///< rows that must fail
+  std::vector<std::string> must_pass;  ///< rows that must not (the bug's reach)
+  std::string expect;                  ///< in the first departure's line
+};
+
+TEST(attention_options, every_classic_mistake_fails_check_with_its_stage) {
+  const auto gpt_oss = with_options(make(2, 2, 4, 2, {24, 16}), 5, 0, true, 0);
+  const auto zigzag_window = with_options(make(1, 2, 2, 2, {24, 16}), 5, 0, false, 0);
+  auto chunked = with_options(make(1, 4, 2, 2, {40, 24}), 0, 6, false, 0);
+  chunked.zigzag = false;
+  const auto capped = with_options(make(4, 1, 8, 2, {9, 15}), 0, 0, false, 1.0);
+  auto dit = with_options(make(2, 2, 4, 4, {30, 34}), 0, 0, false, 0, true);
+  dit.zigzag = false;
+  const std::vector<option_case> cases = {
+      {"sink dropped", gpt_oss, computed<sink_dropped>(), {"logits", "grad.L0.sinks"}, {},
+       "layer L0, forward: the attention's output"},
+      {"sink as sigmoid(lse − sink), LSE kept", with_options(make(2, 1, 4, 2, {9, 15}), 0, 0, true, 0),
+       computed<sink_sigmoid_lse_kept>(), {"grad.L0.wq", "grad.L0.sinks"}, {"logits", "loss"},
+       "layer L0, backward"},
+      {"sink counted on every ring step", gpt_oss, sinks_on_every_step(gpt_oss), {"logits"}, {},
+       "ring step"},
+      {"window off by one (flash-attn's left = W)", gpt_oss, docs_changed(window_off_by_one),
+       {"logits"}, {}, "layer L0, forward"},
+      {"window measured in the rank's (zigzag) order", zigzag_window,
+       docs_changed(positions_dropped), {"logits"}, {}, "ring step"},
+      {"chunk boundaries per rank", chunked, docs_changed(positions_dropped), {"logits"}, {},
+       "ring step"},
+      {"capping without the softmax scale", capped, docs_changed(softcap_without_scale),
+       {"logits"}, {}, "layer L0, forward: the attention's output"},
+      {"a causal mask left in a bidirectional model", dit, docs_changed(causal_mask_left_in),
+       {"logits"}, {}, "ring step"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_TRUE(failing_rows(c.s, {}).empty()) << "the scenario must pass without the bug";
+    const auto r = verify::run_check(c.s, c.bug);
+    ASSERT_FALSE(r.pass);
+    std::set<std::string> failed;
+    for (const auto& row : r.rows)
+      if (!row.pass) failed.insert(row.tensor);
+    for (const auto& row : c.must_fail) EXPECT_TRUE(failed.count(row)) << row << ": " << str(failed);
+    for (const auto& row : c.must_pass) EXPECT_FALSE(failed.count(row)) << row << ": " << str(failed);
+    const auto line = first_line(r);
+    std::cout << c.name << ": " << line.substr(0, 300) << "\n";
+    EXPECT_NE(line.find(c.expect), std::string::npos) << line;
+  }
+}

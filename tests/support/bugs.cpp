@@ -454,4 +454,55 @@ void attention_error_amplified::attention_backward(const tensor& q, const tensor
   amplify(dv, dv64);
 }
 
+void sink_dropped::attention_sink_forward(tensor&, tensor&, std::span<const double>) {}
+
+std::vector<double> sink_dropped::attention_sink_backward(const tensor&, const tensor&,
+                                                          const tensor&,
+                                                          std::span<const double> sinks) {
+  return std::vector<double>(sinks.size(), 0.0);
+}
+
+void sink_sigmoid_lse_kept::attention_sink_forward(tensor& out, tensor& lse,
+                                                   std::span<const double> sinks) {
+  const tensor kept = clone(lse);
+  forwarding_compute::attention_sink_forward(out, lse, sinks);  // out·sigmoid(lse − sink)
+  lse = kept;
+}
+
+void sink_on_every_step::attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                                           const attention_docs& docs, tensor& out, tensor& lse) {
+  forwarding_compute::attention_forward(q, k, v, docs, out, lse);
+  forwarding_compute::attention_sink_forward(out, lse, sinks_);
+}
+
+void attention_docs_changed::attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                                               const attention_docs& docs, tensor& out,
+                                               tensor& lse) {
+  attention_docs d = docs;
+  f_(d);
+  forwarding_compute::attention_forward(q, k, v, d, out, lse);
+}
+
+void attention_docs_changed::attention_backward(const tensor& q, const tensor& k, const tensor& v,
+                                                const tensor& out, const tensor& lse,
+                                                const tensor& dout, const attention_docs& docs,
+                                                tensor& dq, tensor& dk, tensor& dv) {
+  attention_docs d = docs;
+  f_(d);
+  forwarding_compute::attention_backward(q, k, v, out, lse, dout, d, dq, dk, dv);
+}
+
+void window_off_by_one(attention_docs& d) {
+  if (d.window_back >= 0) ++d.window_back;
+}
+
+void positions_dropped(attention_docs& d) {
+  d.pos_q.clear();
+  d.pos_k.clear();
+}
+
+void softcap_without_scale(attention_docs& d) { d.softcap *= d.scale; }
+
+void causal_mask_left_in(attention_docs& d) { d.causal = true; }
+
 }  // namespace seqpar::test

@@ -4,6 +4,7 @@
 // equivalence check catches each of them (mutation testing of the checker). Nothing here is
 // reachable from product code.
 #include <functional>
+#include <span>
 #include <map>
 #include <cstdint>
 #include <memory>
@@ -276,6 +277,70 @@ class kv_not_repeated_before_all_to_all : public forwarding_compute {
   using forwarding_compute::forwarding_compute;
   tensor repeat_heads(const tensor& x, int rep) override;
 };
+
+// ---- today's attention options (issue 57): the mistakes SP code makes with them in public
+
+/// Sinks dropped: the attention runs without them (a Ulysses wrapper that swallows the keyword
+/// Hugging Face passes them as), and their gradient stays 0.
+class sink_dropped : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void attention_sink_forward(tensor& out, tensor& lse, std::span<const double> sinks) override;
+  std::vector<double> attention_sink_backward(const tensor& out, const tensor& lse,
+                                              const tensor& dout,
+                                              std::span<const double> sinks) override;
+};
+
+/// The sink as out·sigmoid(lse − sink) with the LSE left as it was: the forward's output is the
+/// sinked one, but the backward's softmax P = exp(s − lse) and the sink's share are not.
+class sink_sigmoid_lse_kept : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void attention_sink_forward(tensor& out, tensor& lse, std::span<const double> sinks) override;
+};
+
+/// Sinks folded into every ring step's partial result before the merge (so counted once per
+/// step that runs) and not after it. The sink values of the rank's heads come from the test.
+class sink_on_every_step : public forwarding_compute {
+ public:
+  sink_on_every_step(std::unique_ptr<compute> inner, std::vector<double> sinks)
+      : forwarding_compute(std::move(inner)), sinks_(std::move(sinks)) {}
+  void attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                         const attention_docs& docs, tensor& out, tensor& lse) override;
+  void attention_sink_forward(tensor&, tensor&, std::span<const double>) override {}
+
+ private:
+  std::vector<double> sinks_;
+};
+
+/// An attention call's documents changed before the kernel sees them (forward and backward):
+/// the mistakes of passing a layer's options on.
+class attention_docs_changed : public forwarding_compute {
+ public:
+  attention_docs_changed(std::unique_ptr<compute> inner, std::function<void(attention_docs&)> f)
+      : forwarding_compute(std::move(inner)), f_(std::move(f)) {}
+  void attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                         const attention_docs& docs, tensor& out, tensor& lse) override;
+  void attention_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                          const tensor& lse, const tensor& dout, const attention_docs& docs,
+                          tensor& dq, tensor& dk, tensor& dv) override;
+
+ private:
+  std::function<void(attention_docs&)> f_;
+};
+
+/// The changes attention_docs_changed is used with:
+/// transformers' sliding_window W passed to a flash-attn style kernel as window_size = (W, 0)
+/// instead of (W − 1, 0): every query sees one key too many.
+void window_off_by_one(attention_docs& d);
+/// The rows' document positions dropped: a window or chunk measured in the order the rank holds
+/// its rows (zigzag: chunk r, then chunk 2R−1−r; a ring block: from its own first row), so
+/// chunk boundaries fall per rank.
+void positions_dropped(attention_docs& d);
+/// Gemma 2's capping applied to the unscaled score, then scaled: scale·cap·tanh(q·k/cap).
+void softcap_without_scale(attention_docs& d);
+/// A bidirectional layer's attention run with the causal mask left in.
+void causal_mask_left_in(attention_docs& d);
 
 // ---- helpers for check_options
 
