@@ -8,6 +8,7 @@
 #include "core/cost.hpp"
 #include "core/layout.hpp"
 #include "core/linear_attention.hpp"
+#include "core/attention_mask.hpp"
 #include "core/ring_schedule.hpp"
 #include "core/ulysses_plan.hpp"
 #include "io/scenario_json.hpp"
@@ -138,6 +139,78 @@ std::string strategy_text(const scenario& s) {
   return o;
 }
 
+/// Per kind of softmax layer (F, W, C) and ring rank, each ring step's mask: which of the rank's
+/// query rows see which keys of the step's KV block under the layer's options, in the document
+/// positions of the tokens (the truth the ring's sections must cover). At most 48 × 48 cells
+/// (a cell is visible when one of its pairs is); a step with no visible pair is skipped.
+nlohmann::json ring_masks_json(const scenario& s, const collated_batch& cb) {
+  const auto cu = attention_cu_seqlens(cb);
+  std::vector<std::int64_t> doc(static_cast<std::size_t>(cb.padded_length), -1),
+      pos(static_cast<std::size_t>(cb.padded_length), 0);
+  for (std::size_t d = 0; d + 1 < cu.size(); ++d)
+    for (auto t = cu[d]; t < cu[d + 1]; ++t) {
+      doc[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(d);
+      pos[static_cast<std::size_t>(t)] = t - cu[d];
+    }
+  nlohmann::json kinds = nlohmann::json::array();
+  std::string seen;
+  for (int l = 0; l < s.layers; ++l) {
+    if (s.layer_is_linear(l)) continue;
+    const attention_options o = s.attention_of(l);
+    if (seen.find(o.kind) != std::string::npos) continue;
+    seen += o.kind;
+    nlohmann::json layers = nlohmann::json::array();
+    for (int m = 0; m < s.layers; ++m)
+      if (!s.layer_is_linear(m) && s.attention_of(m).kind == o.kind) layers.push_back(m);
+    nlohmann::json ranks = nlohmann::json::array();
+    std::int64_t skipped = 0, steps = 0;
+    for (int r = 0; r < s.ring; ++r) {
+      const auto rows = ring_rank_tokens(cb, r);
+      nlohmann::json st = nlohmann::json::array();
+      for (const auto& sched : ring_schedule(r, s.ring, s.zigzag)) {
+        const auto keys = ring_rank_tokens(cb, sched.kv_src);
+        const std::int64_t n = static_cast<std::int64_t>(rows.size()),
+                           m = static_cast<std::int64_t>(keys.size());
+        const std::int64_t cells = std::min<std::int64_t>(48, std::max(n, m));
+        std::vector<std::string> grid(static_cast<std::size_t>(cells),
+                                      std::string(static_cast<std::size_t>(cells), '.'));
+        std::int64_t pairs = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const auto qi = static_cast<std::size_t>(rows[static_cast<std::size_t>(i)]);
+          if (qi >= doc.size() || doc[qi] < 0) continue;
+          const auto [lo, hi] = visible_positions(o.causal, o.back, o.ahead, o.chunk, pos[qi]);
+          for (std::int64_t j = 0; j < m; ++j) {
+            const auto kj = static_cast<std::size_t>(keys[static_cast<std::size_t>(j)]);
+            if (kj >= doc.size() || doc[kj] != doc[qi] || pos[kj] < lo || pos[kj] > hi) continue;
+            ++pairs;
+            grid[static_cast<std::size_t>(i * cells / n)][static_cast<std::size_t>(j * cells / m)] =
+                '#';
+          }
+        }
+        ++steps;
+        skipped += pairs == 0;
+        st.push_back({{"step", sched.step},
+                      {"kv_src", sched.kv_src},
+                      {"section", section_name(sched.section)},
+                      {"visible_pairs", pairs},
+                      {"skipped", pairs == 0},
+                      {"cells", grid}});
+      }
+      ranks.push_back({{"ring_rank", r}, {"steps", st}});
+    }
+    kinds.push_back({{"kind", std::string(1, o.kind)},
+                     {"layers", layers},
+                     {"mask", o.causal ? "causal" : "bidirectional"},
+                     {"window_back", o.back},
+                     {"window_ahead", o.ahead},
+                     {"chunk", o.chunk},
+                     {"steps", steps},
+                     {"skipped_steps", skipped},
+                     {"ranks", ranks}});
+  }
+  return kinds;
+}
+
 nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
   nlohmann::json ranks = nlohmann::json::array();
   const auto cu = attention_cu_seqlens(cb);
@@ -179,6 +252,7 @@ nlohmann::json plan_json(const scenario& s, const collated_batch& cb) {
                           {"backward", cost.backward_bytes},
                           {"collectives", items}}}};
   if (s.has_softmax_layers() && s.ulysses > 1) out["ulysses_strategy"] = strategy_json(s);
+  if (s.ring > 1 && s.has_softmax_layers()) out["ring_masks"] = ring_masks_json(s, cb);
   if (s.has_linear_layers()) {
     const auto lc = linear_layer_cost(s, cb, dtype::f32);
     nlohmann::json layers = nlohmann::json::array(), per_rank = nlohmann::json::array();

@@ -153,6 +153,51 @@ std::string ring_table(const json& plan) {
   return o + "</table>\n";
 }
 
+/// Each kind of layer's ring masks: a grid per (ring rank, step), a dark cell where a query row
+/// sees a key of the step's KV block; a skipped step (nothing visible) hatched grey.
+std::string masks_html(const json& plan) {
+  std::string o;
+  for (const auto& kind : plan.at("ring_masks")) {
+    const auto layers = kind.at("layers").get<std::vector<int>>();
+    o += fmt::format(
+        "<h3>Layers {} ({}{}{}): {} of {} ring steps skipped</h3>\n<table class=\"masks\">",
+        fmt::join(layers, ", "), esc(kind.value("mask", "causal")),
+        kind.value("window_back", -1) >= 0
+            ? fmt::format(", window: {} back{}", kind.value("window_back", -1),
+                          kind.value("window_ahead", -1) >= 0
+                              ? fmt::format(", {} ahead", kind.value("window_ahead", -1))
+                              : "")
+            : "",
+        kind.value("chunk", 0) > 0 ? fmt::format(", chunk {}", kind.value("chunk", 0)) : "",
+        kind.value("skipped_steps", 0), kind.value("steps", 0));
+    for (const auto& r : kind.at("ranks")) {
+      o += fmt::format("<tr><th>ring rank {}</th>", r.value("ring_rank", 0));
+      for (const auto& st : r.at("steps")) {
+        const auto cells = st.at("cells").get<std::vector<std::string>>();
+        const double px = 96.0 / std::max<std::size_t>(1, cells.size());
+        const bool skipped = st.value("skipped", false);
+        std::string svg = fmt::format(
+            R"(<svg xmlns="http://www.w3.org/2000/svg" width="96" height="96" role="img" aria-label="ring rank {} step {} mask"><rect width="96" height="96" fill="{}"/>)",
+            r.value("ring_rank", 0), st.value("step", 0), skipped ? "#d9d9d9" : "#f7f7f7");
+        for (std::size_t i = 0; i < cells.size(); ++i)
+          for (std::size_t j = 0; j < cells[i].size(); ++j)
+            if (cells[i][j] == '#')
+              svg += fmt::format(R"(<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="#4e79a7"/>)",
+                                 static_cast<double>(j) * px, static_cast<double>(i) * px, px, px);
+        if (skipped)
+          svg += R"(<line x1="0" y1="0" x2="96" y2="96" stroke="#888"/><line x1="96" y1="0" x2="0" y2="96" stroke="#888"/>)";
+        svg += "</svg>";
+        o += fmt::format(
+            "<td>{}<br><small>step {}: KV of {}, {} pairs{}</small></td>", svg, st.value("step", 0),
+            st.value("kv_src", 0), st.value("visible_pairs", 0), skipped ? " — skipped" : "");
+      }
+      o += "</tr>\n";
+    }
+    o += "</table>\n";
+  }
+  return o;
+}
+
 std::string work_svg(const json& plan) {
   const auto& b = plan.at("balance");
   const auto zz = b.at("zigzag").at("work").get<std::vector<double>>();
@@ -243,6 +288,13 @@ td.sec{color:#fff;text-align:center}
          "covers (diagonal: its own block, causal; lower: a full earlier block; upper: the "
          "half a zigzag block needs).</p>\n" +
          ring_table(plan);
+  if (plan.contains("ring_masks"))
+    h += "<h2>Each ring step's mask</h2>\n<p class=\"note\">Rows: the ring rank's query rows "
+         "(in the order it holds them); columns: the keys of the step's KV block. A dark cell: "
+         "some query there sees some key under the layer's mask (documents, causal or not, "
+         "window, chunk), in the tokens' positions in their documents. A step where nothing is "
+         "visible is crossed out: the ring skips its compute (the KV still travels on).</p>\n" +
+         masks_html(plan);
   h += "<h2>Causal attention work per ring rank</h2>\n<p class=\"note\">q·k pairs each ring "
        "rank computes: blue the layout in use, grey contiguous chunks (max/min " +
        fmt::format("{} vs {}", ratio_text(plan.at("balance").at("zigzag").at("ratio")),
