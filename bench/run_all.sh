@@ -75,6 +75,7 @@ else
 fi
 step scale scale_bench
 step departure departure_bench
+step window window_bench
 if [ ${#quick[@]} -eq 0 ]; then
   step import import_bench -b 16M -e 1G -f 4   # the 1 GB per-rank profiler trace
 else
