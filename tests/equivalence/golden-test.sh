@@ -78,7 +78,7 @@ compare() {
   fi
 }
 
-scenarios=(default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8 alst qwen3.5)
+scenarios=(default ulysses ring qwen3-8b llama3-8b qwen2.5-7b mha-8 alst qwen3.5 gpt-oss gemma3 gemma2 llama4 dit)
 for s in "${scenarios[@]}"; do
   run "plan.$s" -- plan --scenario "$s"
   run "plan.$s.json" -- plan --scenario "$s" --json
