@@ -3,6 +3,8 @@
 // normwise for the output and the LSE, per element for the gradients.
 #include <fmt/format.h>
 
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -244,7 +246,76 @@ void check_computed(call_context& c, bool backward) {
     for (auto& r : krows[si]) c.rep.rows.push_back(std::move(r));
     if (c.mc.any(ks[si].st) && !kcomplete[si]) note_random(krandom[si]);
   }
+  check_sink_gradient(c, ref, variant);
   finish_sampling(c, min_random);
+}
+
+void check_sink_gradient(call_context& c, const row_reference& ref,
+                         const attention_variant& variant) {
+  // The sinks' gradient (gpt-oss): every rank's grad.sinks [H] is its share (its heads, its
+  // query rows); their sum must be dsink[h] = −Σ_rows e^(sink[h] − lse)·(dO·O) over every query
+  // row of head h. In exhaustive mode from the reference's own output and LSE; in sampled mode
+  // from the job's (every row read once: O(S·H·D); themselves checked on the sampled rows).
+  const int H = c.g.H, D = c.g.D, P = c.g.P;
+  if (variant.sinks.empty() || !c.mc.has_backward()) return;
+  for (int k = 0; k < P; ++k)
+    if (!c.mc.all_shaped("grad.sinks", {H})) {
+      c.rep.not_dumped.push_back(fmt::format("call {}: grad.sinks", c.call));
+      return;
+    }
+  if (!c.every_row() && !c.mc.has_lse()) {
+    c.rep.not_dumped.push_back(fmt::format(
+        "call {}: grad.sinks is not judged in sampled mode without every rank's lse", c.call));
+    return;
+  }
+  c.progress("the sinks' gradient over every query row");
+  std::vector<query_row> rows;
+  for (std::int64_t t = 0; t < c.g.S; ++t)  // the dump's cu_seqlens cover the whole row
+    for (int h = 0; h < H; ++h) rows.push_back({t, h});
+  query_result stats;
+  if (c.every_row()) stats = ref.queries(variant, rows, false);
+  vec want(static_cast<std::size_t>(H), 0.0), terms(want.size(), 0.0);
+  Eigen::RowVectorXd o(D), d_o(D);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto [t, h] = rows[i];
+    double lse;
+    if (c.every_row()) {
+      lse = stats.lse[i];
+      std::copy_n(stats.out.data() + i * static_cast<std::size_t>(D), D, o.data());
+    } else {
+      lse = c.mc.read_lse(t, h);
+      c.mc.read_out(t, h, o.data());
+    }
+    if (!std::isfinite(lse)) continue;
+    c.mc.read_local("grad.out.local", H, t, h, d_o.data());
+    const double p = std::exp(variant.sinks[static_cast<std::size_t>(h)] - lse);
+    want[static_cast<std::size_t>(h)] -= p * d_o.dot(o);
+    terms[static_cast<std::size_t>(h)] += p * d_o.cwiseAbs().dot(o.cwiseAbs());
+  }
+  vec got(want.size(), 0.0);
+  const io::st_dtype* type = nullptr;
+  for (int k = 0; k < P; ++k) {
+    const auto* t = c.mc.get(k, "grad.sinks");
+    type = &t->type;
+    vec mine(want.size());
+    t->read(0, H, mine.data());
+    for (std::size_t h = 0; h < got.size(); ++h) got[h] += mine[h];
+  }
+  // Per head: each share stored in the gradient's dtype (P roundings of its size), and every
+  // row's term carrying the kernel's error (u_t of the term magnitudes, as the other gradients).
+  const double u_g = unit_roundoff(*type) * P;
+  double peak = 0, bound = 0;
+  for (std::size_t h = 0; h < want.size(); ++h) {
+    peak = std::max(peak, std::abs(want[h]));
+    bound = std::max(bound, u_g * std::abs(want[h]) + c.units.u_t * terms[h]);
+  }
+  auto row = compare_values("grad.sinks", got, want,
+                            std::max(peak, bound) > 0 ? bound / std::max(peak, bound) : 0.0, bound);
+  row.rank = 0;  // the sum over every rank, reported once
+  row.note = fmt::format("the sum over the {} ranks' shares, against every query row{}", P,
+                         c.every_row() ? "" : " (the job's own output and LSE)") +
+             (row.pass ? "" : "; " + row.note);
+  c.rep.rows.push_back(dump_row{c.call, std::move(row), std::nullopt});
 }
 
 }  // namespace seqpar::verify::dump_detail

@@ -272,6 +272,16 @@ std::optional<dump_finding> diagnose(call_context& c) {
     shape_cause(c, f, *row0);
   } else if (f.stage == "layout") {
     layout_cause(c, f);
+  } else if (f.stage == "grad.sinks") {
+    f.ranks.clear();
+    for (int k = 0; k < c.g.P; ++k) f.ranks.push_back(k);
+    f.where = row0->note;
+    f.diagnosis = fmt::format(
+        "the ranks' grad.sinks add up to something else than the sinks' gradient −Σ_rows "
+        "e^(sink − lse)·(dO·O) over every query row (max rel {:.3g}, tolerance {:.3g}): a sink "
+        "gradient left at 0 (the sinks dropped), taken from the un-sinked LSE, summed over the "
+        "wrong heads, or counted once per ring step",
+        row0->max_rel, row0->tolerance);
   } else {
     // Where: the first failing rank's rows.
     std::vector<std::int64_t> tokens, heads;

@@ -19,11 +19,28 @@
 
 namespace seqpar::verify {
 
+/// What an attention call's mask does beyond its documents, in document positions p (query)
+/// and k (key) (docs/attention.md): a key is visible iff k ≤ p (causal), p − k ≤ window_back
+/// (≥ 0), k − p ≤ window_ahead (non-causal, ≥ 0), p / chunk == k / chunk (chunk > 0); scores
+/// capped as softcap·tanh(s / softcap) before the mask (softcap > 0).
+struct dump_attention {
+  bool causal = true;
+  std::int64_t window_back = -1, window_ahead = -1, chunk = 0;
+  double softcap = 0;
+  bool operator==(const dump_attention&) const = default;
+  /// Whether anything beyond causal-or-not is set.
+  bool has_options() const {
+    return window_back >= 0 || window_ahead >= 0 || chunk > 0 || softcap > 0;
+  }
+};
+
 /// One attention call of a rank: its files, relative to the dump directory.
 struct dump_call_files {
   int index = 0;
   std::string name;
   std::string forward, backward;  ///< empty when not dumped
+  /// The call's own attention options (a layer of another kind than the job's default).
+  std::optional<dump_attention> attention;
 };
 
 /// One rank's meta (rankR.json). The layout fields are identical on every rank.
@@ -35,6 +52,8 @@ struct dump_meta {
   int heads = 0, kv_heads = 0, head_dim = 0;
   double scale = 0;
   bool causal = true;
+  /// The job's attention options (causal mirrors `causal`); calls may override them.
+  dump_attention attention;
   std::vector<std::int32_t> cu_seqlens;
   std::vector<std::int64_t> position_ids;
   std::string dtype, job;

@@ -124,6 +124,10 @@ void set_model(call_context& c);
 void check_movement(call_context& c);
 /// Every computed stage of every rank on the selected rows (computed.cpp).
 void check_computed(call_context& c, bool backward);
+/// The sinks' gradient of a call with sinks: the sum of every rank's grad.sinks against the
+/// reference over every query row (called by check_computed).
+void check_sink_gradient(call_context& c, const row_reference& ref,
+                         const attention_variant& variant);
 /// The first differing stage of the call, explained; nullopt when none differs (diagnose.cpp).
 std::optional<dump_finding> diagnose(call_context& c);
 

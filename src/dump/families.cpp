@@ -42,13 +42,13 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
   }
   {
     auto v = base;
-    v.causal = !m.causal;
-    members.push_back({m.causal ? "attention without the causal mask: tokens attend to later "
+    v.causal = !base.causal;
+    members.push_back({base.causal ? "attention without the causal mask: tokens attend to later "
                                   "tokens of their document"
                                 : "causal attention where the meta says non-causal",
                        v});
   }
-  if (m.causal)
+  if (base.causal)
     for (int k : {-1, 1, -2, 2}) {
       auto v = base;
       v.diag = k;
@@ -115,11 +115,61 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
          "over the ring",
          v});
   }
-  if (!grad && g.R > 1 && m.zigzag) {
+  // Today's attention options (docs/attention.md): the mistakes of passing them on.
+  if (!base.sinks.empty()) {
+    auto v = base;
+    v.sinks.clear();
+    members.push_back({"attention without its sinks: the sink logits never entered the softmax "
+                       "(a wrapper that drops the keyword they come as)",
+                       v});
+    v = base;
+    v.sink_in_lse = false;
+    members.push_back({"attention whose output is renormalised by the sinks (out·sigmoid(lse − "
+                       "sink)) but whose LSE is not: the backward then uses the un-sinked "
+                       "softmax",
+                       v});
+  }
+  if (base.window_back >= 0)
+    for (int k : {1, -1}) {
+      auto v = base;
+      v.window_back = base.window_back + k;
+      if (v.window_back < 0) continue;
+      members.push_back(
+          {k > 0 ? fmt::format("a sliding window one key too wide ({} keys back where the meta says "
+                               "{}): transformers' sliding_window W passed as flash-attn's left "
+                               "= W instead of W − 1",
+                               v.window_back, base.window_back)
+                 : fmt::format("a sliding window one key too narrow ({} keys back where the meta "
+                               "says {})",
+                               v.window_back, base.window_back),
+           v});
+    }
+  if (base.chunk > 0) {
+    auto v = base;
+    v.positions_from_row = true;
+    members.push_back({"chunked attention with the chunks aligned to the packed row's start "
+                       "instead of each document's (positions counted along the row)",
+                       v});
+  }
+  if (base.softcap > 0) {
+    auto v = base;
+    v.softcap = base.softcap * base.scale;
+    members.push_back({fmt::format("logit capping applied before the softmax scale: scale·cap·"
+                                   "tanh(q·k / cap) (cap {:.6g}) instead of cap·tanh(scale·q·k / "
+                                   "cap)",
+                                   base.softcap),
+                       v});
+    v = base;
+    v.softcap = 0;
+    members.push_back({"attention without its logit soft-capping", v});
+  }
+  const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
+                       base.chunk > 0 || base.softcap > 0;
+  if (!grad && g.R > 1 && m.zigzag && !options) {  // the emulated ring knows causal-or-not only
     // The ring job emulated with one thing changed (forward stages).
     const auto job = [&](int shift, bool local_cu) {
       auto v = base;
-      v.ring = std::make_shared<ring_job>(dump_ring_job(g, m.causal, shift, local_cu));
+      v.ring = std::make_shared<ring_job>(dump_ring_job(g, base.causal, shift, local_cu));
       return v;
     };
     {
@@ -465,17 +515,25 @@ std::string search_families(const call_context& c, const std::string& st,
     if (auto found = other_ring_block(c, st, ev, ref, base)) return *found;
   if (!key)
     if (auto found = fit_scale(c.g, m, ev, values, base)) return *found;
+  const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
+                       base.chunk > 0 || base.softcap > 0;
+  std::string option_members;
+  if (!base.sinks.empty()) option_members += ", the sinks dropped or kept out of the LSE";
+  if (base.window_back >= 0) option_members += ", the window one key wider or narrower";
+  if (base.chunk > 0) option_members += ", chunks aligned to the row instead of the document";
+  if (base.softcap > 0) option_members += ", the capping before the scale or left out";
   return fmt::format(
       "; none of the searched mistakes reproduces it ({} members: softmax scale 1/d^α and "
       "constant factors, the causal mask removed or its diagonal shifted by ±1, ±2, document "
-      "boundaries moved by ±1, ±2, split off or removed{}; the softmax scale fitted as a free "
+      "boundaries moved by ±1, ±2, split off or removed{}{}; the softmax scale fitted as a free "
       "parameter{}; on {} sampled rows)",
       members.size(),
-      key && c.g.R > 1     ? ", the ring reduction of the K/V gradient"
-      : !grad && c.g.R > 1 ? ", the ring's KV source shifted by ±1, ±2, local cu_seqlens, the "
-                             "document mask on the own block only"
-      : grad && c.g.R > 1  ? ", dQ of other ranks' blocks without the scale"
-                           : "",
+      key && c.g.R > 1              ? ", the ring reduction of the K/V gradient"
+      : !grad && c.g.R > 1 && !options ? ", the ring's KV source shifted by ±1, ±2, local "
+                                         "cu_seqlens, the document mask on the own block only"
+      : grad && c.g.R > 1           ? ", dQ of other ranks' blocks without the scale"
+                                    : "",
+      option_members,
       key && c.g.R > 1 ? "; another ring rank's K/V gradient" : "", n_rows);
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -66,6 +67,26 @@ dump_meta parse_meta(const std::string& path) {
   m.head_dim = field<int>(j, "head_dim", path);
   m.scale = field<double>(j, "scale", path);
   m.causal = field<bool>(j, "causal", path);
+  const auto options = [&](const json& o, dump_attention a) {
+    if (o.contains("causal")) a.causal = field<bool>(o, "causal", path);
+    if (o.contains("window_back")) a.window_back = field<std::int64_t>(o, "window_back", path);
+    if (o.contains("window_ahead")) a.window_ahead = field<std::int64_t>(o, "window_ahead", path);
+    if (o.contains("chunk")) a.chunk = field<std::int64_t>(o, "chunk", path);
+    if (o.contains("softcap")) a.softcap = field<double>(o, "softcap", path);
+    if (a.window_back < -1 || a.window_ahead < -1 || a.chunk < 0 || !(a.softcap >= 0) ||
+        !std::isfinite(a.softcap))
+      fail<trace_error>(
+          "{}: window_back={} / window_ahead={} must be >= -1 (-1: no limit), chunk={} >= 0 and "
+          "softcap={} finite and >= 0 (0: none)",
+          path, a.window_back, a.window_ahead, a.chunk, a.softcap);
+    if (a.causal && a.window_ahead >= 0)
+      fail<trace_error>(
+          "{}: window_ahead={} on a causal call: a causal query sees no later key; drop it or "
+          "set causal false",
+          path, a.window_ahead);
+    return a;
+  };
+  m.attention = options(j, dump_attention{m.causal});
   m.cu_seqlens = field<std::vector<std::int32_t>>(j, "cu_seqlens", path);
   m.position_ids = field<std::vector<std::int64_t>>(j, "position_ids", path);
   m.dtype = j.value("dtype", std::string());
@@ -79,6 +100,11 @@ dump_meta parse_meta(const std::string& path) {
     f.name = c.value("name", fmt::format("call{}", f.index));
     if (c.contains("forward") && c["forward"].is_string()) f.forward = c["forward"];
     if (c.contains("backward") && c["backward"].is_string()) f.backward = c["backward"];
+    if (c.contains("attention")) {
+      if (!c["attention"].is_object())
+        fail<trace_error>("{}: a call's \"attention\" must be an object", path);
+      f.attention = options(c["attention"], m.attention);
+    }
     m.calls.push_back(std::move(f));
   }
   return m;
@@ -124,7 +150,7 @@ void check_layout(const dump_meta& m) {
 bool same_layout(const dump_meta& a, const dump_meta& b) {
   return a.ulysses == b.ulysses && a.ring == b.ring && a.zigzag == b.zigzag && a.heads == b.heads &&
          a.kv_heads == b.kv_heads && a.head_dim == b.head_dim && a.scale == b.scale &&
-         a.causal == b.causal && a.cu_seqlens == b.cu_seqlens;
+         a.causal == b.causal && a.attention == b.attention && a.cu_seqlens == b.cu_seqlens;
 }
 
 }  // namespace
@@ -160,7 +186,7 @@ dump_set read_dump(const std::string& dir) {
     if (!same_layout(all.front(), all.back()))
       fail<config_error>(
           "{} and {} describe different layouts (ulysses, ring, heads, head_dim, "
-          "scale, causal or cu_seqlens differ): one dump directory per job and step",
+          "scale, the attention options or cu_seqlens differ): one dump directory per job and step",
           all.front().path, all.back().path);
   }
   const int P = all.front().ulysses * all.front().ring;

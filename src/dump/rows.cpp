@@ -2,6 +2,8 @@
 // document's keys for a block of query rows, and its transpose for key rows.
 #include "dump/rows.hpp"
 
+#include "core/attention_mask.hpp"
+
 #include <fmt/format.h>
 
 #include <Eigen/Dense>
@@ -49,7 +51,9 @@ std::pair<std::int64_t, std::int64_t> doc_of(const std::vector<std::int32_t>& cu
 }  // namespace
 
 mapped_call::mapped_call(const dump_set& d, const geometry& g, int call)
-    : g_(g), scale_(d.ranks.front().scale), causal_(d.ranks.front().causal) {
+    : g_(g), scale_(d.ranks.front().scale) {
+  const auto& own = d.ranks.front().calls[static_cast<std::size_t>(call)].attention;
+  att_ = own ? *own : d.ranks.front().attention;
   for (const auto& r : d.ranks) {
     const auto& f = r.calls[static_cast<std::size_t>(call)];
     fwd_.push_back(open_file(d.dir, f.forward));
@@ -65,6 +69,14 @@ mapped_call::mapped_call(const dump_set& d, const geometry& g, int call)
   out_attn_ = g.U > 1 && all_shaped("out.attn", {g.Sg, g.hq, g.D});
   lse_ok_ = all_shaped("lse", {g.hq, g.Sg});
   backward_ = all_shaped("grad.out.local", {g.s, g.H, g.D});
+  if (const auto* t = get(0, "sinks")) {
+    if (t->shape != std::vector<std::int64_t>{g.H})
+      fail<trace_error>("{}: call {}'s \"sinks\" is [{}] where [{}] (one per query head) was "
+                        "expected",
+                        d.dir, call, fmt::join(t->shape, ","), g.H);
+    sinks_.resize(static_cast<std::size_t>(g.H));
+    t->read(0, g.H, sinks_.data());
+  }
 }
 
 const io::st_view* mapped_call::get(int k, const std::string& stage) const {
@@ -133,11 +145,48 @@ attention_variant row_reference::reference() const {
   attention_variant v;
   v.scale = c_.scale();
   v.causal = c_.causal();
+  v.window_back = c_.attention().window_back;
+  v.window_ahead = c_.attention().window_ahead;
+  v.chunk = c_.attention().chunk;
+  v.softcap = c_.attention().softcap;
+  v.sinks = c_.sinks();
   v.cu = c_.g().cu;
   return v;
 }
 
 namespace {
+
+/// The keys [first, last) of the document [a, b) that the query at global token t may see under
+/// the variant's mask (its causal diagonal shifted by diag).
+std::pair<std::int64_t, std::int64_t> visible_keys(const attention_variant& v, std::int64_t a,
+                                                   std::int64_t b, std::int64_t t) {
+  const std::int64_t origin = v.positions_from_row ? 0 : a;
+  const auto [lo, hi] =
+      visible_positions(v.causal, v.window_back, v.window_ahead, v.chunk, t - origin);
+  const std::int64_t first = std::clamp(origin + lo, a, b);
+  return {first, std::clamp(origin + hi + 1 + (v.causal ? v.diag : 0), first, b)};
+}
+
+/// The queries [first, last) of the document [a, b) that see the key at global token j: both
+/// ends of a query's visible keys grow with its position, so those queries are one interval
+/// (found by bisection).
+std::pair<std::int64_t, std::int64_t> seeing_queries(const attention_variant& v, std::int64_t a,
+                                                     std::int64_t b, std::int64_t j) {
+  // First query whose last visible key reaches j; first query whose first visible key is past j.
+  std::int64_t lo = a, hi = b;
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (visible_keys(v, a, b, mid).second > j) hi = mid; else lo = mid + 1;
+  }
+  const std::int64_t first = lo;
+  lo = first;
+  hi = b;
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (visible_keys(v, a, b, mid).first > j) hi = mid; else lo = mid + 1;
+  }
+  return {first, lo};
+}
 
 /// Rows grouped by (reference document, KV head), in first-seen order of the sorted keys, each
 /// group cut into blocks of at most kBlockRows rows: the blocks' score matrices (rows × chunk)
@@ -221,8 +270,9 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
     for (std::int64_t i = 0; i < n; ++i) {
       const auto& row = rows[idx[static_cast<std::size_t>(i)]];
       const auto [a, b] = doc_of(v.cu, row.token);
-      lo[static_cast<std::size_t>(i)] = a;
-      lim[static_cast<std::size_t>(i)] = v.causal ? std::clamp(row.token + v.diag + 1, a, b) : b;
+      const auto [first, last] = visible_keys(v, a, b, row.token);
+      lo[static_cast<std::size_t>(i)] = first;
+      lim[static_cast<std::size_t>(i)] = last;
       k0 = std::min(k0, a);
       k1 = std::max(k1, lim[static_cast<std::size_t>(i)]);
       c_.read_local("q.local", g.H, row.token, row.head, Q.row(i).data());
@@ -250,6 +300,7 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
       load(j0, c);
       kmax = kmax.cwiseMax(K.cwiseAbs().colwise().maxCoeff());
       mat S = v.scale * (Q * K.transpose());
+      if (v.softcap > 0) S = v.softcap * (S.array() / v.softcap).tanh().matrix();
       for (std::int64_t i = 0; i < n; ++i) {
         double mx = m(i);
         for (std::int64_t j = 0; j < c; ++j)
@@ -273,11 +324,22 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
       }
       acc.noalias() += S * V;
     }
+    // The sink: one more column of the row's softmax, dropped before V.
+    Eigen::VectorXd plain_lse = Eigen::VectorXd::Constant(n, ninf);
+    for (std::int64_t i = 0; i < n && !v.sinks.empty(); ++i) {
+      if (l(i) > 0) plain_lse(i) = m(i) + std::log(l(i));
+      const double sink = v.sinks[static_cast<std::size_t>(rows[idx[static_cast<std::size_t>(i)]].head)];
+      const double mx = std::max(m(i), sink);
+      const double f = m(i) == ninf ? 0.0 : std::exp(m(i) - mx);
+      l(i) = l(i) * f + std::exp(sink - mx);
+      acc.row(i) *= f;
+      m(i) = mx;
+    }
     for (std::int64_t i = 0; i < n; ++i) {
       const auto at = idx[static_cast<std::size_t>(i)];
       if (l(i) > 0) {
         O.row(i) = acc.row(i) / l(i);
-        r.lse[at] = m(i) + std::log(l(i));
+        r.lse[at] = v.sinks.empty() || v.sink_in_lse ? m(i) + std::log(l(i)) : plain_lse(i);
       } else {
         O.row(i).setZero();
       }
@@ -303,11 +365,18 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
       const std::int64_t c = std::min(chunk, k1 - j0);
       load(j0, c);
       mat P = v.scale * (Q * K.transpose());
+      mat slope;
+      if (v.softcap > 0) {
+        const mat t = (P.array() / v.softcap).tanh().matrix();
+        P = v.softcap * t;
+        slope = (1.0 - t.array().square()).matrix();
+      }
       for (std::int64_t i = 0; i < n; ++i)
         for (std::int64_t j = 0; j < c; ++j)
           P(i, j) = visible(i, j0 + j) && std::isfinite(L(i)) ? std::exp(P(i, j) - L(i)) : 0.0;
       const mat dP = dO * V.transpose();
-      const mat dS = P.cwiseProduct(dP.colwise() - Dv);
+      mat dS = P.cwiseProduct(dP.colwise() - Dv);
+      if (v.softcap > 0) dS = dS.cwiseProduct(slope);
       if (v.other_block_dq_factor != 1) {
         // Keys of another ring rank than the query's: their dQ terms scaled by the factor.
         mat f = mat::Ones(n, c);
@@ -331,8 +400,11 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
             .rowwise()
             .sum();
     const mat aq = v.scale * (dSwK + mat(PK.array().colwise() * E.array()));
-    if (v.cu == c_.g().cu && v.scale == c_.scale() && v.causal == c_.causal() && v.diag == 0 &&
-        v.other_block_dq_factor == 1) {
+    const auto ref = reference();
+    if (v.cu == ref.cu && v.scale == ref.scale && v.causal == ref.causal && v.diag == 0 &&
+        v.other_block_dq_factor == 1 && v.window_back == ref.window_back &&
+        v.window_ahead == ref.window_ahead && v.chunk == ref.chunk && v.softcap == ref.softcap &&
+        v.sinks == ref.sinks && v.sink_in_lse && !v.positions_from_row) {
       std::lock_guard lock(stats_mu_);
       for (std::int64_t i = 0; i < n; ++i) {
         const auto& row = rows[idx[static_cast<std::size_t>(i)]];
@@ -374,8 +446,9 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
     for (std::size_t i = 0; i < idx.size(); ++i) {
       const auto& row = rows[idx[i]];
       const auto [a, b] = doc_of(v.cu, row.token);
-      lo[i] = v.causal ? std::max(a, row.token - v.diag) : a;
-      hi[i] = b;
+      const auto [first, last] = seeing_queries(v, a, b, row.token);
+      lo[i] = first;
+      hi[i] = last;
       q0 = std::min(q0, lo[i]);
       q1 = std::max(q1, hi[i]);
       d0 = std::min(d0, a);
@@ -462,6 +535,12 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
           E(i) = dO.row(i).cwiseAbs().dot(O.row(i).cwiseAbs() + w(i) * vmax);
         }
         mat P = v.scale * (K * Q.transpose());  // [nk, c]
+        mat slope;
+        if (v.softcap > 0) {
+          const mat t = (P.array() / v.softcap).tanh().matrix();
+          P = v.softcap * t;
+          slope = (1.0 - t.array().square()).matrix();
+        }
         for (std::int64_t a = 0; a < nk; ++a) {
           const auto s = sel[static_cast<std::size_t>(a)];
           const std::int64_t j = rows[idx[s]].token;
@@ -473,7 +552,8 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
           }
         }
         const mat dP = V * dO.transpose();
-        const mat dS = P.cwiseProduct(dP.rowwise() - Dv.transpose());
+        mat dS = P.cwiseProduct(dP.rowwise() - Dv.transpose());
+        if (v.softcap > 0) dS = dS.cwiseProduct(slope);
         dk.noalias() += dS * Q;
         dv.noalias() += P * dO;
         const mat Qa = Q.cwiseAbs();

@@ -23,7 +23,11 @@ class mapped_call {
  public:
   mapped_call(const dump_set& d, const geometry& g, int call);
   double scale() const { return scale_; }
-  bool causal() const { return causal_; }
+  bool causal() const { return att_.causal; }
+  /// The call's attention options (its own, or the job's).
+  const dump_attention& attention() const { return att_; }
+  /// The sink logit of every query head ("sinks" [H] in rank 0's forward file); empty without.
+  const std::vector<double>& sinks() const { return sinks_; }
 
   const geometry& g() const { return g_; }
   /// Rank k's tensor of a stage ("grad.*" from the backward file), or nullptr.
@@ -61,7 +65,8 @@ class mapped_call {
   bool out_attn_ = false, lse_ok_ = false, backward_ = false;
   std::uint64_t bytes_ = 0, largest_ = 0;
   double scale_ = 1;
-  bool causal_ = true;
+  dump_attention att_;
+  std::vector<double> sinks_;
   mutable std::atomic<std::int64_t> reads_{0};
 };
 
@@ -70,6 +75,17 @@ class mapped_call {
 struct attention_variant {
   double scale = 0;
   bool causal = true;
+  /// The mask's window and chunk, and the capping, as dump_attention says (in positions within
+  /// each document of `cu`).
+  std::int64_t window_back = -1, window_ahead = -1, chunk = 0;
+  double softcap = 0;
+  /// The sink logit of every query head (empty: none); sink_in_lse false: the output is
+  /// renormalised by the sink but the LSE is not (out·sigmoid(lse − sink), the LSE kept).
+  std::vector<double> sinks;
+  bool sink_in_lse = true;
+  /// Positions counted from the packed row's start instead of each document's (chunk
+  /// boundaries not per document).
+  bool positions_from_row = false;
   /// A causal key j is visible to query i when j ≤ i + diag (0 correct; −1 hides the diagonal).
   int diag = 0;
   /// Document boundaries (cu_seqlens) the attention uses.

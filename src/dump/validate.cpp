@@ -38,7 +38,8 @@ const std::vector<std::string>& dump_stages() {
                                                "grad.v.repeated",
                                                "grad.q.local",
                                                "grad.k.local",
-                                               "grad.v.local"};
+                                               "grad.v.local",
+                                               "grad.sinks"};
   return stages;
 }
 

@@ -777,6 +777,8 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
           env.tap_attention(L(l, "attn"), "v.local", vt);
         }
         c.inner = make_inner(l);
+        if (env.tap_attention && s.sinks)  // every head's sink logit ("sinks" [H])
+          env.tap_attention(L(l, "attn"), "sinks", as_tensor(comp, p[L(l, "sinks")], {H}));
         o = ulysses_forward(comm, comp, ucfg, *c.inner, qt, kt, vt, c.saved, L(l, "attn"));
         if (env.tap_attention) env.tap_attention(L(l, "attn"), "out.local", o);
       } else {
@@ -1023,9 +1025,13 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     }
     if (s.sinks) {  // this rank's heads' share; the gradient sync below sums the shares
       const std::vector<double> ds = c.inner->sink_grad();
-      auto g = gr[L(l, "sinks")];
+      auto& g = gr[L(l, "sinks")];
+      mat<T> share = mat<T>::Zero(1, H);
       for (std::size_t h = 0; h < ds.size(); ++h)
-        g(0, u_index * heads_here + static_cast<int>(h)) += static_cast<T>(ds[h]);
+        share(0, u_index * heads_here + static_cast<int>(h)) = static_cast<T>(ds[h]);
+      g += share;
+      if (env.tap_attention && !env.async_ulysses)
+        env.tap_attention(L(l, "attn"), "grad.sinks", as_tensor(comp, share, {H}));
     }
     c.inner.reset();
     tap_grad(l, "d_attn_norm", da);

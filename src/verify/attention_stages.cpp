@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -149,6 +150,18 @@ bool attention_stages::empty() const {
   return true;
 }
 
+namespace {
+/// The layer of a call named "L<l>.attn" (−1 for another name).
+int layer_of_call(const std::string& name) {
+  if (name.size() < 2 || name[0] != 'L') return -1;
+  int l = 0;
+  std::size_t i = 1;
+  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
+    l = l * 10 + (name[i] - '0');
+  return i > 1 ? l : -1;
+}
+}  // namespace
+
 void attention_stages::write(const std::string& dir) const {
   std::lock_guard lock(mu_);
   // The row's true documents, not what a collator handed the kernel (the engine judges the
@@ -185,6 +198,15 @@ void attention_stages::write(const std::string& dir) const {
     for (const auto& name : order_[static_cast<std::size_t>(k)]) {
       const auto& f = calls_[static_cast<std::size_t>(k)].at(name);
       nlohmann::json call{{"index", index}, {"name", name}};
+      // The layer's own attention options (its letter of the pattern, sinks and capping).
+      if (const int l = layer_of_call(name); l >= 0 && s_.has_attention_options()) {
+        const attention_options o = s_.attention_of(l);
+        call["attention"] = {{"causal", o.causal},
+                             {"window_back", o.back},
+                             {"window_ahead", o.ahead},
+                             {"chunk", o.chunk},
+                             {"softcap", o.softcap}};
+      }
       const auto put = [&](const std::vector<io::st_tensor>& ts, const char* side) {
         if (ts.empty()) return;
         const auto file = fmt::format("{}/call{:04d}.{}.safetensors", rank_dir, index, side);
@@ -219,7 +241,7 @@ void attention_stages::write(const std::string& dir) const {
                               {"kv_heads", s_.kv_heads},
                               {"head_dim", s_.head_dim},
                               {"scale", 1.0 / std::sqrt(static_cast<double>(s_.head_dim))},
-                              {"causal", true},
+                              {"causal", !s_.bidirectional},
                               {"cu_seqlens", cu},
                               {"position_ids", positions},
                               {"dtype", type_ == io::st_dtype::f32 ? "float32" : "float64"},

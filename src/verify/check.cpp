@@ -774,19 +774,6 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
   } catch (const std::exception&) {
     // The boundaries are a refinement: without them the attention's verdict still stands.
   }
-  if (s.has_attention_options()) {
-    // The dump engine judges causal-or-not attention; with a window, chunk, sinks or capping
-    // its reference would differ from the layer's own, so the layer stages and ring steps above
-    // (the oracle's, options included) are the verdict.
-    rep.departure = transport +
-                    (rep.layer_departure.empty()
-                         ? ": it departs in what the ranks compute or hold, not in transport"
-                         : "") +
-                    " (with " + s.describe_attention() +
-                    ", the attention's inner stages are judged through the layer stages and ring "
-                    "steps, not by the dump engine)";
-    return;
-  }
   if (rec.stages.empty()) {
     rep.departure = transport +
                     ": it departs in what the ranks compute or hold, not in transport (the "

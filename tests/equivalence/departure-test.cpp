@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -13,6 +14,7 @@
 
 #include "core/collate.hpp"
 #include "core/layout.hpp"
+#include "dump/dump.hpp"
 #include "sim/reference.hpp"
 #include "support/bugs.hpp"
 #include "support/forwarding_compute.hpp"
@@ -316,3 +318,64 @@ TEST(departure, a_passing_check_reports_none_and_reruns_nothing) {
 }
 
 }  // namespace
+
+TEST(departure, healthy_attention_options_leave_no_departure_anywhere) {
+  // Today's attention options on a correct step: every ring step equals the schedule's reference
+  // under the layer's mask and capping, and the validate --dump engine judges every attention
+  // stage (the sinks' gradient included) consistent with its reference.
+  std::vector<scenario> scens;
+  for (const char* name : {"gpt-oss", "gemma2", "llama4", "dit"}) {
+    auto s = builtin_scenario(name);
+    s.ulysses_strategy = "sync";  // async Ulysses records no local shard stages
+    if (s.name == "gpt-oss") s.docs = {40, 24, 16};  // no pad tokens outside every document
+    scens.push_back(s);
+  }
+  auto w = make(2, 2, 4, 2, {24, 16});
+  w.bidirectional = true;
+  w.window = 3;
+  w.window_right = 1;
+  w.sinks = true;
+  w.softcap = 0.8;
+  scens.push_back(w);
+  for (const auto& s : scens) {
+    SCOPED_TRACE(s.name + " " + s.describe_attention());
+    verify::layer_trace trace;
+    const auto b = make_batch(s);
+    const auto cb = collate(b, options_of(s));
+    verify::attention_stages stages(s, cb, dtype::f64);
+    verify::check_options o;
+    o.layers = &trace;
+    o.attention = &stages;
+    ASSERT_TRUE(verify::run_check(s, o).pass);
+    const auto in = verify::reference_inputs_of(s);
+    (void)ref::train_step(s, in.weights, in.batch, 0,
+                          [&trace](int l, const std::string& st, const ref::matrix& m) {
+                            trace.add(-1, l, st, Eigen::MatrixXd(m));
+                          });
+    if (s.ring > 1)
+      verify::add_ring_step_references(trace, verify::ring_step_layout_of(s, in.batch, cb));
+    const auto where = verify::first_layer_departure(
+        trace, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); }, cb.original_length,
+        1e-10, s.ring > 1 ? s.ring : 0,
+        [&cb, &s](int k) { return ring_rank_tokens(cb, k / s.ulysses); });
+    EXPECT_FALSE(where.has_value()) << where->line;
+    const auto v = verify::judge_attention(stages, 0);
+    EXPECT_FALSE(v.first.has_value()) << v.first->stage << ": " << v.first->diagnosis;
+    if (!s.sinks) continue;
+    // The sinks' gradient is judged, not skipped: one grad.sinks row per softmax layer.
+    const auto dir = std::filesystem::temp_directory_path() / ("seqpar-sinks-" + s.name);
+    std::filesystem::remove_all(dir);
+    stages.write(dir.string());
+    verify::dump_options opt;
+    opt.mode = verify::dump_options::mode_t::exhaustive;
+    const auto rep = verify::validate_dump(verify::read_dump(dir.string()), opt);
+    std::filesystem::remove_all(dir);
+    int judged = 0;
+    for (const auto& r : rep.rows)
+      if (r.row.tensor == "grad.sinks") {
+        ++judged;
+        EXPECT_TRUE(r.row.pass) << r.row.note;
+      }
+    EXPECT_EQ(judged, s.layers);
+  }
+}

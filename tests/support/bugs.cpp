@@ -462,6 +462,15 @@ std::vector<double> sink_dropped::attention_sink_backward(const tensor&, const t
   return std::vector<double>(sinks.size(), 0.0);
 }
 
+std::vector<double> sink_gradient_doubled::attention_sink_backward(const tensor& out,
+                                                                   const tensor& lse,
+                                                                   const tensor& dout,
+                                                                   std::span<const double> sinks) {
+  auto g = forwarding_compute::attention_sink_backward(out, lse, dout, sinks);
+  for (auto& x : g) x *= 2;
+  return g;
+}
+
 void sink_sigmoid_lse_kept::attention_sink_forward(tensor& out, tensor& lse,
                                                    std::span<const double> sinks) {
   const tensor kept = clone(lse);

@@ -299,6 +299,15 @@ class sink_sigmoid_lse_kept : public forwarding_compute {
   void attention_sink_forward(tensor& out, tensor& lse, std::span<const double> sinks) override;
 };
 
+/// The sinks' gradient taken twice (a backward that adds it on each of R = 2 ring steps).
+class sink_gradient_doubled : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  std::vector<double> attention_sink_backward(const tensor& out, const tensor& lse,
+                                              const tensor& dout,
+                                              std::span<const double> sinks) override;
+};
+
 /// Sinks folded into every ring step's partial result before the merge (so counted once per
 /// step that runs) and not after it. The sink values of the rank's heads come from the test.
 class sink_on_every_step : public forwarding_compute {
