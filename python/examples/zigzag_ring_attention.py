@@ -12,9 +12,15 @@ Per rank, `attention(q, k, v, ctx)` with q [s_local, H, D], k/v [s_local, Hkv, D
      each block's dK/dV accumulator around the ring with its KV (R hops: home again).
   3. The reverse all-to-all.
 Scores, softmax and sums in float32 (float64 for float64 inputs), like the fused kernels.
+Today's attention options (ctx): a bidirectional layer sees every key of its document at every
+step; windows and chunks mask each block by the rows' positions in their documents; capping
+goes into every block's scores; the sinks of the rank's heads enter once, after the last merge.
 
     python3 -m seqpar.testing check python/examples/zigzag_ring_attention.py:attention \\
         --supports '{"layouts": ["zigzag"]}'
+    python3 -m seqpar.testing check python/examples/zigzag_ring_attention.py:attention \\
+        --supports "$(python3 -c 'import json; print(json.dumps(dict(layouts=["zigzag"],
+            bidirectional=True, window=True, chunk=True, sinks=True, softcap=True)))')"
 
 Each step is a method, so a variant overrides one of them.
 """
@@ -60,18 +66,18 @@ class _HeadToSeq(torch.autograd.Function):
 
 class _Ring(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, impl, c):
-        out, lse = impl.ring_forward(q, k, v, c)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, sinks, impl, c):
+        out, lse = impl.ring_forward(q, k, v, sinks, c)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.impl, ctx.c = impl, c
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.impl.ring_backward(q, k, v, out, lse, dout, ctx.c)
-        return dq, dk, dv, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = ctx.impl.ring_backward(q, k, v, out, lse, dout, sinks, ctx.c)
+        return dq, dk, dv, dsinks, None, None
 
 
 class ZigzagRingAttention(object):
@@ -118,25 +124,52 @@ class ZigzagRingAttention(object):
     def section(self, r, src):
         return "diag" if src == r else ("lower" if src < r else "upper")
 
-    def mask(self, kind, c, n):
+    def positions(self, c, ring_rank):
+        """Document positions of a ring rank's gathered rows."""
+        return torch.tensor([c.global_position_ids[t] for t in c.ring_tokens_of[ring_rank]])
+
+    def mask(self, kind, c, n, src=None):
         doc, late = self.doc_and_half(c, n)
         same = doc[:, None] == doc[None, :]
-        if kind == "diag":
+        if not c.causal:  # bidirectional: every key of the document, at every step
+            m = same
+        elif kind == "diag":
             i = torch.arange(n)
-            return same & (i[None, :] <= i[:, None]) if c.causal else same
-        if kind == "lower":
-            return same & ~late[None, :]
-        return same & late[:, None]
+            m = same & (i[None, :] <= i[:, None])
+        elif kind == "lower":
+            m = same & ~late[None, :]
+        else:
+            m = same & late[:, None]
+        if (c.window_back >= 0 or c.chunk > 0) and src is not None:
+            p = self.positions(c, c.ring_rank)[:, None]
+            k = self.positions(c, src)[None, :]
+            back, ahead = self.window(c)
+            if back >= 0:
+                m = m & (p - k <= back)
+            if ahead >= 0:
+                m = m & (k - p <= ahead)
+            if c.chunk > 0:
+                m = m & (torch.div(p, c.chunk, rounding_mode="floor") ==
+                         torch.div(k, c.chunk, rounding_mode="floor"))
+        return m
+
+    def window(self, c):
+        """(keys back, keys ahead) a query sees: ctx.window_back, ctx.window_ahead."""
+        return c.window_back, c.window_ahead
+
+    def scores(self, q, k, c):
+        """[h, n, m] scaled scores, capped as cap·tanh(s/cap) when ctx.softcap is set."""
+        s = torch.einsum("nhd,mhd->hnm", q, k) * self.scale(c)
+        return c.softcap * torch.tanh(s / c.softcap) if c.softcap > 0 else s
 
     # ---------------------------------------------------------------- one block
-    def block(self, q, k, v, mask, scale):
+    def block(self, q, k, v, mask, c):
         """out [n, h, D], lse [h, n] of q against one KV block under mask (rows that see
         nothing: out 0, lse −inf)."""
         h, hk = q.shape[1], k.shape[1]
         if h != hk:
             k, v = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1)
-        s = torch.einsum("nhd,mhd->hnm", q, k) * scale
-        s = s.masked_fill(~mask, float("-inf"))
+        s = self.scores(q, k, c).masked_fill(~mask, float("-inf"))
         lse = torch.logsumexp(s, -1)
         p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
         return torch.einsum("hnm,mhd->nhd", p, v), lse
@@ -157,21 +190,31 @@ class ZigzagRingAttention(object):
             op.wait()
         return recv
 
-    def ring_forward(self, q, k, v, c):
+    def fold_sinks(self, out, lse, sinks):
+        """The sinks enter once, after the last merge: lse' = log(e^lse + e^sink),
+        out' = out·e^(lse − lse')."""
+        if sinks is None:
+            return out, lse
+        s = sinks.to(lse.dtype)[:, None].expand_as(lse)
+        folded = torch.logaddexp(lse, s)
+        return out * torch.exp(lse - folded).transpose(0, 1)[..., None], folded
+
+    def ring_forward(self, q, k, v, sinks, c):
         wt = _work_dtype(q)
         qf, kv = q.to(wt), torch.stack([k.to(wt), v.to(wt)])
         n, R, r = q.shape[0], c.ring, c.ring_rank
         out = lse = None
         for i in range(R):
             src = (r - i) % R
-            bout, blse = self.block(qf, kv[0], kv[1], self.mask(self.section(r, src), c, n),
-                                    self.scale(c))
+            bout, blse = self.block(qf, kv[0], kv[1], self.mask(self.section(r, src), c, n, src),
+                                    c)
             out, lse = (bout, blse) if out is None else self.merge(out, lse, bout, blse)
             if i + 1 < R:
                 kv = self.exchange([kv], c)[0]
+        out, lse = self.fold_sinks(out, lse, sinks)
         return out.to(q.dtype), lse.to(torch.float32)
 
-    def ring_backward(self, q, k, v, out, lse, dout, c):
+    def ring_backward(self, q, k, v, out, lse, dout, sinks, c):
         wt = _work_dtype(q)
         qf, do, of = q.to(wt), dout.to(wt), out.to(wt)
         kv = torch.stack([k.to(wt), v.to(wt)])
@@ -185,14 +228,21 @@ class ZigzagRingAttention(object):
         delta = (do * of).sum(-1).transpose(0, 1)  # [h, n]
         dq = torch.zeros_like(qf)
         dkv = torch.zeros_like(kv)
+        # The sinks' gradient: −Σ_rows e^(sink − lse)·(dO·O), from the sinked output and LSE.
+        dsinks = None
+        if sinks is not None:
+            p_sink = torch.exp(sinks.to(wt)[:, None] - lse_w)
+            dsinks = -(p_sink * delta).sum(-1).to(sinks.dtype)
         for i in range(R):
             src = (r - i) % R
-            mask = self.mask(self.section(r, src), c, n)
+            mask = self.mask(self.section(r, src), c, n, src)
             kk, vv = kv[0].repeat_interleave(g, 1), kv[1].repeat_interleave(g, 1)
-            s = torch.einsum("nhd,mhd->hnm", qf, kk) * scale
+            s = self.scores(qf, kk, c)
             p = torch.exp(s.masked_fill(~mask, float("-inf")) - safe[..., None])
             dv = torch.einsum("hnm,nhd->mhd", p, do)
             ds = p * (torch.einsum("nhd,mhd->hnm", do, vv) - delta[..., None])
+            if c.softcap > 0:  # through the capping: 1 − tanh²
+                ds = ds * (1 - (s / c.softcap) ** 2)
             dq += scale * torch.einsum("hnm,mhd->nhd", ds, kk)
             dk = scale * torch.einsum("hnm,nhd->mhd", ds, qf)
             dkv = dkv + torch.stack([dk.reshape(n, hk, g, d).sum(2),
@@ -203,7 +253,7 @@ class ZigzagRingAttention(object):
                     kv, dkv = self.exchange([kv, dkv], c)
                 else:
                     dkv = self.exchange([dkv], c)[0]
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dsinks
 
     # ---------------------------------------------------------------- the whole call
     def __call__(self, q, k, v, c):
@@ -216,7 +266,11 @@ class ZigzagRingAttention(object):
             q = c.tap("q.gathered", _SeqToHead.apply(q, self, c))
             k = c.tap("k.gathered", _SeqToHead.apply(k, self, c))
             v = c.tap("v.gathered", _SeqToHead.apply(v, self, c))
-        out, lse = _Ring.apply(q, k, v, self, c)
+        sinks = None
+        if c.sinks is not None:  # the query heads this rank holds after the all-to-all
+            h = c.heads // U
+            sinks = c.sinks[c.ulysses_rank * h:(c.ulysses_rank + 1) * h]
+        out, lse = _Ring.apply(q, k, v, sinks, self, c)
         c.tap("lse", lse)
         if U > 1:
             out = _HeadToSeq.apply(c.tap("out.attn", out), self, c)

@@ -146,7 +146,11 @@ def read_safetensors(path, with_metadata=False):
 # ----------------------------------------------------------------------------- the hook
 
 def _normalize(stage, t, layout):
-    """Returns t as [s, h, d] (lse: [h, s]) per its declared layout."""
+    """Returns t as [s, h, d] (lse: [h, s]; sinks: [h]) per its declared layout."""
+    if stage == "sinks":
+        if t.dim() != 1:
+            raise ValueError("seqpar.dump: sinks must be 1-d [heads], got %s" % (tuple(t.shape),))
+        return t
     if stage == "lse" or stage.endswith(".lse"):
         layout = layout or "hs"
         if layout == "hs":
@@ -238,7 +242,8 @@ class Dumper(object):
 
     def __init__(self, directory, *, ulysses, ring, ulysses_rank, ring_rank, heads, kv_heads,
                  head_dim, scale, causal, cu_seqlens, position_ids, ring_layout="zigzag",
-                 rank=None, world_size=None, dtype=None, job="", durable=True):
+                 rank=None, world_size=None, dtype=None, job="", durable=True, window_back=-1,
+                 window_ahead=-1, chunk=0, softcap=0.0):
         if rank is None or world_size is None:
             drank, dworld = 0, 1
             try:
@@ -276,6 +281,12 @@ class Dumper(object):
             "torch": str(torch.__version__),
             "job": str(job),
         }
+        # The attention options (docs/dump_format.md), written only when set.
+        for key, value, off in (("window_back", int(window_back), -1),
+                                ("window_ahead", int(window_ahead), -1), ("chunk", int(chunk), 0),
+                                ("softcap", float(softcap), 0.0)):
+            if value != off:
+                self._meta[key] = value
         self.write_error = None  # the OSError that stopped this rank's dump, if any
         try:
             os.makedirs(os.path.join(self.directory, "rank%d" % self.rank), exist_ok=True)

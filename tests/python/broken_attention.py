@@ -110,11 +110,70 @@ class KvGradNotSummed(zra.ZigzagRingAttention):
 class NoCausal(zra.ZigzagRingAttention):
     """No causal mask inside the own block."""
 
-    def mask(self, kind, c, n):
+    def mask(self, kind, c, n, src=None):
         if kind == "diag":
             doc, _ = self.doc_and_half(c, n)
             return doc[:, None] == doc[None, :]
-        return super().mask(kind, c, n)
+        return super().mask(kind, c, n, src)
+
+
+# ---- today's attention options (docs/attention.md): the mistakes made with them in public
+
+class SinksDropped(zra.ZigzagRingAttention):
+    """The sinks never enter the softmax (a wrapper that swallows the keyword)."""
+
+    def fold_sinks(self, out, lse, sinks):
+        return out, lse
+
+
+class SinkPerStep(zra.ZigzagRingAttention):
+    """The sinks folded into every ring step's block before the merge, not once after it."""
+
+    def ring_forward(self, q, k, v, sinks, c):
+        self._sinks = sinks
+        out, lse = super().ring_forward(q, k, v, None, c)
+        self._sinks = None
+        return out, lse
+
+    def block(self, q, k, v, mask, c):
+        out, lse = super().block(q, k, v, mask, c)
+        return self.fold_sinks(out, lse, getattr(self, "_sinks", None))
+
+
+class WindowOffByOne(zra.ZigzagRingAttention):
+    """transformers' sliding_window W passed as flash-attn's left = W (not W − 1)."""
+
+    def window(self, c):
+        back, ahead = super().window(c)
+        return back + 1 if back >= 0 else back, ahead
+
+
+class PositionsInRankOrder(zra.ZigzagRingAttention):
+    """Windows and chunks measured in the order the rank holds its rows (its block's own row
+    index), not in the documents' positions: chunk boundaries fall per rank."""
+
+    def positions(self, c, ring_rank):
+        return torch.arange(len(c.ring_tokens_of[ring_rank]))
+
+
+class SoftcapWithoutScale(zra.ZigzagRingAttention):
+    """Capping of the unscaled score, then scaled: scale·cap·tanh(q·k/cap)."""
+
+    def scores(self, q, k, c):
+        s = torch.einsum("nhd,mhd->hnm", q, k)
+        if c.softcap > 0:
+            s = c.softcap * torch.tanh(s / c.softcap)
+        return s * self.scale(c)
+
+
+class CausalLeftIn(zra.ZigzagRingAttention):
+    """A bidirectional layer run with the causal ring's sections (its mask left in)."""
+
+    def mask(self, kind, c, n, src=None):
+        class Causal(object):
+            def __getattr__(self, name):
+                return True if name == "causal" else getattr(c, name)
+        return super().mask(kind, Causal(), n, src)
 
 
 VARIANTS = {
@@ -128,6 +187,12 @@ VARIANTS = {
     "ring_src_off_by_one": RingSrcOffByOne,
     "kv_grad_not_summed": KvGradNotSummed,
     "no_causal": NoCausal,
+    "sinks_dropped": SinksDropped,
+    "sink_per_step": SinkPerStep,
+    "window_off_by_one": WindowOffByOne,
+    "positions_in_rank_order": PositionsInRankOrder,
+    "softcap_without_scale": SoftcapWithoutScale,
+    "causal_left_in": CausalLeftIn,
 }
 
 

@@ -88,6 +88,73 @@ EXPECTED = {
 CAUSE = {"no_causal": "without the causal mask"}
 
 
+# Today's attention options (docs/attention.md): the example with every option declared passes;
+# each mistake, drawn under the option it concerns, is found, shrunk and, where the dump engine
+# fits it, named.
+OPTIONS = dict(ZIGZAG, bidirectional=True, window=True, chunk=True, sinks=True, softcap=True)
+OPTION_CASES = {
+    # variant: (supports, causes the report may name — any one of them)
+    "sinks_dropped": (dict(ZIGZAG, sinks=True), ("attention without its sinks",)),
+    "sink_per_step": (dict(ZIGZAG, sinks=True), ("differs",)),
+    "window_off_by_one": (dict(ZIGZAG, window=True), ("a sliding window one key too wide",)),
+    "positions_in_rank_order": (dict(ZIGZAG, window=True, chunk=True), ("differs",)),
+    "softcap_without_scale": (dict(ZIGZAG, softcap=True),
+                              ("logit capping applied before the softmax scale",
+                               "scores not multiplied by the scale")),
+    "causal_left_in": (dict(ZIGZAG, causal=False, bidirectional=True),
+                       ("causal attention where the meta says non-causal",)),
+}
+
+
+def test_healthy_example_passes_every_attention_option():
+    stats = {}
+    spt.check(EXAMPLE + ":attention", max_world=4, supports=OPTIONS, max_examples=120, seed=3,
+              stats=stats)
+    assert stats["failures"] == 0 and stats["examples"] >= 100, stats
+    assert not _children()
+
+
+def test_options_are_drawn_and_shrink_toward_causal():
+    from hypothesis import given, settings
+    seen = []
+
+    @settings(max_examples=150, database=None, derandomize=True)
+    @given(spt.scenarios(max_world=4, supports=OPTIONS))
+    def collect(scn):
+        seen.append(scn)
+    collect()
+    assert any(not s.causal for s in seen) and any(s.causal for s in seen)
+    assert any(s.window_back >= 0 and s.causal for s in seen)
+    assert any(s.window_ahead >= 0 for s in seen)
+    assert any(s.chunk > 0 for s in seen) and any(s.sinks for s in seen)
+    assert any(s.softcap > 0 for s in seen)
+    # Windows around the documents' lengths: shorter than and as long as a document.
+    assert any(0 <= s.window_back < max(s.docs) - 1 for s in seen)
+    assert any(s.window_back >= max(s.docs) - 1 for s in seen)
+    # Not declared, not drawn.
+    default = spt.scenarios(max_world=4, supports=ZIGZAG)
+    plain = []
+
+    @settings(max_examples=50, database=None, derandomize=True)
+    @given(default)
+    def collect_plain(scn):
+        plain.append(scn)
+    collect_plain()
+    assert all(s.causal and s.window_back < 0 and s.chunk == 0 and not s.sinks and not s.softcap
+               for s in plain)
+
+
+@pytest.mark.parametrize("variant", sorted(OPTION_CASES))
+def test_attention_option_mistake_found_and_shrunk(variant):
+    supports, causes = OPTION_CASES[variant]
+    ref = os.path.join(HERE, "broken_attention.py") + ":make(%r)" % variant
+    report = _fail(ref, supports=supports, max_examples=150)
+    assert any(c in report for c in causes), report
+    scn = _scenario_of(report)
+    assert scn.world <= 4 and scn.tokens <= 32, scn
+    assert not _children()
+
+
 @pytest.mark.parametrize("variant", sorted(EXPECTED))
 def test_broken_variant_found_and_shrunk(variant):
     ref = os.path.join(HERE, "broken_attention.py") + ":make(%r)" % variant

@@ -59,11 +59,29 @@ class AttentionContext(object):
         self.head_dim = scn.head_dim
         self.scale = 1.0 / math.sqrt(scn.head_dim)
         self.causal = scn.causal
+        # The attention options (docs/attention.md), in the conventions kernels take them:
+        # window_back / window_ahead: p − k ≤ back, k − p ≤ ahead (−1: no limit); window_size:
+        # flash-attn's (left, right), −1 = unlimited (a causal call: right 0); sliding_window:
+        # transformers' W (W keys, the query's own counted; None without a window); chunk: the
+        # chunk length (0: none; chunks aligned to each document's start); softcap: cap·tanh(s/cap)
+        # before the mask (0: none); sinks: a leaf tensor [H] (one logit per query head, the
+        # scenario's dtype) whose gradient seqpar judges, or None.
+        self.window_back = scn.window_back
+        self.window_ahead = scn.window_ahead
+        self.window_size = (scn.window_back, 0 if scn.causal else scn.window_ahead)
+        self.sliding_window = (scn.window_back + 1 if scn.causal else scn.window_back) \
+            if scn.window_back >= 0 else None
+        self.chunk = scn.chunk
+        self.softcap = scn.softcap
+        self.sinks = None
         self.dtype = TORCH_DTYPES[scn.dtype]
         doc = lay.doc_of()
         pos = lay.positions()
         self.tokens = list(lay.rank_tokens[rank])
         self.ring_tokens = [t for u in range(U) for t in lay.rank_tokens[self.ring_rank * U + u]]
+        # Every ring rank's gathered tokens (a block a ring step receives: ring_tokens_of[src]).
+        self.ring_tokens_of = [[t for u in range(U) for t in lay.rank_tokens[j * U + u]]
+                               for j in range(R)]
         self.position_ids = [pos[t] for t in self.tokens]
         self.global_position_ids = pos
         self.cu_seqlens = list(lay.cu_seqlens)
@@ -102,3 +120,9 @@ def global_inputs(scn, n):
     w = torch.randn(n, H, D, generator=g)
     dt = TORCH_DTYPES[scn.dtype]
     return q.to(dt), k.to(dt), v.to(dt), w.to(dt)
+
+
+def global_sinks(scn):
+    """The example's sink logits [H] in [0, 2) (a visible share of every row), from its seed."""
+    g = torch.Generator().manual_seed(0x51C + scn.seed)
+    return (2 * torch.rand(scn.heads, generator=g)).to(TORCH_DTYPES[scn.dtype])

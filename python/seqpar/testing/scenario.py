@@ -54,6 +54,15 @@ class Scenario:
     q_scale: float = 1.0  # q is drawn N(0, q_scale²): large values make large logits
     profile: str = "xorl"
     causal: bool = True
+    # Today's attention options (docs/attention.md), in document positions p (query), k (key):
+    # visible iff p − k ≤ window_back (≥ 0), k − p ≤ window_ahead (non-causal, ≥ 0), p // chunk
+    # == k // chunk (chunk > 0); scores capped as softcap·tanh(s/softcap) before the mask; sinks:
+    # one learnable logit per query head (ctx.sinks), its gradient judged.
+    window_back: int = -1
+    window_ahead: int = -1
+    chunk: int = 0
+    softcap: float = 0.0
+    sinks: bool = False
 
     @property
     def world(self):
@@ -90,6 +99,13 @@ class Scenario:
         for k in ("ulysses", "ring", "heads", "kv_heads", "head_dim"):
             if int(d[k]) < 1:
                 raise ValueError("scenario %s=%s must be at least 1" % (k, d[k]))
+        if int(d.get("window_back", -1)) < -1 or int(d.get("window_ahead", -1)) < -1 or \
+                int(d.get("chunk", 0)) < 0 or float(d.get("softcap", 0.0)) < 0:
+            raise ValueError("scenario window_back/window_ahead must be >= -1 (-1: none), chunk "
+                             "and softcap >= 0 (0: none): %r" % (d,))
+        if d.get("causal", True) and int(d.get("window_ahead", -1)) >= 0:
+            raise ValueError("scenario window_ahead=%s needs causal false: a causal query sees "
+                             "no later key" % d["window_ahead"])
         if not d["docs"] or min(d["docs"]) < 1:
             raise ValueError("scenario docs=%s: every document needs at least one token" %
                              list(d["docs"]))
@@ -98,10 +114,25 @@ class Scenario:
     def describe(self):
         lay = ("" if self.ring == 1 else " %s" % self.layout)
         return ("ulysses %d × ring %d%s (world %d), heads %d / kv %d, head_dim %d, docs %s "
-                "(%d tokens), %s, seed %d%s, profile %s" % (
+                "(%d tokens), %s, seed %d%s, profile %s%s" % (
                     self.ulysses, self.ring, lay, self.world, self.heads, self.kv_heads,
                     self.head_dim, list(self.docs), self.tokens, self.dtype, self.seed,
-                    "" if self.q_scale == 1 else ", q_scale %g" % self.q_scale, self.profile))
+                    "" if self.q_scale == 1 else ", q_scale %g" % self.q_scale, self.profile,
+                    self.describe_attention()))
+
+    def describe_attention(self):
+        """", bidirectional, window 3 back / 1 ahead, sinks" — empty for causal, full attention."""
+        parts = [] if self.causal else ["bidirectional"]
+        if self.window_back >= 0:
+            parts.append("window %d back%s" % (self.window_back, " / %d ahead" % self.window_ahead
+                                               if self.window_ahead >= 0 else ""))
+        if self.chunk > 0:
+            parts.append("chunk %d" % self.chunk)
+        if self.sinks:
+            parts.append("sinks")
+        if self.softcap > 0:
+            parts.append("softcap %g" % self.softcap)
+        return "".join(", " + p for p in parts)
 
     def plan_args(self):
         a = ["--profile", self.profile, "--ulysses", str(self.ulysses), "--ring", str(self.ring),
@@ -187,6 +218,14 @@ class Supports:
     profiles: tuple = ("xorl",)          # whose data path lays out the row
     backward: bool = True                # False: forward only (no backward run, no gradient
                                          # judged), for code whose backward cannot run here
+    # The attention options (docs/attention.md): each True key draws it (off by default, so an
+    # implementation is asked only for what it declares); causal False draws no causal mask.
+    causal: bool = True                  # causal masks
+    bidirectional: bool = False          # no causal mask (diffusion transformers)
+    window: bool = False                 # sliding windows (ctx.window_size, ctx.sliding_window)
+    chunk: bool = False                  # chunked attention (ctx.chunk)
+    sinks: bool = False                  # a sink logit per query head (ctx.sinks, its gradient)
+    softcap: bool = False                # logit soft-capping (ctx.softcap)
 
     @staticmethod
     def of(x):
@@ -231,6 +270,12 @@ class Supports:
             (scn.profile not in self.profiles, "profile %s" % scn.profile),
             (padded_length is not None and padded_length != scn.tokens and not self.padding,
              "SP padding"),
+            (scn.causal and not self.causal, "a causal mask"),
+            (not scn.causal and not self.bidirectional, "bidirectional attention"),
+            (scn.window_back >= 0 and not self.window, "a sliding window"),
+            (scn.chunk > 0 and not self.chunk, "chunked attention"),
+            (scn.sinks and not self.sinks, "attention sinks"),
+            (scn.softcap > 0 and not self.softcap, "soft-capping"),
         ]
         for bad, what in checks:
             if bad:
@@ -273,6 +318,9 @@ def scenarios(max_world=4, supports=None, max_tokens=64, profile=None):
     if not dtypes:
         raise ValueError("supports.dtypes=%s leaves no dtype to draw" % (sup.dtypes,))
     profiles = [p for p in PROFILES if p in sup.profiles] if profile is None else [profile]
+    masks = [True] * sup.causal + [False] * sup.bidirectional  # causal first: it shrinks there
+    if not masks:
+        raise ValueError("supports=%s draws neither causal nor bidirectional attention" % (sup,))
 
     @st.composite
     def draw(d):
@@ -323,7 +371,26 @@ def scenarios(max_world=4, supports=None, max_tokens=64, profile=None):
         dtype = d(st.sampled_from(dtypes))
         q_scale = d(st.sampled_from([1.0, 4.0, 16.0, 64.0]))
         seed = d(st.integers(0, 2 ** 16))
+        # The attention options, each shrinking to off (causal, no window, no chunk, no sinks,
+        # no capping): windows and chunks of widths around the documents' lengths (1 … the
+        # longest + 1: shorter than, equal to and longer than a document).
+        opts = dict(causal=masks[0] if len(masks) == 1 else d(st.sampled_from(masks)))
+        longest = max(docs)
+        if sup.window and d(st.booleans()):
+            w = d(st.integers(1, longest + 1))
+            if opts["causal"]:
+                opts["window_back"] = w - 1  # transformers' sliding_window w: w keys, its own too
+            else:
+                opts["window_back"] = w
+                opts["window_ahead"] = d(st.integers(0, w))
+        if sup.chunk and d(st.booleans()):
+            opts["chunk"] = d(st.integers(1, longest + 1))
+        if sup.sinks:
+            opts["sinks"] = d(st.booleans())
+        if sup.softcap:
+            opts["softcap"] = d(st.sampled_from([0.0, 2.0, 0.5]))
         return Scenario(ulysses=U, ring=R, layout=lay, heads=H, kv_heads=Hkv, head_dim=D,
-                        docs=tuple(docs), dtype=dtype, seed=seed, q_scale=q_scale, profile=prof)
+                        docs=tuple(docs), dtype=dtype, seed=seed, q_scale=q_scale, profile=prof,
+                        **opts)
 
     return draw()

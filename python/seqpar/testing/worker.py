@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .. import dump as sp_dump
-from .context import AttentionContext, global_inputs
+from .context import AttentionContext, global_inputs, global_sinks
 from .impl_ref import resolve
 from .scenario import Layout, Scenario
 
@@ -96,14 +96,20 @@ class _Rank(object):
             head_dim=scn.head_dim, scale=ctx.scale, causal=scn.causal,
             cu_seqlens=ctx.cu_seqlens, position_ids=ctx.position_ids,
             ring_layout=scn.layout if scn.ring > 1 else "contiguous", rank=self.rank,
-            world_size=self.world, dtype=q.dtype, job=task.get("job", ""), durable=False)
+            world_size=self.world, dtype=q.dtype, job=task.get("job", ""), durable=False,
+            window_back=scn.window_back, window_ahead=scn.window_ahead, chunk=scn.chunk,
+            softcap=scn.softcap)
         ctx._dumper = ctx_dumper
+        if scn.sinks:  # every rank's own leaf: its gradient is this rank's share
+            ctx.sinks = global_sinks(scn).requires_grad_(True)
         phase = "forward"
         try:
             with ctx_dumper.call(name="attention"):
                 ctx_dumper.tap("q.local", q)
                 ctx_dumper.tap("k.local", k)
                 ctx_dumper.tap("v.local", v)
+                if ctx.sinks is not None:
+                    ctx_dumper.tap("sinks", ctx.sinks)  # and grad.sinks, by its hook
                 out = self.fn(q, k, v, ctx)
                 problem = _output_problem(out, q, q.shape)
                 if problem:
