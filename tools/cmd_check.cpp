@@ -113,7 +113,8 @@ std::string report_text(const verify::check_report& r) {
     const auto& t = *r.ring_steps;
     o += fmt::format("ring steps (forward, every rank and layer): {} computed", t.computed);
     if (t.skipped_mask > 0)
-      o += fmt::format(", {} skipped: no query of the step sees a key of the block", t.skipped_mask);
+      o +=
+          fmt::format(", {} skipped: no query of the step sees a key of the block", t.skipped_mask);
     if (t.skipped_layout > 0)
       o += fmt::format(", {} skipped: a later block under the causal mask", t.skipped_layout);
     o += "\n";

@@ -5,10 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "core/attention_mask.hpp"
 #include "core/cost.hpp"
 #include "core/layout.hpp"
 #include "core/linear_attention.hpp"
-#include "core/attention_mask.hpp"
 #include "core/ring_schedule.hpp"
 #include "core/ulysses_plan.hpp"
 #include "io/scenario_json.hpp"

@@ -182,14 +182,16 @@ std::string masks_html(const json& plan) {
         for (std::size_t i = 0; i < cells.size(); ++i)
           for (std::size_t j = 0; j < cells[i].size(); ++j)
             if (cells[i][j] == '#')
-              svg += fmt::format(R"(<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="#4e79a7"/>)",
-                                 static_cast<double>(j) * px, static_cast<double>(i) * px, px, px);
+              svg += fmt::format(
+                  R"(<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="#4e79a7"/>)",
+                  static_cast<double>(j) * px, static_cast<double>(i) * px, px, px);
         if (skipped)
-          svg += R"(<line x1="0" y1="0" x2="96" y2="96" stroke="#888"/><line x1="96" y1="0" x2="0" y2="96" stroke="#888"/>)";
+          svg +=
+              R"(<line x1="0" y1="0" x2="96" y2="96" stroke="#888"/><line x1="96" y1="0" x2="0" y2="96" stroke="#888"/>)";
         svg += "</svg>";
-        o += fmt::format(
-            "<td>{}<br><small>step {}: KV of {}, {} pairs{}</small></td>", svg, st.value("step", 0),
-            st.value("kv_src", 0), st.value("visible_pairs", 0), skipped ? " — skipped" : "");
+        o += fmt::format("<td>{}<br><small>step {}: KV of {}, {} pairs{}</small></td>", svg,
+                         st.value("step", 0), st.value("kv_src", 0), st.value("visible_pairs", 0),
+                         skipped ? " — skipped" : "");
       }
       o += "</tr>\n";
     }

@@ -14,8 +14,7 @@ namespace seqpar {
 /// aligned chunk as p (chunk > 0). Both ends grow with p.
 inline std::pair<std::int64_t, std::int64_t> visible_positions(bool causal, std::int64_t back,
                                                                std::int64_t ahead,
-                                                               std::int64_t chunk,
-                                                               std::int64_t p) {
+                                                               std::int64_t chunk, std::int64_t p) {
   constexpr std::int64_t far = std::numeric_limits<std::int64_t>::max() / 4;
   std::int64_t lo = -far, hi = far;
   if (causal)

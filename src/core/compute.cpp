@@ -167,7 +167,8 @@ void compute::attention_sink_forward(tensor& out, tensor& lse, std::span<const d
     const double shift = std::max(x, 0.0) + std::log1p(std::exp(-std::abs(x)));
     const double w = std::exp(-shift);
     for (std::size_t c = 0; c < d; ++c)
-      o[i * d + c] = f32 ? static_cast<double>(static_cast<float>(o[i * d + c] * w)) : o[i * d + c] * w;
+      o[i * d + c] =
+          f32 ? static_cast<double>(static_cast<float>(o[i * d + c] * w)) : o[i * d + c] * w;
     l[i] = f32 ? static_cast<double>(static_cast<float>(l[i] + shift)) : l[i] + shift;
   }
   out = from_host(out.type, out.shape, o);

@@ -479,8 +479,8 @@ class ring_attention final : public inner_attention {
   int R_ = 1, r_ = 0;
   std::int64_t rows_ = 0;
   std::vector<std::int32_t> local_cu_;
-  bool positioned_ = false;                ///< a window or chunk: calls carry positions
-  std::vector<std::int32_t> local_pos_;    ///< this rank's rows' document positions
+  bool positioned_ = false;              ///< a window or chunk: calls carry positions
+  std::vector<std::int32_t> local_pos_;  ///< this rank's rows' document positions
 };
 
 }  // namespace

@@ -144,8 +144,8 @@ static void validate_attention_options(const scenario& s) {
         s.window, pattern);
   if (s.chunk > 0 && pattern.find('C') == std::string::npos)
     fail<config_error>(
-        "chunk={} but attention_pattern '{}' has no C layer; add C layers or drop --chunk",
-        s.chunk, pattern);
+        "chunk={} but attention_pattern '{}' has no C layer; add C layers or drop --chunk", s.chunk,
+        pattern);
   if (s.window_right >= 0 && !s.bidirectional)
     fail<config_error>(
         "window_right={} needs bidirectional attention (a causal query sees no later key); use "

@@ -44,8 +44,8 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
     auto v = base;
     v.causal = !base.causal;
     members.push_back({base.causal ? "attention without the causal mask: tokens attend to later "
-                                  "tokens of their document"
-                                : "causal attention where the meta says non-causal",
+                                     "tokens of their document"
+                                   : "causal attention where the meta says non-causal",
                        v});
   }
   if (base.causal)
@@ -119,15 +119,17 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
   if (!base.sinks.empty()) {
     auto v = base;
     v.sinks.clear();
-    members.push_back({"attention without its sinks: the sink logits never entered the softmax "
-                       "(a wrapper that drops the keyword they come as)",
-                       v});
+    members.push_back(
+        {"attention without its sinks: the sink logits never entered the softmax "
+         "(a wrapper that drops the keyword they come as)",
+         v});
     v = base;
     v.sink_in_lse = false;
-    members.push_back({"attention whose output is renormalised by the sinks (out·sigmoid(lse − "
-                       "sink)) but whose LSE is not: the backward then uses the un-sinked "
-                       "softmax",
-                       v});
+    members.push_back(
+        {"attention whose output is renormalised by the sinks (out·sigmoid(lse − "
+         "sink)) but whose LSE is not: the backward then uses the un-sinked "
+         "softmax",
+         v});
   }
   if (base.window_back >= 0)
     for (int k : {1, -1}) {
@@ -135,21 +137,23 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
       v.window_back = base.window_back + k;
       if (v.window_back < 0) continue;
       members.push_back(
-          {k > 0 ? fmt::format("a sliding window one key too wide ({} keys back where the meta says "
-                               "{}): transformers' sliding_window W passed as flash-attn's left "
-                               "= W instead of W − 1",
-                               v.window_back, base.window_back)
-                 : fmt::format("a sliding window one key too narrow ({} keys back where the meta "
-                               "says {})",
-                               v.window_back, base.window_back),
+          {k > 0
+               ? fmt::format("a sliding window one key too wide ({} keys back where the meta says "
+                             "{}): transformers' sliding_window W passed as flash-attn's left "
+                             "= W instead of W − 1",
+                             v.window_back, base.window_back)
+               : fmt::format("a sliding window one key too narrow ({} keys back where the meta "
+                             "says {})",
+                             v.window_back, base.window_back),
            v});
     }
   if (base.chunk > 0) {
     auto v = base;
     v.positions_from_row = true;
-    members.push_back({"chunked attention with the chunks aligned to the packed row's start "
-                       "instead of each document's (positions counted along the row)",
-                       v});
+    members.push_back(
+        {"chunked attention with the chunks aligned to the packed row's start "
+         "instead of each document's (positions counted along the row)",
+         v});
   }
   if (base.softcap > 0) {
     auto v = base;
@@ -528,13 +532,12 @@ std::string search_families(const call_context& c, const std::string& st,
       "boundaries moved by ±1, ±2, split off or removed{}{}; the softmax scale fitted as a free "
       "parameter{}; on {} sampled rows)",
       members.size(),
-      key && c.g.R > 1              ? ", the ring reduction of the K/V gradient"
+      key && c.g.R > 1                 ? ", the ring reduction of the K/V gradient"
       : !grad && c.g.R > 1 && !options ? ", the ring's KV source shifted by ±1, ±2, local "
                                          "cu_seqlens, the document mask on the own block only"
-      : grad && c.g.R > 1           ? ", dQ of other ranks' blocks without the scale"
-                                    : "",
-      option_members,
-      key && c.g.R > 1 ? "; another ring rank's K/V gradient" : "", n_rows);
+      : grad && c.g.R > 1              ? ", dQ of other ranks' blocks without the scale"
+                                       : "",
+      option_members, key && c.g.R > 1 ? "; another ring rank's K/V gradient" : "", n_rows);
 }
 
 }  // namespace seqpar::verify::dump_detail

@@ -71,9 +71,10 @@ mapped_call::mapped_call(const dump_set& d, const geometry& g, int call)
   backward_ = all_shaped("grad.out.local", {g.s, g.H, g.D});
   if (const auto* t = get(0, "sinks")) {
     if (t->shape != std::vector<std::int64_t>{g.H})
-      fail<trace_error>("{}: call {}'s \"sinks\" is [{}] where [{}] (one per query head) was "
-                        "expected",
-                        d.dir, call, fmt::join(t->shape, ","), g.H);
+      fail<trace_error>(
+          "{}: call {}'s \"sinks\" is [{}] where [{}] (one per query head) was "
+          "expected",
+          d.dir, call, fmt::join(t->shape, ","), g.H);
     sinks_.resize(static_cast<std::size_t>(g.H));
     t->read(0, g.H, sinks_.data());
   }
@@ -176,14 +177,20 @@ std::pair<std::int64_t, std::int64_t> seeing_queries(const attention_variant& v,
   std::int64_t lo = a, hi = b;
   while (lo < hi) {
     const std::int64_t mid = lo + (hi - lo) / 2;
-    if (visible_keys(v, a, b, mid).second > j) hi = mid; else lo = mid + 1;
+    if (visible_keys(v, a, b, mid).second > j)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   const std::int64_t first = lo;
   lo = first;
   hi = b;
   while (lo < hi) {
     const std::int64_t mid = lo + (hi - lo) / 2;
-    if (visible_keys(v, a, b, mid).first > j) hi = mid; else lo = mid + 1;
+    if (visible_keys(v, a, b, mid).first > j)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   return {first, lo};
 }
@@ -328,7 +335,8 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
     Eigen::VectorXd plain_lse = Eigen::VectorXd::Constant(n, ninf);
     for (std::int64_t i = 0; i < n && !v.sinks.empty(); ++i) {
       if (l(i) > 0) plain_lse(i) = m(i) + std::log(l(i));
-      const double sink = v.sinks[static_cast<std::size_t>(rows[idx[static_cast<std::size_t>(i)]].head)];
+      const double sink =
+          v.sinks[static_cast<std::size_t>(rows[idx[static_cast<std::size_t>(i)]].head)];
       const double mx = std::max(m(i), sink);
       const double f = m(i) == ninf ? 0.0 : std::exp(m(i) - mx);
       l(i) = l(i) * f + std::exp(sink - mx);

@@ -67,21 +67,46 @@ nlohmann::json scenario_to_json(const scenario& s) {
 
 scenario scenario_from_json(const nlohmann::json& j, scenario s) {
   if (!j.is_object()) fail<config_error>("a scenario must be a JSON object, got {}", j.type_name());
-  static const std::vector<std::string> known = {
-      "name",          "profile",        "ulysses",
-      "ring",          "cp_size",        "heads",
-      "kv_heads",      "head_dim",       "hidden",
-      "intermediate",  "layers",         "vocab",
-      "docs",          "seed",           "zigzag",
-      "ring_backward", "ring_forward",   "cp_fsdp_mode",
-      "pad_token_id",  "micro_step",     "tiles",
-      "layer_pattern", "linear_k_heads", "linear_v_heads",
-      "linear_k_dim",  "linear_v_dim",   "conv_kernel",
-      "qk_norm",       "output_gate",    "qk_norm_type",
-      "qkv_bias",      "o_bias",         "ulysses_strategy",
-      "mask",          "window",         "window_right",
-      "chunk",         "sinks",          "softcap",
-      "attention_pattern"};
+  static const std::vector<std::string> known = {"name",
+                                                 "profile",
+                                                 "ulysses",
+                                                 "ring",
+                                                 "cp_size",
+                                                 "heads",
+                                                 "kv_heads",
+                                                 "head_dim",
+                                                 "hidden",
+                                                 "intermediate",
+                                                 "layers",
+                                                 "vocab",
+                                                 "docs",
+                                                 "seed",
+                                                 "zigzag",
+                                                 "ring_backward",
+                                                 "ring_forward",
+                                                 "cp_fsdp_mode",
+                                                 "pad_token_id",
+                                                 "micro_step",
+                                                 "tiles",
+                                                 "layer_pattern",
+                                                 "linear_k_heads",
+                                                 "linear_v_heads",
+                                                 "linear_k_dim",
+                                                 "linear_v_dim",
+                                                 "conv_kernel",
+                                                 "qk_norm",
+                                                 "output_gate",
+                                                 "qk_norm_type",
+                                                 "qkv_bias",
+                                                 "o_bias",
+                                                 "ulysses_strategy",
+                                                 "mask",
+                                                 "window",
+                                                 "window_right",
+                                                 "chunk",
+                                                 "sinks",
+                                                 "softcap",
+                                                 "attention_pattern"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
       fail<config_error>("scenario key '{}' is unknown; known keys: {}", it.key(),
@@ -139,8 +164,7 @@ scenario scenario_from_json(const nlohmann::json& j, scenario s) {
     std::string m;
     get("mask", m);
     if (m != "causal" && m != "bidirectional")
-      fail<config_error>("scenario key 'mask' = \"{}\" is unknown; use causal or bidirectional",
-                         m);
+      fail<config_error>("scenario key 'mask' = \"{}\" is unknown; use causal or bidirectional", m);
     s.bidirectional = m == "bidirectional";
   }
   get("window", s.window);

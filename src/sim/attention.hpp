@@ -118,8 +118,7 @@ std::int64_t k_position(const attention_args<T>& a, const doc_rows& dr, std::int
 template <class T>
 std::pair<std::int64_t, std::int64_t> key_range(const attention_args<T>& a, const doc_rows& dr,
                                                 std::int64_t i) {
-  const auto [lo, hi] =
-      visible_positions(a.causal, a.back, a.ahead, a.chunk, q_position(a, dr, i));
+  const auto [lo, hi] = visible_positions(a.causal, a.back, a.ahead, a.chunk, q_position(a, dr, i));
   // An empty range stays at its lower end, so both ends keep growing with the row.
   if (a.pos_k == nullptr) {
     const std::int64_t b = std::clamp<std::int64_t>(lo, 0, dr.lk);

@@ -1002,8 +1002,7 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     } else {
       const tensor dout = to_tensor(comp, dattn, H, D);
       if (env.tap_attention) env.tap_attention(L(l, "attn"), "grad.out.local", dout);
-      const qkv_grads g =
-          ulysses_backward(comm, comp, ucfg, *c.inner, c.saved, dout, L(l, "attn"));
+      const qkv_grads g = ulysses_backward(comm, comp, ucfg, *c.inner, c.saved, dout, L(l, "attn"));
       tap_heads(l, "d_q", g.dq, std::int64_t{H} * D, true);
       tap_heads(l, "d_k", g.dk, std::int64_t{Hkv} * D, true);
       tap_heads(l, "d_v", g.dv, std::int64_t{Hkv} * D, true);

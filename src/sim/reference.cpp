@@ -432,7 +432,8 @@ std::pair<Eigen::Index, Eigen::Index> key_span(const attention_rule& r, Eigen::I
 /// span grow with its position.
 std::pair<Eigen::Index, Eigen::Index> block_keys(const attention_rule& r, Eigen::Index b0,
                                                  Eigen::Index b1, Eigen::Index n) {
-  return {key_span(r, b0, n).first, std::max(key_span(r, b1 - 1, n).second, key_span(r, b0, n).first)};
+  return {key_span(r, b0, n).first,
+          std::max(key_span(r, b1 - 1, n).second, key_span(r, b0, n).first)};
 }
 
 /// The attention probabilities of the query rows at document positions [b0, b1) over the keys
@@ -484,9 +485,9 @@ matrix rope_backward(const matrix& dy, int heads, int head_dim,
 attention_rule layer_rule(const scenario& s, const weights& w, int l) {
   attention_rule r;
   const std::string pattern = !s.attention_pattern.empty() ? s.attention_pattern
-                              : s.window > 0                ? "W"
-                              : s.chunk > 0                 ? "C"
-                                                            : "F";
+                              : s.window > 0               ? "W"
+                              : s.chunk > 0                ? "C"
+                                                           : "F";
   r.kind = pattern[static_cast<std::size_t>(l) % pattern.size()];
   r.causal = !s.bidirectional;
   r.window = s.window;
@@ -619,9 +620,9 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           const Eigen::Index off = k0 - first, len = k1 - k0;
           const matrix query = q.block(b0, qc, rows, head_dim);
           const matrix d_o = dout.block(b0, qc, rows, head_dim);
-          const matrix p = block_probs(query, kg.middleRows(off, len), rule, b0 - a, k0, scale,
-                                       sink, rule.softcap > 0 ? &slope : nullptr,
-                                       rule.sinks ? &sink_p : nullptr);
+          const matrix p =
+              block_probs(query, kg.middleRows(off, len), rule, b0 - a, k0, scale, sink,
+                          rule.softcap > 0 ? &slope : nullptr, rule.sinks ? &sink_p : nullptr);
           // Per row: o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp) (the sink
           // column's dp is 0: it reaches no value, and its own ds is −p_sink·pᵀdp); capping:
           // ds ∘= 1 − tanh²; s = scale·K·q.

@@ -77,8 +77,8 @@ sp_env cp_rank_env(communicator& comm, compute& comp, const scenario& s, const c
   if (s.ring == 1) {
     auto docs = causal_docs(s, cu);
     env.make_inner = [docs](compute& c, const layer_attention& layer) {
-    return std::make_unique<local_attention>(c, docs, layer);
-  };
+      return std::make_unique<local_attention>(c, docs, layer);
+    };
   } else {
     ring_setup rs;
     rs.group = named(group_kind::ring, mesh, k);

@@ -326,7 +326,7 @@ TEST(departure, healthy_attention_options_leave_no_departure_anywhere) {
   std::vector<scenario> scens;
   for (const char* name : {"gpt-oss", "gemma2", "llama4", "dit"}) {
     auto s = builtin_scenario(name);
-    s.ulysses_strategy = "sync";  // async Ulysses records no local shard stages
+    s.ulysses_strategy = "sync";                     // async Ulysses records no local shard stages
     if (s.name == "gpt-oss") s.docs = {40, 24, 16};  // no pad tokens outside every document
     scens.push_back(s);
   }

@@ -627,27 +627,64 @@ TEST(attention_options, every_classic_mistake_fails_check_with_its_stage) {
   auto dit = with_options(make(2, 2, 4, 4, {30, 34}), 0, 0, false, 0, true);
   dit.zigzag = false;
   const std::vector<option_case> cases = {
-      {"sink dropped", gpt_oss, computed<sink_dropped>(), {"logits", "grad.L0.sinks"}, {},
-       "layer L0, forward: the attention's output", "it equals attention without its sinks"},
-      {"sink as sigmoid(lse − sink), LSE kept", with_options(make(2, 1, 4, 2, {9, 15}), 0, 0, true, 0),
-       computed<sink_sigmoid_lse_kept>(), {"grad.L0.wq", "grad.L0.sinks"}, {"logits", "loss"},
+      {"sink dropped",
+       gpt_oss,
+       computed<sink_dropped>(),
+       {"logits", "grad.L0.sinks"},
+       {},
+       "layer L0, forward: the attention's output",
+       "it equals attention without its sinks"},
+      {"sink as sigmoid(lse − sink), LSE kept",
+       with_options(make(2, 1, 4, 2, {9, 15}), 0, 0, true, 0),
+       computed<sink_sigmoid_lse_kept>(),
+       {"grad.L0.wq", "grad.L0.sinks"},
+       {"logits", "loss"},
        "layer L0, backward"},
-      {"the sinks' gradient taken twice", gpt_oss, computed<sink_gradient_doubled>(),
-       {"grad.L0.sinks"}, {"logits", "loss", "grad.L0.wq"}, "stage grad.sinks",
+      {"the sinks' gradient taken twice",
+       gpt_oss,
+       computed<sink_gradient_doubled>(),
+       {"grad.L0.sinks"},
+       {"logits", "loss", "grad.L0.wq"},
+       "stage grad.sinks",
        "the ranks' grad.sinks add up to something else"},
-      {"sink counted on every ring step", gpt_oss, sinks_on_every_step(gpt_oss), {"logits"}, {},
+      {"sink counted on every ring step",
+       gpt_oss,
+       sinks_on_every_step(gpt_oss),
+       {"logits"},
+       {},
        "ring step"},
-      {"window off by one (flash-attn's left = W)", gpt_oss, docs_changed(window_off_by_one),
-       {"logits"}, {}, "layer L0, forward", "it equals a sliding window one key too wide"},
-      {"window measured in the rank's (zigzag) order", zigzag_window,
-       docs_changed(positions_dropped), {"logits"}, {}, "ring step"},
-      {"chunk boundaries per rank", chunked, docs_changed(positions_dropped), {"logits"}, {},
+      {"window off by one (flash-attn's left = W)",
+       gpt_oss,
+       docs_changed(window_off_by_one),
+       {"logits"},
+       {},
+       "layer L0, forward",
+       "it equals a sliding window one key too wide"},
+      {"window measured in the rank's (zigzag) order",
+       zigzag_window,
+       docs_changed(positions_dropped),
+       {"logits"},
+       {},
        "ring step"},
-      {"capping without the softmax scale", capped, docs_changed(softcap_without_scale),
-       {"logits"}, {}, "layer L0, forward: the attention's output",
+      {"chunk boundaries per rank",
+       chunked,
+       docs_changed(positions_dropped),
+       {"logits"},
+       {},
+       "ring step"},
+      {"capping without the softmax scale",
+       capped,
+       docs_changed(softcap_without_scale),
+       {"logits"},
+       {},
+       "layer L0, forward: the attention's output",
        "it equals logit capping applied before the softmax scale"},
-      {"a causal mask left in a bidirectional model", dit, docs_changed(causal_mask_left_in),
-       {"logits"}, {}, "ring step"},
+      {"a causal mask left in a bidirectional model",
+       dit,
+       docs_changed(causal_mask_left_in),
+       {"logits"},
+       {},
+       "ring step"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -657,8 +694,10 @@ TEST(attention_options, every_classic_mistake_fails_check_with_its_stage) {
     std::set<std::string> failed;
     for (const auto& row : r.rows)
       if (!row.pass) failed.insert(row.tensor);
-    for (const auto& row : c.must_fail) EXPECT_TRUE(failed.count(row)) << row << ": " << str(failed);
-    for (const auto& row : c.must_pass) EXPECT_FALSE(failed.count(row)) << row << ": " << str(failed);
+    for (const auto& row : c.must_fail)
+      EXPECT_TRUE(failed.count(row)) << row << ": " << str(failed);
+    for (const auto& row : c.must_pass)
+      EXPECT_FALSE(failed.count(row)) << row << ": " << str(failed);
     const auto line = first_line(r);
     std::cout << c.name << ": " << line << "\n";
     EXPECT_NE(line.find(c.expect), std::string::npos) << line;

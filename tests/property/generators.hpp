@@ -261,7 +261,8 @@ inline rc::Gen<scenario> with_attention(rc::Gen<scenario> base) {
           o.bidirectional = std::get<1>(t);
           if (local & 1) o.window = std::get<2>(t);
           if (local & 2) o.chunk = std::get<3>(t);
-          if ((local & 1) && o.bidirectional && std::get<4>(t) >= 0) o.window_right = std::get<4>(t);
+          if ((local & 1) && o.bidirectional && std::get<4>(t) >= 0)
+            o.window_right = std::get<4>(t);
           o.sinks = std::get<5>(t);
           static const double caps[] = {0.0, 2.0, 0.5};
           o.softcap = caps[std::get<6>(t)];

@@ -3,11 +3,11 @@
 // verify::check_options (transform_collated, wrap_compute, wrap_communicator), to prove that the
 // equivalence check catches each of them (mutation testing of the checker). Nothing here is
 // reachable from product code.
-#include <functional>
-#include <span>
-#include <map>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>

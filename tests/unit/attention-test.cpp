@@ -670,9 +670,9 @@ struct option_set {
 };
 const std::vector<option_set>& option_sets() {
   static const std::vector<option_set> all = {
-      {true, 0, -1, 0, 0},  {true, 3, -1, 0, 0},   {false, 2, 2, 0, 0}, {false, 4, 0, 0, 0},
-      {false, 0, 3, 0, 0},  {true, -1, -1, 4, 0},  {false, -1, -1, 3, 0},
-      {true, -1, -1, 0, 0.7}, {false, 2, 1, 0, 1.5}, {true, 5, -1, 4, 2.0}};
+      {true, 0, -1, 0, 0},   {true, 3, -1, 0, 0},  {false, 2, 2, 0, 0},   {false, 4, 0, 0, 0},
+      {false, 0, 3, 0, 0},   {true, -1, -1, 4, 0}, {false, -1, -1, 3, 0}, {true, -1, -1, 0, 0.7},
+      {false, 2, 1, 0, 1.5}, {true, 5, -1, 4, 2.0}};
   return all;
 }
 
@@ -684,8 +684,8 @@ double max_abs(const std::vector<double>& y) {
 }
 
 /// Strictly increasing positions with gaps, like a zigzag block's (chunk r, then chunk 2R−1−r).
-std::vector<std::int32_t> gapped_positions(const std::vector<std::int32_t>& lens,
-                                           std::int64_t tail, int gap) {
+std::vector<std::int32_t> gapped_positions(const std::vector<std::int32_t>& lens, std::int64_t tail,
+                                           int gap) {
   std::vector<std::int32_t> pos;
   for (auto len : lens)
     for (std::int32_t i = 0; i < len; ++i) pos.push_back(i < len / 2 ? i : i + gap);
@@ -712,8 +712,8 @@ TEST(attention_options, tiled_matches_naive_for_every_mask_positions_and_tiles) 
         const instance<double> in(q);
         const auto ref = run(in, kernel::naive);
         EXPECT_FALSE(any_nan(ref)) << q.name();
-        for (attention_tiles tiles :
-             {attention_tiles{}, attention_tiles{5, 3}, attention_tiles{1, 1}, attention_tiles{8, 2}}) {
+        for (attention_tiles tiles : {attention_tiles{}, attention_tiles{5, 3},
+                                      attention_tiles{1, 1}, attention_tiles{8, 2}}) {
           const auto got = run(in, kernel::tiled, tiles);
           const std::string ctx =
               q.name() + " tiles=" + std::to_string(tiles.q) + "x" + std::to_string(tiles.k);
