@@ -131,6 +131,18 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
          "softmax",
          v});
   }
+  if (base.window_back >= 0 || base.window_ahead >= 0) {
+    auto v = base;
+    v.window_back = v.window_ahead = -1;
+    members.push_back({"attention without its sliding window: the window ignored (every key of "
+                       "the document visible under the causal-or-not mask)",
+                       v});
+  }
+  if (base.chunk > 0) {
+    auto v = base;
+    v.chunk = 0;
+    members.push_back({"attention without its chunks: the chunk boundaries ignored", v});
+  }
   if (base.window_back >= 0)
     for (int k : {1, -1}) {
       auto v = base;
@@ -523,8 +535,8 @@ std::string search_families(const call_context& c, const std::string& st,
                        base.chunk > 0 || base.softcap > 0;
   std::string option_members;
   if (!base.sinks.empty()) option_members += ", the sinks dropped or kept out of the LSE";
-  if (base.window_back >= 0) option_members += ", the window one key wider or narrower";
-  if (base.chunk > 0) option_members += ", chunks aligned to the row instead of the document";
+  if (base.window_back >= 0) option_members += ", the window ignored or one key wider or narrower";
+  if (base.chunk > 0) option_members += ", chunks ignored or aligned to the row";
   if (base.softcap > 0) option_members += ", the capping before the scale or left out";
   return fmt::format(
       "; none of the searched mistakes reproduces it ({} members: softmax scale 1/d^α and "

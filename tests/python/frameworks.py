@@ -204,9 +204,85 @@ def yunchang_usp(q, k, v, ctx):
         impl = "zigzag" if ctx.layout == "zigzag" else "basic"
         _YC[key] = yunchang.LongContextAttention(ring_impl_type=impl,
                                                  attn_type=AttnType.TORCH_FLASH)
+    # The layer's options as yunchang takes them: causal or not, flash-attn's window_size
+    # (left, right) and softcap.
     out = _YC[key](q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale=ctx.scale,
-                   causal=True)
+                   causal=ctx.causal, window_size=ctx.window_size, softcap=ctx.softcap)
     return out[0]
+
+
+# ----------------------------------------------------------------------------- gpt-oss sinks
+
+_ALST_GPT_OSS = {}
+
+
+def _gathered_mask(ctx):
+    """Additive mask [1, 1, S, S] over the gathered rows: same document, causal (or not), and
+    the layer's window (what the Hugging Face model's mask says for the whole sequence)."""
+    pos = torch.tensor([ctx.global_position_ids[t] for t in ctx.ring_tokens])
+    cu = torch.tensor(ctx.cu_seqlens_ring)
+    n = pos.numel()
+    doc = torch.searchsorted(cu[1:], torch.arange(n), right=True)
+    p, k = pos[:, None], pos[None, :]
+    ok = doc[:, None] == doc[None, :]
+    if ctx.causal:
+        ok &= k <= p
+    if ctx.window_back >= 0:
+        ok &= p - k <= ctx.window_back
+    m = torch.zeros(n, n, dtype=torch.float32)
+    return m.masked_fill(~ok, torch.finfo(torch.float32).min)[None, None]
+
+
+def deepspeed_alst_gpt_oss(q, k, v, ctx, slice_sinks=False):
+    """DeepSpeed ALST's UlyssesSPAttentionHF around transformers' own gpt-oss eager attention
+    (transformers.models.gpt_oss.modeling_gpt_oss.eager_attention_forward: the sink as an extra
+    softmax column read from module.sinks), called as GptOssAttention calls its attention
+    interface (module, q, k, v, mask, scaling=…, s_aux=module.sinks). The module's sinks are
+    ctx.sinks (every head, as the model holds them); slice_sinks: the module the core sees holds
+    only the rank's heads' sinks (what a wrapper would have to do)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+    _deepspeed_comm()
+    s, H, D = q.shape
+    module = torch.nn.Module()
+    module.num_key_value_groups = H // ctx.kv_heads
+    module.training = False
+    # gpt-oss always has sinks; a scenario without them is a sink of −∞ (no weight).
+    module.sinks = ctx.sinks if ctx.sinks is not None else torch.full((H,), float("-inf"))
+
+    def core(mod, qg, kg, vg, mask, *args, **kwargs):  # [1, h_local, S, D]
+        t = lambda x: x.transpose(1, 2)
+        ctx.tap("q.gathered", t(qg), layout="bshd")
+        ctx.tap("k.gathered", t(kg), layout="bshd")
+        ctx.tap("v.gathered", t(vg), layout="bshd")
+        if slice_sinks:
+            h = qg.shape[1]
+            inner = torch.nn.Module()
+            inner.num_key_value_groups, inner.training = mod.num_key_value_groups, False
+            inner.sinks = mod.sinks[ctx.ulysses_rank * h:(ctx.ulysses_rank + 1) * h]
+            mod = inner
+        o, w = eager_attention_forward(mod, qg.float(), kg.float(), vg.float(), mask,
+                                       scaling=ctx.scale, **kwargs)
+        return ctx.tap("out.attn", o.to(qg.dtype), layout="bshd"), w
+
+    key = (ctx.ulysses, H, ctx.kv_heads, D, id(ctx.ulysses_group))
+    if key not in _ALST_GPT_OSS:
+        _ALST_GPT_OSS[key] = UlyssesSPAttentionHF(
+            attn=core, batch_size=1, attn_head_count=H, attn_head_size=D,
+            kv_head_count=ctx.kv_heads, num_hidden_layers=1, process_group=ctx.ulysses_group,
+            seq_length_is_variable=True)
+    u = _ALST_GPT_OSS[key]
+    u.attn = core
+    hf = lambda x: x.transpose(0, 1).unsqueeze(0)  # [s, h, D] -> [1, h, s, D]
+    pos = torch.as_tensor(ctx.position_ids, dtype=torch.long).reshape(1, -1)
+    out, _ = u(module, hf(q), hf(k), hf(v), _gathered_mask(ctx), position_ids=pos,
+               s_aux=module.sinks)
+    return out[0].reshape(s, H, D)
+
+
+def deepspeed_alst_gpt_oss_sliced(q, k, v, ctx):
+    """The same with the sinks sliced to the rank's heads around the eager attention."""
+    return deepspeed_alst_gpt_oss(q, k, v, ctx, slice_sinks=True)
 
 
 # ----------------------------------------------------------------------------- negative controls

@@ -30,9 +30,10 @@ def _check(name, supports, seed=0, max_world=4):
     return stats
 
 
-def _fails(name, supports, seed=0):
+def _fails(name, supports, seed=0, max_world=4, examples=None):
     with pytest.raises(spt.SpAttentionFailure) as e:
-        spt.check(REF + ":" + name, max_world=4, max_examples=N, seed=seed, supports=supports)
+        spt.check(REF + ":" + name, max_world=max_world, max_examples=examples or N, seed=seed,
+                  supports=supports)
     return str(e.value)
 
 
@@ -112,6 +113,56 @@ YUNCHANG = dict(backward=False, multiple_docs=False, padding=False, kv_heads_bel
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_yunchang_usp(layout):
     _check("yunchang_usp", dict(YUNCHANG, layouts=(layout,)))
+
+
+# Today's attention options (docs/attention.md). yunchang's main use is bidirectional attention
+# (diffusion transformers): its basic ring runs it; its zigzag ring refuses it (an assertion:
+# "zigzag ring is meaningless for causal=False").
+def test_yunchang_usp_bidirectional():
+    _check("yunchang_usp", dict(YUNCHANG, layouts=("contiguous",), causal=False,
+                                bidirectional=True))
+
+
+def test_yunchang_zigzag_ring_refuses_bidirectional():
+    report = _fails("yunchang_usp", dict(YUNCHANG, layouts=("zigzag",), causal=False,
+                                         bidirectional=True, ulysses=False))
+    assert " raised AssertionError in forward" in report and "meaningless" in report, report
+
+
+# A finding: yunchang 0.6.4's torch attention backend (pytorch_attn_forward) takes window_size
+# and softcap and passes neither to the kernel — a sliding window and soft-capping are ignored
+# without an error (with flash-attn on CUDA they reach the kernel). seqpar names both.
+def test_yunchang_torch_backend_ignores_the_window():
+    report = _fails("yunchang_usp", dict(YUNCHANG, layouts=("contiguous",), window=True))
+    assert "attention without its sliding window" in report, report
+
+
+def test_yunchang_torch_backend_ignores_soft_capping():
+    report = _fails("yunchang_usp", dict(YUNCHANG, layouts=("contiguous",), softcap=True))
+    assert "attention without its logit soft-capping" in report, report
+
+
+# gpt-oss's sinks through DeepSpeed ALST's Hugging Face Ulysses wrapper, around transformers'
+# own gpt-oss eager attention (module.sinks, s_aux): the wrapper scatters the heads but hands the
+# attention the module — and s_aux — with every head's sinks. A finding: at U > 1 the eager
+# attention raises (it concatenates H sink columns to H/U heads' scores); a kernel that takes
+# s_aux without checking its length would read the first H/U sinks on every rank. Sliced to the
+# rank's heads around the attention (what the wrapper would have to do), it passes, the sinks'
+# gradient included. World ≤ 2: every DeepSpeed pool start costs ~25 s here.
+GPT_OSS = dict(sinks=True, ring=False, profiles=("deepspeed", "xorl"))
+
+
+def test_deepspeed_alst_hands_gpt_oss_every_heads_sinks(deepspeed_comm_built):
+    report = _fails("deepspeed_alst_gpt_oss", GPT_OSS, max_world=2, examples=30)
+    assert " raised RuntimeError in forward" in report, report
+    assert "Sizes of tensors must match" in report and "ulysses 2" in report, report
+
+
+def test_deepspeed_alst_gpt_oss_sinks_sliced_to_the_ranks_heads(deepspeed_comm_built):
+    stats = {}
+    spt.check(REF + ":deepspeed_alst_gpt_oss_sliced", max_world=2, max_examples=30, seed=0,
+              supports=GPT_OSS, stats=stats)
+    assert stats["failures"] == 0 and stats["examples"] >= 27, stats
 
 
 def test_yunchang_usp_basic_ring_on_zigzag_shards_is_reported():
