@@ -177,16 +177,7 @@ class ring_attention final : public inner_attention {
         call.docs.cu_q = call.docs.cu_k = local_cu_;
         return call;
       }
-      const std::int64_t q0 = r_ * rows_, k0 = static_cast<std::int64_t>(src) * rows_;
-      for (const auto& d : doc_ranges(s_.cu_global)) {
-        auto overlap = [&](std::int64_t b0) {
-          return std::max<std::int64_t>(0, std::min(d.end, b0 + rows_) - std::max(d.start, b0));
-        };
-        push_doc(call.docs.cu_q, overlap(q0));
-        push_doc(call.docs.cu_k, overlap(k0));
-      }
-      for (std::int64_t j = 0; j < call.docs.cu_k.back(); ++j) call.k_rows.push_back(j);
-      if (call.k_rows.size() == static_cast<std::size_t>(rows_)) call.k_rows.clear();
+      contiguous_blocks(call, src, false);
       call.skip = call.docs.cu_k.back() == 0 || call.docs.cu_q.back() == 0;
       return call;
     }
@@ -227,6 +218,13 @@ class ring_attention final : public inner_attention {
       return call;
     }
     call.docs.causal = sec == ring_section::causal;
+    contiguous_blocks(call, src, call.docs.causal);
+    return call;
+  }
+
+  /// A contiguous ring's call between this rank's block and src's: each document cut at the
+  /// blocks' edges (diagonal: the same cuts on both sides), the key rows its documents cover.
+  void contiguous_blocks(section_call& call, int src, bool diagonal) const {
     const std::int64_t q0 = r_ * rows_, k0 = static_cast<std::int64_t>(src) * rows_;
     for (const auto& d : doc_ranges(s_.cu_global)) {
       auto overlap = [&](std::int64_t b0) {
@@ -235,10 +233,9 @@ class ring_attention final : public inner_attention {
       push_doc(call.docs.cu_q, overlap(q0));
       push_doc(call.docs.cu_k, overlap(k0));
     }
-    if (call.docs.causal) call.docs.cu_k = call.docs.cu_q;
+    if (diagonal) call.docs.cu_k = call.docs.cu_q;
     for (std::int64_t j = 0; j < call.docs.cu_k.back(); ++j) call.k_rows.push_back(j);
     if (call.k_rows.size() == static_cast<std::size_t>(rows_)) call.k_rows.clear();
-    return call;
   }
 
   tensor rows_of(const tensor& x, const rows_t& rows) const {

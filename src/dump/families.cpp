@@ -134,9 +134,10 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
   if (base.window_back >= 0 || base.window_ahead >= 0) {
     auto v = base;
     v.window_back = v.window_ahead = -1;
-    members.push_back({"attention without its sliding window: the window ignored (every key of "
-                       "the document visible under the causal-or-not mask)",
-                       v});
+    members.push_back(
+        {"attention without its sliding window: the window ignored (every key of "
+         "the document visible under the causal-or-not mask)",
+         v});
   }
   if (base.chunk > 0) {
     auto v = base;

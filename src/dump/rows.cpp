@@ -173,26 +173,21 @@ std::pair<std::int64_t, std::int64_t> visible_keys(const attention_variant& v, s
 /// (found by bisection).
 std::pair<std::int64_t, std::int64_t> seeing_queries(const attention_variant& v, std::int64_t a,
                                                      std::int64_t b, std::int64_t j) {
+  // The first query in [from, b) for which `past` holds (it holds for every later one).
+  const auto first_where = [&](std::int64_t from, auto past) {
+    std::int64_t lo = from, hi = b;
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (past(visible_keys(v, a, b, mid)))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  };
   // First query whose last visible key reaches j; first query whose first visible key is past j.
-  std::int64_t lo = a, hi = b;
-  while (lo < hi) {
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    if (visible_keys(v, a, b, mid).second > j)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  const std::int64_t first = lo;
-  lo = first;
-  hi = b;
-  while (lo < hi) {
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    if (visible_keys(v, a, b, mid).first > j)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  return {first, lo};
+  const std::int64_t first = first_where(a, [j](auto r) { return r.second > j; });
+  return {first, first_where(first, [j](auto r) { return r.first > j; })};
 }
 
 /// Rows grouped by (reference document, KV head), in first-seen order of the sorted keys, each
