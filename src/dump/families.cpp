@@ -123,6 +123,15 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
         {"attention without its sinks: the sink logits never entered the softmax "
          "(a wrapper that drops the keyword they come as)",
          v});
+    if (g.R > 1) {  // folded into each of the R steps' partial results, then merged
+      v = base;
+      for (auto& x : v.sinks) x += std::log(static_cast<double>(g.R));
+      members.push_back(
+          {fmt::format("attention whose sinks were folded into every ring step's partial result "
+                       "(R = {} times) instead of once after the merge",
+                       g.R),
+           v});
+    }
     v = base;
     v.sink_in_lse = false;
     members.push_back(
@@ -179,6 +188,12 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
     v = base;
     v.softcap = 0;
     members.push_back({"attention without its logit soft-capping", v});
+    v = base;
+    v.cap_after_mask = true;
+    members.push_back({fmt::format("logit capping applied after the mask: a hidden key scores "
+                                   "cap·tanh(−∞) = −{:.6g} instead of −∞ and keeps a weight",
+                                   base.softcap),
+                       v});
   }
   const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
                        base.chunk > 0 || base.softcap > 0;
@@ -538,7 +553,8 @@ std::string search_families(const call_context& c, const std::string& st,
   if (!base.sinks.empty()) option_members += ", the sinks dropped or kept out of the LSE";
   if (base.window_back >= 0) option_members += ", the window ignored or one key wider or narrower";
   if (base.chunk > 0) option_members += ", chunks ignored or aligned to the row";
-  if (base.softcap > 0) option_members += ", the capping before the scale or left out";
+  if (base.softcap > 0)
+    option_members += ", the capping before the scale, after the mask or left out";
   return fmt::format(
       "; none of the searched mistakes reproduces it ({} members: softmax scale 1/d^α and "
       "constant factors, the causal mask removed or its diagonal shifted by ±1, ±2, document "

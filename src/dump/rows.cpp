@@ -265,7 +265,7 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
     const auto& idx = groups[gi];
     const auto n = static_cast<std::int64_t>(idx.size());
     const int kvh = rows[idx[0]].head / per_kv;
-    std::vector<std::int64_t> lo(idx.size()), lim(idx.size());
+    std::vector<std::int64_t> lo(idx.size()), lim(idx.size()), doc_end(idx.size());
     std::int64_t k0 = std::numeric_limits<std::int64_t>::max(), k1 = 0;
     mat Q(n, D), dO, O(n, D);
     if (bwd) dO.resize(n, D);
@@ -275,8 +275,9 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
       const auto [first, last] = visible_keys(v, a, b, row.token);
       lo[static_cast<std::size_t>(i)] = first;
       lim[static_cast<std::size_t>(i)] = last;
+      doc_end[static_cast<std::size_t>(i)] = b;
       k0 = std::min(k0, a);
-      k1 = std::max(k1, lim[static_cast<std::size_t>(i)]);
+      k1 = std::max(k1, v.cap_after_mask ? b : lim[static_cast<std::size_t>(i)]);
       c_.read_local("q.local", g.H, row.token, row.head, Q.row(i).data());
       if (bwd) c_.read_local("grad.out.local", g.H, row.token, row.head, dO.row(i).data());
     }
@@ -297,6 +298,11 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
     const auto visible = [&](std::int64_t i, std::int64_t j) {
       return j >= lo[static_cast<std::size_t>(i)] && j < lim[static_cast<std::size_t>(i)];
     };
+    // Capping after the mask (a variant): a hidden key of the document scores cap·tanh(−∞) =
+    // −cap and keeps a weight; its score is a constant (no gradient through it).
+    const auto capped_hidden = [&](std::int64_t i, std::int64_t j) {
+      return v.cap_after_mask && !visible(i, j) && j < doc_end[static_cast<std::size_t>(i)];
+    };
     for (std::int64_t j0 = k0; j0 < k1; j0 += chunk) {
       const std::int64_t c = std::min(chunk, k1 - j0);
       load(j0, c);
@@ -308,6 +314,8 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
         for (std::int64_t j = 0; j < c; ++j)
           if (visible(i, j0 + j))
             mx = std::max(mx, S(i, j));
+          else if (capped_hidden(i, j0 + j))
+            mx = std::max(mx, S(i, j) = -v.softcap);
           else
             S(i, j) = ninf;
         if (mx == ninf) {  // no visible key in this chunk (yet)
@@ -375,8 +383,14 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
         slope = (1.0 - t.array().square()).matrix();
       }
       for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t j = 0; j < c; ++j)
+        for (std::int64_t j = 0; j < c; ++j) {
+          if (capped_hidden(i, j0 + j) && std::isfinite(L(i))) {
+            P(i, j) = std::exp(-v.softcap - L(i));
+            if (v.softcap > 0) slope(i, j) = 0;
+            continue;
+          }
           P(i, j) = visible(i, j0 + j) && std::isfinite(L(i)) ? std::exp(P(i, j) - L(i)) : 0.0;
+        }
       const mat dP = dO * V.transpose();
       mat dS = P.cwiseProduct(dP.colwise() - Dv);
       if (v.softcap > 0) dS = dS.cwiseProduct(slope);
@@ -407,7 +421,7 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
     if (v.cu == ref.cu && v.scale == ref.scale && v.causal == ref.causal && v.diag == 0 &&
         v.other_block_dq_factor == 1 && v.window_back == ref.window_back &&
         v.window_ahead == ref.window_ahead && v.chunk == ref.chunk && v.softcap == ref.softcap &&
-        v.sinks == ref.sinks && v.sink_in_lse && !v.positions_from_row) {
+        v.sinks == ref.sinks && v.sink_in_lse && !v.positions_from_row && !v.cap_after_mask) {
       std::lock_guard lock(stats_mu_);
       for (std::int64_t i = 0; i < n; ++i) {
         const auto& row = rows[idx[static_cast<std::size_t>(i)]];

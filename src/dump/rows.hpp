@@ -86,6 +86,8 @@ struct attention_variant {
   /// Positions counted from the packed row's start instead of each document's (chunk
   /// boundaries not per document).
   bool positions_from_row = false;
+  /// Capping applied after the mask: the document's hidden keys score −softcap, not −∞.
+  bool cap_after_mask = false;
   /// A causal key j is visible to query i when j ≤ i + diag (0 correct; −1 hides the diagonal).
   int diag = 0;
   /// Document boundaries (cu_seqlens) the attention uses.

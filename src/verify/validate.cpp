@@ -236,6 +236,12 @@ void check_inputs(const scenario& s, dtype t) {
   if (s.head_dim > 128)
     fail<config_error>("head_dim={} exceeds the GPU attention kernels' 128; use --head-dim ≤ 128",
                        s.head_dim);
+  if (s.has_attention_options())
+    fail<config_error>(
+        "validate runs the GPU's attention kernels, which know causal, full attention only (the "
+        "scenario asks for {}); check these options on the CPU reference: seqpar check with the "
+        "same flags",
+        s.describe_attention());
 }
 
 std::string device_name(int device) {

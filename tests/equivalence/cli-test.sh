@@ -35,6 +35,19 @@ expect 0 "start q.fwd" -- plan --ring 1 --ulysses 2 --heads 4 --kv-heads 2 --uly
 expect 2 "ulysses_strategy 'overlap' is unknown; use auto, sync or async" -- plan --ulysses-strategy overlap
 expect 2 "qk_norm_type 'batchnorm' is unknown; use rmsnorm or layernorm" -- check --qk-norm-type batchnorm
 expect 0 "PASS" -- check --ring 1 --ulysses 4 --heads 8 --kv-heads 2 --qkv-bias --o-bias --qk-norm-type layernorm --ulysses-strategy async --dtype f32
+# Today's attention options (docs/attention.md): each invalid combination named with its fix.
+expect 2 "attention_pattern 'W' has sliding-window layers (W) but window=0; give --window W" -- check --attention-pattern W
+expect 2 "attention_pattern 'WX' is not a string of F (full), W (sliding window) and C (chunked)" -- check --window 4 --attention-pattern WX
+expect 2 "window_right=2 needs bidirectional attention" -- check --window 4 --window-right 2
+expect 2 "window=4 and chunk=8 without an attention_pattern" -- check --window 4 --chunk 8
+expect 2 "chunk=8 but attention_pattern 'W' has no C layer" -- plan --window 4 --chunk 8 --attention-pattern W
+expect 2 "--mask 'sideways' is unknown; use causal or bidirectional" -- check --mask sideways
+expect 2 "softcap=-1 must be finite and >= 0" -- check --softcap -1
+expect 2 "scenario key 'mask' = \"diagonal\" is unknown" -- check --config "$(dirname "$0")/data/bad_mask.json"
+for name in gpt-oss gemma3 gemma2 llama4 dit; do
+  expect 0 "PASS" -- check --scenario "$name"
+  expect 0 "PASS" -- check --scenario "$name" --dtype f32
+done
 expect 2 "pad it to 8" -- plan --ulysses 1 --ring 2 --docs 8,7
 expect 2 "profile veomni does not support ring attention" -- plan --profile veomni --ulysses 2 --ring 2 --docs 8
 expect 2 "ulysses=0 is out of range" -- plan --ulysses 0

@@ -166,6 +166,30 @@ class SoftcapWithoutScale(zra.ZigzagRingAttention):
         return s * self.scale(c)
 
 
+class SoftcapAfterMask(zra.ZigzagRingAttention):
+    """The mask added to the scores before the capping: a hidden key scores cap·tanh(−∞) = −cap
+    instead of −∞ and keeps a weight."""
+
+    def block(self, q, k, v, mask, c):
+        if c.softcap <= 0:
+            return super().block(q, k, v, mask, c)
+        h, hk = q.shape[1], k.shape[1]
+        if h != hk:
+            k, v = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1)
+        s = (torch.einsum("nhd,mhd->hnm", q, k) * self.scale(c)).masked_fill(~mask, float("-inf"))
+        s = c.softcap * torch.tanh(s / c.softcap)
+        lse = torch.logsumexp(s, -1)
+        return torch.einsum("hnm,mhd->nhd", torch.exp(s - lse[..., None]), v), lse
+
+
+class SinkSigmoidLseKept(zra.ZigzagRingAttention):
+    """The sink as out·sigmoid(lse − sink), the LSE left as it was."""
+
+    def fold_sinks(self, out, lse, sinks):
+        folded, _ = super().fold_sinks(out, lse, sinks)
+        return folded, lse
+
+
 class CausalLeftIn(zra.ZigzagRingAttention):
     """A bidirectional layer run with the causal ring's sections (its mask left in)."""
 
@@ -193,6 +217,8 @@ VARIANTS = {
     "positions_in_rank_order": PositionsInRankOrder,
     "softcap_without_scale": SoftcapWithoutScale,
     "causal_left_in": CausalLeftIn,
+    "softcap_after_mask": SoftcapAfterMask,
+    "sink_sigmoid_lse_kept": SinkSigmoidLseKept,
 }
 
 

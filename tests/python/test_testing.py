@@ -95,22 +95,30 @@ OPTIONS = dict(ZIGZAG, bidirectional=True, window=True, chunk=True, sinks=True, 
 OPTION_CASES = {
     # variant: (supports, causes the report may name — any one of them)
     "sinks_dropped": (dict(ZIGZAG, sinks=True), ("attention without its sinks",)),
-    "sink_per_step": (dict(ZIGZAG, sinks=True), ("differs",)),
-    "window_off_by_one": (dict(ZIGZAG, window=True), ("a sliding window one key too wide",)),
+    "sink_per_step": (dict(ZIGZAG, sinks=True, ulysses=False),
+                      ("folded into every ring step's partial result",)),
+    # Shrunk to 2 tokens, a window one key too wide is no window at all: either name is right.
+    "window_off_by_one": (dict(ZIGZAG, window=True), ("a sliding window one key too wide",
+                                                       "attention without its sliding window")),
     "positions_in_rank_order": (dict(ZIGZAG, window=True, chunk=True), ("differs",)),
     "softcap_without_scale": (dict(ZIGZAG, softcap=True),
                               ("logit capping applied before the softmax scale",
                                "scores not multiplied by the scale")),
     "causal_left_in": (dict(ZIGZAG, causal=False, bidirectional=True),
                        ("causal attention where the meta says non-causal",)),
+    "softcap_after_mask": (dict(ZIGZAG, softcap=True),
+                           ("logit capping applied after the mask",)),
+    "sink_sigmoid_lse_kept": (dict(ZIGZAG, sinks=True),
+                              ("renormalised by the sinks (out·sigmoid(lse − sink)) but whose "
+                               "LSE is not",)),
 }
 
 
 def test_healthy_example_passes_every_attention_option():
     stats = {}
-    spt.check(EXAMPLE + ":attention", max_world=4, supports=OPTIONS, max_examples=120, seed=3,
+    spt.check(EXAMPLE + ":attention", max_world=4, supports=OPTIONS, max_examples=100, seed=3,
               stats=stats)
-    assert stats["failures"] == 0 and stats["examples"] >= 100, stats
+    assert stats["failures"] == 0 and stats["examples"] >= 90, stats
     assert not _children()
 
 
