@@ -188,12 +188,17 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
     v = base;
     v.softcap = 0;
     members.push_back({"attention without its logit soft-capping", v});
-    v = base;
-    v.cap_after_mask = true;
-    members.push_back({fmt::format("logit capping applied after the mask: a hidden key scores "
-                                   "cap·tanh(−∞) = −{:.6g} instead of −∞ and keeps a weight",
-                                   base.softcap),
-                       v});
+    for (int mode : {1, 2}) {
+      v = base;
+      v.cap_after_mask = mode;
+      members.push_back(
+          {fmt::format(
+               "logit capping applied after the mask: a hidden key{} scores cap·tanh(−∞) = "
+               "−{:.6g} instead of −∞ and keeps a weight",
+               mode == 1 ? " of the document" : " — of any document of the row (a dense mask)",
+               base.softcap),
+           v});
+    }
   }
   const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
                        base.chunk > 0 || base.softcap > 0;
@@ -535,7 +540,21 @@ std::string search_families(const call_context& c, const std::string& st,
     }
   }
   const auto& m = c.d.ranks.front();
-  const auto members = family_members(c.g, m, base, key, grad);
+  auto members = family_members(c.g, m, base, key, grad);
+  // An LSE without its sinks while the output has them is the sigmoid form (out·sigmoid(lse −
+  // sink), the LSE kept), not sinks dropped: on the lse stage the two are the same numbers, the
+  // output tells them apart.
+  if (st == "lse" && !base.sinks.empty()) {
+    int outs = 0, passed = 0;
+    for (const auto& r : c.rep.rows)
+      if (r.call == c.call && (r.row.tensor == "out.attn" || r.row.tensor == "out.local")) {
+        ++outs;
+        passed += r.row.pass;
+      }
+    if (outs > 0 && passed == outs)
+      std::stable_partition(members.begin(), members.end(),
+                            [](const auto& x) { return !x.second.sink_in_lse; });
+  }
   for (const auto& [desc, var] : members)
     if (reproduces(ev, values, var))
       return fmt::format(

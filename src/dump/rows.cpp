@@ -275,9 +275,10 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
       const auto [first, last] = visible_keys(v, a, b, row.token);
       lo[static_cast<std::size_t>(i)] = first;
       lim[static_cast<std::size_t>(i)] = last;
-      doc_end[static_cast<std::size_t>(i)] = b;
-      k0 = std::min(k0, a);
-      k1 = std::max(k1, v.cap_after_mask ? b : lim[static_cast<std::size_t>(i)]);
+      doc_end[static_cast<std::size_t>(i)] = v.cap_after_mask == 2 ? g.S : b;
+      k0 = std::min(k0, v.cap_after_mask == 2 ? std::int64_t{0} : a);
+      k1 = std::max(k1, v.cap_after_mask ? doc_end[static_cast<std::size_t>(i)]
+                                         : lim[static_cast<std::size_t>(i)]);
       c_.read_local("q.local", g.H, row.token, row.head, Q.row(i).data());
       if (bwd) c_.read_local("grad.out.local", g.H, row.token, row.head, dO.row(i).data());
     }
@@ -301,7 +302,7 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
     // Capping after the mask (a variant): a hidden key of the document scores cap·tanh(−∞) =
     // −cap and keeps a weight; its score is a constant (no gradient through it).
     const auto capped_hidden = [&](std::int64_t i, std::int64_t j) {
-      return v.cap_after_mask && !visible(i, j) && j < doc_end[static_cast<std::size_t>(i)];
+      return v.cap_after_mask > 0 && !visible(i, j) && j < doc_end[static_cast<std::size_t>(i)];
     };
     for (std::int64_t j0 = k0; j0 < k1; j0 += chunk) {
       const std::int64_t c = std::min(chunk, k1 - j0);

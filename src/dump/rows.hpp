@@ -86,8 +86,9 @@ struct attention_variant {
   /// Positions counted from the packed row's start instead of each document's (chunk
   /// boundaries not per document).
   bool positions_from_row = false;
-  /// Capping applied after the mask: the document's hidden keys score −softcap, not −∞.
-  bool cap_after_mask = false;
+  /// Capping applied after the mask: hidden keys score −softcap, not −∞ — 1: the document's
+  /// (a varlen kernel's call), 2: every key of the row (a dense mask over the whole sequence).
+  int cap_after_mask = 0;
   /// A causal key j is visible to query i when j ≤ i + diag (0 correct; −1 hides the diagonal).
   int diag = 0;
   /// Document boundaries (cu_seqlens) the attention uses.
