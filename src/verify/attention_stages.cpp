@@ -150,8 +150,6 @@ bool attention_stages::empty() const {
   return true;
 }
 
-namespace {
-/// The layer of a call named "L<l>.attn" (−1 for another name).
 int layer_of_call(const std::string& name) {
   if (name.size() < 2 || name[0] != 'L') return -1;
   int l = 0;
@@ -160,7 +158,6 @@ int layer_of_call(const std::string& name) {
     l = l * 10 + (name[i] - '0');
   return i > 1 ? l : -1;
 }
-}  // namespace
 
 void attention_stages::write(const std::string& dir) const {
   std::lock_guard lock(mu_);

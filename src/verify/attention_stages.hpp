@@ -21,6 +21,10 @@
 
 namespace seqpar::verify {
 
+/// The layer of an attention call named "L<l>.attn" (or any tag starting "L<l>"); −1 for
+/// another name.
+int layer_of_call(const std::string& name);
+
 /// Every rank's attention stages of one SP step. Thread-safe (ranks record concurrently).
 class attention_stages {
  public:

@@ -211,16 +211,6 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
   return out;
 }
 
-/// The layer of an attention call's tag ("L3.attn" → 3; −1 when it names none).
-int layer_of_tag(const std::string& tag) {
-  if (tag.size() < 2 || tag[0] != 'L') return -1;
-  int l = 0;
-  std::size_t i = 1;
-  for (; i < tag.size() && std::isdigit(static_cast<unsigned char>(tag[i])); ++i)
-    l = l * 10 + (tag[i] - '0');
-  return i > 1 ? l : -1;
-}
-
 /// A tensor [rows, …] as float64 rows [rows, the rest].
 Eigen::MatrixXd host_rows(compute& c, const tensor& x) {
   const auto values = c.to_host(x);
@@ -265,7 +255,7 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
         auto tapped = rs;
         tapped.tap_step = [&opt, k, &c](const std::string& tag, int step, int, const tensor& out,
                                         const tensor& lse) {
-          const int layer = layer_of_tag(tag);
+          const int layer = layer_of_call(tag);
           if (layer < 0) return;
           opt.layers->add(k, layer, fmt::format("ring_out.step{}", step), host_rows(c, out));
           opt.layers->add(k, layer, fmt::format("ring_lse.step{}", step), host_rows(c, lse));
