@@ -1,4 +1,4 @@
-// window_bench: what a sliding window saves `seqpar check` (issue 57): a check of a window-128
+// window_bench: what a sliding window saves `seqpar check`: a check of a window-128
 // model over 8× the tokens against a full-causal check of the same width, in the same run.
 //
 // Scenario: U 2 × R 2 zigzag, Hq 8 / Hkv 2, head_dim 16, hidden 64, 1 layer, float64, one

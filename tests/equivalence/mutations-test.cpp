@@ -569,8 +569,9 @@ TEST(departures, every_bug_of_the_catalogue_is_placed) {
 
 }  // namespace
 
-// ---- today's attention options (issue 57): the mistakes SP code makes with sinks, windows,
-// chunks, capping and bidirectional masks, each caught by check and placed by its departure.
+// ---- today's attention options (docs/attention.md): the mistakes SP code makes with sinks,
+// windows, chunks, capping and bidirectional masks, each caught by check and placed by its
+// departure.
 
 /// The small scenario with a layer's options on.
 scenario with_options(scenario s, std::int64_t window, std::int64_t chunk, bool sinks,

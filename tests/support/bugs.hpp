@@ -278,7 +278,8 @@ class kv_not_repeated_before_all_to_all : public forwarding_compute {
   tensor repeat_heads(const tensor& x, int rep) override;
 };
 
-// ---- today's attention options (issue 57): the mistakes SP code makes with them in public
+// ---- today's attention options (docs/attention.md): the mistakes SP code makes with them in
+// public
 
 /// Sinks dropped: the attention runs without them (a Ulysses wrapper that swallows the keyword
 /// Hugging Face passes them as), and their gradient stays 0.
