@@ -132,6 +132,11 @@ RC_GTEST_PROP(equivalence, attention_options_step_equals_non_sp_in_f64, ()) {
 RC_GTEST_PROP(equivalence, attention_options_f32_step_is_within_the_error_model, ()) {
   auto s = *gens::with_attention(gens::ring_check_scenario());
   s.docs.push_back(16 * s.ring);  // as f32_step_is_within_the_error_model below
+  // A causal window of one key makes the attention the identity: q's and k's gradients are exactly
+  // 0 in float64 and float32 rounding noise in the step, which the normwise model has no scale for
+  // (e.g. --ulysses 2 --heads 2 --kv-heads 1 --head-dim 2 --docs 1,1,16 --seed 1417 --window 1);
+  // float64 (above) draws it.
+  if (s.window == 1 && !s.bidirectional) s.window = 2;
   assert_equivalent(s, dtype::f32);
 }
 
