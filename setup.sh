@@ -128,19 +128,25 @@ case "${1:-}" in
   test)
     meson test -C build --print-errorlogs --num-processes "$jobs"
     # Sanitizers: the CPU reference is the oracle, so it must be free of UB and leaks. The unit
-    # suite and the SP ≡ non-SP properties (the oracle's own code and every step it checks) are
-    # rebuilt at -O1 without debug info, MPI, CUDA or the CLI: only their targets are built, and
-    # the properties run 30 cases each (400 in the optimized build above), to keep CI within
-    # budget. (The layout and mesh properties exercise core's index arithmetic, which the unit
-    # tests run under the sanitizers too.)
+    # suite, the SP ≡ non-SP properties (the oracle's own code and every step it checks) and the
+    # equivalence suite's C++ programs are rebuilt at -O1 without debug info, MPI, CUDA or the
+    # CLI: only their targets are built, and the properties run 30 cases each (400 in the
+    # optimized build above), to keep CI within budget. (The layout and mesh properties exercise
+    # core's index arithmetic, which the unit tests run under the sanitizers too.) This build is
+    # also the x86-64 baseline (-Dcpu=generic: SSE2, no FMA) where the one above is the machine's
+    # own ISA, so that every run tests both.
     if [ ! -f build-asan/build.ninja ]; then
       echo "setup: configuring build-asan"
       meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dgpu=disabled \
-        -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30
+        -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30 -Dcpu=generic
+    elif meson introspect build-asan --buildoptions 2>/dev/null |
+      python3 -c 'import json,sys; sys.exit(0 if any(o["name"]=="cpu" and o["value"]!="generic" for o in json.load(sys.stdin)) else 1)'; then
+      meson configure build-asan -Dcpu=generic >/dev/null
     fi
-    # The tests of suite 'sanitize' (tests/unit, tests/property/meson.build) and their programs.
+    # The tests of suite 'sanitize' (tests/unit, tests/property/meson.build,
+    # tests/equivalence/meson.build) and their programs.
     mapfile -t asan_targets < <(ninja -C build-asan -t targets all |
-      sed -n 's#^\(tests/unit/[^/:]*-test\|tests/property/equivalence-prop\): .*#\1#p')
+      sed -n 's#^\(tests/unit/[^/:]*-test\|tests/property/equivalence-prop\|tests/equivalence/[^/:]*-eq\): .*#\1#p')
     echo "setup: building build-asan (${#asan_targets[@]} test programs)"
     ninja -C build-asan -j "$jobs" "${asan_targets[@]}" >/dev/null
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

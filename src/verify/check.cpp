@@ -31,6 +31,7 @@
 #include "sim/model.hpp"
 #include "sim/sp_setup.hpp"
 #include "trace/flight.hpp"
+#include "verify/check_steps.hpp"
 
 namespace seqpar::verify {
 
@@ -81,8 +82,6 @@ double tolerance_for(const scenario& s, dtype t, std::string* model) {
   return tol;
 }
 
-namespace {
-
 /// The reference's parameters: the same float64 values, as plain named matrices.
 ref::weights as_reference_weights(const model_params<double>& p) {
   ref::weights w;
@@ -90,8 +89,6 @@ ref::weights as_reference_weights(const model_params<double>& p) {
   w.values.assign(p.values.begin(), p.values.end());
   return w;
 }
-
-}  // namespace
 
 ref::batch reference_batch(const scenario& s, const packed_batch& b) {
   ref::batch rb;
@@ -158,17 +155,6 @@ std::span<const double> as_doubles(const mat<T>& m, std::vector<double>& scratch
   }
 }
 
-/// The parameters in the SP step's precision: p64 itself for float64 (no copy), else a cast
-/// kept in `store`.
-template <class T>
-const model_params<T>& params_as(const model_params<double>& p64,
-                                 std::optional<model_params<T>>& store) {
-  if constexpr (std::is_same_v<T, double>)
-    return p64;
-  else
-    return store.emplace(p64.template cast<T>());
-}
-
 /// Whether two matrices have the same shape and the same bits.
 template <class T>
 bool same_bits(const mat<T>& a, const mat<T>& b) {
@@ -196,6 +182,17 @@ std::vector<double> gather_tokens(const collated_batch& cb, const std::vector<ma
   return out;
 }
 
+/// A tensor [rows, …] as float64 rows [rows, the rest].
+Eigen::MatrixXd host_rows(compute& c, const tensor& x) {
+  const auto values = c.to_host(x);
+  const auto rows = x.shape.empty() ? Eigen::Index{0} : static_cast<Eigen::Index>(x.shape[0]);
+  const auto cols = rows > 0 ? static_cast<Eigen::Index>(values.size()) / rows : Eigen::Index{0};
+  using row_major = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  return Eigen::Map<const row_major>(values.data(), rows, cols);
+}
+
+}  // namespace
+
 /// The non-SP step: the independent oracle (sim/reference.hpp) on the unpadded row, as training
 /// without SP sees it. It shares no code with the SP step; the two meet only in add_rows.
 step_output<double> run_reference(const scenario& s, const packed_batch& b,
@@ -211,21 +208,12 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
   return out;
 }
 
-/// A tensor [rows, …] as float64 rows [rows, the rest].
-Eigen::MatrixXd host_rows(compute& c, const tensor& x) {
-  const auto values = c.to_host(x);
-  const auto rows = x.shape.empty() ? Eigen::Index{0} : static_cast<Eigen::Index>(x.shape[0]);
-  const auto cols = rows > 0 ? static_cast<Eigen::Index>(values.size()) / rows : Eigen::Index{0};
-  using row_major = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  return Eigen::Map<const row_major>(values.data(), rows, cols);
-}
-
 /// The SP step of cp rank comm.rank() (the fault wrapper, the seams and the recorder as the
 /// options say).
 template <class T>
 step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
                             const model_params<T>& p, const check_options& opt,
-                            int attention_workers = 1) {
+                            int attention_workers) {
   const int k = comm.rank();
   std::optional<faulty_communicator> faulty;
   communicator* link = &comm;
@@ -275,8 +263,6 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
   }
   return train_step(p, s, rank_input(s, cb, k), env);
 }
-
-}  // namespace
 
 void rethrow_with_note(std::exception_ptr e, const std::string& note) {
   try {
@@ -492,12 +478,16 @@ error_heatmap error_map(std::string title, std::span<const double> got,
   return m;
 }
 
+}  // namespace
+
 /// The document boundaries of the unpadded row (the reference's token order).
 std::vector<double> doc_bounds(const scenario& s) {
   std::vector<double> b{0};
   for (auto d : s.docs) b.push_back(b.back() + static_cast<double>(d));
   return b;
 }
+
+namespace {
 
 /// Head edges along a projection's heads·head_dim axis (q, k, v, gate: the out features; o:
 /// the in features).
@@ -508,6 +498,8 @@ std::vector<double> head_edges(const scenario& s, std::int64_t extent) {
     e.push_back(static_cast<double>(x));
   return e;
 }
+
+}  // namespace
 
 /// The compared rows of a check, from the reference step and every cp rank's SP step (in cp
 /// rank order): shared by the in-process and the distributed checks, so both report the same.
@@ -606,13 +598,6 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
 /// same U samples, one per rank, gradients averaged. Both sides are token-normalised per sample
 /// (each micro-step's loss is its sample's mean over valid tokens), so they agree for any token
 /// budgets. Micro-step `s.micro_step` reuses the step the main rows compared.
-/// One SP-over-DP micro-step: the oracle on its sample and every SP rank's output.
-template <class T>
-struct micro_result {
-  step_output<double> ref;
-  std::vector<step_output<T>> outs;
-};
-
 /// Whether a check of `s` adds the SP-over-DP rows.
 bool wants_sp_over_dp(const scenario& s, const check_options& opt) {
   return s.profile == profile::deepspeed && opt.sp_over_dp && !opt.recorder && s.ulysses > 1;
@@ -669,132 +654,18 @@ void add_sp_over_dp_rows(check_report& rep, const scenario& s, const check_optio
   rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
 }
 
-/// What every check starts from: the report header, the batch, its collation (after the
-/// options' transform, which only the SP side sees) and the float64 parameters.
-struct check_run {
-  check_report rep;
-  packed_batch batch;
-  collated_batch cb;
-  model_params<double> p64;
-
-  check_run(const scenario& s, const check_options& opt)
-      : batch(make_batch(s)),
-        cb(collate(batch, options_of(s))),
-        p64(model_params<double>::init(s)) {
-    rep.scen = s;
-    rep.type = opt.type;
-    rep.isa = sim::cpu_isa();
-    rep.tolerance = tolerance_for(s, opt.type, &rep.error_model);
-    if (opt.transform_collated) opt.transform_collated(cb);
-    rep.warnings = cb.warnings;
-  }
-};
-
-/// What a failing step's rerun records on every rank: each collective with its data, the
-/// layer boundaries and the attention's stages.
-struct step_record {
-  capture_log log;
-  attention_stages stages;
-  layer_trace layers;
-
-  step_record(const scenario& s, const collated_batch& cb, dtype t) : stages(s, cb, t) {}
-  /// `opt` with every recorder pointing here (and no other output).
-  check_options recording(const check_options& opt) {
-    check_options o = opt;
-    o.capture = &log;
-    o.attention = &stages;
-    o.layers = &layers;
-    o.recorder = nullptr;
-    o.flight_dir.clear();
-    o.progress = {};
-    return o;
-  }
-};
-
-/// Names where the step first departs, from every rank's record: the first call whose received
-/// data are not what its senders sent; else the first layer boundary that differs from the
-/// reference's own, and the attention's first differing stage (the dump engine's verdict).
-void judge_departure(check_report& rep, const scenario& s, const packed_batch& batch,
-                     const collated_batch& cb, const model_params<double>& p64,
-                     const check_options& opt, const std::vector<call_capture>& calls,
-                     step_record& rec) {
-  rep.first = first_divergence(
-      calls,
-      [&cb, &s](int k, bool gathered) {
-        return gathered ? ring_rank_tokens(cb, k / s.ulysses) : rank_tokens(cb, k);
-      },
-      cb.original_length);
-  if (rep.first) {
-    // The picture: which tokens each rank received wrong, over the ranks of the call.
-    error_heatmap map(fmt::format("first departure: {} {} — tokens received wrong, per rank",
-                                  rep.first->op, rep.first->tag),
-                      "token", cb.original_length, "rank", s.cp());
-    for (const auto& c : calls)
-      if (c.group == rep.first->group && c.seq == rep.first->call)
-        for (std::int64_t t = 0; t < cb.original_length; ++t) map.add(t, c.rank, 0);
-    for (const auto& [k, t] : rep.first->wrong_tokens) map.add(t, k, 1e3);
-    map.solid = doc_bounds(s);
-    if (!rep.first->wrong_tokens.empty()) rep.heatmaps.insert(rep.heatmaps.begin(), map);
-    return;
-  }
-  auto transport = fmt::format(
-      "all {} collectives of the SP step delivered what their senders sent", calls.size());
-  // Layer by layer against the reference's own boundaries (the oracle, rows in token order).
-  try {
-    const auto rb = reference_batch(s, batch);
-    (void)ref::train_step(s, as_reference_weights(p64), rb, opt.threads,
-                          [&rec](int l, const std::string& st, const ref::matrix& m) {
-                            rec.layers.add(-1, l, st, Eigen::MatrixXd(m));
-                          });
-    const double tol = std::max(rep.tolerance, 1e-10);
-    const bool p2p_ring = s.ring > 1 && s.ring_forward != "allgather";
-    // Each ring step's partial as the correct schedule makes it, from the oracle's q, k, v.
-    if (p2p_ring) add_ring_step_references(rec.layers, ring_step_layout_of(s, rb, cb));
-    if (auto where = first_layer_departure(
-            rec.layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
-            cb.original_length, tol, p2p_ring ? s.ring : 0,
-            [&cb, &s](int k) { return ring_rank_tokens(cb, k / s.ulysses); })) {
-      rep.layer_departure = where->line;
-      transport += "; " + where->line;
-      where->map.solid = doc_bounds(s);
-      rep.heatmaps.insert(rep.heatmaps.begin(), std::move(where->map));
-    } else {
-      transport += "; every layer's boundaries, forward and backward, match the reference's";
-    }
-  } catch (const std::exception&) {
-    // The boundaries are a refinement: without them the attention's verdict still stands.
-  }
-  if (rec.stages.empty()) {
-    rep.departure = transport +
-                    ": it departs in what the ranks compute or hold, not in transport (the "
-                    "attention's stages are recorded for sync Ulysses and ring softmax layers "
-                    "only)";
-    return;
-  }
-  try {
-    const auto v = judge_attention(rec.stages, opt.threads);
-    if (v.first) {
-      rep.attention = v.first;
-      // The first differing stage per rank, before the end results' consequences.
-      // (after the first differing layer stage's map, when there is one)
-      rep.heatmaps.insert(rep.heatmaps.begin() + (rep.layer_departure.empty() ? 0 : 1),
-                          v.heatmaps.begin(), v.heatmaps.end());
-      rep.departure =
-          fmt::format("{}; in attention: call {} first differs at stage {} on ranks {} ({}): {}",
-                      transport, v.first->call_name, v.first->stage,
-                      fmt::join(v.first->ranks, ", "), v.first->where, v.first->diagnosis);
-    } else {
-      rep.departure = fmt::format(
-          "{}, and {} match: it departs outside attention, in what the ranks compute or hold "
-          "(projections, norms, MLP, loss, labels, positions)",
-          transport, v.what);
-    }
-  } catch (const std::exception& e) {
-    rep.departure =
-        fmt::format("{}: it departs in what the ranks compute or hold, not in transport ({})",
-                    transport, e.what());
-  }
+/// What every check starts from (check_steps.hpp).
+check_run::check_run(const scenario& s, const check_options& opt)
+    : batch(make_batch(s)), cb(collate(batch, options_of(s))), p64(model_params<double>::init(s)) {
+  rep.scen = s;
+  rep.type = opt.type;
+  rep.isa = sim::cpu_isa();
+  rep.tolerance = tolerance_for(s, opt.type, &rep.error_model);
+  if (opt.transform_collated) opt.transform_collated(cb);
+  rep.warnings = cb.warnings;
 }
+
+namespace {
 
 /// Reruns the SP step with everything recorded and names where it first departs (the SP step
 /// is deterministic: the same faults and seams hit the same calls).
@@ -867,170 +738,27 @@ check_report run_typed(const scenario& s, const check_options& opt) {
   return rep;
 }
 
-// ---- distributed: one cp rank per process, rows built on rank 0 ----
-
-/// One rank's step output as float64 values (exact for f32 and f64):
-/// [loss, valid_tokens, logits rows, logits cols, embed rows, embed cols, logits…, embed…,
-/// every gradient…] — the same length on every rank (all hold cb.chunk tokens).
-template <class T>
-std::vector<double> pack(const step_output<T>& o) {
-  std::vector<double> v = {o.loss,
-                           static_cast<double>(o.valid_tokens),
-                           static_cast<double>(o.logits.rows()),
-                           static_cast<double>(o.logits.cols()),
-                           static_cast<double>(o.embed_out_grad.rows()),
-                           static_cast<double>(o.embed_out_grad.cols())};
-  auto put = [&v](const mat<T>& m) {
-    for (Eigen::Index i = 0; i < m.size(); ++i) v.push_back(static_cast<double>(m.data()[i]));
-  };
-  put(o.logits);
-  put(o.embed_out_grad);
-  for (const auto& g : o.grads.values) put(g);
-  return v;
-}
-
-/// The inverse of pack; `like` gives the gradient names and shapes.
-template <class T>
-step_output<T> unpack(const double* v, const model_params<T>& like) {
-  step_output<T> o;
-  o.loss = v[0];
-  o.valid_tokens = static_cast<std::int64_t>(v[1]);
-  std::size_t at = 6;
-  auto take = [&](mat<T>& m, Eigen::Index rows, Eigen::Index cols) {
-    m.resize(rows, cols);
-    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<T>(v[at++]);
-  };
-  take(o.logits, static_cast<Eigen::Index>(v[2]), static_cast<Eigen::Index>(v[3]));
-  take(o.embed_out_grad, static_cast<Eigen::Index>(v[4]), static_cast<Eigen::Index>(v[5]));
-  o.grads = like.zeros_like();
-  for (auto& g : o.grads.values) take(g, g.rows(), g.cols());
-  return o;
-}
-
-template <class T>
-check_report run_distributed_typed(communicator& world, const scenario& s,
-                                   const check_options& opt) {
-  const int P = world.world_size(), me = world.rank();
-  if (P != s.cp())
-    fail<config_error>(
-        "the distributed check runs one cp rank per process: {} processes for ulysses={} × "
-        "ring={} = {} cp ranks; launch mpiexec -n {}",
-        P, s.ulysses, s.ring, s.cp(), s.cp());
-  // Every process collates the same batch (deterministic) and keeps its own rank's tokens.
-  auto t0 = std::chrono::steady_clock::now();
-  check_run run(s, opt);
-  auto& [rep, batch, cb, p64] = run;
-  auto say = [&](std::string_view line) {
-    if (opt.progress) opt.progress(line);
-  };
-  std::optional<model_params<T>> cast_store;
-  const auto& p = params_as<T>(p64, cast_store);
-  rep.setup_seconds = seconds_since(t0);
-
-  say(fmt::format("SP step: {} processes (ulysses {} × ring {}), {} tokens each ({})", P, s.ulysses,
-                  s.ring, cb.chunk, dtype_name(opt.type)));
-  t0 = std::chrono::steady_clock::now();
-  const auto mine = pack(sp_rank_step<T>(world, s, cb, p, opt));
-  rep.sp_seconds = seconds_since(t0);
-
-  comm_group all{"check.world", {}};
-  for (int r = 0; r < P; ++r) all.ranks.push_back(r);
-  say("gathering every rank's loss, logits and gradients on rank 0");
-  std::vector<double> gathered(mine.size() * static_cast<std::size_t>(P));
-  world.all_gather(all, mine.data(), static_cast<std::int64_t>(mine.size()), gathered.data(),
-                   dtype::f64, op_info{"check.gather", {}, {}});
-
-  // --profile deepspeed: the other micro-steps (SP rank m's sample on every rank), each SP step
-  // run by every process and gathered to rank 0, which compares SP over DP with DP over the same
-  // samples once all have run.
-  std::map<int, std::vector<step_output<T>>> micro_outs;
-  if (wants_sp_over_dp(s, opt))
-    for (int m = 0; m < s.ulysses; ++m) {
-      if (m == s.micro_step) continue;
-      scenario sm = s;
-      sm.micro_step = m;
-      say(fmt::format("SP over DP: micro-step {} of {} (SP rank {}'s sample)", m + 1, s.ulysses,
-                      m));
-      auto cm = collate(make_batch(sm), options_of(sm));
-      if (opt.transform_collated) opt.transform_collated(cm);
-      const auto part = pack(sp_rank_step<T>(world, sm, cm, p, opt));
-      std::vector<double> all_parts(part.size() * static_cast<std::size_t>(P));
-      world.all_gather(all, part.data(), static_cast<std::int64_t>(part.size()), all_parts.data(),
-                       dtype::f64, op_info{"check.gather.micro", {}, {}});
-      if (me == 0)
-        for (int r = 0; r < P; ++r)
-          micro_outs[m].push_back(unpack(all_parts.data() + r * part.size(), p));
-    }
-
-  std::int32_t verdict = 0;
-  if (me == 0) {
-    std::vector<step_output<T>> outs;
-    for (int r = 0; r < P; ++r) outs.push_back(unpack(gathered.data() + r * mine.size(), p));
-    say(fmt::format("non-SP reference on rank 0: {} tokens (float64, in process)",
-                    cb.original_length));
-    t0 = std::chrono::steady_clock::now();
-    // The others wait for the verdict meanwhile: heartbeats keep their watchdogs informed.
-    world.while_busy(all, [&] {
-      const auto ref = run_reference(s, batch, p64, opt.threads);
-      rep.reference_seconds = seconds_since(t0);
-      t0 = std::chrono::steady_clock::now();
-      double micro_seconds = 0;
-      add_rows(rep, s, cb, ref, outs);
-      if (wants_sp_over_dp(s, opt))
-        add_sp_over_dp_rows<T>(rep, s, opt, p64, ref, outs, [&](const scenario& sm) {
-          const auto t1 = std::chrono::steady_clock::now();
-          const auto b = make_batch(sm);
-          auto r = run_reference(sm, b, p64, opt.threads);
-          micro_seconds += seconds_since(t1);
-          rep.reference_seconds += seconds_since(t1);
-          return micro_result<T>{std::move(r), std::move(micro_outs.at(sm.micro_step))};
-        });
-      rep.compare_seconds = std::max(0.0, seconds_since(t0) - micro_seconds);
-    });
-    verdict = rep.pass ? 1 : 0;
-  }
-  // Every process learns rank 0's verdict (rank 0 contributes it, the others 0).
-  world.all_reduce(all, &verdict, 1, dtype::i32, op_info{"check.verdict", {}, {}});
-  rep.pass = verdict == 1;
-  if (!rep.pass && opt.find_departure) {
-    // Every process reruns its rank's step with everything recorded; the records go to rank 0,
-    // which judges them as the in-process check does.
-    say("first departure: the SP step again, every collective captured with its data");
-    step_record rec(s, cb, opt.type);
-    (void)sp_rank_step<T>(world, s, cb, p, rec.recording(opt));
-    byte_writer w;
-    w.str(pack_calls(rec.log.calls()));
-    w.str(rec.layers.pack());
-    w.str(rec.stages.pack(me));
-    say("gathering every rank's captured calls, layer boundaries and attention stages on rank 0");
-    const auto records = gather_to_first(world, all, w.bytes(), "check.departure");
-    if (me == 0)
-      world.while_busy(all, [&] {
-        step_record merged(s, cb, opt.type);
-        std::vector<call_capture> calls;
-        for (const auto& m : records) {
-          byte_reader r(m);
-          for (auto& c : unpack_calls(r.str())) calls.push_back(std::move(c));
-          merged.layers.merge(r.str());
-          merged.stages.merge(r.str());
-        }
-        judge_departure(rep, s, batch, cb, p64, opt, calls, merged);
-      });
-    world.barrier(all, op_info{"check.departure.done", {}, {}});
-  }
-  return rep;
-}
-
 }  // namespace
 
-check_report run_check_distributed(communicator& world, const scenario& s,
-                                   const check_options& opt) {
-  validate(s);
-  if (opt.type == dtype::f64) return run_distributed_typed<double>(world, s, opt);
-  if (opt.type == dtype::f32) return run_distributed_typed<float>(world, s, opt);
-  fail<config_error>("the CPU reference checks float64 or float32, not {}; use --dtype f64|f32",
-                     dtype_name(opt.type));
-}
+template step_output<double> sp_rank_step<double>(communicator&, const scenario&,
+                                                  const collated_batch&,
+                                                  const model_params<double>&, const check_options&,
+                                                  int);
+template step_output<float> sp_rank_step<float>(communicator&, const scenario&,
+                                                const collated_batch&, const model_params<float>&,
+                                                const check_options&, int);
+template void add_rows<double>(check_report&, const scenario&, const collated_batch&,
+                               const step_output<double>&, const std::vector<step_output<double>>&);
+template void add_rows<float>(check_report&, const scenario&, const collated_batch&,
+                              const step_output<double>&, const std::vector<step_output<float>>&);
+template void add_sp_over_dp_rows<double>(
+    check_report&, const scenario&, const check_options&, const model_params<double>&,
+    const step_output<double>&, const std::vector<step_output<double>>&,
+    const std::function<micro_result<double>(const scenario&)>&);
+template void add_sp_over_dp_rows<float>(
+    check_report&, const scenario&, const check_options&, const model_params<double>&,
+    const step_output<double>&, const std::vector<step_output<float>>&,
+    const std::function<micro_result<float>(const scenario&)>&);
 
 check_report run_check(const scenario& s, const check_options& opt) {
   validate(s);

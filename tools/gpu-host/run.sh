@@ -11,7 +11,7 @@
 #     --bundle    the folder pack.sh made (default: gpu-bundle)
 #     --out       results folder (default: gpu-results-<date>; must not exist or be empty)
 #     --steps     comma list of: build,test,validate,sanitize,bench,sdpa,scale (default: all)
-#     --prebuilt  a build folder made elsewhere (-Dcpu=portable) to use when the build fails
+#     --prebuilt  a build folder made elsewhere (-Dcpu=generic) to use when the build fails
 #     --threads   thread counts of the scaling step (default 1,2,4,8,16)
 # Exit status: 0 when every step passed, 1 when one failed, 2 on a usage error.
 set -uo pipefail

@@ -31,8 +31,9 @@ def main(argv=None):
     c.add_argument("--progress", type=float, default=10.0,
                    help="seconds between progress lines (0: none)")
     for p in (r, c):
-        p.add_argument("--seqpar", default=None, help="the seqpar binary (default: $SEQPAR, "
-                       "PATH, the checkout's build/tools/seqpar)")
+        p.add_argument("--seqpar", default=None, help="the seqpar binary (default: the one "
+                       "installed with this package, $SEQPAR, PATH, the checkout's "
+                       "build/tools/seqpar)")
         p.add_argument("--deadline", type=float, default=30.0,
                        help="seconds per example before it counts as a hang")
         p.add_argument("--keep", default=None, help="directory for the failing example's dump")

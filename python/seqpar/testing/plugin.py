@@ -13,6 +13,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     if config.getoption("--seqpar"):
-        os.environ["SEQPAR"] = os.path.abspath(config.getoption("--seqpar"))
+        from . import scenario
+        scenario.explicit_binary = os.path.abspath(config.getoption("--seqpar"))
     if config.getoption("--seqpar-examples"):
         os.environ["SEQPAR_TESTING_EXAMPLES"] = str(config.getoption("--seqpar-examples"))

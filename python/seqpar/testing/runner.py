@@ -11,7 +11,7 @@ import time
 
 from .impl_ref import reference_of, resolve
 from .pool import RankPool
-from .scenario import LayoutRefused, find_seqpar, layout
+from .scenario import LayoutRefused, find_seqpar, layout, wheel_binary
 
 
 class Outcome(object):
@@ -211,11 +211,14 @@ class Runner(object):
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(seqpar.__file__)))
         if "site-packages" not in pkg_parent and "dist-packages" not in pkg_parent:
             env.append("PYTHONPATH=%s" % shlex.quote(pkg_parent))
-        if shutil.which("seqpar") != self.seqpar:
-            env.append("SEQPAR=%s" % shlex.quote(self.seqpar))
+        # The re-run finds the same binary by itself when it is this package's own or the first
+        # on PATH; otherwise it is named (--seqpar comes before the wheel's binary and $SEQPAR).
+        found = wheel_binary() or shutil.which("seqpar")
+        binary = [] if found and os.path.realpath(found) == os.path.realpath(self.seqpar) else [
+            "--seqpar", shlex.quote(self.seqpar)]
         return " ".join(env + [shlex.quote(sys.executable), "-m", "seqpar.testing", "run",
                                shlex.quote(self.impl_ref), "--scenario",
-                               shlex.quote(scn.to_json())])
+                               shlex.quote(scn.to_json())] + binary)
 
     def report(self, scn, out):
         lines = ["%s: %s" % (self.name, out.summary),

@@ -24,10 +24,35 @@ class SeqparNotFound(Exception):
     pass
 
 
+# The binary named by pytest's --seqpar (plugin.py): explicit, like find_seqpar's argument.
+explicit_binary = None
+
+
+def wheel_binary():
+    """The seqpar binary installed with this very package (a wheel puts it in the environment's
+    scripts directory), or None when this package does not come from an installed wheel (a
+    checkout on PYTHONPATH, or another installation of seqpar than this file's)."""
+    try:
+        from importlib import metadata
+        dist = metadata.distribution("seqpar")
+        here = os.path.realpath(__file__)
+        if os.path.realpath(str(dist.locate_file("seqpar/testing/scenario.py"))) != here:
+            return None
+        for f in dist.files or ():
+            if f.name == "seqpar" and "bin" in f.parts:
+                path = str(dist.locate_file(f))
+                if os.path.isfile(path) and os.access(path, os.X_OK):
+                    return os.path.realpath(path)
+    except Exception:  # no metadata, or metadata of another kind: not a wheel installation
+        return None
+    return None
+
+
 def find_seqpar(explicit=None):
-    """The seqpar binary: `explicit`, $SEQPAR, `seqpar` on PATH, or the checkout's
-    build/tools/seqpar beside this package."""
-    cands = [explicit, os.environ.get("SEQPAR"), shutil.which("seqpar"),
+    """The seqpar binary: `explicit` (or pytest's --seqpar), the binary of this package's own
+    wheel, $SEQPAR, `seqpar` on PATH, or the checkout's build/tools/seqpar beside this package."""
+    cands = [explicit, explicit_binary, wheel_binary(), os.environ.get("SEQPAR"),
+             shutil.which("seqpar"),
              os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "build",
                           "tools", "seqpar")]
     for c in cands:
@@ -35,8 +60,8 @@ def find_seqpar(explicit=None):
             return os.path.abspath(c)
     raise SeqparNotFound(
         "seqpar.testing needs the seqpar binary to lay out and judge examples, and found none: "
-        "build it (./setup.sh in the checkout: build/tools/seqpar), put it on PATH, or set "
-        "SEQPAR=/path/to/seqpar")
+        "install the wheel (pip install seqpar, or pip install . in a checkout), build it "
+        "(./setup.sh in the checkout: build/tools/seqpar), or set SEQPAR=/path/to/seqpar")
 
 
 @dataclasses.dataclass(frozen=True)
