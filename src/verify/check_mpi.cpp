@@ -61,11 +61,23 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     mpi::mpi_session::abort_world(e.what(), 2);
   }
   if (me == 0 && opt.progress) {
-    std::vector<std::string> pids;
-    for (int r = 0; r < P; ++r)
-      pids.push_back(fmt::format("{}:{}", r, flags[2 * static_cast<std::size_t>(r) + 1]));
-    opt.progress(
-        fmt::format("{} processes on {} (rank:pid {})", P, session.host(), fmt::join(pids, " ")));
+    // Each rank's host as the communicator's endpoint exchange learnt it, hosts in the order of
+    // their first rank: "6 processes on 3 hosts: a (rank:pid 0:1510 1:1513), b (…), c (…)".
+    std::vector<std::pair<std::string, std::vector<std::string>>> by_host;
+    for (int r = 0; r < P; ++r) {
+      const auto& h = world.host_of(r);
+      auto it = std::find_if(by_host.begin(), by_host.end(),
+                             [&h](const auto& e) { return e.first == h; });
+      if (it == by_host.end()) it = by_host.insert(by_host.end(), {h, {}});
+      it->second.push_back(fmt::format("{}:{}", r, flags[2 * static_cast<std::size_t>(r) + 1]));
+    }
+    std::vector<std::string> parts;
+    for (const auto& [h, pids] : by_host)
+      parts.push_back(fmt::format("{} (rank:pid {})", h, fmt::join(pids, " ")));
+    opt.progress(by_host.size() == 1
+                     ? fmt::format("{} processes on {}", P, parts.front())
+                     : fmt::format("{} processes on {} hosts: {}", P, by_host.size(),
+                                   fmt::join(parts, ", ")));
   }
   for (int r = 0; r < P; ++r) {
     if (!flags[2 * static_cast<std::size_t>(r)]) continue;

@@ -42,7 +42,7 @@ args = netfaults.scenario(NP)
 with TestHosts(4) as hosts:
     # 1. The same report across hosts.
     before = [hosts.tx_bytes(h) for h in range(4)]
-    mpi = subprocess.run(hosts.mpiexec(NP, [seqpar, "check", "--backend", "mpi", "--json", "-q",
+    mpi = subprocess.run(hosts.mpiexec(NP, [seqpar, "check", "--backend", "mpi", "--json",
                                             *args]), capture_output=True, text=True, timeout=300)
     sim = subprocess.run([seqpar, "check", "--backend", "sim", "--json", "-q", *args],
                          capture_output=True, text=True, timeout=300)
@@ -66,6 +66,11 @@ with TestHosts(4) as hosts:
         check(all(a[k] == b[k] for k in keys) and len(a["rows"]) >= 10,
               f"the report across hosts equals the one-process report bitwise ({len(a['rows'])} rows)")
         check(min(moved) > 100_000, f"every host's link carried the job's traffic: {moved} bytes")
+    # The start line names each rank's host (ranks go round-robin: host h holds h, h + 4).
+    start = next((l for l in lines if "processes on" in l), "")
+    want = [f"{hosts.names[h]} (rank:pid {h}:" for h in range(4)]
+    check(f"{NP} processes on 4 hosts: " in start and all(w in start for w in want),
+          f"the start line names each rank's host: {start[:300]}")
     # 2. One network fault, at a random host.
     victim = random.randrange(4)
     row = netfaults.run_one(hosts, NP, failing, seqpar, "cut", "before-a2a", victim,
