@@ -7,9 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-packages=(meson ninja-build pkg-config g++ cmake python3-pip libeigen3-dev libfmt-dev libgtest-dev
-          librapidcheck-dev libboost-context-dev libmpich-dev mpich nlohmann-json3-dev libcli11-dev clang clang-format
-          libclang-rt-14-dev python3 zlib1g-dev)
+# What the CLI needs (all `./setup.sh run` installs: the main job in minutes on a bare machine);
+# then what the rest of the build needs: the tests (GoogleTest, RapidCheck, cmake to find it),
+# the MPI backend (MPICH), the format test and the fuzzers (clang).
+packages=(meson ninja-build pkg-config g++ python3 libeigen3-dev libfmt-dev libboost-context-dev
+          nlohmann-json3-dev libcli11-dev zlib1g-dev)
+[ "${1:-}" = run ] || packages+=(cmake python3-pip libgtest-dev librapidcheck-dev libmpich-dev mpich
+                                 clang clang-format libclang-rt-14-dev)
 # The PyTorch side's tests (tests/python, the live torch jobs) run in the project venv (.venv,
 # below); Debian's python3-venv makes it, Chromium renders the HTML reports.
 # iproute2 (ip netns, tc) and util-linux (unshare) make the test hosts of tests/mpi/hosts-test.py.
@@ -80,12 +84,15 @@ configure() {  # dir, ninja target ('' = all), extra meson args…
 if [ "${1:-}" = run ]; then
   gpu=disabled
   gpu_wanted && gpu=auto
+  [ -f build/build.ninja ] || { mkdir -p build && touch build/.configured-for-run; }
   configure build tools/seqpar -Dgpu=$gpu
 else
-  # A build configured by `./setup.sh run` without the CUDA backend gets it back here.
-  if [ -f build/build.ninja ] && meson introspect build --buildoptions 2>/dev/null |
-    python3 -c 'import json,sys; sys.exit(0 if any(o["name"]=="gpu" and o["value"]=="disabled" for o in json.load(sys.stdin)) else 1)'; then
-    meson configure build -Dgpu=auto >/dev/null
+  # A build configured by `./setup.sh run` (the CLI's packages only, no CUDA backend) is
+  # configured again: the tests, MPI and CUDA are found now.
+  if [ -f build/.configured-for-run ]; then
+    echo "setup: configuring build again (tests, MPI and CUDA, after ./setup.sh run)"
+    meson setup --reconfigure build -Dgpu=auto >/dev/null
+    rm -f build/.configured-for-run
   fi
   configure build ""
 fi

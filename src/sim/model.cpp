@@ -424,21 +424,18 @@ std::vector<std::pair<Eigen::Index, Eigen::Index>> ops::tile_rows(Eigen::Index n
   return out;
 }
 
-// One function of ~340 lines on purpose: the forward saves per layer what the backward reads
-// (norm statistics, q/k/v, the attention's saved state, the MLP tiles), and the collectives of
-// the backward must be issued in exactly the reverse order of the forward's on every rank; the
-// step reads top to bottom as it runs (forward, loss, backward, gradient sync), each sub-layer a
-// call into core (ulysses, ring_attention, linear_attention) or an ops:: helper.
+/// Checks a step's inputs before anything is built from them: the model's sizes, the
+/// parameters against the scenario's, one label and position per token, the seams set, and
+/// the Ulysses config (defaults filled in from the scenario) with this rank in every group.
 template <class T>
-step_output<T> train_step(const model_params<T>& p, const scenario& s, const rank_tokens_input& in,
-                          sp_env& env) {
+ulysses_config checked_step_inputs(const model_params<T>& p, const scenario& s,
+                                   const rank_tokens_input& in, const sp_env& env) {
   check_model_sizes(s);
   if (env.comm == nullptr || env.comp == nullptr || !env.make_inner)
     fail<config_error>(
         "model: sp_env needs comm, comp and make_inner (got comm={}, comp={}, "
         "make_inner={})",
         env.comm != nullptr, env.comp != nullptr, static_cast<bool>(env.make_inner));
-  const auto n = static_cast<Eigen::Index>(in.input_ids.size());
   if (in.labels.size() != in.input_ids.size() || in.positions.size() != in.input_ids.size())
     fail<shape_error>("model: {} input_ids, {} labels and {} positions; one of each per token",
                       in.input_ids.size(), in.labels.size(), in.positions.size());
@@ -454,7 +451,6 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
                          specs[i].rows, specs[i].cols);
 
   communicator& comm = *env.comm;
-  compute& comp = *env.comp;
   ulysses_config ucfg = env.ulysses;
   if (ucfg.heads == 0) ucfg.heads = s.heads;
   if (ucfg.kv_heads == 0) ucfg.kv_heads = s.kv_heads;
@@ -468,148 +464,247 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
   check_member(comm, env.loss_group, "loss");
   check_member(comm, env.fsdp_group, "fsdp");
   if (env.sp_grad_sync_group) check_member(comm, *env.sp_grad_sync_group, "sp_grad_sync");
+  return ucfg;
+}
 
-  const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
-  const int Hk = s.linear_k_heads, Hv = s.linear_v_heads;
-  const std::int64_t Kl = std::int64_t{Hk} * s.linear_k_dim, Vl = std::int64_t{Hv} * s.linear_v_dim;
-  const gdn_config gcfg = gdn_config_of(s, ucfg.group);
-  const std::span<const std::int64_t> ids(in.input_ids), labels(in.labels), pos(in.positions);
-  const std::span<const std::int64_t> gpos(env.ulysses_positions);
-  if (env.async_ulysses && s.has_softmax_layers() &&
-      static_cast<std::int64_t>(gpos.size()) != std::int64_t{ucfg.group.size()} * n)
-    fail<config_error>(
-        "model: async ulysses needs the positions of the {} gathered rows (sp_env."
-        "ulysses_positions), got {}",
-        std::int64_t{ucfg.group.size()} * n, gpos.size());
+/// One rank's training step, its stages as functions: each layer's forward (the attention
+/// sub-layer, softmax or GatedDeltaNet, then the MLP) saves in its layer_cache what its backward
+/// reads, and the backward runs the layers in reverse, so that every rank issues the
+/// collectives of the backward in exactly the reverse order of the forward's. Each sub-layer is
+/// a call into core (ulysses, ring_attention, linear_attention) or an ops:: helper; `run` reads
+/// top to bottom as the step runs (forward, loss, backward, gradient sync).
+template <class T>
+class rank_step {
+ public:
+  rank_step(const model_params<T>& p_, const scenario& s_, const rank_tokens_input& in,
+            sp_env& env_)
+      : p(p_),
+        s(s_),
+        env(env_),
+        ucfg(checked_step_inputs(p_, s_, in, env_)),
+        comm(*env_.comm),
+        comp(*env_.comp),
+        n(static_cast<Eigen::Index>(in.input_ids.size())),
+        gcfg(gdn_config_of(s_, ucfg.group)),
+        ids(in.input_ids),
+        labels(in.labels),
+        pos(in.positions),
+        gpos(env_.ulysses_positions),
+        gr(p_),
+        tiles(ops::tile_rows(n, s_.tiles)),
+        u_index(ucfg.group.index_of(comm.rank())),
+        heads_here(H / ucfg.group.size()),
+        tap_scale(shifts_whole_row(env_.profile) && env_.loss_group.size() > 1
+                      ? 1.0 / static_cast<double>(env_.loss_group.size())
+                      : 1.0) {
+    if (env.async_ulysses && s.has_softmax_layers() &&
+        static_cast<std::int64_t>(gpos.size()) != std::int64_t{ucfg.group.size()} * n)
+      fail<config_error>(
+          "model: async ulysses needs the positions of the {} gathered rows (sp_env."
+          "ulysses_positions), got {}",
+          std::int64_t{ucfg.group.size()} * n, gpos.size());
+  }
 
-  step_output<T> out;
-  grad_set<T> gr(p);
-  const auto L = [](int l, const char* what) { return fmt::format("L{}.{}", l, what); };
-  const auto tiles = ops::tile_rows(n, s.tiles);
-  // Each softmax layer's attention, with its options and the sinks of the query heads this
-  // rank holds after the all-to-all (Ulysses member u: heads [u·H/U, (u+1)·H/U)).
-  const int u_index = ucfg.group.index_of(comm.rank());
-  const int heads_here = H / ucfg.group.size();
-  const auto make_inner = [&](int l) {
-    layer_attention la;
-    la.options = s.attention_of(l);
-    if (la.options.sinks) {
-      const auto& w = p[L(l, "sinks")];
-      for (int h = 0; h < heads_here; ++h)
-        la.sinks.push_back(static_cast<double>(w(0, u_index * heads_here + h)));
+  step_output<T> run() {
+    // Forward.
+    mat<T> x = ops::embedding_fwd(p["embed"], ids);
+    std::vector<layer_cache<T>> caches(static_cast<std::size_t>(s.layers));
+    for (int l = 0; l < s.layers; ++l) x = layer_forward(l, caches[static_cast<std::size_t>(l)], x);
+    col<T> r_final;
+    const mat<T> final_normed = ops::rms_norm_fwd(x, p["final_norm"], r_final);
+
+    // Logits and the local cross-entropy sum (tiled: tile by tile, like ALST's tiled loss; the
+    // logits are still returned for the comparison, the backward recomputes them per tile).
+    std::int64_t n_local = 0;
+    double ce_sum = 0;
+    if (tiles.size() > 1) {
+      out.logits.resize(n, s.vocab);
+      for (const auto& [b, len] : tiles) {
+        out.logits.middleRows(b, len) =
+            ops::linear_fwd(mat<T>(final_normed.middleRows(b, len)), p["lm_head"]);
+        std::int64_t valid = 0;
+        ce_sum += ops::cross_entropy_fwd(
+            mat<T>(out.logits.middleRows(b, len)),
+            labels.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(len)), valid);
+        n_local += valid;
+      }
+    } else {
+      out.logits = ops::linear_fwd(final_normed, p["lm_head"]);
+      ce_sum = ops::cross_entropy_fwd(out.logits, labels, n_local);
     }
-    auto inner = env.make_inner(comp, la);
-    if (!inner) fail<config_error>("model: make_inner returned no attention");
-    return inner;
-  };
 
-  // The backward's taps are of the global loss: VeOmni's ∂L/∂ℓ factor P divided out.
-  const double tap_scale = shifts_whole_row(env.profile) && env.loss_group.size() > 1
-                               ? 1.0 / static_cast<double>(env.loss_group.size())
-                               : 1.0;
-  const auto tap = [&env](int l, const char* stage, const mat<T>& rows, double scale = 1.0) {
-    if (env.tap_layer) env.tap_layer(l, stage, rows.template cast<double>() * scale);
-  };
-  const auto tap_grad = [&](int l, const char* stage, const mat<T>& rows) {
-    tap(l, stage, rows, tap_scale);
-  };
-  const auto tap_heads = [&](int l, const char* stage, const tensor& t, std::int64_t width,
-                             bool grad) {
-    if (env.tap_layer) tap(l, stage, from_tensor<T>(comp, t, n, width), grad ? tap_scale : 1.0);
-  };
+    // Loss (SEMANTICS.md §5).
+    const bool reduce_loss = env.loss_group.size() > 1;
+    std::int64_t n_global = n_local;
+    if (reduce_loss)
+      comm.all_reduce(env.loss_group, &n_global, 1, dtype::i64, {"loss.valid_tokens", {1}, {1}});
+    out.valid_tokens = n_global;
+    const double denom = static_cast<double>(std::max<std::int64_t>(n_global, 1));
+    double contribution = 0, coef = 0;
+    if (env.profile == seqpar::profile::xorl) {
+      contribution = ce_sum;
+      coef = 1.0 / denom;
+    } else {
+      // VeOmni ReduceLoss, DeepSpeed ALST's weighted all_gather of rank losses: ℓ = s/n (0
+      // without valid tokens, as ALST's logits.sum()·0); L = Σ ℓ·n / max(N, 1);
+      // ∂L/∂ℓ = P·n/max(N, 1) and ∂ℓ/∂logits = (softmax − onehot)/n.
+      const double ell = n_local > 0 ? ce_sum / static_cast<double>(n_local) : 0.0;
+      contribution = ell * static_cast<double>(n_local);
+      const double P = static_cast<double>(env.loss_group.size());
+      const double dl_dell = P * static_cast<double>(n_local) / denom;
+      coef = n_local > 0 ? dl_dell / static_cast<double>(n_local) : 0.0;
+    }
+    double loss_sum = contribution;
+    if (reduce_loss)
+      comm.all_reduce(env.loss_group, &loss_sum, 1, dtype::f64, {"loss.sum", {1}, {1}});
+    out.loss = loss_sum / denom;
 
-  // Forward.
-  mat<T> x = ops::embedding_fwd(p["embed"], ids);
-  std::vector<layer_cache<T>> caches(static_cast<std::size_t>(s.layers));
-  for (int l = 0; l < s.layers; ++l) {
-    auto& c = caches[static_cast<std::size_t>(l)];
+    // Backward.
+    mat<T> dfinal;
+    if (tiles.size() > 1) {
+      dfinal.resize(n, s.hidden);
+      for (const auto& [b, len] : tiles) {
+        const mat<T> rows = final_normed.middleRows(b, len);
+        const mat<T> logits = ops::linear_fwd(rows, p["lm_head"]);  // recomputed
+        const mat<T> dlogits = ops::cross_entropy_bwd(
+            logits, labels.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(len)),
+            coef);
+        dfinal.middleRows(b, len) = ops::linear_bwd(rows, p["lm_head"], dlogits, gr["lm_head"]);
+      }
+    } else {
+      const mat<T> dlogits = ops::cross_entropy_bwd(out.logits, labels, coef);
+      dfinal = ops::linear_bwd(final_normed, p["lm_head"], dlogits, gr["lm_head"]);
+    }
+    mat<T> dx = ops::rms_norm_bwd(x, p["final_norm"], r_final, dfinal, gr["final_norm"]);
+    for (int l = s.layers - 1; l >= 0; --l)
+      dx = layer_backward(l, caches[static_cast<std::size_t>(l)], dx);
+    ops::embedding_bwd(dx, ids, gr["embed"]);
+    out.embed_out_grad = std::move(dx);
+    if (shifts_whole_row(env.profile) && env.loss_group.size() > 1)
+      out.embed_out_grad /= static_cast<T>(env.loss_group.size());  // undo the ∂L/∂ℓ factor P
+
+    // Gradient sync: the flat buffer, parameters in their fixed order, one reduction each.
+    const std::span<T> flat = gr.flat();
+    const auto total = static_cast<std::int64_t>(flat.size());
+    const auto reduce = [&](const comm_group& g, double divide, const char* tag) {
+      if (g.size() > 1)
+        comm.all_reduce(g, flat.data(), total, dtype_of<T>(), {tag, {total}, {total}});
+      if (divide != 1.0) {
+        const T inv = static_cast<T>(divide);
+        for (auto& e : flat) e /= inv;
+      }
+    };
+    reduce(env.fsdp_group, env.fsdp_divide, "grad.fsdp");
+    if (env.sp_grad_sync_group) reduce(*env.sp_grad_sync_group, 1.0, "grad.sp_sync");
+    out.grads = gr.take();
+    return out;
+  }
+
+ private:
+  static std::string L(int l, const char* what) { return fmt::format("L{}.{}", l, what); }
+
+  // ---- forward
+
+  mat<T> layer_forward(int l, layer_cache<T>& c, const mat<T>& x) {
     c.x_in = x;
     c.attn_normed = ops::rms_norm_fwd(x, p[L(l, "attn_norm")], c.r_attn);
     tap(l, "attn_norm", c.attn_normed);
-    if (s.layer_is_linear(l)) {
-      // GatedDeltaNet (core/linear_attention): projections here, the SP path in core.
-      const auto K = Kl, V = Vl;
-      const mat<T> mixed = ops::linear_fwd(c.attn_normed, p[L(l, "in_qkv")]);
-      const mat<T> z = ops::linear_fwd(c.attn_normed, p[L(l, "in_z")]);
-      const mat<T> b = ops::linear_fwd(c.attn_normed, p[L(l, "in_b")]);
-      const mat<T> a = ops::linear_fwd(c.attn_normed, p[L(l, "in_a")]);
-      c.gdn_w.conv = as_tensor(comp, p[L(l, "conv")], {2 * K + V, s.conv_kernel});
-      c.gdn_w.A_log = as_tensor(comp, p[L(l, "A_log")], {Hv});
-      c.gdn_w.dt_bias = as_tensor(comp, p[L(l, "dt_bias")], {Hv});
-      c.gdn_w.norm = as_tensor(comp, p[L(l, "gdn_norm")], {s.linear_v_dim});
-      const tensor y =
-          gdn_forward(comm, comp, gcfg, env.linear_docs, c.gdn_w,
-                      to_tensor(comp, mat<T>(mixed.leftCols(K)), Hk, s.linear_k_dim),
-                      to_tensor(comp, mat<T>(mixed.middleCols(K, K)), Hk, s.linear_k_dim),
-                      to_tensor(comp, mat<T>(mixed.rightCols(V)), Hv, s.linear_v_dim),
-                      to_tensor(comp, z, Hv, s.linear_v_dim), to_tensor(comp, b, Hv, 1),
-                      to_tensor(comp, a, Hv, 1), c.gdn, L(l, "gdn"));
-      c.attn_out = from_tensor<T>(comp, y, n, V);
-      tap(l, "attn", c.attn_out);
-      c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "out_proj")]);
-    } else {
-      const auto proj = [&](const char* w, const char* b) {
-        return projection(comp, p, c.attn_normed, L(l, w), L(l, b), s.qkv_bias);
-      };
-      tensor o;
-      if (!env.async_ulysses) {
-        c.q_pre = proj("wq", "bq");
-        c.k_pre = proj("wk", "bk");
-        const mat<T> v = proj("wv", "bv");
-        tap(l, "q_proj", c.q_pre);
-        tap(l, "k_proj", c.k_pre);
-        tap(l, "v", v);
-        const mat<T> q = ops::rope_fwd(
-            s.qk_norm ? qk_norm_fwd(comp, s, p, l, "q", c.q_pre, H, c.r_q) : c.q_pre, H, D, pos);
-        const mat<T> k = ops::rope_fwd(
-            s.qk_norm ? qk_norm_fwd(comp, s, p, l, "k", c.k_pre, Hkv, c.r_k) : c.k_pre, Hkv, D,
-            pos);
-        tap(l, "q", q);
-        tap(l, "k", k);
-        const tensor qt = to_tensor(comp, q, H, D), kt = to_tensor(comp, k, Hkv, D),
-                     vt = to_tensor(comp, v, Hkv, D);
-        if (env.tap_attention) {
-          env.tap_attention(L(l, "attn"), "q.local", qt);
-          env.tap_attention(L(l, "attn"), "k.local", kt);
-          env.tap_attention(L(l, "attn"), "v.local", vt);
-        }
-        c.inner = make_inner(l);
-        if (env.tap_attention && s.sinks)  // every head's sink logit ("sinks" [H])
-          env.tap_attention(L(l, "attn"), "sinks", as_tensor(comp, p[L(l, "sinks")], {H}));
-        o = ulysses_forward(comm, comp, ucfg, *c.inner, qt, kt, vt, c.saved, L(l, "attn"));
-        if (env.tap_attention) env.tap_attention(L(l, "attn"), "out.local", o);
-      } else {
-        // Async Ulysses (VeOmni's order): q, k, v projected one by one, each overlapping the
-        // previous all-to-all; q/k norm and RoPE on the gathered rows.
-        ulysses_async_hooks hooks;
-        const auto projected = [&](const char* w, const char* b, const char* stage, int heads) {
-          const mat<T> y = proj(w, b);
-          tap(l, stage, y);
-          return to_tensor(comp, y, heads, D);
-        };
-        hooks.project_q = [&] { return projected("wq", "bq", "q_proj", H); };
-        hooks.project_k = [&] { return projected("wk", "bk", "k_proj", Hkv); };
-        hooks.project_v = [&] { return projected("wv", "bv", "v", Hkv); };
-        hooks.post_q = [&](const tensor& x) {
-          return async_post(comp, s, p, l, "q", x, c.q_gathered, gpos);
-        };
-        hooks.post_k = [&](const tensor& x) {
-          return async_post(comp, s, p, l, "k", x, c.k_gathered, gpos);
-        };
-        c.inner = make_inner(l);
-        o = ulysses_async_forward(comm, comp, ucfg, *c.inner, hooks, c.async_saved, 0,
-                                  L(l, "attn"));
-      }
-      c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
-      tap(l, "attn", c.attn_out);
-      if (s.output_gate) {  // Qwen3.5: attention output ∘ sigmoid(a·wg), per token (local)
-        c.attn_raw = c.attn_out;
-        c.gate_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wg")]);
-        c.attn_out = c.attn_raw.cwiseProduct(sigmoid_of(c.gate_pre));
-      }
-      c.x_mid = x + projection(comp, p, c.attn_out, L(l, "wo"), L(l, "bo"), s.o_bias);
-    }
+    if (s.layer_is_linear(l))
+      gdn_forward_sublayer(l, c, x);
+    else
+      softmax_forward_sublayer(l, c, x);
     tap(l, "x_mid", c.x_mid);
+    return mlp_forward(l, c);
+  }
+
+  /// GatedDeltaNet (core/linear_attention): projections here, the SP path in core; sets c.x_mid.
+  void gdn_forward_sublayer(int l, layer_cache<T>& c, const mat<T>& x) {
+    const auto K = Kl, V = Vl;
+    const mat<T> mixed = ops::linear_fwd(c.attn_normed, p[L(l, "in_qkv")]);
+    const mat<T> z = ops::linear_fwd(c.attn_normed, p[L(l, "in_z")]);
+    const mat<T> b = ops::linear_fwd(c.attn_normed, p[L(l, "in_b")]);
+    const mat<T> a = ops::linear_fwd(c.attn_normed, p[L(l, "in_a")]);
+    c.gdn_w.conv = as_tensor(comp, p[L(l, "conv")], {2 * K + V, s.conv_kernel});
+    c.gdn_w.A_log = as_tensor(comp, p[L(l, "A_log")], {Hv});
+    c.gdn_w.dt_bias = as_tensor(comp, p[L(l, "dt_bias")], {Hv});
+    c.gdn_w.norm = as_tensor(comp, p[L(l, "gdn_norm")], {s.linear_v_dim});
+    const tensor y =
+        gdn_forward(comm, comp, gcfg, env.linear_docs, c.gdn_w,
+                    to_tensor(comp, mat<T>(mixed.leftCols(K)), Hk, s.linear_k_dim),
+                    to_tensor(comp, mat<T>(mixed.middleCols(K, K)), Hk, s.linear_k_dim),
+                    to_tensor(comp, mat<T>(mixed.rightCols(V)), Hv, s.linear_v_dim),
+                    to_tensor(comp, z, Hv, s.linear_v_dim), to_tensor(comp, b, Hv, 1),
+                    to_tensor(comp, a, Hv, 1), c.gdn, L(l, "gdn"));
+    c.attn_out = from_tensor<T>(comp, y, n, V);
+    tap(l, "attn", c.attn_out);
+    c.x_mid = x + ops::linear_fwd(c.attn_out, p[L(l, "out_proj")]);
+  }
+
+  /// Softmax attention (sync or async Ulysses around the layer's inner attention); sets c.x_mid.
+  void softmax_forward_sublayer(int l, layer_cache<T>& c, const mat<T>& x) {
+    const auto proj = [&](const char* w, const char* b) {
+      return projection(comp, p, c.attn_normed, L(l, w), L(l, b), s.qkv_bias);
+    };
+    tensor o;
+    if (!env.async_ulysses) {
+      c.q_pre = proj("wq", "bq");
+      c.k_pre = proj("wk", "bk");
+      const mat<T> v = proj("wv", "bv");
+      tap(l, "q_proj", c.q_pre);
+      tap(l, "k_proj", c.k_pre);
+      tap(l, "v", v);
+      const mat<T> q = ops::rope_fwd(
+          s.qk_norm ? qk_norm_fwd(comp, s, p, l, "q", c.q_pre, H, c.r_q) : c.q_pre, H, D, pos);
+      const mat<T> k = ops::rope_fwd(
+          s.qk_norm ? qk_norm_fwd(comp, s, p, l, "k", c.k_pre, Hkv, c.r_k) : c.k_pre, Hkv, D, pos);
+      tap(l, "q", q);
+      tap(l, "k", k);
+      const tensor qt = to_tensor(comp, q, H, D), kt = to_tensor(comp, k, Hkv, D),
+                   vt = to_tensor(comp, v, Hkv, D);
+      if (env.tap_attention) {
+        env.tap_attention(L(l, "attn"), "q.local", qt);
+        env.tap_attention(L(l, "attn"), "k.local", kt);
+        env.tap_attention(L(l, "attn"), "v.local", vt);
+      }
+      c.inner = make_inner(l);
+      if (env.tap_attention && s.sinks)  // every head's sink logit ("sinks" [H])
+        env.tap_attention(L(l, "attn"), "sinks", as_tensor(comp, p[L(l, "sinks")], {H}));
+      o = ulysses_forward(comm, comp, ucfg, *c.inner, qt, kt, vt, c.saved, L(l, "attn"));
+      if (env.tap_attention) env.tap_attention(L(l, "attn"), "out.local", o);
+    } else {
+      // Async Ulysses (VeOmni's order): q, k, v projected one by one, each overlapping the
+      // previous all-to-all; q/k norm and RoPE on the gathered rows.
+      ulysses_async_hooks hooks;
+      const auto projected = [&](const char* w, const char* b, const char* stage, int heads) {
+        const mat<T> y = proj(w, b);
+        tap(l, stage, y);
+        return to_tensor(comp, y, heads, D);
+      };
+      hooks.project_q = [&] { return projected("wq", "bq", "q_proj", H); };
+      hooks.project_k = [&] { return projected("wk", "bk", "k_proj", Hkv); };
+      hooks.project_v = [&] { return projected("wv", "bv", "v", Hkv); };
+      hooks.post_q = [&](const tensor& x) {
+        return async_post(comp, s, p, l, "q", x, c.q_gathered, gpos);
+      };
+      hooks.post_k = [&](const tensor& x) {
+        return async_post(comp, s, p, l, "k", x, c.k_gathered, gpos);
+      };
+      c.inner = make_inner(l);
+      o = ulysses_async_forward(comm, comp, ucfg, *c.inner, hooks, c.async_saved, 0, L(l, "attn"));
+    }
+    c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
+    tap(l, "attn", c.attn_out);
+    if (s.output_gate) {  // Qwen3.5: attention output ∘ sigmoid(a·wg), per token (local)
+      c.attn_raw = c.attn_out;
+      c.gate_pre = ops::linear_fwd(c.attn_normed, p[L(l, "wg")]);
+      c.attn_out = c.attn_raw.cwiseProduct(sigmoid_of(c.gate_pre));
+    }
+    c.x_mid = x + projection(comp, p, c.attn_out, L(l, "wo"), L(l, "bo"), s.o_bias);
+  }
+
+  /// RMSNorm and SwiGLU (TiledMLP when tiled); returns the layer's output.
+  mat<T> mlp_forward(int l, layer_cache<T>& c) {
+    mat<T> x;
     c.mlp_normed = ops::rms_norm_fwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp);
     tap(l, "mlp_norm", c.mlp_normed);
     if (tiles.size() > 1) {
@@ -626,76 +721,20 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
       tap(l, "mlp_act", c.act);
       x = c.x_mid + ops::linear_fwd(c.act, p[L(l, "w_down")]);
     }
-    tap(l, "x_out", x);
-  }
-  col<T> r_final;
-  const mat<T> final_normed = ops::rms_norm_fwd(x, p["final_norm"], r_final);
-
-  // Logits and the local cross-entropy sum (tiled: tile by tile, like ALST's tiled loss; the
-  // logits are still returned for the comparison, the backward recomputes them per tile).
-  std::int64_t n_local = 0;
-  double ce_sum = 0;
-  if (tiles.size() > 1) {
-    out.logits.resize(n, s.vocab);
-    for (const auto& [b, len] : tiles) {
-      out.logits.middleRows(b, len) =
-          ops::linear_fwd(mat<T>(final_normed.middleRows(b, len)), p["lm_head"]);
-      std::int64_t valid = 0;
-      ce_sum += ops::cross_entropy_fwd(
-          mat<T>(out.logits.middleRows(b, len)),
-          labels.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(len)), valid);
-      n_local += valid;
-    }
-  } else {
-    out.logits = ops::linear_fwd(final_normed, p["lm_head"]);
-    ce_sum = ops::cross_entropy_fwd(out.logits, labels, n_local);
+    return x;
   }
 
-  // Loss (SEMANTICS.md §5).
-  const bool reduce_loss = env.loss_group.size() > 1;
-  std::int64_t n_global = n_local;
-  if (reduce_loss)
-    comm.all_reduce(env.loss_group, &n_global, 1, dtype::i64, {"loss.valid_tokens", {1}, {1}});
-  out.valid_tokens = n_global;
-  const double denom = static_cast<double>(std::max<std::int64_t>(n_global, 1));
-  double contribution = 0, coef = 0;
-  if (env.profile == seqpar::profile::xorl) {
-    contribution = ce_sum;
-    coef = 1.0 / denom;
-  } else {
-    // VeOmni ReduceLoss, DeepSpeed ALST's weighted all_gather of rank losses: ℓ = s/n (0
-    // without valid tokens, as ALST's logits.sum()·0); L = Σ ℓ·n / max(N, 1);
-    // ∂L/∂ℓ = P·n/max(N, 1) and ∂ℓ/∂logits = (softmax − onehot)/n.
-    const double ell = n_local > 0 ? ce_sum / static_cast<double>(n_local) : 0.0;
-    contribution = ell * static_cast<double>(n_local);
-    const double P = static_cast<double>(env.loss_group.size());
-    const double dl_dell = P * static_cast<double>(n_local) / denom;
-    coef = n_local > 0 ? dl_dell / static_cast<double>(n_local) : 0.0;
-  }
-  double loss_sum = contribution;
-  if (reduce_loss)
-    comm.all_reduce(env.loss_group, &loss_sum, 1, dtype::f64, {"loss.sum", {1}, {1}});
-  out.loss = loss_sum / denom;
+  // ---- backward
 
-  // Backward.
-  mat<T> dfinal;
-  if (tiles.size() > 1) {
-    dfinal.resize(n, s.hidden);
-    for (const auto& [b, len] : tiles) {
-      const mat<T> rows = final_normed.middleRows(b, len);
-      const mat<T> logits = ops::linear_fwd(rows, p["lm_head"]);  // recomputed
-      const mat<T> dlogits = ops::cross_entropy_bwd(
-          logits, labels.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(len)), coef);
-      dfinal.middleRows(b, len) = ops::linear_bwd(rows, p["lm_head"], dlogits, gr["lm_head"]);
-    }
-  } else {
-    const mat<T> dlogits = ops::cross_entropy_bwd(out.logits, labels, coef);
-    dfinal = ops::linear_bwd(final_normed, p["lm_head"], dlogits, gr["lm_head"]);
-  }
-  mat<T> dx = ops::rms_norm_bwd(x, p["final_norm"], r_final, dfinal, gr["final_norm"]);
-  for (int l = s.layers - 1; l >= 0; --l) {
-    auto& c = caches[static_cast<std::size_t>(l)];
+  mat<T> layer_backward(int l, layer_cache<T>& c, const mat<T>& dx) {
     tap_grad(l, "d_out", dx);
+    const mat<T> dx_mid = mlp_backward(l, c, dx);
+    return s.layer_is_linear(l) ? gdn_backward_sublayer(l, c, dx_mid)
+                                : softmax_backward_sublayer(l, c, dx_mid);
+  }
+
+  /// The MLP's backward: returns the gradient at x_mid.
+  mat<T> mlp_backward(int l, layer_cache<T>& c, const mat<T>& dx) {
     // MLP: x = x_mid + swiglu(m·w_gate, m·w_up)·w_down, m = rms_norm(x_mid).
     mat<T> dm;
     if (tiles.size() > 1) {
@@ -722,33 +761,39 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     const mat<T> dx_mid =
         dx + ops::rms_norm_bwd(c.x_mid, p[L(l, "mlp_norm")], c.r_mlp, dm, gr[L(l, "mlp_norm")]);
     tap_grad(l, "d_mid", dx_mid);
-    if (s.layer_is_linear(l)) {
-      const auto K = Kl, V = Vl;
-      const mat<T> dn =
-          ops::linear_bwd(c.attn_out, p[L(l, "out_proj")], dx_mid, gr[L(l, "out_proj")]);
-      tap_grad(l, "d_attn", dn);
-      const gdn_grads g = gdn_backward(comm, comp, gcfg, env.linear_docs, c.gdn_w, c.gdn,
-                                       to_tensor(comp, dn, Hv, s.linear_v_dim), L(l, "gdn"));
-      c.gdn = {};
-      mat<T> dmixed(n, 2 * K + V);
-      dmixed << from_tensor<T>(comp, g.dq, n, K), from_tensor<T>(comp, g.dk, n, K),
-          from_tensor<T>(comp, g.dv, n, V);
-      mat<T> da = ops::linear_bwd(c.attn_normed, p[L(l, "in_qkv")], dmixed, gr[L(l, "in_qkv")]);
-      da += ops::linear_bwd(c.attn_normed, p[L(l, "in_z")], from_tensor<T>(comp, g.dz, n, V),
-                            gr[L(l, "in_z")]);
-      da += ops::linear_bwd(c.attn_normed, p[L(l, "in_b")], from_tensor<T>(comp, g.db, n, Hv),
-                            gr[L(l, "in_b")]);
-      da += ops::linear_bwd(c.attn_normed, p[L(l, "in_a")], from_tensor<T>(comp, g.da, n, Hv),
-                            gr[L(l, "in_a")]);
-      add_host<T>(comp, g.dconv, gr[L(l, "conv")]);
-      add_host<T>(comp, g.dA_log, gr[L(l, "A_log")]);
-      add_host<T>(comp, g.ddt_bias, gr[L(l, "dt_bias")]);
-      add_host<T>(comp, g.dnorm, gr[L(l, "gdn_norm")]);
-      tap_grad(l, "d_attn_norm", da);
-      dx = dx_mid +
+    return dx_mid;
+  }
+
+  /// GatedDeltaNet's backward: returns the gradient at the layer's input.
+  mat<T> gdn_backward_sublayer(int l, layer_cache<T>& c, const mat<T>& dx_mid) {
+    const auto K = Kl, V = Vl;
+    const mat<T> dn =
+        ops::linear_bwd(c.attn_out, p[L(l, "out_proj")], dx_mid, gr[L(l, "out_proj")]);
+    tap_grad(l, "d_attn", dn);
+    const gdn_grads g = gdn_backward(comm, comp, gcfg, env.linear_docs, c.gdn_w, c.gdn,
+                                     to_tensor(comp, dn, Hv, s.linear_v_dim), L(l, "gdn"));
+    c.gdn = {};
+    mat<T> dmixed(n, 2 * K + V);
+    dmixed << from_tensor<T>(comp, g.dq, n, K), from_tensor<T>(comp, g.dk, n, K),
+        from_tensor<T>(comp, g.dv, n, V);
+    mat<T> da = ops::linear_bwd(c.attn_normed, p[L(l, "in_qkv")], dmixed, gr[L(l, "in_qkv")]);
+    da += ops::linear_bwd(c.attn_normed, p[L(l, "in_z")], from_tensor<T>(comp, g.dz, n, V),
+                          gr[L(l, "in_z")]);
+    da += ops::linear_bwd(c.attn_normed, p[L(l, "in_b")], from_tensor<T>(comp, g.db, n, Hv),
+                          gr[L(l, "in_b")]);
+    da += ops::linear_bwd(c.attn_normed, p[L(l, "in_a")], from_tensor<T>(comp, g.da, n, Hv),
+                          gr[L(l, "in_a")]);
+    add_host<T>(comp, g.dconv, gr[L(l, "conv")]);
+    add_host<T>(comp, g.dA_log, gr[L(l, "A_log")]);
+    add_host<T>(comp, g.ddt_bias, gr[L(l, "dt_bias")]);
+    add_host<T>(comp, g.dnorm, gr[L(l, "gdn_norm")]);
+    tap_grad(l, "d_attn_norm", da);
+    return dx_mid +
            ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
-      continue;
-    }
+  }
+
+  /// The softmax attention's backward: returns the gradient at the layer's input.
+  mat<T> softmax_backward_sublayer(int l, layer_cache<T>& c, const mat<T>& dx_mid) {
     // Attention: x_mid = x_in + attn(rope(a·wq), rope(a·wk), a·wv)·wo, a = rms_norm(x_in).
     const auto bias_grad = [&](const char* b, const mat<T>& dy) {
       gr[L(l, b)] += dy.colwise().sum();
@@ -831,29 +876,59 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
     }
     c.inner.reset();
     tap_grad(l, "d_attn_norm", da);
-    dx = dx_mid +
-         ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
+    return dx_mid +
+           ops::rms_norm_bwd(c.x_in, p[L(l, "attn_norm")], c.r_attn, da, gr[L(l, "attn_norm")]);
   }
-  ops::embedding_bwd(dx, ids, gr["embed"]);
-  out.embed_out_grad = std::move(dx);
-  if (shifts_whole_row(env.profile) && env.loss_group.size() > 1)
-    out.embed_out_grad /= static_cast<T>(env.loss_group.size());  // undo the ∂L/∂ℓ factor P
 
-  // Gradient sync: the flat buffer, parameters in their fixed order, one reduction each.
-  const std::span<T> flat = gr.flat();
-  const auto total = static_cast<std::int64_t>(flat.size());
-  const auto reduce = [&](const comm_group& g, double divide, const char* tag) {
-    if (g.size() > 1)
-      comm.all_reduce(g, flat.data(), total, dtype_of<T>(), {tag, {total}, {total}});
-    if (divide != 1.0) {
-      const T inv = static_cast<T>(divide);
-      for (auto& e : flat) e /= inv;
+  // ---- helpers
+
+  /// Each softmax layer's attention, with its options and the sinks of the query heads this
+  /// rank holds after the all-to-all (Ulysses member u: heads [u·H/U, (u+1)·H/U)).
+  std::unique_ptr<inner_attention> make_inner(int l) {
+    layer_attention la;
+    la.options = s.attention_of(l);
+    if (la.options.sinks) {
+      const auto& w = p[L(l, "sinks")];
+      for (int h = 0; h < heads_here; ++h)
+        la.sinks.push_back(static_cast<double>(w(0, u_index * heads_here + h)));
     }
-  };
-  reduce(env.fsdp_group, env.fsdp_divide, "grad.fsdp");
-  if (env.sp_grad_sync_group) reduce(*env.sp_grad_sync_group, 1.0, "grad.sp_sync");
-  out.grads = gr.take();
-  return out;
+    auto inner = env.make_inner(comp, la);
+    if (!inner) fail<config_error>("model: make_inner returned no attention");
+    return inner;
+  }
+
+  void tap(int l, const char* stage, const mat<T>& rows, double scale = 1.0) {
+    if (env.tap_layer) env.tap_layer(l, stage, rows.template cast<double>() * scale);
+  }
+  /// The backward's taps are of the global loss: VeOmni's ∂L/∂ℓ factor P divided out.
+  void tap_grad(int l, const char* stage, const mat<T>& rows) { tap(l, stage, rows, tap_scale); }
+  void tap_heads(int l, const char* stage, const tensor& t, std::int64_t width, bool grad) {
+    if (env.tap_layer) tap(l, stage, from_tensor<T>(comp, t, n, width), grad ? tap_scale : 1.0);
+  }
+
+  const model_params<T>& p;
+  const scenario& s;
+  sp_env& env;
+  const ulysses_config ucfg;
+  communicator& comm;
+  compute& comp;
+  const Eigen::Index n;
+  const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
+  const int Hk = s.linear_k_heads, Hv = s.linear_v_heads;
+  const std::int64_t Kl = std::int64_t{Hk} * s.linear_k_dim, Vl = std::int64_t{Hv} * s.linear_v_dim;
+  const gdn_config gcfg;
+  const std::span<const std::int64_t> ids, labels, pos, gpos;
+  step_output<T> out;
+  grad_set<T> gr;
+  const std::vector<std::pair<Eigen::Index, Eigen::Index>> tiles;
+  const int u_index, heads_here;
+  const double tap_scale;
+};
+
+template <class T>
+step_output<T> train_step(const model_params<T>& p, const scenario& s, const rank_tokens_input& in,
+                          sp_env& env) {
+  return rank_step<T>(p, s, in, env).run();
 }
 
 // ------------------------------------------------------------------------------------------------

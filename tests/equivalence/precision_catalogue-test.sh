@@ -7,10 +7,11 @@
 # stage's error as a fraction of its bound must be within 2× of the recorded one: a bound
 # loosened or tightened by more than 2×
 # (or a kernel that changed) fails here, on the healthy side and on the bugs.
-#   precision_catalogue-test.sh SEQPAR SOURCE_DIR
+#   precision_catalogue-test.sh SEQPAR SOURCE_DIR [I/N]   (I/N: every N-th entry from the I-th)
 set -u
 seqpar=$1
 src=$2
+shard=${3:-1/1}
 . "$(dirname "$0")/torch_python.sh"
-exec "$py" "$src/tests/jobs/precision_catalogue.py" --seqpar "$seqpar" \
+exec "$py" "$src/tests/jobs/precision_catalogue.py" --seqpar "$seqpar" --shard "$shard" \
   --check "$src/tests/equivalence/data/precision/catalogue_torch211.json"

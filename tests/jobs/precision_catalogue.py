@@ -158,8 +158,9 @@ def run_one(seqpar, work, job, variant, dtype, seed=0, keep=None):
     return row
 
 
-def run_all(seqpar, work, only=None, kind="cpu", jobs=1, keep=None):
+def run_all(seqpar, work, only=None, kind="cpu", jobs=1, keep=None, shard=(0, 1)):
     todo = [e for e in entries(kind) if not only or e[1] in only]
+    todo = [e for k, e in enumerate(todo) if k % shard[1] == shard[0]]
     rows = [None] * len(todo)
 
     def one(i):
@@ -322,6 +323,8 @@ def main():
                     help="gpu: torch SDPA's backends on a CUDA device (torch >= 2.3); "
                          "gpu-seeds: the same on other seeds, sharper scores and an 8K document")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="jobs run at once")
+    ap.add_argument("--shard", default="1/1", metavar="I/N",
+                    help="run the entries whose index is I-1 modulo N (the test's parts)")
     ap.add_argument("--keep", metavar="DIR", help="keep every job's dump under DIR")
     ap.add_argument("--summary", nargs="+", metavar="CATALOGUE_JSON",
                     help="print the README's tables from these catalogues (a file whose name "
@@ -346,7 +349,9 @@ def main():
         rows = judge_dumps(os.path.abspath(a.seqpar), a.dumps, json.load(open(a.check)))
     else:
         with tempfile.TemporaryDirectory() as work:
-            rows = run_all(os.path.abspath(a.seqpar), work, a.only, a.kind, a.jobs, a.keep)
+            i, n = (int(x) for x in a.shard.split("/"))
+            rows = run_all(os.path.abspath(a.seqpar), work, a.only, a.kind, a.jobs, a.keep,
+                           (i - 1, n))
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "catalogue.json"), "w") as f:
