@@ -137,6 +137,7 @@ void checker::on_call(call_record&& r) {
                               ? fmt::format("seq {} of {} ({} {})", r.seq, r.group, r.op, r.tag)
                               : std::string();
   }
+  if (!r.p2p && r.seq >= 0) labels_[r.group][r.rank][r.seq] = r.tag.empty() ? r.op : r.tag;
   auto& last = last_seen_[{r.group, r.rank}];
   if (r.seq >= last.seq) last = {r.seq, r.tag};
   if (r.seq < opt_.timeline_limit) {
@@ -371,6 +372,7 @@ void checker::finish() {
             : "");
   }
   check_layouts();
+  find_shifted_calls();
   for (auto& [g, members] : seen_)
     if (!group_ranks(g) && meta_)
       note(
@@ -389,6 +391,7 @@ void checker::finish() {
     // (one rank's call aborted or left unfinished, a rank that never arrived): a rank whose
     // split list is stale comes before the rank that gloo aborted because of it.
     auto prio = [](const problem& p) {
+      if (p.category == category::skipped_call) return -1;
       if (p.category == category::sp_shape || p.category == category::sp_heads) return 0;
       if (p.category == category::state_mismatch || p.category == category::missing_rank) return 2;
       return 1;
@@ -398,6 +401,77 @@ void checker::finish() {
   });
   rep_.consistent = rep_.problems_total == 0 && rep_.missing_ranks.empty();
   build_token_layout();
+}
+
+void checker::find_shifted_calls() {
+  for (const auto& [group, by_rank] : labels_) {
+    if (by_rank.size() < 3) continue;  // a majority needs two ranks that agree against one
+    // The majority's label at each seq (strictly more than half of the ranks that made it).
+    std::map<std::int64_t, std::string> major;
+    std::map<std::int64_t, std::map<std::string, int>> votes;
+    std::map<std::int64_t, int> voters;
+    for (const auto& [rank, seqs] : by_rank)
+      for (const auto& [seq, label] : seqs) {
+        ++votes[seq][label];
+        ++voters[seq];
+      }
+    for (const auto& [seq, v] : votes)
+      for (const auto& [label, n] : v)
+        if (n >= 2 && 2 * n > voters[seq]) major[seq] = label;
+    for (const auto& [rank, seqs] : by_rank) {
+      const auto first = std::find_if(seqs.begin(), seqs.end(), [&major](const auto& e) {
+        const auto m = major.find(e.first);
+        return m != major.end() && m->second != e.second;
+      });
+      if (first == seqs.end()) continue;
+      const std::int64_t s0 = first->first;
+      // Shift k > 0: this rank's seq s is the others' seq s + k (it skipped k calls); k < 0:
+      // the others' seq s is its seq s − k (it added calls). Every seq compared must agree.
+      for (const int k : {1, 2, -1, -2}) {
+        int compared = 0;
+        bool agrees = true;
+        for (auto it = first; it != seqs.end() && agrees; ++it) {
+          const auto m = major.find(it->first + k);
+          if (m == major.end()) continue;
+          agrees = m->second == it->second;
+          ++compared;
+        }
+        if (!agrees ||
+            compared < std::min<int>(2, static_cast<int>(std::distance(first, seqs.end()))) ||
+            compared == 0)
+          continue;
+        std::vector<std::string> skipped;
+        for (int i = 0; i < std::abs(k); ++i)
+          if (k > 0 && major.contains(s0 + i))
+            skipped.push_back(major.at(s0 + i));
+          else if (k < 0 && seqs.contains(s0 + i))
+            skipped.push_back(seqs.at(s0 + i));
+        const auto m0 = major.at(s0);
+        problem p{category::skipped_call,
+                  rank,
+                  group,
+                  s0,
+                  m0,
+                  "",
+                  fmt::format("seq {} is {} (the others' seq {}, and so on after it)", s0,
+                              first->second, s0 + k),
+                  fmt::format("{} like the other ranks", m0),
+                  k > 0 ? fmt::format("rank {} skipped {} of {} ({}): its calls from seq {} on "
+                                      "pair with the others' calls {} later, so each exchanges "
+                                      "the wrong tensors (or hangs on a size mismatch)",
+                                      rank, k == 1 ? "a call" : "two calls", group,
+                                      fmt::join(skipped, ", "), s0, k == 1 ? "one" : "two")
+                        : fmt::format("rank {} made {} the others did not make on {} ({}): its "
+                                      "calls from seq {} on pair with the others' calls {} "
+                                      "earlier",
+                                      rank, k == -1 ? "a call" : "two calls", group,
+                                      fmt::join(skipped, ", "), s0, k == -1 ? "one" : "two"),
+                  0};
+        add(std::move(p));
+        break;
+      }
+    }
+  }
 }
 
 void checker::summarize_absent(const std::set<int>& without_file) {
@@ -469,6 +543,29 @@ void checker::summarize_absent(const std::set<int>& without_file) {
           "them: {} — one side's split list is wrong (a stale list on the rank that differs "
           "is the usual cause); rank {}'s own list was not recorded",
           key.second, key.first, absent, parts, absent));
+      // One present rank against all the others (two or more, agreeing): named as a finding.
+      std::map<std::int64_t, std::vector<int>> by_count;
+      for (const auto& [r, n] : expect)
+        if (n >= 0) by_count[n].push_back(r);
+      if (by_count.size() != 2) continue;
+      const auto& [n_a, ranks_a] = *by_count.begin();
+      const auto& [n_b, ranks_b] = *std::next(by_count.begin());
+      if (std::min(ranks_a.size(), ranks_b.size()) != 1 ||
+          std::max(ranks_a.size(), ranks_b.size()) < 2)
+        continue;
+      const bool a_odd = ranks_a.size() == 1;
+      const int odd = a_odd ? ranks_a.front() : ranks_b.front();
+      const auto odd_n = a_odd ? n_a : n_b, agreed = a_odd ? n_b : n_a;
+      const auto& others = a_odd ? ranks_b : ranks_a;
+      add({category::size_mismatch, odd, key.first, key.second, "", "all_to_all",
+           fmt::format("rank {} expects {} elements from rank {} (its out_splits)", odd, odd_n,
+                       absent),
+           fmt::format("{} like ranks {}", agreed, fmt::join(others, ", ")),
+           fmt::format("every other present rank expects {} from rank {}, which left no file: "
+                       "rank {}'s split list is stale or computed from another layout (an "
+                       "exchange uneven by design would need rank {}'s own list to tell)",
+                       agreed, absent, odd, absent),
+           0});
     }
   // Without split lists (Flight Recorder): what each present rank received in all.
   for (const auto& [key, by_rank] : received_) {
@@ -485,6 +582,27 @@ void checker::summarize_absent(const std::set<int>& without_file) {
         "Ulysses all-to-all of equal shards every rank receives the same; the source records no "
         "split lists, and the absent rank's part of the exchange is unknown",
         key.second, key.first, parts));
+    // One present rank against all the others (two or more, agreeing): named as a finding.
+    std::map<std::int64_t, std::vector<int>> by_count;
+    for (const auto& [r, n] : by_rank) by_count[n].push_back(r);
+    if (by_count.size() != 2) continue;
+    const auto& [n_a, ranks_a] = *by_count.begin();
+    const auto& [n_b, ranks_b] = *std::next(by_count.begin());
+    if (std::min(ranks_a.size(), ranks_b.size()) != 1 ||
+        std::max(ranks_a.size(), ranks_b.size()) < 2)
+      continue;
+    const bool a_odd = ranks_a.size() == 1;
+    const int odd = a_odd ? ranks_a.front() : ranks_b.front();
+    const auto odd_n = a_odd ? n_a : n_b, agreed = a_odd ? n_b : n_a;
+    add({category::size_mismatch, odd, key.first, key.second, "", "all_to_all",
+         fmt::format("rank {} receives {} elements in all", odd, odd_n),
+         fmt::format("{} like ranks {}", agreed, fmt::join(a_odd ? ranks_b : ranks_a, ", ")),
+         fmt::format("in a Ulysses all-to-all of equal shards every rank receives the same: rank "
+                     "{}'s receive sizes are stale or computed from another layout (the source "
+                     "records no split lists; an exchange uneven by design would need the "
+                     "absent rank's record to tell)",
+                     odd),
+         0});
   }
   // Point-to-point calls with an absent partner.
   std::set<std::string> p2p;

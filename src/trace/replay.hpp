@@ -32,6 +32,8 @@ inline constexpr const char* rank_failed = "RANK_FAILED";     ///< flight record
 inline constexpr const char* cu_seqlens = "CU_SEQLENS";       ///< collator output
 inline constexpr const char* zigzag = "ZIGZAG_ALIGNMENT";     ///< documents vs 2R
 inline constexpr const char* async_wait = "ASYNC_WAIT";       ///< nonblocking calls: start and wait
+/// A rank whose calls on a group are the others' shifted: it skipped (or added) a call there.
+inline constexpr const char* skipped_call = "SKIPPED_CALL";
 /// Flight records of an MPI run: ranks whose host the other hosts' watchdogs could not reach.
 inline constexpr const char* network = "NETWORK_UNREACHABLE";
 }  // namespace category

@@ -154,8 +154,12 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
               fmt::format("{} like the other members", show(*maj)), width_cause(*t, *maj));
         }
   }
-  // Pairwise: what r sends to s equals what s receives from r.
-  if (static_cast<int>(recs.size()) != P) return;
+  // Pairwise: what r sends to s equals what s receives from r, over the members present (a
+  // member that left no file, or never arrived, leaves its links out; the others still judge
+  // each other, so a stale list among the present ranks is named under an INCOMPLETE job).
+  std::vector<const call_record*> at(static_cast<std::size_t>(P), nullptr);
+  for (const auto* r : recs)
+    if (const int i = index_in(members, r->rank); i < P) at[static_cast<std::size_t>(i)] = r;
   auto count_to = [&](const call_record& r, int peer, bool send) -> std::optional<std::int64_t> {
     const auto& sp = send ? r.in_splits : r.out_splits;
     if (sp) {
@@ -173,8 +177,9 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
   std::vector<link> bad;
   for (int i = 0; i < P; ++i)
     for (int j = 0; j < P; ++j) {
-      const auto& a = *recs[static_cast<std::size_t>(i)];
-      const auto& b = *recs[static_cast<std::size_t>(j)];
+      if (!at[static_cast<std::size_t>(i)] || !at[static_cast<std::size_t>(j)]) continue;
+      const auto& a = *at[static_cast<std::size_t>(i)];
+      const auto& b = *at[static_cast<std::size_t>(j)];
       auto sent = count_to(a, j, true);
       auto got = count_to(b, i, false);
       if (!sent || !got) {
@@ -202,33 +207,37 @@ void checker::check_all_to_all(const std::string& group, std::int64_t seq,
   std::vector<int> culprits;
   for (int k = 0; k < P; ++k)
     if (ends[static_cast<std::size_t>(k)] == static_cast<int>(bad.size())) culprits.push_back(k);
+  const auto absent = static_cast<std::size_t>(std::count(at.begin(), at.end(), nullptr));
   if (culprits.size() == 1 && bad.size() > 1) {
     const int k = culprits[0];
-    const auto& r = *recs[static_cast<std::size_t>(k)];
+    const auto& r = *at[static_cast<std::size_t>(k)];
     bool as_sender = false, as_receiver = false;
     std::vector<std::string> links;
     for (const auto& l : bad) {
       as_sender = as_sender || l.from == k;
       as_receiver = as_receiver || l.to == k;
-      links.push_back(fmt::format("{}→{}: {} sent, {} expected", recs[l.from]->rank,
-                                  recs[l.to]->rank, l.sent, l.got));
+      links.push_back(fmt::format("{}→{}: {} sent, {} expected", at[l.from]->rank, at[l.to]->rank,
+                                  l.sent, l.got));
     }
     const char* lists = as_sender && as_receiver ? "in_splits and out_splits"
                         : as_sender              ? "in_splits"
                                                  : "out_splits";
-    size_problem(r,
-                 fmt::format("rank {}'s {} disagree with {} of its links ({})", r.rank, lists,
-                             bad.size(), fmt::join(links, "; ")),
-                 "the counts every peer agrees on",
-                 fmt::format("every disagreeing link has rank {} on one end while its peers agree "
-                             "with each other: rank {}'s split list is stale or computed from "
-                             "another layout",
-                             r.rank, r.rank));
+    size_problem(
+        r,
+        fmt::format("rank {}'s {} disagree with {} of its links ({})", r.rank, lists, bad.size(),
+                    fmt::join(links, "; ")),
+        "the counts every peer agrees on",
+        fmt::format("every disagreeing link has rank {} on one end while its peers agree "
+                    "with each other{}: rank {}'s split list is stale or computed from "
+                    "another layout",
+                    r.rank,
+                    absent ? fmt::format(" (among the {} members present)", P - absent) : "",
+                    r.rank));
     return;
   }
   for (const auto& l : bad) {
-    const auto& a = *recs[static_cast<std::size_t>(l.from)];
-    const auto& b = *recs[static_cast<std::size_t>(l.to)];
+    const auto& a = *at[static_cast<std::size_t>(l.from)];
+    const auto& b = *at[static_cast<std::size_t>(l.to)];
     size_problem(a,
                  fmt::format("rank {} sends {} elements to rank {} ({})", a.rank, l.sent, b.rank,
                              a.in_splits ? fmt::format("in_splits[{}]", l.to) : "numel/P"),

@@ -209,6 +209,8 @@ class checker {
   bool warned_no_meta_ = false;
   std::map<std::pair<std::string, std::int64_t>, std::vector<call_record>> pending_;
   std::map<std::pair<std::string, int>, last> last_seen_;
+  /// Per group, per rank: each collective's tag (its op where the source has no tags), by seq.
+  std::map<std::string, std::map<int, std::map<std::int64_t, std::string>>> labels_;
   std::map<std::string, std::set<int>> seen_;
   std::set<int> seen_any_;
   /// Sources whose calls are matched across ranks by their order alone (no sequence ids, no
@@ -238,6 +240,9 @@ class checker {
   /// The same all-to-alls: each present rank's received element count.
   std::map<std::pair<std::string, std::int64_t>, std::map<int, std::int64_t>> received_;
   void summarize_absent(const std::set<int>& without_file);
+  /// Ranks whose calls on a group are the majority's shifted by one or two (a call skipped or
+  /// added): named at the first seq where they part, before what the shift breaks after it.
+  void find_shifted_calls();
   /// Per rank: its last call when that call never returned (state "started": the rank was
   /// blocked in it when the record was written), as "seq S of G (tag)"; else empty.
   std::map<int, std::string> blocked_in_;

@@ -37,6 +37,32 @@ check "json report" 1 "$seqpar" replay --json "$src/traces/broken_dtype_mismatch
 expect_in "json report" "$tmp/out" '"category": "COLLECTIVE_DTYPE_MISMATCH"'
 expect_in "json report" "$tmp/out" '"consistent": false'
 
+# A rank that skips a call, in a job where another rank left no file: a recorded step
+# (traces/healthy_xorl_u4_gqa.jsonl) transformed — rank 3 skips the backward all-to-all
+# L1.attn.out.bwd (its later calls on ulysses0 one seq earlier), rank 0's records gone. The
+# skip is named first, with its rank, call and cause, under the INCOMPLETE headline.
+python3 - "$src/traces/healthy_xorl_u4_gqa.jsonl" "$tmp/skip.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+meta, out = dict(rows[0], ranks_recorded=[1, 2, 3]), []
+skip = next(r["seq"] for r in rows if r.get("rank") == 3 and r.get("tag") == "L1.attn.out.bwd")
+for r in rows[1:]:
+    if r.get("rank") == 0:
+        continue
+    if r.get("type") == "collective" and r["rank"] == 3 and r["group"] == "ulysses0":
+        if r["seq"] == skip:
+            continue
+        if r["seq"] > skip:
+            r = dict(r, seq=r["seq"] - 1)
+    out.append(r)
+open(sys.argv[2], "w").write("".join(json.dumps(x) + "\n" for x in [meta] + out))
+PY
+check "partial job: a skipped call" 1 "$seqpar" replay "$tmp/skip.jsonl"
+expect_in "partial job: a skipped call" "$tmp/out" "INCOMPLETE — rank 0 of 4 left no file"
+expect_in "partial job: a skipped call" "$tmp/out" "1. [SKIPPED_CALL] rank 3 seq 6 of ulysses0 L1.attn.out.bwd: seq 6 is L1.attn.q.bwd (the others' seq 7"
+check "partial job: a skipped call (json)" 1 "$seqpar" replay --json "$tmp/skip.jsonl"
+expect_in "partial job: a skipped call (json)" "$tmp/out" '"category": "SKIPPED_CALL"'
+
 # GatedDeltaNet layers: a recorded qwen3.5 step (L*.gdn.{q,k,v,b,a,out}.{fwd,bwd}) replays
 # clean with every all-to-all's shape derived from the scenario; b sent with the wrong head
 # layout on one rank is named with the GatedDeltaNet's own head count.
@@ -290,10 +316,13 @@ for line in open(sys.argv[1]):
     "$seqpar" import --from kineto "${d}stale_splits/kineto" --out "$tmp/t2s.jsonl" >/dev/null 2>&1
     check "$l kineto stale splits" 1 "$seqpar" replay "$tmp/t2s.jsonl"
     expect_in "$l kineto stale splits" "$tmp/out" "the present ranks disagree about what rank 3 sends them: ranks 0, 2 expect 64 elements, rank 1 expects 96 elements"
+    # … and the culprit among the present ranks is named as a finding (rank 1's stale list).
+    expect_in "$l kineto stale splits" "$tmp/out" "1. [SIZE_OR_SYNTAX_MISMATCH] rank 1 seq 2 of default_pg all_to_all: rank 1 expects 96 elements from rank 3 (its out_splits), expected 64 like ranks 0, 2"
     if [ -d "${d}stale_splits/fr" ]; then
       "$seqpar" import --from fr "${d}stale_splits/fr" --out "$tmp/t2f.jsonl" >/dev/null 2>&1
       check "$l fr stale sizes" 1 "$seqpar" replay "$tmp/t2f.jsonl"
       expect_in "$l fr stale sizes" "$tmp/out" "ranks 0, 2 receive 256 elements, rank 1 receives 288 elements"
+      expect_in "$l fr stale sizes" "$tmp/out" "rank 1 receives 288 elements in all, expected 256 like ranks 0, 2"
     fi
     "$seqpar" import --from kineto "${d}wrong_root/kineto" --out "$tmp/t2r.jsonl" >/dev/null 2>&1
     check "$l kineto wrong root" 1 "$seqpar" replay "$tmp/t2r.jsonl"
