@@ -92,14 +92,15 @@ from zigzag_ring_attention import attention
 
 
 def test_my_attention():
-    spt.check(attention, max_world=4, max_examples=50)
+    spt.check(attention, max_world=4, max_examples=50, supports={"layouts": ["zigzag"]})
 
 
 def test_a_broken_attention_fails():
     def doubled_scores(q, k, v, ctx):
         return attention(q * 2.0, k, v, ctx)  # scores twice what they should be
     with pytest.raises(spt.SpAttentionFailure):
-        spt.check(doubled_scores, max_world=2, max_examples=50)
+        spt.check(doubled_scores, max_world=2, max_examples=50,
+                  supports={"layouts": ["zigzag"]})
 PY
 cd "$work" || fail "cd $work"
 # The user's shell: the venv's bin first, the system's after; nothing of the checkout.
@@ -137,7 +138,9 @@ found=$(SEQPAR=/bin/false "$vpy" -c 'from seqpar.testing.scenario import find_se
 [ "$found" = "$(realpath "$venv/bin/seqpar")" ] ||
   fail "seqpar.testing judges with $found, not its wheel's $venv/bin/seqpar (SEQPAR=/bin/false set)"
 echo "ok   seqpar.testing judges with its own wheel's binary (before \$SEQPAR)"
+# (the worked example implements the zigzag ring layout: docs/testing.md)
 "$vpy" -m seqpar.testing check zigzag_ring_attention.py:attention --examples 30 --progress 0 \
+  --supports '{"layouts": ["zigzag"]}' \
   >"$tmp/testing.txt" 2>&1 || { cat "$tmp/testing.txt"; fail "python -m seqpar.testing check (worked example)"; }
 echo "ok   python -m seqpar.testing check: $(tail -1 "$tmp/testing.txt")"
 seqpar-testing --help >/dev/null || fail "the seqpar-testing script"
