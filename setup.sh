@@ -85,13 +85,16 @@ if [ "${1:-}" = run ]; then
   gpu=disabled
   gpu_wanted && gpu=auto
   [ -f build/build.ninja ] || { mkdir -p build && touch build/.configured-for-run; }
-  configure build tools/seqpar -Dgpu=$gpu
+  # The CLI alone, without MPI and without debug info (a tenth less to compile); `./setup.sh` or
+  # `./setup.sh test` configures this build again with MPI (debug info stays off there: `meson
+  # configure build -Ddebug=true` brings it back).
+  configure build tools/seqpar -Dgpu=$gpu -Dmpi=disabled -Ddebug=false
 else
   # A build configured by `./setup.sh run` (the CLI's packages only, no CUDA backend) is
   # configured again: the tests, MPI and CUDA are found now.
   if [ -f build/.configured-for-run ]; then
     echo "setup: configuring build again (tests, MPI and CUDA, after ./setup.sh run)"
-    meson setup --reconfigure build -Dgpu=auto >/dev/null
+    meson setup --reconfigure build -Dgpu=auto -Dmpi=auto >/dev/null
     rm -f build/.configured-for-run
   fi
   configure build ""
