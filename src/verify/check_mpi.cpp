@@ -74,10 +74,9 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     std::vector<std::string> parts;
     for (const auto& [h, pids] : by_host)
       parts.push_back(fmt::format("{} (rank:pid {})", h, fmt::join(pids, " ")));
-    opt.progress(by_host.size() == 1
-                     ? fmt::format("{} processes on {}", P, parts.front())
-                     : fmt::format("{} processes on {} hosts: {}", P, by_host.size(),
-                                   fmt::join(parts, ", ")));
+    opt.progress(by_host.size() == 1 ? fmt::format("{} processes on {}", P, parts.front())
+                                     : fmt::format("{} processes on {} hosts: {}", P,
+                                                   by_host.size(), fmt::join(parts, ", ")));
   }
   for (int r = 0; r < P; ++r) {
     if (!flags[2 * static_cast<std::size_t>(r)]) continue;
