@@ -217,8 +217,8 @@ class Runner(object):
         binary = [] if found and os.path.realpath(found) == os.path.realpath(self.seqpar) else [
             "--seqpar", shlex.quote(self.seqpar)]
         return " ".join(env + [shlex.quote(sys.executable), "-m", "seqpar.testing", "run",
-                               shlex.quote(self.impl_ref), "--scenario",
-                               shlex.quote(scn.to_json())] + binary)
+                               shlex.quote(self.impl_ref)] + binary +
+                        ["--scenario", shlex.quote(scn.to_json())])
 
     def report(self, scn, out):
         lines = ["%s: %s" % (self.name, out.summary),
