@@ -429,9 +429,12 @@ TEST(mutations, async_kv_not_repeated_before_the_all_to_all) {
 // (attention_error_amplified's planted mode): it does not depend on the CPU's own rounding, so
 // the planted run measures the same on AVX2 and AVX-512 machines — 1.78 (U2 R2), 2.36 (U4 R1),
 // 1.90 (U1 R4) of the bound, linear in k (200: 0.89–1.17; 800: 3.6–4.7); amplifying the kernel's
-// own error instead measured 1.29 on an AVX2 EPYC and ≥ 1.35 on AVX-512 machines. The planted
-// run fails with ≥ 1.5×, the healthy one passes with ≥ 60×: loosening the bound by more than
-// 1.5× or tightening it by more than ~60× fails this test.
+// own error instead measured 1.29 on an AVX2 EPYC and ≥ 1.35 on AVX-512 machines. The healthy
+// run's worst row is the CPU's own rounding, so it moves with the instruction set: 0.013–0.015
+// of the bound with AVX-512 and FMA (build/), 0.017–0.018 at the x86-64 baseline without FMA
+// (the generic ASan build), where more products are rounded separately. The planted run fails
+// with ≥ 1.5×, the healthy one passes below 1/20 — 2.8× above the largest measured on either
+// ISA: loosening the bound by more than 1.5× or tightening it by more than ~20× fails this test.
 constexpr double kPlanted = 400;
 
 double worst_of_bound(const scenario& s, double k, bool planted = false) {
@@ -451,7 +454,7 @@ TEST(precision, attention_error_planted_above_the_healthy_one_fails_check) {
   for (const auto& s :
        {make(2, 2, 4, 2, {24, 40}), make(4, 1, 8, 2, {9, 14, 41}), make(1, 4, 4, 4, {64})}) {
     const double healthy = worst_of_bound(s, 1), planted = worst_of_bound(s, kPlanted, true);
-    EXPECT_LT(healthy, 1.0 / 60) << "U" << s.ulysses << " R" << s.ring;
+    EXPECT_LT(healthy, 1.0 / 20) << "U" << s.ulysses << " R" << s.ring;
     EXPECT_GT(planted, 1.5) << "U" << s.ulysses << " R" << s.ring << ": healthy " << healthy;
   }
 }
