@@ -474,6 +474,28 @@ void checker::find_shifted_calls() {
   }
 }
 
+namespace {
+
+/// One rank whose count differs from every other's, the others (two or more) agreeing; counts
+/// below 0 (not recorded) take no part.
+struct odd_rank {
+  int rank;
+  std::int64_t count, agreed;
+  std::vector<int> others;
+};
+std::optional<odd_rank> odd_one_out(const std::map<int, std::int64_t>& count_of) {
+  std::map<std::int64_t, std::vector<int>> by_count;
+  for (const auto& [r, n] : count_of)
+    if (n >= 0) by_count[n].push_back(r);
+  if (by_count.size() != 2) return std::nullopt;
+  auto odd = by_count.begin(), rest = std::next(odd);
+  if (odd->second.size() != 1) std::swap(odd, rest);
+  if (odd->second.size() != 1 || rest->second.size() < 2) return std::nullopt;
+  return odd_rank{odd->second.front(), odd->first, rest->first, rest->second};
+}
+
+}  // namespace
+
 void checker::summarize_absent(const std::set<int>& without_file) {
   rep_.missing_ranks.assign(without_file.begin(), without_file.end());
   auto& ev = rep_.missing_evidence;
@@ -544,27 +566,16 @@ void checker::summarize_absent(const std::set<int>& without_file) {
           "is the usual cause); rank {}'s own list was not recorded",
           key.second, key.first, absent, parts, absent));
       // One present rank against all the others (two or more, agreeing): named as a finding.
-      std::map<std::int64_t, std::vector<int>> by_count;
-      for (const auto& [r, n] : expect)
-        if (n >= 0) by_count[n].push_back(r);
-      if (by_count.size() != 2) continue;
-      const auto& [n_a, ranks_a] = *by_count.begin();
-      const auto& [n_b, ranks_b] = *std::next(by_count.begin());
-      if (std::min(ranks_a.size(), ranks_b.size()) != 1 ||
-          std::max(ranks_a.size(), ranks_b.size()) < 2)
-        continue;
-      const bool a_odd = ranks_a.size() == 1;
-      const int odd = a_odd ? ranks_a.front() : ranks_b.front();
-      const auto odd_n = a_odd ? n_a : n_b, agreed = a_odd ? n_b : n_a;
-      const auto& others = a_odd ? ranks_b : ranks_a;
-      add({category::size_mismatch, odd, key.first, key.second, "", "all_to_all",
-           fmt::format("rank {} expects {} elements from rank {} (its out_splits)", odd, odd_n,
-                       absent),
-           fmt::format("{} like ranks {}", agreed, fmt::join(others, ", ")),
+      const auto o = odd_one_out(expect);
+      if (!o) continue;
+      add({category::size_mismatch, o->rank, key.first, key.second, "", "all_to_all",
+           fmt::format("rank {} expects {} elements from rank {} (its out_splits)", o->rank,
+                       o->count, absent),
+           fmt::format("{} like ranks {}", o->agreed, fmt::join(o->others, ", ")),
            fmt::format("every other present rank expects {} from rank {}, which left no file: "
                        "rank {}'s split list is stale or computed from another layout (an "
                        "exchange uneven by design would need rank {}'s own list to tell)",
-                       agreed, absent, odd, absent),
+                       o->agreed, absent, o->rank, absent),
            0});
     }
   // Without split lists (Flight Recorder): what each present rank received in all.
@@ -583,20 +594,12 @@ void checker::summarize_absent(const std::set<int>& without_file) {
         "split lists, and the absent rank's part of the exchange is unknown",
         key.second, key.first, parts));
     // One present rank against all the others (two or more, agreeing): named as a finding.
-    std::map<std::int64_t, std::vector<int>> by_count;
-    for (const auto& [r, n] : by_rank) by_count[n].push_back(r);
-    if (by_count.size() != 2) continue;
-    const auto& [n_a, ranks_a] = *by_count.begin();
-    const auto& [n_b, ranks_b] = *std::next(by_count.begin());
-    if (std::min(ranks_a.size(), ranks_b.size()) != 1 ||
-        std::max(ranks_a.size(), ranks_b.size()) < 2)
-      continue;
-    const bool a_odd = ranks_a.size() == 1;
-    const int odd = a_odd ? ranks_a.front() : ranks_b.front();
-    const auto odd_n = a_odd ? n_a : n_b, agreed = a_odd ? n_b : n_a;
+    const auto o = odd_one_out(by_rank);
+    if (!o) continue;
+    const int odd = o->rank;
     add({category::size_mismatch, odd, key.first, key.second, "", "all_to_all",
-         fmt::format("rank {} receives {} elements in all", odd, odd_n),
-         fmt::format("{} like ranks {}", agreed, fmt::join(a_odd ? ranks_b : ranks_a, ", ")),
+         fmt::format("rank {} receives {} elements in all", odd, o->count),
+         fmt::format("{} like ranks {}", o->agreed, fmt::join(o->others, ", ")),
          fmt::format("in a Ulysses all-to-all of equal shards every rank receives the same: rank "
                      "{}'s receive sizes are stale or computed from another layout (the source "
                      "records no split lists; an exchange uneven by design would need the "
