@@ -245,15 +245,12 @@ for line in open(sys.argv[1]):
   "$seqpar" check --json -q --ulysses 1 --ring 4 --heads 2 --kv-heads 2 --head-dim 8 \
     --docs 16,8 --layers 1 |
     "$py" -c "import json,sys; print(json.dumps(json.load(sys.stdin)['scenario']))" >"$tmp/scen_r4.json"
-  port=29810
   for m in stale_out_splits float64_rank; do
-    port=$((port + 7))
-    SEQPAR_JOB_PORT=$port "$py" "$src/tests/equivalence/scripts/recorder_ulysses_nd.py" $m \
+    "$py" "$src/tests/equivalence/scripts/recorder_ulysses_nd.py" $m \
       "$tmp/$m.jsonl" "$tmp/scen.json" >/dev/null 2>&1 &
   done
   for m in healthy wrong_peer cu_from_zigzag_ids grad_op_mismatch; do
-    port=$((port + 7))
-    SEQPAR_JOB_PORT=$port "$py" "$src/tests/equivalence/scripts/recorder_ring.py" $m \
+    "$py" "$src/tests/equivalence/scripts/recorder_ring.py" $m \
       "$tmp/ring_$m.jsonl" "$tmp/scen_r4.json" >/dev/null 2>&1 &
   done
   wait
@@ -291,11 +288,12 @@ for line in open(sys.argv[1]):
   # (Flight Recorder 2.10 JSON), rerun now; the same jobs under torch 2.11 are committed in
   # traces/import-samples/torch211_gloo_* and judged below as well.
   for m in healthy stale_splits hang wrong_root; do
-    port=$((port + 7))
-    "$py" "$src/tests/equivalence/scripts/torch_trace_jobs.py" $m "$tmp/tj_$m" --port $port \
+    "$py" "$src/tests/equivalence/scripts/torch_trace_jobs.py" $m "$tmp/tj_$m" \
       >"$tmp/tj_$m.log" 2>&1 &
   done
   wait
+  [ -n "$(ls -A "$tmp/tj_healthy/kineto" 2>/dev/null)" ] ||
+    { echo "the healthy torch job left no profile; its log:"; tail -n 20 "$tmp/tj_healthy.log"; }
   torch2_jobs() {  # torch2_jobs DIR_PREFIX LABEL FORMATS
     local d=$1 l=$2 fmt
     for fmt in $3; do

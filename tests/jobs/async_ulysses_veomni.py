@@ -186,8 +186,9 @@ def main():
         case = json.load(f)
     manager = mp.Manager()
     results = manager.dict()
-    port = 29500 + os.getpid() % 1000
-    mp.spawn(rank_main, args=(args.veomni, case, port, results), nprocs=U)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sp_jobs import _free_port  # noqa: E402 (beside this script)
+    mp.spawn(rank_main, args=(args.veomni, case, _free_port(), results), nprocs=U)
     outputs = results[0][0] + results[1][0]
     producer = (f"VeOmni async_ulysses.py + helpers sha256 {results[0][1][:16]}, torch "
                 f"{torch.__version__}, gloo {U} processes")

@@ -8,10 +8,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "to
 import torch
 import torch.distributed as dist
 
+import recorded_job
 import seqpar_recorder as spr
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+os.environ.setdefault("MASTER_PORT", str(recorded_job.free_port()))
 dist.init_process_group("gloo", rank=0, world_size=1)
 rec = spr.Recorder(sys.argv[1])
 rec.name_group(dist.group.WORLD, "ulysses0")

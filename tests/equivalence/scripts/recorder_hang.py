@@ -2,7 +2,6 @@
 all_reduce the others make: they wait until gloo's 2 s timeout, which raises or aborts the
 process (SIGABRT). Writes the per-rank streams OUT.rank<r> whatever happens; the test merges and
 replays them and expects rank 3 named. Usage: recorder_hang.py OUT.jsonl"""
-import datetime
 import os
 import sys
 
@@ -11,13 +10,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import recorded_job
 import seqpar_recorder as spr
 
 
 def work(rank, P, out, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=P, timeout=datetime.timedelta(seconds=2))
+    recorded_job.init_gloo(rank, P, port, fails_after_s=2)
     rec = spr.Recorder(out)
     x = torch.randn(P * 2, 2, 4)
     y = torch.empty_like(x)
@@ -31,8 +29,7 @@ def work(rank, P, out, port):
 
 
 if __name__ == "__main__":
-    port = 29600 + os.getpid() % 300
     try:
-        mp.spawn(work, args=(4, sys.argv[1], port), nprocs=4)
+        mp.spawn(work, args=(4, sys.argv[1], recorded_job.free_port()), nprocs=4)
     except Exception as e:  # the victims' timeouts: expected
         print(f"job ended: {type(e).__name__}", file=sys.stderr)

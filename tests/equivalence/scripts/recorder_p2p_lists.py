@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import recorded_job
 import seqpar_recorder as spr
 
 
@@ -35,5 +36,5 @@ def work(rank, P, out, port):
 
 if __name__ == "__main__":
     out = sys.argv[1]
-    mp.spawn(work, args=(2, out, 29900 + os.getpid() % 90), nprocs=2)
+    mp.spawn(work, args=(2, out, recorded_job.free_port()), nprocs=2)
     spr.merge(out, [f"{out}.rank{r}" for r in range(2)])

@@ -10,7 +10,6 @@ MODE: healthy | wrong_peer (rank 2 sends its block two hops ahead, to rank 0, at
       | grad_op_mismatch (rank 1 all-gathers its gradient where the others all-reduce it)
 Writes OUT.jsonl (merged) for `seqpar replay`.
 """
-import datetime
 import os
 import sys
 
@@ -22,6 +21,7 @@ import recorded_job
 import seqpar_recorder as spr
 
 DOCS, H, HKV, D = [16, 8], 2, 2, 8
+HEALTHY = ("healthy", "cu_from_zigzag_ids")  # the modes whose job ends normally
 
 
 def zigzag_local(values, R, r):
@@ -41,11 +41,8 @@ def cu_from(pos):
 
 
 def work(rank, R, mode, out, config, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    # 10 s: the broken modes that hang end by this timeout; 3 s was too short for the
-    # rendezvous when several jobs start at once on a loaded 2-core machine.
-    dist.init_process_group("gloo", rank=rank, world_size=R, timeout=datetime.timedelta(seconds=10))
+    # 10 s: the broken modes that hang end by this timeout.
+    recorded_job.init_gloo(rank, R, port, None if mode in HEALTHY else 10)
     rec = spr.Recorder(out, config=config)
     rec.name_group(dist.group.WORLD, "ring0")
     pos = [p for d in DOCS for p in range(d)]
@@ -84,4 +81,4 @@ def work(rank, R, mode, out, config, port):
 
 
 if __name__ == "__main__":
-    recorded_job.main(work, 4, ("healthy", "cu_from_zigzag_ids"), 29500)
+    recorded_job.main(work, 4, HEALTHY)

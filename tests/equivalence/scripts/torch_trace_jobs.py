@@ -14,11 +14,10 @@ hop (send to r+1, receive from r-1). Modes (traces/README.md's bugs, made for re
   stale_splits    rank 1 passes the output all-to-all a split list left from the previous
                   (longer) batch; rank 3 dies (os._exit) after the step, before writing a file.
   hang            rank 3 dies before the gradient all-reduce; the others wait out gloo's
-                  timeout (4 s) in that call, catch the error and write their files.
+                  timeout (8 s) in that call, catch the error and write their files.
   wrong_root      rank 2 broadcasts the embedding from root 1, the others from root 0.
 """
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -28,6 +27,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import warnings
 from torch.profiler import ProfilerActivity, profile
+
+import recorded_job
 
 H, HKV, D = 8, 4, 8  # heads, KV heads, head_dim
 
@@ -95,12 +96,11 @@ def has_flight_recorder():
 
 def _work(rank, P, mode, out, port):
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"  # the Flight Recorder's ring buffer
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=P,
-                            timeout=datetime.timedelta(seconds=4))
+    # The broken modes end by gloo's timeout (8 s) in their collectives; the rendezvous waits
+    # for slow starters either way (16 processes importing torch at once on 2 cores).
+    recorded_job.init_gloo(rank, P, port, None if mode == "healthy" else 8)
     log = []
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         _step(rank, P, mode, log)
@@ -126,8 +126,10 @@ def main():
     ap.add_argument("mode", choices=("healthy", "stale_splits", "hang", "wrong_root"))
     ap.add_argument("out")
     ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--port", type=int, default=int(os.environ.get("SEQPAR_JOB_PORT", "29640")))
+    ap.add_argument("--port", type=int, default=int(os.environ.get("SEQPAR_JOB_PORT", 0)),
+                    help="the rendezvous port (default: a free one)")
     a = ap.parse_args()
+    a.port = a.port or recorded_job.free_port()
     for sub in ("kineto", "fr") if has_flight_recorder() else ("kineto",):
         os.makedirs(os.path.join(a.out, sub), exist_ok=True)
     ctx = mp.get_context("spawn")
