@@ -237,13 +237,28 @@ def _lock_rank(directory, rank):
     return f
 
 
+def _padded_cu(cu_seqlens, padding_from, position_ids, ulysses, ring):
+    """cu_seqlens as the meta holds them. With padding_from (the row is padded past the
+    kernel's own cu_seqlens, which end there: xorl with a ring) and cu_seqlens that stop at it,
+    the padding's placement blocks are appended the way xorl makes them (fake documents of up
+    to 1024 tokens) up to the padded length, every rank's tokens times ulysses × ring."""
+    cu = _as_list(cu_seqlens)
+    if padding_from is None:
+        return cu
+    total = len(_as_list(position_ids)) * int(ulysses) * int(ring)
+    if cu and cu[-1] == int(padding_from):
+        while cu[-1] < total:
+            cu.append(min(cu[-1] + 1024, total))
+    return cu
+
+
 class Dumper(object):
     """Records the attention of one rank into `directory` (see the module docstring)."""
 
     def __init__(self, directory, *, ulysses, ring, ulysses_rank, ring_rank, heads, kv_heads,
                  head_dim, scale, causal, cu_seqlens, position_ids, ring_layout="zigzag",
                  rank=None, world_size=None, dtype=None, job="", durable=True, window_back=-1,
-                 window_ahead=-1, chunk=0, softcap=0.0):
+                 window_ahead=-1, chunk=0, softcap=0.0, padding_from=None):
         if rank is None or world_size is None:
             drank, dworld = 0, 1
             try:
@@ -275,12 +290,14 @@ class Dumper(object):
             "head_dim": int(head_dim),
             "scale": float(scale),
             "causal": bool(causal),
-            "cu_seqlens": _as_list(cu_seqlens),
+            "cu_seqlens": _padded_cu(cu_seqlens, padding_from, position_ids, ulysses, ring),
             "position_ids": _as_list(position_ids),
             "dtype": _dtype_name(dtype),
             "torch": str(torch.__version__),
             "job": str(job),
         }
+        if padding_from is not None:
+            self._meta["padding_from"] = int(padding_from)
         # The attention options (docs/dump_format.md), written only when set.
         for key, value, off in (("window_back", int(window_back), -1),
                                 ("window_ahead", int(window_ahead), -1), ("chunk", int(chunk), 0),

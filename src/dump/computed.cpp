@@ -87,12 +87,15 @@ dump_row compare_rows(call_context& c, const std::string& st, int k, const view&
                 row_err / std::max(tol_abs, 1e-300));
   }
   if (row.pass) c.failed.erase({st, k});
+  const auto padding =
+      smp.padding > 0 ? fmt::format("; {} rows of padding not judged", smp.padding) : "";
   if (c.every_row())
-    row.note = row.pass ? "" : "worst at " + worst_note;
-  else
     row.note =
-        fmt::format("sampled {} of {} rows ({} boundary, {} random){}", smp.rows.size(), v.rows(),
-                    smp.boundary, smp.random, row.pass ? "" : "; worst at " + worst_note);
+        row.pass ? padding.substr(padding.empty() ? 0 : 2) : "worst at " + worst_note + padding;
+  else
+    row.note = fmt::format("sampled {} of {} rows ({} boundary, {} random){}{}", smp.rows.size(),
+                           v.rows() - smp.padding, smp.boundary, smp.random,
+                           row.pass ? "" : "; worst at " + worst_note, padding);
   c.rep.rows_checked += static_cast<std::int64_t>(smp.rows.size());
   return dump_row{c.call, std::move(row), std::move(heat)};
 }
@@ -150,7 +153,7 @@ void check_computed(call_context& c, bool backward) {
       const int stream = v.kind == view::local && c.g.U > 1 ? 1 : 2;  // U = 1: one view
       const auto smp = c.select(v, k, stream, per_rank);
       qrandom[si] += smp.random;
-      if (static_cast<std::int64_t>(smp.rows.size()) != v.rows()) qcomplete[si] = false;
+      if (!smp.every(v)) qcomplete[si] = false;
       // One reference per (rank, rows): every query-side stage of those rows reads it.
       auto& cache = qcache[stream];
       if (cache.at.empty()) {
@@ -224,7 +227,7 @@ void check_computed(call_context& c, bool backward) {
       if (!c.present(q.st, k, v.shape(c.g))) continue;
       const auto smp = c.select(v, k, v.kind == view::local ? 3 : 4, per_rank);
       krandom[si] += smp.random;
-      if (static_cast<std::int64_t>(smp.rows.size()) != v.rows()) kcomplete[si] = false;
+      if (!smp.every(v)) kcomplete[si] = false;
       // A row of X heads: X = Hr (a copy: H / Hr query heads) or Hkv (every copy).
       const int per = query_heads_per_key_row(c.g, v, q.copies);
       // dK and dV of the same rows come from one pass (grad.k.* then grad.v.*).
@@ -270,7 +273,7 @@ void check_sink_gradient(call_context& c, const row_reference& ref,
   }
   c.progress("the sinks' gradient over every query row");
   std::vector<query_row> rows;
-  for (std::int64_t t = 0; t < c.g.S; ++t)  // the dump's cu_seqlens cover the whole row
+  for (std::int64_t t = 0; t < c.g.pad_from; ++t)  // every token of a document
     for (int h = 0; h < H; ++h) rows.push_back({t, h});
   query_result stats;
   if (c.every_row()) stats = ref.queries(variant, rows, false);

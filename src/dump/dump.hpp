@@ -55,6 +55,11 @@ struct dump_meta {
   /// The job's attention options (causal mirrors `causal`); calls may override them.
   dump_attention attention;
   std::vector<std::int32_t> cu_seqlens;
+  /// Tokens at and after this boundary of cu_seqlens are padding outside every document (the
+  /// kernel's own cu_seqlens end there): placed like the segments cu_seqlens gives them, moved
+  /// by the all-to-alls, never attended; their attention rows are not judged. cu_seqlens[-1]
+  /// (the default): no such padding.
+  std::int64_t padding_from = -1;
   std::vector<std::int64_t> position_ids;
   std::string dtype, job;
   std::vector<dump_call_files> calls;

@@ -35,8 +35,10 @@ row_set call_context::select(const view& v, int k, std::uint64_t stream,
                              std::int64_t per_rank) const {
   if (!every_row()) return draw(v, k, stream, per_rank);
   row_set s;
-  s.rows.resize(static_cast<std::size_t>(v.rows()));
-  for (std::int64_t i = 0; i < v.rows(); ++i) s.rows[static_cast<std::size_t>(i)] = i;
+  s.rows.reserve(static_cast<std::size_t>(v.rows()));
+  for (std::int64_t i = 0; i < v.rows(); ++i)
+    if (v.tokens[static_cast<std::size_t>(v.at(i).first)] < g.pad_from) s.rows.push_back(i);
+  s.padding = v.rows() - static_cast<std::int64_t>(s.rows.size());
   s.boundary = draw(v, k, stream, 0).boundary;
   return s;
 }
@@ -55,10 +57,16 @@ row_set call_context::draw(const view& v, int k, std::uint64_t stream,
                       (ti + 1 < n && v.tokens[static_cast<std::size_t>(ti + 1)] != t + 1);
     return doc_first || doc_last || piece || jump;
   };
-  for (std::int64_t ti = 0; ti < n; ++ti)
-    if (is_edge(ti))
-      for (int j = 0; j < v.X; ++j) pick.insert(v.kind == view::lse ? j * n + ti : ti * v.X + j);
+  const auto padding = [&](std::int64_t ti) {
+    return v.tokens[static_cast<std::size_t>(ti)] >= g.pad_from;
+  };
   row_set s;
+  for (std::int64_t ti = 0; ti < n; ++ti) {
+    if (padding(ti))
+      s.padding += v.X;
+    else if (is_edge(ti))
+      for (int j = 0; j < v.X; ++j) pick.insert(v.kind == view::lse ? j * n + ti : ti * v.X + j);
+  }
   s.boundary = static_cast<std::int64_t>(pick.size());
   rng r(mix64(opt.seed ^ mix64(stream * 1000003 + static_cast<std::uint64_t>(k))));
   // Drawn as (token, head) so that every view of the same rows (gathered, LSE) gets the same
@@ -66,7 +74,7 @@ row_set call_context::draw(const view& v, int k, std::uint64_t stream,
   for (std::int64_t i = 0; i < per_rank && n > 0; ++i) {
     const auto ti = r.between(0, n - 1);
     const auto j = r.between(0, v.X - 1);
-    pick.insert(v.kind == view::lse ? j * n + ti : ti * v.X + j);
+    if (!padding(ti)) pick.insert(v.kind == view::lse ? j * n + ti : ti * v.X + j);
   }
   s.rows.assign(pick.begin(), pick.end());
   s.random = static_cast<std::int64_t>(s.rows.size()) - s.boundary;
@@ -125,23 +133,31 @@ std::vector<compared_tensor> layout_rows(const dump_set& d, const geometry& g) {
 
 void set_model(call_context& c) {
   auto& e = c.model;
-  // The largest finite magnitude of a stage over every rank (ranks spread over the threads;
-  // a maximum does not depend on the order).
+  // The largest finite magnitude of a stage over every rank and every row of a document (ranks
+  // spread over the threads; a maximum does not depend on the order). Padding rows are left
+  // out: a kernel owes them nothing (flash-attention leaves them unwritten).
   const auto max_abs = [&](const std::string& st) {
     std::mutex mu;
     double m = 0;
     parallel_for(static_cast<std::size_t>(c.g.P), c.opt.threads, [&](std::size_t k) {
       const auto* t = c.mc.get(static_cast<int>(k), st);
       if (!t) return;
+      const auto v = view_of(c.g, st, static_cast<int>(k));
+      const std::int64_t width = v.kind == view::lse ? 1 : c.g.D;
+      const bool padded = c.g.pad_from < c.g.S && t->numel == v.rows() * width;
       std::vector<double> buf(1 << 16);
       double mk = 0;
       const auto block = static_cast<std::int64_t>(buf.size());
       for (std::int64_t i = 0; i < t->numel; i += block) {
         const auto n = std::min(block, t->numel - i);
         t->read(i, n, buf.data());
-        for (std::int64_t j = 0; j < n; ++j)
+        for (std::int64_t j = 0; j < n; ++j) {
+          if (padded &&
+              v.tokens[static_cast<std::size_t>(v.at((i + j) / width).first)] >= c.g.pad_from)
+            continue;
           if (std::isfinite(buf[static_cast<std::size_t>(j)]))
             mk = std::max(mk, std::abs(buf[static_cast<std::size_t>(j)]));
+        }
       }
       c.mc.release();  // one rank's tensor at a time
       std::lock_guard lock(mu);
@@ -164,6 +180,7 @@ void set_model(call_context& c) {
       std::vector<query_row> rows;
       for (std::int64_t i = 0; i < v.rows(); ++i) {
         const auto [ti, j] = v.at(i);
+        if (v.tokens[static_cast<std::size_t>(ti)] >= c.g.pad_from) continue;  // never attended
         rows.push_back({v.tokens[static_cast<std::size_t>(ti)], v.h0 + j});
       }
       const auto r = ref.queries(ref.reference(), rows, false);

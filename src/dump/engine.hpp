@@ -63,7 +63,12 @@ inline int query_heads_per_key_row(const geometry& g, const view& v, int copies)
 struct row_set {
   std::vector<std::int64_t> rows;  ///< element rows of the view, ascending
   std::int64_t boundary = 0, random = 0;
-  bool every(const view& v) const { return static_cast<std::int64_t>(rows.size()) == v.rows(); }
+  std::int64_t padding = 0;  ///< the view's rows of padding tokens (geometry::pad_from): never
+                             ///< compared
+  /// Every row that can be judged is compared.
+  bool every(const view& v) const {
+    return static_cast<std::int64_t>(rows.size()) + padding == v.rows();
+  }
 };
 
 /// Where a data-movement stage's row comes from: (tensor, element offset).
@@ -103,7 +108,8 @@ struct call_context {
   /// and Ulysses piece edge) and `per_rank` uniform random rows of rank k's view from random
   /// stream `stream` (the same (token, head) rows for every view kind of a stream).
   row_set draw(const view& v, int k, std::uint64_t stream, std::int64_t per_rank) const;
-  /// The rows the call compares: every row in exhaustive mode, else draw().
+  /// The rows the call compares: every row in exhaustive mode, else draw(). Neither holds rows
+  /// of padding tokens (outside every document: no attention result is owed for them).
   row_set select(const view& v, int k, std::uint64_t stream, std::int64_t per_rank) const;
 
   void add(compared_tensor row);

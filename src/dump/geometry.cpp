@@ -54,6 +54,7 @@ geometry::geometry(const dump_meta& m)
       S(m.cu_seqlens.back()),
       s(S / P),
       Sg(s * U),
+      pad_from(m.padding_from),
       cu(m.cu_seqlens) {
   const auto docs = doc_ranges(cu);
   if (R > 1 && m.zigzag) {
@@ -94,7 +95,8 @@ double error_model::of(const std::string& stage, io::st_dtype t) const {
 }
 bound_units complete_model(error_model& e, const geometry& g, double scale, const io::st_dtype* lse,
                            const io::st_dtype* q) {
-  for (const auto& d : doc_ranges(g.cu)) e.L = std::max(e.L, static_cast<double>(d.size()));
+  for (const auto& d : doc_ranges(g.cu))
+    if (d.start < g.pad_from) e.L = std::max(e.L, static_cast<double>(d.size()));
   e.scale = scale;
   e.D = g.D;
   e.R = g.R;

@@ -61,6 +61,9 @@ struct geometry {
   int hq;   ///< query heads per rank after the all-to-all
   int hk;   ///< KV heads per rank after the all-to-all (of the repeated Hkv·rep)
   std::int64_t S, s, Sg;
+  /// Tokens at and after it are padding outside every document (dump_meta::padding_from): their
+  /// rows are moved but never attended, so no computed stage judges them. S: none.
+  std::int64_t pad_from;
   std::vector<std::int32_t> cu;
   std::vector<std::int64_t> perm;  ///< rank-ordered row → global token (zigzag or identity)
   std::vector<std::int64_t> pos;   ///< global token → position id

@@ -88,6 +88,9 @@ dump_meta parse_meta(const std::string& path) {
   };
   m.attention = options(j, dump_attention{m.causal});
   m.cu_seqlens = field<std::vector<std::int32_t>>(j, "cu_seqlens", path);
+  m.padding_from = j.contains("padding_from")
+                       ? field<std::int64_t>(j, "padding_from", path)
+                       : static_cast<std::int64_t>(m.cu_seqlens.empty() ? 0 : m.cu_seqlens.back());
   m.position_ids = field<std::vector<std::int64_t>>(j, "position_ids", path);
   m.dtype = j.value("dtype", std::string());
   m.job = j.value("job", std::string());
@@ -141,6 +144,13 @@ void check_layout(const dump_meta& m) {
         fmt::format("the packed row has {} tokens (cu_seqlens[-1]), not a multiple of ulysses × "
                     "ring = {}: SP padding must be part of cu_seqlens",
                     S, P));
+  if (m.padding_from <= 0 || m.padding_from > S ||
+      !std::binary_search(cu.begin(), cu.end(), static_cast<std::int32_t>(m.padding_from)))
+    bad(
+        fmt::format("padding_from={} must be one of cu_seqlens {} after 0 (where the kernel's "
+                    "own cu_seqlens end; the segments after it are the padding's placement "
+                    "blocks); leave it out when every token belongs to a document",
+                    m.padding_from, cu));
   if (static_cast<std::int64_t>(m.position_ids.size()) != S / P)
     bad(fmt::format("position_ids has {} entries but every rank holds {} / {} = {} tokens",
                     m.position_ids.size(), S, P, S / P));
@@ -150,7 +160,8 @@ void check_layout(const dump_meta& m) {
 bool same_layout(const dump_meta& a, const dump_meta& b) {
   return a.ulysses == b.ulysses && a.ring == b.ring && a.zigzag == b.zigzag && a.heads == b.heads &&
          a.kv_heads == b.kv_heads && a.head_dim == b.head_dim && a.scale == b.scale &&
-         a.causal == b.causal && a.attention == b.attention && a.cu_seqlens == b.cu_seqlens;
+         a.causal == b.causal && a.attention == b.attention && a.cu_seqlens == b.cu_seqlens &&
+         a.padding_from == b.padding_from;
 }
 
 }  // namespace
@@ -186,7 +197,8 @@ dump_set read_dump(const std::string& dir) {
     if (!same_layout(all.front(), all.back()))
       fail<config_error>(
           "{} and {} describe different layouts (ulysses, ring, heads, head_dim, "
-          "scale, the attention options or cu_seqlens differ): one dump directory per job and step",
+          "scale, the attention options, cu_seqlens or padding_from differ): one dump directory "
+          "per job and step",
           all.front().path, all.back().path);
   }
   const int P = all.front().ulysses * all.front().ring;

@@ -2,6 +2,7 @@
 #include "verify/attention_stages.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -163,8 +164,12 @@ void attention_stages::write(const std::string& dir) const {
   std::lock_guard lock(mu_);
   // The row's true documents, not what a collator handed the kernel (the engine judges the
   // kernel against them): the real tokens' from their position ids; the padded tail's as the
-  // collator placed it (its own document, or the last document's continuation).
-  const auto L = cb_.original_length;
+  // collator placed it (its own document, or the last document's continuation). Where the
+  // kernel's cu_seqlens end before the row does (xorl with a ring: cu_seqlens from the unpadded
+  // position ids), the rest is padding outside every document: its placement blocks (the
+  // padded position ids' segments, which the zigzag cut) follow, and padding_from says where
+  // they start.
+  const auto L = cb_.original_length, N = cb_.padded_length;
   const auto& kernel_cu = cb_.ranks.front().cu_seqlens;
   const std::span<const std::int64_t> real(cb_.padded.position_ids.data(),
                                            static_cast<std::size_t>(L));
@@ -173,12 +178,12 @@ void attention_stages::write(const std::string& dir) const {
     if (b < L) cu.push_back(b);
   for (auto b : kernel_cu)
     if (b >= L) cu.push_back(b);
-  if (cu.empty() || cu.back() != cb_.padded_length)
-    fail<config_error>(
-        "the collated row's cu_seqlens end at {} but the row is padded to {}: tokens outside "
-        "every document have no place in a seqpar-dump/1 layout, so the attention's stages are "
-        "not judged one by one",
-        kernel_cu.empty() ? 0 : kernel_cu.back(), cb_.padded_length);
+  const std::int64_t padding_from = cu.empty() ? 0 : cu.back();
+  if (padding_from < N)
+    for (auto b : cu_seqlens_from_position_ids(cb_.padded.position_ids))
+      if (b > padding_from) cu.push_back(b);
+  if (cu.empty() || cu.back() != N || padding_from <= 0)
+    fail<error>("the collated row's cu_seqlens {} do not place the row of {} tokens", kernel_cu, N);
   for (const auto& rank : calls_)
     for (const auto& [name, f] : rank)
       if (std::none_of(f.fwd.begin(), f.fwd.end(),
@@ -240,6 +245,7 @@ void attention_stages::write(const std::string& dir) const {
                               {"scale", 1.0 / std::sqrt(static_cast<double>(s_.head_dim))},
                               {"causal", !s_.bidirectional},
                               {"cu_seqlens", cu},
+                              {"padding_from", padding_from},
                               {"position_ids", positions},
                               {"dtype", type_ == io::st_dtype::f32 ? "float32" : "float64"},
                               {"job", "seqpar check: the SP step's own attention"},

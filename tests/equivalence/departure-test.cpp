@@ -3,6 +3,7 @@
 // exchange and a ring all-gather; a transport bug injected through the communicator seam; and
 // bugs that no collective shows (compute, collation) said to be in computation.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -173,6 +174,58 @@ TEST(departure, compute_bugs_in_attention_are_diagnosed_by_the_dump_engine) {
   EXPECT_TRUE(has(rep.departure, "; in attention: call L0.attn")) << rep.departure;
 }
 
+TEST(departure, a_padded_row_is_judged_stage_by_stage) {
+  // The default scenario's row is padded past its last document (xorl with a ring: cu_seqlens
+  // end at 52, the row at 56): the pad tokens are placed, moved and never attended, and the
+  // attention's stages are still judged one by one: a strided head scatter is named at the
+  // gathered q, V built from K's heads at the gathered v, on the padded row as on an unpadded one.
+  auto padded = builtin_scenario("default");
+  auto unpadded = padded;
+  unpadded.docs = {24, 16, 16};
+  const struct {
+    const char* name;
+    std::function<std::unique_ptr<compute>(std::unique_ptr<compute>, communicator&)> bug;
+    const char* stage;
+  } cases[] = {
+      {"heads scattered strided", test::wrap_compute_in<test::heads_scattered_strided>(),
+       "q.gathered"},
+      {"V repeated from K", test::wrap_compute_in<test::v_repeated_from_k>(), "v.gathered"}};
+  for (const auto& s : {padded, unpadded})
+    for (const auto& c : cases) {
+      SCOPED_TRACE(fmt::format("{} on docs {}", c.name, fmt::join(s.docs, ",")));
+      verify::check_options o;
+      o.wrap_compute = c.bug;
+      const auto rep = verify::run_check(s, o);
+      ASSERT_FALSE(rep.pass);
+      ASSERT_TRUE(rep.attention.has_value()) << rep.departure;
+      EXPECT_EQ(rep.attention->stage, c.stage) << rep.departure;
+      EXPECT_EQ(rep.attention->call_name, "L0.attn") << rep.departure;
+    }
+  // Healthy, the padded row's dump says where its padding starts, and every stage passes.
+  const auto cb = collate(make_batch(padded), options_of(padded));
+  verify::attention_stages stages(padded, cb, dtype::f64);
+  verify::check_options o;
+  o.attention = &stages;
+  ASSERT_TRUE(verify::run_check(padded, o).pass);
+  const auto dir = std::filesystem::temp_directory_path() / "seqpar-padded-row";
+  std::filesystem::remove_all(dir);
+  stages.write(dir.string());
+  const auto set = verify::read_dump(dir.string());
+  EXPECT_EQ(set.ranks.front().padding_from, 52);
+  EXPECT_EQ(set.ranks.front().cu_seqlens.back(), 56);
+  verify::dump_options opt;
+  opt.mode = verify::dump_options::mode_t::exhaustive;
+  const auto rep = verify::validate_dump(set, opt);
+  std::filesystem::remove_all(dir);
+  EXPECT_FALSE(rep.first.has_value()) << rep.first->stage << ": " << rep.first->diagnosis;
+  bool noted = false;
+  for (const auto& r : rep.rows) {
+    EXPECT_TRUE(r.row.pass) << r.row.tensor << " rank " << r.row.rank << ": " << r.row.note;
+    noted = noted || r.row.note.find("rows of padding not judged") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+}
+
 TEST(departure, compute_bugs_before_attention_are_placed_at_their_stage) {
   // Each layer stage is compared with the reference's own (its intermediates, rows mapped by
   // the layout): a bug in the projections or the q/k norm is named where it happens, not at
@@ -326,8 +379,7 @@ TEST(departure, healthy_attention_options_leave_no_departure_anywhere) {
   std::vector<scenario> scens;
   for (const char* name : {"gpt-oss", "gemma2", "llama4", "dit"}) {
     auto s = builtin_scenario(name);
-    s.ulysses_strategy = "sync";                     // async Ulysses records no local shard stages
-    if (s.name == "gpt-oss") s.docs = {40, 24, 16};  // no pad tokens outside every document
+    s.ulysses_strategy = "sync";  // async Ulysses records no local shard stages
     scens.push_back(s);
   }
   auto w = make(2, 2, 4, 2, {24, 16});

@@ -38,6 +38,12 @@ expect 2 "is not seqpar-dump/1" -- validate --dump "$tmp/d2"
 cp -r "$dumps/$healthy" "$tmp/d2b"
 sed -i 's/"heads": *[0-9]*/"heads": 1e70/' "$tmp/d2b/rank1.json"
 expect 2 '"heads" is 1e+70 where an integer in [-2147483648, 2147483647] was expected' -- validate --dump "$tmp/d2b"
+# padding_from must be one of the documents' boundaries (where the kernel's cu_seqlens end).
+cp -r "$dumps/$healthy" "$tmp/d2c"
+for m in "$tmp"/d2c/rank*.json; do
+  sed -i 's/"cu_seqlens":/"padding_from": 7, "cu_seqlens":/' "$m"
+done
+expect 2 "padding_from=7 must be one of cu_seqlens" -- validate --dump "$tmp/d2c"
 cp -r "$dumps/$healthy" "$tmp/d3"
 head -c 100 "$dumps/$healthy/rank1/call0000.fwd.safetensors" >"$tmp/d3/rank1/call0000.fwd.safetensors"
 expect 2 "call0000.fwd.safetensors" -- validate --dump "$tmp/d3" --html "$tmp/d3.html"

@@ -406,6 +406,30 @@ void bias_added_twice::add_bias(tensor& x, const tensor& b) {
 
 tensor kv_not_repeated_before_all_to_all::repeat_heads(const tensor& x, int) { return x; }
 
+void heads_scattered_strided::pack_for_heads(const a2a_geometry& g, const tensor& x, tensor& wire) {
+  const std::int64_t S = x.shape[0], H = x.shape[1];
+  const std::int64_t hl = H / g.peers;
+  if (g.a != 1 || hl < 2) return inner().pack_for_heads(g, x, wire);
+  // Head j·hl + i of the reordered tensor is head j + peers·i of x.
+  std::vector<std::int64_t> rows;
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t j = 0; j < g.peers; ++j)
+      for (std::int64_t i = 0; i < hl; ++i) rows.push_back(s * H + j + g.peers * i);
+  const tensor strided =
+      inner().gather_rows(x.reshaped({S * H, x.shape[2]}), rows).reshaped(x.shape);
+  inner().pack_for_heads(g, strided, wire);
+}
+
+tensor v_repeated_from_k::repeat_heads(const tensor& x, int rep) {
+  if (!k_) {
+    k_ = inner().clone(x);
+    return inner().repeat_heads(x, rep);
+  }
+  tensor k = std::move(*k_);
+  k_.reset();
+  return inner().repeat_heads(k, rep);
+}
+
 tensor attention_error_amplified::widened(const tensor& x) {
   return from_host(dtype::f64, x.shape, to_host(x));
 }

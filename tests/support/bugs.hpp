@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -269,6 +270,26 @@ class attention_error_amplified : public forwarding_compute {
   double k_;
   bool planted_;
   std::uint64_t calls_ = 0;  ///< tensors planted so far: each gets its own signs
+};
+
+/// An all-to-all plan that scatters heads strided: peer j receives heads j, j + U, j + 2U, …
+/// instead of the contiguous block [j·H/U, (j+1)·H/U) (every pre-attention all-to-all, the
+/// backward's included).
+class heads_scattered_strided : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void pack_for_heads(const a2a_geometry& g, const tensor& x, tensor& wire) override;
+};
+
+/// V built by repeating K's heads (U > Hkv): the second of each pair of KV repeats (K, then V,
+/// as the Ulysses step makes them) returns the first's.
+class v_repeated_from_k : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  tensor repeat_heads(const tensor& x, int rep) override;
+
+ private:
+  std::optional<tensor> k_;
 };
 
 /// K/V heads not repeated before the all-to-all (U > Hkv): the repeat left for after it.
