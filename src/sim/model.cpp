@@ -508,10 +508,12 @@ class rank_step {
   step_output<T> run() {
     // Forward.
     mat<T> x = ops::embedding_fwd(p["embed"], ids);
+    tap(-1, "embed", x);  // the step outside the layers: layer −1 before them, layers after
     std::vector<layer_cache<T>> caches(static_cast<std::size_t>(s.layers));
     for (int l = 0; l < s.layers; ++l) x = layer_forward(l, caches[static_cast<std::size_t>(l)], x);
     col<T> r_final;
     const mat<T> final_normed = ops::rms_norm_fwd(x, p["final_norm"], r_final);
+    tap(s.layers, "final_norm", final_normed);
 
     // Logits and the local cross-entropy sum (tiled: tile by tile, like ALST's tiled loss; the
     // logits are still returned for the comparison, the backward recomputes them per tile).
@@ -532,6 +534,7 @@ class rank_step {
       out.logits = ops::linear_fwd(final_normed, p["lm_head"]);
       ce_sum = ops::cross_entropy_fwd(out.logits, labels, n_local);
     }
+    tap(s.layers, "logits", out.logits);
 
     // Loss (SEMANTICS.md §5).
     const bool reduce_loss = env.loss_group.size() > 1;
@@ -563,21 +566,28 @@ class rank_step {
     mat<T> dfinal;
     if (tiles.size() > 1) {
       dfinal.resize(n, s.hidden);
+      mat<T> tapped;  // the tiles' logit gradients, kept only for a tap
+      if (env.tap_layer) tapped.resize(n, s.vocab);
       for (const auto& [b, len] : tiles) {
         const mat<T> rows = final_normed.middleRows(b, len);
         const mat<T> logits = ops::linear_fwd(rows, p["lm_head"]);  // recomputed
         const mat<T> dlogits = ops::cross_entropy_bwd(
             logits, labels.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(len)),
             coef);
+        if (env.tap_layer) tapped.middleRows(b, len) = dlogits;
         dfinal.middleRows(b, len) = ops::linear_bwd(rows, p["lm_head"], dlogits, gr["lm_head"]);
       }
+      if (env.tap_layer) tap_grad(s.layers, "d_logits", tapped);
     } else {
       const mat<T> dlogits = ops::cross_entropy_bwd(out.logits, labels, coef);
+      tap_grad(s.layers, "d_logits", dlogits);
       dfinal = ops::linear_bwd(final_normed, p["lm_head"], dlogits, gr["lm_head"]);
     }
+    tap_grad(s.layers, "d_final_norm", dfinal);
     mat<T> dx = ops::rms_norm_bwd(x, p["final_norm"], r_final, dfinal, gr["final_norm"]);
     for (int l = s.layers - 1; l >= 0; --l)
       dx = layer_backward(l, caches[static_cast<std::size_t>(l)], dx);
+    tap_grad(-1, "d_embed", dx);
     ops::embedding_bwd(dx, ids, gr["embed"]);
     out.embed_out_grad = std::move(dx);
     if (shifts_whole_row(env.profile) && env.loss_group.size() > 1)

@@ -121,8 +121,10 @@ struct sp_env {
   /// gradient arriving at the layer's output), "d_mlp_act", "d_mlp_norm", "d_mid" (at the
   /// attention block's output), "d_attn" (at the attention's output, after the gate's
   /// backward), "d_q", "d_k", "d_v" (what the attention's backward returns, before RoPE's;
-  /// sync Ulysses and ring only), "d_attn_norm". The reference's ref::layer_tap gives the same
-  /// stages of the whole row. Empty: nothing is recorded.
+  /// sync Ulysses and ring only), "d_attn_norm". The step outside the layers: layer −1 "embed"
+  /// and "d_embed", layer `s.layers` "final_norm", "logits", "d_logits", "d_final_norm". The
+  /// reference's ref::layer_tap gives the same stages of the whole row. Empty: nothing is
+  /// recorded.
   std::function<void(int, const std::string&, const Eigen::MatrixXd&)> tap_layer;
 };
 

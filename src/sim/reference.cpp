@@ -774,6 +774,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
 
   // Forward: x ← x + attention(norm(x)); x ← x + mlp(norm(x)).
   matrix x = ops::embedding(w.at("embed"), ids);
+  if (tap) tap(-1, "embed", x);  // the step outside the layers: −1 before them, layers after
   std::vector<layer_activations> acts(static_cast<std::size_t>(s.layers));
   for (int l = 0; l < s.layers; ++l) {
     auto& c = acts[static_cast<std::size_t>(l)];
@@ -846,6 +847,8 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
   }
   const matrix final_normed = ops::rms_norm(x, w.at("final_norm"), threads);
   out.logits = ops::linear(final_normed, w.at("lm_head"), threads);
+  if (tap) tap(s.layers, "final_norm", final_normed);
+  if (tap) tap(s.layers, "logits", out.logits);
 
   // Loss: mean cross-entropy over the valid labels (0 when there are none).
   const double ce = ops::cross_entropy_sum(out.logits, labels, out.valid_tokens, threads);
@@ -854,8 +857,10 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
 
   // Backward.
   const matrix dlogits = ops::cross_entropy_backward(out.logits, labels, 1.0 / denom, threads);
+  if (tap) tap(s.layers, "d_logits", dlogits);
   const matrix dfinal =
       ops::linear_backward(final_normed, w.at("lm_head"), dlogits, gr.at("lm_head"), threads);
+  if (tap) tap(s.layers, "d_final_norm", dfinal);
   matrix dx = ops::rms_norm_backward(x, w.at("final_norm"), dfinal, gr.at("final_norm"), threads);
   for (int l = s.layers - 1; l >= 0; --l) {
     const auto& c = acts[static_cast<std::size_t>(l)];
@@ -946,6 +951,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     dx = dx_mid + ops::rms_norm_backward(c.x_in, w.at(L(l, "attn_norm")), da,
                                          gr.at(L(l, "attn_norm")), threads);
   }
+  if (tap) tap(-1, "d_embed", dx);
   ops::embedding_backward(dx, ids, gr.at("embed"));
   out.embed_out_grad = std::move(dx);
   return out;

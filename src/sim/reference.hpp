@@ -92,7 +92,10 @@ struct step_result {
 /// "mlp_act", "x_out"; backward "d_out" (the gradient arriving at the layer's output),
 /// "d_mlp_act", "d_mlp_norm", "d_mid" (at the attention block's output), "d_attn" (at the
 /// attention's output, after the gate's backward), "d_q", "d_k", "d_v" (the attention's
-/// backward, before RoPE's), "d_attn_norm". GatedDeltaNet layers give no q/k/v stages.
+/// backward, before RoPE's), "d_attn_norm". GatedDeltaNet layers give no q/k/v stages. The step
+/// outside the layers: layer −1 "embed" (the embedding's output) and "d_embed" (the gradient
+/// arriving at it); layer `s.layers` "final_norm", "logits", "d_logits" (the loss's gradient:
+/// softmax − one-hot of the labels, over the valid tokens) and "d_final_norm".
 using layer_tap = std::function<void(int, const std::string&, const matrix&)>;
 step_result train_step(const scenario& s, const weights& w, const batch& b, int threads = 0,
                        const layer_tap& tap = {});

@@ -65,7 +65,11 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
       where->map.solid = doc_bounds(s);
       rep.heatmaps.insert(rep.heatmaps.begin(), std::move(where->map));
     } else {
-      transport += "; every layer's boundaries, forward and backward, match the reference's";
+      transport +=
+          "; every stage of the step (the embedding, each layer's boundaries, the final norm, "
+          "the logits and the loss's gradient), forward and backward, matches the reference's "
+          "(a parameter's gradient that still differs is made wrong from right rows: its "
+          "accumulation or its reduction across ranks)";
     }
   } catch (const std::exception&) {
     // The boundaries are a refinement: without them the attention's verdict still stands.

@@ -747,12 +747,23 @@ std::optional<layer_departure> first_layer_departure(
       {"d_k", "backward: k's gradient from the attention's backward (before RoPE's)"},
       {"d_v", "backward: v's gradient from the attention's backward"},
       {"d_attn_norm", "backward: the gradient at its attention norm's output"}};
+  // The step outside the layers: layer −1 before them (the embedding), layer `layers` after
+  // them (the final norm, the head, the loss).
+  static const std::pair<const char*, const char*> head_forward[] = {
+      {"final_norm", "forward: the final norm's output"},
+      {"logits", "forward: the logits (the LM head's output)"}};
+  static const std::pair<const char*, const char*> head_backward[] = {
+      {"d_logits",
+       "backward: the loss's gradient at the logits (softmax − one-hot of the labels, over the "
+       "valid tokens: the labels, their shift and the loss's normalisation)"},
+      {"d_final_norm", "backward: the gradient at the final norm's output (the LM head's)"}};
   std::vector<std::pair<int, std::string>> order;
   std::map<std::string, std::string> words;
   const auto put = [&](int l, const std::string& stage, const std::string& what) {
     order.emplace_back(l, stage);
     words[stage] = what;
   };
+  put(-1, "embed", "forward: the embedding's output (the token ids each rank holds, looked up)");
   for (int l = 0; l < layers; ++l) {
     for (const auto& [stage, what] : before_ring) put(l, stage, what);
     for (int i = 0; i < ring_steps; ++i) {
@@ -767,8 +778,17 @@ std::optional<layer_departure> first_layer_departure(
     }
     for (const auto& [stage, what] : after_ring) put(l, stage, what);
   }
+  for (const auto& [stage, what] : head_forward) put(layers, stage, what);
+  for (const auto& [stage, what] : head_backward) put(layers, stage, what);
   for (int l = layers - 1; l >= 0; --l)
     for (const auto& [stage, what] : backward) put(l, stage, what);
+  put(-1, "d_embed",
+      "backward: the gradient arriving at the embedding's output (what its backward scatters "
+      "into the embedding's rows)");
+  const auto place = [layers](int l) {
+    return l < 0 || l >= layers ? std::string("the step outside the layers")
+                                : fmt::format("layer L{}", l);
+  };
   for (const auto& [l, stage] : order) {
     const auto* whole = trace.get(-1, l, stage);
     // The references of this stage: the whole row's (rows by token) or each rank's own.
@@ -785,7 +805,7 @@ std::optional<layer_departure> first_layer_departure(
     std::vector<int> bad_ranks;
     std::vector<std::int64_t> bad_tokens;
     double worst = 0;
-    error_heatmap map(fmt::format("layer L{} {} — error over tokens × ranks", l, stage), "token",
+    error_heatmap map(fmt::format("{} {} — error over tokens × ranks", place(l), stage), "token",
                       row_length, "rank", ranks);
     for (int k = 0; k < ranks; ++k) {
       const auto* got = trace.get(k, l, stage);
@@ -814,13 +834,19 @@ std::optional<layer_departure> first_layer_departure(
       if (bad) bad_ranks.push_back(k);
     }
     if (bad_ranks.empty()) continue;
-    const bool from_loss = stage == "d_out" && l == layers - 1;
+    // The last layer's output gradient is what the final norm's backward sends it: named as
+    // such when the head's gradients before it were compared and agree.
+    const bool from_head = stage == "d_out" && l == layers - 1;
+    const bool head_compared = trace.get(-1, layers, "d_final_norm") != nullptr;
     return layer_departure{
-        fmt::format("layer L{}, {}{} differs on ranks {} at tokens {} (max rel {:.3g})", l,
+        fmt::format("{}, {}{} differs on ranks {} at tokens {} (max rel {:.3g})", place(l),
                     words.at(stage),
-                    from_loss ? " (the last layer: what the loss, the labels and the head send "
-                                "back; every forward boundary agrees)"
-                              : "",
+                    !from_head      ? ""
+                    : head_compared ? " (the last layer: what the final norm's backward sends "
+                                      "back; every forward boundary and the head's gradients "
+                                      "agree)"
+                                    : " (the last layer: what the loss, the labels and the head "
+                                      "send back; every forward boundary agrees)",
                     fmt::join(bad_ranks, ", "), runs(bad_tokens), worst / std::max(peak, 1e-300)),
         std::move(map)};
   }

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -341,12 +342,43 @@ TEST(departure, bugs_outside_attention_are_said_to_be_outside_it) {
   EXPECT_FALSE(rep.first.has_value());
   EXPECT_FALSE(rep.attention.has_value()) << rep.departure;
   EXPECT_TRUE(has(rep.departure, "it departs outside attention")) << rep.departure;
-  // A label bug: every forward boundary agrees; the backward departs at the last layer's output
-  // gradient (what the loss sends back).
-  EXPECT_TRUE(
-      rep.layer_departure.starts_with("layer L0, backward: the gradient arriving at its "
-                                      "output"))
+  // A label bug: every forward boundary agrees; the backward departs at the loss's gradient.
+  EXPECT_TRUE(rep.layer_departure.starts_with(
+      "the step outside the layers, backward: the loss's gradient at the logits"))
       << rep.layer_departure;
+}
+
+TEST(departure, the_step_outside_the_layers_has_stages_of_its_own) {
+  // The embedding, the final norm, the head and the loss are compared like a layer's stages:
+  // wrong token ids on one rank are named at the embedding's output; labels shifted after
+  // slicing at the loss's gradient, not at the last layer.
+  const auto s = make(2, 1, 4, 2, {9, 15});
+  {
+    verify::check_options c;
+    c.transform_collated = [](collated_batch& cb) {
+      auto& ids = cb.ranks[1].input_ids;
+      std::rotate(ids.begin(), ids.begin() + 1, ids.end());
+    };
+    const auto rep = verify::run_check(s, c);
+    ASSERT_FALSE(rep.pass);
+    EXPECT_TRUE(rep.layer_departure.starts_with(
+        "the step outside the layers, forward: the embedding's output (the token ids each rank "
+        "holds, looked up) differs on ranks 1 at tokens"))
+        << rep.layer_departure;
+    ASSERT_FALSE(rep.heatmaps.empty());
+    EXPECT_EQ(rep.heatmaps.front().title,
+              "the step outside the layers embed — error over tokens × ranks");
+  }
+  {
+    verify::check_options c;
+    c.transform_collated = test::shift_labels_after_slicing;
+    const auto rep =
+        verify::run_check(test::small_scenario(4, 1, 8, 2, {9, 14, 3}, profile::veomni), c);
+    ASSERT_FALSE(rep.pass);
+    EXPECT_TRUE(rep.layer_departure.starts_with(
+        "the step outside the layers, backward: the loss's gradient at the logits"))
+        << rep.layer_departure;
+  }
 }
 
 TEST(departure, a_label_bug_on_a_float32_ring_is_not_placed_in_the_ring) {
@@ -357,9 +389,8 @@ TEST(departure, a_label_bug_on_a_float32_ring_is_not_placed_in_the_ring) {
   c.transform_collated = test::pad_labels_with_zero;
   const auto rep = verify::run_check(make(2, 2, 4, 2, {8, 12}), c);  // 4 pad tokens
   ASSERT_FALSE(rep.pass);
-  EXPECT_TRUE(
-      rep.layer_departure.starts_with("layer L0, backward: the gradient arriving at its "
-                                      "output"))
+  EXPECT_TRUE(rep.layer_departure.starts_with(
+      "the step outside the layers, backward: the loss's gradient at the logits"))
       << rep.layer_departure;
 }
 
