@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/cu_seqlens.hpp"
 #include "core/zigzag.hpp"
@@ -23,6 +24,21 @@ double unit_roundoff(io::st_dtype t) {
       return std::ldexp(1.0, -11);
     case io::st_dtype::bf16:
       return std::ldexp(1.0, -8);
+    default:
+      return 0;
+  }
+}
+
+double subnormal_step(io::st_dtype t) {
+  switch (t) {
+    case io::st_dtype::f64:
+      return std::numeric_limits<double>::denorm_min();
+    case io::st_dtype::f32:
+      return std::ldexp(1.0, -149);
+    case io::st_dtype::f16:
+      return std::ldexp(1.0, -24);
+    case io::st_dtype::bf16:
+      return std::ldexp(1.0, -133);
     default:
       return 0;
   }
@@ -116,7 +132,8 @@ std::string error_model::describe(io::st_dtype out) const {
       "rounds what it stores: attention 2·(u·R·max|out| + 2·u_lse·(R−1)·max|lse|·max|v| + "
       "u_int·(sqrt(L) + 2·(max|lse| + ln L + scale·D·max|q|·max|k|))·max|v|)/max|out| = {:.2e} "
       "for {} (u = {:.3g}), LSE "
-      "{:.2e}; gradients per element u_g·|grad| + (u_in + u_int·sqrt(L))·a, a the magnitudes "
+      "{:.2e}; gradients per element u_g·|grad| + (u_in + u_int·sqrt(L))·a + copies·R·σ (σ the "
+      "dtype's subnormal step), a the magnitudes "
       "the element sums (dQ: scale·(|dS|·|K| + (P·|K|)∘E), dK: scale·(|dS|ᵀ·|Q| + Pᵀ·(E∘|Q|)), "
       "dV: Pᵀ·|dO|, E_i = Σ|dO_i|·(|O_i| + P·|V|)) for a kernel that rounds P and dS to its "
       "inputs' dtype (u_in = {:.3g}) before each product and forms D from its rounded output, "

@@ -49,6 +49,10 @@ void parallel_for(std::size_t n, int threads, F&& job) {
 
 /// Unit roundoff of a floating dtype (2^-53, 2^-24, 2^-11, 2^-8); 0 for integers.
 double unit_roundoff(io::st_dtype t);
+/// The spacing of a floating dtype's subnormals (float16 2^-24, bfloat16 2^-133, float32
+/// 2^-149): below the smallest normal a stored value is off by up to half of it, whatever its
+/// size — the absolute floor of a bound that is otherwise relative. 0 for integers.
+double subnormal_step(io::st_dtype t);
 /// log of the dtype's largest finite value: where exp() overflows.
 double log_max(io::st_dtype t);
 
