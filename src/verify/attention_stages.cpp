@@ -178,7 +178,10 @@ void attention_stages::write(const std::string& dir) const {
     if (b < L) cu.push_back(b);
   for (auto b : kernel_cu)
     if (b >= L) cu.push_back(b);
-  const std::int64_t padding_from = cu.empty() ? 0 : cu.back();
+  // The real tokens' documents end at L even where the kernel's cu_seqlens stop earlier (a
+  // collation bug the engine then finds).
+  if (cu.empty() || cu.back() < L) cu.push_back(static_cast<std::int32_t>(L));
+  const std::int64_t padding_from = cu.back();
   if (padding_from < N)
     for (auto b : cu_seqlens_from_position_ids(cb_.padded.position_ids))
       if (b > padding_from) cu.push_back(b);

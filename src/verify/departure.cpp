@@ -65,11 +65,19 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
       where->map.solid = doc_bounds(s);
       rep.heatmaps.insert(rep.heatmaps.begin(), std::move(where->map));
     } else {
-      transport +=
+      // What still fails is then made wrong from right rows: a parameter's gradient
+      // accumulated (an embedding backward that assigns where repeated ids must add up) or
+      // reduced across ranks wrongly.
+      std::vector<std::string> grads;
+      for (const auto& r : rep.rows)
+        if (!r.pass && r.tensor.starts_with("grad.")) grads.push_back(r.tensor);
+      transport += fmt::format(
           "; every stage of the step (the embedding, each layer's boundaries, the final norm, "
-          "the logits and the loss's gradient), forward and backward, matches the reference's "
-          "(a parameter's gradient that still differs is made wrong from right rows: its "
-          "accumulation or its reduction across ranks)";
+          "the logits and the loss's gradient), forward and backward, matches the reference's{}",
+          grads.empty() ? std::string()
+                        : fmt::format(": {} {} made wrong from right rows (the accumulation "
+                                      "into the parameter, or its reduction across ranks)",
+                                      fmt::join(grads, ", "), grads.size() > 1 ? "are" : "is"));
     }
   } catch (const std::exception&) {
     // The boundaries are a refinement: without them the attention's verdict still stands.

@@ -379,6 +379,20 @@ TEST(departure, the_step_outside_the_layers_has_stages_of_its_own) {
         "the step outside the layers, backward: the loss's gradient at the logits"))
         << rep.layer_departure;
   }
+  {
+    // Every stage's rows right, a parameter's gradient wrong (the sinks' gradient taken
+    // twice): said to be made wrong from right rows, and which.
+    auto sinks = make(2, 2, 4, 2, {24, 16});
+    sinks.sinks = true;
+    verify::check_options c;
+    c.wrap_compute = test::wrap_compute_in<test::sink_gradient_doubled>();
+    const auto rep = verify::run_check(sinks, c);
+    ASSERT_FALSE(rep.pass);
+    EXPECT_TRUE(rep.layer_departure.empty()) << rep.layer_departure;
+    EXPECT_TRUE(
+        has(rep.departure, "matches the reference's: grad.L0.sinks is made wrong from right rows"))
+        << rep.departure;
+  }
 }
 
 TEST(departure, a_label_bug_on_a_float32_ring_is_not_placed_in_the_ring) {
