@@ -137,3 +137,51 @@ def test_a_dump_directory_that_cannot_be_made_is_named(tmp_path):
     blocker.write_text("x")
     p = run_dump(str(blocker / "dump"), "healthy")
     assert p.returncode != 0 and "cannot create" in p.stderr, p.stderr
+
+
+def _padded_row_dump(d, leak):
+    """One rank's attention over a row of 10 real tokens (documents 6 and 4) padded to 12, the
+    kernel's cu_seqlens ending at 10 (xorl with a ring leaves its padding outside every
+    document), dumped through the hook with padding_from=10: torch's SDPA per document, the pad
+    rows left unwritten (garbage, as flash-attention leaves them). leak: the documents not kept
+    apart (one causal attention over the whole row: the second document sees the first)."""
+    import torch
+    torch.manual_seed(0)
+    S, H, D, docs = 12, 2, 8, [(0, 6), (6, 10)]
+    dumper = sd.Dumper(d, ulysses=1, ring=1, ulysses_rank=0, ring_rank=0, heads=H, kv_heads=H,
+                       head_dim=D, scale=D ** -0.5, causal=True, cu_seqlens=[0, 6, 10],
+                       padding_from=10, position_ids=[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 0, 1],
+                       rank=0, world_size=1, durable=False)
+    q, k, v = (torch.randn(S, H, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    with dumper.call("L0.attn"):
+        qt, kt, vt = dumper.tap("q.local", q), dumper.tap("k.local", k), dumper.tap("v.local", v)
+        sdpa = lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+            a.transpose(0, 1), b.transpose(0, 1), c.transpose(0, 1), is_causal=True,
+            scale=D ** -0.5).transpose(0, 1)
+        parts = [sdpa(qt[a:b], kt[a:b], vt[a:b]) for a, b in docs]
+        if leak:
+            whole = sdpa(qt, kt, vt)
+            parts = [whole[a:b] for a, b in docs]
+        out = dumper.tap("out.local", torch.cat(parts + [torch.full((S - 10, H, D), 1e30,
+                                                                     dtype=torch.float64)]))
+    (out[:10] * torch.randn(10, H, D, dtype=torch.float64)).sum().backward()
+    dumper.close()
+    meta = json.load(open(os.path.join(d, "rank0.json")))
+    assert meta["cu_seqlens"] == [0, 6, 10, 12] and meta["padding_from"] == 10, meta
+
+
+def test_a_row_padded_outside_every_document_is_judged(tmp_path):
+    """padding_from: the hook completes cu_seqlens with the padding's block, validate --dump
+    judges every real row and none of the pad rows (their unwritten 1e30 outputs pass), and a
+    kernel that lets one document see another still fails beside them."""
+    seqpar = os.environ.get("SEQPAR")
+    if not seqpar:
+        pytest.skip("SEQPAR (the seqpar binary) is not set: run through meson test")
+    for leak, want in ((False, 0), (True, 1)):
+        d = str(tmp_path / ("leak" if leak else "healthy"))
+        _padded_row_dump(d, leak)
+        p = subprocess.run([seqpar, "validate", "--dump", d, "--exhaustive"], capture_output=True,
+                           text=True, timeout=120)
+        # Healthy: the pad rows' 1e30 are neither judged nor the bound's scale (the leak, 1e30
+        # beside it, still fails: the bound did not grow with them).
+        assert p.returncode == want, p.stdout + p.stderr
