@@ -211,6 +211,27 @@ def yunchang_usp(q, k, v, ctx):
     return out[0]
 
 
+def _flash_cpu_lse_kept(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True,
+                        window_size=(-1, -1), softcap=None, alibi_slopes=None,
+                        return_softmax=False, op_type="flash"):
+    """yunchang's torch "flash" backend as its CUDA flash-attn twin behaves: the same kernel
+    (the CPU one put in for the CUDA one, as above), its LSE returned as the kernel makes it
+    (float32). yunchang 0.6.4's own pytorch_attn_forward casts each block's LSE to q's dtype
+    before the ring merges the blocks with it (kernels/attention.py, `lse.to(q.dtype)`)."""
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        t(q), t(k), t(v), dropout_p=dropout_p, is_causal=causal, scale=softmax_scale)[:2]
+    return t(out), lse
+
+
+def yunchang_usp_lse_f32(q, k, v, ctx):
+    """yunchang's LongContextAttention with each ring block's LSE kept in float32 (every other
+    line of its code as it is): what its merge gives when the LSE is not rounded."""
+    import yunchang.kernels as yk
+    yk.pytorch_attn_forward = _flash_cpu_lse_kept
+    return yunchang_usp(q, k, v, ctx)
+
+
 # ----------------------------------------------------------------------------- gpt-oss sinks
 
 _ALST_GPT_OSS = {}
