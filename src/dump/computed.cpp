@@ -2,6 +2,7 @@
 // the call's row sets, each row against its float64 reference (rows.hpp) under the error model:
 // normwise for the output and the LSE, per element for the gradients.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <Eigen/Core>
 
@@ -36,16 +37,12 @@ dump_row compare_rows(call_context& c, const std::string& st, int k, const view&
     if (!c.every_row()) floor = st == "lse" ? c.model.max_lse : c.model.max_out;
     row = compare_values(st, got, want, c.model.of(st, t->type), floor);
   } else {
-    // Each stored copy rounds relatively, and below the dtype's smallest normal by up to a
-    // subnormal step whatever the value's size (float16: 2^-24 under 6.1e-5), once per ring
-    // step where the partial gradients are kept in the dtype.
-    const double u_g = unit_roundoff(t->type) * copies,
-                 sub = subnormal_step(t->type) * copies * c.g.R;
+    const auto stored = stored_gradient_of(t->type, copies, c.g.R);
     double peak = 0, bound = 0;
     for (std::size_t e = 0; e < want.size(); ++e) {
       if (!std::isfinite(want[e])) continue;
       peak = std::max(peak, std::abs(want[e]));
-      bound = std::max(bound, u_g * std::abs(want[e]) + c.units.u_t * (*terms)[e] + sub);
+      bound = std::max(bound, stored.bound(want[e], c.units.u_t * (*terms)[e]));
     }
     const double denom = std::max(peak, bound);
     floor = bound;
@@ -91,15 +88,13 @@ dump_row compare_rows(call_context& c, const std::string& st, int k, const view&
                 row_err / std::max(tol_abs, 1e-300));
   }
   if (row.pass) c.failed.erase({st, k});
-  const auto padding =
-      smp.padding > 0 ? fmt::format("; {} rows of padding not judged", smp.padding) : "";
-  if (c.every_row())
-    row.note =
-        row.pass ? padding.substr(padding.empty() ? 0 : 2) : "worst at " + worst_note + padding;
-  else
-    row.note = fmt::format("sampled {} of {} rows ({} boundary, {} random){}{}", smp.rows.size(),
-                           v.rows() - smp.padding, smp.boundary, smp.random,
-                           row.pass ? "" : "; worst at " + worst_note, padding);
+  std::vector<std::string> notes;
+  if (!c.every_row())
+    notes.push_back(fmt::format("sampled {} of {} rows ({} boundary, {} random)", smp.rows.size(),
+                                v.rows() - smp.padding, smp.boundary, smp.random));
+  if (!row.pass) notes.push_back("worst at " + worst_note);
+  if (smp.padding > 0) notes.push_back(fmt::format("{} rows of padding not judged", smp.padding));
+  row.note = fmt::format("{}", fmt::join(notes, "; "));
   c.rep.rows_checked += static_cast<std::int64_t>(smp.rows.size());
   return dump_row{c.call, std::move(row), std::move(heat)};
 }
@@ -310,11 +305,11 @@ void check_sink_gradient(call_context& c, const row_reference& ref,
   }
   // Per head: each share stored in the gradient's dtype (P roundings of its size), and every
   // row's term carrying the kernel's error (u_t of the term magnitudes, as the other gradients).
-  const double u_g = unit_roundoff(*type) * P, sub = subnormal_step(*type) * P;
+  const auto stored = stored_gradient_of(*type, P, 1);
   double peak = 0, bound = 0;
   for (std::size_t h = 0; h < want.size(); ++h) {
     peak = std::max(peak, std::abs(want[h]));
-    bound = std::max(bound, u_g * std::abs(want[h]) + c.units.u_t * terms[h] + sub);
+    bound = std::max(bound, stored.bound(want[h], c.units.u_t * terms[h]));
   }
   auto row = compare_values("grad.sinks", got, want,
                             std::max(peak, bound) > 0 ? bound / std::max(peak, bound) : 0.0, bound);

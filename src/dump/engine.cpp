@@ -37,7 +37,7 @@ row_set call_context::select(const view& v, int k, std::uint64_t stream,
   row_set s;
   s.rows.reserve(static_cast<std::size_t>(v.rows()));
   for (std::int64_t i = 0; i < v.rows(); ++i)
-    if (v.tokens[static_cast<std::size_t>(v.at(i).first)] < g.pad_from) s.rows.push_back(i);
+    if (!g.padding(v.token(i))) s.rows.push_back(i);
   s.padding = v.rows() - static_cast<std::int64_t>(s.rows.size());
   s.boundary = draw(v, k, stream, 0).boundary;
   return s;
@@ -58,7 +58,7 @@ row_set call_context::draw(const view& v, int k, std::uint64_t stream,
     return doc_first || doc_last || piece || jump;
   };
   const auto padding = [&](std::int64_t ti) {
-    return v.tokens[static_cast<std::size_t>(ti)] >= g.pad_from;
+    return g.padding(v.tokens[static_cast<std::size_t>(ti)]);
   };
   row_set s;
   for (std::int64_t ti = 0; ti < n; ++ti) {
@@ -152,9 +152,7 @@ void set_model(call_context& c) {
         const auto n = std::min(block, t->numel - i);
         t->read(i, n, buf.data());
         for (std::int64_t j = 0; j < n; ++j) {
-          if (padded &&
-              v.tokens[static_cast<std::size_t>(v.at((i + j) / width).first)] >= c.g.pad_from)
-            continue;
+          if (padded && c.g.padding(v.token((i + j) / width))) continue;
           if (std::isfinite(buf[static_cast<std::size_t>(j)]))
             mk = std::max(mk, std::abs(buf[static_cast<std::size_t>(j)]));
         }
@@ -180,7 +178,7 @@ void set_model(call_context& c) {
       std::vector<query_row> rows;
       for (std::int64_t i = 0; i < v.rows(); ++i) {
         const auto [ti, j] = v.at(i);
-        if (v.tokens[static_cast<std::size_t>(ti)] >= c.g.pad_from) continue;  // never attended
+        if (c.g.padding(v.tokens[static_cast<std::size_t>(ti)])) continue;  // never attended
         rows.push_back({v.tokens[static_cast<std::size_t>(ti)], v.h0 + j});
       }
       const auto r = ref.queries(ref.reference(), rows, false);

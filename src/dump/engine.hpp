@@ -39,6 +39,8 @@ struct view {
     }
     return {i / X, static_cast<int>(i % X)};
   }
+  /// The global token of element row i.
+  std::int64_t token(std::int64_t i) const { return tokens[static_cast<std::size_t>(at(i).first)]; }
   /// The element offset of row (token index ti, head offset j)'s first value.
   std::int64_t offset(std::int64_t ti, int j, int D) const {
     if (kind == lse) return j * static_cast<std::int64_t>(tokens.size()) + ti;

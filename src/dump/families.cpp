@@ -471,11 +471,10 @@ std::string search_families(const call_context& c, const std::string& st,
         qres = ref.queries(base, qr, true);
         terms = qres.aq;
       }
-      const double u_g = unit_roundoff(t->type) * e.copies,
-                   sub = subnormal_step(t->type) * e.copies * c.g.R;
+      const auto stored = stored_gradient_of(t->type, e.copies, c.g.R);
       for (std::size_t i = 0; i < want.size(); ++i)
         if (std::isfinite(want[i]))
-          e.tol_abs = std::max(e.tol_abs, u_g * std::abs(want[i]) + c.units.u_t * terms[i] + sub);
+          e.tol_abs = std::max(e.tol_abs, stored.bound(want[i], c.units.u_t * terms[i]));
     }
     // Keep the failing rows and a few passing ones.
     row_set keep;

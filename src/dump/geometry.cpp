@@ -14,47 +14,36 @@
 
 namespace seqpar::verify::dump_detail {
 
-double unit_roundoff(io::st_dtype t) {
+namespace {
+
+/// A stored dtype's rounding: its unit roundoff, the spacing of its subnormals and its largest
+/// finite value (integers: no rounding; the largest a double holds).
+struct float_format {
+  double u, step, max;
+};
+float_format format_of(io::st_dtype t) {
   switch (t) {
     case io::st_dtype::f64:
-      return std::ldexp(1.0, -53);
+      return {std::ldexp(1.0, -53), std::numeric_limits<double>::denorm_min(),
+              1.7976931348623157e308};
     case io::st_dtype::f32:
-      return std::ldexp(1.0, -24);
+      return {std::ldexp(1.0, -24), std::ldexp(1.0, -149), 3.4028234663852886e38};
     case io::st_dtype::f16:
-      return std::ldexp(1.0, -11);
+      return {std::ldexp(1.0, -11), std::ldexp(1.0, -24), 65504.0};
     case io::st_dtype::bf16:
-      return std::ldexp(1.0, -8);
+      return {std::ldexp(1.0, -8), std::ldexp(1.0, -133), 3.3895313892515355e38};
     default:
-      return 0;
+      return {0, 0, 1.7976931348623157e308};
   }
 }
 
-double subnormal_step(io::st_dtype t) {
-  switch (t) {
-    case io::st_dtype::f64:
-      return std::numeric_limits<double>::denorm_min();
-    case io::st_dtype::f32:
-      return std::ldexp(1.0, -149);
-    case io::st_dtype::f16:
-      return std::ldexp(1.0, -24);
-    case io::st_dtype::bf16:
-      return std::ldexp(1.0, -133);
-    default:
-      return 0;
-  }
-}
+}  // namespace
 
-double log_max(io::st_dtype t) {
-  switch (t) {
-    case io::st_dtype::f16:
-      return std::log(65504.0);
-    case io::st_dtype::bf16:
-      return std::log(3.3895313892515355e38);
-    case io::st_dtype::f32:
-      return std::log(3.4028234663852886e38);
-    default:
-      return std::log(1.7976931348623157e308);
-  }
+double unit_roundoff(io::st_dtype t) { return format_of(t).u; }
+double log_max(io::st_dtype t) { return std::log(format_of(t).max); }
+stored_gradient stored_gradient_of(io::st_dtype t, int copies, int steps) {
+  const auto f = format_of(t);
+  return {f.u * copies, f.step * copies * steps};
 }
 
 geometry::geometry(const dump_meta& m)

@@ -49,12 +49,20 @@ void parallel_for(std::size_t n, int threads, F&& job) {
 
 /// Unit roundoff of a floating dtype (2^-53, 2^-24, 2^-11, 2^-8); 0 for integers.
 double unit_roundoff(io::st_dtype t);
-/// The spacing of a floating dtype's subnormals (float16 2^-24, bfloat16 2^-133, float32
-/// 2^-149): below the smallest normal a stored value is off by up to half of it, whatever its
-/// size — the absolute floor of a bound that is otherwise relative. 0 for integers.
-double subnormal_step(io::st_dtype t);
 /// log of the dtype's largest finite value: where exp() overflows.
 double log_max(io::st_dtype t);
+
+/// What storing a gradient in a dtype adds to its per-element bound: each of `copies` stored
+/// copies rounds relatively (u_g = copies·u), and below the smallest normal by up to a subnormal
+/// step whatever the value's size, once per copy and per ring step whose partial is kept in the
+/// dtype (floor = copies·steps·σ, σ the spacing of the dtype's subnormals: float16 2^-24 under
+/// 6.1e-5, bfloat16 2^-133, float32 2^-149).
+struct stored_gradient {
+  double u_g, floor;
+  /// u_g·|grad| + term + floor, term the kernel's own error (u_t·a).
+  double bound(double grad, double term) const { return u_g * std::abs(grad) + term + floor; }
+};
+stored_gradient stored_gradient_of(io::st_dtype t, int copies, int steps);
 
 /// The layout of a dump from the core layout engine: which global tokens every rank holds,
 /// locally and after the Ulysses all-to-all, and the head slices.
@@ -68,6 +76,7 @@ struct geometry {
   /// Tokens at and after it are padding outside every document (dump_meta::padding_from): their
   /// rows are moved but never attended, so no computed stage judges them. S: none.
   std::int64_t pad_from;
+  bool padding(std::int64_t token) const { return token >= pad_from; }
   std::vector<std::int32_t> cu;
   std::vector<std::int64_t> perm;  ///< rank-ordered row → global token (zigzag or identity)
   std::vector<std::int64_t> pos;   ///< global token → position id
