@@ -2,8 +2,11 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -136,6 +139,166 @@ void compute::add_bias(tensor& x, const tensor& b) {
               : v + bs[static_cast<std::size_t>(j)];
     }
   x = from_host(x.type, x.shape, xs);
+}
+
+namespace {
+
+std::string shape_of(const tensor& x) { return fmt::format("[{}]", fmt::join(x.shape, ",")); }
+
+/// v rounded as a tensor of dtype t holds it (float32; float64 and what from_host rounds).
+double round_to(dtype t, double v) {
+  return t == dtype::f32 ? static_cast<double>(static_cast<float>(v)) : v;
+}
+
+void check_alike(const tensor& a, const tensor& b, const char* who) {
+  if (a.shape != b.shape || a.type != b.type)
+    fail<shape_error>("{}: tensors {} {} and {} {} differ; they must have one shape and dtype", who,
+                      shape_of(a), dtype_name(a.type), shape_of(b), dtype_name(b.type));
+}
+
+void check_labels(const tensor& logits, std::size_t labels, const char* who) {
+  if (logits.shape.size() != 2 || static_cast<std::int64_t>(labels) != logits.shape[0])
+    fail<shape_error>("{}: logits {} and {} labels; expected [n, vocab] and n labels", who,
+                      shape_of(logits), labels);
+}
+
+}  // namespace
+
+void compute::read_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+tensor compute::cast(const tensor& x, dtype t) { return from_host(t, x.shape, to_host(x)); }
+
+void compute::assign(tensor& dst, const tensor& src) {
+  if (dst.numel() != src.numel() || dst.type != src.type)
+    fail<shape_error>("assign: {} {} from {} {}", shape_of(dst), dtype_name(dst.type),
+                      shape_of(src), dtype_name(src.type));
+  fill(dst, 0.0);
+  add(dst, src.reshaped(dst.shape));
+}
+
+void compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
+                   double alpha, double beta) {
+  if (a.shape.size() != 2 || b.shape.size() != 2 || c.shape.size() != 2 || a.type != b.type ||
+      a.type != c.type)
+    fail<shape_error>("gemm: a {}, b {}, c {} must be 2-D of one dtype", shape_of(a), shape_of(b),
+                      shape_of(c));
+  const std::int64_t m = trans_a ? a.shape[1] : a.shape[0], k = trans_a ? a.shape[0] : a.shape[1];
+  const std::int64_t kb = trans_b ? b.shape[1] : b.shape[0], n = trans_b ? b.shape[0] : b.shape[1];
+  if (k != kb || c.shape[0] != m || c.shape[1] != n)
+    fail<shape_error>("gemm: op(a) is [{}, {}], op(b) [{}, {}], c {}", m, k, kb, n, shape_of(c));
+  const auto av = to_host(a), bv = to_host(b);
+  std::vector<double> cv = beta != 0.0 ? to_host(c) : std::vector<double>(c.numel(), 0.0);
+  const auto A = [&](std::int64_t i, std::int64_t p) {
+    return av[static_cast<std::size_t>(trans_a ? p * m + i : i * k + p)];
+  };
+  const auto B = [&](std::int64_t p, std::int64_t j) {
+    return bv[static_cast<std::size_t>(trans_b ? j * k + p : p * n + j)];
+  };
+  std::vector<double> row(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < m; ++i) {
+    std::fill(row.begin(), row.end(), 0.0);
+    for (std::int64_t p = 0; p < k; ++p) {
+      const double x = A(i, p);
+      for (std::int64_t j = 0; j < n; ++j) row[static_cast<std::size_t>(j)] += x * B(p, j);
+    }
+    for (std::int64_t j = 0; j < n; ++j) {
+      auto& e = cv[static_cast<std::size_t>(i * n + j)];
+      e = alpha * row[static_cast<std::size_t>(j)] + beta * e;
+    }
+  }
+  assign(c, from_host(c.type, c.shape, cv));
+}
+
+void compute::apply_rope(const tensor& x, tensor& y, std::span<const std::int64_t> positions,
+                         double theta, int sign) {
+  check_alike(x, y, "apply_rope");
+  if (x.shape.size() != 3 || static_cast<std::int64_t>(positions.size()) != x.shape[0])
+    fail<shape_error>("apply_rope: x {} and {} positions; expected [n, heads, head_dim] and n",
+                      shape_of(x), positions.size());
+  const std::int64_t heads = x.shape[1], d = x.shape[2], rot = d - d % 2, half = rot / 2;
+  auto v = to_host(x);
+  for (std::size_t t = 0; t < positions.size(); ++t)
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(positions[t]) *
+                       std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
+      const double c = std::cos(a), s = sign * std::sin(a);
+      for (std::int64_t h = 0; h < heads; ++h) {
+        double* r = v.data() + (static_cast<std::int64_t>(t) * heads + h) * d;
+        const double x0 = r[i], x1 = r[i + half];
+        r[i] = x0 * c - x1 * s;
+        r[i + half] = x1 * c + x0 * s;
+      }
+    }
+  assign(y, from_host(x.type, x.shape, v));
+}
+
+tensor compute::swiglu_forward(const tensor& g, const tensor& u) {
+  check_alike(g, u, "swiglu_forward");
+  const auto gv = to_host(g), uv = to_host(u);
+  std::vector<double> y(gv.size());
+  for (std::size_t e = 0; e < y.size(); ++e) y[e] = gv[e] / (1.0 + std::exp(-gv[e])) * uv[e];
+  return from_host(g.type, g.shape, y);
+}
+
+void compute::swiglu_backward(const tensor& g, const tensor& u, const tensor& dy, tensor& dg,
+                              tensor& du) {
+  check_alike(g, u, "swiglu_backward");
+  check_alike(g, dy, "swiglu_backward");
+  const auto gv = to_host(g), uv = to_host(u), dv = to_host(dy);
+  std::vector<double> a(gv.size()), b(gv.size());
+  for (std::size_t e = 0; e < gv.size(); ++e) {
+    const double sg = 1.0 / (1.0 + std::exp(-gv[e]));
+    a[e] = dv[e] * uv[e] * sg * (1.0 + gv[e] * (1.0 - sg));
+    b[e] = dv[e] * gv[e] * sg;
+  }
+  dg = from_host(g.type, g.shape, a);
+  du = from_host(g.type, g.shape, b);
+}
+
+double compute::cross_entropy_forward(const tensor& logits, std::span<const std::int64_t> labels,
+                                      std::int64_t& valid) {
+  check_labels(logits, labels.size(), "cross_entropy_forward");
+  const auto z = to_host(logits);
+  const std::int64_t vocab = logits.shape[1];
+  double sum = 0;
+  valid = 0;
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] == -100) continue;
+    if (labels[i] < 0 || labels[i] >= vocab)
+      fail<shape_error>(
+          "cross_entropy_forward: label {} of row {} is outside the vocabulary [0, {})", labels[i],
+          i, vocab);
+    const double* r = z.data() + static_cast<std::int64_t>(i) * vocab;
+    double mx = r[0];
+    for (std::int64_t j = 1; j < vocab; ++j) mx = std::max(mx, r[j]);
+    double se = 0;
+    for (std::int64_t j = 0; j < vocab; ++j) se += std::exp(r[j] - mx);
+    sum += round_to(logits.type, std::log(se) + mx - r[labels[i]]);
+    ++valid;
+  }
+  return sum;
+}
+
+tensor compute::cross_entropy_backward(const tensor& logits, std::span<const std::int64_t> labels,
+                                       double coef) {
+  check_labels(logits, labels.size(), "cross_entropy_backward");
+  const auto z = to_host(logits);
+  const std::int64_t vocab = logits.shape[1];
+  std::vector<double> d(z.size(), 0.0);
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] == -100) continue;
+    const double* r = z.data() + static_cast<std::int64_t>(i) * vocab;
+    double* o = d.data() + static_cast<std::int64_t>(i) * vocab;
+    double mx = r[0];
+    for (std::int64_t j = 1; j < vocab; ++j) mx = std::max(mx, r[j]);
+    double se = 0;
+    for (std::int64_t j = 0; j < vocab; ++j) se += std::exp(r[j] - mx);
+    for (std::int64_t j = 0; j < vocab; ++j)
+      o[j] = coef * (std::exp(r[j] - mx) / se - (j == labels[i] ? 1.0 : 0.0));
+  }
+  return from_host(logits.type, logits.shape, d);
 }
 
 void apply_options(attention_docs& d, const attention_options& o) {

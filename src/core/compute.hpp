@@ -167,6 +167,42 @@ class compute {
   /// Default on the host, like head_norm_forward.
   virtual void add_bias(tensor& x, const tensor& b);
 
+  // ---- The decoder's dense ops (the tensor step, sim/tensor_step.hpp). Each has a default on
+  // the host (to_host, float64 arithmetic, from_host: correct on every backend, rounded once to
+  // the tensor's dtype); a device backend overrides them with its kernels.
+
+  /// Row-major c = alpha·op(a)·op(b) + beta·c; a, b, c 2-D of one dtype (c may be a view into a
+  /// larger buffer: it is written in place). op = transpose when the flag is set.
+  virtual void gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
+                    double alpha = 1.0, double beta = 0.0);
+  /// RoPE, rotate-half (Llama) convention, of x `[n, heads, head_dim]` into y (same shape): for
+  /// i < half = head_dim/2, angle = positions[t]·theta^(−2i/head_dim) (in double),
+  /// y[i] = x[i]·cos − x[i+half]·sin, y[i+half] = x[i+half]·cos + x[i]·sin; sign = −1 rotates
+  /// by −angle (the backward).
+  virtual void apply_rope(const tensor& x, tensor& y, std::span<const std::int64_t> positions,
+                          double theta, int sign);
+  /// SwiGLU: silu(g)∘u (g, u alike).
+  virtual tensor swiglu_forward(const tensor& g, const tensor& u);
+  /// dg = dy∘u∘σ(g)·(1 + g·(1 − σ(g))), du = dy∘silu(g) (both overwritten).
+  virtual void swiglu_backward(const tensor& g, const tensor& u, const tensor& dy, tensor& dg,
+                               tensor& du);
+  /// Σ over rows i with labels[i] ≠ −100 of logsumexp(z_i) − z_i[labels[i]], z = logits
+  /// `[n, vocab]` (each row in the logits' precision, the rows summed in double); `valid`
+  /// receives the number of such rows.
+  virtual double cross_entropy_forward(const tensor& logits, std::span<const std::int64_t> labels,
+                                       std::int64_t& valid);
+  /// dlogits = coef·(softmax(z_i) − onehot(labels[i])) on valid rows, 0 on ignored rows.
+  virtual tensor cross_entropy_backward(const tensor& logits, std::span<const std::int64_t> labels,
+                                        double coef);
+  /// x converted to dtype t (rounded to nearest).
+  virtual tensor cast(const tensor& x, dtype t);
+  /// dst = src (same element count; dst keeps its storage, which may be a view).
+  virtual void assign(tensor& dst, const tensor& src);
+
+  /// Copies `bytes` bytes at `src` (memory of this backend: a tensor's data, or within it) to
+  /// host memory at `dst`, after every operation issued so far. Default: host memory (memcpy).
+  virtual void read_bytes(void* dst, const void* src, std::size_t bytes);
+
   /// Host copies for comparison and tests.
   virtual std::vector<double> to_host(const tensor& x) = 0;
   virtual tensor from_host(dtype t, shape_t s, std::span<const double> values) = 0;

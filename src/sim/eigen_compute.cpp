@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <Eigen/Core>
 #include <cstring>
 
 #include "sim/attention.hpp"
@@ -180,6 +181,31 @@ void eigen_compute::add(tensor& acc, const tensor& x) {
     T* a = acc.as<T>();
     const T* b = x.as<T>();
     for (std::int64_t i = 0; i < acc.numel(); ++i) a[i] += b[i];
+  });
+}
+
+void eigen_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
+                         double alpha, double beta) {
+  if (a.shape.size() != 2 || b.shape.size() != 2 || c.shape.size() != 2 || a.type != b.type ||
+      a.type != c.type)
+    fail<shape_error>("gemm: a [{}], b [{}], c [{}] must be 2-D of one dtype",
+                      fmt::join(a.shape, ","), fmt::join(b.shape, ","), fmt::join(c.shape, ","));
+  by_float(a.type, [&]<class T>() {
+    using M = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const Eigen::Map<const M> A(a.as<T>(), a.shape[0], a.shape[1]);
+    const Eigen::Map<const M> B(b.as<T>(), b.shape[0], b.shape[1]);
+    Eigen::Map<M> C(c.as<T>(), c.shape[0], c.shape[1]);
+    const Eigen::Index m = trans_a ? A.cols() : A.rows(), k = trans_a ? A.rows() : A.cols();
+    const Eigen::Index kb = trans_b ? B.cols() : B.rows(), n = trans_b ? B.rows() : B.cols();
+    if (k != kb || C.rows() != m || C.cols() != n)
+      fail<shape_error>("gemm: op(a) is [{}, {}], op(b) [{}, {}], c [{}, {}]", m, k, kb, n,
+                        C.rows(), C.cols());
+    M product = trans_a ? (trans_b ? M(A.transpose() * B.transpose()) : M(A.transpose() * B))
+                        : (trans_b ? M(A * B.transpose()) : M(A * B));
+    if (beta == 0.0)
+      C = product * static_cast<T>(alpha);
+    else
+      C = product * static_cast<T>(alpha) + C * static_cast<T>(beta);
   });
 }
 

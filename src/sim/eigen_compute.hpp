@@ -59,6 +59,9 @@ class eigen_compute final : public compute {
   tensor gated_rms_norm_forward(const tensor& x, const tensor& z, const tensor& w) override;
   void gated_rms_norm_backward(const tensor& x, const tensor& z, const tensor& w, const tensor& dy,
                                tensor& dx, tensor& dz, tensor& dw) override;
+  /// Eigen's GEMM in the tensors' own scalar (compute::gemm's contract).
+  void gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
+            double alpha = 1.0, double beta = 0.0) override;
   std::vector<double> to_host(const tensor& x) override;
   tensor from_host(dtype t, shape_t s, std::span<const double> values) override;
 

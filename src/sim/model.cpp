@@ -944,10 +944,12 @@ step_output<T> train_step(const model_params<T>& p, const scenario& s, const ran
 // ------------------------------------------------------------------------------------------------
 // Explicit instantiations.
 
-#define SEQPAR_MODEL_INSTANTIATE(T)                                              \
-  template struct model_params<T>;                                               \
-  template step_output<T> train_step<T>(const model_params<T>&, const scenario&, \
-                                        const rank_tokens_input&, sp_env&);
+#define SEQPAR_MODEL_INSTANTIATE(T)                                                       \
+  template struct model_params<T>;                                                        \
+  template step_output<T> train_step<T>(const model_params<T>&, const scenario&,          \
+                                        const rank_tokens_input&, sp_env&);               \
+  template ulysses_config checked_step_inputs<T>(const model_params<T>&, const scenario&, \
+                                                 const rank_tokens_input&, const sp_env&);
 
 SEQPAR_MODEL_INSTANTIATE(double)
 SEQPAR_MODEL_INSTANTIATE(float)

@@ -159,6 +159,14 @@ template <class T>
 step_output<T> train_step(const model_params<T>& p, const scenario& s, const rank_tokens_input& in,
                           sp_env& env);
 
+/// Checks a step's inputs before anything is built from them (the model's sizes, the parameters
+/// against the scenario's, one label and position per token, the seams set, this rank in every
+/// group) and returns the Ulysses config with its defaults filled in from the scenario. Shared
+/// by train_step and tensor_train_step; instantiated for double and float.
+template <class T>
+ulysses_config checked_step_inputs(const model_params<T>& p, const scenario& s,
+                                   const rank_tokens_input& in, const sp_env& env);
+
 /// Per-op forward/backward pieces of the decoder, exposed for gradient tests. Backward functions
 /// return the input gradient and ACCUMULATE (+=) parameter gradients into the given matrices.
 namespace ops {

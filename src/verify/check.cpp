@@ -19,6 +19,7 @@
 #include "core/collate.hpp"
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
+#include "core/forwarding_compute.hpp"
 #include "core/layout.hpp"
 #include "core/mesh.hpp"
 #include "core/thread_pool.hpp"
@@ -30,6 +31,7 @@
 #include "sim/isa.hpp"
 #include "sim/model.hpp"
 #include "sim/sp_setup.hpp"
+#include "sim/tensor_step.hpp"
 #include "trace/flight.hpp"
 #include "verify/check_steps.hpp"
 
@@ -45,6 +47,22 @@ double tolerance_for(const scenario& s, dtype t, std::string* model) {
           "float64: SP and non-SP differ only in summation order, so they agree to ~1e-10 "
           "relative";
     return 1e-10;
+  }
+  if (t == dtype::bf16) {
+    // bfloat16 storage with float32 accumulation (the GPU's tensor step): every activation and
+    // gradient the step stores is rounded to bfloat16, unit roundoff u = 2^-8, which dwarfs the
+    // float32 sums' own error; each stage (2 per softmax layer, 2 for the head) can amplify the
+    // error it receives by the conditioning of softmax and RMSNorm, taken as 8 as in float32's
+    // model: tol = 8·u·stages.
+    const double u = std::ldexp(1.0, -8);
+    const int stages = 2 * s.layers + 2;
+    const double tol = 8.0 * u * stages;
+    if (model)
+      *model = fmt::format(
+          "bfloat16 storage, float32 accumulation, vs the float64 oracle: 8·u·(2·layers+2) with "
+          "u = 2^-8 (every stored tensor rounded), {} stages → {:.2e}",
+          stages, tol);
+    return tol;
   }
   // float32 against the float64 oracle. Rounding errors of a length-K reduction grow like
   // sqrt(K)·eps (random-walk model), K = the longest reduction in the step (attention over a
@@ -213,7 +231,7 @@ step_output<double> run_reference(const scenario& s, const packed_batch& b,
 template <class T>
 step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
                             const model_params<T>& p, const check_options& opt,
-                            int attention_workers) {
+                            int attention_workers, compute* backend) {
   const int k = comm.rank();
   std::optional<faulty_communicator> faulty;
   communicator* link = &comm;
@@ -221,10 +239,13 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
   std::unique_ptr<communicator> wrapped;
   if (opt.wrap_communicator) link = (wrapped = opt.wrap_communicator(*link)).get();
   std::unique_ptr<communicator> captured;
-  if (opt.capture) link = (captured = capturing_communicator(*link, *opt.capture)).get();
+  if (opt.capture) link = (captured = capturing_communicator(*link, *opt.capture, backend)).get();
   if (opt.recorder) link->set_recorder(opt.recorder);
-  std::unique_ptr<compute> comp =
-      std::make_unique<eigen_compute>(opt.naive_attention, attention_workers);
+  std::unique_ptr<compute> comp;
+  if (backend != nullptr)
+    comp = std::make_unique<forwarding_compute>(*backend);
+  else
+    comp = std::make_unique<eigen_compute>(opt.naive_attention, attention_workers);
   if (opt.wrap_compute) comp = opt.wrap_compute(std::move(comp), *link);
   sp_env env = cp_rank_env(*link, *comp, s, cb);
   if (env.ring && opt.ring_counts) {  // the ring rebuilt with the tally
@@ -261,6 +282,7 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
       opt.attention->tap(k, call, stage, *comp, x);
     };
   }
+  if (opt.tensor_step) return tensor_train_step(p, s, rank_input(s, cb, k), env, opt.type);
   return train_step(p, s, rank_input(s, cb, k), env);
 }
 
@@ -311,6 +333,12 @@ template <class T>
 std::vector<step_output<T>> run_sp(const scenario& s, const collated_batch& cb,
                                    const model_params<T>& p, const check_options& opt) {
   std::vector<step_output<T>> outs(static_cast<std::size_t>(s.cp()));
+  if (opt.rank_world) {  // another backend's ranks (its own watchdog and failure handling)
+    opt.rank_world(s.cp(), [&](communicator& comm, compute& c) {
+      outs[static_cast<std::size_t>(comm.rank())] = sp_rank_step(comm, s, cb, p, opt, 1, &c);
+    });
+    return outs;
+  }
   inproc_world world(s.cp());
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
   const int carriers = rank_carriers(s, opt);
@@ -743,10 +771,10 @@ check_report run_typed(const scenario& s, const check_options& opt) {
 template step_output<double> sp_rank_step<double>(communicator&, const scenario&,
                                                   const collated_batch&,
                                                   const model_params<double>&, const check_options&,
-                                                  int);
+                                                  int, compute*);
 template step_output<float> sp_rank_step<float>(communicator&, const scenario&,
                                                 const collated_batch&, const model_params<float>&,
-                                                const check_options&, int);
+                                                const check_options&, int, compute*);
 template void add_rows<double>(check_report&, const scenario&, const collated_batch&,
                                const step_output<double>&, const std::vector<step_output<double>>&);
 template void add_rows<float>(check_report&, const scenario&, const collated_batch&,
@@ -762,8 +790,15 @@ template void add_sp_over_dp_rows<float>(
 
 check_report run_check(const scenario& s, const check_options& opt) {
   validate(s);
+  if (opt.tensor_step)
+    if (const auto why = tensor_step_unsupported(s, resolve_ulysses_strategy(s).async);
+        !why.empty())
+      fail<config_error>("{} cannot run this scenario: {}",
+                         opt.rank_world ? "the GPU backend" : "the tensor step", why);
   if (opt.type == dtype::f64) return run_typed<double>(s, opt);
   if (opt.type == dtype::f32) return run_typed<float>(s, opt);
+  // bfloat16 storage: a backend with its kernels (the GPU), outputs widened to float.
+  if (opt.type == dtype::bf16 && opt.tensor_step && opt.rank_world) return run_typed<float>(s, opt);
   fail<config_error>("the CPU reference checks float64 or float32, not {}; use --dtype f64|f32",
                      dtype_name(opt.type));
 }

@@ -81,6 +81,15 @@ struct check_options {
   /// training step uses; the wrapper must forward to it. Called once per rank. The distributed
   /// check's own gathers (rows to rank 0, the verdict) bypass it.
   std::function<std::unique_ptr<communicator>(communicator&)> wrap_communicator;
+  /// Where the SP ranks run: empty = the CPU simulator (one in-process world, each rank with
+  /// an eigen_compute). Another backend (check_gpu.hpp) sets it: it runs `body` once per cp
+  /// rank, on that rank's thread, with the rank's communicator and compute, and returns when
+  /// every rank has (rethrowing the first failure).
+  std::function<void(int ranks, const std::function<void(communicator&, compute&)>& body)>
+      rank_world;
+  /// The SP step on tensors in the compute backend's memory, stored in `type`
+  /// (sim::tensor_train_step: f64, f32 or bf16) instead of the host step (sim::train_step).
+  bool tensor_step = false;
   /// Where the SP step's p2p ring tallies its steps (computed, skipped); run_check sets its own
   /// for the main step and reports the totals (check_report::ring_steps).
   std::shared_ptr<ring_step_counts> ring_counts;
@@ -107,6 +116,8 @@ struct check_report {
   /// width; a parameter gradient: its out × in features, head edges marked), for --html.
   std::vector<error_heatmap> heatmaps;
   std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)
+  /// The device that ran the SP step, in words (GPU backend), and its attention kernels.
+  std::string device;
   /// A failed check: the first collective whose received data differ from what its senders
   /// sent (divergence.hpp); with `departure` saying what was searched when none does.
   std::optional<divergence> first;

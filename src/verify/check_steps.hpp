@@ -32,11 +32,12 @@ sim::step_output<double> run_reference(const scenario& s, const packed_batch& b,
                                        const sim::model_params<double>& p, int threads);
 
 /// The SP step of cp rank comm.rank() (the fault wrapper, the seams and the recorder as the
-/// options say). Instantiated for double and float.
+/// options say), on `backend` when given (a rank of check_options::rank_world), else on an
+/// eigen_compute. Instantiated for double and float.
 template <class T>
 sim::step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collated_batch& cb,
                                  const sim::model_params<T>& p, const check_options& opt,
-                                 int attention_workers = 1);
+                                 int attention_workers = 1, compute* backend = nullptr);
 
 /// The compared rows of a check, from the reference step and every cp rank's SP step (in cp
 /// rank order). Instantiated for double and float.

@@ -32,14 +32,10 @@ namespace {
 
 using bytes = std::vector<unsigned char>;
 
-bytes copy_of(const void* p, std::int64_t count, dtype t) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  return bytes(b, b + count * static_cast<std::int64_t>(dtype_size(t)));
-}
-
 class capturing final : public communicator {
  public:
-  capturing(communicator& inner, capture_log& log) : inner_(inner), log_(log) {}
+  capturing(communicator& inner, capture_log& log, compute* memory)
+      : inner_(inner), log_(log), memory_(memory) {}
   int rank() const override { return inner_.rank(); }
   int world_size() const override { return inner_.world_size(); }
 
@@ -106,6 +102,18 @@ class capturing final : public communicator {
   void do_barrier(const comm_group& g) override { inner_.barrier(g, call_info()); }
 
  private:
+  /// count elements at p, read from host memory or through the backend that owns them.
+  bytes copy_of(const void* p, std::int64_t count, dtype t) const {
+    bytes out(static_cast<std::size_t>(count) * dtype_size(t));
+    if (out.empty()) return out;
+    if (memory_ != nullptr)
+      memory_->read_bytes(out.data(), p, out.size());
+    else
+      std::memcpy(out.data(), p, out.size());
+    return out;
+  }
+  compute* memory_;
+
   call_capture start(const char* op, const comm_group& g, dtype t) {
     call_capture c;
     c.rank = inner_.rank();
@@ -404,8 +412,9 @@ std::vector<std::int64_t> chunk_tokens(const call_capture& c, int chunk, std::si
 
 }  // namespace
 
-std::unique_ptr<communicator> capturing_communicator(communicator& inner, capture_log& log) {
-  return std::make_unique<capturing>(inner, log);
+std::unique_ptr<communicator> capturing_communicator(communicator& inner, capture_log& log,
+                                                     compute* memory) {
+  return std::make_unique<capturing>(inner, log, memory);
 }
 
 std::optional<divergence> first_divergence(const std::vector<call_capture>& calls,

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/communicator.hpp"
+#include "core/compute.hpp"
 #include "core/heatmap.hpp"
 #include "core/scenario.hpp"
 
@@ -65,7 +66,10 @@ std::vector<std::string> gather_to_first(communicator& comm, const comm_group& g
 
 /// A communicator that forwards every call to `inner` and adds what was sent and received to
 /// `log` (tags and groups as given). Nonblocking all-to-alls complete at once through it.
-std::unique_ptr<communicator> capturing_communicator(communicator& inner, capture_log& log);
+/// Buffers in a backend's memory (a device) are read through `memory` (compute::read_bytes);
+/// none: host memory.
+std::unique_ptr<communicator> capturing_communicator(communicator& inner, capture_log& log,
+                                                     compute* memory = nullptr);
 
 /// The first departure of a step.
 struct divergence {
