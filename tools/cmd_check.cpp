@@ -10,6 +10,7 @@
 #include "report.hpp"
 #include "scenario_flags.hpp"
 #include "verify/check.hpp"
+#include "verify/check_gpu.hpp"
 #include "verify/check_html.hpp"
 #include "verify/check_mpi.hpp"
 
@@ -19,7 +20,8 @@ namespace {
 
 struct check_args {
   scenario_flags flags;
-  std::string backend = "sim", dtype_name = "f64", html, fault;
+  std::string backend = "sim", dtype_name = "f64", html, fault, engine = "auto";
+  int device = 0;
   bool json = false, quiet = false, naive = false, no_sp_over_dp = false;
   int threads = 0;
   run_guard_flags guard;
@@ -28,7 +30,13 @@ struct check_args {
 dtype parse_dtype(const std::string& s) {
   if (s == "f64" || s == "float64") return dtype::f64;
   if (s == "f32" || s == "float32") return dtype::f32;
-  fail<config_error>("--dtype '{}' is unknown; the CPU reference runs f64 or f32", s);
+  if (s == "bf16" || s == "bfloat16") return dtype::bf16;
+  fail<config_error>(
+      "--dtype '{}' is unknown; use f64 or f32 (any backend) or bf16 (--backend gpu)", s);
+}
+
+const char* short_dtype(dtype t) {
+  return t == dtype::f64 ? "f64" : t == dtype::bf16 ? "bf16" : "f32";
 }
 
 nlohmann::json report_json(const verify::check_report& r) {
@@ -36,8 +44,9 @@ nlohmann::json report_json(const verify::check_report& r) {
   for (const auto& row : r.rows) rows.push_back(row_json(row, "tensor", false));
   return {
       {"pass", r.pass},
-      {"dtype", r.type == dtype::f64 ? "f64" : "f32"},
+      {"dtype", short_dtype(r.type)},
       {"backend", r.backend},
+      {"device", r.device.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.device)},
       {"isa", r.isa},
       {"scenario", io::scenario_to_json(r.scen)},
       {"tolerance", r.tolerance},
@@ -91,7 +100,8 @@ std::string report_text(const verify::check_report& r) {
       s.layers, fmt::join(s.docs, ","),
       (s.profile == profile::deepspeed ? fmt::format("  micro-step {}", s.micro_step) : "") +
           (s.tiles > 1 ? fmt::format("  tiles {}", s.tiles) : ""),
-      r.type == dtype::f64 ? "float64" : "float32", r.isa);
+      dtype_name(r.type), r.isa);
+  if (!r.device.empty()) o.insert(o.find("\n\n"), "\ngpu: " + r.device);
   if (s.has_attention_options())
     o.insert(o.find("\ncpu: "), "\nattention: " + s.describe_attention());
   o += fmt::format("{:<28} {}\n", "tensor", row_cells_header());
@@ -136,9 +146,19 @@ action add_check(CLI::App& app) {
       "Example: seqpar check --ulysses 4 --heads 8 --kv-heads 2 --docs 24,16,13 --dtype f64");
   a->flags.add_to(*sub);
   sub->add_option("--backend", a->backend,
-                  "sim (CPU reference); mpi and gpu: see docs/clusters.md and docs/validate.md")
+                  "sim (ranks on the CPU), mpi (one process per rank: docs/clusters.md), gpu (the "
+                  "whole step on one CUDA device, ranks as virtual ranks: docs/gpu.md)")
       ->capture_default_str();
-  sub->add_option("--dtype", a->dtype_name, "f64 | f32 (SP run; the reference is float64)")
+  auto* dtype_opt =
+      sub->add_option("--dtype", a->dtype_name,
+                      "f64 | f32 | bf16 (SP run; the reference is float64; bf16 on --backend gpu; "
+                      "--backend gpu defaults to f32)")
+          ->capture_default_str();
+  sub->add_option("--device", a->device, "--backend gpu: the CUDA device")
+      ->check(CLI::Range(0, 1023))
+      ->capture_default_str();
+  sub->add_option("--attention-engine", a->engine,
+                  "--backend gpu: auto (cuDNN for bf16 where it takes the call) | cudnn | simt")
       ->capture_default_str();
   add_report_flags(*sub, a->json, a->quiet);
   sub->add_flag("--naive-attention", a->naive, "materialising attention kernels (oracle)");
@@ -160,12 +180,10 @@ action add_check(CLI::App& app) {
   sub->add_flag("--no-sp-over-dp", a->no_sp_over_dp,
                 "deepspeed: compare only the scenario's micro-step, not SP over DP across all U "
                 "micro-steps");
-  return [a] {
-    if (a->backend != "sim" && a->backend != "mpi")
-      fail<config_error>(
-          "--backend {} is not available in this build; use --backend sim or mpi (the GPU "
-          "backend is not finished, see docs/status.md)",
-          a->backend);
+  return [a, dtype_opt] {
+    if (a->backend != "sim" && a->backend != "mpi" && a->backend != "gpu")
+      fail<config_error>("--backend {} is unknown; use sim, mpi or gpu", a->backend);
+    if (a->backend == "gpu" && dtype_opt->count() == 0) a->dtype_name = "f32";
     verify::check_options opt;
     opt.progress = progress_printer(a->quiet);
     auto print = [a](const verify::check_report& rep) {
@@ -202,6 +220,16 @@ action add_check(CLI::App& app) {
     }
     const scenario s = a->flags.resolve();
     opt.type = parse_dtype(a->dtype_name);
+    if (a->backend == "gpu") {
+      opt.naive_attention = a->naive;
+      if (!a->fault.empty()) opt.fault = parse_fault(a->fault);
+      opt.sp_over_dp = !a->no_sp_over_dp;
+      opt.threads = a->threads;
+      opt.timeout = a->guard.timeout();
+      const auto rep = verify::run_check_gpu(s, opt, {a->device, a->engine});
+      print(rep);
+      return rep.pass ? 0 : 1;
+    }
     opt.naive_attention = a->naive;
     if (!a->fault.empty()) opt.fault = parse_fault(a->fault);
     opt.sp_over_dp = !a->no_sp_over_dp;

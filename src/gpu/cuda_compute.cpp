@@ -34,6 +34,15 @@ int device_count(std::string* reason) {
   return n;
 }
 
+std::string device_name(int device) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "?";
+  }
+  return fmt::format("{} (sm_{}{})", p.name, p.major, p.minor);
+}
+
 namespace {
 
 std::string shape_str(const shape_t& s) { return fmt::format("[{}]", fmt::join(s, ",")); }
@@ -668,10 +677,11 @@ void cuda_compute::attention_backward(const tensor& q, const tensor& k, const te
 
 void cuda_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
                         double alpha, double beta) {
+  const bool mixed = a.type == dtype::bf16 && c.type == dtype::f32;  // bf16 in, f32 out
   if (a.shape.size() != 2 || b.shape.size() != 2 || c.shape.size() != 2 || a.type != b.type ||
-      a.type != c.type)
-    fail<shape_error>("gemm: a {}, b {}, c {} must be 2-D of one dtype", shape_str(a.shape),
-                      shape_str(b.shape), shape_str(c.shape));
+      (a.type != c.type && !mixed))
+    fail<shape_error>("gemm: a {}, b {}, c {} must be 2-D of one dtype (or bf16 into f32)",
+                      shape_str(a.shape), shape_str(b.shape), shape_str(c.shape));
   const std::int64_t m = trans_a ? a.shape[1] : a.shape[0], k = trans_a ? a.shape[0] : a.shape[1];
   const std::int64_t kb = trans_b ? b.shape[1] : b.shape[0], n = trans_b ? b.shape[0] : b.shape[1];
   if (k != kb || c.shape[0] != m || c.shape[1] != n)
@@ -700,10 +710,12 @@ void cuda_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tenso
     default:
       fail<shape_error>("gemm: {} is not supported", dtype_name(a.type));
   }
+  if (m == 0 || n == 0) return;
+  const cudaDataType_t ctype = mixed ? CUDA_R_32F : type;
   const cublasStatus_t st = cublas().gemm_ex(
       impl_->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), pa, b.data, type,
-      static_cast<int>(b.shape[1]), a.data, type, static_cast<int>(a.shape[1]), pb, c.data, type,
+      static_cast<int>(b.shape[1]), a.data, type, static_cast<int>(a.shape[1]), pb, c.data, ctype,
       static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
     raise("cublasGemmEx", static_cast<int>(st), cublas().status_string(st), rank_);
@@ -757,6 +769,177 @@ void cuda_compute::rms_norm_bwd(const tensor& x, const tensor& w, const tensor& 
                                     w.data, static_cast<const float*>(r.data), dy.data, dx.data,
                                     dw.data, impl_->stream),
                "rms_norm_bwd", rank_);
+}
+
+// ---- the decoder's dense ops (the tensor step) ----
+
+void cuda_compute::apply_rope(const tensor& x, tensor& y, std::span<const std::int64_t> positions,
+                              double theta, int sign) {
+  if (x.type == dtype::f64) return compute::apply_rope(x, y, positions, theta, sign);
+  if (x.shape.size() != 3)
+    fail<shape_error>("cuda_compute::apply_rope: x {} is not [n, heads, head_dim]",
+                      shape_str(x.shape));
+  rope(x, y, static_cast<int>(x.shape[1]), static_cast<int>(x.shape[2]), positions, theta, sign);
+}
+
+tensor cuda_compute::head_norm_forward(const tensor& x, const tensor& w, const tensor& b,
+                                       norm_kind k, double eps) {
+  if (k != norm_kind::rms || x.type == dtype::f64 || w.type != x.type)
+    return compute::head_norm_forward(x, w, b, k, eps);
+  if (x.shape.size() != 3 || w.numel() != x.shape[2])
+    fail<shape_error>("cuda_compute::head_norm_forward: x {} and a weight of {}",
+                      shape_str(x.shape), w.numel());
+  const std::int64_t rows = x.shape[0] * x.shape[1], d = x.shape[2];
+  tensor y = empty(x.type, x.shape);
+  tensor r = empty(dtype::f32, {rows});
+  tensor yv = y.reshaped({rows, d});
+  rms_norm_fwd(x.reshaped({rows, d}), w.reshaped({d}), eps, yv, r);
+  return y;
+}
+
+tensor cuda_compute::head_norm_backward(const tensor& x, const tensor& w, norm_kind k, double eps,
+                                        const tensor& dy, std::vector<double>& dw,
+                                        std::vector<double>& db) {
+  if (k != norm_kind::rms || x.type == dtype::f64 || w.type != x.type)
+    return compute::head_norm_backward(x, w, k, eps, dy, dw, db);
+  same(x, dy, "head_norm_backward");
+  if (x.shape.size() != 3 || w.numel() != x.shape[2])
+    fail<shape_error>("cuda_compute::head_norm_backward: x {} and a weight of {}",
+                      shape_str(x.shape), w.numel());
+  const std::int64_t rows = x.shape[0] * x.shape[1], d = x.shape[2];
+  const tensor x2 = x.reshaped({rows, d}), w1 = w.reshaped({d});
+  tensor scratch = empty(x.type, {rows, d});
+  tensor r = empty(dtype::f32, {rows});
+  rms_norm_fwd(x2, w1, eps, scratch, r);  // 1/rms of each row again
+  tensor dx = empty(x.type, x.shape);
+  tensor dxv = dx.reshaped({rows, d});
+  tensor dwt = empty(x.type, {d});
+  rms_norm_bwd(x2, w1, r, dy.reshaped({rows, d}), dxv, dwt);
+  const auto g = to_host(dwt);
+  dw.resize(static_cast<std::size_t>(d), 0.0);
+  db.resize(static_cast<std::size_t>(d), 0.0);
+  for (std::size_t j = 0; j < g.size(); ++j) dw[j] += g[j];
+  return dx;
+}
+
+tensor cuda_compute::swiglu_forward(const tensor& g, const tensor& u) {
+  if (g.type == dtype::f64) return compute::swiglu_forward(g, u);
+  same(g, u, "swiglu_forward");
+  need_float(g, "swiglu_forward", false);
+  tensor y = empty(g.type, g.shape);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::swiglu_fwd(g.type, g.numel(), g.data, u.data, y.data, impl_->stream),
+               "swiglu_fwd", rank_);
+  return y;
+}
+
+void cuda_compute::swiglu_backward(const tensor& g, const tensor& u, const tensor& dy, tensor& dg,
+                                   tensor& du) {
+  if (g.type == dtype::f64) return compute::swiglu_backward(g, u, dy, dg, du);
+  same(g, u, "swiglu_backward");
+  same(g, dy, "swiglu_backward");
+  need_float(g, "swiglu_backward", false);
+  dg = empty(g.type, g.shape);
+  du = empty(g.type, g.shape);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  check_launch(launch::swiglu_bwd(g.type, g.numel(), g.data, u.data, dy.data, dg.data, du.data,
+                                  impl_->stream),
+               "swiglu_bwd", rank_);
+}
+
+namespace {
+void check_ce(const tensor& z, std::span<const std::int64_t> labels, const char* op) {
+  if (z.shape.size() != 2 || static_cast<std::int64_t>(labels.size()) != z.shape[0])
+    fail<shape_error>("cuda_compute::{}: logits {} and {} labels; expected [n, vocab] and n", op,
+                      shape_str(z.shape), labels.size());
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] != -100 && (labels[i] < 0 || labels[i] >= z.shape[1]))
+      fail<shape_error>("cuda_compute::{}: label {} of row {} is outside the vocabulary [0, {})",
+                        op, labels[i], i, z.shape[1]);
+}
+}  // namespace
+
+double cuda_compute::cross_entropy_forward(const tensor& logits,
+                                           std::span<const std::int64_t> labels,
+                                           std::int64_t& valid) {
+  if (logits.type == dtype::f64) return compute::cross_entropy_forward(logits, labels, valid);
+  need_float(logits, "cross_entropy_forward", false);
+  check_ce(logits, labels, "cross_entropy_forward");
+  const std::int64_t n = logits.shape[0];
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  const auto* lab = static_cast<const std::int64_t*>(
+      upload(*impl_, impl::s_rows, labels.data(), labels.size(), rank_));
+  tensor lse = empty(dtype::f32, {n}), loss = empty(dtype::f32, {n});
+  check_launch(launch::cross_entropy_rows(logits.type, n, logits.shape[1], logits.data, lab,
+                                          static_cast<float*>(lse.data),
+                                          static_cast<float*>(loss.data), impl_->stream),
+               "cross_entropy_rows", rank_);
+  const auto rows = to_host(loss);
+  double sum = 0;
+  valid = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (labels[i] != -100) {
+      sum += rows[i];
+      ++valid;
+    }
+  return sum;
+}
+
+tensor cuda_compute::cross_entropy_backward(const tensor& logits,
+                                            std::span<const std::int64_t> labels, double coef) {
+  if (logits.type == dtype::f64) return compute::cross_entropy_backward(logits, labels, coef);
+  need_float(logits, "cross_entropy_backward", false);
+  check_ce(logits, labels, "cross_entropy_backward");
+  const std::int64_t n = logits.shape[0];
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  const auto* lab = static_cast<const std::int64_t*>(
+      upload(*impl_, impl::s_rows, labels.data(), labels.size(), rank_));
+  tensor lse = empty(dtype::f32, {n}), loss = empty(dtype::f32, {n});
+  check_launch(launch::cross_entropy_rows(logits.type, n, logits.shape[1], logits.data, lab,
+                                          static_cast<float*>(lse.data),
+                                          static_cast<float*>(loss.data), impl_->stream),
+               "cross_entropy_rows", rank_);
+  tensor dz = empty(logits.type, logits.shape);
+  check_launch(launch::cross_entropy_grad(logits.type, n, logits.shape[1], logits.data, lab,
+                                          static_cast<const float*>(lse.data),
+                                          static_cast<float>(coef), dz.data, impl_->stream),
+               "cross_entropy_grad", rank_);
+  return dz;
+}
+
+tensor cuda_compute::cast(const tensor& x, dtype t) {
+  if (x.type == t) return clone(x);
+  const bool f32_bf16 =
+      (x.type == dtype::f32 && t == dtype::bf16) || (x.type == dtype::bf16 && t == dtype::f32);
+  if (!f32_bf16) return compute::cast(x, t);
+  tensor y = empty(t, x.shape);
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  if (t == dtype::f32)
+    check_launch(launch::to_f32(x.type, x.numel(), x.data, static_cast<float*>(y.data), false,
+                                impl_->stream),
+                 "cast", rank_);
+  else
+    check_launch(
+        launch::from_f32(t, x.numel(), static_cast<const float*>(x.data), y.data, impl_->stream),
+        "cast", rank_);
+  return y;
+}
+
+void cuda_compute::assign(tensor& dst, const tensor& src) {
+  if (dst.numel() != src.numel() || dst.type != src.type)
+    fail<shape_error>("cuda_compute::assign: {} {} from {} {}", dtype_name(dst.type),
+                      shape_str(dst.shape), dtype_name(src.type), shape_str(src.shape));
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  if (dst.bytes())
+    SEQPAR_CUDA(cudaMemcpyAsync, dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice,
+                impl_->stream);
+}
+
+void cuda_compute::read_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  SEQPAR_CUDA(cudaSetDevice, device_);
+  SEQPAR_CUDA(cudaStreamSynchronize, impl_->stream);
+  SEQPAR_CUDA(cudaMemcpy, dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 }  // namespace seqpar::gpu

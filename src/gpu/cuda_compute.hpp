@@ -19,6 +19,10 @@ struct fused_attention_args;
 /// sets a reason. Never throws.
 int device_count(std::string* reason = nullptr);
 
+/// The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)"; "?" when
+/// the runtime cannot say.
+std::string device_name(int device);
+
 /// Which kernels run attention on a cuda_compute. automatic: cuDNN's fused attention
 /// (gpu/fused_attention.hpp) for bfloat16 where cuDNN loads and takes the shape, the SIMT kernels
 /// otherwise (float32 always); cudnn: cuDNN or an error saying why not; simt: the SIMT kernels.
@@ -89,13 +93,34 @@ class cuda_compute final : public compute {
   std::vector<double> to_host(const tensor& x) override;
   tensor from_host(dtype t, shape_t s, std::span<const double> values) override;
 
-  // ---- beyond `compute`: the decoder's other ops, for tests and benchmarks ----
+  // ---- the decoder's dense ops (the tensor step): f32 and bf16 on the device; float64 and
+  // LayerNorm through compute's host defaults ----
 
   /// Row-major C = alpha·op(A)·op(B) + beta·C through cublasGemmEx (fp32 compute, no TF32;
   /// bf16 inputs accumulate in fp32; f64 in f64). A, B, C are 2-D ([rows, cols]); op = transpose
-  /// when the flag is set.
+  /// when the flag is set. C may be float32 with bfloat16 A and B (a float32 gradient buffer).
   void gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
-            double alpha = 1.0, double beta = 0.0);
+            double alpha = 1.0, double beta = 0.0) override;
+  void apply_rope(const tensor& x, tensor& y, std::span<const std::int64_t> positions, double theta,
+                  int sign) override;
+  /// RMSNorm on the device (rows of x `[S, H, D]` over D); LayerNorm on the host.
+  tensor head_norm_forward(const tensor& x, const tensor& w, const tensor& b, norm_kind k,
+                           double eps) override;
+  tensor head_norm_backward(const tensor& x, const tensor& w, norm_kind k, double eps,
+                            const tensor& dy, std::vector<double>& dw,
+                            std::vector<double>& db) override;
+  tensor swiglu_forward(const tensor& g, const tensor& u) override;
+  void swiglu_backward(const tensor& g, const tensor& u, const tensor& dy, tensor& dg,
+                       tensor& du) override;
+  double cross_entropy_forward(const tensor& logits, std::span<const std::int64_t> labels,
+                               std::int64_t& valid) override;
+  tensor cross_entropy_backward(const tensor& logits, std::span<const std::int64_t> labels,
+                                double coef) override;
+  tensor cast(const tensor& x, dtype t) override;
+  void assign(tensor& dst, const tensor& src) override;
+  void read_bytes(void* dst, const void* src, std::size_t bytes) override;
+
+  // ---- beyond `compute`: for tests and benchmarks ----
   /// RoPE (rotate-half) of x `[n, heads, head_dim]` into y (same shape and dtype); sign = −1 is
   /// the backward. positions: one per token.
   void rope(const tensor& x, tensor& y, int heads, int head_dim,

@@ -291,7 +291,77 @@ int by_head_dim(int d, F&& f) {
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
+// The decoder's dense elementwise and row ops (the tensor step).
+template <class T>
+struct swiglu_fwd_f {
+  std::int64_t n;
+  const T *g, *u;
+  T* y;
+  __device__ void operator()(std::int64_t e) const { kern::swiglu_fwd(e, n, g, u, y); }
+};
+template <class T>
+struct swiglu_bwd_f {
+  std::int64_t n;
+  const T *g, *u, *dy;
+  T *dg, *du;
+  __device__ void operator()(std::int64_t e) const { kern::swiglu_bwd(e, n, g, u, dy, dg, du); }
+};
+template <class T>
+struct ce_row_f {
+  std::int64_t n, vocab;
+  const T* z;
+  const std::int64_t* labels;
+  float *lse, *loss;
+  __device__ void operator()(std::int64_t i) const {
+    kern::cross_entropy_row(i, n, vocab, z, labels, lse, loss);
+  }
+};
+template <class T>
+struct ce_grad_f {
+  std::int64_t n, vocab;
+  const T* z;
+  const std::int64_t* labels;
+  const float* lse;
+  float coef;
+  T* dz;
+  __device__ void operator()(std::int64_t e) const {
+    kern::cross_entropy_grad(e, n, vocab, z, labels, lse, coef, dz);
+  }
+};
+
 }  // namespace
+
+int swiglu_fwd(dtype t, std::int64_t n, const void* g, const void* u, void* y, stream_t s) {
+  return by_float<false>(t, [&]<class T>() {
+    return run(
+        n, s,
+        swiglu_fwd_f<T>{n, static_cast<const T*>(g), static_cast<const T*>(u), static_cast<T*>(y)});
+  });
+}
+int swiglu_bwd(dtype t, std::int64_t n, const void* g, const void* u, const void* dy, void* dg,
+               void* du, stream_t s) {
+  return by_float<false>(t, [&]<class T>() {
+    return run(
+        n, s,
+        swiglu_bwd_f<T>{n, static_cast<const T*>(g), static_cast<const T*>(u),
+                        static_cast<const T*>(dy), static_cast<T*>(dg), static_cast<T*>(du)});
+  });
+}
+int cross_entropy_rows(dtype t, std::int64_t n, std::int64_t vocab, const void* z,
+                       const std::int64_t* labels, float* lse, float* loss, stream_t s) {
+  return by_float<false>(t, [&]<class T>() {
+    return run(n, s, ce_row_f<T>{n, vocab, static_cast<const T*>(z), labels, lse, loss});
+  });
+}
+int cross_entropy_grad(dtype t, std::int64_t n, std::int64_t vocab, const void* z,
+                       const std::int64_t* labels, const float* lse, float coef, void* dz,
+                       stream_t s) {
+  return by_float<false>(t, [&]<class T>() {
+    return run(
+        n * vocab, s,
+        ce_grad_f<T>{n, vocab, static_cast<const T*>(z), labels, lse, coef, static_cast<T*>(dz)});
+  });
+}
 
 int pack_for_heads(const a2a_geometry& g, int esz, const void* x, void* wire, stream_t s) {
   return by_size(esz, [&]<class E>() {

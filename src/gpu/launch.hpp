@@ -39,6 +39,15 @@ int rms_norm_fwd(dtype t, std::int64_t n, int hidden, float eps, const void* x, 
                  void* y, float* r, stream_t s);
 int rms_norm_bwd(dtype t, std::int64_t n, int hidden, const void* x, const void* w, const float* r,
                  const void* dy, void* dx, void* dw, stream_t s);
+int swiglu_fwd(dtype t, std::int64_t n, const void* g, const void* u, void* y, stream_t s);
+int swiglu_bwd(dtype t, std::int64_t n, const void* g, const void* u, const void* dy, void* dg,
+               void* du, stream_t s);
+/// Per row: lse and the row's loss (float32 [n] each); labels a device array of n.
+int cross_entropy_rows(dtype t, std::int64_t n, std::int64_t vocab, const void* z,
+                       const std::int64_t* labels, float* lse, float* loss, stream_t s);
+int cross_entropy_grad(dtype t, std::int64_t n, std::int64_t vocab, const void* z,
+                       const std::int64_t* labels, const float* lse, float coef, void* dz,
+                       stream_t s);
 
 /// One attention call (see kernels/attention.hpp): device pointers; tiles are device arrays of
 /// kern::attn_tile built by make_tiles with q_tile_rows / k_tile_rows for this head_dim.

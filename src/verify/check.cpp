@@ -799,8 +799,10 @@ check_report run_check(const scenario& s, const check_options& opt) {
   if (opt.type == dtype::f32) return run_typed<float>(s, opt);
   // bfloat16 storage: a backend with its kernels (the GPU), outputs widened to float.
   if (opt.type == dtype::bf16 && opt.tensor_step && opt.rank_world) return run_typed<float>(s, opt);
-  fail<config_error>("the CPU reference checks float64 or float32, not {}; use --dtype f64|f32",
-                     dtype_name(opt.type));
+  fail<config_error>(
+      "the CPU backends run the SP step in float64 or float32, not {}; use --dtype f64|f32, or "
+      "--backend gpu for bf16",
+      dtype_name(opt.type));
 }
 
 }  // namespace seqpar::verify

@@ -244,12 +244,6 @@ void check_inputs(const scenario& s, dtype t) {
         s.describe_attention());
 }
 
-std::string device_name(int device) {
-  cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "?";
-  return fmt::format("{} (sm_{}{})", p.name, p.major, p.minor);
-}
-
 }  // namespace
 
 validate_report run_validate_local(const scenario& s, const validate_options& opt) {

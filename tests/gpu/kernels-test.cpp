@@ -274,6 +274,61 @@ TEST(kernels, rms_norm_matches_sim_ops_forward_and_backward) {
   EXPECT_LE(rel_err(back(dwf), std::vector<double>(dw.data(), dw.data() + dw.size())), tol);
 }
 
+TEST(kernels, swiglu_matches_sim_ops_forward_and_backward) {
+  const int n = 5, f = 12;
+  const auto g = values(static_cast<std::size_t>(n * f), 19, 3.0), u = values(g.size(), 20),
+             dy = values(g.size(), 21);
+  const auto M = [&](const std::vector<double>& v) -> sim::mat<double> {
+    return Eigen::Map<const sim::mat<double>>(v.data(), n, f);
+  };
+  const sim::mat<double> ym = sim::ops::swiglu_fwd<double>(M(g), M(u));
+  sim::mat<double> dgm, dum;
+  sim::ops::swiglu_bwd<double>(M(g), M(u), M(dy), dgm, dum);
+  const auto gf = as<float>(g), uf = as<float>(u), dyf = as<float>(dy);
+  std::vector<float> y(g.size()), dg(g.size()), du(g.size());
+  const auto N = static_cast<std::int64_t>(g.size());
+  for (std::int64_t e = 0; e < N; ++e) {
+    kern::swiglu_fwd(e, N, gf.data(), uf.data(), y.data());
+    kern::swiglu_bwd(e, N, gf.data(), uf.data(), dyf.data(), dg.data(), du.data());
+  }
+  // Elementwise in fp32 from fp32-rounded inputs: a few roundings, amplified by |g| ≤ 3.
+  const double tol = 64 * 0x1p-23;
+  const auto flat = [](const sim::mat<double>& m) {
+    return std::vector<double>(m.data(), m.data() + m.size());
+  };
+  EXPECT_LE(rel_err(back(y), flat(ym)), tol);
+  EXPECT_LE(rel_err(back(dg), flat(dgm)), tol);
+  EXPECT_LE(rel_err(back(du), flat(dum)), tol);
+}
+
+TEST(kernels, cross_entropy_matches_sim_ops_with_ignored_rows) {
+  const int n = 6, vocab = 40;
+  const auto z = values(static_cast<std::size_t>(n * vocab), 22, 4.0);
+  const std::vector<std::int64_t> labels{3, -100, 39, 0, -100, 17};
+  const sim::mat<double> zm = Eigen::Map<const sim::mat<double>>(z.data(), n, vocab);
+  std::int64_t valid = 0;
+  const double loss = sim::ops::cross_entropy_fwd<double>(zm, labels, valid);
+  const sim::mat<double> dzm = sim::ops::cross_entropy_bwd<double>(zm, labels, 0.25);
+  const auto zf = as<float>(z);
+  std::vector<float> lse(n), rows(n), dz(z.size());
+  for (std::int64_t i = 0; i < n; ++i)
+    kern::cross_entropy_row(i, n, vocab, zf.data(), labels.data(), lse.data(), rows.data());
+  for (std::int64_t e = 0; e < n * vocab; ++e)
+    kern::cross_entropy_grad(e, n, vocab, zf.data(), labels.data(), lse.data(), 0.25f, dz.data());
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    if (labels[static_cast<std::size_t>(i)] == -100)
+      EXPECT_EQ(rows[static_cast<std::size_t>(i)], 0.f);
+    sum += rows[static_cast<std::size_t>(i)];
+  }
+  EXPECT_EQ(valid, 4);
+  // A length-vocab fp32 sum of exponentials of values up to 4: sqrt(vocab)·eps scale, c = 8·e^4.
+  const double tol = 8 * 55 * 0x1p-23 * std::sqrt(vocab);
+  EXPECT_LE(std::abs(sum - loss) / std::abs(loss), tol);
+  EXPECT_LE(rel_err(back(dz), std::vector<double>(dzm.data(), dzm.data() + dzm.size())), tol);
+  for (int j = 0; j < vocab; ++j) EXPECT_EQ(dz[static_cast<std::size_t>(vocab + j)], 0.f);
+}
+
 // ---- attention block functions on the host ----
 
 struct attn_case {

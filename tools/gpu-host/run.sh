@@ -10,13 +10,13 @@
 #   tools/gpu-host/run.sh [--bundle DIR] [--out DIR] [--steps LIST] [--prebuilt DIR]
 #     --bundle    the folder pack.sh made (default: gpu-bundle)
 #     --out       results folder (default: gpu-results-<date>; must not exist or be empty)
-#     --steps     comma list of: build,test,validate,sanitize,bench,sdpa,scale (default: all)
+#     --steps     comma list of: build,test,check,validate,sanitize,bench,sdpa,scale (default: all)
 #     --prebuilt  a build folder made elsewhere (-Dcpu=generic) to use when the build fails
 #     --threads   thread counts of the scaling step (default 1,2,4,8,16)
 # Exit status: 0 when every step passed, 1 when one failed, 2 on a usage error.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bundle=$root/gpu-bundle out="" steps=build,test,validate,sanitize,bench,sdpa,scale prebuilt="" threads=1,2,4,8,16
+bundle=$root/gpu-bundle out="" steps=build,test,check,validate,sanitize,bench,sdpa,scale prebuilt="" threads=1,2,4,8,16
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle=$2; shift 2 ;;
@@ -122,7 +122,7 @@ if want build; then
   step configure 300 meson setup "$build" --wipe -Dgpu=enabled -Dmpi=disabled -Dtests=enabled \
     -Dcpu=native -Dbuildtype=release ${cudnn_h:+-Dcudnn_include=$(dirname "$cudnn_h")} ||
     cp "$build/meson-logs/meson-log.txt" "$out/meson-log.txt" 2>/dev/null
-  step build 900 ninja -C "$build" -j "$jobs" tools/seqpar tests/gpu/gpu-device-test \
+  step build 900 ninja -C "$build" -j "$jobs" tools/seqpar tests/gpu/gpu-device-test tests/gpu/gpu-check-test \
     tests/gpu/gpu-kernels-test tests/gpu/core-headers-nvcc-test bench/gpu_attention_bench \
     bench/nccl_a2a_bench bench/reference_bench
 fi
@@ -138,6 +138,36 @@ if want test; then
   step test-core-headers-nvcc 120 "$(bin tests/gpu/core-headers-nvcc-test)"
   step test-gpu-device 900 "$(bin tests/gpu/gpu-device-test)"
   step test-gpu-validate-cli 600 sh "$root/tests/gpu/validate-cli-test.sh" "$(bin tools/seqpar)"
+  RC_PARAMS=max_success=30 step test-gpu-check 900 "$(bin tests/gpu/gpu-check-test)"
+fi
+
+# ---- seqpar check --backend gpu: the whole SP step on the GPU beside the CPU backend's, on the
+# default scenario and on a 4K-token two-layer model (JSON: seconds.sp, seconds.reference) ----
+if want check; then
+  for dt in f32 bf16; do
+    step "check-default-$dt" 300 "$(bin tools/seqpar)" check --backend gpu --dtype "$dt" --json --quiet
+  done
+  big=(--heads 16 --kv-heads 4 --head-dim 128 --hidden 1024 --intermediate 2816 --vocab 8192
+       --layers 2 --docs 2048,1024,1024 -u 4 -r 2 --json --quiet)
+  for dt in f32 bf16; do
+    step "check-4k-gpu-$dt" 600 "$(bin tools/seqpar)" check --backend gpu --dtype "$dt" "${big[@]}"
+  done
+  step check-4k-cpu-f32 600 "$(bin tools/seqpar)" check --dtype f32 "${big[@]}"
+  for f in "$out"/check-*.log; do
+    python3 - "$f" <<'PY' | tee -a "$out/check-table.txt"
+import json, sys
+path = sys.argv[1]
+try:
+    r = json.load(open(path))
+except Exception as e:
+    print(f"{path.rsplit('/', 1)[-1]:24} no report ({e.__class__.__name__})")
+    raise SystemExit
+worst = max((x.get("of_bound", 0) or 0) for x in r["rows"]) if r["rows"] else 0
+print(f"{path.rsplit('/', 1)[-1]:24} {r['backend']:4} {r['dtype']:5} pass={r['pass']!s:5} "
+      f"sp {r['seconds']['sp']:8.2f} s  reference {r['seconds']['reference']:8.2f} s  "
+      f"worst row {worst:.3f} of bound  {r.get('device') or ''}")
+PY
+  done
 fi
 
 # ---- seqpar validate on a mid-size attention layer: the GPU's time beside the CPU reference's,

@@ -113,4 +113,57 @@ SEQPAR_HD void rms_norm_bwd_w(int j, std::int64_t n, int hidden, const T* x, con
   dw[j] = from_float<T>(s);
 }
 
+/// SwiGLU forward, one element per thread (sim::ops::swiglu_fwd): y = g·σ(g)·u, in fp32.
+template <class T>
+SEQPAR_HD void swiglu_fwd(std::int64_t e, std::int64_t n, const T* g, const T* u, T* y) {
+  if (e >= n) return;
+  const float a = to_float(g[e]);
+  const float sg = 1.f / (1.f + expf(-a));
+  y[e] = from_float<T>(a * sg * to_float(u[e]));
+}
+
+/// SwiGLU backward, one element per thread (sim::ops::swiglu_bwd):
+///   dg = dy·u·σ(g)·(1 + g·(1 − σ(g))),  du = dy·g·σ(g).
+template <class T>
+SEQPAR_HD void swiglu_bwd(std::int64_t e, std::int64_t n, const T* g, const T* u, const T* dy,
+                          T* dg, T* du) {
+  if (e >= n) return;
+  const float a = to_float(g[e]), d = to_float(dy[e]);
+  const float sg = 1.f / (1.f + expf(-a));
+  dg[e] = from_float<T>(d * to_float(u[e]) * sg * (1.f + a * (1.f - sg)));
+  du[e] = from_float<T>(d * a * sg);
+}
+
+/// Cross-entropy, one row of logits z `[n, vocab]` per thread (sim::ops::cross_entropy_fwd):
+/// lse[i] = logsumexp(z_i) in fp32 with the row's max subtracted; loss[i] = lse[i] − z_i[label]
+/// for a label in [0, vocab), 0 for an ignored row (−100). Labels are checked on the host.
+template <class T>
+SEQPAR_HD void cross_entropy_row(std::int64_t i, std::int64_t n, std::int64_t vocab, const T* z,
+                                 const std::int64_t* labels, float* lse, float* loss) {
+  if (i >= n) return;
+  const T* r = z + i * vocab;
+  float mx = to_float(r[0]);
+  for (std::int64_t j = 1; j < vocab; ++j) mx = fmaxf(mx, to_float(r[j]));
+  float se = 0;
+  for (std::int64_t j = 0; j < vocab; ++j) se += expf(to_float(r[j]) - mx);
+  const float l = logf(se) + mx;
+  lse[i] = l;
+  const std::int64_t y = labels[i];
+  loss[i] = y >= 0 && y < vocab ? l - to_float(r[y]) : 0.f;
+}
+
+/// Cross-entropy's gradient, one logit per thread (sim::ops::cross_entropy_bwd):
+/// dz = coef·(e^(z − lse) − [j = label]) on valid rows, 0 on ignored rows.
+template <class T>
+SEQPAR_HD void cross_entropy_grad(std::int64_t e, std::int64_t n, std::int64_t vocab, const T* z,
+                                  const std::int64_t* labels, const float* lse, float coef, T* dz) {
+  if (e >= n * vocab) return;
+  const std::int64_t i = e / vocab, j = e % vocab, y = labels[i];
+  if (y < 0 || y >= vocab) {
+    dz[e] = from_float<T>(0.f);
+    return;
+  }
+  dz[e] = from_float<T>(coef * (expf(to_float(z[e]) - lse[i]) - (j == y ? 1.f : 0.f)));
+}
+
 }  // namespace seqpar::gpu::kern
