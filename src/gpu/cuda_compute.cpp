@@ -12,6 +12,7 @@
 
 #include "gpu/cublas_lazy.hpp"
 #include "gpu/cuda_check.hpp"
+#include "gpu/device_pool.hpp"
 #include "gpu/fused_attention.hpp"
 #include "gpu/kernels/attention.hpp"
 #include "gpu/kernels/bf16.hpp"
@@ -99,6 +100,7 @@ struct cuda_compute::impl {
   attention_engine engine = attention_engine::automatic;
   std::unique_ptr<fused_attention> fused;  ///< made on the first cuDNN call
   std::string engine_used = "none";
+  std::shared_ptr<device_pool> pool;  ///< where tensors come from (none: cudaMalloc each)
 };
 
 cuda_compute::cuda_compute(int device, int rank) : impl_(new impl), device_(device), rank_(rank) {
@@ -127,6 +129,8 @@ cuda_compute::~cuda_compute() {
 }
 
 void* cuda_compute::stream() const { return impl_->stream; }
+
+void cuda_compute::use_pool(std::shared_ptr<device_pool> pool) { impl_->pool = std::move(pool); }
 
 void cuda_compute::synchronize() {
   SEQPAR_CUDA(cudaSetDevice, device_);
@@ -188,7 +192,16 @@ tensor cuda_compute::empty(dtype t, shape_t s) {
   for (auto v : x.shape)
     if (v < 0) fail<shape_error>("cuda_compute::empty: negative extent in {}", shape_str(x.shape));
   void* p = nullptr;
-  SEQPAR_CUDA(cudaMalloc, &p, std::max<std::size_t>(x.bytes(), 1));
+  const std::size_t bytes = std::max<std::size_t>(x.bytes(), 1);
+  if (impl_->pool) {
+    p = impl_->pool->allocate(bytes, rank_);
+    // The last tensor sharing the storage gives it back (reused once the device has caught up).
+    x.storage =
+        std::shared_ptr<void>(p, [pool = impl_->pool, bytes](void* q) { pool->release(q, bytes); });
+    x.data = p;
+    return x;
+  }
+  SEQPAR_CUDA(cudaMalloc, &p, bytes);
   const int dev = device_;
   // The last tensor sharing the storage frees it (cudaFree synchronises the device).
   x.storage = std::shared_ptr<void>(p, [dev](void* q) {

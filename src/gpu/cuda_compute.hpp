@@ -13,6 +13,7 @@
 namespace seqpar::gpu {
 
 struct fused_attention_args;
+class device_pool;
 
 /// CUDA devices visible to this process, or −1 with `reason` set (e.g. "cudaGetDeviceCount
 /// returned 35 (CUDA driver version is insufficient for CUDA runtime version)"); 0 devices also
@@ -130,6 +131,10 @@ class cuda_compute final : public compute {
   /// dx (like x) and dw (like w, overwritten) from dy.
   void rms_norm_bwd(const tensor& x, const tensor& w, const tensor& r, const tensor& dy, tensor& dx,
                     tensor& dw);
+
+  /// Allocates tensors from `pool` (shared by the virtual ranks of one device) instead of
+  /// cudaMalloc/cudaFree per tensor; tensors made before keep their own memory.
+  void use_pool(std::shared_ptr<device_pool> pool);
 
   /// Chooses the attention kernels (default automatic).
   void set_attention_engine(attention_engine e);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/device_pool.hpp"
 #include "gpu/launch.hpp"
 
 namespace seqpar::gpu {
@@ -289,8 +290,11 @@ void run_device_ranks(int P, int device,
                       comm_recorder* recorder, std::chrono::milliseconds timeout) {
   device_local_world world(P, device);
   world.set_timeout(timeout);
+  // One pool for the ranks' tensors: cudaFree would stall the whole device per tensor.
+  const auto pool = std::make_shared<device_pool>(device);
   run_rank_threads(world, [&](int r) {
     cuda_compute c(device, r);
+    c.use_pool(pool);
     device_local_communicator comm(world, r, c);
     comm.set_recorder(recorder);
     body(comm, c);
