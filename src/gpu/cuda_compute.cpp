@@ -94,6 +94,8 @@ struct cuda_compute::impl {
     s_delta,
     s_pos,
     s_stats,
+    s_pos_q,
+    s_pos_k,
     n_slots
   };
   scratch bufs[n_slots];
@@ -478,13 +480,13 @@ void cuda_compute::lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out
 namespace {
 
 void check_docs(const attention_docs& docs, std::int64_t sq, std::int64_t sk) {
-  if (docs.has_options())
-    fail<config_error>(
-        "the CUDA backend's attention kernels know causal and full masks only (got window_back={} "
-        "window_ahead={} chunk={} softcap={} with{} positions); run sliding windows, chunks and "
-        "soft-capping on the CPU reference (seqpar check, --backend sim or mpi)",
-        docs.window_back, docs.window_ahead, docs.chunk, docs.softcap,
-        docs.pos_q.empty() && docs.pos_k.empty() ? "out" : "");
+  if ((!docs.pos_q.empty() && static_cast<std::int64_t>(docs.pos_q.size()) != sq) ||
+      (!docs.pos_k.empty() && static_cast<std::int64_t>(docs.pos_k.size()) != sk))
+    fail<shape_error>("attention: {} q positions for {} rows and {} k positions for {} rows",
+                      docs.pos_q.size(), sq, docs.pos_k.size(), sk);
+  if (docs.chunk < 0 || !(docs.softcap >= 0) || !std::isfinite(docs.softcap))
+    fail<shape_error>("attention: chunk must be ≥ 0 and softcap finite and ≥ 0, got {} and {}",
+                      docs.chunk, docs.softcap);
   if (docs.cu_q.size() != docs.cu_k.size() || docs.cu_q.empty())
     fail<shape_error>(
         "attention: cu_q has {} entries and cu_k {}; they must match and be non-empty",
@@ -527,12 +529,25 @@ launch::attention_call call_of(const tensor& q, const tensor& k, const tensor& v
   a.d = static_cast<int>(q.shape[2]);
   a.scale = static_cast<float>(docs.scale);
   a.causal = docs.causal;
+  a.back = docs.window_back;
+  a.ahead = docs.window_ahead;
+  a.chunk = docs.chunk;
+  a.softcap = static_cast<float>(docs.softcap);
   return a;
 }
 
 }  // namespace
 
 void cuda_compute::set_attention_engine(attention_engine e) { impl_->engine = e; }
+
+void cuda_compute::upload_positions(launch::attention_call& a, const attention_docs& docs) {
+  if (!docs.pos_q.empty())
+    a.pos_q = static_cast<const std::int32_t*>(
+        upload(*impl_, impl::s_pos_q, docs.pos_q.data(), docs.pos_q.size(), rank_));
+  if (!docs.pos_k.empty())
+    a.pos_k = static_cast<const std::int32_t*>(
+        upload(*impl_, impl::s_pos_k, docs.pos_k.data(), docs.pos_k.size(), rank_));
+}
 
 const std::string& cuda_compute::attention_engine_used() const { return impl_->engine_used; }
 
@@ -554,9 +569,12 @@ gpu::fused_attention_args fused_args(const tensor& q, const tensor& k, const att
   a.causal = docs.causal;
   a.cu_q = docs.cu_q;
   a.cu_k = docs.cu_k;
-  why = q.type == dtype::bf16 ? fused_attention_unsupported(a)
-                              : fmt::format("cuDNN's fused attention takes 16-bit storage, not {}",
-                                            dtype_name(q.type));
+  why = q.type != dtype::bf16 ? fmt::format("cuDNN's fused attention takes 16-bit storage, not {}",
+                                            dtype_name(q.type))
+        : docs.has_options()
+            ? "seqpar's cuDNN graphs take causal and full masks only, not windows, chunks, "
+              "soft-capping or explicit positions"
+            : fused_attention_unsupported(a);
   return a;
 }
 
@@ -625,6 +643,7 @@ void cuda_compute::attention_forward(const tensor& q, const tensor& k, const ten
       upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
   a.cu_k = static_cast<const std::int32_t*>(
       upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
+  upload_positions(a, docs);
   const auto tiles = kern::make_tiles(docs.cu_q, launch::q_tile_rows(a.d));
   a.q_tiles = upload(*impl_, impl::s_tiles_q, tiles.data(), tiles.size(), rank_);
   a.n_q_tiles = static_cast<int>(tiles.size());
@@ -677,6 +696,7 @@ void cuda_compute::attention_backward(const tensor& q, const tensor& k, const te
       upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
   a.delta = static_cast<float*>(upload(*impl_, impl::s_delta, static_cast<const float*>(nullptr),
                                        static_cast<std::size_t>(q.shape[0] * q.shape[1]), rank_));
+  upload_positions(a, docs);
   const auto qt = kern::make_tiles(docs.cu_q, launch::q_tile_rows(a.d));
   const auto kt = kern::make_tiles(docs.cu_k, launch::k_tile_rows(a.d));
   a.q_tiles = upload(*impl_, impl::s_tiles_q, qt.data(), qt.size(), rank_);

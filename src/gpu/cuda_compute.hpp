@@ -14,6 +14,9 @@ namespace seqpar::gpu {
 
 struct fused_attention_args;
 class device_pool;
+namespace launch {
+struct attention_call;
+}
 
 /// CUDA devices visible to this process, or −1 with `reason` set (e.g. "cudaGetDeviceCount
 /// returned 35 (CUDA driver version is insufficient for CUDA runtime version)"); 0 devices also
@@ -60,7 +63,8 @@ class cuda_compute final : public compute {
   tensor clone(const tensor& x) override;
   void scale(tensor& acc, double a) override;
   /// cuDNN's fused attention or the tiled SIMT kernels (gpu/kernels/attention.hpp), as
-  /// set_attention_engine says; head_dim ≤ 128.
+  /// set_attention_engine says; head_dim ≤ 128. Windows, chunks, soft-capping and explicit
+  /// positions run on the SIMT kernels (cuDNN's graphs here take causal and full masks).
   void attention_forward(const tensor& q, const tensor& k, const tensor& v,
                          const attention_docs& docs, tensor& out, tensor& lse) override;
   void attention_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
@@ -154,6 +158,8 @@ class cuda_compute final : public compute {
   /// True (and `a` filled) when this attention call runs on cuDNN; records the engine used.
   bool use_cudnn(const tensor& q, const tensor& k, const attention_docs& docs,
                  fused_attention_args& a);
+  /// Uploads the call's explicit positions (when docs has them) into the launch arguments.
+  void upload_positions(launch::attention_call& a, const attention_docs& docs);
   /// Runs a cuDNN call; false when cuDNN refused it and the engine is automatic.
   bool fused_call(const std::function<void()>& run);
   std::unique_ptr<impl> impl_;

@@ -308,6 +308,102 @@ struct fused_attention::impl {
     return g;
   }
 
+  /// A single document that covers every row (no ragged offsets, no padding mask): the dense
+  /// graph torch's SDPA builds, keyed by the exact lengths. Causal is top-left when the lengths
+  /// are equal (the same mask as bottom-right there).
+  std::map<graph_key, std::shared_ptr<fe::graph::Graph>> dense_graphs;
+  bool dense_refused = false;
+
+  std::shared_ptr<fe::graph::Tensor_attributes> dense(fe::graph::Graph& g, const char* name,
+                                                      std::int64_t u, std::int64_t h,
+                                                      std::int64_t L, std::int64_t d) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(u)
+                        .set_dim({1, h, L, d})
+                        .set_stride({L * h * d, d, h * d, 1}));
+  }
+
+  std::shared_ptr<fe::graph::Graph> dense_graph(bool fwd, const fused_attention_args& a) {
+    const graph_key key{fwd,
+                        static_cast<int>(a.type),
+                        1,
+                        a.sq,
+                        a.sk,
+                        a.hq,
+                        a.hkv,
+                        a.d,
+                        a.causal,
+                        std::bit_cast<std::uint32_t>(a.scale),
+                        !fwd && a.deterministic,
+                        a.sq,
+                        a.sk};
+    if (auto it = dense_graphs.find(key); it != dense_graphs.end()) return it->second;
+    const std::int64_t Lq = a.sq, Lk = a.sk, hq = a.hq, hkv = a.hkv, d = a.d;
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(io_type(a.type))
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto q = dense(*g, "q", u_q, hq, Lq, d);
+    auto k = dense(*g, "k", u_k, hkv, Lk, d);
+    auto v = dense(*g, "v", u_v, hkv, Lk, d);
+    const std::vector<std::int64_t> stats_dim{1, hq, Lq, 1}, stats_stride{Lq * hq, 1, hq, 1};
+    const auto mask = [&](auto& opts) {
+      if (!a.causal) return;
+      if (Lq == Lk)
+        opts.set_causal_mask(true);
+      else
+        opts.set_causal_mask_bottom_right(true);
+    };
+    const auto output = [&](fe::graph::Tensor_attributes& t, std::int64_t u, std::int64_t h,
+                            std::int64_t L) {
+      t.set_output(true).set_uid(u).set_dim({1, h, L, d}).set_stride({L * h * d, d, h * d, 1});
+    };
+    if (fwd) {
+      auto opts = fe::graph::SDPA_attributes()
+                      .set_name("seqpar_dense_attention_forward")
+                      .set_generate_stats(true)
+                      .set_attn_scale(a.scale);
+      mask(opts);
+      auto [o, stats] = g->sdpa(q, k, v, opts);
+      output(*o, u_o, hq, Lq);
+      stats->set_output(true)
+          .set_uid(u_stats)
+          .set_data_type(fe::DataType_t::FLOAT)
+          .set_dim(stats_dim)
+          .set_stride(stats_stride);
+      finish(*g, "cuDNN dense attention forward graph");
+    } else {
+      auto o = dense(*g, "o", u_o, hq, Lq, d);
+      auto dout = dense(*g, "do", u_do, hq, Lq, d);
+      auto stats = g->tensor(fe::graph::Tensor_attributes()
+                                 .set_name("stats")
+                                 .set_uid(u_stats)
+                                 .set_dim(stats_dim)
+                                 .set_stride(stats_stride)
+                                 .set_data_type(fe::DataType_t::FLOAT));
+      auto opts = fe::graph::SDPA_backward_attributes()
+                      .set_name("seqpar_dense_attention_backward")
+                      .set_attn_scale(a.scale)
+                      .set_deterministic_algorithm(a.deterministic);
+      mask(opts);
+      auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
+      output(*dq, u_dq, hq, Lq);
+      output(*dk, u_dk, hkv, Lk);
+      output(*dv, u_dv, hkv, Lk);
+      finish(*g, "cuDNN dense attention backward graph");
+    }
+    dense_graphs.emplace(key, g);
+    return g;
+  }
+
+  /// Whether a call is one document over every row (the dense graph's case), and cuDNN has not
+  /// refused that graph before in this object.
+  bool dense_call(const fused_attention_args& a, const fused_attention_plan& p) const {
+    return !dense_refused && p.batch == 1 && p.q_blank.empty() && p.k_blank.empty() &&
+           p.seq_q[0] == a.sq && p.seq_k[0] == a.sk;
+  }
+
   /// Uploads the plan's table; returns its device base.
   std::int32_t* upload_table(const fused_attention_plan& p) {
     const table_layout t(p.batch);
@@ -373,12 +469,15 @@ fused_attention::~fused_attention() {
   cudaSetDevice(impl_->device);
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
   impl_->graphs.clear();
+  impl_->dense_graphs.clear();
   for (auto* b : {&impl_->workspace, &impl_->table, &impl_->ranges, &impl_->stats})
     if (b->p) cudaFree(b->p);
   if (impl_->handle) fe::detail::destroy_handle(impl_->handle);
 }
 
-std::size_t fused_attention::graphs_built() const { return impl_->graphs.size(); }
+std::size_t fused_attention::graphs_built() const {
+  return impl_->graphs.size() + impl_->dense_graphs.size();
+}
 
 void fused_attention::forward(const fused_attention_args& a) {
   auto& im = *impl_;
@@ -386,6 +485,20 @@ void fused_attention::forward(const fused_attention_args& a) {
   SEQPAR_CUDA(cudaSetDevice, im.device);
   const auto p = plan_fused_attention(a.cu_q, a.cu_k, a.sq, a.sk, a.hq, a.hkv, a.d, a.causal);
   const std::int64_t out_words = static_cast<std::int64_t>(a.hq) * a.d / 2;  // 16-bit storage
+  if (im.dense_call(a, p)) {
+    try {
+      auto g = im.dense_graph(true, a);
+      std::unordered_map<std::int64_t, void*> pack{{u_q, const_cast<void*>(a.q)},
+                                                   {u_k, const_cast<void*>(a.k)},
+                                                   {u_v, const_cast<void*>(a.v)},
+                                                   {u_o, a.out},
+                                                   {u_stats, a.stats}};
+      im.execute(*g, pack, "cuDNN dense attention forward");
+      return;  // every row is the document's: nothing to fill
+    } catch (const backend_error&) {
+      im.dense_refused = true;  // the ragged graph below takes the call (and the next ones)
+    }
+  }
   if (p.batch > 0) {
     auto g = im.graph(true, a, p);
     std::int32_t* t = im.upload_table(p);
@@ -415,6 +528,25 @@ void fused_attention::backward(const fused_attention_args& a) {
     const int code = launch::finite_stats(a.sq * a.hq, a.stats, stats, im.stream);
     if (code)
       raise("finite_stats", code, cudaGetErrorString(static_cast<cudaError_t>(code)), rank_);
+    if (im.dense_call(a, p)) {
+      try {
+        auto g = im.dense_graph(false, a);
+        std::unordered_map<std::int64_t, void*> pack{
+            {u_q, const_cast<void*>(a.q)},
+            {u_k, const_cast<void*>(a.k)},
+            {u_v, const_cast<void*>(a.v)},
+            {u_o, const_cast<void*>(static_cast<const void*>(a.out))},
+            {u_do, const_cast<void*>(a.dout)},
+            {u_stats, stats},
+            {u_dq, a.dq},
+            {u_dk, a.dk},
+            {u_dv, a.dv}};
+        im.execute(*g, pack, "cuDNN dense attention backward");
+        return;
+      } catch (const backend_error&) {
+        im.dense_refused = true;
+      }
+    }
     auto g = im.graph(false, a, p);
     std::int32_t* t = im.upload_table(p);
     const table_layout L(p.batch);

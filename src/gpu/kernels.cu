@@ -280,6 +280,12 @@ kern::attn_params<T> params_of(const attention_call& a) {
   p.d = a.d;
   p.scale = a.scale;
   p.causal = a.causal;
+  p.back = a.back;
+  p.ahead = a.ahead;
+  p.chunk = a.chunk;
+  p.softcap = a.softcap;
+  p.pos_q = a.pos_q;
+  p.pos_k = a.pos_k;
   return p;
 }
 

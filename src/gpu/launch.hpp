@@ -63,6 +63,9 @@ struct attention_call {
   int hq = 0, hkv = 0, d = 0;
   float scale = 1.f;
   bool causal = true;
+  long long back = -1, ahead = -1, chunk = 0;  ///< the masks of kern::attn_params
+  float softcap = 0.f;
+  const std::int32_t *pos_q = nullptr, *pos_k = nullptr;  ///< device arrays, or null
   const void* q_tiles = nullptr;
   int n_q_tiles = 0;
   const void* k_tiles = nullptr;

@@ -238,9 +238,9 @@ void check_inputs(const scenario& s, dtype t) {
                        s.head_dim);
   if (s.has_attention_options())
     fail<config_error>(
-        "validate runs the GPU's attention kernels, which know causal, full attention only (the "
-        "scenario asks for {}); check these options on the CPU reference: seqpar check with the "
-        "same flags",
+        "validate compares the attention sub-layer with causal, full attention only (the "
+        "scenario asks for {}); check these options with the whole step on the GPU (seqpar "
+        "check --backend gpu with the same flags) or on the CPU reference (seqpar check)",
         s.describe_attention());
 }
 

@@ -336,6 +336,11 @@ struct attn_case {
   std::int64_t q_extra = 0, k_extra = 0;     ///< rows past the last document
   int hq = 4, hkv = 2, d = 16;
   bool causal = true;
+  // Today's masks (attention_docs): windows, chunks, capping; explicit positions: q row i of a
+  // document at position 2i (its keys at 0, 1, 2, …), as a ring's zigzag pieces hold them.
+  std::int64_t back = -1, ahead = -1, chunk = 0;
+  double softcap = 0;
+  bool positions = false;
 };
 
 std::vector<std::int32_t> cu_of(const std::vector<std::int32_t>& lens) {
@@ -368,6 +373,23 @@ void check_attention(const attn_case& c, double tol_fwd, double tol_bwd) {
                                 static_cast<int>(c.q_docs.size()),
                                 1.0 / std::sqrt(static_cast<double>(c.d)),
                                 c.causal};
+  a.back = c.back;
+  a.ahead = c.ahead;
+  a.chunk = c.chunk;
+  a.softcap = c.softcap;
+  std::vector<std::int32_t> pos_q, pos_k;
+  if (c.positions) {
+    pos_q.assign(static_cast<std::size_t>(sq), 0);
+    pos_k.assign(static_cast<std::size_t>(sk), 0);
+    for (std::size_t i = 0; i + 1 < cu_q.size(); ++i)
+      for (std::int32_t r = cu_q[i]; r < cu_q[i + 1]; ++r)
+        pos_q[static_cast<std::size_t>(r)] = 2 * (r - cu_q[i]);
+    for (std::size_t i = 0; i + 1 < cu_k.size(); ++i)
+      for (std::int32_t r = cu_k[i]; r < cu_k[i + 1]; ++r)
+        pos_k[static_cast<std::size_t>(r)] = r - cu_k[i];
+    a.pos_q = pos_q.data();
+    a.pos_k = pos_k.data();
+  }
   std::vector<double> out(q.size()), lse(static_cast<std::size_t>(sq * c.hq));
   sim::attention_forward_naive(a, out.data(), lse.data());
 
@@ -386,6 +408,12 @@ void check_attention(const attn_case& c, double tol_fwd, double tol_bwd) {
   p.d = c.d;
   p.scale = static_cast<float>(a.scale);
   p.causal = c.causal;
+  p.back = c.back;
+  p.ahead = c.ahead;
+  p.chunk = c.chunk;
+  p.softcap = static_cast<float>(c.softcap);
+  p.pos_q = a.pos_q;
+  p.pos_k = a.pos_k;
   // The launcher's fills, then every block of the grid (tiles × heads).
   for (auto& x : o) x = T(0.f);
   for (auto& x : l) x = T(-INFINITY);
@@ -451,6 +479,13 @@ const std::vector<attn_case>& cases() {
       {{40, 9}, {100, 3}, 0, 0, 4, 1, 16, true},               // lk > lq and lk < lq (empty rows)
       {{50, 17}, {30, 66}, 2, 0, 2, 2, 16, false},             // non-causal, MHA
       {{37}, {37}, 0, 0, 6, 3, 80, true},                      // head_dim in the 128 bucket
+      // Today's masks: a sliding window, chunks, a two-sided window (bidirectional), capping
+      // hard enough to bend most scores, explicit positions with a window.
+      {{70, 5, 33}, {70, 5, 33}, 2, 0, 4, 2, 16, true, 7},
+      {{70, 5, 33}, {70, 5, 33}, 0, 0, 4, 2, 16, true, -1, -1, 16},
+      {{50, 17}, {50, 17}, 0, 0, 2, 2, 16, false, 5, 3},
+      {{70, 33}, {70, 33}, 0, 0, 4, 2, 16, true, -1, -1, 0, 0.5},
+      {{20, 10}, {40, 25}, 0, 0, 4, 1, 16, true, 9, -1, 0, 0, true},
   };
   return c;
 }

@@ -4,8 +4,7 @@
 // attention option of today's models (sinks, windows, chunks, bidirectional, soft-capping), the
 // q/k norm of both kinds with projection biases, and each profile's loss (VeOmni's whole-row
 // shift and FSDP averaging, DeepSpeed's sync Ulysses). The CPU runs them through eigen_compute
-// (tests/equivalence/tensor_step-test.cpp), the GPU through cuda_compute (tests/gpu) — those its
-// attention kernels take (gpu_attention_takes).
+// (tests/equivalence/tensor_step-test.cpp), the GPU through cuda_compute (tests/gpu).
 #include <string>
 #include <vector>
 
@@ -52,12 +51,6 @@ inline std::vector<named_scenario> tensor_step_scenarios() {
   out.push_back({"veomni", small_scenario(4, 1, 8, 2, {13, 9}, profile::veomni)});
   out.push_back({"deepspeed", small_scenario(2, 1, 4, 2, {10, 8}, profile::deepspeed)});
   return out;
-}
-
-/// Whether the GPU's attention kernels take the scenario's masks: causal or bidirectional, with
-/// sinks; sliding windows, chunks and soft-capping are the CPU backends' alone.
-inline bool gpu_attention_takes(const scenario& s) {
-  return s.window == 0 && s.chunk == 0 && s.softcap == 0;
 }
 
 }  // namespace seqpar::test

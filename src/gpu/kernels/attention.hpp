@@ -21,6 +21,9 @@
 // are bitwise deterministic. Varlen: cu_q/cu_k; bottom-right causal: q row i (local, doc
 // lengths lq, lk) sees k row j iff j <= i + lk − lq; GQA: q head h uses kv head h / (Hq/Hkv).
 // Rows outside every document, and rows that see no key, get out 0, lse −inf, zero gradients.
+// Today's masks (attn_params: sliding windows, chunks, explicit positions) are decided row by
+// row (visible_in) over the whole document; soft-capping caps each score before the softmax and
+// multiplies its gradient by the cap's derivative.
 #include <cstdint>
 #include <vector>
 
@@ -57,8 +60,21 @@ struct attn_params {
   int hq = 0, hkv = 0, d = 0;
   float scale = 1.f;
   bool causal = true;
+  /// The attention options (compute.hpp's attention_docs), in document positions p (query), k
+  /// (key): visible iff, besides causal's k ≤ p, p − k ≤ back (back ≥ 0), k − p ≤ ahead
+  /// (non-causal, ahead ≥ 0), p / chunk = k / chunk (chunk > 0); scores capped as
+  /// softcap·tanh(s / softcap) (softcap > 0). Positions: pos_q / pos_k per global row, or null:
+  /// bottom-right, q row i of a document at i + lk − lq, k row j at j.
+  long long back = -1, ahead = -1, chunk = 0;
+  float softcap = 0.f;
+  const std::int32_t* pos_q = nullptr;
+  const std::int32_t* pos_k = nullptr;
 
   SEQPAR_HD int group() const { return hq / hkv; }
+  /// Only causal-or-not, at bottom-right positions: the row bounds of causal_k_end/q_begin hold.
+  SEQPAR_HD bool plain_mask() const {
+    return back < 0 && ahead < 0 && chunk <= 0 && pos_q == nullptr && pos_k == nullptr;
+  }
 };
 
 /// A block's rows: [start, start + rows) local to document `doc` (q rows, or k rows for dk/dv).
@@ -122,6 +138,41 @@ SEQPAR_HD doc_rows rows_of(const attn_params<T>& p, attn_tile tile) {
   return {q0, p.cu_q[tile.doc + 1] - q0, k0, p.cu_k[tile.doc + 1] - k0};
 }
 
+/// Whether doc-local q row i sees doc-local k row j under every mask of the call.
+template <class T>
+SEQPAR_HD bool visible_in(const attn_params<T>& p, const doc_rows& r, int i, int j) {
+  if (p.plain_mask()) return visible(p.causal, i, j, r.lq, r.lk);
+  const long long qp = p.pos_q ? p.pos_q[r.q0 + i] : static_cast<long long>(i) + (r.lk - r.lq);
+  const long long kp = p.pos_k ? p.pos_k[r.k0 + j] : static_cast<long long>(j);
+  if (p.causal && kp > qp) return false;
+  if (!p.causal && p.ahead >= 0 && kp - qp > p.ahead) return false;
+  if (p.back >= 0 && qp - kp > p.back) return false;
+  if (p.chunk > 0 && qp / p.chunk != kp / p.chunk) return false;
+  return true;
+}
+
+/// The capped score and the derivative of the cap (1 without capping): softcap·tanh(s/softcap),
+/// 1 − tanh².
+struct capped {
+  float s, slope;
+};
+SEQPAR_HD capped cap_score(float s, float softcap) {
+  if (softcap <= 0.f) return {s, 1.f};
+  const float t = tanhf(s / softcap);
+  return {softcap * t, 1.f - t * t};
+}
+
+/// The k rows (exclusive end) of a tile's q rows [.., i_end) may see; every row under masks
+/// beyond causal-or-not (visible_in decides row by row).
+template <class T>
+SEQPAR_HD int k_end_of(const attn_params<T>& p, int i_end, int lq, int lk) {
+  return p.plain_mask() ? causal_k_end(p.causal, i_end, lq, lk) : lk;
+}
+template <class T>
+SEQPAR_HD int q_begin_of(const attn_params<T>& p, int j_start, int lq, int lk) {
+  return p.plain_mask() ? causal_q_begin(p.causal, j_start, lq, lk) : 0;
+}
+
 /// Stages `cols` rows of K and V (global key row `first`, KV head g) into sm.k and sm.v, between
 /// two barriers: the previous tile's readers are done, and the next readers see the whole tile.
 template <int DMAX, class T, class Exec, class Smem>
@@ -156,7 +207,8 @@ SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile,
   constexpr int DMAX = Cfg::dmax, BC = Cfg::bc;
   const auto [q0, lq, k0, lk] = rows_of(p, tile);
   const int g = h / p.group(), d = p.d;
-  const int k_end = causal_k_end(p.causal, tile.start + tile.rows, lq, lk);
+  const int k_end = k_end_of(p, tile.start + tile.rows, lq, lk);
+  const doc_rows dr{q0, lq, k0, lk};
   ex.each([&](int t, fwd_state<DMAX>& st) {
     st.m = neg_inf();
     st.l = 0.f;
@@ -179,11 +231,12 @@ SEQPAR_HD void attn_fwd_block(Exec& ex, const attn_params<T>& p, attn_tile tile,
       float m_new = st.m;
       for (int r = 0; r < cols; ++r) {  // scores of the tile and their max
         s[r] = neg_inf();
-        if (!visible(p.causal, i, j0 + r, lq, lk)) continue;
+        if (!visible_in(p, dr, i, j0 + r)) continue;
         float dot = 0.f;
         SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) dot += st.q[c] * sm.k[r][c];
+        dot = cap_score(dot, p.softcap).s;
         s[r] = dot;
         m_new = fmaxf(m_new, dot);
       }
@@ -243,7 +296,8 @@ SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, 
   constexpr int DMAX = Cfg::dmax, BC = Cfg::bc;
   const auto [q0, lq, k0, lk] = rows_of(p, tile);
   const int g = h / p.group(), d = p.d;
-  const int k_end = causal_k_end(p.causal, tile.start + tile.rows, lq, lk);
+  const int k_end = k_end_of(p, tile.start + tile.rows, lq, lk);
+  const doc_rows dr{q0, lq, k0, lk};
   ex.each([&](int t, dq_state<DMAX>& st) {
     const bool active = t < tile.rows;
     const std::int64_t row =
@@ -264,7 +318,7 @@ SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, 
       if (t >= tile.rows || is_neg_inf(st.lse)) return;  // a row that saw nothing: dq = 0
       const int i = tile.start + t;
       for (int r = 0; r < cols; ++r) {
-        if (!visible(p.causal, i, j0 + r, lq, lk)) continue;
+        if (!visible_in(p, dr, i, j0 + r)) continue;
         float s = 0.f, dp = 0.f;
         SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
@@ -272,7 +326,9 @@ SEQPAR_HD void attn_dq_block(Exec& ex, const attn_params<T>& p, attn_tile tile, 
             s += st.q[c] * sm.k[r][c];
             dp += st.dout[c] * sm.v[r][c];
           }
-        const float ds = expf(s - st.lse) * (dp - st.delta);  // dS = P∘(dP − D)
+        const capped cs = cap_score(s, p.softcap);
+        // dS = P∘(dP − D), through the cap's derivative
+        const float ds = expf(cs.s - st.lse) * (dp - st.delta) * cs.slope;
         SEQPAR_UNROLL
         for (int c = 0; c < DMAX; ++c)
           if (c < d) st.dq[c] += ds * sm.k[r][c];
@@ -307,7 +363,8 @@ SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile
   constexpr int DMAX = Cfg::dmax, BQ = Cfg::bq;
   const auto [q0, lq, k0, lk] = rows_of(p, tile);
   const int d = p.d, group = p.group();
-  const int i_begin = causal_q_begin(p.causal, tile.start, lq, lk);
+  const int i_begin = q_begin_of(p, tile.start, lq, lk);
+  const doc_rows dr{q0, lq, k0, lk};
   ex.each([&](int t, dkdv_state<DMAX>& st) {
     SEQPAR_UNROLL
     for (int c = 0; c < DMAX; ++c) st.dk[c] = st.dv[c] = 0.f;
@@ -332,7 +389,7 @@ SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile
         if (t >= tile.rows) return;
         const int j = tile.start + t;
         for (int r = 0; r < rows; ++r) {
-          if (!visible(p.causal, i0 + r, j, lq, lk) || is_neg_inf(sm.lse[r])) continue;
+          if (!visible_in(p, dr, i0 + r, j) || is_neg_inf(sm.lse[r])) continue;
           float s = 0.f, dp = 0.f;
           SEQPAR_UNROLL
           for (int c = 0; c < DMAX; ++c)
@@ -340,8 +397,9 @@ SEQPAR_HD void attn_dkdv_block(Exec& ex, const attn_params<T>& p, attn_tile tile
               s += sm.q[r][c] * sm.k[t][c];
               dp += sm.dout[r][c] * sm.v[t][c];
             }
-          const float pr = expf(s - sm.lse[r]);
-          const float ds = pr * (dp - sm.delta[r]);
+          const capped cs = cap_score(s, p.softcap);
+          const float pr = expf(cs.s - sm.lse[r]);
+          const float ds = pr * (dp - sm.delta[r]) * cs.slope;
           SEQPAR_UNROLL
           for (int c = 0; c < DMAX; ++c)
             if (c < d) {
