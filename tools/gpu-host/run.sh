@@ -210,7 +210,7 @@ if want sanitize; then
   done
   # The whole step on the device (the SIMT kernels, the dense ops, the pool), one scenario with
   # its planted bugs, under memcheck with the leak check.
-  step sanitize-memcheck-check 300 "$cs" --tool memcheck --leak-check full --error-exitcode 3 \
+  step sanitize-memcheck-check 120 "$cs" --tool memcheck --leak-check full --error-exitcode 3 \
     "$(bin tests/gpu/gpu-check-test)" --gtest_filter='gpu_check.planted_bugs_are_named_at_their_stage'
 fi
 
