@@ -1,5 +1,6 @@
 // fused_attention: cuDNN's fused flash attention through the cudnn-frontend graph API (see the
-// header). cuDNN is dlopen'ed on first use; graphs are built once per shape class and reused.
+// header). cuDNN is dlopen'ed on first use; graphs are built once per shape class and device and
+// reused by every rank of the process.
 #include "gpu/fused_attention.hpp"
 
 #include <cuda_runtime.h>
@@ -147,11 +148,44 @@ std::unordered_map<std::int64_t, void*> variant_pack(const fused_attention_args&
 
 }  // namespace
 
+/// The cuDNN handle and the graphs built so far, shared by every fused_attention of one device
+/// in the process (the virtual ranks of a run build each graph once, not once per rank). The
+/// mutex serialises graph builds and launches: a launch points the handle at the caller's
+/// stream, then enqueues; each caller brings its own workspace and tables.
+struct shared_graphs {
+  std::mutex mu;
+  cudnnHandle_t handle = nullptr;
+  std::map<graph_key, std::shared_ptr<fe::graph::Graph>> graphs;
+  int device = 0;
+  ~shared_graphs() {
+    graphs.clear();
+    if (handle) {
+      cudaSetDevice(device);
+      fe::detail::destroy_handle(handle);
+    }
+  }
+};
+
+/// The device's shared graphs: made by the first fused_attention of the device, kept while any
+/// of them lives.
+std::shared_ptr<shared_graphs> graphs_of(int device, int rank_) {
+  static std::mutex registry_mu;
+  static std::map<int, std::weak_ptr<shared_graphs>> registry;
+  std::lock_guard<std::mutex> lock(registry_mu);
+  if (auto live = registry[device].lock()) return live;
+  auto g = std::make_shared<shared_graphs>();
+  g->device = device;
+  SEQPAR_CUDA(cudaSetDevice, device);
+  if (const auto st = fe::detail::create_handle(&g->handle); st != CUDNN_STATUS_SUCCESS)
+    raise("cudnnCreate", static_cast<int>(st), fe::detail::get_error_string(st), rank_);
+  registry[device] = g;
+  return g;
+}
+
 struct fused_attention::impl {
   int device = 0, rank_ = 0;
   cudaStream_t stream = nullptr;
-  cudnnHandle_t handle = nullptr;
-  std::map<graph_key, std::shared_ptr<fe::graph::Graph>> graphs;
+  std::shared_ptr<shared_graphs> shared;
   struct buffer {
     void* p = nullptr;
     std::size_t cap = 0;
@@ -224,8 +258,9 @@ struct fused_attention::impl {
                         .set_data_type(fe::DataType_t::INT32));
   }
 
+  /// Builds g with the shared handle (the caller holds shared->mu).
   void finish(fe::graph::Graph& g, const char* what) {
-    if (auto e = g.build(handle, {fe::HeurMode_t::A}); e.is_bad()) refuse(what, e);
+    if (auto e = g.build(shared->handle, {fe::HeurMode_t::A}); e.is_bad()) refuse(what, e);
   }
 
   std::shared_ptr<fe::graph::Graph> graph(bool fwd, const fused_attention_args& a,
@@ -245,6 +280,8 @@ struct fused_attention::impl {
                         !fwd && a.deterministic,
                         Tq,
                         Tk};
+    std::lock_guard<std::mutex> lock(shared->mu);
+    auto& graphs = shared->graphs;
     if (auto it = graphs.find(key); it != graphs.end()) return it->second;
     const std::int64_t b = p.batch, hq = a.hq, hkv = a.hkv, d = a.d;
     auto g = std::make_shared<fe::graph::Graph>();
@@ -308,102 +345,6 @@ struct fused_attention::impl {
     return g;
   }
 
-  /// A single document that covers every row (no ragged offsets, no padding mask): the dense
-  /// graph torch's SDPA builds, keyed by the exact lengths. Causal is top-left when the lengths
-  /// are equal (the same mask as bottom-right there).
-  std::map<graph_key, std::shared_ptr<fe::graph::Graph>> dense_graphs;
-  bool dense_refused = false;
-
-  std::shared_ptr<fe::graph::Tensor_attributes> dense(fe::graph::Graph& g, const char* name,
-                                                      std::int64_t u, std::int64_t h,
-                                                      std::int64_t L, std::int64_t d) {
-    return g.tensor(fe::graph::Tensor_attributes()
-                        .set_name(name)
-                        .set_uid(u)
-                        .set_dim({1, h, L, d})
-                        .set_stride({L * h * d, d, h * d, 1}));
-  }
-
-  std::shared_ptr<fe::graph::Graph> dense_graph(bool fwd, const fused_attention_args& a) {
-    const graph_key key{fwd,
-                        static_cast<int>(a.type),
-                        1,
-                        a.sq,
-                        a.sk,
-                        a.hq,
-                        a.hkv,
-                        a.d,
-                        a.causal,
-                        std::bit_cast<std::uint32_t>(a.scale),
-                        !fwd && a.deterministic,
-                        a.sq,
-                        a.sk};
-    if (auto it = dense_graphs.find(key); it != dense_graphs.end()) return it->second;
-    const std::int64_t Lq = a.sq, Lk = a.sk, hq = a.hq, hkv = a.hkv, d = a.d;
-    auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(io_type(a.type))
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto q = dense(*g, "q", u_q, hq, Lq, d);
-    auto k = dense(*g, "k", u_k, hkv, Lk, d);
-    auto v = dense(*g, "v", u_v, hkv, Lk, d);
-    const std::vector<std::int64_t> stats_dim{1, hq, Lq, 1}, stats_stride{Lq * hq, 1, hq, 1};
-    const auto mask = [&](auto& opts) {
-      if (!a.causal) return;
-      if (Lq == Lk)
-        opts.set_causal_mask(true);
-      else
-        opts.set_causal_mask_bottom_right(true);
-    };
-    const auto output = [&](fe::graph::Tensor_attributes& t, std::int64_t u, std::int64_t h,
-                            std::int64_t L) {
-      t.set_output(true).set_uid(u).set_dim({1, h, L, d}).set_stride({L * h * d, d, h * d, 1});
-    };
-    if (fwd) {
-      auto opts = fe::graph::SDPA_attributes()
-                      .set_name("seqpar_dense_attention_forward")
-                      .set_generate_stats(true)
-                      .set_attn_scale(a.scale);
-      mask(opts);
-      auto [o, stats] = g->sdpa(q, k, v, opts);
-      output(*o, u_o, hq, Lq);
-      stats->set_output(true)
-          .set_uid(u_stats)
-          .set_data_type(fe::DataType_t::FLOAT)
-          .set_dim(stats_dim)
-          .set_stride(stats_stride);
-      finish(*g, "cuDNN dense attention forward graph");
-    } else {
-      auto o = dense(*g, "o", u_o, hq, Lq, d);
-      auto dout = dense(*g, "do", u_do, hq, Lq, d);
-      auto stats = g->tensor(fe::graph::Tensor_attributes()
-                                 .set_name("stats")
-                                 .set_uid(u_stats)
-                                 .set_dim(stats_dim)
-                                 .set_stride(stats_stride)
-                                 .set_data_type(fe::DataType_t::FLOAT));
-      auto opts = fe::graph::SDPA_backward_attributes()
-                      .set_name("seqpar_dense_attention_backward")
-                      .set_attn_scale(a.scale)
-                      .set_deterministic_algorithm(a.deterministic);
-      mask(opts);
-      auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
-      output(*dq, u_dq, hq, Lq);
-      output(*dk, u_dk, hkv, Lk);
-      output(*dv, u_dv, hkv, Lk);
-      finish(*g, "cuDNN dense attention backward graph");
-    }
-    dense_graphs.emplace(key, g);
-    return g;
-  }
-
-  /// Whether a call is one document over every row (the dense graph's case), and cuDNN has not
-  /// refused that graph before in this object.
-  bool dense_call(const fused_attention_args& a, const fused_attention_plan& p) const {
-    return !dense_refused && p.batch == 1 && p.q_blank.empty() && p.k_blank.empty() &&
-           p.seq_q[0] == a.sq && p.seq_k[0] == a.sk;
-  }
-
   /// Uploads the plan's table; returns its device base.
   std::int32_t* upload_table(const fused_attention_plan& p) {
     const table_layout t(p.batch);
@@ -443,10 +384,14 @@ struct fused_attention::impl {
 
   void execute(fe::graph::Graph& g, std::unordered_map<std::int64_t, void*>& pack,
                const char* what) {
+    // The shared handle runs this launch on this rank's stream (with this rank's workspace).
+    std::lock_guard<std::mutex> lock(shared->mu);
     std::int64_t ws = 0;
     if (auto e = g.get_workspace_size(ws); e.is_bad()) refuse(what, e);
     void* w = grow(workspace, static_cast<std::size_t>(ws));
-    if (auto e = g.execute(handle, pack, w); e.is_bad()) refuse(what, e);
+    if (const auto st = fe::detail::set_stream(shared->handle, stream); st != CUDNN_STATUS_SUCCESS)
+      raise("cudnnSetStream", static_cast<int>(st), fe::detail::get_error_string(st), rank_);
+    if (auto e = g.execute(shared->handle, pack, w); e.is_bad()) refuse(what, e);
   }
 };
 
@@ -456,27 +401,19 @@ fused_attention::fused_attention(int device, void* stream, int rank) : impl_(new
   impl_->stream = static_cast<cudaStream_t>(stream);
   std::string why;
   if (!cudnn_version(&why)) raise("dlopen(libcudnn.so.9)", 0, why, rank);
-  const int rank_ = rank;
-  SEQPAR_CUDA(cudaSetDevice, device);
-  if (const auto st = fe::detail::create_handle(&impl_->handle); st != CUDNN_STATUS_SUCCESS)
-    raise("cudnnCreate", static_cast<int>(st), fe::detail::get_error_string(st), rank);
-  if (const auto st = fe::detail::set_stream(impl_->handle, impl_->stream);
-      st != CUDNN_STATUS_SUCCESS)
-    raise("cudnnSetStream", static_cast<int>(st), fe::detail::get_error_string(st), rank);
+  impl_->shared = graphs_of(device, rank);
 }
 
 fused_attention::~fused_attention() {
   cudaSetDevice(impl_->device);
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
-  impl_->graphs.clear();
-  impl_->dense_graphs.clear();
   for (auto* b : {&impl_->workspace, &impl_->table, &impl_->ranges, &impl_->stats})
     if (b->p) cudaFree(b->p);
-  if (impl_->handle) fe::detail::destroy_handle(impl_->handle);
 }
 
 std::size_t fused_attention::graphs_built() const {
-  return impl_->graphs.size() + impl_->dense_graphs.size();
+  std::lock_guard<std::mutex> lock(impl_->shared->mu);
+  return impl_->shared->graphs.size();
 }
 
 void fused_attention::forward(const fused_attention_args& a) {
@@ -485,20 +422,6 @@ void fused_attention::forward(const fused_attention_args& a) {
   SEQPAR_CUDA(cudaSetDevice, im.device);
   const auto p = plan_fused_attention(a.cu_q, a.cu_k, a.sq, a.sk, a.hq, a.hkv, a.d, a.causal);
   const std::int64_t out_words = static_cast<std::int64_t>(a.hq) * a.d / 2;  // 16-bit storage
-  if (im.dense_call(a, p)) {
-    try {
-      auto g = im.dense_graph(true, a);
-      std::unordered_map<std::int64_t, void*> pack{{u_q, const_cast<void*>(a.q)},
-                                                   {u_k, const_cast<void*>(a.k)},
-                                                   {u_v, const_cast<void*>(a.v)},
-                                                   {u_o, a.out},
-                                                   {u_stats, a.stats}};
-      im.execute(*g, pack, "cuDNN dense attention forward");
-      return;  // every row is the document's: nothing to fill
-    } catch (const backend_error&) {
-      im.dense_refused = true;  // the ragged graph below takes the call (and the next ones)
-    }
-  }
   if (p.batch > 0) {
     auto g = im.graph(true, a, p);
     std::int32_t* t = im.upload_table(p);
@@ -528,25 +451,6 @@ void fused_attention::backward(const fused_attention_args& a) {
     const int code = launch::finite_stats(a.sq * a.hq, a.stats, stats, im.stream);
     if (code)
       raise("finite_stats", code, cudaGetErrorString(static_cast<cudaError_t>(code)), rank_);
-    if (im.dense_call(a, p)) {
-      try {
-        auto g = im.dense_graph(false, a);
-        std::unordered_map<std::int64_t, void*> pack{
-            {u_q, const_cast<void*>(a.q)},
-            {u_k, const_cast<void*>(a.k)},
-            {u_v, const_cast<void*>(a.v)},
-            {u_o, const_cast<void*>(static_cast<const void*>(a.out))},
-            {u_do, const_cast<void*>(a.dout)},
-            {u_stats, stats},
-            {u_dq, a.dq},
-            {u_dk, a.dk},
-            {u_dv, a.dv}};
-        im.execute(*g, pack, "cuDNN dense attention backward");
-        return;
-      } catch (const backend_error&) {
-        im.dense_refused = true;
-      }
-    }
     auto g = im.graph(false, a, p);
     std::int32_t* t = im.upload_table(p);
     const table_layout L(p.batch);

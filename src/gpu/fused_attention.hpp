@@ -48,8 +48,10 @@ std::string fused_attention_unsupported(const fused_attention_args& a);
 /// given) receives the reason.
 int cudnn_version(std::string* why = nullptr);
 
-/// One per stream (a virtual rank's cuda_compute owns one): the cuDNN handle, the graphs built
-/// so far (keyed by shape class: built once, reused), the workspace and the per-call tables.
+/// One per stream (a virtual rank's cuda_compute owns one): its workspace and per-call tables.
+/// The cuDNN handle and the graphs built so far (keyed by shape class) are shared by every
+/// fused_attention of the device in the process: the virtual ranks of a run build each graph
+/// once, and launches through the shared handle are serialised (each on its caller's stream).
 class fused_attention {
  public:
   fused_attention(int device, void* stream, int rank);
@@ -61,7 +63,7 @@ class fused_attention {
   void forward(const fused_attention_args& a);
   /// dq, dk, dv from q, k, v, out, dout and stats (an LSE of −inf marks a row that saw no key).
   void backward(const fused_attention_args& a);
-  /// Graphs built so far (forward + backward), for tests and benchmarks.
+  /// Graphs built so far on this device (forward + backward), for tests and benchmarks.
   std::size_t graphs_built() const;
 
   struct impl;
