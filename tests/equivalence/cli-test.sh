@@ -132,7 +132,7 @@ expect 2 "pad_token_id=96 is not a token of the vocabulary (vocab=96)" -- check 
 echo '{"ulysses":2,"ring":1,"cp_size":4}' >"$tmp/cp.json"
 expect 2 "scenario cp_size=4 disagrees with ulysses*ring=2*1=2" -- plan --config "$tmp/cp.json"
 expect 2 "83886080 tokens in total is more than the supported 67108864" -- plan --docs 16777216,16777216,16777216,16777216,16777216
-expect 2 "--dtype 'bf16' is unknown; the CPU reference runs f64 or f32" -- check --dtype bf16
+expect 2 "the CPU backends run the SP step in float64 or float32, not bfloat16; use --dtype f64|f32, or --backend gpu for bf16" -- check --dtype bf16
 expect 2 "seqpar: error: --threads: Value -1 not in range 0 to 4096" -- check --threads -1
 expect 2 "seqpar: error: --seed" -- plan --seed -1
 echo '[1,2]' >"$tmp/arr.json"
@@ -173,7 +173,16 @@ done
 expect 0 '"pass":true' -- check -q --scenario ring --json --dtype f32
 expect 0 '"rows":[{"max_abs"' -- check -q --json
 expect 2 "--dtype 'f16' is unknown" -- check --dtype f16
-expect 2 "--backend gpu is not available" -- check --backend gpu
+# --backend gpu in a build without CUDA, or with it but no device: exit 2 naming why and the
+# way out (a machine with a GPU runs the step instead: tests/gpu).
+if ! "$seqpar" --version | grep -q '^cuda: CUDA'; then
+  expect 2 "--backend gpu is not available: this seqpar was built without the GPU backend" -- \
+    check --backend gpu
+elif ! "$seqpar" check --backend gpu -q >/dev/null 2>&1; then
+  expect 2 "--backend gpu found no CUDA device" -- check --backend gpu
+  expect 2 "--backend gpu runs the SP step in f32 or bf16" -- check --backend gpu --dtype f64
+fi
+expect 2 "--backend tpu is unknown; use sim, mpi or gpu" -- check --backend tpu
 expect 2 "num_heads=8 is not divisible by ulysses=3" -- check --ulysses 3
 expect 2 "--timeout: Value 0 not in range" -- check --timeout 0
 expect 2 "--timeout: Value -3 not in range" -- check --timeout -3
