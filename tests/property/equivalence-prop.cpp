@@ -20,11 +20,12 @@ using namespace seqpar;
 // The allocator policy seqpar's own main applies (sim/allocator.hpp), before any rank thread.
 const bool allocator_policy = sim::keep_freed_memory();
 
-void assert_equivalent(const scenario& s, dtype t) {
+void assert_equivalent(const scenario& s, dtype t, bool tensor_step = false) {
   RC_LOG() << "reproduce: " << gens::command_of(s, "check")
            << (t == dtype::f32 ? " --dtype f32" : "") << "\n";
   verify::check_options opt;
   opt.type = t;
+  opt.tensor_step = tensor_step;
   const auto rep = verify::run_check(s, opt);
   // Where the step first departs leads, as in seqpar check's report; the end results follow.
   if (rep.first)
@@ -138,6 +139,18 @@ RC_GTEST_PROP(equivalence, attention_options_f32_step_is_within_the_error_model,
   // float64 (above) draws it.
   if (s.window == 1 && !s.bidirectional) s.window = 2;
   assert_equivalent(s, dtype::f32);
+}
+
+// The GPU's step (sim/tensor_step: every tensor in the backend's memory, the dense ops through
+// `compute`) on the CPU's backend, over Ulysses, ring and hybrid layouts with today's attention
+// options: ≡ the oracle in float64 (the same step runs on the device in tests/gpu).
+RC_GTEST_PROP(equivalence, tensor_step_equals_non_sp_in_f64, ()) {
+  auto s = *gens::with_attention(
+      rc::gen::oneOf(gens::ring_check_scenario(), gens::ulysses_check_scenario()));
+  s.ulysses_strategy = "sync";  // the tensor step's Ulysses
+  RC_TAG(s.ring > 1 ? (s.zigzag ? "zigzag" : "contiguous") : "ulysses",
+         s.profile == profile::veomni ? "veomni" : "xorl");
+  assert_equivalent(s, dtype::f64, true);
 }
 
 // GatedDeltaNet layers (alone and in hybrids): Ulysses path in core ≡ the oracle's recurrence.
