@@ -277,10 +277,27 @@ class ring_attention final : public inner_attention {
   }
 
   /// Gradients of one section: dq rows accumulate into dq, dk/dv rows into the source block
-  /// (dk_acc, dv_acc hold `block_rows` rows per source, this source at `k_offset`).
+  /// (dk_acc, dv_acc hold `block_rows` rows per source, this source at `k_offset`). With the
+  /// setup's backward tap, the step's own contributions are made whole first (zeros where the
+  /// section leaves rows out), shown, then added: the same sums as scattering them directly.
   void section_backward(const section_call& call, const tensor& q, const tensor& ks,
                         const tensor& vs, const tensor& out, const tensor& lse, const tensor& dout,
-                        tensor& dq, tensor& dk_acc, tensor& dv_acc, std::int64_t k_offset) {
+                        tensor& dq, tensor& dk_acc, tensor& dv_acc, std::int64_t k_offset,
+                        const std::string& tag = {}, int step = -1, int src = -1) {
+    if (s_.tap_step_backward && step >= 0) {
+      tensor dq_step = c_.zeros(dq.type, dq.shape);
+      shape_t kshape = ks.shape;
+      kshape[0] = rows_;
+      tensor dk_step = c_.zeros(ks.type, kshape), dv_step = c_.zeros(vs.type, kshape);
+      section_backward(call, q, ks, vs, out, lse, dout, dq_step, dk_step, dv_step, 0);
+      s_.tap_step_backward(tag, step, src, dq_step, dk_step, dv_step);
+      c_.add(dq, dq_step);
+      rows_t krows;
+      for (std::int64_t j = 0; j < rows_; ++j) krows.push_back(k_offset + j);
+      c_.scatter_add_rows(dk_acc, dk_step, krows);
+      c_.scatter_add_rows(dv_acc, dv_step, krows);
+      return;
+    }
     const tensor qs = call.all_q ? q : c_.gather_rows(q, call.q_rows);
     const tensor os = call.all_q ? out : c_.gather_rows(out, call.q_rows);
     const tensor ls = call.all_q ? lse : c_.gather_rows(lse, call.q_rows);
@@ -323,7 +340,7 @@ class ring_attention final : public inner_attention {
       rows_t block;
       for (std::int64_t j = 0; j < rows_; ++j) block.push_back(src * rows_ + j);
       section_backward(call, q, c_.gather_rows(k_all, block), c_.gather_rows(v_all, block), out,
-                       lse, dout, dq, dk_all, dv_all, src * rows_);
+                       lse, dout, dq, dk_all, dv_all, src * rows_, tag, i, src);
     }
     const tensor dkv_all = c_.stack_kv(dk_all, dv_all);
     tensor dkv = c_.empty(kv.type, kv.shape);
@@ -344,7 +361,7 @@ class ring_attention final : public inner_attention {
         tensor ks = c_.empty(k.type, k.shape), vs = c_.empty(v.type, v.shape);
         c_.unstack_kv(kv, ks, vs);
         tensor dks = c_.zeros(k.type, k.shape), dvs = c_.zeros(v.type, v.shape);
-        section_backward(call, q, ks, vs, out, lse, dout, dq, dks, dvs, 0);
+        section_backward(call, q, ks, vs, out, lse, dout, dq, dks, dvs, 0, tag, i, src);
         c_.add(dkv, c_.stack_kv(dks, dvs));
       }
       // dK,dV of `src` travel on with its K,V; after the last step they reach their owner.

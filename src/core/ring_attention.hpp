@@ -47,6 +47,14 @@ struct ring_setup {
   /// row (rows its section leaves out: 0 and −∞). Steps a contiguous layout skips are not seen.
   /// Empty: nothing is observed.
   std::function<void(const std::string&, int, int, const tensor&, const tensor&)> tap_step;
+  /// Observes each step's own contribution to the gradients in the p2p ring's backward (the
+  /// allgather and ring kinds): (the call's tag, step i, the KV block's ring rank, dq [rows,
+  /// heads, d] over every local row — 0 where the section leaves rows out —, dk and dv [rows,
+  /// kv heads, d] over the block's rows), before they are added to what the step accumulates
+  /// (dq here; dK, dV on their way to the block's owner). Steps skipped are not seen. Empty:
+  /// nothing is observed.
+  std::function<void(const std::string&, int, int, const tensor&, const tensor&, const tensor&)>
+      tap_step_backward;
   /// Where the p2p forward tallies its steps; null: nowhere.
   std::shared_ptr<ring_step_counts> counts;
 };

@@ -269,6 +269,16 @@ step_output<T> sp_rank_step(communicator& comm, const scenario& s, const collate
           opt.layers->add(k, layer, fmt::format("ring_out.step{}", step), host_rows(c, out));
           opt.layers->add(k, layer, fmt::format("ring_lse.step{}", step), host_rows(c, lse));
         };
+        // … and each step's own dQ, dK, dV contributions in the backward.
+        tapped.tap_step_backward = [&opt, k, &c](const std::string& tag, int step, int,
+                                                 const tensor& dq, const tensor& dk,
+                                                 const tensor& dv) {
+          const int layer = layer_of_call(tag);
+          if (layer < 0) return;
+          opt.layers->add(k, layer, fmt::format("ring_dq.step{}", step), host_rows(c, dq));
+          opt.layers->add(k, layer, fmt::format("ring_dk.step{}", step), host_rows(c, dk));
+          opt.layers->add(k, layer, fmt::format("ring_dv.step{}", step), host_rows(c, dv));
+        };
         return make_ring_attention(*link, c, tapped, la);
       };
   }

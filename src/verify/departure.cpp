@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "core/layout.hpp"
+#include "core/ring_schedule.hpp"
 #include "verify/check_steps.hpp"
 
 // Where a failing check's SP step first departs: transport (the first collective whose received
@@ -59,7 +60,10 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
     if (auto where = first_layer_departure(
             rec.layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
             cb.original_length, tol, p2p_ring ? s.ring : 0,
-            [&cb, &s](int k) { return ring_rank_tokens(cb, k / s.ulysses); })) {
+            [&cb, &s](int k) { return ring_rank_tokens(cb, k / s.ulysses); },
+            [&cb, &s](int k, int step) {
+              return ring_rank_tokens(cb, ring_source(k / s.ulysses, step, s.ring));
+            })) {
       rep.layer_departure = where->line;
       transport += "; " + where->line;
       where->map.solid = doc_bounds(s);

@@ -642,6 +642,114 @@ double finite_peak(const Eigen::MatrixXd& m) {
 
 }  // namespace
 
+namespace {
+
+/// The backward half of add_ring_step_references for layer l (see its comment); `pos` is each
+/// token's position in its document.
+void add_ring_backward_references(layer_trace& trace, const ring_step_layout& g, int l,
+                                  const std::vector<std::int64_t>& pos) {
+  const auto& s = g.scen;
+  const int U = s.ulysses, R = s.ring, H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
+  const attention_options ao = s.attention_of(l);
+  if (ao.sinks) return;  // the sink's column enters P and D: not modelled here
+  const auto *q = trace.get(-1, l, "q"), *k = trace.get(-1, l, "k"), *v = trace.get(-1, l, "v");
+  const auto *o = trace.get(-1, l, "attn"), *dO = trace.get(-1, l, "d_attn");
+  if (!q || !k || !v || !o || !dO || o->cols() != H * D || dO->cols() != H * D ||
+      o->rows() < g.row_length || dO->rows() < g.row_length || Hkv % U != 0 && U % Hkv != 0)
+    return;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const int Hl = H / U, group = H / Hkv, hkv_l = Hkv >= U ? Hkv / U : 1, gl = Hl / hkv_l;
+  constexpr Eigen::Index block = 256;
+  const auto seen = [&](std::int64_t t, std::int64_t kt) {
+    const auto [lo, hi] =
+        visible_positions(ao.causal, ao.back, ao.ahead, ao.chunk, pos[static_cast<std::size_t>(t)]);
+    const auto kp = pos[static_cast<std::size_t>(kt)];
+    return g.doc_of[static_cast<std::size_t>(kt)] == g.doc_of[static_cast<std::size_t>(t)] &&
+           kp >= lo && kp <= hi;
+  };
+  const auto capped = [&](double x) {
+    return ao.softcap > 0 ? ao.softcap * std::tanh(x / ao.softcap) : x;
+  };
+  // The whole row's LSE of every (token, head): its document's visible keys, all blocks.
+  const std::int64_t T = g.row_length;
+  Eigen::MatrixXd lse_full = Eigen::MatrixXd::Constant(T, H, -INFINITY);
+  {
+    std::vector<std::int64_t> doc_start(static_cast<std::size_t>(T), 0);
+    for (std::int64_t t = 1; t < T; ++t)
+      doc_start[static_cast<std::size_t>(t)] =
+          g.doc_of[static_cast<std::size_t>(t)] == g.doc_of[static_cast<std::size_t>(t - 1)]
+              ? doc_start[static_cast<std::size_t>(t - 1)]
+              : t;
+    for (std::int64_t t = 0; t < T; ++t) {
+      std::int64_t e = t;
+      while (e + 1 < T &&
+             g.doc_of[static_cast<std::size_t>(e + 1)] == g.doc_of[static_cast<std::size_t>(t)])
+        ++e;
+      for (int h = 0; h < H; ++h) {
+        const int kvh = h / group;
+        double m = -INFINITY;
+        std::vector<double> sc;
+        for (std::int64_t kt = doc_start[static_cast<std::size_t>(t)]; kt <= e; ++kt) {
+          if (!seen(t, kt)) continue;
+          const double x =
+              capped(scale * q->row(t).segment(h * D, D).dot(k->row(kt).segment(kvh * D, D)));
+          sc.push_back(x);
+          m = std::max(m, x);
+        }
+        if (m == -INFINITY) continue;
+        double sum = 0;
+        for (double x : sc) sum += std::exp(x - m);
+        lse_full(t, h) = m + std::log(sum);
+      }
+    }
+  }
+  for (int rank = 0; rank < U * R; ++rank) {
+    const int u = rank % U, rr = rank / U;
+    const auto rows = g.ring_rows(rr);
+    const auto n = static_cast<Eigen::Index>(rows.size());
+    for (int step = 0; step < R; ++step) {
+      const auto keys = g.ring_rows(ring_source(rr, step, R));
+      const auto nk = static_cast<Eigen::Index>(keys.size());
+      Eigen::MatrixXd dq = Eigen::MatrixXd::Zero(n, Hl * D);
+      Eigen::MatrixXd dk = Eigen::MatrixXd::Zero(nk, hkv_l * D);
+      Eigen::MatrixXd dv = Eigen::MatrixXd::Zero(nk, hkv_l * D);
+      for (int hl = 0; hl < Hl; ++hl) {
+        const int h = u * Hl + hl, kvh = h / group, c = hl / gl;
+        for (Eigen::Index b0 = 0; b0 < n; b0 += block) {
+          const Eigen::Index bn = std::min(block, n - b0);
+          for (Eigen::Index i = b0; i < b0 + bn; ++i) {
+            const auto t = rows[static_cast<std::size_t>(i)];
+            if (t >= T || lse_full(t, h) == -INFINITY) continue;
+            const Eigen::RowVectorXd qi = q->row(t).segment(h * D, D);
+            const Eigen::RowVectorXd doi = dO->row(t).segment(h * D, D);
+            const double Di = doi.dot(o->row(t).segment(h * D, D));
+            for (Eigen::Index j = 0; j < nk; ++j) {
+              const auto kt = keys[static_cast<std::size_t>(j)];
+              if (kt >= T || !seen(t, kt)) continue;
+              const Eigen::RowVectorXd kj = k->row(kt).segment(kvh * D, D);
+              const Eigen::RowVectorXd vj = v->row(kt).segment(kvh * D, D);
+              const double raw = scale * qi.dot(kj);
+              const double sij = capped(raw);
+              const double slope =
+                  ao.softcap > 0 ? 1.0 - std::pow(std::tanh(raw / ao.softcap), 2) : 1.0;
+              const double p = std::exp(sij - lse_full(t, h));
+              const double ds = p * (doi.dot(vj) - Di) * slope;
+              dq.row(i).segment(hl * D, D) += scale * ds * kj;
+              dk.row(j).segment(c * D, D) += scale * ds * qi;
+              dv.row(j).segment(c * D, D) += p * doi;
+            }
+          }
+        }
+      }
+      trace.add(-2 - rank, l, fmt::format("ring_dq.step{}", step), std::move(dq));
+      trace.add(-2 - rank, l, fmt::format("ring_dk.step{}", step), std::move(dk));
+      trace.add(-2 - rank, l, fmt::format("ring_dv.step{}", step), std::move(dv));
+    }
+  }
+}
+
+}  // namespace
+
 void add_ring_step_references(layer_trace& trace, const ring_step_layout& g) {
   const auto& s = g.scen;
   const int U = s.ulysses, R = s.ring, H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
@@ -720,6 +828,7 @@ void add_ring_step_references(layer_trace& trace, const ring_step_layout& g) {
         trace.add(-2 - rank, l, fmt::format("ring_lse.step{}", step), std::move(lse));
       }
     }
+    add_ring_backward_references(trace, g, l, pos);
   }
 }
 
@@ -727,7 +836,8 @@ std::optional<layer_departure> first_layer_departure(
     const layer_trace& trace, int layers, int ranks,
     const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
     double tol, int ring_steps,
-    const std::function<std::vector<std::int64_t>(int)>& gathered_rows_of) {
+    const std::function<std::vector<std::int64_t>(int)>& gathered_rows_of,
+    const std::function<std::vector<std::int64_t>(int, int)>& step_block_rows_of) {
   // Every stage of a layer in the order the step makes it (layer_trace's stages; those a rank
   // or the reference did not record are skipped). A ring's steps sit between k and the
   // attention's output; their references are per rank (−2 − rank), rows in gathered order.
@@ -751,7 +861,8 @@ std::optional<layer_departure> first_layer_departure(
       {"d_mlp_act", "backward: the gradient at its MLP's activation"},
       {"d_mlp_norm", "backward: the gradient at its MLP norm's output"},
       {"d_mid", "backward: the gradient at its attention block's output"},
-      {"d_attn", "backward: the gradient at the attention's output (what its backward receives)"},
+      {"d_attn", "backward: the gradient at the attention's output (what its backward receives)"}};
+  static const std::pair<const char*, const char*> backward_after_ring[] = {
       {"d_q", "backward: q's gradient from the attention's backward (before RoPE's)"},
       {"d_k", "backward: k's gradient from the attention's backward (before RoPE's)"},
       {"d_v", "backward: v's gradient from the attention's backward"},
@@ -789,8 +900,24 @@ std::optional<layer_departure> first_layer_departure(
   }
   for (const auto& [stage, what] : head_forward) put(layers, stage, what);
   for (const auto& [stage, what] : head_backward) put(layers, stage, what);
-  for (int l = layers - 1; l >= 0; --l)
+  for (int l = layers - 1; l >= 0; --l) {
     for (const auto& [stage, what] : backward) put(l, stage, what);
+    for (int i = 0; i < ring_steps; ++i) {
+      put(l, fmt::format("ring_dq.step{}", i),
+          fmt::format("backward: ring step {}'s dQ contribution (queries against the KV block of "
+                      "ring rank (r − {}) mod R)",
+                      i, i));
+      put(l, fmt::format("ring_dk.step{}", i),
+          fmt::format("backward: ring step {}'s dK contribution to the KV block of ring rank "
+                      "(r − {}) mod R (what travels on to the block's owner)",
+                      i, i));
+      put(l, fmt::format("ring_dv.step{}", i),
+          fmt::format("backward: ring step {}'s dV contribution to the KV block of ring rank "
+                      "(r − {}) mod R (what travels on to the block's owner)",
+                      i, i));
+    }
+    for (const auto& [stage, what] : backward_after_ring) put(l, stage, what);
+  }
   put(-1, "d_embed",
       "backward: the gradient arriving at the embedding's output (what its backward scatters "
       "into the embedding's rows)");
@@ -820,7 +947,12 @@ std::optional<layer_departure> first_layer_departure(
       const auto* got = trace.get(k, l, stage);
       const auto* own = whole ? nullptr : trace.get(-2 - k, l, stage);
       if (!got || (!whole && !own)) continue;
-      const auto rows = whole ? rows_of(k) : gathered_rows_of(k);
+      // A step's dK, dV rows are the KV block's, in its owner's order.
+      const bool block_rows = !whole && step_block_rows_of &&
+                              (stage.starts_with("ring_dk.") || stage.starts_with("ring_dv."));
+      const auto rows = whole        ? rows_of(k)
+                        : block_rows ? step_block_rows_of(k, std::stoi(stage.substr(12)))
+                                     : gathered_rows_of(k);
       bool bad = false;
       for (Eigen::Index i = 0; i < got->rows() && i < static_cast<Eigen::Index>(rows.size()); ++i) {
         const auto t = rows[static_cast<std::size_t>(i)];

@@ -125,7 +125,14 @@ struct ring_step_layout {
 /// ring rank's rows against the KV block of ring rank (r − i) mod R, its Ulysses head slice,
 /// each query seeing the keys of the block in its own document at or before it (softmax in
 /// float64; a row that sees none: 0 and −∞). Added as rank −2 − k, stages "ring_out.step<i>"
-/// [rows, heads·d] and "ring_lse.step<i>" [rows, heads]. Memory O(256 × keys) per product.
+/// [rows, heads·d] and "ring_lse.step<i>" [rows, heads]. Where the trace also holds the
+/// reference's attention output and its gradient ("attn", "d_attn") and the layer has no sinks,
+/// each step's own backward contributions too, from the whole row's softmax (P = e^(S − LSE)
+/// with the row's full LSE; dS = P∘(dO·Vᵀ − D), D = dO·O, through the cap's slope):
+/// "ring_dq.step<i>" [rows, heads·d] (scale·dS·K over the block's keys), "ring_dk.step<i>" and
+/// "ring_dv.step<i>" [block rows, local KV heads·d] (scale·dSᵀ·Q and Pᵀ·dO of the rank's
+/// queries, summed over each local KV head's query heads; rows in the block owner's gathered
+/// order). Memory O(256 × keys) per product.
 void add_ring_step_references(layer_trace& trace, const ring_step_layout& layout);
 
 /// The first layer stage, in the order the step makes them (each layer's forward stages, a
@@ -134,7 +141,8 @@ void add_ring_step_references(layer_trace& trace, const ring_step_layout& layout
 /// (rank −1 of `trace`, or the rank's own reference −2 − rank for a ring step, rows in the
 /// gathered order of `gathered_rows_of`) by more than `tol` × the stage's largest reference
 /// value; nullopt when every stage agrees. `rows_of(rank)`: the padded-row index of each local
-/// row (≥ row_length: padding, skipped).
+/// row (≥ row_length: padding, skipped). `step_block_rows_of(rank, step)`: the rows of the KV
+/// block a rank's ring step works on (its dK, dV contributions), in their owner's order.
 struct layer_departure {
   std::string line;  ///< "layer L0, forward: q projected … differs on ranks 0, 1 at tokens …"
   /// The stage's error over tokens (unpadded row) × ranks, as a fraction of the bound.
@@ -144,6 +152,7 @@ std::optional<layer_departure> first_layer_departure(
     const layer_trace& trace, int layers, int ranks,
     const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
     double tol, int ring_steps = 0,
-    const std::function<std::vector<std::int64_t>(int)>& gathered_rows_of = {});
+    const std::function<std::vector<std::int64_t>(int)>& gathered_rows_of = {},
+    const std::function<std::vector<std::int64_t>(int, int)>& step_block_rows_of = {});
 
 }  // namespace seqpar::verify

@@ -16,6 +16,7 @@
 
 #include "core/collate.hpp"
 #include "core/layout.hpp"
+#include "core/ring_schedule.hpp"
 #include "dump/dump.hpp"
 #include "sim/reference.hpp"
 #include "support/bugs.hpp"
@@ -288,12 +289,59 @@ TEST(departure, a_ring_step_that_computes_wrong_is_named_at_its_step) {
       << rep.layer_departure;
 }
 
+// A backward kernel that is wrong only on the ring's second step (every 2nd attention_backward
+// call of a rank: R = 2 runs two per backward): dQ (or dK) of that step scaled. The step's own
+// contribution is named, not the summed gradient after it.
+class second_ring_step_backward_scaled : public test::forwarding_compute {
+ public:
+  second_ring_step_backward_scaled(std::unique_ptr<compute> inner, bool dk)
+      : forwarding_compute(std::move(inner)), dk_(dk) {}
+  void attention_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& out,
+                          const tensor& lse, const tensor& dout, const attention_docs& docs,
+                          tensor& dq, tensor& dk, tensor& dv) override {
+    forwarding_compute::attention_backward(q, k, v, out, lse, dout, docs, dq, dk, dv);
+    if (calls_++ % 2 == 1) scale(dk_ ? dk : dq, 1.5);
+  }
+
+ private:
+  bool dk_;
+  int calls_ = 0;
+};
+
+TEST(departure, a_ring_step_whose_backward_computes_wrong_is_named_at_its_step) {
+  for (const bool dk : {false, true})
+    for (const char* kind : {"allgather", "ring"}) {
+      SCOPED_TRACE(fmt::format("{} scaled, ring backward {}", dk ? "dK" : "dQ", kind));
+      auto s = make(2, 2, 4, 2, {8, 16});
+      s.ring_backward = kind;
+      verify::check_options o;
+      o.wrap_compute = [dk](std::unique_ptr<compute> c, communicator&) {
+        return std::make_unique<second_ring_step_backward_scaled>(std::move(c), dk);
+      };
+      const auto rep = verify::run_check(s, o);
+      ASSERT_FALSE(rep.pass);
+      EXPECT_FALSE(rep.first.has_value()) << rep.first->line;
+      EXPECT_TRUE(rep.layer_departure.starts_with(
+          fmt::format("layer L0, backward: ring step 1's {} contribution", dk ? "dK" : "dQ")))
+          << rep.layer_departure;
+    }
+}
+
 TEST(departure, healthy_ring_steps_equal_the_schedules_reference) {
   // No false departure: every ring step's partial output and LSE of a correct step equals the
   // reference built from the oracle's q, k, v (zigzag and contiguous, GQA, U × R hybrids).
+  // The backward's steps too (each step's own dQ, dK, dV against the whole row's softmax):
+  // both ring backward kinds, GQA repeats (U > Hkv), a window with capping.
   auto contiguous = make(1, 3, 4, 2, {9, 6, 12});
   contiguous.zigzag = false;
-  for (const auto& s : {make(2, 2, 4, 2, {8, 16}), make(1, 4, 4, 1, {16, 24}), contiguous}) {
+  auto ring_bwd = make(4, 2, 8, 2, {8, 16});
+  ring_bwd.ring_backward = "ring";
+  auto windowed = make(2, 2, 4, 2, {16, 24});
+  windowed.window = 5;
+  windowed.softcap = 2;
+  windowed.attention_pattern = "W";
+  for (const auto& s :
+       {make(2, 2, 4, 2, {8, 16}), make(1, 4, 4, 1, {16, 24}), contiguous, ring_bwd, windowed}) {
     SCOPED_TRACE(fmt::format("U{} R{} zigzag {}", s.ulysses, s.ring, s.zigzag));
     verify::layer_trace trace;
     verify::check_options o;
@@ -311,9 +359,16 @@ TEST(departure, healthy_ring_steps_equal_the_schedules_reference) {
     const int last = (s.ring - 1) * s.ulysses;
     ASSERT_NE(trace.get(last, 0, "ring_out.step1"), nullptr);
     ASSERT_NE(trace.get(-2 - last, 0, "ring_out.step1"), nullptr);
+    for (const char* st : {"ring_dq.step1", "ring_dk.step1", "ring_dv.step1"}) {
+      ASSERT_NE(trace.get(last, 0, st), nullptr) << st;
+      ASSERT_NE(trace.get(-2 - last, 0, st), nullptr) << st;
+    }
     const auto where = verify::first_layer_departure(
         trace, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); }, cb.original_length,
-        1e-10, s.ring, [&cb, &s](int k) { return ring_rank_tokens(cb, k / s.ulysses); });
+        1e-10, s.ring, [&cb, &s](int k) { return ring_rank_tokens(cb, k / s.ulysses); },
+        [&cb, &s](int k, int step) {
+          return ring_rank_tokens(cb, ring_source(k / s.ulysses, step, s.ring));
+        });
     EXPECT_FALSE(where.has_value()) << where->line;
   }
 }
