@@ -890,6 +890,25 @@ void check_ce(const tensor& z, std::span<const std::int64_t> labels, const char*
       fail<shape_error>("cuda_compute::{}: label {} of row {} is outside the vocabulary [0, {})",
                         op, labels[i], i, z.shape[1]);
 }
+
+/// The labels on the device and each row's LSE and loss (float32 [n] each).
+struct ce_rows {
+  const std::int64_t* labels;
+  tensor lse, loss;
+};
+ce_rows cross_entropy_rows(cuda_compute& c, cuda_compute::impl& im, const tensor& logits,
+                           std::span<const std::int64_t> labels, int rank_) {
+  const std::int64_t n = logits.shape[0];
+  SEQPAR_CUDA(cudaSetDevice, c.device());
+  ce_rows r{static_cast<const std::int64_t*>(
+                upload(im, cuda_compute::impl::s_rows, labels.data(), labels.size(), rank_)),
+            c.empty(dtype::f32, {n}), c.empty(dtype::f32, {n})};
+  check_launch(launch::cross_entropy_rows(logits.type, n, logits.shape[1], logits.data, r.labels,
+                                          static_cast<float*>(r.lse.data),
+                                          static_cast<float*>(r.loss.data), im.stream),
+               "cross_entropy_rows", rank_);
+  return r;
+}
 }  // namespace
 
 double cuda_compute::cross_entropy_forward(const tensor& logits,
@@ -898,16 +917,7 @@ double cuda_compute::cross_entropy_forward(const tensor& logits,
   if (logits.type == dtype::f64) return compute::cross_entropy_forward(logits, labels, valid);
   need_float(logits, "cross_entropy_forward", false);
   check_ce(logits, labels, "cross_entropy_forward");
-  const std::int64_t n = logits.shape[0];
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  const auto* lab = static_cast<const std::int64_t*>(
-      upload(*impl_, impl::s_rows, labels.data(), labels.size(), rank_));
-  tensor lse = empty(dtype::f32, {n}), loss = empty(dtype::f32, {n});
-  check_launch(launch::cross_entropy_rows(logits.type, n, logits.shape[1], logits.data, lab,
-                                          static_cast<float*>(lse.data),
-                                          static_cast<float*>(loss.data), impl_->stream),
-               "cross_entropy_rows", rank_);
-  const auto rows = to_host(loss);
+  const auto rows = to_host(cross_entropy_rows(*this, *impl_, logits, labels, rank_).loss);
   double sum = 0;
   valid = 0;
   for (std::size_t i = 0; i < rows.size(); ++i)
@@ -923,20 +933,13 @@ tensor cuda_compute::cross_entropy_backward(const tensor& logits,
   if (logits.type == dtype::f64) return compute::cross_entropy_backward(logits, labels, coef);
   need_float(logits, "cross_entropy_backward", false);
   check_ce(logits, labels, "cross_entropy_backward");
-  const std::int64_t n = logits.shape[0];
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  const auto* lab = static_cast<const std::int64_t*>(
-      upload(*impl_, impl::s_rows, labels.data(), labels.size(), rank_));
-  tensor lse = empty(dtype::f32, {n}), loss = empty(dtype::f32, {n});
-  check_launch(launch::cross_entropy_rows(logits.type, n, logits.shape[1], logits.data, lab,
-                                          static_cast<float*>(lse.data),
-                                          static_cast<float*>(loss.data), impl_->stream),
-               "cross_entropy_rows", rank_);
+  const auto r = cross_entropy_rows(*this, *impl_, logits, labels, rank_);
   tensor dz = empty(logits.type, logits.shape);
-  check_launch(launch::cross_entropy_grad(logits.type, n, logits.shape[1], logits.data, lab,
-                                          static_cast<const float*>(lse.data),
-                                          static_cast<float>(coef), dz.data, impl_->stream),
-               "cross_entropy_grad", rank_);
+  check_launch(
+      launch::cross_entropy_grad(logits.type, logits.shape[0], logits.shape[1], logits.data,
+                                 r.labels, static_cast<const float*>(r.lse.data),
+                                 static_cast<float>(coef), dz.data, impl_->stream),
+      "cross_entropy_grad", rank_);
   return dz;
 }
 

@@ -424,6 +424,20 @@ std::vector<std::pair<Eigen::Index, Eigen::Index>> ops::tile_rows(Eigen::Index n
   return out;
 }
 
+loss_terms loss_terms_of(seqpar::profile p, double ce_sum, std::int64_t n_local,
+                         std::int64_t n_global, int group_size) {
+  const double denom = static_cast<double>(std::max<std::int64_t>(n_global, 1));
+  if (p == seqpar::profile::xorl) return {ce_sum, 1.0 / denom};
+  // VeOmni ReduceLoss, DeepSpeed ALST's weighted all_gather of rank losses: ℓ = s/n (0 without
+  // valid tokens, as ALST's logits.sum()·0); L = Σ ℓ·n / max(N, 1); ∂L/∂ℓ = P·n/max(N, 1) and
+  // ∂ℓ/∂logits = (softmax − onehot)/n.
+  const double ell = n_local > 0 ? ce_sum / static_cast<double>(n_local) : 0.0;
+  const double P = static_cast<double>(group_size);
+  const double dl_dell = P * static_cast<double>(n_local) / denom;
+  return {ell * static_cast<double>(n_local),
+          n_local > 0 ? dl_dell / static_cast<double>(n_local) : 0.0};
+}
+
 /// Checks a step's inputs before anything is built from them: the model's sizes, the
 /// parameters against the scenario's, one label and position per token, the seams set, and
 /// the Ulysses config (defaults filled in from the scenario) with this rank in every group.
@@ -543,20 +557,8 @@ class rank_step {
       comm.all_reduce(env.loss_group, &n_global, 1, dtype::i64, {"loss.valid_tokens", {1}, {1}});
     out.valid_tokens = n_global;
     const double denom = static_cast<double>(std::max<std::int64_t>(n_global, 1));
-    double contribution = 0, coef = 0;
-    if (env.profile == seqpar::profile::xorl) {
-      contribution = ce_sum;
-      coef = 1.0 / denom;
-    } else {
-      // VeOmni ReduceLoss, DeepSpeed ALST's weighted all_gather of rank losses: ℓ = s/n (0
-      // without valid tokens, as ALST's logits.sum()·0); L = Σ ℓ·n / max(N, 1);
-      // ∂L/∂ℓ = P·n/max(N, 1) and ∂ℓ/∂logits = (softmax − onehot)/n.
-      const double ell = n_local > 0 ? ce_sum / static_cast<double>(n_local) : 0.0;
-      contribution = ell * static_cast<double>(n_local);
-      const double P = static_cast<double>(env.loss_group.size());
-      const double dl_dell = P * static_cast<double>(n_local) / denom;
-      coef = n_local > 0 ? dl_dell / static_cast<double>(n_local) : 0.0;
-    }
+    const auto [contribution, coef] =
+        loss_terms_of(env.profile, ce_sum, n_local, n_global, env.loss_group.size());
     double loss_sum = contribution;
     if (reduce_loss)
       comm.all_reduce(env.loss_group, &loss_sum, 1, dtype::f64, {"loss.sum", {1}, {1}});

@@ -159,6 +159,17 @@ template <class T>
 step_output<T> train_step(const model_params<T>& p, const scenario& s, const rank_tokens_input& in,
                           sp_env& env);
 
+/// This rank's share of the loss sum and the factor of its logits' gradient (SEMANTICS.md §5),
+/// from its cross-entropy sum over n_local valid tokens of n_global in a loss group of
+/// `group_size` ranks: xorl sums (contribution = the sum, coef = 1/max(N, 1)); VeOmni and
+/// DeepSpeed weight each rank's mean (ℓ = s/n, contribution = ℓ·n, coef = P·n/max(N, 1)/n).
+/// Shared by train_step and tensor_train_step.
+struct loss_terms {
+  double contribution = 0, coef = 0;
+};
+loss_terms loss_terms_of(seqpar::profile p, double ce_sum, std::int64_t n_local,
+                         std::int64_t n_global, int group_size);
+
 /// Checks a step's inputs before anything is built from them (the model's sizes, the parameters
 /// against the scenario's, one label and position per token, the seams set, this rank in every
 /// group) and returns the Ulysses config with its defaults filled in from the scenario. Shared

@@ -104,17 +104,8 @@ class tensor_step {
           reduce_scalar(static_cast<double>(n_local), "loss.valid_tokens"));
     out.valid_tokens = n_global;
     const double denom = static_cast<double>(std::max<std::int64_t>(n_global, 1));
-    double contribution = 0, coef = 0;
-    if (env.profile == seqpar::profile::xorl) {
-      contribution = ce_sum;
-      coef = 1.0 / denom;
-    } else {
-      const double ell = n_local > 0 ? ce_sum / static_cast<double>(n_local) : 0.0;
-      contribution = ell * static_cast<double>(n_local);
-      const double P = static_cast<double>(env.loss_group.size());
-      const double dl_dell = P * static_cast<double>(n_local) / denom;
-      coef = n_local > 0 ? dl_dell / static_cast<double>(n_local) : 0.0;
-    }
+    const auto [contribution, coef] =
+        loss_terms_of(env.profile, ce_sum, n_local, n_global, env.loss_group.size());
     const double loss_sum = reduce_loss ? reduce_scalar(contribution, "loss.sum") : contribution;
     out.loss = loss_sum / denom;
     out.logits = host_mat(logits);
