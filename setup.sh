@@ -137,6 +137,11 @@ case "${1:-}" in
     ;;
   test)
     meson test -C build --print-errorlogs --num-processes "$jobs"
+    # Mutants made by rule (bench/mutants/places.json: mapping tables, bounds' constants,
+    # comparisons, family lists): a random draw of them, each applied to this checkout in turn,
+    # build/ rebuilt, its tests run until one fails; a mutant no test kills fails the run. The
+    # seed is printed (rerun one draw with --seed); every file is restored and build/ rebuilt.
+    python3 bench/mutate.py --generated --sample 2 --budget 360 --in-place build
     # Sanitizers: the CPU reference is the oracle, so it must be free of UB and leaks. The unit
     # suite, the SP ≡ non-SP properties (the oracle's own code and every step it checks) and the
     # equivalence suite's C++ programs are rebuilt at -O1 without debug info, MPI, CUDA or the
@@ -145,10 +150,17 @@ case "${1:-}" in
     # core's index arithmetic, which the unit tests run under the sanitizers too.) This build is
     # also the x86-64 baseline (-Dcpu=generic: SSE2, no FMA) where the one above is the machine's
     # own ISA, so that every run tests both.
+    # It is compiled with clang (half g++'s time at -O1 under the sanitizers), so that every run
+    # also builds the project with a second compiler; a build-asan made with g++ is made again.
+    if [ -f build-asan/build.ninja ] &&
+      ! grep -q '"command": "clang' build-asan/compile_commands.json 2>/dev/null; then
+      rm -rf build-asan
+    fi
     if [ ! -f build-asan/build.ninja ]; then
-      echo "setup: configuring build-asan"
-      meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dgpu=disabled \
-        -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30 -Dcpu=generic
+      echo "setup: configuring build-asan (clang)"
+      CC=clang CXX=clang++ meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+        -Dgpu=disabled -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30 \
+        -Dcpu=generic
     elif meson introspect build-asan --buildoptions 2>/dev/null |
       python3 -c 'import json,sys; sys.exit(0 if any(o["name"]=="cpu" and o["value"]!="generic" for o in json.load(sys.stdin)) else 1)'; then
       meson configure build-asan -Dcpu=generic >/dev/null

@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/sanitizers.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SEQPAR_ASAN)
 #include <sanitizer/common_interface_defs.h>
 #endif
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEQPAR_TSAN)
 #include <sanitizer/tsan_interface.h>
 #endif
 
@@ -85,28 +86,28 @@ struct fiber::impl {
   bctx::fcontext_t self = nullptr;     ///< where the fiber continues (while suspended)
   bctx::fcontext_t carrier = nullptr;  ///< where its carrier continues (while it runs)
   eh_state eh;  ///< the fiber's exception state while it is suspended, the carrier's while it runs
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SEQPAR_ASAN)
   void* fake_stack = nullptr;  ///< ASan's fake frames of the side being switched away from
   const void* carrier_bottom = nullptr;
   std::size_t carrier_size = 0;
 #endif
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEQPAR_TSAN)
   void* tsan_fiber = nullptr;
   void* tsan_carrier = nullptr;
 #endif
 
   // Inside the fiber, right after a carrier switched to it.
   void arrived() {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SEQPAR_ASAN)
     __sanitizer_finish_switch_fiber(fake_stack, &carrier_bottom, &carrier_size);
 #endif
   }
   // Inside the fiber: back to the carrier (for good when done).
   void leave() {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SEQPAR_ASAN)
     __sanitizer_start_switch_fiber(done ? nullptr : &fake_stack, carrier_bottom, carrier_size);
 #endif
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEQPAR_TSAN)
     __tsan_switch_to_fiber(tsan_carrier, 0);
 #endif
     carrier = bctx::jump_fcontext(carrier, nullptr).fctx;
@@ -130,13 +131,13 @@ fiber::fiber(std::function<void()> body) : p_(std::make_unique<impl>()) {
   p_->body = std::move(body);
   p_->stack = stack_cache::get().take();
   p_->self = bctx::make_fcontext(p_->stack + stack_bytes, stack_bytes, &impl::entry);
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEQPAR_TSAN)
   p_->tsan_fiber = __tsan_create_fiber(0);
 #endif
 }
 
 fiber::~fiber() {
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEQPAR_TSAN)
   __tsan_destroy_fiber(p_->tsan_fiber);
 #endif
   stack_cache::get().give(p_->stack);
@@ -145,17 +146,17 @@ fiber::~fiber() {
 void fiber::resume() {
   auto& mine = thread_eh_state();
   std::swap(mine, p_->eh);  // the fiber's exception state in, the carrier's kept aside
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SEQPAR_ASAN)
   void* carrier_fake = nullptr;
   __sanitizer_start_switch_fiber(&carrier_fake, p_->stack, stack_bytes);
 #endif
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEQPAR_TSAN)
   p_->tsan_carrier = __tsan_get_current_fiber();
   __tsan_switch_to_fiber(p_->tsan_fiber, 0);
 #endif
   // The first jump starts entry() with this impl; later ones return from its leave().
   p_->self = bctx::jump_fcontext(p_->self, p_.get()).fctx;
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SEQPAR_ASAN)
   __sanitizer_finish_switch_fiber(carrier_fake, nullptr, nullptr);
 #endif
   std::swap(mine, p_->eh);

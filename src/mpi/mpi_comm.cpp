@@ -2,6 +2,7 @@
 #include "mpi/mpi_impl.hpp"
 #include "mpi/phase_guard.hpp"
 #include "mpi/reachability.hpp"
+#include "mpi/sentinel.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -76,6 +77,11 @@ mpi_session::mpi_session(int* argc, char*** argv, std::chrono::milliseconds time
   int init = 0;
   MPI_Initialized(&init);
   if (!init) {
+    // Before MPI starts (no MPI state to fork): a process that ends this rank if its launcher
+    // goes while it is stopped, or when it outlives the launcher by its deadline + 10 s
+    // (its own watchdog ends a running rank sooner, with its flight record).
+    start_launcher_sentinel(std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(10)) +
+                            std::chrono::seconds(10));
     int provided = 0;
     // Only the thread that created the session calls MPI; the CPU reference may run on other
     // threads of rank 0 (run_ranks(1, …)), which never touch MPI.
@@ -145,9 +151,18 @@ void mpi_session::abort_world(const std::string& message, int code) {
   // request never arrives and the call never returns: this process then ends on its own.
   std::thread([code] {
     std::this_thread::sleep_for(std::chrono::seconds(2));
+    // Still here: mpiexec did not end the job (a rank that exits non-zero does not make Hydra
+    // kill the others, and a stopped one would hold the job forever). Ending this host's
+    // launcher proxy makes mpiexec end every process of the job (sentinel.hpp).
+    end_launcher_proxy();
     std::_Exit(code);
   }).detach();
-  if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, code);
+  if (mpi_active()) {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    // MPICH 4.0's MPI_Abort returns once the launcher has the request; mpiexec then ends the
+    // job (this process with it). Wait for that here: the thread above ends it otherwise.
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   std::_Exit(code);
 }
 

@@ -726,7 +726,12 @@ template <class T>
 check_report run_typed(const scenario& s, const check_options& opt) {
   auto t0 = std::chrono::steady_clock::now();
   check_run run(s, opt);
-  auto& [rep, batch, cb, p64] = run;
+  // Named references, not a structured binding: lambdas below capture them (clang before 16
+  // cannot capture structured bindings).
+  auto& rep = run.rep;
+  auto& batch = run.batch;
+  auto& cb = run.cb;
+  auto& p64 = run.p64;
   auto say = [&](std::string_view line) {
     if (opt.progress) opt.progress(line);
   };

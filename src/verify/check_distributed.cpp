@@ -71,7 +71,10 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
   // Every process collates the same batch (deterministic) and keeps its own rank's tokens.
   auto t0 = std::chrono::steady_clock::now();
   check_run run(s, opt);
-  auto& [rep, batch, cb, p64] = run;
+  auto& rep = run.rep;  // named references: lambdas below capture them (clang < 16)
+  auto& batch = run.batch;
+  auto& cb = run.cb;
+  auto& p64 = run.p64;
   auto say = [&](std::string_view line) {
     if (opt.progress) opt.progress(line);
   };

@@ -19,6 +19,7 @@
 #include "io/scenario_json.hpp"
 #include "mpi/mpi_comm.hpp"
 #include "mpi/phase_guard.hpp"
+#include "mpi/sentinel.hpp"
 #include "trace/flight.hpp"
 
 namespace seqpar::verify {
@@ -149,7 +150,12 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // down), nothing comes: the process ends on its own.
     leave_record(e.what(), by_watchdog(e.what()) ? -1 : e.rank());
     world.acknowledge_abort(e.rank());
-    std::this_thread::sleep_for(std::chrono::seconds(3));
+    // The announcer waits up to 3 s for the acknowledgements, prints, then asks mpiexec to end
+    // the job. Hydra does not end a job whose ranks exit with an error code while one of them
+    // is stopped (it waits for that one forever): still here after 4 s, this rank ends its
+    // launcher proxy, which makes mpiexec end every process of the job (mpi/sentinel.hpp).
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    mpi::end_launcher_proxy();
     std::_Exit(2);
   } catch (const std::exception& e) {
     std::string message = e.what();

@@ -143,11 +143,15 @@ sys.exit(0 if same and ratios and max(ratios) <= 3 and min(ratios) >= 0.9 else 1
 PY
 
 # Each member of the families the cause search fits is named when it is the bug (synthetic
-# jobs from dump_gen: a document split after its first token; softmax scales of the scale
-# family: 2 × the meta's, 1/d^0.25, 1/d, and none at all).
+# jobs from dump_gen: a document split after its first token; every member of the scale
+# family: 2, 0.5, √2 and 1/√2 × the meta's, 1/d^0.25, 1/d^0.75, 1/d, and none at all; d = 64).
 for bug_words in "first-token|first token is a document of its own" \
                  "scale:2|softmax scale 2 × the meta's" \
+                 "scale:0.5|softmax scale 0.5 × the meta's" \
+                 "scale:1.4142135623730951|softmax scale 1.41421 × the meta's" \
+                 "scale:0.7071067811865476|softmax scale 0.707107 × the meta's" \
                  "scale:2.8284271247461903|softmax scale 1/d^0.25 = " \
+                 "scale:0.35355339059327373|softmax scale 1/d^0.75 = " \
                  "scale:0.125|softmax scale 1/d^1 = " \
                  "scale:8|scores not multiplied by the scale"; do
   rm -rf "$tmp/f"

@@ -161,6 +161,10 @@ expect_in "import mixed formats" "$tmp/err" "the files mix profiler formats"
 python3 "$src/tests/equivalence/scripts/fr_versions.py" "$tmp/frv"
 for v in 0 1.0 1.1 1.4 2.0 2.1 2.2 2.3 2.4 2.7 2.10 3.0; do
   check "import fr $v" 0 "$seqpar" import --from fr "$tmp/frv/$v/healthy" --out "$tmp/frv.jsonl"
+  if [ "$v" != 3.0 ] && grep -qF "is newer than the versions" "$tmp/err"; then
+    echo "FAIL import fr $v: called newer than the versions the importer knows (up to 2.10)"
+    fails=$((fails + 1))
+  fi
   check "replay fr $v" 0 "$seqpar" replay "$tmp/frv.jsonl"
   expect_in "replay fr $v" "$tmp/out" "collectives_compared 3"
   expect_in "replay fr $v" "$tmp/out" "p2p_pairs 1"
@@ -175,6 +179,11 @@ for v in 0 1.0 1.1 1.4 2.0 2.1 2.2 2.3 2.4 2.7 2.10 3.0; do
 done
 check "import fr 2.3 note" 0 "$seqpar" import --from fr "$tmp/frv/2.3/healthy" --out "$tmp/frv.jsonl"
 expect_in "import fr 2.3 note" "$tmp/err" "version 2.3 does not record all-to-all sizes"
+# One minor version past the newest known (2.10): noted, compared as integers (2.11 > 2.10).
+mkdir -p "$tmp/frv/2.11" && cp -r "$tmp/frv/2.10/healthy" "$tmp/frv/2.11/"
+sed -i 's/"version": "2.10"/"version": "2.11"/' "$tmp/frv/2.11/healthy/"*.json
+check "import fr 2.11 note" 0 "$seqpar" import --from fr "$tmp/frv/2.11/healthy" --out "$tmp/frv.jsonl"
+expect_in "import fr 2.11 note" "$tmp/err" "version 2.11 is newer than the versions this importer was written for (up to 2.10)"
 check "import fr 3.0 note" 0 "$seqpar" import --from fr "$tmp/frv/3.0/healthy" --out "$tmp/frv.jsonl"
 expect_in "import fr 3.0 note" "$tmp/err" "version 3.0 is newer than the versions this importer was written for"
 check "import fr mixed versions" 2 "$seqpar" import --from fr "$tmp/frv/2.4/healthy/nccl_trace_rank_0.json" \

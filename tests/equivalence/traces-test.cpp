@@ -547,3 +547,39 @@ TEST(trace_import, the_chrome_scanner_keeps_the_named_events_and_names_broken_fi
                        "event 1 does not parse"));
   EXPECT_TRUE(contains(error(R"({"traceEvents": [{"name" "x"}]})"), "':' expected"));
 }
+
+// The importers' dtype tables against what a real torch calls each dtype
+// (traces/torch-dtype-names/names.json, written by tools/torch_dtype_names.py from torch 2.11:
+// the profiler's "Input type", c10's ScalarType name and number), row by row.
+TEST(import_dtype_tables, every_torch_dtype_by_every_name_torch_writes) {
+  std::ifstream in(root + "/traces/torch-dtype-names/names.json");
+  ASSERT_TRUE(in) << "traces/torch-dtype-names/names.json";
+  const auto names = nlohmann::json::parse(in);
+  ASSERT_GE(names["dtypes"].size(), 12u);
+  for (const auto& row : names["dtypes"]) {
+    const auto want = row["dtype"].get<std::string>();
+    EXPECT_EQ(import::dtype_from_cpp(row["cpp"].get<std::string>()), want) << row.dump();
+    EXPECT_EQ(import::dtype_from_c10(row["c10"].get<std::string>()), want) << row.dump();
+    const auto number = import::dtype_from_scalar_type(row["number"].get<int>());
+    // Flight Recorder 2.1 wrote numbers for the types SP moves; float8 (23, 24) came later.
+    if (!want.starts_with("float8")) {
+      EXPECT_EQ(number.value_or("(none)"), want) << row.dump();
+    } else {
+      EXPECT_FALSE(number.has_value()) << row.dump();
+    }
+  }
+}
+
+// The spellings torch does not write on this platform but does elsewhere: the C++ type names
+// of other compilers and ABIs (`long long` is int64 where `long` is 32 bits, `short` without
+// `int`), and the lower-case `float` of older Flight Recorder dumps.
+TEST(import_dtype_tables, the_other_platforms_spellings) {
+  for (const auto& [name, want] :
+       std::vector<std::pair<std::string, std::string>>{{"short", "int16"},
+                                                        {"long", "int64"},
+                                                        {"long long", "int64"},
+                                                        {"long long int", "int64"}})
+    EXPECT_EQ(import::dtype_from_cpp(name), want) << name;
+  EXPECT_EQ(import::dtype_from_c10("float"), "float32");
+  EXPECT_EQ(import::dtype_from_cpp("c10::complex<float>"), "");  // not a dtype SP moves
+}

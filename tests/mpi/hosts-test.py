@@ -8,6 +8,9 @@ namespaces (tests/support/testhosts.py).
 2. A host's link taken down before an all-to-all: every surviving rank ends within deadline + 5 s,
    the first message says the network and names the host and its ranks, every rank leaves its
    flight record, and `seqpar replay` of them names the same ranks.
+3. Every rank process of a host stopped (SIGSTOP) at a random moment: the first message names
+   them ("stopped or hung"), every other rank leaves its record, and the whole job — the stopped
+   processes and mpiexec too — ends by itself within deadline + 10 s, mpiexec exiting non-zero.
 (Slow links and killed hosts are measured by bench/hosts_soak.py, not here: see docs/clusters.md.)
 
 Usage: hosts-test.py SEQPAR FAILING_RANK_CHECK
@@ -82,5 +85,17 @@ with TestHosts(4) as hosts:
           f"every surviving rank ended {row['seconds']} s after the cut (deadline {DEADLINE} s + 5)")
     check(row["records_left"], f"every rank left its flight record: {row['records']}")
     check(row["replay_right"], f"replay names ranks {row['replay_ranks']} (want {row['ranks']})")
+    # 3. A host's rank processes stopped: named, and the job ends by itself.
+    victim, moment = random.randrange(4), random.choice(sorted(netfaults.MOMENTS))
+    row = netfaults.run_one(hosts, NP, failing, seqpar, "stop", moment, victim,
+                            os.path.join(work, "stop"), DEADLINE)
+    print(json.dumps(row)[:1200])
+    check(row["named_right"], f"stop {moment}: the first message names the stopped ranks "
+          f"{row['ranks']} on {row['host']}: {row['first'][:300]}")
+    check(row["mpiexec_ended"] and row["exit"] != 0 and row["left_running"] == 0
+          and row["seconds"] <= DEADLINE + 10,
+          f"stop {moment}: every process of the job ended (mpiexec exit {row['exit']}) "
+          f"{row['seconds']} s after the stop (deadline {DEADLINE} s + 10), {row['left_running']} left")
+    check(row["records_left"], f"stop {moment}: every other rank left its record: {row['records']}")
 print(f"{'FAILED: ' + str(len(failures)) if failures else 'all passed'}")
 sys.exit(1 if failures else 0)

@@ -11,6 +11,8 @@ host's first rank reaches the moment, the harness breaks the network there, then
             died
   kill-ranks  the host's rank processes are SIGKILLed, its launcher proxy lives (the OOM
             killer); run with Hydra's -disable-auto-cleanup, so that the survivors go on
+  stop      the host's rank processes are SIGSTOPped (a hung node): the others must name them,
+            and the whole job — the stopped processes too — must end by itself
   slow      the link delays every packet (tc netem delay), from the start: not a fault
   lossy     the link drops packets (tc netem loss), from the start: not a fault
 
@@ -30,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -41,7 +44,7 @@ MOMENTS = {
     "after-a2a": ("L0.attn.q.fwd", "after"),
     "inside-ring": ("L0.attn.ring.fwd.step0", "inside"),
 }
-FAULTS = ("cut", "kill", "kill-ranks")
+FAULTS = ("cut", "kill", "kill-ranks", "stop")
 # Not faults: the check must pass. slow: tc tbf (every kernel with traffic control); lossy: tc
 # netem, where the kernel has sch_netem.
 NOT_FAULTS = {"slow": ("slow", "20mbit"), "lossy": ("netem", "loss 2%")}
@@ -102,7 +105,7 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
     t0 = time.monotonic()
     if fault == "kill-ranks":
         auto_cleanup = False
-    job = subprocess.Popen(hosts.mpiexec(np, argv, auto_cleanup), stdout=out, stderr=err,
+    job = subprocess.Popen(hosts.mpiexec(np, argv, auto_cleanup), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                            cwd=workdir)
     try:
         if fault in NOT_FAULTS:
@@ -127,6 +130,12 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
             hosts.cut(victim)
         elif fault == "kill":
             hosts.kill(victim)
+        elif fault == "stop":
+            for p in hosts.procs(victim, os.path.basename(failing)):
+                try:
+                    os.kill(p, signal.SIGSTOP)
+                except ProcessLookupError:
+                    pass
         else:
             for p in hosts.procs(victim, os.path.basename(failing)):
                 try:
@@ -138,11 +147,22 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
             hosts.slow(victim, None)
         if os.path.exists(mark):
             os.unlink(mark)
-        survivors = [h for h in range(hosts.n) if not (fault != "cut" and h == victim)]
+        survivors = [h for h in range(hosts.n) if not (fault not in ("cut", "stop") and h == victim)]
         name = os.path.basename(failing)
-        _wait_for(lambda: not any(hosts.procs(h, name) for h in survivors), 60, 0.05)
+        # A stopped host's processes must end too, and with them mpiexec: the job is over only
+        # when nothing of it is left.
+        gone = (lambda: job.poll() is not None and not any(hosts.procs(h, name) for h in survivors)) \
+            if fault == "stop" else (lambda: not any(hosts.procs(h, name) for h in survivors))
+        _wait_for(gone, 60, 0.05)
         t_end = time.monotonic() - t_fault
         left = sum(len(hosts.procs(h, name)) for h in survivors)
+        if fault == "stop":
+            row["mpiexec_ended"] = job.poll() is not None
+            for p in hosts.procs(victim, name):  # what the job left behind, cleaned up
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     finally:
         hosts.mend(victim)
         hosts.slow(victim, None)
@@ -180,8 +200,12 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
             run_ended = rep.get("run_ended", "")
         except (json.JSONDecodeError, TypeError):
             replay_ranks = []
+    named_stop = lambda text: "stopped or hung" in text and \
+        any(f"rank {r} " in text or f"rank {r}," in text or f"ranks {r}" in text for r in victims)
     if fault == "cut":
         named = named_cut(first)
+    elif fault == "stop":
+        named = named_stop(first)
     else:
         first = first or run_ended.split("\n")[0]
         named = named_kill(run_ended)

@@ -3,6 +3,7 @@
 // step, f32 against f64 under a stated error model, and the SP plumbing (data-parallel and Ulysses
 // groups reproduce the single-rank step; the AVG gradient-sync bug is caught).
 #include "sim/model.hpp"
+#include "core/sanitizers.hpp"
 #include "sim/allocator.hpp"
 
 #include <gtest/gtest.h>
@@ -80,7 +81,7 @@ double weighted(const mat<double>& y, const mat<double>& r) { return y.cwiseProd
 // Per-op gradients (f64).
 
 // Not under AddressSanitizer, whose own allocator ignores mallopt.
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__GLIBC__) && !defined(SEQPAR_ASAN)
 TEST(allocator, policy_is_applied_on_glibc) {
   // It once compiled to "return false" (the C library's macro tested before any of its headers
   // was included), and nothing noticed: every measurement of it was of glibc's defaults.

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "core/error.hpp"
 #include "trace/import/import.hpp"
@@ -71,6 +72,14 @@ std::string dtype_from_cpp(const std::string& name) {
                                                        {"c10::Float8_e5m2", "float8_e5m2"}};
   if (auto it = m.find(name); it != m.end()) return it->second;
   return "";
+}
+
+std::optional<std::string> dtype_from_scalar_type(int t) {
+  static const std::map<int, std::string> m = {
+      {0, "uint8"},   {1, "int8"},    {2, "int16"},   {3, "int32"}, {4, "int64"},
+      {5, "float16"}, {6, "float32"}, {7, "float64"}, {11, "bool"}, {15, "bfloat16"}};
+  if (auto it = m.find(t); it != m.end()) return it->second;
+  return std::nullopt;
 }
 
 std::string op_from_c10d(const std::string& raw) {

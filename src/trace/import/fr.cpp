@@ -90,15 +90,6 @@ fr_version version_of(const json& dump, const std::string& path) {
   return v;
 }
 
-/// c10::ScalarType as an integer (version 2.1 wrote dtypes so) → trace dtype.
-std::optional<std::string> dtype_from_scalar_type(int t) {
-  static const std::map<int, std::string> m = {
-      {0, "uint8"},   {1, "int8"},    {2, "int16"},   {3, "int32"}, {4, "int64"},
-      {5, "float16"}, {6, "float32"}, {7, "float64"}, {11, "bool"}, {15, "bfloat16"}};
-  if (auto it = m.find(t); it != m.end()) return it->second;
-  return std::nullopt;
-}
-
 struct pg_info {
   std::string name, desc;
   std::vector<int> ranks;

@@ -3,6 +3,7 @@
 // Recorder JSON dumps, PyTorch profiler (Kineto) chrome traces, NCCL_DEBUG=INFO COLL logs.
 // A field the source does not record is left absent, and the trace says so (replay then
 // reports what it could not check) — nothing is guessed.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ std::string dtype_from_c10(const std::string& name);
 /// The C++ element type names the profiler writes in "Input type" ("float", "c10::BFloat16",
 /// "long int", …) → trace dtype names; "" for anything else (a TensorList, a Scalar).
 std::string dtype_from_cpp(const std::string& name);
+/// c10::ScalarType as an integer (Flight Recorder 2.1 wrote dtypes so: 6 = Float, 15 =
+/// BFloat16) → trace dtype name; nullopt for the types no collective of SP moves.
+std::optional<std::string> dtype_from_scalar_type(int t);
 /// c10d collective names in their many spellings → trace op ("" when not a recorded kind).
 std::string op_from_c10d(const std::string& name);
 /// "[0, 1, 2]" or a JSON array → ranks; trace_error naming `what` otherwise.

@@ -1,0 +1,158 @@
+#include "mpi/sentinel.hpp"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstddef>
+#include <ctime>
+
+namespace seqpar::mpi {
+
+namespace {
+
+/// What /proc/PID/stat says of a process: its state, parent and start time (clock ticks
+/// since boot: a reused pid has another).
+struct proc_stat {
+  char state = 0;
+  long ppid = 0;
+  unsigned long long start = 0;
+};
+
+// Only async-signal-safe calls from here on (the sentinel is forked from a process that may
+// have threads): open, read, close, kill, nanosleep, clock_gettime, _exit; no allocation.
+bool read_stat(const char* path, proc_stat& out) {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  // "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+  // stime cutime cstime priority nice threads itrealvalue starttime …": comm may hold spaces
+  // and parentheses, so fields are counted from the last ')'.
+  const char* p = nullptr;
+  for (const char* c = buf; *c; ++c)
+    if (*c == ')') p = c;
+  if (!p || !p[1] || !p[2]) return false;
+  // Fields after ')' are separated by single spaces: 3 = state, 4 = ppid, 22 = starttime.
+  int field = 2;
+  unsigned long long value = 0;
+  for (const char* c = p + 1;; ++c) {
+    if (*c == ' ' || *c == '\n' || *c == 0) {
+      if (field == 4) out.ppid = static_cast<long>(value);
+      if (field == 22) {
+        out.start = value;
+        return true;
+      }
+      if (*c != ' ') return false;
+      ++field;
+      value = 0;
+      if (field == 3) out.state = c[1];
+    } else if (*c >= '0' && *c <= '9') {
+      value = value * 10 + static_cast<unsigned long long>(*c - '0');
+    }
+  }
+}
+
+void format_stat_path(char* out, long pid) {
+  const char head[] = "/proc/";
+  int k = 0;
+  for (const char* c = head; *c; ++c) out[k++] = *c;
+  char digits[24];
+  int d = 0;
+  do {
+    digits[d++] = static_cast<char>('0' + pid % 10);
+    pid /= 10;
+  } while (pid > 0);
+  while (d > 0) out[k++] = digits[--d];
+  const char tail[] = "/stat";
+  for (const char* c = tail; *c; ++c) out[k++] = *c;
+  out[k] = 0;
+}
+
+double now_s() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+[[noreturn]] void watch(long rank, long launcher, unsigned long long rank_start, double grace_s) {
+  char path[64];
+  format_stat_path(path, rank);
+  double orphaned_at = -1;
+  const timespec tick{0, 200'000'000};
+  for (;;) {
+    nanosleep(&tick, nullptr);
+    proc_stat s;
+    if (!read_stat(path, s) || s.start != rank_start || s.state == 'Z' || s.state == 'X')
+      _exit(0);  // the rank ended
+    if (s.ppid == launcher) continue;
+    if (orphaned_at < 0) orphaned_at = now_s();
+    // The launcher is gone: a stopped rank can never end itself; a running one gets the grace.
+    if (s.state == 'T' || s.state == 't' || now_s() - orphaned_at > grace_s) {
+      kill(static_cast<pid_t>(rank), SIGKILL);
+      _exit(0);
+    }
+  }
+}
+
+}  // namespace
+
+void start_launcher_sentinel(std::chrono::milliseconds grace) {
+  static bool started = false;
+  if (started) return;
+  started = true;
+  const long rank = getpid(), launcher = getppid();
+  char path[64];
+  format_stat_path(path, rank);
+  proc_stat self;
+  if (launcher <= 1 || !read_stat(path, self)) return;  // no launcher to outlive, or no /proc
+  const double grace_s = 1e-3 * static_cast<double>(grace.count());
+  // Two forks: the sentinel is re-parented at once, so it never lingers as this rank's zombie.
+  const pid_t first = fork();
+  if (first < 0) return;
+  if (first == 0) {
+    const pid_t second = fork();
+    if (second != 0) _exit(0);
+    // No descriptor of the rank's (its output pipes to the launcher, MPI's PMI socket): the
+    // sentinel must not keep any of them open.
+    const int null_fd = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; ++fd)
+      if (null_fd >= 0) dup2(null_fd, fd);
+    const long max_fd = sysconf(_SC_OPEN_MAX);
+    for (long fd = 3; fd < (max_fd > 0 && max_fd < 65536 ? max_fd : 65536); ++fd)
+      close(static_cast<int>(fd));
+    prctl(PR_SET_NAME, "seqpar-sentinel", 0, 0, 0);
+    watch(rank, launcher, self.start, grace_s);
+  }
+  int status = 0;
+  waitpid(first, &status, 0);
+}
+
+bool end_launcher_proxy() {
+  const pid_t parent = getppid();
+  if (parent <= 1) return false;
+  char path[64];
+  format_stat_path(path, parent);
+  // ".../stat" → ".../comm"
+  int k = 0;
+  while (path[k]) ++k;
+  const char comm_tail[] = "comm";
+  for (int i = 0; i < 5; ++i) path[k - 4 + i] = comm_tail[i];
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char name[32] = {};
+  const ssize_t n = read(fd, name, sizeof name - 1);
+  close(fd);
+  const char want[] = "hydra_pmi_proxy";
+  if (n < static_cast<ssize_t>(sizeof want - 1)) return false;
+  for (std::size_t i = 0; i + 1 < sizeof want; ++i)
+    if (name[i] != want[i]) return false;
+  return kill(parent, SIGKILL) == 0;
+}
+
+}  // namespace seqpar::mpi

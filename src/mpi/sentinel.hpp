@@ -1,0 +1,31 @@
+#pragma once
+// A rank never outlives its job: the launcher sentinel.
+//
+// mpiexec (MPICH's Hydra) ends a job whose rank called MPI_Abort by killing its own children,
+// the per-host launcher proxies; the ranks, each in a session of its own, are killed by their
+// proxy only while the proxy lives. A rank that is stopped (SIGSTOP, a debugger's stop) when its
+// proxy goes cannot end itself — no thread of it runs — and it held mpiexec (its output pipes)
+// for as long as it stayed stopped: the job never ended.
+//
+// The sentinel is a small process forked before MPI starts (it never touches MPI and holds none
+// of the rank's descriptors). It watches the rank through /proc: once the rank's launcher is
+// gone (the rank re-parented), a stopped rank is killed at once, and any rank still there after
+// a grace (its own watchdog ends a running one within its deadline, writing its flight record)
+// is killed then. It ends with the rank.
+#include <chrono>
+
+namespace seqpar::mpi {
+
+/// Starts the sentinel for this process (once; no-op where /proc is missing). grace: how long a
+/// running rank may outlive its launcher before the sentinel kills it.
+void start_launcher_sentinel(std::chrono::milliseconds grace);
+
+/// Where mpiexec did not end the job after this rank asked it to (MPI_Abort): ends this rank's
+/// launcher proxy (MPICH's hydra_pmi_proxy, this process's parent; nothing else is touched).
+/// mpiexec, losing a proxy, ends the whole job, and every other proxy kills its ranks — stopped
+/// ones too, which a job that only exits with an error code leaves waiting forever (Hydra ends
+/// a job at once for a rank killed by a signal, not for one that exits non-zero). Returns
+/// whether a proxy was found and signalled.
+bool end_launcher_proxy();
+
+}  // namespace seqpar::mpi
