@@ -98,3 +98,15 @@ TEST(compare, mismatched_sizes_are_infinitely_wrong) {
   EXPECT_EQ(c.max_abs, inf);
   EXPECT_EQ(c.note, "2 values, expected 1");
 }
+
+// An infinite value where the reference is finite: the row says so, whichever path found it
+// (the vectorised pass hands every difference of +inf to the non-finite path).
+TEST(compare, an_infinite_difference_is_named_non_finite) {
+  for (const double bad : {inf, -inf}) {
+    const auto c = compare_values("t", std::vector<double>{1, bad, 3, 4, 5, 6, 7, 8, 9},
+                                  std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9}, 1e-6);
+    EXPECT_FALSE(c.pass);
+    EXPECT_EQ(c.max_abs, inf);
+    EXPECT_EQ(c.note, "non-finite values") << bad;
+  }
+}
