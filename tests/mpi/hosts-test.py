@@ -11,6 +11,8 @@ namespaces (tests/support/testhosts.py).
 3. Every rank process of a host stopped (SIGSTOP) at a random moment: the first message names
    them ("stopped or hung"), every other rank leaves its record, and the whole job — the stopped
    processes and mpiexec too — ends by itself within deadline + 10 s, mpiexec exiting non-zero.
+4. A random host's link limited to 20 Mbit/s for the whole run (slow, not broken): the check
+   passes (exit 0), no watchdog fires.
 (Slow links and killed hosts are measured by bench/hosts_soak.py, not here: see docs/clusters.md.)
 
 Usage: hosts-test.py SEQPAR FAILING_RANK_CHECK
@@ -97,5 +99,13 @@ with TestHosts(4) as hosts:
           f"stop {moment}: every process of the job ended (mpiexec exit {row['exit']}) "
           f"{row['seconds']} s after the stop (deadline {DEADLINE} s + 10), {row['left_running']} left")
     check(row["records_left"], f"stop {moment}: every other rank left its record: {row['records']}")
+    # 4. A slow link is not a fault.
+    victim = random.randrange(4)
+    row = netfaults.run_one(hosts, NP, failing, seqpar, "slow", "whole run", victim,
+                            os.path.join(work, "slow"), DEADLINE)
+    print(json.dumps(row)[:600])
+    check(row["exit"] == 0 and not row["first"],
+          f"a 20 Mbit/s link on {row['host']} is not a fault: exit {row['exit']} after "
+          f"{row['seconds']} s, first error '{row['first'][:200]}'")
 print(f"{'FAILED: ' + str(len(failures)) if failures else 'all passed'}")
 sys.exit(1 if failures else 0)
