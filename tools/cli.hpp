@@ -21,5 +21,6 @@ action add_record(CLI::App& app);
 action add_replay(CLI::App& app);
 action add_import(CLI::App& app);
 action add_validate(CLI::App& app);
+action add_launch(CLI::App& app);
 
 }  // namespace seqpar::cli

@@ -8,6 +8,7 @@
 
 #include "cli.hpp"
 #include "core/error.hpp"
+#include "core/launcher.hpp"
 #include "sim/allocator.hpp"
 #include "sim/isa.hpp"
 #include "trace/flight.hpp"
@@ -15,6 +16,9 @@
 
 int main(int argc, char** argv) {
   using namespace seqpar;
+  // First of all, under `seqpar launch`: the rank out of its launcher's group kill
+  // (core/launcher.hpp); the shim the launcher started never returns from here.
+  detach_from_launcher_if_asked();
   // Before any thread: SIGINT/SIGTERM/SIGHUP leave the flight records of a running check.
   trace::watch_signals_for_flight_records();
   sim::keep_freed_memory();
@@ -42,6 +46,7 @@ int main(int argc, char** argv) {
   add(cli::add_replay);
   add(cli::add_import);
   add(cli::add_validate);
+  add(cli::add_launch);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -133,26 +133,43 @@ void start_launcher_sentinel(std::chrono::milliseconds grace) {
   waitpid(first, &status, 0);
 }
 
-bool end_launcher_proxy() {
-  const pid_t parent = getppid();
-  if (parent <= 1) return false;
+namespace {
+
+/// Whether process `pid`'s command name is `want` (from /proc/PID/comm).
+bool comm_is(long pid, const char* want) {
   char path[64];
-  format_stat_path(path, parent);
-  // ".../stat" → ".../comm"
+  format_stat_path(path, pid);
   int k = 0;
   while (path[k]) ++k;
-  const char comm_tail[] = "comm";
+  const char comm_tail[] = "comm";  // ".../stat" → ".../comm"
   for (int i = 0; i < 5; ++i) path[k - 4 + i] = comm_tail[i];
   const int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   char name[32] = {};
   const ssize_t n = read(fd, name, sizeof name - 1);
   close(fd);
-  const char want[] = "hydra_pmi_proxy";
-  if (n < static_cast<ssize_t>(sizeof want - 1)) return false;
-  for (std::size_t i = 0; i + 1 < sizeof want; ++i)
+  std::size_t len = 0;
+  while (want[len]) ++len;
+  if (n < static_cast<ssize_t>(len)) return false;
+  for (std::size_t i = 0; i < len; ++i)
     if (name[i] != want[i]) return false;
-  return kill(parent, SIGKILL) == 0;
+  return name[len] == '\n' || name[len] == 0;
+}
+
+}  // namespace
+
+bool end_launcher_proxy() {
+  // The parent, or under `seqpar launch` (core/launcher.hpp) the parent of the shim.
+  long pid = getppid();
+  for (int up = 0; up < 2 && pid > 1; ++up) {
+    if (comm_is(pid, "hydra_pmi_proxy")) return kill(static_cast<pid_t>(pid), SIGKILL) == 0;
+    char path[64];
+    format_stat_path(path, pid);
+    proc_stat s;
+    if (!read_stat(path, s)) return false;
+    pid = s.ppid;
+  }
+  return false;
 }
 
 }  // namespace seqpar::mpi

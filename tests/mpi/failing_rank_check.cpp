@@ -21,6 +21,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/launcher.hpp"
 #include "scenario_flags.hpp"
 #include "support/bugs.hpp"
 #include "support/failing_comm.hpp"
@@ -29,6 +30,7 @@
 
 int main(int argc, char** argv) {
   using namespace seqpar;
+  detach_from_launcher_if_asked();            // as seqpar's main: under `seqpar launch`
   trace::watch_signals_for_flight_records();  // as seqpar's main: SIGTERM leaves the records
   CLI::App app("runs the MPI check with one failing rank");
   cli::scenario_flags flags;

@@ -13,6 +13,10 @@ namespaces (tests/support/testhosts.py).
    processes and mpiexec too — ends by itself within deadline + 10 s, mpiexec exiting non-zero.
 4. A random host's link limited to 20 Mbit/s for the whole run (slow, not broken): the check
    passes (exit 0), no watchdog fires.
+5. Under `seqpar launch`, every process of a random host SIGKILLed (its launcher proxy too: the
+   host died) at a random moment: the console's first error line names the host's ranks as gone,
+   every surviving rank leaves its record, replay names the same ranks, and every process ends
+   within deadline + 10 s.
 (Slow links and killed hosts are measured by bench/hosts_soak.py, not here: see docs/clusters.md.)
 
 Usage: hosts-test.py SEQPAR FAILING_RANK_CHECK
@@ -107,5 +111,18 @@ with TestHosts(4) as hosts:
     check(row["exit"] == 0 and not row["first"],
           f"a 20 Mbit/s link on {row['host']} is not a fault: exit {row['exit']} after "
           f"{row['seconds']} s, first error '{row['first'][:200]}'")
+    # 5. A host dies outright, under seqpar launch.
+    victim, moment = random.randrange(4), random.choice(sorted(netfaults.MOMENTS))
+    row = netfaults.run_one(hosts, NP, failing, seqpar, "kill", moment, victim,
+                            os.path.join(work, "kill"), DEADLINE, launch=True)
+    print(json.dumps(row)[:1200])
+    check(row["named_right"], f"kill {moment} under seqpar launch: the first error line names "
+          f"ranks {row['ranks']} on {row['host']} as gone: {row['first'][:300]}")
+    check(row["records_left"] and row["replay_right"],
+          f"kill {moment}: every surviving rank's record ({row['records']}), replay names "
+          f"{row['replay_ranks']} (want {row['ranks']})")
+    check(row["left_running"] == 0 and row["seconds"] <= DEADLINE + 10,
+          f"kill {moment}: every process ended {row['seconds']} s after the kill "
+          f"(deadline {DEADLINE} s + 10)")
 print(f"{'FAILED: ' + str(len(failures)) if failures else 'all passed'}")
 sys.exit(1 if failures else 0)

@@ -73,7 +73,7 @@ def _wait_for(pred, limit: float, step: float = 0.01) -> bool:
 
 def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, moment: str,
             victim: int, workdir: str, deadline_s: float = 2.0,
-            auto_cleanup: bool = True) -> dict:
+            auto_cleanup: bool = True, launch: bool = False) -> dict:
     """One run; returns its measurements (see the module's text)."""
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
@@ -105,7 +105,11 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
     t0 = time.monotonic()
     if fault == "kill-ranks":
         auto_cleanup = False
-    job = subprocess.Popen(hosts.mpiexec(np, argv, auto_cleanup), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+    command = hosts.mpiexec(np, argv, auto_cleanup)
+    if launch:  # seqpar's documented way: the ranks out of the launcher's group kill
+        command = [seqpar, "launch", "--", *command]
+        row["launch"] = True
+    job = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                            cwd=workdir)
     try:
         if fault in NOT_FAULTS:
@@ -206,6 +210,8 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
         named = named_cut(first)
     elif fault == "stop":
         named = named_stop(first)
+    elif launch:  # the console's first error line (seqpar launch prints the records' reason)
+        named = named_kill(first)
     else:
         first = first or run_ended.split("\n")[0]
         named = named_kill(run_ended)
