@@ -5,6 +5,10 @@ with a CPU hog on every core beside it; prints the table (fault × moment: named
 verdict, records left, replay right) as Markdown and writes every run as JSON.
 
     sudo python3 bench/hosts_soak.py build [--runs 100] [--loaded-share 0.3] [--json out.json]
+                                         [--launch] [--faults kill stop …]
+
+--launch runs every job through `seqpar launch` (docs/clusters.md: the ranks out of Hydra's
+group kill, so that a dead host leaves records); --faults draws only those faults.
 
 Faults and moments: tests/support/netfaults.py. Needs root (network namespaces).
 """
@@ -38,6 +42,9 @@ def main():
     ap.add_argument("--deadline", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=47)
     ap.add_argument("--json", default="", help="every run's row, written as the soak goes")
+    ap.add_argument("--launch", action="store_true", help="every job through seqpar launch")
+    ap.add_argument("--faults", nargs="*", default=None,
+                    help="only these faults (of cut, kill, kill-ranks, stop, slow, lossy)")
     ap.add_argument("--table", nargs="*", default=None,
                     help="print the table of earlier soaks' --json files instead of running one")
     a = ap.parse_args()
@@ -53,6 +60,8 @@ def main():
     rng = random.Random(a.seed)
     kinds = [(f, m) for f in netfaults.FAULTS for m in netfaults.MOMENTS] + \
         [(f, "whole run") for f in netfaults.NOT_FAULTS]
+    if a.faults:
+        kinds = [k for k in kinds if k[0] in a.faults]
     rows = []
     work = tempfile.mkdtemp(prefix="seqpar-soak-")
     t0 = time.monotonic()
@@ -68,7 +77,7 @@ def main():
                 p.start()
             try:
                 row = netfaults.run_one(hosts, 8, failing, seqpar, fault, moment, victim,
-                                        os.path.join(work, "run"), a.deadline)
+                                        os.path.join(work, "run"), a.deadline, launch=a.launch)
             except RuntimeError as e:
                 row = {"fault": fault, "moment": moment, "host": hosts.names[victim],
                        "error": str(e)}
@@ -95,17 +104,18 @@ def main():
 
 def print_table(rows, deadline):
     print("| load | fault | moment | runs | named right | time to verdict (median / max) | "
-          "within deadline + 5 s | records left | replay names them |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "within deadline + 5 s | every process ended | records left | replay names them |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     groups = {}
     for r in rows:
-        groups.setdefault((r["loaded"], r["fault"], r["moment"]), []).append(r)
+        groups.setdefault((r["loaded"], r["fault"] + (" (launch)" if r.get("launch") else ""),
+                           r["moment"]), []).append(r)
     for (loaded, fault, moment), rs in sorted(groups.items()):
         done = [r for r in rs if "exit" in r]
         skipped = [r for r in rs if "skipped" in r]
         if skipped and not done:
             print(f"| {'loaded' if loaded else 'quiet'} | {fault} | {moment} | {len(rs)} | "
-                  f"skipped: {skipped[0]['skipped'][:70]} | | | | |")
+                  f"skipped: {skipped[0]['skipped'][:70]} | | | | | |")
             continue
         secs = [r["seconds"] for r in done]
         within = sum(1 for r in done if r["seconds"] <= deadline + 5)
@@ -113,7 +123,9 @@ def print_table(rows, deadline):
         print(f"| {'loaded' if loaded else 'quiet'} | {fault} | {moment} | {len(rs)} | "
               f"{cnt('named_right')}/{len(done)} | "
               f"{statistics.median(secs) if secs else 0:.1f} / {max(secs) if secs else 0:.1f} s | "
-              f"{within}/{len(done)} | {cnt('records_left')}/{len(done)} | "
+              f"{within}/{len(done)} | "
+              f"{sum(1 for r in done if r.get('left_running') == 0 and r.get('mpiexec_ended', True))}/{len(done)} | "
+              f"{cnt('records_left')}/{len(done)} | "
               f"{cnt('replay_right')}/{len(done)} |")
 
 

@@ -115,7 +115,10 @@ action add_launch(CLI::App& app) {
     while (waitpid(pid, &status, 0) < 0)
       if (errno != EINTR) break;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (code == 0) return 0;
+    // A job that ended by itself (0 passed, 1 a difference, 2 a named fault) has printed its
+    // verdict. Hydra's 255 (a lost proxy: its assert) or a signal means the console went with
+    // mpiexec while ranks may still be naming the loss.
+    if (code != 255 && code < 128) return code;
     // The job failed. Ranks that outlived mpiexec (a lost host made it end everything it could
     // reach) are still naming the loss and writing their records: wait for them to settle.
     const auto until = steady::now() + std::chrono::duration<double>(timeout_s + 10);

@@ -273,4 +273,14 @@ expect 2 "rank=x is not an integer" -- check --fault drop_chunk:rank=x
 expect 2 "the key 'colour' is unknown" -- record --out "$tmp/fault.jsonl" --fault drop_chunk:colour=red
 [ -e "$tmp/fault.jsonl" ] && fail "record --fault with a bad spec left a trace"
 
+# seqpar launch: the records are how it names a lost host, so --flight-record is required; a job
+# that ended by itself keeps its own exit code and verdict (nothing waited for or added); the
+# launched ranks see SEQPAR_DETACH_FROM_LAUNCHER=1.
+expect 2 "add --flight-record DIR to the seqpar command" -- launch -- mpiexec -n 2 seqpar check --backend mpi
+expect 2 "cannot run 'no-such-launcher-here'" -- launch -- no-such-launcher-here --flight-record "$tmp/lr"
+"$seqpar" launch -- sh -c 'exit 3' --flight-record "$tmp/lr" > "$tmp/l.out" 2> "$tmp/l.err"
+[ $? -eq 3 ] && [ ! -s "$tmp/l.err" ] && ok || fail "launch of a job exiting 3: exit $?, stderr $(head -c 200 "$tmp/l.err")"
+"$seqpar" launch -- sh -c 'echo "detach=$SEQPAR_DETACH_FROM_LAUNCHER"' --flight-record "$tmp/lr" > "$tmp/l.out" 2>&1
+grep -q "detach=1" "$tmp/l.out" && ok || fail "launch did not set SEQPAR_DETACH_FROM_LAUNCHER=1: $(head -c 200 "$tmp/l.out")"
+
 finish
