@@ -567,6 +567,19 @@ void mpi_communicator::while_busy(const comm_group& g, const std::function<void(
   if (failure) std::rethrow_exception(failure);
 }
 
+std::string mpi_communicator::slow_network_note() const {
+  const auto& sw = impl_->slow;
+  if (sw.count == 0) return "";
+  const double mib = static_cast<double>(sw.bytes) / (1 << 20);
+  return fmt::format(
+      "the network was slow: {} wait{} outlived {} deadline while data kept arriving at this "
+      "host, the longest {} ({:.3g} s, {:.2g}× its {:.3g} s deadline; {:.3g} MiB arrived "
+      "meanwhile, {:.3g} MiB/s); not a fault — the results above stand (raise --timeout if "
+      "this link is always this slow)",
+      sw.count, sw.count == 1 ? "" : "s", sw.count == 1 ? "its" : "their", sw.call, sw.seconds,
+      sw.seconds / std::max(sw.limit, 1e-9), sw.limit, mib, mib / std::max(sw.seconds, 1e-9));
+}
+
 int mpi_communicator::announce_abort(const std::string& message, std::chrono::milliseconds grace) {
   auto& im = *impl_;
   auto& notice = im.notice;  // stays valid while the sends are in flight

@@ -140,6 +140,10 @@ class mpi_communicator : public communicator {
   int announce_abort(const std::string& message, std::chrono::milliseconds grace);
   /// On a rank stopped by peer_abort: acknowledge to the announcing rank.
   void acknowledge_abort(int announcer);
+  /// "" when every wait of this rank finished within its deadline; else what a slow network
+  /// cost: how many waits were carried past their deadline by data still arriving, and the
+  /// longest (its call, time, deadline, the data that arrived at this host meanwhile).
+  std::string slow_network_note() const;
 
   struct impl;  ///< MPI handles and the group cache (opaque)
 

@@ -53,6 +53,14 @@ struct mpi_communicator::impl {
   /// empty when it is busy, or waits in a transfer every member has joined). The watchdog
   /// follows these to the end of a wait chain.
   std::vector<std::vector<int>> waits_for;
+  /// Waits that outlived their deadline because data kept arriving (a slow link): how many,
+  /// and the longest (its call, seconds, deadline, bytes that arrived at this host meanwhile).
+  struct slow_wait {
+    int count = 0;
+    std::string call;
+    double seconds = 0, limit = 0;
+    std::int64_t bytes = 0;
+  } slow;
   std::vector<char> acked;   ///< per world rank (announce_abort)
   std::vector<char> silent;  ///< per world rank: named silent by this rank's watchdog
   /// Network or process (reachability.hpp): this rank's listening port, every rank's endpoint

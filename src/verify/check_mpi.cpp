@@ -142,6 +142,12 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // mpiexec to wait on.
     world.barrier(all, op_info{"check.done", {}, {}});
     mpi::phase_guard::set_last_words(nullptr);
+    // A slow link is not a fault, but the run says what it cost (each rank, for its own waits).
+    if (const auto slow = world.slow_network_note(); !slow.empty()) {
+      std::fflush(stdout);
+      fmt::print(stderr, "seqpar: note: rank {} on {}: {}\n", me, session.host(), slow);
+      std::fflush(stderr);
+    }
     session.finished(rep.pass ? 0 : 1);
     return rep.pass ? 0 : 1;
   } catch (const mpi::peer_abort& e) {

@@ -12,7 +12,7 @@ namespaces (tests/support/testhosts.py).
    them ("stopped or hung"), every other rank leaves its record, and the whole job — the stopped
    processes and mpiexec too — ends by itself within deadline + 10 s, mpiexec exiting non-zero.
 4. A random host's link limited to 20 Mbit/s for the whole run (slow, not broken): the check
-   passes (exit 0), no watchdog fires.
+   passes (exit 0), no watchdog fires, and the run says the network was slow and by how much.
 5. Under `seqpar launch`, every process of a random host SIGKILLed (its launcher proxy too: the
    host died) at a random moment: the console's first error line names the host's ranks as gone,
    every surviving rank leaves its record, replay names the same ranks, and every process ends
@@ -111,6 +111,8 @@ with TestHosts(4) as hosts:
     check(row["exit"] == 0 and not row["first"],
           f"a 20 Mbit/s link on {row['host']} is not a fault: exit {row['exit']} after "
           f"{row['seconds']} s, first error '{row['first'][:200]}'")
+    check(bool(row["slow_note"]), f"the run says the network was slow and by how much: "
+          f"{row['slow_note'][:300]}")
     # 5. A host dies outright, under seqpar launch.
     victim, moment = random.randrange(4), random.choice(sorted(netfaults.MOMENTS))
     row = netfaults.run_one(hosts, NP, failing, seqpar, "kill", moment, victim,
