@@ -118,9 +118,14 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
             text = open(err_path, errors="replace").read()
             first = _first_error(text, ("assert",))
             slow_note = next((l for l in text.splitlines() if "the network was slow" in l), "")
+            out.flush()
+            report = open(os.path.join(workdir, "out.txt"), errors="replace").read()
+            name = os.path.basename(failing)
             row.update(exit=rc, seconds=round(time.monotonic() - t0, 2),
                        named_right=rc == 0, records_left=not os.path.exists(records),
-                       replay_right=True, first=first[:400], slow_note=slow_note[:400])
+                       replay_right=True, first=first[:400], slow_note=slow_note[:400],
+                       passed="PASS" in report,
+                       left_running=sum(len(hosts.procs(h, name)) for h in range(hosts.n)))
             return row
         if not _wait_for(lambda: os.path.exists(mark) or job.poll() is not None, 60):
             raise RuntimeError("the victim never reached its moment")
