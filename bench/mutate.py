@@ -104,11 +104,13 @@ def run_tests(build, tests, timeout, tree=None, first_only=False):
 
 
 def run_meson_tests(build, tests, timeout):
-    log = os.path.join(build, "meson-logs", "testlog.json")
+    # Its own log (--logbase): the suite's testlog.json in BUILD stays the suite's.
+    log = os.path.join(build, "meson-logs", "mutate-testlog.json")
     if os.path.exists(log):
         os.unlink(log)
     try:
-        subprocess.run(["meson", "test", "-C", build, "--no-rebuild", "-q", *tests],
+        subprocess.run(["meson", "test", "-C", build, "--no-rebuild", "-q",
+                        "--logbase", "mutate-testlog", *tests],
                        capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return ["(timed out)"]
