@@ -38,11 +38,6 @@ namespace {
 namespace fs = std::filesystem;
 using steady = std::chrono::steady_clock;
 
-volatile sig_atomic_t job_pid = 0;
-void forward(int sig) {
-  if (job_pid > 0) kill(static_cast<pid_t>(job_pid), sig);
-}
-
 /// The value after `flag` in argv ("--flag V" or "--flag=V"), or "".
 std::string flag_value(const std::vector<std::string>& argv, const std::string& flag) {
   for (std::size_t i = 0; i < argv.size(); ++i) {
@@ -106,14 +101,8 @@ action add_launch(CLI::App& app) {
     pid_t pid = 0;
     if (const int rc = posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ); rc)
       fail<config_error>("seqpar launch: cannot run '{}': {}", o->command[0], std::strerror(rc));
-    job_pid = pid;
-    struct sigaction sa {};
-    sa.sa_handler = forward;
-    sigemptyset(&sa.sa_mask);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0)
-      if (errno != EINTR) break;
+    const int status = wait_forwarding_signals(pid);
+    if (status < 0) fail<config_error>("seqpar launch: cannot wait for '{}'", o->command[0]);
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     // A job that ended by itself (0 passed, 1 a difference, 2 a named fault) has printed its
     // verdict. Hydra's 255 (a lost proxy: its assert) or a signal means the console went with

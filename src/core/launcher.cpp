@@ -13,10 +13,10 @@ namespace seqpar {
 
 namespace {
 
-volatile sig_atomic_t rank_pid = 0;
+volatile sig_atomic_t forward_to = 0;
 
 void forward(int sig) {
-  if (rank_pid > 0) kill(static_cast<pid_t>(rank_pid), sig);
+  if (forward_to > 0) kill(static_cast<pid_t>(forward_to), sig);
 }
 
 }  // namespace
@@ -32,7 +32,17 @@ void detach_from_launcher_if_asked() {
     return;
   }
   // The shim: what the launcher signals goes to the rank; the rank's end is the shim's.
-  rank_pid = child;
+  const int status = wait_forwarding_signals(child);
+  if (status < 0) _exit(2);
+  if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+  std::signal(sig, SIG_DFL);
+  kill(getpid(), sig);
+  _exit(128 + sig);
+}
+
+int wait_forwarding_signals(int child) {
+  forward_to = child;
   struct sigaction sa {};
   sa.sa_handler = forward;
   sigemptyset(&sa.sa_mask);
@@ -40,12 +50,8 @@ void detach_from_launcher_if_asked() {
     sigaction(sig, &sa, nullptr);
   int status = 0;
   while (waitpid(child, &status, 0) < 0)
-    if (errno != EINTR) _exit(2);
-  if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
-  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
-  std::signal(sig, SIG_DFL);
-  kill(getpid(), sig);
-  _exit(128 + sig);
+    if (errno != EINTR) return -1;
+  return status;
 }
 
 }  // namespace seqpar

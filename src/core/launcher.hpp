@@ -19,4 +19,9 @@ inline constexpr const char* detach_env = "SEQPAR_DETACH_FROM_LAUNCHER";
 /// pipes may outlive their reader); the shim never returns. Elsewhere a no-op.
 void detach_from_launcher_if_asked();
 
+/// Waits for process `child`, forwarding the signals a launcher sends (SIGINT, SIGTERM, SIGHUP,
+/// SIGQUIT, SIGUSR1/2, SIGCONT) to it meanwhile; returns its wait status, or -1 if it cannot be
+/// waited for. For one child per process (the shim, `seqpar launch`).
+int wait_forwarding_signals(int child);
+
 }  // namespace seqpar
