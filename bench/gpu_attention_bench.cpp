@@ -51,6 +51,14 @@ struct settings {
   int hq = 32, hkv = 8;
   bool causal = true;
   bool deterministic = true;
+  /// Which passes a timed iteration runs: both, fwd (forward only) or bwd (backward only, on
+  /// the forward's out and LSE computed once per point).
+  std::string phase = "both";
+  /// cuDNN: its forward implementation (auto, composite, unified), dense graphs for one
+  /// document (1) or the ragged graph always (0), dynamic shapes for ragged graphs.
+  std::string forward_impl = "auto";
+  bool dense = true;
+  bool dynamic_shapes = true;
 };
 
 struct gpu_attention {
@@ -130,7 +138,9 @@ struct gpu_attention {
 
   bench::operation op() {
     bench::operation o;
-    o.name = "attention fwd+bwd";
+    o.name = set.phase == "fwd"   ? "attention fwd"
+             : set.phase == "bwd" ? "attention bwd"
+                                  : "attention fwd+bwd";
     o.backend = cudnn() ? "cudnn" : "cuda-simt";
     o.kind = bench::table_kind::compute;
     if (cudnn())
@@ -175,6 +185,13 @@ struct gpu_attention {
         args.causal = set.causal;
         args.deterministic = set.deterministic;
         args.cu_q = args.cu_k = cu;
+        args.impl =
+            set.forward_impl == "composite" ? gpu::fused_attention_args::forward_impl::composite
+            : set.forward_impl == "unified" ? gpu::fused_attention_args::forward_impl::unified
+                                            : gpu::fused_attention_args::forward_impl::automatic;
+        args.dense = set.dense;
+        args.dynamic_shapes = set.dynamic_shapes;
+        if (set.phase == "bwd") fused->forward(args);  // the backward's out and LSE
         if (const auto why = gpu::fused_attention_unsupported(args); !why.empty())
           fail<config_error>("gpu_attention_bench: cuDNN cannot run this point: {}", why);
         return;
@@ -198,16 +215,20 @@ struct gpu_attention {
       call.n_q_tiles = static_cast<int>(qt.size());
       call.k_tiles = upload(kt);
       call.n_k_tiles = static_cast<int>(kt.size());
+      if (set.phase == "bwd")
+        if (int e = launch::attention_forward(call, stream); e && !error)
+          error = e, error_call = "attention_forward";
     };
-    o.run = [this] {
+    const bool fwd = set.phase != "bwd", bwd = set.phase != "fwd";
+    o.run = [this, fwd, bwd] {
       if (cudnn()) {
-        fused->forward(args);
-        fused->backward(args);
+        if (fwd) fused->forward(args);
+        if (bwd) fused->backward(args);
         return;
       }
-      if (int e = launch::attention_forward(call, stream); e && !error)
+      if (int e = fwd ? launch::attention_forward(call, stream) : 0; e && !error)
         error = e, error_call = "attention_forward";
-      if (int e = launch::attention_backward(call, stream); e && !error)
+      if (int e = bwd ? launch::attention_backward(call, stream) : 0; e && !error)
         error = e, error_call = "attention_backward";
     };
     o.sync = [this] {
@@ -239,10 +260,11 @@ struct gpu_attention {
                                             u_store, 4);
     };
     const bool causal = set.causal;
-    o.work = [this, causal, heads](const bench::point& p) {
+    const double passes = set.phase == "fwd" ? 1.0 : set.phase == "bwd" ? 2.5 : 3.5;
+    o.work = [this, causal, heads, passes](const bench::point& p) {
       const double fwd = 4.0 * static_cast<double>(p.count) * static_cast<double>(p.count) * heads *
                          head_dim(p.variant) / (causal ? 2 : 1);
-      return 3.5 * fwd * 1e-12;
+      return passes * fwd * 1e-12;
     };
     o.rate_unit = "TFLOP/s";
     o.measure_baseline = [this](const std::string& type_name) {
@@ -284,8 +306,11 @@ struct gpu_attention {
     std::string engine = "SIMT kernels";
     if (cudnn()) {
       std::string why;
-      engine = fmt::format("cuDNN {} fused attention, {} backward", gpu::cudnn_version(&why),
-                           set.deterministic ? "deterministic" : "non-deterministic");
+      engine = fmt::format(
+          "cuDNN {} fused attention, {} backward, forward implementation {}, {} graph{}",
+          gpu::cudnn_version(&why), set.deterministic ? "deterministic" : "non-deterministic",
+          set.forward_impl, set.dense ? "dense" : "ragged",
+          !set.dense && set.dynamic_shapes ? " with dynamic shapes" : "");
     }
     o.notes = {fmt::format("device {}; {}; one {}document, Hq={} Hkv={}; size = S*Hq*128 B, "
                            "count = tokens S",
@@ -326,6 +351,19 @@ int main(int argc, char** argv) {
   d.app().add_option("--causal", set.causal, "1: causal (bottom-right), 0: full");
   d.app().add_option("--deterministic", set.deterministic,
                      "cuDNN backward without atomics (1, seqpar's default) or cuDNN's choice (0)");
+  d.app()
+      .add_option("--phase", set.phase,
+                  "both (fwd+bwd), fwd, or bwd (on the forward's out and LSE, made once)")
+      ->check(CLI::IsMember({"both", "fwd", "bwd"}));
+  d.app()
+      .add_option("--forward-impl", set.forward_impl,
+                  "cuDNN's forward implementation: auto, composite or unified")
+      ->check(CLI::IsMember({"auto", "composite", "unified"}));
+  d.app().add_option("--dense", set.dense,
+                     "1: a dense cuDNN graph for the one-document call (seqpar's default), 0: the "
+                     "ragged graph");
+  d.app().add_option("--dynamic", set.dynamic_shapes,
+                     "1: ragged graphs with dynamic shapes (seqpar's default), 0: without");
   if (auto rc = d.parse(argc, argv)) return *rc;
   if (set.hq % set.hkv != 0) {
     std::fprintf(stderr, "gpu_attention_bench: --heads %d is not a multiple of --kv-heads %d\n",

@@ -42,7 +42,7 @@ const char* short_dtype(dtype t) {
 nlohmann::json report_json(const verify::check_report& r) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows) rows.push_back(row_json(row, "tensor", false));
-  return {
+  nlohmann::json j = {
       {"pass", r.pass},
       {"dtype", short_dtype(r.type)},
       {"backend", r.backend},
@@ -83,6 +83,8 @@ nlohmann::json report_json(const verify::check_report& r) {
       {"closest_to_bound", closest_json(closest_to_bound(
                                r.rows, [](const auto& x) -> const auto& { return x; }))},
       {"rows", rows}};
+  if (!r.device_setup.empty()) j["device_setup"] = r.device_setup;  // --backend gpu
+  return j;
 }
 
 std::string report_text(const verify::check_report& r) {
@@ -101,7 +103,9 @@ std::string report_text(const verify::check_report& r) {
       (s.profile == profile::deepspeed ? fmt::format("  micro-step {}", s.micro_step) : "") +
           (s.tiles > 1 ? fmt::format("  tiles {}", s.tiles) : ""),
       dtype_name(r.type), r.isa);
-  if (!r.device.empty()) o.insert(o.find("\n\n"), "\ngpu: " + r.device);
+  if (!r.device.empty())
+    o.insert(o.find("\n\n"), "\ngpu: " + r.device +
+                                 (r.device_setup.empty() ? "" : "\ngpu set-up: " + r.device_setup));
   if (s.has_attention_options())
     o.insert(o.find("\ncpu: "), "\nattention: " + s.describe_attention());
   o += fmt::format("{:<28} {}\n", "tensor", row_cells_header());

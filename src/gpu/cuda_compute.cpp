@@ -6,20 +6,27 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <type_traits>
 
 #include "gpu/cublas_lazy.hpp"
 #include "gpu/cuda_check.hpp"
+#include "gpu/cuda_compute_impl.hpp"
 #include "gpu/device_pool.hpp"
 #include "gpu/fused_attention.hpp"
 #include "gpu/kernels/attention.hpp"
 #include "gpu/kernels/bf16.hpp"
 #include "gpu/kernels/layout.hpp"
 #include "gpu/launch.hpp"
+#include "gpu/setup_costs.hpp"
 
 namespace seqpar::gpu {
+
+using namespace cc;
 
 int device_count(std::string* reason) {
   int n = 0;
@@ -35,6 +42,20 @@ int device_count(std::string* reason) {
   return n;
 }
 
+void initialize_device(int device) {
+  static std::mutex mu;
+  static std::set<int> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count(device)) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rank_ = 0;
+  SEQPAR_CUDA(cudaSetDevice, device);
+  SEQPAR_CUDA(cudaFree, nullptr);  // makes the primary context
+  const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+  detail::add_setup_cost([&](setup_costs& c) { c.context += dt.count(); });
+  done.insert(device);
+}
+
 std::string device_name(int device) {
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
@@ -44,67 +65,6 @@ std::string device_name(int device) {
   return fmt::format("{} (sm_{}{})", p.name, p.major, p.minor);
 }
 
-namespace {
-
-std::string shape_str(const shape_t& s) { return fmt::format("[{}]", fmt::join(s, ",")); }
-
-std::int64_t row_size(const tensor& x) {
-  return x.shape.empty() ? 1 : x.numel() / std::max<std::int64_t>(x.shape[0], 1);
-}
-
-int esz(const tensor& x) { return static_cast<int>(dtype_size(x.type)); }
-
-/// Calls f.template operator()<T>() with the host type that stores one element of dtype t.
-template <class F>
-void with_host_type(dtype t, const F& f) {
-  switch (t) {
-    case dtype::f64:
-      return f.template operator()<double>();
-    case dtype::f32:
-      return f.template operator()<float>();
-    case dtype::bf16:
-      return f.template operator()<bf16>();
-    case dtype::i32:
-      return f.template operator()<std::int32_t>();
-    case dtype::i64:
-      return f.template operator()<std::int64_t>();
-  }
-}
-
-}  // namespace
-
-// ---- state ----
-
-struct cuda_compute::impl {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
-  /// Growable device scratch per purpose (index arrays, tile tables, workspaces): reused across
-  /// calls; stream order makes reuse safe.
-  struct scratch {
-    void* p = nullptr;
-    std::size_t cap = 0;
-  };
-  enum slot {
-    s_cu_q,
-    s_cu_k,
-    s_tiles_q,
-    s_tiles_k,
-    s_rows,
-    s_next,
-    s_delta,
-    s_pos,
-    s_stats,
-    s_pos_q,
-    s_pos_k,
-    n_slots
-  };
-  scratch bufs[n_slots];
-  attention_engine engine = attention_engine::automatic;
-  std::unique_ptr<fused_attention> fused;  ///< made on the first cuDNN call
-  std::string engine_used = "none";
-  std::shared_ptr<device_pool> pool;  ///< where tensors come from (none: cudaMalloc each)
-};
-
 cuda_compute::cuda_compute(int device, int rank) : impl_(new impl), device_(device), rank_(rank) {
   std::string why;
   const int n = device_count(&why);
@@ -112,12 +72,24 @@ cuda_compute::cuda_compute(int device, int rank) : impl_(new impl), device_(devi
   if (device < 0 || device >= n)
     fail<shape_error>("cuda_compute: device {} does not exist; {} device(s) visible", device, n);
   SEQPAR_CUDA(cudaSetDevice, device_);
+  initialize_device(device_);
   SEQPAR_CUDA(cudaStreamCreateWithFlags, &impl_->stream, cudaStreamNonBlocking);
-  const auto& blas = cublas();
-  const cublasStatus_t st = blas.create(&impl_->blas);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    raise("cublasCreate", static_cast<int>(st), blas.status_string(st), rank_);
-  blas.set_stream(impl_->blas, impl_->stream);
+}
+
+cublasHandle_t cuda_compute::impl::blas_handle(int rank_) {
+  if (blas) return blas;
+  // Made on the first GEMM: a run of attention alone (validate) never pays for it.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& lib = cublas();
+  const cublasStatus_t st = lib.create(&blas);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    blas = nullptr;
+    raise("cublasCreate", static_cast<int>(st), lib.status_string(st), rank_);
+  }
+  lib.set_stream(blas, stream);
+  const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+  detail::add_setup_cost([&](setup_costs& c) { c.blas_handles += dt.count(); });
+  return blas;
 }
 
 cuda_compute::~cuda_compute() {
@@ -138,51 +110,6 @@ void cuda_compute::synchronize() {
   SEQPAR_CUDA(cudaSetDevice, device_);
   SEQPAR_CUDA(cudaStreamSynchronize, impl_->stream);
 }
-
-namespace {
-
-/// Turns a launcher's cudaError_t into a backend_error naming the op.
-void check_launch(int code, const char* op, int rank_) {
-  if (code != 0) raise(op, code, cudaGetErrorString(static_cast<cudaError_t>(code)), rank_);
-}
-
-/// Copies host data into a scratch slot (grown as needed) and returns its device pointer.
-template <class V>
-void* upload(cuda_compute::impl& im, int slot, const V* data, std::size_t count, int rank_) {
-  auto& b = im.bufs[slot];
-  const std::size_t bytes = std::max<std::size_t>(count * sizeof(V), 1);
-  if (b.cap < bytes) {
-    if (b.p) SEQPAR_CUDA(cudaFree, b.p);  // synchronises: no kernel still reads the old buffer
-    b.p = nullptr;
-    b.cap = 0;
-    SEQPAR_CUDA(cudaMalloc, &b.p, bytes);
-    b.cap = bytes;
-  }
-  if (count && data)
-    SEQPAR_CUDA(cudaMemcpyAsync, b.p, data, count * sizeof(V), cudaMemcpyHostToDevice, im.stream);
-  return b.p;
-}
-
-void need_float(const tensor& x, const char* op, bool allow_f64) {
-  if (x.type == dtype::f32 || x.type == dtype::bf16 || (allow_f64 && x.type == dtype::f64)) return;
-  fail<shape_error>("cuda_compute::{}: {} is not supported; use float32 or bfloat16{}", op,
-                    dtype_name(x.type), allow_f64 ? " or float64" : "");
-}
-
-void same(const tensor& a, const tensor& b, const char* op) {
-  if (a.shape != b.shape || a.type != b.type)
-    fail<shape_error>("cuda_compute::{}: tensors of {} {} and {} {} differ", op, dtype_name(a.type),
-                      shape_str(a.shape), dtype_name(b.type), shape_str(b.shape));
-}
-
-void check_rows(std::span<const std::int64_t> rows, std::int64_t n, const char* op) {
-  for (std::size_t i = 0; i < rows.size(); ++i)
-    if (rows[i] < 0 || rows[i] >= n)
-      fail<shape_error>("cuda_compute::{}: row {} (entry {}) outside a tensor of {} rows", op,
-                        rows[i], i, n);
-}
-
-}  // namespace
 
 // ---- allocation and host transfer ----
 
@@ -475,237 +402,6 @@ void cuda_compute::lse_merge(tensor& out_acc, tensor& lse_acc, const tensor& out
       "lse_merge", rank_);
 }
 
-// ---- attention ----
-
-namespace {
-
-void check_docs(const attention_docs& docs, std::int64_t sq, std::int64_t sk) {
-  if ((!docs.pos_q.empty() && static_cast<std::int64_t>(docs.pos_q.size()) != sq) ||
-      (!docs.pos_k.empty() && static_cast<std::int64_t>(docs.pos_k.size()) != sk))
-    fail<shape_error>("attention: {} q positions for {} rows and {} k positions for {} rows",
-                      docs.pos_q.size(), sq, docs.pos_k.size(), sk);
-  if (docs.chunk < 0 || !(docs.softcap >= 0) || !std::isfinite(docs.softcap))
-    fail<shape_error>("attention: chunk must be ≥ 0 and softcap finite and ≥ 0, got {} and {}",
-                      docs.chunk, docs.softcap);
-  if (docs.cu_q.size() != docs.cu_k.size() || docs.cu_q.empty())
-    fail<shape_error>(
-        "attention: cu_q has {} entries and cu_k {}; they must match and be non-empty",
-        docs.cu_q.size(), docs.cu_k.size());
-  const auto check = [](const std::vector<std::int32_t>& cu, std::int64_t s, const char* name) {
-    if (cu[0] != 0) fail<shape_error>("attention: {}[0] must be 0, got {}", name, cu[0]);
-    for (std::size_t i = 1; i < cu.size(); ++i)
-      if (cu[i] < cu[i - 1])
-        fail<shape_error>("attention: {} must be non-decreasing, got {}", name, fmt::join(cu, ","));
-    if (cu.back() > s)
-      fail<shape_error>("attention: {} ends at {} past {} rows", name, cu.back(), s);
-  };
-  check(docs.cu_q, sq, "cu_q");
-  check(docs.cu_k, sk, "cu_k");
-}
-
-void check_qkv(const tensor& q, const tensor& k, const tensor& v) {
-  if (q.shape.size() != 3 || k.shape != v.shape || k.shape.size() != 3 ||
-      q.shape[2] != k.shape[2] || q.type != k.type || q.type != v.type)
-    fail<shape_error>("attention: q {}, k {}, v {} are not [tokens, heads, head_dim] alike",
-                      shape_str(q.shape), shape_str(k.shape), shape_str(v.shape));
-  if (k.shape[1] <= 0 || q.shape[1] % k.shape[1] != 0)
-    fail<shape_error>("attention: hq={} is not divisible by hkv={}", q.shape[1], k.shape[1]);
-  if (q.shape[2] > 128 || q.shape[2] < 1)
-    fail<shape_error>("attention: head_dim={} is outside the GPU kernels' range 1..128",
-                      q.shape[2]);
-  need_float(q, "attention", false);
-}
-
-launch::attention_call call_of(const tensor& q, const tensor& k, const tensor& v,
-                               const attention_docs& docs) {
-  launch::attention_call a;
-  a.type = q.type;
-  a.q = q.data;
-  a.k = k.data;
-  a.v = v.data;
-  a.sq = q.shape[0];
-  a.hq = static_cast<int>(q.shape[1]);
-  a.hkv = static_cast<int>(k.shape[1]);
-  a.d = static_cast<int>(q.shape[2]);
-  a.scale = static_cast<float>(docs.scale);
-  a.causal = docs.causal;
-  a.back = docs.window_back;
-  a.ahead = docs.window_ahead;
-  a.chunk = docs.chunk;
-  a.softcap = static_cast<float>(docs.softcap);
-  return a;
-}
-
-}  // namespace
-
-void cuda_compute::set_attention_engine(attention_engine e) { impl_->engine = e; }
-
-void cuda_compute::upload_positions(launch::attention_call& a, const attention_docs& docs) {
-  if (!docs.pos_q.empty())
-    a.pos_q = static_cast<const std::int32_t*>(
-        upload(*impl_, impl::s_pos_q, docs.pos_q.data(), docs.pos_q.size(), rank_));
-  if (!docs.pos_k.empty())
-    a.pos_k = static_cast<const std::int32_t*>(
-        upload(*impl_, impl::s_pos_k, docs.pos_k.data(), docs.pos_k.size(), rank_));
-}
-
-const std::string& cuda_compute::attention_engine_used() const { return impl_->engine_used; }
-
-namespace {
-
-/// The fused-attention call of a cuda_compute attention call, or why it cannot be one.
-gpu::fused_attention_args fused_args(const tensor& q, const tensor& k, const attention_docs& docs,
-                                     std::string& why) {
-  fused_attention_args a;
-  a.type = attn_storage::bf16;
-  a.q = q.data;
-  a.k = k.data;
-  a.sq = q.shape[0];
-  a.sk = k.shape[0];
-  a.hq = static_cast<int>(q.shape[1]);
-  a.hkv = static_cast<int>(k.shape[1]);
-  a.d = static_cast<int>(q.shape[2]);
-  a.scale = static_cast<float>(docs.scale);
-  a.causal = docs.causal;
-  a.cu_q = docs.cu_q;
-  a.cu_k = docs.cu_k;
-  why = q.type != dtype::bf16 ? fmt::format("cuDNN's fused attention takes 16-bit storage, not {}",
-                                            dtype_name(q.type))
-        : docs.has_options()
-            ? "seqpar's cuDNN graphs take causal and full masks only, not windows, chunks, "
-              "soft-capping or explicit positions"
-            : fused_attention_unsupported(a);
-  return a;
-}
-
-}  // namespace
-
-bool cuda_compute::use_cudnn(const tensor& q, const tensor& k, const attention_docs& docs,
-                             fused_attention_args& a) {
-  if (impl_->engine == attention_engine::simt) {
-    impl_->engine_used = "simt";
-    return false;
-  }
-  std::string why;
-  a = fused_args(q, k, docs, why);
-  if (!why.empty()) {
-    if (impl_->engine == attention_engine::cudnn)
-      fail<config_error>("attention engine cudnn: {}", why);
-    impl_->engine_used = "simt (" + why + ")";
-    return false;
-  }
-  if (!impl_->fused)
-    impl_->fused = std::make_unique<fused_attention>(device_, impl_->stream, rank_);
-  impl_->engine_used = fmt::format("cudnn {}", cudnn_version());
-  return true;
-}
-
-bool cuda_compute::fused_call(const std::function<void()>& run) {
-  try {
-    run();
-    return true;
-  } catch (const backend_error& e) {
-    // automatic: cuDNN refused this shape (its graph did not build); the SIMT kernels take the
-    // call and the reason is kept.
-    if (impl_->engine == attention_engine::cudnn) throw;
-    impl_->engine_used = fmt::format("simt (cuDNN refused: {})", e.what());
-    return false;
-  }
-}
-
-void cuda_compute::attention_forward(const tensor& q, const tensor& k, const tensor& v,
-                                     const attention_docs& docs, tensor& out, tensor& lse) {
-  check_qkv(q, k, v);
-  check_docs(docs, q.shape[0], k.shape[0]);
-  if (out.shape != q.shape || out.type != q.type || lse.shape != shape_t{q.shape[0], q.shape[1]} ||
-      lse.type != q.type)
-    fail<shape_error>("attention_forward: out {} and lse {} for q {}", shape_str(out.shape),
-                      shape_str(lse.shape), shape_str(q.shape));
-  if (fused_attention_args a; use_cudnn(q, k, docs, a)) {
-    SEQPAR_CUDA(cudaSetDevice, device_);
-    a.v = v.data;
-    a.out = out.data;
-    const std::size_t n = static_cast<std::size_t>(lse.numel());
-    a.stats = static_cast<float*>(
-        upload(*impl_, impl::s_stats, static_cast<const float*>(nullptr), n, rank_));
-    if (fused_call([&] { impl_->fused->forward(a); })) {
-      check_launch(launch::from_f32(lse.type, lse.numel(), a.stats, lse.data, impl_->stream),
-                   "attention_forward (LSE)", rank_);
-      return;
-    }
-  }
-  fill(out, 0.0);  // rows outside every document
-  fill(lse, -INFINITY);
-  auto a = call_of(q, k, v, docs);
-  a.out = out.data;
-  a.lse = lse.data;
-  a.cu_q = static_cast<const std::int32_t*>(
-      upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
-  a.cu_k = static_cast<const std::int32_t*>(
-      upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
-  upload_positions(a, docs);
-  const auto tiles = kern::make_tiles(docs.cu_q, launch::q_tile_rows(a.d));
-  a.q_tiles = upload(*impl_, impl::s_tiles_q, tiles.data(), tiles.size(), rank_);
-  a.n_q_tiles = static_cast<int>(tiles.size());
-  check_launch(launch::attention_forward(a, impl_->stream), "attention_forward", rank_);
-}
-
-void cuda_compute::attention_backward(const tensor& q, const tensor& k, const tensor& v,
-                                      const tensor& out, const tensor& lse, const tensor& dout,
-                                      const attention_docs& docs, tensor& dq, tensor& dk,
-                                      tensor& dv) {
-  check_qkv(q, k, v);
-  check_docs(docs, q.shape[0], k.shape[0]);
-  if (out.shape != q.shape || dout.shape != q.shape || dq.shape != q.shape || dk.shape != k.shape ||
-      dv.shape != k.shape || lse.shape != shape_t{q.shape[0], q.shape[1]} || out.type != q.type ||
-      dout.type != q.type || dq.type != q.type || dk.type != q.type || dv.type != q.type ||
-      lse.type != q.type)
-    fail<shape_error>(
-        "attention_backward: out {}, lse {}, dout {}, dq {}, dk {}, dv {} for q {}, k {}",
-        shape_str(out.shape), shape_str(lse.shape), shape_str(dout.shape), shape_str(dq.shape),
-        shape_str(dk.shape), shape_str(dv.shape), shape_str(q.shape), shape_str(k.shape));
-  SEQPAR_CUDA(cudaSetDevice, device_);
-  if (fused_attention_args a; use_cudnn(q, k, docs, a)) {
-    a.v = v.data;
-    a.out = const_cast<void*>(out.data);
-    a.dout = dout.data;
-    a.dq = dq.data;
-    a.dk = dk.data;
-    a.dv = dv.data;
-    const std::size_t n = static_cast<std::size_t>(lse.numel());
-    a.stats = static_cast<float*>(
-        upload(*impl_, impl::s_stats, static_cast<const float*>(nullptr), n, rank_));
-    check_launch(launch::to_f32(lse.type, lse.numel(), lse.data, a.stats, false, impl_->stream),
-                 "attention_backward (LSE)", rank_);
-    if (fused_call([&] { impl_->fused->backward(a); })) return;
-  }
-  // Rows outside every document keep these zeros.
-  SEQPAR_CUDA(cudaMemsetAsync, dq.data, 0, dq.bytes(), impl_->stream);
-  SEQPAR_CUDA(cudaMemsetAsync, dk.data, 0, dk.bytes(), impl_->stream);
-  SEQPAR_CUDA(cudaMemsetAsync, dv.data, 0, dv.bytes(), impl_->stream);
-  auto a = call_of(q, k, v, docs);
-  a.out = const_cast<void*>(out.data);
-  a.lse = const_cast<void*>(lse.data);
-  a.dout = dout.data;
-  a.dq = dq.data;
-  a.dk = dk.data;
-  a.dv = dv.data;
-  a.cu_q = static_cast<const std::int32_t*>(
-      upload(*impl_, impl::s_cu_q, docs.cu_q.data(), docs.cu_q.size(), rank_));
-  a.cu_k = static_cast<const std::int32_t*>(
-      upload(*impl_, impl::s_cu_k, docs.cu_k.data(), docs.cu_k.size(), rank_));
-  a.delta = static_cast<float*>(upload(*impl_, impl::s_delta, static_cast<const float*>(nullptr),
-                                       static_cast<std::size_t>(q.shape[0] * q.shape[1]), rank_));
-  upload_positions(a, docs);
-  const auto qt = kern::make_tiles(docs.cu_q, launch::q_tile_rows(a.d));
-  const auto kt = kern::make_tiles(docs.cu_k, launch::k_tile_rows(a.d));
-  a.q_tiles = upload(*impl_, impl::s_tiles_q, qt.data(), qt.size(), rank_);
-  a.n_q_tiles = static_cast<int>(qt.size());
-  a.k_tiles = upload(*impl_, impl::s_tiles_k, kt.data(), kt.size(), rank_);
-  a.n_k_tiles = static_cast<int>(kt.size());
-  check_launch(launch::attention_backward(a, impl_->stream), "attention_backward", rank_);
-}
-
 // ---- the decoder's other ops ----
 
 void cuda_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tensor& b, tensor& c,
@@ -745,11 +441,12 @@ void cuda_compute::gemm(bool trans_a, bool trans_b, const tensor& a, const tenso
   }
   if (m == 0 || n == 0) return;
   const cudaDataType_t ctype = mixed ? CUDA_R_32F : type;
-  const cublasStatus_t st = cublas().gemm_ex(
-      impl_->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), pa, b.data, type,
-      static_cast<int>(b.shape[1]), a.data, type, static_cast<int>(a.shape[1]), pb, c.data, ctype,
-      static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT);
+  const cublasStatus_t st =
+      cublas().gemm_ex(impl_->blas_handle(rank_), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                       static_cast<int>(m), static_cast<int>(k), pa, b.data, type,
+                       static_cast<int>(b.shape[1]), a.data, type, static_cast<int>(a.shape[1]), pb,
+                       c.data, ctype, static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
     raise("cublasGemmEx", static_cast<int>(st), cublas().status_string(st), rank_);
 }

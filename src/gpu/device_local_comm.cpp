@@ -17,6 +17,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_pool.hpp"
 #include "gpu/launch.hpp"
+#include "gpu/setup_costs.hpp"
 
 namespace seqpar::gpu {
 
@@ -288,6 +289,7 @@ void device_local_communicator::do_barrier(const comm_group& g) {
 void run_device_ranks(int P, int device,
                       const std::function<void(communicator&, cuda_compute&)>& body,
                       comm_recorder* recorder, std::chrono::milliseconds timeout) {
+  initialize_device(device);  // the context once, before P threads would each wait for it
   device_local_world world(P, device);
   world.set_timeout(timeout);
   // One pool for the ranks' tensors: cudaFree would stall the whole device per tensor.

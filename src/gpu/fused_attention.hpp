@@ -37,6 +37,19 @@ struct fused_attention_args {
   /// The backward's dq/dk/dv without atomics (cuDNN's deterministic algorithm): bitwise the
   /// same on every run. Off, cuDNN may pick a faster kernel that is not.
   bool deterministic = true;
+  /// Which of cuDNN's forward implementations runs: automatic (cuDNN's choice: its unified
+  /// engine where it takes the graph), composite (the flash kernels of cuDNN ≤ 9.12, which torch's
+  /// SDPA reaches) or unified.
+  enum class forward_impl : std::uint8_t { automatic, composite, unified };
+  forward_impl impl = forward_impl::automatic;
+  /// A call that is one document over every row runs on a dense graph (no ragged offsets, no
+  /// padding mask, the LSE head-major and transposed into rows), the graph torch's SDPA builds.
+  /// Off: every call runs on the ragged graph.
+  bool dense = true;
+  /// Ragged graphs are built with dynamic shapes and share a compiled kernel per mask, head
+  /// layout and dtype (cuDNN ≥ 9.4), instead of one compile per shape; where cuDNN refuses, the
+  /// graph is built without (setup_costs says why).
+  bool dynamic_shapes = true;
   std::vector<std::int32_t> cu_q, cu_k;
 };
 

@@ -560,6 +560,17 @@ struct finite_f {
     y[i] = v == -INFINITY ? 0.f : v;
   }
 };
+struct transpose_f {
+  const float* x;
+  float* y;
+  std::int64_t rows, cols;
+  bool finite;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t r = i / cols, c = i - r * cols;
+    const float v = x[i];
+    y[c * rows + r] = finite && v == -INFINITY ? 0.f : v;
+  }
+};
 template <class T>
 struct from_f32_f {
   const float* x;
@@ -580,6 +591,11 @@ struct to_f32_f {
 
 int finite_stats(std::int64_t n, const float* x, float* y, stream_t s) {
   return run(n, s, finite_f{x, y});
+}
+
+int transpose_f32(std::int64_t rows, std::int64_t cols, const float* x, float* y, bool finite,
+                  stream_t s) {
+  return run(rows * cols, s, transpose_f{x, y, rows, cols, finite});
 }
 
 int from_f32(dtype t, std::int64_t n, const float* x, void* y, stream_t s) {

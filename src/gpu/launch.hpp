@@ -85,6 +85,9 @@ int fill_row_ranges(void* base, std::int64_t row_words, const std::int64_t* rang
                     std::uint32_t pattern, stream_t s);
 /// y = x with −inf replaced by 0 (an LSE cuDNN's backward can read: see fused_attention.cpp).
 int finite_stats(std::int64_t n, const float* x, float* y, stream_t s);
+/// y [cols, rows] = x [rows, cols] transposed (float32), −inf replaced by 0 when `finite`.
+int transpose_f32(std::int64_t rows, std::int64_t cols, const float* x, float* y, bool finite,
+                  stream_t s);
 /// float32 → storage (f32, bf16), rounding to nearest even.
 int from_f32(dtype t, std::int64_t n, const float* x, void* y, stream_t s);
 /// storage (f32, bf16) → float32, with −inf replaced by 0 when `finite`.

@@ -118,6 +118,9 @@ struct check_report {
   std::string backend = "sim";  ///< which transport ran the SP step (set by the caller)
   /// The device that ran the SP step, in words (GPU backend), and its attention kernels.
   std::string device;
+  /// GPU backend: where the SP step's fixed seconds went (CUDA context, cuDNN, its graphs,
+  /// cuBLAS handles), in words.
+  std::string device_setup;
   /// A failed check: the first collective whose received data differ from what its senders
   /// sent (divergence.hpp); with `departure` saying what was searched when none does.
   std::optional<divergence> first;

@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "gpu/cuda_compute.hpp"
 #include "gpu/device_local_comm.hpp"
+#include "gpu/setup_costs.hpp"
 
 namespace seqpar::verify {
 
@@ -55,7 +56,9 @@ check_report run_check_gpu(const scenario& s, check_options opt, const gpu_check
         },
         nullptr, timeout);
   };
+  const auto costs0 = gpu::setup_costs_so_far();
   auto rep = run_check(s, opt);
+  rep.device_setup = gpu::setup_costs_so_far().since(costs0).describe();
   rep.backend = "gpu";
   rep.device =
       fmt::format("{} (GPU {}), attention {}", gpu::device_name(g.device), g.device, engine_used);

@@ -261,6 +261,7 @@ validate_report run_validate_local(const scenario& s, const validate_options& op
   say(fmt::format("GPU: {} virtual ranks (ulysses {} × ring {}) on {}, {}", s.cp(), s.ulysses,
                   s.ring, rep.device, dtype_name(opt.type)));
   auto t0 = std::chrono::steady_clock::now();
+  const auto costs0 = setup_costs_so_far();
   std::vector<capture> got(static_cast<std::size_t>(s.cp()));
   flight_recorder flight;
   try {
@@ -282,6 +283,7 @@ validate_report run_validate_local(const scenario& s, const validate_options& op
     rethrow_with_note(std::current_exception(), flight_note(opt.flight_dir, files.size()));
   }
   rep.gpu_seconds = seconds_since(t0);
+  rep.setup = setup_costs_so_far().since(costs0);
 
   say("CPU reference: the same algorithms in float64");
   t0 = std::chrono::steady_clock::now();
@@ -371,6 +373,7 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
   const int device = nccl_communicator::mpi_local_device();
   rep.device = device_name(device);
   auto t0 = std::chrono::steady_clock::now();
+  const auto costs0 = setup_costs_so_far();
   capture got;
   {
     cuda_compute c(device, rank);
@@ -395,6 +398,7 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
     }
   }
   rep.gpu_seconds = seconds_since(t0);
+  rep.setup = setup_costs_so_far().since(costs0);
 
   // Every rank's capture to rank 0 over the communicator (host buffers, MPI), padded to the
   // longest; rank 0 compares every rank with the reference, as the device-local run does.

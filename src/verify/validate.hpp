@@ -12,6 +12,7 @@
 #include "core/compare.hpp"
 #include "core/dtype.hpp"
 #include "core/scenario.hpp"
+#include "gpu/setup_costs.hpp"
 
 namespace seqpar::verify {
 
@@ -40,6 +41,9 @@ struct validate_report {
   double tol_exact = 0, tol_forward = 0, tol_backward = 0;
   std::string error_model;
   double gpu_seconds = 0, reference_seconds = 0;
+  /// The GPU run's fixed costs inside gpu_seconds (CUDA context, cuDNN load and handle, graph
+  /// builds, cuBLAS handles).
+  gpu::setup_costs setup;
 };
 
 /// The stages, in the order they happen, and which tolerance each takes: data movement

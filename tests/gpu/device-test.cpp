@@ -16,6 +16,7 @@
 #include "gpu/device_local_comm.hpp"
 #include "gpu/fused_attention.hpp"
 #include "gpu/kernels/bf16.hpp"
+#include "gpu/setup_costs.hpp"
 #include "sim/attention.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/model.hpp"
@@ -178,6 +179,64 @@ TEST_F(device, cudnn_attention_matches_the_oracle_on_edge_documents) {
       EXPECT_EQ(g.to_host(dq2), gq) << "deterministic backward";
       EXPECT_EQ(g.to_host(dk2), gk);
       EXPECT_EQ(g.to_host(dv2), gv);
+    }
+}
+
+// One document over every row (the ring's usual step): cuDNN's dense graph (no ragged offsets,
+// the LSE head-major and transposed back into rows), causal top-left for a square call and
+// bottom-right for fewer q than k rows, against the float64 oracle forward and backward.
+TEST_F(device, cudnn_dense_one_document_calls_match_the_oracle) {
+  std::string why;
+  if (!gpu::cudnn_version(&why)) GTEST_SKIP() << why;
+  g.set_attention_engine(gpu::attention_engine::cudnn);
+  const dtype t = dtype::bf16;
+  const int hq = 4, hkv = 2;
+  struct shape_case {
+    std::int64_t sq, sk;
+    bool causal;
+  };
+  for (const auto sc :
+       {shape_case{256, 256, true}, shape_case{256, 256, false}, shape_case{128, 320, true}})
+    for (int d : {64, 128}) {
+      SCOPED_TRACE(testing::Message()
+                   << "sq=" << sc.sq << " sk=" << sc.sk << " causal=" << sc.causal << " d=" << d);
+      attention_docs docs;
+      docs.cu_q = {0, static_cast<std::int32_t>(sc.sq)};
+      docs.cu_k = {0, static_cast<std::int32_t>(sc.sk)};
+      docs.causal = sc.causal;
+      docs.scale = 1.0 / std::sqrt(static_cast<double>(d));
+      tensor hq_, hk_, hv_, hdo;
+      const auto nq = static_cast<std::size_t>(sc.sq * hq * d),
+                 nk = static_cast<std::size_t>(sc.sk * hkv * d);
+      tensor q = both(values(nq, 31, t), {sc.sq, hq, d}, hq_, t);
+      tensor k = both(values(nk, 32, t), {sc.sk, hkv, d}, hk_, t);
+      tensor v = both(values(nk, 33, t), {sc.sk, hkv, d}, hv_, t);
+      tensor dout = both(values(nq, 34, t), {sc.sq, hq, d}, hdo, t);
+      tensor out = g.empty(t, {sc.sq, hq, d}), lse = g.empty(t, {sc.sq, hq});
+      const auto before = gpu::setup_costs_so_far();
+      g.attention_forward(q, k, v, docs, out, lse);
+      tensor dq = g.empty(t, q.shape), dk = g.empty(t, k.shape), dv = g.empty(t, v.shape);
+      g.attention_backward(q, k, v, out, lse, dout, docs, dq, dk, dv);
+      const auto built = gpu::setup_costs_so_far().since(before);
+      // This shape's forward and backward graphs, both dense (a build another test started
+      // ahead may end inside this window too).
+      EXPECT_GE(built.dense_graphs, 2) << built.describe();
+      EXPECT_EQ(g.attention_engine_used().rfind("cudnn", 0), 0u) << g.attention_engine_used();
+      tensor ho = c.empty(dtype::f64, out.shape), hl = c.empty(dtype::f64, lse.shape);
+      c.attention_forward(hq_, hk_, hv_, docs, ho, hl);
+      const auto go = g.to_host(out), gl = g.to_host(lse);
+      EXPECT_LE(rel_err(go, c.to_host(ho)), 0x1p-8 * 8);
+      const auto rl = c.to_host(hl);
+      for (std::size_t i = 0; i < gl.size(); ++i)
+        EXPECT_NEAR(gl[i], rl[i], 0x1p-7 * (1 + std::abs(rl[i]))) << "lse " << i;
+      tensor ho2 = c.from_host(dtype::f64, out.shape, go),
+             hl2 = c.from_host(dtype::f64, lse.shape, gl);
+      tensor rq = c.empty(dtype::f64, q.shape), rk = c.empty(dtype::f64, k.shape),
+             rv = c.empty(dtype::f64, v.shape);
+      c.attention_backward(hq_, hk_, hv_, ho2, hl2, hdo, docs, rq, rk, rv);
+      EXPECT_LE(rel_err(g.to_host(dq), c.to_host(rq)), 4 * 0x1p-8);
+      EXPECT_LE(rel_err(g.to_host(dk), c.to_host(rk)), 4 * 0x1p-8);
+      EXPECT_LE(rel_err(g.to_host(dv), c.to_host(rv)), 4 * 0x1p-8);
     }
 }
 

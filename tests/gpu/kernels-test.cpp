@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/compare.hpp"
@@ -19,6 +20,7 @@
 #include "gpu/kernels/bf16.hpp"
 #include "gpu/kernels/layout.hpp"
 #include "gpu/kernels/numerics.hpp"
+#include "gpu/setup_costs.hpp"
 #include "sim/attention.hpp"
 #include "sim/eigen_compute.hpp"
 #include "sim/model.hpp"
@@ -623,3 +625,62 @@ TEST(fused_attention_plan, length_classes_are_powers_of_two_from_64) {
   EXPECT_EQ(seqpar::gpu::fused_length_class(4096), 4096);
   EXPECT_EQ(seqpar::gpu::fused_length_class(4097), 8192);
 }
+
+namespace {
+
+// The set-up report of a GPU run (check's `device_setup`, validate's `gpu_setup`): what was
+// paid between two snapshots of the process's totals, in words.
+TEST(setup_costs, a_report_is_what_was_paid_between_two_snapshots) {
+  gpu::setup_costs before;
+  before.context = 0.1;
+  before.graph_builds = 0.2;
+  before.graphs = 2;
+  before.dense_graphs = 2;
+  before.builds = {"fwd dense b=1 q=256 k=256: 0.100 s", "bwd dense b=1 q=256 k=256: 0.100 s"};
+  gpu::setup_costs after = before;
+  after.cudnn_load = 0.05;
+  after.cudnn_handle = 0.01;
+  after.blas_handles = 0.03;
+  after.graph_builds = 0.7;
+  after.graphs = 5;
+  after.dynamic_graphs = 2;
+  after.background_graphs = 1;
+  after.builds.push_back("fwd ragged dynamic b=3 q=1024 k=1024: 0.200 s");
+  after.builds.push_back("fwd ragged dynamic b=2 q=1024 k=2048: 0.100 s");
+  after.builds.push_back("bwd ragged b=3 q=1024 k=1024: 0.200 s (ahead)");
+  const auto d = after.since(before);
+  EXPECT_EQ(d.context, 0.0);
+  EXPECT_NEAR(d.graph_builds, 0.5, 1e-12);
+  EXPECT_EQ(d.graphs, 3);
+  EXPECT_EQ(d.dense_graphs, 0);
+  EXPECT_EQ(d.dynamic_graphs, 2);
+  EXPECT_EQ(d.background_graphs, 1);
+  ASSERT_EQ(d.builds.size(), 3u);
+  EXPECT_EQ(d.builds.front(), "fwd ragged dynamic b=3 q=1024 k=1024: 0.200 s");
+  EXPECT_EQ(d.describe(),
+            "context 0.000 s, cuDNN load 0.050 s + handles 0.010 s, 3 attention graphs built in "
+            "0.500 s (summed, 2 with dynamic shapes, 1 ahead), cuBLAS handles 0.030 s");
+  // A run of the SIMT kernels says only its context; cuDNN's refusal is quoted.
+  gpu::setup_costs simt;
+  simt.context = 0.128;
+  EXPECT_EQ(simt.describe(), "context 0.128 s");
+  simt.dynamic_refused = "cuDNN attention forward graph failed with code 8";
+  EXPECT_EQ(simt.describe(),
+            "context 0.128 s; dynamic shapes refused: cuDNN attention forward graph failed with "
+            "code 8");
+}
+
+TEST(setup_costs, costs_add_up_in_the_process_totals) {
+  const auto before = gpu::setup_costs_so_far();
+  gpu::detail::add_setup_cost([](gpu::setup_costs& c) {
+    c.graph_builds += 0.25;
+    ++c.graphs;
+    c.builds.push_back("bwd ragged b=1 q=64 k=64: 0.250 s");
+  });
+  const auto d = gpu::setup_costs_so_far().since(before);
+  EXPECT_EQ(d.graphs, 1);
+  EXPECT_NEAR(d.graph_builds, 0.25, 1e-12);
+  EXPECT_EQ(d.builds, std::vector<std::string>{"bwd ragged b=1 q=64 k=64: 0.250 s"});
+}
+
+}  // namespace

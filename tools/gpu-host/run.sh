@@ -10,13 +10,16 @@
 #   tools/gpu-host/run.sh [--bundle DIR] [--out DIR] [--steps LIST] [--prebuilt DIR]
 #     --bundle    the folder pack.sh made (default: gpu-bundle)
 #     --out       results folder (default: gpu-results-<date>; must not exist or be empty)
-#     --steps     comma list of: build,test,check,validate,sanitize,bench,sdpa,scale (default: all)
+#     --steps     comma list of: build,test,check,validate,sanitize,bench,variants,sdpa,scale
+#                 (default: all)
 #     --prebuilt  a build folder made elsewhere (-Dcpu=generic) to use when the build fails
 #     --threads   thread counts of the scaling step (default 1,2,4,8,16)
+# Each step's time limit is 3-10× its time on an H100 (2026-11-28), so that a step that hangs
+# costs minutes, not the session's device time.
 # Exit status: 0 when every step passed, 1 when one failed, 2 on a usage error.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bundle=$root/gpu-bundle out="" steps=build,test,check,validate,sanitize,bench,sdpa,scale prebuilt="" threads=1,2,4,8,16
+bundle=$root/gpu-bundle out="" steps=build,test,check,validate,sanitize,bench,variants,sdpa,scale prebuilt="" threads=1,2,4,8,16
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle=$2; shift 2 ;;
@@ -24,7 +27,7 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --prebuilt) prebuilt=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -132,65 +135,84 @@ if [ ! -x "$build/tests/gpu/gpu-device-test" ] && [ -n "$prebuilt" ]; then
 fi
 bin() { echo "$build/$1"; }
 
+# report_row check|validate FILE: one table line from a --json report (or why there is none).
+report_row() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+kind, path = sys.argv[1], sys.argv[2]
+name = path.rsplit('/', 1)[-1]
+try:
+    r = json.load(open(path))
+except Exception as e:
+    print(f"{name:24} no report ({e.__class__.__name__})")
+    raise SystemExit
+s = r["seconds"]
+if kind == "check":
+    worst = max((x.get("of_bound", 0) or 0) for x in r["rows"]) if r["rows"] else 0
+    print(f"{name:24} {r['backend']:4} {r['dtype']:5} pass={r['pass']!s:5} "
+          f"sp {s['sp']:8.2f} s  reference {s['reference']:8.2f} s  "
+          f"worst row {worst:.3f} of bound  {r.get('device') or ''}")
+else:
+    print(f"{name:24} pass={r['pass']!s:5} gpu {s['gpu']:7.2f} s  reference "
+          f"{s['reference']:7.2f} s  ×{s['reference'] / max(s['gpu'], 1e-9):6.2f}  "
+          f"{r['attention_engine']}; set-up: {r.get('gpu_setup', {}).get('in_words', '?')}")
+PY
+}
+
 # ---- tests ----
 if want test; then
-  step test-gpu-kernels 300 "$(bin tests/gpu/gpu-kernels-test)"
+  step test-gpu-kernels 120 "$(bin tests/gpu/gpu-kernels-test)"
   step test-core-headers-nvcc 120 "$(bin tests/gpu/core-headers-nvcc-test)"
-  step test-gpu-device 900 "$(bin tests/gpu/gpu-device-test)"
-  step test-gpu-validate-cli 600 sh "$root/tests/gpu/validate-cli-test.sh" "$(bin tools/seqpar)"
-  RC_PARAMS=max_success=30 step test-gpu-check 900 "$(bin tests/gpu/gpu-check-test)"
+  step test-gpu-device 240 "$(bin tests/gpu/gpu-device-test)"
+  step test-gpu-validate-cli 120 sh "$root/tests/gpu/validate-cli-test.sh" "$(bin tools/seqpar)"
+  RC_PARAMS=max_success=30 step test-gpu-check 240 "$(bin tests/gpu/gpu-check-test)"
 fi
 
 # ---- seqpar check --backend gpu: the whole SP step on the GPU beside the CPU backend's, on the
 # default scenario and on a 4K-token two-layer model (JSON: seconds.sp, seconds.reference) ----
 if want check; then
   for dt in f32 bf16; do
-    step "check-default-$dt" 300 "$(bin tools/seqpar)" check --backend gpu --dtype "$dt" --json --quiet
+    step "check-default-$dt" 120 "$(bin tools/seqpar)" check --backend gpu --dtype "$dt" --json --quiet
   done
   big=(--heads 16 --kv-heads 4 --head-dim 128 --hidden 1024 --intermediate 2816 --vocab 8192
        --layers 2 --docs 2048,1024,1024 -u 4 -r 2 --json --quiet)
   for dt in f32 bf16; do
-    step "check-4k-gpu-$dt" 600 "$(bin tools/seqpar)" check --backend gpu --dtype "$dt" "${big[@]}"
+    step "check-4k-gpu-$dt" 180 "$(bin tools/seqpar)" check --backend gpu --dtype "$dt" "${big[@]}"
   done
-  step check-4k-cpu-f32 600 "$(bin tools/seqpar)" check --dtype f32 "${big[@]}"
-  for f in "$out"/check-*.log; do
-    python3 - "$f" <<'PY' | tee -a "$out/check-table.txt"
-import json, sys
-path = sys.argv[1]
-try:
-    r = json.load(open(path))
-except Exception as e:
-    print(f"{path.rsplit('/', 1)[-1]:24} no report ({e.__class__.__name__})")
-    raise SystemExit
-worst = max((x.get("of_bound", 0) or 0) for x in r["rows"]) if r["rows"] else 0
-print(f"{path.rsplit('/', 1)[-1]:24} {r['backend']:4} {r['dtype']:5} pass={r['pass']!s:5} "
-      f"sp {r['seconds']['sp']:8.2f} s  reference {r['seconds']['reference']:8.2f} s  "
-      f"worst row {worst:.3f} of bound  {r.get('device') or ''}")
-PY
-  done
+  step check-4k-cpu-f32 180 "$(bin tools/seqpar)" check --dtype f32 "${big[@]}"
+  for f in "$out"/check-*.log; do report_row check "$f" | tee -a "$out/check-table.txt"; done
 fi
 
 # ---- seqpar validate on a mid-size attention layer: the GPU's time beside the CPU reference's,
 # with each attention engine (JSON: seconds.gpu, seconds.reference) ----
 if want validate; then
   for engine in cudnn simt; do
-    step "validate-$engine" 600 "$(bin tools/seqpar)" validate --heads 16 --kv-heads 4 --head-dim 128 \
+    step "validate-$engine" 120 "$(bin tools/seqpar)" validate --heads 16 --kv-heads 4 --head-dim 128 \
       --docs 2048,1024,1024 -u 4 -r 2 --dtype bf16 --attention-engine "$engine" --quiet --json
   done
+  # The same layer at 32K tokens (the reference's S² work grows 64×, the GPU's fixed costs not).
+  step validate-32k-cudnn 240 "$(bin tools/seqpar)" validate --heads 16 --kv-heads 4 --head-dim 128 \
+    --docs 16384,8192,8192 -u 4 -r 2 --dtype bf16 --attention-engine cudnn --quiet --json
+  for f in "$out"/validate-*.log; do report_row validate "$f" | tee -a "$out/validate-table.txt"; done
 fi
 
 # ---- benchmarks ----
 if want bench; then
-  step bench-attention-simt 600 "$(bin bench/gpu_attention_bench)" --engine simt -b 16M -e 16M \
+  step bench-attention-simt 120 "$(bin bench/gpu_attention_bench)" --engine simt -b 16M -e 16M \
     -n 2 -w 1 -J "$out/bench-attention-simt.json"
   for P in 4 8; do
-    step "bench-a2a-$P" 600 "$(bin bench/nccl_a2a_bench)" -t "$P" -b 64K -e 256M -f 4 -n 20 -w 5 \
+    step "bench-a2a-$P" 120 "$(bin bench/nccl_a2a_bench)" -t "$P" -b 64K -e 256M -f 4 -n 20 -w 5 \
       -J "$out/bench-a2a-$P.json"
   done
 fi
+if want variants; then
+  # Each pass of seqpar's cuDNN attention alone, per graph choice, beside SDPA's (S = 8192).
+  step attention-variants 480 python3 "$root/bench/attention_variants.py" \
+    --seqpar "$(bin bench/gpu_attention_bench)" --out "$out/attention-variants.json"
+fi
 if want sdpa; then
   # seqpar's cuDNN attention (both backward modes) beside torch's SDPA: the attention table.
-  step sdpa 600 python3 "$root/bench/attention_vs_sdpa.py" --seqpar "$(bin bench/gpu_attention_bench)" \
+  step sdpa 300 python3 "$root/bench/attention_vs_sdpa.py" --seqpar "$(bin bench/gpu_attention_bench)" \
     --out "$out/sdpa.json"
 fi
 
@@ -216,13 +238,13 @@ fi
 
 # ---- the CPU backend on every core ----
 if want scale; then
-  step scale-whole-check 1200 "$(bin bench/reference_bench)" --whole-check -b 16M -e 16M \
+  step scale-whole-check 600 "$(bin bench/reference_bench)" --whole-check -b 16M -e 16M \
     --thread-counts "$threads" -J "$out/scale-whole-check.json"
 fi
 
 echo "---- summary ($out)"
 cat "$summary"
-for f in "$out"/bench-*.log "$out"/sdpa.log "$out"/scale-whole-check.log; do
+for f in "$out"/bench-*.log "$out"/sdpa.log "$out"/attention-variants.log "$out"/scale-whole-check.log; do
   [ -f "$f" ] && { echo "---- $(basename "$f")"; grep -v '^$' "$f" | tail -n 25; }
 done
 exit $failed
