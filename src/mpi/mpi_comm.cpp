@@ -115,6 +115,11 @@ mpi_session::mpi_session(int* argc, char*** argv, std::chrono::milliseconds time
   phase_guard::set_rank(rank_);
 }
 
+void mpi_session::finished(int exit_code) {
+  finished_ = exit_code;
+  note_job_finished();
+}
+
 mpi_session::~mpi_session() {
   int fin = 0;
   MPI_Finalized(&fin);
@@ -290,6 +295,9 @@ mpi_communicator::mpi_communicator(mpi_options opt) : impl_(std::make_unique<imp
   impl_->me = rank_;
   impl_->heard.assign(static_cast<std::size_t>(size_), std::chrono::steady_clock::time_point{});
   impl_->heard_busy = impl_->heard;
+  impl_->peer_moving_at = impl_->heard;
+  impl_->peer_rx.assign(static_cast<std::size_t>(size_), -1);
+  impl_->peer_rx_mark = impl_->peer_rx;
   impl_->doing.assign(static_cast<std::size_t>(size_), "");
   impl_->waits_for.assign(static_cast<std::size_t>(size_), {});
   impl_->acked.assign(static_cast<std::size_t>(size_), 0);
@@ -572,12 +580,13 @@ std::string mpi_communicator::slow_network_note() const {
   if (sw.count == 0) return "";
   const double mib = static_cast<double>(sw.bytes) / (1 << 20);
   return fmt::format(
-      "the network was slow: {} wait{} outlived {} deadline while data kept arriving at this "
-      "host, the longest {} ({:.3g} s, {:.2g}× its {:.3g} s deadline; {:.3g} MiB arrived "
+      "the network was slow: {} wait{} outlived {} deadline while the job's data kept "
+      "arriving, the longest {} ({:.3g} s, {:.2g}× its {:.3g} s deadline; {:.3g} MiB arrived {} "
       "meanwhile, {:.3g} MiB/s); not a fault — the results above stand (raise --timeout if "
       "this link is always this slow)",
       sw.count, sw.count == 1 ? "" : "s", sw.count == 1 ? "its" : "their", sw.call, sw.seconds,
-      sw.seconds / std::max(sw.limit, 1e-9), sw.limit, mib, mib / std::max(sw.seconds, 1e-9));
+      sw.seconds / std::max(sw.limit, 1e-9), sw.limit, mib, sw.where,
+      mib / std::max(sw.seconds, 1e-9));
 }
 
 int mpi_communicator::announce_abort(const std::string& message, std::chrono::milliseconds grace) {

@@ -39,8 +39,11 @@ class mpi_session {
   /// The job has finished: every rank passed its last barrier and the result is printed. If
   /// MPI_Finalize then stalls (seen across hosts over TCP: a process flushing its transport's
   /// endpoints towards peers already blocked in the launcher's final barrier), the process ends
-  /// after 10 s with `exit_code` (the result's) and a note, not with an error.
-  void finished(int exit_code) { finished_ = exit_code; }
+  /// after 10 s with `exit_code` (the result's) and a note, not with an error. From here on a
+  /// rank that stays stopped (SIGSTOP) for 10 s is killed by its launcher sentinel
+  /// (sentinel.hpp), so that it does not hold mpiexec once the others have ended. Call it right
+  /// after the last barrier.
+  void finished(int exit_code);
 
  private:
   bool owns_ = false;

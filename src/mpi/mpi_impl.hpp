@@ -53,13 +53,25 @@ struct mpi_communicator::impl {
   /// empty when it is busy, or waits in a transfer every member has joined). The watchdog
   /// follows these to the end of a wait chain.
   std::vector<std::vector<int>> waits_for;
+  /// Progress end to end. Every heartbeat carries the job's data that has arrived at the
+  /// sender's process (process_tcp_rx_bytes less the control plane's own messages from other
+  /// hosts, ctl_rx): per world rank, the last count heard (-1: none) and when it last grew by
+  /// moving_per_beat or more from one heartbeat to the next; this rank's own, sampled at its
+  /// heartbeats. A wait whose deadline passes while data arrives anywhere in the job is extended.
+  /// (`*_rx`: the latest count; `*_rx_mark`: the count the next growth is measured from.)
+  std::vector<std::int64_t> peer_rx, peer_rx_mark;
+  std::vector<std::chrono::steady_clock::time_point> peer_moving_at;
+  std::int64_t own_rx = -1, own_rx_mark = -1;
+  std::chrono::steady_clock::time_point own_moving_at{};
+  std::int64_t ctl_rx = 0;  ///< bytes of control messages received from other hosts
   /// Waits that outlived their deadline because data kept arriving (a slow link): how many,
-  /// and the longest (its call, seconds, deadline, bytes that arrived at this host meanwhile).
+  /// and the longest (its call, seconds, deadline, bytes that arrived meanwhile and where).
   struct slow_wait {
     int count = 0;
     std::string call;
     double seconds = 0, limit = 0;
     std::int64_t bytes = 0;
+    std::string where;  ///< "at this host", "at ranks 3, 7"
   } slow;
   std::vector<char> acked;   ///< per world rank (announce_abort)
   std::vector<char> silent;  ///< per world rank: named silent by this rank's watchdog
@@ -140,6 +152,11 @@ struct mpi_communicator::impl {
 
 using steady = std::chrono::steady_clock;
 constexpr int tag_heartbeat = 1, tag_abort = 2, tag_ack = 3;  ///< on the control plane
+/// The job's data at a process counts as moving when it grew by moving_per_beat or more from
+/// one heartbeat to the next (≥ 1 Mbit/s at the shortest period, 50 ms; far less at long
+/// deadlines); a control message from another host is counted as its payload plus
+/// ctl_framing_bytes of the transport's headers.
+constexpr std::int64_t moving_per_beat = 4 << 10, ctl_framing_bytes = 128;
 
 inline double seconds(steady::duration d) { return std::chrono::duration<double>(d).count(); }
 

@@ -1,12 +1,15 @@
 #include "mpi/reachability.hpp"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -14,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -251,6 +255,35 @@ std::int64_t host_rx_bytes() {
   }
   std::fclose(f);
   return total;
+}
+
+std::int64_t process_tcp_rx_bytes() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  std::int64_t total = 0;
+  bool any = false;
+  const int own = dirfd(dir);
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == own) continue;
+    struct stat st {};
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int proto = 0;
+    socklen_t len = sizeof proto;
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0 ||
+        proto != IPPROTO_TCP)
+      continue;
+    tcp_info info{};
+    len = sizeof info;
+    if (getsockopt(static_cast<int>(fd), IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+        len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received)
+      continue;
+    total += static_cast<std::int64_t>(info.tcpi_bytes_received);
+    any = true;
+  }
+  closedir(dir);
+  return any ? total : -1;
 }
 
 std::string explain(reach r, const endpoint& e, std::chrono::milliseconds budget) {

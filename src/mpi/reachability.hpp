@@ -75,6 +75,14 @@ assessment assess(const std::vector<endpoint>& peers, int me, const std::vector<
 /// growing, a stalled one does not.
 std::int64_t host_rx_bytes();
 
+/// Bytes this process has received over the TCP connections it holds (the kernel's count per
+/// socket, tcp_info's tcpi_bytes_received, summed over /proc/self/fd): the job's own data
+/// arriving at this rank from other hosts — other jobs' traffic on the host is not in it, and
+/// neither is shared memory within the host. -1 where no TCP socket could be read (a
+/// transport without kernel sockets, such as InfiniBand verbs). Connections that closed drop
+/// out of the sum: compare readings taken close together.
+std::int64_t process_tcp_rx_bytes();
+
 /// What a probe result says, for the watchdog's message: "its host answers and its process
 /// holds its socket: stopped or hung, not the network", ….
 std::string explain(reach r, const endpoint& e, std::chrono::milliseconds budget);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <string>
@@ -40,22 +41,51 @@ void reap_beats(mpi_communicator::impl& im) {
 }
 
 // A heartbeat's payload: what the rank does, then (after a newline) the world ranks it waits
-// for, comma-separated.
+// for, comma-separated; send_beats adds a third line, the job's data arrived at the sender.
 std::string beat_payload(const std::string& what, const std::vector<int>& waits_for) {
   return fmt::format("{}\n{}", what, fmt::join(waits_for, ","));
 }
 
+// The job's data that has arrived at this process: its TCP count less the control plane's own
+// messages from other hosts (so that heartbeats are not progress); -1 where it cannot be read.
+std::int64_t job_rx(const mpi_communicator::impl& im) {
+  const auto tcp = process_tcp_rx_bytes();
+  return tcp < 0 ? -1 : std::max<std::int64_t>(0, tcp - im.ctl_rx);
+}
+
+// Whether world rank r lives on another host than this rank (unknown: counted as another).
+bool remote(const mpi_communicator::impl& im, int r) {
+  const auto k = static_cast<std::size_t>(r), me = static_cast<std::size_t>(im.me);
+  return k >= im.peers.size() || me >= im.peers.size() || im.peers[k].host != im.peers[me].host;
+}
+
+// Notes a new count of the job's data at a process: `moving_at` becomes `now` when it grew by
+// moving_per_beat or more since the mark (which then moves to it).
+void note_rx(std::int64_t& latest, std::int64_t& mark, steady::time_point& moving_at,
+             std::int64_t rx, steady::time_point now) {
+  if (rx < 0) return;
+  latest = rx;
+  if (mark >= 0 && rx - mark >= moving_per_beat) moving_at = now;
+  if (mark < 0 || rx - mark >= moving_per_beat || rx < mark) mark = rx;
+}
+
 }  // namespace
 
-// Tells every other rank `what` (a heartbeat). A peer that does not take its heartbeats (a
-// stopped process) gets no more once 64 are outstanding to it; the others still get theirs.
+// Tells every other rank `what` (a heartbeat), with the job's data arrived at this process so
+// far. A peer that does not take its heartbeats (a stopped process) gets no more once 64 are
+// outstanding to it; the others still get theirs.
 void send_beats(mpi_communicator::impl& im, int world_size, const std::string& what) {
   reap_beats(im);
+  const auto now = steady::now();
+  const auto rx = job_rx(im);
+  note_rx(im.own_rx, im.own_rx_mark, im.own_moving_at, rx, now);
+  const auto text =
+      fmt::format("{}{}\n{}", what, what.find('\n') == std::string::npos ? "\n" : "", rx);
   std::vector<int> outstanding(static_cast<std::size_t>(world_size), 0);
   for (const auto& b : im.beats_out) ++outstanding[static_cast<std::size_t>(b.peer)];
   for (int r = 0; r < world_size; ++r) {
     if (r == im.me || outstanding[static_cast<std::size_t>(r)] >= 64) continue;
-    auto& b = im.beats_out.emplace_back(what, MPI_REQUEST_NULL, r);
+    auto& b = im.beats_out.emplace_back(text, MPI_REQUEST_NULL, r);
     if (MPI_Isend(b.text.data(), static_cast<int>(b.text.size()), MPI_CHAR, r, tag_heartbeat,
                   im.ctl, &b.request) != MPI_SUCCESS)
       im.beats_out.pop_back();
@@ -77,13 +107,21 @@ void poll_control(mpi_communicator::impl& im, bool in_announce) {
         MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, st.MPI_TAG, im.ctl, MPI_STATUS_IGNORE),
         "MPI_Recv");
     const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+    // Its bytes crossed the network as the job's data did: they are not progress.
+    if (remote(im, st.MPI_SOURCE)) im.ctl_rx += n + ctl_framing_bytes;
     if (st.MPI_TAG == tag_heartbeat) {
       im.heard[src] = steady::now();
       if (text.rfind("busy", 0) == 0) im.heard_busy[src] = im.heard[src];
       const auto nl = text.find('\n');
       im.waits_for[src].clear();
       if (nl != std::string::npos) {
-        std::istringstream list(text.substr(nl + 1));
+        auto rest = text.substr(nl + 1);
+        if (const auto nl2 = rest.find('\n'); nl2 != std::string::npos) {
+          note_rx(im.peer_rx[src], im.peer_rx_mark[src], im.peer_moving_at[src],
+                  std::strtoll(rest.c_str() + nl2 + 1, nullptr, 10), im.heard[src]);
+          rest.resize(nl2);
+        }
+        std::istringstream list(rest);
         for (std::string r; std::getline(list, r, ',');)
           if (!r.empty()) im.waits_for[src].push_back(std::stoi(r));
         text.resize(nl);
@@ -212,11 +250,19 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
                   std::vector<MPI_Status>* statuses) {
   if (statuses) statuses->assign(reqs.size(), MPI_Status{});
   const auto start = steady::now();
-  // Progress, not wall time alone: while this host keeps receiving data (a transfer over a slow
-  // link), a deadline that passes is extended, up to 4 × the deadline in all.
+  // Progress, not wall time alone. End to end: while the job's data keeps arriving at any of
+  // its processes (this one's, or what the others' heartbeats say of theirs), the deadline
+  // counts from the latest arrival, without bound. And while this host keeps receiving data
+  // of any kind (a transport the kernel's TCP counts do not see), a deadline that passes is
+  // extended, up to 4 × the deadline in all.
   constexpr std::int64_t moving_bytes = 64 << 10;  ///< per deadline, to count as progress
   std::int64_t rx_mark = host_rx_bytes(), rx_moved = 0;
   auto progress_at = start;
+  // The job's data at each process when this wait began (or when first heard during it), for
+  // the slow network's note.
+  auto peer_rx_start = im.peer_rx;
+  auto own_rx_start = im.own_rx;
+  bool job_extended = false;  // a passed deadline carried by the job's data still arriving
   const auto period = std::max(std::chrono::milliseconds(50), im.opt.timeout / 4);
   auto next_beat = start + std::min(period, std::chrono::milliseconds(200));
   int idle = 0;
@@ -237,13 +283,36 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
     if (all) {
       // Finished, but only thanks to extensions granted while data kept arriving: a slow
       // network, which the run's end reports (mpi_communicator::slow_network_note).
-      if (progress_at != start) {
+      if (progress_at != start || job_extended) {
         const double took = seconds(steady::now() - start);
         auto& sw = im.slow;
         ++sw.count;
-        if (took > sw.seconds)
-          sw = {sw.count, fmt::format("{} on '{}'", w.call, w.g.name), took, seconds(w.limit),
-                rx_moved};
+        if (took > sw.seconds) {
+          sw = {sw.count, fmt::format("{} on '{}'", w.call, w.g.name),
+                took,     seconds(w.limit),
+                rx_moved, "at this host"};
+          if (job_extended) {
+            // Where the job's data arrived meanwhile: this process and the ranks that said so.
+            std::vector<int> at;
+            std::int64_t moved = 0;
+            if (im.own_moving_at > start) {
+              if (own_rx_start >= 0) moved += im.own_rx - own_rx_start;
+              at.push_back(im.me);
+            }
+            for (std::size_t r = 0; r < im.peer_rx.size(); ++r)
+              if (im.peer_moving_at[r] > start) {
+                if (peer_rx_start[r] >= 0) moved += im.peer_rx[r] - peer_rx_start[r];
+                at.push_back(static_cast<int>(r));
+              }
+            sw.bytes = std::max(moved, rx_moved);
+            if (at.size() > 8)
+              sw.where = fmt::format("at ranks {} and {} more",
+                                     fmt::join(at.begin(), at.begin() + 8, ", "), at.size() - 8);
+            else if (!at.empty())
+              sw.where =
+                  fmt::format("at rank{} {}", at.size() == 1 ? "" : "s", fmt::join(at, ", "));
+          }
+        }
       }
       return;
     }
@@ -271,13 +340,27 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
       }
     if (now - start < 4 * w.limit) since = std::max(since, member_moving);
     if (now >= next_beat) {
+      for (std::size_t r = 0; r < peer_rx_start.size(); ++r)
+        if (peer_rx_start[r] < 0) peer_rx_start[r] = im.peer_rx[r];
       send_beats(im, world_size,
                  beat_payload(fmt::format("waiting in {} on '{}'{}", w.call, w.g.name,
                                           w.transfer ? ", its data in flight" : ""),
                               missing));
+      if (own_rx_start < 0) own_rx_start = im.own_rx;
       next_beat = now + period;
     }
     since = std::max(since, progress_at);
+    if (w.limit.count() > 0 && now - since >= w.limit) {
+      // End to end: the job's data still arriving somewhere (at most a deadline ago).
+      auto moving = im.own_moving_at;
+      for (std::size_t r = 0; r < im.peer_moving_at.size(); ++r)
+        if (static_cast<int>(r) != im.me && alive(im, static_cast<int>(r), now, w.limit))
+          moving = std::max(moving, im.peer_moving_at[r]);
+      if (moving > since && now - moving < w.limit) {
+        job_extended = true;
+        since = moving;
+      }
+    }
     if (w.limit.count() > 0 && now - since >= w.limit && now - start < 4 * w.limit) {
       const auto rx = host_rx_bytes();
       if (rx >= 0 && rx_mark >= 0 && rx - rx_mark >= moving_bytes) {
