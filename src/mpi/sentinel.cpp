@@ -1,17 +1,24 @@
 #include "mpi/sentinel.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstddef>
 #include <ctime>
+#include <new>
 
 namespace seqpar::mpi {
 
 namespace {
+
+/// Shared between the rank and its sentinel (an anonymous shared page mapped before the fork):
+/// whether the rank passed its job's last barrier.
+std::atomic<int>* job_finished = nullptr;
 
 /// What /proc/PID/stat says of a process: its state, parent and start time (clock ticks
 /// since boot: a reused pid has another).
@@ -83,17 +90,29 @@ double now_s() {
 [[noreturn]] void watch(long rank, long launcher, unsigned long long rank_start, double grace_s) {
   char path[64];
   format_stat_path(path, rank);
-  double orphaned_at = -1;
+  double orphaned_at = -1, stopped_at = -1;
+  const double finished_stop_s = static_cast<double>(finished_stop_grace.count());
   const timespec tick{0, 200'000'000};
   for (;;) {
     nanosleep(&tick, nullptr);
     proc_stat s;
     if (!read_stat(path, s) || s.start != rank_start || s.state == 'Z' || s.state == 'X')
       _exit(0);  // the rank ended
+    const bool stopped = s.state == 'T' || s.state == 't';
+    // Stopped after its job finished: it holds mpiexec for nothing.
+    if (stopped && job_finished && job_finished->load(std::memory_order_relaxed)) {
+      if (stopped_at < 0) stopped_at = now_s();
+      if (now_s() - stopped_at >= finished_stop_s) {
+        kill(static_cast<pid_t>(rank), SIGKILL);
+        _exit(0);
+      }
+    } else {
+      stopped_at = -1;
+    }
     if (s.ppid == launcher) continue;
     if (orphaned_at < 0) orphaned_at = now_s();
     // The launcher is gone: a stopped rank can never end itself; a running one gets the grace.
-    if (s.state == 'T' || s.state == 't' || now_s() - orphaned_at > grace_s) {
+    if (stopped || now_s() - orphaned_at > grace_s) {
       kill(static_cast<pid_t>(rank), SIGKILL);
       _exit(0);
     }
@@ -112,6 +131,9 @@ void start_launcher_sentinel(std::chrono::milliseconds grace) {
   proc_stat self;
   if (launcher <= 1 || !read_stat(path, self)) return;  // no launcher to outlive, or no /proc
   const double grace_s = 1e-3 * static_cast<double>(grace.count());
+  void* page = mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page != MAP_FAILED) job_finished = new (page) std::atomic<int>(0);
   // Two forks: the sentinel is re-parented at once, so it never lingers as this rank's zombie.
   const pid_t first = fork();
   if (first < 0) return;
@@ -157,6 +179,10 @@ bool comm_is(long pid, const char* want) {
 }
 
 }  // namespace
+
+void note_job_finished() {
+  if (job_finished) job_finished->store(1, std::memory_order_relaxed);
+}
 
 bool end_launcher_proxy() {
   // The parent, or under `seqpar launch` (core/launcher.hpp) the parent of the shim.

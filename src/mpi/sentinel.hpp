@@ -12,6 +12,12 @@
 // gone (the rank re-parented), a stopped rank is killed at once, and any rank still there after
 // a grace (its own watchdog ends a running one within its deadline, writing its flight record)
 // is killed then. It ends with the rank.
+//
+// And a rank stopped after its job has finished — past the last barrier, where its result
+// already stands, typically inside MPI_Finalize — holds mpiexec just the same while its launcher
+// lives: the other ranks end (their teardown guard), mpiexec waits for this one forever. Once
+// the rank has said it passed its last barrier (note_job_finished), the sentinel kills it when
+// it stays stopped for finished_stop_grace: nothing a debugger could want is left to see there.
 #include <chrono>
 
 namespace seqpar::mpi {
@@ -27,5 +33,14 @@ void start_launcher_sentinel(std::chrono::milliseconds grace);
 /// a job at once for a rank killed by a signal, not for one that exits non-zero). Returns
 /// whether a proxy was found and signalled.
 bool end_launcher_proxy();
+
+/// How long a rank that passed its last barrier may stay stopped before its sentinel kills it:
+/// the other ranks' MPI_Finalize guard (10 s), so that the whole job ends at about the moment
+/// they do.
+inline constexpr std::chrono::seconds finished_stop_grace{10};
+
+/// This rank passed its job's last barrier (every rank's result is final): from now on its
+/// sentinel kills it if it stays stopped for finished_stop_grace. No-op without a sentinel.
+void note_job_finished();
 
 }  // namespace seqpar::mpi

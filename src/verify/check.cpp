@@ -579,17 +579,11 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
       rep.heatmaps.back().solid = doc_bounds(s);
     }
   }
-  // Parameter gradients far below the largest one are judged against 1e-3 of it.
+  // Parameter gradients far below the largest one are judged against a floor (gradient_floor).
   double grad_scale = 0;
   for (const auto& g : ref.grads.values)
     grad_scale = std::max(grad_scale, static_cast<double>(g.cwiseAbs().maxCoeff()));
-  // GatedDeltaNet's A_log and dt_bias hold one value per head whose gradient sums every
-  // token's gate derivative, terms of both signs that largely cancel: rounding is relative to
-  // the terms, not to the sum, so those rows are judged against 1e-2 of the largest gradient.
-  const auto floor_of = [&](const std::string& name) {
-    const bool per_head_gate = name.ends_with(".A_log") || name.ends_with(".dt_bias");
-    return (per_head_gate ? 1e-2 : 1e-3) * grad_scale;
-  };
+  const auto floor_of = [&](const std::string& name) { return gradient_floor(name, grad_scale); };
   std::vector<double> scratch;
   for (std::size_t i = 0; i < ref.grads.values.size(); ++i) {
     compared_tensor worst;
@@ -629,6 +623,14 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
   }
   for (auto& r : layout_rows(s, cb)) rep.rows.push_back(std::move(r));
   rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
+}
+
+double gradient_floor(const std::string& name, double grad_scale) {
+  // GatedDeltaNet's A_log and dt_bias hold one value per head whose gradient sums every
+  // token's gate derivative, terms of both signs that largely cancel: rounding is relative to
+  // the terms, not to the sum, so those rows are judged against 1e-2 of the largest gradient.
+  const bool per_head_gate = name.ends_with(".A_log") || name.ends_with(".dt_bias");
+  return (per_head_gate ? 1e-2 : 1e-3) * grad_scale;
 }
 
 /// DeepSpeed ALST's claim (seed 001): SP over DP — U micro-steps, micro-step i running SP rank
@@ -688,7 +690,7 @@ void add_sp_over_dp_rows(check_report& rep, const scenario& s, const check_optio
     for (double v : g) grad_scale = std::max(grad_scale, std::abs(v));
   for (std::size_t i = 0; i < p64.size(); ++i)
     rep.rows.push_back(compare("sp_over_dp.grad." + p64.names[i], sp_grads[i], dp_grads[i], tol,
-                               1e-3 * grad_scale));
+                               gradient_floor(p64.names[i], grad_scale)));
   rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
 }
 

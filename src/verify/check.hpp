@@ -159,6 +159,13 @@ ring_step_layout ring_step_layout_of(const scenario& s, const ref::batch& rb,
 /// float64: 1e-10 (only summation order differs). float32: see error_model in the report.
 double tolerance_for(const scenario& s, dtype t, std::string* model = nullptr);
 
+/// The floor under a parameter gradient's scale: check judges gradient `name` by its largest
+/// error relative to max(its largest |value|, floor), the floor 1e-3 of the step's largest
+/// parameter gradient `grad_scale` (1e-2 for GatedDeltaNet's per-head A_log and dt_bias, sums
+/// of terms that largely cancel), so that a gradient far below the others is not judged by
+/// rounding relative to its own tiny size.
+double gradient_floor(const std::string& name, double grad_scale);
+
 /// The sentence a failed run's error ends with: where its flight records went (`files` of
 /// them) and how to judge them.
 std::string flight_note(const std::string& dir, std::size_t files);

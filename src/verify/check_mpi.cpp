@@ -141,6 +141,7 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // The end, together: a rank that stops after the verdict is named here, not left for
     // mpiexec to wait on.
     world.barrier(all, op_info{"check.done", {}, {}});
+    session.finished(rep.pass ? 0 : 1);
     mpi::phase_guard::set_last_words(nullptr);
     // A slow link is not a fault, but the run says what it cost (each rank, for its own waits).
     if (const auto slow = world.slow_network_note(); !slow.empty()) {
@@ -148,7 +149,6 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
       fmt::print(stderr, "seqpar: note: rank {} on {}: {}\n", me, session.host(), slow);
       std::fflush(stderr);
     }
-    session.finished(rep.pass ? 0 : 1);
     return rep.pass ? 0 : 1;
   } catch (const mpi::peer_abort& e) {
     // Another rank failed and reports it; leave this rank's record and wait for the end (the

@@ -17,22 +17,34 @@ namespaces (tests/support/testhosts.py).
    host died) at a random moment: the console's first error line names the host's ranks as gone,
    every surviving rank leaves its record, replay names the same ranks, and every process ends
    within deadline + 10 s.
+6. Progress judged end to end: rank 0 sends 3 MB to rank 1 over a 4 Mbit/s link into rank 1's
+   host while rank 2, on a third host that receives none of it, waits for both (slow_transfer):
+   the wait outlasts 4 × the deadline, every rank finishes, and rank 2 says the network was slow
+   with the data arriving at rank 1.
+7. Every rank process of a random host stopped after the job's last barrier (the verdict
+   printed, the ranks inside MPI_Finalize, which across these hosts stalls until each rank's
+   10 s teardown guard ends it): the verdict stands, and the whole job still ends within
+   deadline + 10 s of the stop — the stopped ranks killed by their sentinels — mpiexec exiting
+   non-zero.
 (Slow links and killed hosts are measured by bench/hosts_soak.py, not here: see docs/clusters.md.)
 
-Usage: hosts-test.py SEQPAR FAILING_RANK_CHECK
+Usage: hosts-test.py SEQPAR FAILING_RANK_CHECK SLOW_TRANSFER
 """
 import json
 import os
 import random
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from testhosts import TestHosts  # noqa: E402
 import netfaults  # noqa: E402
 
-seqpar, failing = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+seqpar, failing, slow_transfer = (os.path.abspath(a) for a in sys.argv[1:4])
 why = TestHosts.available()
 if why:
     # CI machines are root with network namespaces: this SKIP is for a laptop without them.
@@ -129,5 +141,70 @@ with TestHosts(4) as hosts:
     check(row["left_running"] == 0 and row["seconds"] <= DEADLINE + 10,
           f"kill {moment}: every process ended {row['seconds']} s after the kill "
           f"(deadline {DEADLINE} s + 10)")
+    # 6. Progress end to end: the waiting rank's own host receives nothing of the transfer.
+    hosts.slow(1, "4mbit")
+    try:
+        run = subprocess.run(hosts.mpiexec(3, [slow_transfer, str(3 << 20), "1"]),
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        hosts.slow(1, None)
+    done = {int(m.group(1)): (float(m.group(2)), m.group(3)) for m in
+            re.finditer(r"^rank (\d): done after ([0-9.e+]+) s; (.*)$", run.stdout, re.M)}
+    # As in 1., MPICH's teardown across these hosts may stall after every rank has finished
+    # (each rank then ends after its note) and mpiexec may die of the closed sockets, losing
+    # some ranks' output: no rank may report an error, and rank 2 must have finished.
+    errs = [l for l in run.stderr.splitlines() if "seqpar: error" in l or "rank " in l and
+            "watchdog" in l and "teardown stalled" not in l]
+    stalled = "the MPI transport's teardown stalled" in run.stderr
+    check(not errs and 2 in done and (run.returncode == 0 or stalled),
+          f"a 3 MB transfer over a 4 Mbit/s link with a 1 s deadline: every rank finished "
+          f"(exit {run.returncode}; {run.stdout.strip()[:300]} {run.stderr.strip()[:600]})")
+    if 2 in done:
+        took, note = done[2]
+        check(took > 4.0, f"rank 2 waited {took} s, beyond 4 × its 1 s deadline")
+        check(re.search(r"arrived at ranks? [0-9, ]*\b1\b", note) is not None,
+              f"rank 2 says the network was slow, the data arriving at rank 1: {note[:300]}")
+    # 7. A host's ranks stopped after the last barrier: the job still ends.
+    victim = random.randrange(4)
+    out_path = os.path.join(work, "stopped-after.out")
+    with open(out_path, "w") as out:
+        job = subprocess.Popen(hosts.mpiexec(NP, [seqpar, "check", "--backend", "mpi", "--timeout",
+                                                  str(DEADLINE), *args]),
+                               stdout=out, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        t_end = time.monotonic() + 120
+        while time.monotonic() < t_end and job.poll() is None and \
+                "PASS:" not in open(out_path, errors="replace").read():
+            time.sleep(0.05)
+        time.sleep(1.0)  # past the last barrier: the ranks are in MPI_Finalize
+        # The rank processes only (command name exactly "seqpar"), not their sentinels.
+        ranks = [p for p in hosts.pids(victim)
+                 if open(f"/proc/{p}/comm").read().strip() == "seqpar"] \
+            if job.poll() is None else []
+        for p in ranks:
+            os.kill(p, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        try:
+            rc = job.wait(timeout=DEADLINE + 40)
+        except subprocess.TimeoutExpired:
+            rc = None
+            for h in range(4):
+                for p in hosts.pids(h):
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except OSError:
+                        pass
+            job.kill()
+            job.wait()
+        took = time.monotonic() - t_stop
+    report = open(out_path, errors="replace").read()
+    if not ranks:
+        print(f"note: the job ended before its ranks on {hosts.names[victim]} could be stopped "
+              f"(MPI_Finalize did not stall this time): step 7 not judged")
+    else:
+        check("PASS:" in report, f"stopped after the last barrier: the verdict stands (PASS)")
+        check(rc is not None and rc != 0 and took <= DEADLINE + 10,
+              f"{len(ranks)} rank(s) on {hosts.names[victim]} stopped after the last barrier: "
+              f"the whole job ended {took:.1f} s after the stop (deadline {DEADLINE} s + 10), "
+              f"mpiexec exit {rc}")
 print(f"{'FAILED: ' + str(len(failures)) if failures else 'all passed'}")
 sys.exit(1 if failures else 0)
