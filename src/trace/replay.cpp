@@ -1,5 +1,7 @@
 #include "trace/replay_checker.hpp"
 
+#include <cstdio>
+
 namespace seqpar::replay {
 
 using trace::call_record;
@@ -132,6 +134,9 @@ void checker::on_call(call_record&& r) {
     last_line_of_rank_[r.rank] = {r.line, r.group};
     last_call_[r.rank] = {r.group, r.seq, r.op, r.tag};
     last_state_[r.rank] = r.state;
+    int by = -1;
+    if (r.error && std::sscanf(r.error->c_str(), "aborted: rank %d failed", &by) != 1) by = -1;
+    aborted_by_[r.rank] = by;
     if (r.state && *r.state == "started") states_meaningful_ = true;
     blocked_in_[r.rank] = r.state && *r.state == "started"
                               ? fmt::format("seq {} of {} ({} {})", r.seq, r.group, r.op, r.tag)
@@ -267,7 +272,16 @@ void checker::finish() {
               "call (seq {}, tag {}) had completed, so it was working outside any call — slow, "
               "or stuck in local work",
               rep_.run_ended, m, seq, group, it->second.seq, shown(it->second.tag));
-        else
+        else if (const int by = aborted_by_.contains(m) ? aborted_by_[m] : -1;
+                 by >= 0 && by != m && state && *state == "started") {
+          // Its last call was cut short by another rank's abort notice: where it stopped is
+          // where the abort found it, not a hang of its own.
+          p.cause = fmt::format(
+              "rank {} left seq {} of {} (tag {}) unfinished when rank {} aborted the job (its "
+              "record says so): a consequence of rank {}'s failure, not a hang of its own",
+              m, it->second.seq, group, shown(it->second.tag), by, by);
+          p.phase = 2;
+        } else
           p.cause = fmt::format(
               "rank {} never reached seq {} of {} (last seen seq {}, tag {}): "
               "the other members wait for it (hang)",

@@ -248,6 +248,9 @@ class checker {
   std::map<int, std::string> blocked_in_;
   /// Per rank: the state of its last call, when the source records states.
   std::map<int, std::optional<std::string>> last_state_;
+  /// Per rank: the rank whose abort ended its last call (its record's error "aborted: rank N
+  /// failed: …"), -1 when none did.
+  std::map<int, int> aborted_by_;
   /// Some call is "started": the source marks calls completed only when they return, so a
   /// "completed" last call means the rank was free (a recorder that writes every call as
   /// completed says nothing about it).

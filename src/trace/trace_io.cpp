@@ -206,6 +206,7 @@ call_record parse_call(const line_ctx& c, const nlohmann::json& j, bool p2p,
     if (!states.contains(*r.state))
       c.fail("state '{}' is unknown; states are completed, started, scheduled", *r.state);
   }
+  if (const auto* v = find(j, "error")) r.error = as_string(c, *v, "error");
   for (const char* key : {"t_start", "t_end"})
     if (const auto* v = find(j, key)) {
       if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0)
@@ -407,6 +408,7 @@ nlohmann::json to_json(const call_record& c) {
   if (c.out_numel) j["out_numel"] = *c.out_numel;
   j["tag"] = c.tag;
   if (c.state) j["state"] = *c.state;
+  if (c.error) j["error"] = *c.error;
   if (c.t_start) j["t_start"] = *c.t_start;
   if (c.t_end) j["t_end"] = *c.t_end;
   if (c.handle) {

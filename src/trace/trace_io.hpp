@@ -70,6 +70,9 @@ struct call_record {
   std::optional<dims> shape;  ///< p2p: message shape
   std::string tag;
   std::optional<std::string> state;  ///< completed | started | scheduled
+  /// What ended the call without completing, when the source records it (flight records:
+  /// "aborted: rank 7 failed: …" on a rank whose wait another rank's abort ended).
+  std::optional<std::string> error;
   /// Wall-clock times of the call (seconds since the epoch), when the source records them
   /// (the recorder: t_start when the call began, t_end when it returned).
   std::optional<double> t_start, t_end;

@@ -183,6 +183,42 @@ TEST(traces, missing_rank_is_the_hang) {
                        "L0.attn.q.bwd)"));
 }
 
+// A rank whose last call another rank's abort cut short (its flight record's error says
+// "aborted: rank N failed") is named as a consequence of rank N's failure, behind the causes;
+// the same record without that error is the hang.
+TEST(traces, a_rank_cut_short_by_an_abort_is_a_consequence) {
+  const std::string meta3 =
+      R"({"type":"meta","schema":"seqpar-trace/1","world_size":3,"groups":{"g":[0,1]}})";
+  const std::string rank1 =
+      R"({"type":"collective","rank":1,"group":"g","seq":0,"op":"barrier","tag":"a","state":"completed"})"
+      "\n"
+      R"({"type":"collective","rank":1,"group":"g","seq":1,"op":"barrier","tag":"b","state":"started"})"
+      "\n";
+  const auto rank0 = [](const std::string& extra) {
+    return R"({"type":"collective","rank":0,"group":"g","seq":0,"op":"barrier","tag":"a","state":"started")" +
+           extra + "}\n";
+  };
+  const auto missing_rank0 = [](const replay::report& rep) -> const replay::problem* {
+    for (const auto& p : rep.problems)
+      if (p.category == replay::category::missing_rank && p.rank == 0) return &p;
+    return nullptr;
+  };
+  auto rep = replay_text(meta3 + "\n" + rank1 +
+                         rank0(R"(,"error":"aborted: rank 2 failed: rank 2 on h2: boom")"));
+  const auto* p = missing_rank0(rep);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(contains(p->cause,
+                       "rank 0 left seq 0 of g (tag a) unfinished when rank 2 aborted "
+                       "the job"))
+      << p->cause;
+  EXPECT_TRUE(contains(p->cause, "a consequence of rank 2's failure")) << p->cause;
+  EXPECT_EQ(p->phase, 2);
+  rep = replay_text(meta3 + "\n" + rank1 + rank0(""));
+  p = missing_rank0(rep);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(contains(p->cause, "rank 0 never reached seq 1 of g")) << p->cause;
+}
+
 TEST(traces, dtype_mismatch) {
   const auto rep = replay_file("broken_dtype_mismatch.jsonl");
   ASSERT_EQ(rep.problems.size(), 1u);

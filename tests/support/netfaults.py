@@ -202,10 +202,12 @@ def run_one(hosts: TestHosts, np: int, failing: str, seqpar: str, fault: str, mo
         try:
             rep = json.loads(rp.stdout)
             cat = "NETWORK_UNREACHABLE" if fault == "cut" else "MISSING_RANK"
-            # A rank named only as blocked behind another finding is a consequence, not a cause.
+            # A rank named only as blocked behind another finding, or as cut short by another
+            # rank's abort, is a consequence, not a cause.
             replay_ranks = sorted({p["rank"] for p in rep.get("problems", [])
                                    if p.get("category") == cat
-                                   and "is itself blocked in" not in p.get("cause", "")}
+                                   and "is itself blocked in" not in p.get("cause", "")
+                                   and "a consequence of rank" not in p.get("cause", "")}
                                   | set(rep.get("missing_ranks", [])))
             run_ended = rep.get("run_ended", "")
         except (json.JSONDecodeError, TypeError):
