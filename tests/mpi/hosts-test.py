@@ -177,11 +177,19 @@ with TestHosts(4) as hosts:
             time.sleep(0.05)
         time.sleep(1.0)  # past the last barrier: the ranks are in MPI_Finalize
         # The rank processes only (command name exactly "seqpar"), not their sentinels.
-        ranks = [p for p in hosts.pids(victim)
-                 if open(f"/proc/{p}/comm").read().strip() == "seqpar"] \
+        def comm(pid):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    return f.read().strip()
+            except OSError:  # ended meanwhile
+                return ""
+        ranks = [p for p in hosts.pids(victim) if comm(p) == "seqpar"] \
             if job.poll() is None else []
-        for p in ranks:
-            os.kill(p, signal.SIGSTOP)
+        for p in list(ranks):
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except OSError:
+                ranks.remove(p)
         t_stop = time.monotonic()
         try:
             rc = job.wait(timeout=DEADLINE + 40)
