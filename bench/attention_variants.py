@@ -15,10 +15,12 @@ Exit status: 0, 2 on a usage or run error (a variant cuDNN refuses is reported, 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
+
+# SDPA timed as bench/attention_vs_sdpa.py times it (this directory is on sys.path when run).
+from attention_vs_sdpa import sdpa_pass_times  # noqa: E402
 
 VARIANTS = [  # name, gpu_attention_bench flags
     ("ragged", ["--dense", "0", "--dynamic", "0", "--forward-impl", "auto"]),
@@ -28,47 +30,6 @@ VARIANTS = [  # name, gpu_attention_bench flags
     ("dense composite", ["--dense", "1", "--forward-impl", "composite"]),
     ("dense unified", ["--dense", "1", "--forward-impl", "unified"]),
 ]
-
-
-def sdpa_pass_times(torch, F, backend, S, hq, hkv, d, dtype, iters):
-    """(forward seconds, forward+backward seconds), medians of 5 groups of `iters`."""
-    from torch.nn.attention import sdpa_kernel
-
-    gen = torch.Generator(device="cuda").manual_seed(S * d)
-
-    def t(h):
-        return torch.randn(1, S, h, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
-
-    q, k, v = t(hq).requires_grad_(), t(hkv).requires_grad_(), t(hkv).requires_grad_()
-    do = t(hq)
-    kw = {"is_causal": True}
-    if hkv != hq:
-        kw["enable_gqa"] = True
-
-    def timed(fn):
-        for _ in range(2):
-            fn()
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(5):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(iters):
-                fn()
-            e1.record()
-            e1.synchronize()
-            out.append(e0.elapsed_time(e1) / iters * 1e-3)
-        return statistics.median(out)
-
-    with sdpa_kernel([backend]):
-        def fwd():
-            with torch.no_grad():
-                F.scaled_dot_product_attention(q, k, v, **kw)
-
-        def both():
-            F.scaled_dot_product_attention(q, k, v, **kw).backward(do)
-
-        return timed(fwd), timed(both)
 
 
 def seqpar_rates(exe, flags, phase, det, S, hq, hkv):

@@ -28,40 +28,47 @@ import sys
 import tempfile
 
 
-def sdpa_time(torch, F, backend, S, hq, hkv, d, dtype, iters):
+def sdpa_pass_times(torch, F, backend, S, hq, hkv, d, dtype, iters, forward=True):
+    """SDPA's (forward seconds or None, forward+backward seconds) on one causal document, each a
+    median of 5 groups of `iters` timed with CUDA events after 2 warm-up calls
+    (bench/attention_variants.py times the forward too)."""
     from torch.nn.attention import sdpa_kernel
 
-    dev = "cuda"
-    gen = torch.Generator(device=dev).manual_seed(S * d)
+    gen = torch.Generator(device="cuda").manual_seed(S * d)
+
     def t(h):
-        return torch.randn(1, S, h, d, device=dev, dtype=dtype, generator=gen).transpose(1, 2)
-    q = t(hq).requires_grad_()
-    k = t(hkv).requires_grad_()
-    v = t(hkv).requires_grad_()
+        return torch.randn(1, S, h, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+
+    q, k, v = t(hq).requires_grad_(), t(hkv).requires_grad_(), t(hkv).requires_grad_()
     do = t(hq)
     kw = {"is_causal": True}
     if hkv != hq:
         kw["enable_gqa"] = True
 
-    def step():
-        out = F.scaled_dot_product_attention(q, k, v, **kw)
-        out.backward(do)
-
-    with sdpa_kernel([backend]):
+    def timed(fn):
         for _ in range(2):
-            step()
+            fn()
         torch.cuda.synchronize()
-        times = []
+        out = []
         for _ in range(5):
-            e0 = torch.cuda.Event(enable_timing=True)
-            e1 = torch.cuda.Event(enable_timing=True)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             for _ in range(iters):
-                step()
+                fn()
             e1.record()
             e1.synchronize()
-            times.append(e0.elapsed_time(e1) / iters * 1e-3)
-    return statistics.median(times)
+            out.append(e0.elapsed_time(e1) / iters * 1e-3)
+        return statistics.median(out)
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, **kw)
+
+    def both():
+        F.scaled_dot_product_attention(q, k, v, **kw).backward(do)
+
+    with sdpa_kernel([backend]):
+        return (timed(fwd) if forward else None), timed(both)
 
 
 def main():
@@ -119,7 +126,7 @@ def main():
         per = {}
         for bname, b in backends:
             try:
-                sec = sdpa_time(torch, F, b, S, hq, hkv, d, dtype, a.iters)
+                sec = sdpa_pass_times(torch, F, b, S, hq, hkv, d, dtype, a.iters, forward=False)[1]
             except Exception as e:  # this backend does not take the shape here
                 per[bname] = f"n/a ({type(e).__name__})"
                 continue

@@ -258,9 +258,10 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
   constexpr std::int64_t moving_bytes = 64 << 10;  ///< per deadline, to count as progress
   std::int64_t rx_mark = host_rx_bytes(), rx_moved = 0;
   auto progress_at = start;
-  // The job's data at each process when this wait began (or when first heard during it), for
-  // the slow network's note.
-  auto peer_rx_start = im.peer_rx;
+  // The job's data at each process when this wait began (the peers': at its first heartbeat,
+  // so that a short wait copies nothing; or when first heard after), for the slow network's
+  // note.
+  std::vector<std::int64_t> peer_rx_start;
   auto own_rx_start = im.own_rx;
   bool job_extended = false;  // a passed deadline carried by the job's data still arriving
   const auto period = std::max(std::chrono::milliseconds(50), im.opt.timeout / 4);
@@ -301,7 +302,8 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
             }
             for (std::size_t r = 0; r < im.peer_rx.size(); ++r)
               if (im.peer_moving_at[r] > start) {
-                if (peer_rx_start[r] >= 0) moved += im.peer_rx[r] - peer_rx_start[r];
+                if (r < peer_rx_start.size() && peer_rx_start[r] >= 0)
+                  moved += im.peer_rx[r] - peer_rx_start[r];
                 at.push_back(static_cast<int>(r));
               }
             sw.bytes = std::max(moved, rx_moved);
@@ -340,6 +342,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
       }
     if (now - start < 4 * w.limit) since = std::max(since, member_moving);
     if (now >= next_beat) {
+      if (peer_rx_start.empty()) peer_rx_start = im.peer_rx;
       for (std::size_t r = 0; r < peer_rx_start.size(); ++r)
         if (peer_rx_start[r] < 0) peer_rx_start[r] = im.peer_rx[r];
       send_beats(im, world_size,

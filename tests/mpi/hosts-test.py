@@ -177,14 +177,7 @@ with TestHosts(4) as hosts:
             time.sleep(0.05)
         time.sleep(1.0)  # past the last barrier: the ranks are in MPI_Finalize
         # The rank processes only (command name exactly "seqpar"), not their sentinels.
-        def comm(pid):
-            try:
-                with open(f"/proc/{pid}/comm") as f:
-                    return f.read().strip()
-            except OSError:  # ended meanwhile
-                return ""
-        ranks = [p for p in hosts.pids(victim) if comm(p) == "seqpar"] \
-            if job.poll() is None else []
+        ranks = hosts.procs(victim, "seqpar", exact=True) if job.poll() is None else []
         for p in list(ranks):
             try:
                 os.kill(p, signal.SIGSTOP)

@@ -172,14 +172,15 @@ class TestHosts:
         r = _ip("netns", "pids", self.names[h], check=False)
         return [int(p) for p in r.stdout.split()]
 
-    def procs(self, h: int, name: str) -> list[int]:
-        """The pids on host h whose command name starts with `name`."""
+    def procs(self, h: int, name: str, exact: bool = False) -> list[int]:
+        """The pids on host h whose command name starts with `name` (exact: is `name`)."""
         out = []
         for p in self.pids(h):
             try:
                 with open(f"/proc/{p}/comm") as f:
-                    if f.read().strip().startswith(name[:15]):
-                        out.append(p)
+                    comm = f.read().strip()
+                if comm == name[:15] if exact else comm.startswith(name[:15]):
+                    out.append(p)
             except OSError:
                 pass
         return out
