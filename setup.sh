@@ -55,6 +55,41 @@ fetch_cudnn_frontend() {
   fi
   rm -rf "$tmp"
 }
+# The project venv: torch, Hypothesis, pytest and the SP frameworks users pip-install (DeepSpeed,
+# VeOmni, yunchang, xorl), every version pinned in requirements.txt. Debian's python3 makes it;
+# it is rebuilt only when requirements.txt changes (its hash is kept in .venv/requirements.sha256).
+# The first install downloads ~3.6 GB from PyPI (torch's CUDA 13 wheels: the CPU runs the tests).
+make_venv() {
+  local want have=""
+  want=$(sha256sum requirements.txt | cut -d' ' -f1)
+  [ -f .venv/requirements.sha256 ] && have=$(cat .venv/requirements.sha256)
+  [ "$want" = "$have" ] && [ -x .venv/bin/python ] && return 0
+  echo "setup: installing the Python packages of requirements.txt into .venv (first time: minutes)"
+  [ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
+  local log
+  log=$(mktemp)
+  # DeepSpeed ships as an sdist whose setup.py imports torch: wheel and torch first, then the
+  # rest without build isolation (DS_BUILD_OPS=0: no C++/CUDA ops are compiled).
+  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check wheel \
+           "$(grep -E '^torch==' requirements.txt)" -c requirements.txt &&
+         DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check \
+           --no-build-isolation -r requirements.txt; } >"$log" 2>&1; then
+    tail -n 40 "$log"
+    rm -f "$log"
+    echo "setup: pip install -r requirements.txt failed (above)" >&2
+    return 1
+  fi
+  rm -f "$log"
+  echo "$want" >.venv/requirements.sha256
+}
+# It installs (mostly downloading and unpacking) while the build compiles: started here, waited
+# for before the tests.
+venv_pid=""
+if [ "${1:-}" = test ]; then
+  make_venv &
+  venv_pid=$!
+fi
+
 # The main job needs the CLI alone: `./setup.sh run` builds only tools/seqpar, and without the CUDA
 # backend unless a GPU is present (or SEQPAR_GPU=1 asks for it); tests, benchmarks and the CUDA
 # sources are built by `./setup.sh` and `./setup.sh test`.
@@ -100,34 +135,10 @@ else
   configure build ""
 fi
 
-# The project venv: torch, Hypothesis, pytest and the SP frameworks users pip-install (DeepSpeed,
-# VeOmni, yunchang, xorl), every version pinned in requirements.txt. Debian's python3 makes it;
-# it is rebuilt only when requirements.txt changes (its hash is kept in .venv/requirements.sha256).
-# The first install downloads ~3.6 GB from PyPI (torch's CUDA 13 wheels: the CPU runs the tests).
-make_venv() {
-  local want have=""
-  want=$(sha256sum requirements.txt | cut -d' ' -f1)
-  [ -f .venv/requirements.sha256 ] && have=$(cat .venv/requirements.sha256)
-  [ "$want" = "$have" ] && [ -x .venv/bin/python ] && return 0
-  echo "setup: installing the Python packages of requirements.txt into .venv (first time: minutes)"
-  [ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
-  local log
-  log=$(mktemp)
-  # DeepSpeed ships as an sdist whose setup.py imports torch: wheel and torch first, then the
-  # rest without build isolation (DS_BUILD_OPS=0: no C++/CUDA ops are compiled).
-  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check wheel \
-           "$(grep -E '^torch==' requirements.txt)" -c requirements.txt &&
-         DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check \
-           --no-build-isolation -r requirements.txt; } >"$log" 2>&1; then
-    tail -n 40 "$log"
-    rm -f "$log"
-    echo "setup: pip install -r requirements.txt failed (above)" >&2
-    return 1
-  fi
-  rm -f "$log"
-  echo "$want" >.venv/requirements.sha256
-}
-[ "${1:-}" = test ] && make_venv
+
+if [ -n "$venv_pid" ] && ! wait "$venv_pid"; then
+  exit 1
+fi
 
 case "${1:-}" in
   "") echo "setup: built build/tools/seqpar" ;;
@@ -152,6 +163,8 @@ case "${1:-}" in
     # own ISA, so that every run tests both.
     # It is compiled with clang (half g++'s time at -O1 under the sanitizers), so that every run
     # also builds the project with a second compiler; a build-asan made with g++ is made again.
+    # A unity build (8 sources per unit, as the wheel's): it is built once per run, never
+    # rebuilt file by file, and compiles in about half the time.
     if [ -f build-asan/build.ninja ] &&
       ! grep -q '"command": "clang' build-asan/compile_commands.json 2>/dev/null; then
       rm -rf build-asan
@@ -160,10 +173,10 @@ case "${1:-}" in
       echo "setup: configuring build-asan (clang)"
       CC=clang CXX=clang++ meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
         -Dgpu=disabled -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30 \
-        -Dcpu=generic
+        -Dcpu=generic -Dunity=on -Dunity_size=8
     elif meson introspect build-asan --buildoptions 2>/dev/null |
-      python3 -c 'import json,sys; sys.exit(0 if any(o["name"]=="cpu" and o["value"]!="generic" for o in json.load(sys.stdin)) else 1)'; then
-      meson configure build-asan -Dcpu=generic >/dev/null
+      python3 -c 'import json,sys; o={o["name"]: o["value"] for o in json.load(sys.stdin)}; sys.exit(0 if (o.get("cpu"), o.get("unity"), o.get("unity_size")) != ("generic", "on", 8) else 1)'; then
+      meson configure build-asan -Dcpu=generic -Dunity=on -Dunity_size=8 >/dev/null
     fi
     # The tests of suite 'sanitize' (tests/unit, tests/property/meson.build,
     # tests/equivalence/meson.build) and their programs.

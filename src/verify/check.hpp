@@ -81,6 +81,11 @@ struct check_options {
   /// training step uses; the wrapper must forward to it. Called once per rank. The distributed
   /// check's own gathers (rows to rank 0, the verdict) bypass it.
   std::function<std::unique_ptr<communicator>(communicator&)> wrap_communicator;
+  /// The distributed check only: given the process's world, returns the communicator its whole
+  /// job uses — the SP step's calls (under the fault injector and wrap_communicator) and the
+  /// check's own (the rows gathered to rank 0, the verdict, the departure's records); the
+  /// wrapper must forward to it, while_busy included. Called once per process.
+  std::function<std::unique_ptr<communicator>(communicator&)> wrap_world;
   /// Where the SP ranks run: empty = the CPU simulator (one in-process world, each rank with
   /// an eigen_compute). Another backend (check_gpu.hpp) sets it: it runs `body` once per cp
   /// rank, on that rank's thread, with the rank's communicator and compute, and returns when

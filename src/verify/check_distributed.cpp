@@ -178,9 +178,12 @@ check_report run_distributed_typed(communicator& world, const scenario& s,
 
 }  // namespace
 
-check_report run_check_distributed(communicator& world, const scenario& s,
+check_report run_check_distributed(communicator& process_world, const scenario& s,
                                    const check_options& opt) {
   validate(s);
+  std::unique_ptr<communicator> wrapped;
+  if (opt.wrap_world) wrapped = opt.wrap_world(process_world);
+  communicator& world = wrapped ? *wrapped : process_world;
   if (opt.type == dtype::f64) return run_distributed_typed<double>(world, s, opt);
   if (opt.type == dtype::f32) return run_distributed_typed<float>(world, s, opt);
   fail<config_error>("the CPU reference checks float64 or float32, not {}; use --dtype f64|f32",

@@ -173,7 +173,11 @@ def run_all(seqpar, work, only=None, kind="cpu", jobs=1, keep=None, shard=(0, 1)
             " ".join("%s=%.3g" % kv for kv in r.get("rms_u", {}).items())), flush=True)
         print("ROW " + json.dumps(r), flush=True)  # kept by a log when a run is cut short
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+    if jobs <= 1:  # in this thread: sp_jobs forks the ranks from the main thread only
+        for i in range(len(todo)):
+            one(i)
+        return rows
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:
         list(ex.map(one, range(len(todo))))
     return rows
 

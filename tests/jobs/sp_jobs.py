@@ -33,6 +33,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(_HERE)), "tools"))  # for seqpar_dump
 import seqpar_dump  # noqa: E402
 
+# The jobs' ranks are forked from this process (run_job): it keeps torch to one thread, so
+# that no OpenMP thread pool exists when it forks.
+torch.set_num_threads(1)
+
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # The backends sdpa_attend can force (see there).
 SDPA_KERNELS = ("flash", "efficient", "cudnn", "math", "math+tf32", "emulate")
@@ -918,7 +922,13 @@ def run_job(cfg, out, quiet=False):
     os.makedirs(out, exist_ok=True)
     _clear_dump_dir(out)
     try:
-        mp.spawn(_worker, args=(cfg, out, _free_port()), nprocs=cfg["U"] * cfg["R"], join=True)
+        # Forked, not spawned, from the main thread: the ranks start with torch already
+        # imported (3 CPU-seconds a process otherwise). The parent runs no parallel torch work
+        # (one thread, set at import above), so no OpenMP pool is forked in use. (A process
+        # forked from another thread exits 1 in multiprocessing's teardown: spawned there.)
+        main = threading.current_thread() is threading.main_thread()
+        mp.start_processes(_worker, args=(cfg, out, _free_port()), nprocs=cfg["U"] * cfg["R"],
+                           join=True, start_method="fork" if main else "spawn")
         return True
     except Exception as e:  # a rank raised (expected for no_kv_repeat)
         if not quiet:

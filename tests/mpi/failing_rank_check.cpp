@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
     verify::check_options opt;
     opt.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
     opt.flight_dir = flight_dir;
-    opt.wrap_communicator = [spec](communicator& inner) -> std::unique_ptr<communicator> {
+    // The whole job's calls, the check's own gathers and verdict too (moments after the step).
+    opt.wrap_world = [spec](communicator& inner) -> std::unique_ptr<communicator> {
       return std::make_unique<test::failing_communicator>(inner, spec);
     };
     return verify::check_mpi(

@@ -15,6 +15,9 @@ class forwarding_communicator : public communicator {
   explicit forwarding_communicator(communicator& inner) : inner_(inner) {}
   int rank() const override { return inner_.rank(); }
   int world_size() const override { return inner_.world_size(); }
+  void while_busy(const comm_group& g, const std::function<void()>& work) override {
+    inner_.while_busy(g, work);
+  }
 
  protected:
   void do_all_to_all(const comm_group& g, const void* send,

@@ -17,7 +17,9 @@ host's first rank reaches the moment, the harness breaks the network there, then
   lossy     the link drops packets (tc netem loss), from the start: not a fault
 
 Moments: before / inside / after an all-to-all (the first Ulysses all-to-all, L0.attn.q.fwd),
-inside a ring step (L0.attn.ring.fwd.step0). "Inside" is made certain by slowing the victim's
+inside a ring step (L0.attn.ring.fwd.step0), in the reference (the victim has sent its results
+to rank 0, which computes the non-SP reference while the others wait for its verdict), after
+the verdict (every rank has it; the job's last barrier is ahead). "Inside" is made certain by slowing the victim's
 link to 8 kbit/s at the mark (tc tbf) and cutting it 100 ms after the victim went into the call,
 while its messages crawl.
 
@@ -43,6 +45,11 @@ MOMENTS = {
     "inside-a2a": ("L0.attn.q.fwd", "inside"),
     "after-a2a": ("L0.attn.q.fwd", "after"),
     "inside-ring": ("L0.attn.ring.fwd.step0", "inside"),
+    # The victim has sent rank 0 its results: rank 0 computes the non-SP reference while the
+    # others wait for its verdict.
+    "in-reference": ("check.gather", "after"),
+    # Every rank knows the verdict (rank 0 prints it next); the job's last barrier is still ahead.
+    "after-verdict": ("check.verdict", "after"),
 }
 FAULTS = ("cut", "kill", "kill-ranks", "stop")
 # Not faults: the check must pass. slow: tc tbf (every kernel with traffic control); lossy: tc

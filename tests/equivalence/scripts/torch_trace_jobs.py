@@ -132,7 +132,8 @@ def main():
     a.port = a.port or recorded_job.free_port()
     for sub in ("kineto", "fr") if has_flight_recorder() else ("kineto",):
         os.makedirs(os.path.join(a.out, sub), exist_ok=True)
-    ctx = mp.get_context("spawn")
+    # Forked: the ranks start with torch imported (this process runs no torch work first).
+    ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_work, args=(r, a.world, a.mode, a.out, a.port))
              for r in range(a.world)]
     for p in procs:
