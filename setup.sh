@@ -164,7 +164,7 @@ case "${1:-}" in
     # It is compiled with clang (half g++'s time at -O1 under the sanitizers), so that every run
     # also builds the project with a second compiler; a build-asan made with g++ is made again.
     # A unity build (8 sources per unit, as the wheel's): it is built once per run, never
-    # rebuilt file by file, and compiles in about half the time.
+    # rebuilt file by file, and compiles in 20 CPU-minutes against 27 file by file.
     if [ -f build-asan/build.ninja ] &&
       ! grep -q '"command": "clang' build-asan/compile_commands.json 2>/dev/null; then
       rm -rf build-asan
