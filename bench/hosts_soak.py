@@ -5,7 +5,7 @@ with a CPU hog on every core beside it; prints the table (fault × moment: named
 verdict, records left, replay right) as Markdown and writes every run as JSON.
 
     sudo python3 bench/hosts_soak.py build [--runs 100] [--loaded-share 0.3] [--json out.json]
-                                         [--launch] [--faults kill stop …]
+                                         [--launch] [--faults kill stop …] [--moments …]
 
 --launch runs every job through `seqpar launch` (docs/clusters.md: the ranks out of Hydra's
 group kill, so that a dead host leaves records); --faults draws only those faults.
@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--launch", action="store_true", help="every job through seqpar launch")
     ap.add_argument("--faults", nargs="*", default=None,
                     help="only these faults (of cut, kill, kill-ranks, stop, slow, lossy)")
+    ap.add_argument("--moments", nargs="*", default=None,
+                    help="only these moments (of netfaults.MOMENTS: before-a2a, … after-verdict)")
     ap.add_argument("--table", nargs="*", default=None,
                     help="print the table of earlier soaks' --json files instead of running one")
     a = ap.parse_args()
@@ -62,6 +64,11 @@ def main():
         [(f, "whole run") for f in netfaults.NOT_FAULTS]
     if a.faults:
         kinds = [k for k in kinds if k[0] in a.faults]
+    if a.moments:
+        kinds = [k for k in kinds if k[1] in a.moments]
+    if not kinds:
+        sys.exit(f"hosts_soak: no fault of {a.faults} at a moment of {a.moments} "
+                 f"(faults: {list(netfaults.FAULTS) + list(netfaults.NOT_FAULTS)}; moments: {list(netfaults.MOMENTS)})")
     rows = []
     work = tempfile.mkdtemp(prefix="seqpar-soak-")
     t0 = time.monotonic()

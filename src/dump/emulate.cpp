@@ -18,38 +18,67 @@ std::size_t doc_of(std::span<const std::int32_t> cu, std::int64_t i) {
 
 }  // namespace
 
-std::vector<std::vector<std::int64_t>> ring_key_sets(const ring_job& job, int r, std::int64_t i0,
-                                                     std::int64_t i1) {
+std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int r, std::int64_t i) {
   const int R = job.ring;
-  const auto& cu = job.local_cu[static_cast<std::size_t>(r)];
-  std::vector<std::vector<std::int64_t>> keys(static_cast<std::size_t>(i1 - i0));
+  std::vector<std::vector<std::int64_t>> blocks(static_cast<std::size_t>(R));
   const auto mod = [R](int x) { return ((x % R) + R) % R; };
+  const auto& own = job.tokens[static_cast<std::size_t>(r)];
   for (int step = 0; step < R; ++step) {
     const int held = mod(r - step), assumed = mod(r - step + job.section_shift);
     const auto& kv = job.tokens[static_cast<std::size_t>(held)];
     const auto m = static_cast<std::int64_t>(kv.size());
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const auto d = doc_of(cu, i);
-      const std::int64_t start = cu[d], end = cu[d + 1], mid = start + (end - start) / 2;
+    const bool cross = step > 0 && job.doc_mask_own_block_only;
+    auto& keys = blocks[static_cast<std::size_t>(step)];
+    if (!job.zigzag) {
+      // Contiguous: the block is before the rank's own (every key of the query's document),
+      // the rank's own (causal within it) or after it (none, when causal).
+      const auto d = doc_of(job.global_cu, own[static_cast<std::size_t>(i)]);
       for (std::int64_t j = 0; j < m; ++j) {
-        const auto dj = doc_of(cu, j);
-        const bool cross = step > 0 && job.doc_mask_own_block_only;
-        if (dj != d && !cross) continue;
-        bool sees;
-        if (step == 0) {
-          sees = !job.causal || j <= i;  // diagonal: the rank's own KV
-        } else if (assumed < r) {
-          // lower: every query row, the early half of the KV (of the key's own document)
-          const std::int64_t js = cu[dj], je = cu[dj + 1];
-          sees = j < js + (je - js) / 2;
-        } else {
-          sees = i >= mid;  // upper: the late half of the query rows, every KV row
-        }
-        if (sees) keys[static_cast<std::size_t>(i - i0)].push_back(kv[static_cast<std::size_t>(j)]);
+        const auto t = kv[static_cast<std::size_t>(j)];
+        if (doc_of(job.global_cu, t) != d && !cross) continue;
+        const bool diagonal = step == 0 || (assumed == r && job.own_source_as_diagonal);
+        const bool sees = !job.causal || (diagonal ? j <= i : assumed < r);
+        if (sees) keys.push_back(t);
       }
+      continue;
+    }
+    const auto& cu = job.local_cu[static_cast<std::size_t>(r)];
+    const auto d = doc_of(cu, i);
+    const std::int64_t start = cu[d], end = cu[d + 1], mid = start + (end - start) / 2;
+    for (std::int64_t j = 0; j < m; ++j) {
+      const auto dj = doc_of(cu, j);
+      if (dj != d && !cross) continue;
+      bool sees;
+      if (step == 0 || (assumed == r && job.own_source_as_diagonal)) {
+        sees = !job.causal || j <= i;  // diagonal: the rank's own KV
+      } else if (assumed < r) {
+        // lower: every query row, the early half of the KV (of the key's own document)
+        const std::int64_t js = cu[dj], je = cu[dj + 1];
+        sees = (j < js + (je - js) / 2) != job.halves_swapped;
+      } else {
+        sees = (i >= mid) != job.halves_swapped;  // upper: the late half of the query rows
+      }
+      if (sees) keys.push_back(kv[static_cast<std::size_t>(j)]);
     }
   }
+  return blocks;
+}
+
+std::vector<std::vector<std::int64_t>> ring_key_sets(const ring_job& job, int r, std::int64_t i0,
+                                                     std::int64_t i1) {
+  std::vector<std::vector<std::int64_t>> keys(static_cast<std::size_t>(i1 - i0));
+  for (std::int64_t i = i0; i < i1; ++i) {
+    auto& row = keys[static_cast<std::size_t>(i - i0)];
+    for (auto& b : ring_key_blocks(job, r, i)) row.insert(row.end(), b.begin(), b.end());
+  }
   return keys;
+}
+
+double round_to_bits(double x, int bits) {
+  if (bits <= 0 || !std::isfinite(x) || x == 0) return x;
+  int e = 0;
+  const double m = std::frexp(x, &e);  // x = m·2^e, |m| in [0.5, 1)
+  return std::ldexp(std::nearbyint(std::ldexp(m, bits)), e - bits);
 }
 
 std::vector<std::vector<std::int64_t>> reference_key_sets(std::span<const std::int64_t> rows,

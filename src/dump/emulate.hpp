@@ -27,7 +27,33 @@ struct ring_job {
   /// early half of each document's KV rows; upper: the late half of each document's query rows)
   /// without the same-document condition.
   bool doc_mask_own_block_only = false;
+  /// The layout: zigzag (two chunks per rank, a section per step, as above) or contiguous (one
+  /// chunk per rank: step i's KV block lies wholly before the rank's own, at it (step 0) or
+  /// after it; the "basic" rings of yunchang and ring-flash-attention). A contiguous job's
+  /// documents are those of `global_cu`, by global token (local_cu unused).
+  bool zigzag = true;
+  std::vector<std::int32_t> global_cu;
+  /// Each step's LSE rounded to this many significant bits before the steps are merged (0: not
+  /// rounded; 8: bfloat16; 11: float16): a kernel that returns its LSE in the input dtype.
+  int lse_bits = 0;
+  /// Zigzag: each local document taken as [late chunk | early chunk] by the masks (a lower
+  /// section sees the KV's late half, an upper one the queries' early half).
+  bool halves_swapped = false;
+  /// A step whose assumed source is the rank itself (section_shift ≠ 0) masked as the diagonal
+  /// block (causal over local indices) instead of as an upper section.
+  bool own_source_as_diagonal = false;
+  /// The steps merged through exp(lse) without subtracting the maximum, every operation rounded
+  /// to this many significant bits (8: bfloat16, 11: float16; 0: the exact merge):
+  /// out = (e^lse·out + e^lse_b·out_b) / (e^lse + e^lse_b), lse = log(e^lse + e^lse_b).
+  int merge_exp_bits = 0;
 };
+
+/// The keys of local row i of ring rank r, one set per ring step (step s: the KV block of
+/// ring rank (r − s) mod R), as global token ids.
+std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int r, std::int64_t i);
+
+/// x rounded to `bits` significant bits, ties to even (bits ≤ 0: x).
+double round_to_bits(double x, int bits);
 
 /// The key multisets of local rows [i0, i1) of ring rank r, as global token ids (callers walk
 /// the rows in blocks, so memory stays O(block · S)).

@@ -10,8 +10,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "core/cu_seqlens.hpp"
+#include "dump/calibration.hpp"
 
 namespace seqpar::verify::dump_detail {
 
@@ -226,6 +228,31 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
          "0 the tokens of different documents form one document and attend across the "
          "boundary; use the global cu_seqlens // R",
          job(0, true)});
+    {
+      auto v = job(0, false);
+      auto j = std::make_shared<ring_job>(*v.ring);
+      j->halves_swapped = true;
+      v.ring = j;
+      members.push_back(
+          {"zigzag ring attention whose masks take each local document as [late chunk | early "
+           "chunk]: the lower sections see the KV's late half instead of its early half, the "
+           "upper ones give the early query rows every KV row instead of the late ones",
+           v});
+    }
+    for (int shift : {1, -1})
+      if (shift == 1 || g.R > 2) {
+        auto v = job(shift, false);
+        auto j = std::make_shared<ring_job>(*v.ring);
+        j->own_source_as_diagonal = true;
+        v.ring = j;
+        members.push_back(
+            {fmt::format("zigzag ring attention whose sections are chosen for KV source (r − i "
+                         "{} 1) mod R while the KV held at step i is that of (r − i) mod R, the "
+                         "step whose source it takes for its own masked as the diagonal block "
+                         "(causal over local rows): the ring source is off by one",
+                         shift > 0 ? "+" : "−"),
+             v});
+      }
     for (int shift : {1, -1, 2, -2})
       if (std::abs(shift) < g.R)
         members.push_back(
@@ -236,18 +263,55 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
                          std::abs(shift) == 1 ? "one" : "two"),
              job(shift, false)});
   }
+  // A kernel that returns each ring step's LSE in the input dtype (yunchang's torch backend:
+  // lse.to(q.dtype)): the merge's weights then carry that dtype's rounding of |lse|, which
+  // sharp scores make large.
+  const auto in_dtype = calibration_dtype(m.dtype);
+  const int lse_bits = in_dtype == "bf16" ? 8 : in_dtype == "f16" ? 11 : 0;
+  if (!grad && g.R > 1 && !options)
+    for (const auto& [bits, name, overflow] :
+         {std::tuple{8, "bf16", 88.72}, std::tuple{11, "f16", 11.09}}) {
+      auto v = base;
+      auto j = std::make_shared<ring_job>(dump_ring_job(g, base.causal, 0, false, m.zigzag));
+      j->merge_exp_bits = bits;
+      v.ring = j;
+      members.push_back(
+          {fmt::format("ring attention whose steps are merged through exp(lse) in {} without "
+                       "subtracting the maximum — (e^lse·out + e^lse_b·out_b) / (e^lse + "
+                       "e^lse_b) with every term rounded to {} (and exp overflowing past lse "
+                       "{}); merge with exp(lse − max) or the softplus form",
+                       name, name, overflow),
+           v});
+    }
+  if (!grad && g.R > 1 && !options && lse_bits > 0) {
+    auto v = base;
+    auto j = std::make_shared<ring_job>(dump_ring_job(g, base.causal, 0, false, m.zigzag));
+    j->lse_bits = lse_bits;
+    v.ring = j;
+    members.push_back(
+        {fmt::format("ring attention whose steps' LSEs were rounded to {} (the input dtype) "
+                     "before the merge: each step's kernel returns its LSE as the inputs' "
+                     "dtype (lse.to(q.dtype)) where the ring merges in float32 — the merge "
+                     "weights then err by up to 2^-{}·|lse|; keep each step's LSE in float32",
+                     in_dtype, lse_bits),
+         v});
+  }
   return members;
 }
 
-ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool local_cu) {
+ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool local_cu,
+                       bool zigzag) {
   ring_job job;
   job.ring = g.R;
   job.causal = causal;
   job.section_shift = section_shift;
+  job.zigzag = zigzag;
+  if (!zigzag) job.global_cu = g.cu;
   const auto scaled = scale_cu_seqlens_for_ring(g.cu, g.R);
   for (int r = 0; r < g.R; ++r) {
     const auto tok = g.ring_tokens(r);
     job.tokens.emplace_back(tok.begin(), tok.end());
+    if (!zigzag) continue;
     if (!local_cu) {
       job.local_cu.emplace_back(scaled.begin(), scaled.end());
       continue;
@@ -580,11 +644,20 @@ std::string search_families(const call_context& c, const std::string& st,
       "boundaries moved by ±1, ±2, split off or removed{}{}; the softmax scale fitted as a free "
       "parameter{}; on {} sampled rows)",
       members.size(),
-      key && c.g.R > 1                 ? ", the ring reduction of the K/V gradient"
-      : !grad && c.g.R > 1 && !options ? ", the ring's KV source shifted by ±1, ±2, local "
-                                         "cu_seqlens, the document mask on the own block only"
-      : grad && c.g.R > 1              ? ", dQ of other ranks' blocks without the scale"
-                                       : "",
+      key && c.g.R > 1 ? ", the ring reduction of the K/V gradient"
+      : !grad && c.g.R > 1 && !options
+          ? fmt::format("{}, the steps merged through exp(lse) in bf16 or f16 without the "
+                        "maximum{}",
+                        m.zigzag ? ", the ring's KV source shifted by ±1, ±2 (the step taken "
+                                   "for its own as an upper section or as the diagonal), the "
+                                   "zigzag halves swapped, local cu_seqlens, the document mask "
+                                   "on the own block only"
+                                 : "",
+                        calibration_dtype(m.dtype) == "bf16" || calibration_dtype(m.dtype) == "f16"
+                            ? ", each step's LSE rounded to the input dtype"
+                            : "")
+      : grad && c.g.R > 1 ? ", dQ of other ranks' blocks without the scale"
+                          : "",
       option_members, key && c.g.R > 1 ? "; another ring rank's K/V gradient" : "", n_rows);
 }
 

@@ -3,8 +3,9 @@
 // 1/d^α and constant factors; the causal mask removed or its diagonal shifted; document
 // boundaries moved, split off or removed; for key gradients of ring jobs the missing ring
 // reduction; for forward stages of zigzag ring jobs the ring schedule emulated with its KV source
-// shifted or cu_seqlens from local position ids. A member is named only when it reproduces the
-// failing ranks' rows within the stage's bound.
+// shifted or cu_seqlens from local position ids; for forward stages of bf16/f16 ring jobs each
+// step's LSE rounded to the input dtype before the merge. A member is named only when it reproduces
+// the failing ranks' rows within the stage's bound.
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,10 +14,12 @@
 
 namespace seqpar::verify::dump_detail {
 
-/// The dump's zigzag ring job as each rank runs it (emulate.hpp), with the section of step i
-/// chosen for source (r − i + section_shift) mod R, and each rank's attention cu_seqlens either
-/// the global ones // R (correct) or rebuilt from its local position ids (local_cu).
-ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool local_cu);
+/// The dump's ring job as each rank runs it (emulate.hpp), with the section of step i chosen
+/// for source (r − i + section_shift) mod R; zigzag: each rank's attention cu_seqlens either the
+/// global ones // R (correct) or rebuilt from its local position ids (local_cu); contiguous
+/// (zigzag false): one chunk per rank, documents by global token.
+ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool local_cu,
+                       bool zigzag = true);
 
 /// The members, simplest first, as (the mistake in words, the attention it computes).
 std::vector<std::pair<std::string, attention_variant>> family_members(const geometry& g,

@@ -30,7 +30,7 @@ struct monitor {
   long next = 0;
   bool started = false;
   int rank = -1;
-  std::function<void(const std::string&)> last_words;
+  std::function<std::string(const std::string&, int)> last_words;
 
   // The rank before MPI knows it: the launcher's PMI_RANK (hydra, PMIx), else unknown.
   std::string who() const {
@@ -65,9 +65,9 @@ struct monitor {
       const auto me = who();
       const int code = a.exit_code;
       lock.unlock();
-      if (words && code == 2) words(message);
+      const auto more = words ? words(message, code) : std::string();
       std::fflush(stdout);
-      fmt::print(stderr, "seqpar: {}: {}: {}\n", code == 2 ? "error" : "note", me, message);
+      fmt::print(stderr, "seqpar: {}: {}: {}{}\n", code == 2 ? "error" : "note", me, message, more);
       std::fflush(stderr);
       std::_Exit(code);
     }
@@ -103,7 +103,7 @@ phase_guard::~phase_guard() {
   m.cv.notify_all();
 }
 
-void phase_guard::set_last_words(std::function<void(const std::string&)> f) {
+void phase_guard::set_last_words(std::function<std::string(const std::string&, int)> f) {
   auto& m = the_monitor();
   std::lock_guard lock(m.mu);
   m.last_words = std::move(f);

@@ -26,8 +26,10 @@ class phase_guard {
   phase_guard& operator=(const phase_guard&) = delete;
 
   /// Runs on the monitor thread before the process ends (e.g. leaving a flight record), with
-  /// the message; it must not call MPI. One per process; empty to clear.
-  static void set_last_words(std::function<void(const std::string&)> f);
+  /// the message and the exit code (2: an error; else a note after a finished job); what it
+  /// returns is added to the printed line. It must not call MPI. One per process; empty to
+  /// clear.
+  static void set_last_words(std::function<std::string(const std::string&, int)> f);
   /// Who this process is, for the message before MPI knows (PMI_RANK / PMI_RANK-less launch).
   static void set_rank(int rank);
 

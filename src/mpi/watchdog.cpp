@@ -237,6 +237,26 @@ std::string chain_summary(mpi_communicator::impl& im, const std::vector<int>& mi
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
+// Where every rank answers, when the job's data last arrived anywhere (what held the deadline
+// back while it did): "the job's data last arrived 2.9 s ago (at rank 5; 40 KiB …); ".
+std::string last_data_clause(const mpi_communicator::impl& im, steady::time_point start,
+                             steady::time_point now) {
+  auto latest = im.own_moving_at;
+  int at = im.me;
+  for (std::size_t r = 0; r < im.peer_moving_at.size(); ++r)
+    if (static_cast<int>(r) != im.me && im.peer_moving_at[r] > latest) {
+      latest = im.peer_moving_at[r];
+      at = static_cast<int>(r);
+    }
+  if (latest <= start)
+    return "every rank answers, and no data of the job arrived at any of them during the wait "
+           "(as their heartbeats tell); ";
+  return fmt::format(
+      "every rank answers; the job's data last arrived {:.3g} s ago (at rank {}), {:.3g} s "
+      "into the wait; ",
+      seconds(now - latest), at, seconds(latest - start));
+}
+
 }  // namespace
 
 // Completes every request, polling the control plane. arrival_of[k] = the group member whose
@@ -256,6 +276,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
   // of any kind (a transport the kernel's TCP counts do not see), a deadline that passes is
   // extended, up to 4 × the deadline in all.
   constexpr std::int64_t moving_bytes = 64 << 10;  ///< per deadline, to count as progress
+  constexpr auto tcp_backoff_reach = std::chrono::seconds(3);
   std::int64_t rx_mark = host_rx_bytes(), rx_moved = 0;
   auto progress_at = start;
   // The job's data at each process when this wait began (the peers': at its first heartbeat,
@@ -353,13 +374,21 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
       next_beat = now + period;
     }
     since = std::max(since, progress_at);
+    // A link already seen crawling (a deadline carried by data in this wait, below, or an
+    // earlier wait of the run that finished so) also stands still for seconds at a time: a
+    // rate limiter drops packets and TCP's retransmission timer backs off between tries (0.2,
+    // 0.4, 0.8, 1.6 s …, the silence summing them while tries are lost), one connection at a
+    // time. Its silences are judged against the deadline plus that reach; a link that stops
+    // is still named within deadline + 5 s of its last data.
+    const bool crawling = job_extended || progress_at != start || im.slow.count > 0;
+    const auto silence_limit = w.limit + (crawling ? tcp_backoff_reach : steady::duration{});
     if (w.limit.count() > 0 && now - since >= w.limit) {
       // End to end: the job's data still arriving somewhere (at most a deadline ago).
       auto moving = im.own_moving_at;
       for (std::size_t r = 0; r < im.peer_moving_at.size(); ++r)
         if (static_cast<int>(r) != im.me && alive(im, static_cast<int>(r), now, w.limit))
           moving = std::max(moving, im.peer_moving_at[r]);
-      if (moving > since && now - moving < w.limit) {
+      if (moving > since && now - moving < silence_limit) {
         job_extended = true;
         since = moving;
       }
@@ -373,7 +402,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
         continue;
       }
     }
-    if (w.limit.count() > 0 && now - since >= w.limit) {
+    if (w.limit.count() > 0 && now - since >= silence_limit) {
       const double waited = seconds(now - start), limit_s = seconds(w.limit);
       // Network or process: the hosts of the members gone silent are asked.
       // (Every silent rank, not only this group's: a wait chain may end at any of them.)
@@ -389,7 +418,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
                     "slow); ",
                     static_cast<double>(rx_moved) / (1 << 20), seconds(progress_at - start),
                     seconds(now - start))
-          : quiet.empty() ? std::string()
+          : quiet.empty() ? last_data_clause(im, start, now)
                           : probe_network(im, quiet);
       std::vector<std::string> who;
       const char* inside = w.arrivals_known

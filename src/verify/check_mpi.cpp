@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -91,7 +92,10 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
   // inside a collective. The watchdog ends a wait for a rank that stopped without dying; every
   // rank it can reach leaves its flight record first.
   if (opt.timeout.count() > 0) world.set_timeout(opt.timeout);
-  flight_recorder flight;
+  // Shared: the record a stalled MPI_Finalize leaves (below) is written after this function's
+  // locals are gone.
+  const auto flight_p = std::make_shared<flight_recorder>();
+  auto& flight = *flight_p;
   world.set_flight_recorder(&flight);
   std::vector<std::string> hosts;
   for (int r = 0; r < P; ++r) hosts.push_back(world.host_of(r));
@@ -113,7 +117,10 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
   };
   // A phase the MPI watchdog cannot watch (group creation, MPI_Finalize) that outlives its
   // deadline leaves this rank's record before the process ends.
-  mpi::phase_guard::set_last_words([&](const std::string& why) { write_record(why, -1); });
+  mpi::phase_guard::set_last_words([&](const std::string& why, int) {
+    write_record(why, -1);
+    return std::string();
+  });
   // Writing the record has a deadline of its own (a stalled file system): the guard ends the
   // process instead of leaving the job waiting for this rank's acknowledgement.
   const auto leave_record = [&](const std::string& reason, int failed) -> std::size_t {
@@ -142,7 +149,37 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // mpiexec to wait on.
     world.barrier(all, op_info{"check.done", {}, {}});
     session.finished(rep.pass ? 0 : 1);
-    mpi::phase_guard::set_last_words(nullptr);
+    // Finished here. Should MPI_Finalize then stall past its deadline, the peers' hosts are
+    // asked why: a link cut just after the last barrier lets this rank pass it while the
+    // others fail theirs and name this rank's host — this rank then leaves its record too, so
+    // that none is missing. Peers whose ports refuse are not a finding here (a rank that
+    // finished has closed its port), nor is a teardown that stalls with every host answering.
+    mpi::phase_guard::set_last_words(
+        [flight_p, peers, me, dir = opt.flight_dir,
+         meta = trace::flight_meta{P, io::scenario_to_json(s), {}, -1, hosts, {}}](
+            const std::string& why, int) mutable {
+          // Half a second (as on the launcher's signal): the process is past its deadline.
+          const auto found = mpi::assess(peers, me, {}, std::chrono::milliseconds(500));
+          if (found.cut_off.empty()) return std::string();
+          // The network's part of the finding ("this host … reaches none of the other hosts",
+          // or "host h3 … gives no answer"), not the refused ports.
+          auto network = found.lead.substr(0, found.lead.find("the process: "));
+          network.erase(network.find_last_not_of("; ") + 1);
+          const auto finding = fmt::format(
+              "asked after the stall, {} — after the job's last barrier, which the ranks cut "
+              "off from this one may not have passed (they then report the job as failed)",
+              network);
+          std::string where;
+          if (!dir.empty()) {
+            meta.reason = fmt::format("{}; {}", why, finding);
+            meta.unreachable = found.cut_off;
+            const int ranks[] = {me};
+            if (const auto paths = trace::write_flight_records(dir, *flight_p, ranks, meta);
+                !paths.empty())
+              where = fmt::format("; this rank's record: {}", paths.front());
+          }
+          return fmt::format(" — {}{}", finding, where);
+        });
     // A slow link is not a fault, but the run says what it cost (each rank, for its own waits).
     if (const auto slow = world.slow_network_note(); !slow.empty()) {
       std::fflush(stdout);

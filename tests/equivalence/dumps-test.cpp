@@ -128,6 +128,57 @@ TEST(Dumps, TheRingEmulatorWithTheCorrectScheduleIsTheReferenceMask) {
     }
 }
 
+// The contiguous ring ("basic": one chunk per rank) emulated with the correct schedule is the
+// reference mask too, causal or not, over several documents; each step's block lies wholly
+// before, at or after the rank's own.
+TEST(Dumps, TheContiguousRingEmulatorIsTheReferenceMask) {
+  for (int R : {2, 3, 4})
+    for (bool causal : {true, false})
+      for (const std::vector<std::int32_t>& cu :
+           {std::vector<std::int32_t>{0, 8 * R}, {0, 3 * R, 5 * R + 1, 8 * R}}) {
+        const std::int64_t n = cu.back() / R;
+        ring_job job;
+        job.ring = R;
+        job.causal = causal;
+        job.zigzag = false;
+        job.global_cu = cu;
+        for (int r = 0; r < R; ++r) {
+          job.tokens.emplace_back();
+          for (std::int64_t t = r * n; t < (r + 1) * n; ++t) job.tokens.back().push_back(t);
+        }
+        for (int r = 0; r < R; ++r) {
+          const auto want = reference_key_sets(job.tokens[static_cast<std::size_t>(r)], cu, causal);
+          for (std::int64_t i = 0; i < n; ++i) {
+            const auto blocks = ring_key_blocks(job, r, i);
+            ASSERT_EQ(blocks.size(), static_cast<std::size_t>(R));
+            std::vector<std::int64_t> got;
+            for (int step = 0; step < R; ++step)
+              for (auto t : blocks[static_cast<std::size_t>(step)]) {
+                const int held = ((r - step) % R + R) % R;
+                EXPECT_EQ(t / n, held) << "a key of step " << step << " from another block";
+                got.push_back(t);
+              }
+            std::sort(got.begin(), got.end());
+            ASSERT_EQ(got, want[static_cast<std::size_t>(i)])
+                << "R=" << R << " causal " << causal << " rank " << r << " row " << i;
+          }
+        }
+      }
+}
+
+TEST(Dumps, RoundingToBitsIsTheDtypesRounding) {
+  // bfloat16 keeps 8 significant bits, float16 11; ties go to even.
+  EXPECT_EQ(round_to_bits(1.0 + 1.0 / 512, 8), 1.0);             // below half an ulp (2^-7)
+  EXPECT_EQ(round_to_bits(1.0 + 3.0 / 256, 8), 1.0 + 1.0 / 64);  // 1.01171875: a tie, to even
+  EXPECT_EQ(round_to_bits(1.0 + 1.0 / 256, 8), 1.0);             // a tie, to even (1.0)
+  EXPECT_EQ(round_to_bits(-23.37, 8), -23.375);
+  EXPECT_EQ(round_to_bits(-23.37, 11), -23.375);
+  EXPECT_EQ(round_to_bits(-23.3701, 11), -23.375);
+  EXPECT_EQ(round_to_bits(2049.0, 11), 2048.0);  // float16's spacing is 2 above 2048: a tie
+  EXPECT_EQ(round_to_bits(2051.0, 11), 2052.0);
+  EXPECT_EQ(round_to_bits(0.1, 0), 0.1);
+}
+
 TEST(Dumps, AttentionOverKeySetsIsTheReferenceKernel) {
   const int S = 24, H = 4, Hkv = 2, D = 8;
   const std::vector<std::int32_t> cu{0, 10, 24};

@@ -7,7 +7,9 @@ namespaces (tests/support/testhosts.py).
    crossed every host's link.
 2. A host's link taken down before an all-to-all: every surviving rank ends within deadline + 5 s,
    the first message says the network and names the host and its ranks, every rank leaves its
-   flight record, and `seqpar replay` of them names the same ranks.
+   flight record, and `seqpar replay` of them names the same ranks. Taken down after the verdict
+   under `seqpar launch`: named, every rank's record left (the cut host's too, whose ranks may
+   have passed the last barrier), every process gone within deadline + 10 s.
 3. Every rank process of a host stopped (SIGSTOP) at a random moment: the first message names
    them ("stopped or hung"), every other rank leaves its record, and the whole job — the stopped
    processes and mpiexec too — ends by itself within deadline + 10 s, mpiexec exiting non-zero.
@@ -103,6 +105,20 @@ with TestHosts(4) as hosts:
           f"every surviving rank ended {row['seconds']} s after the cut (deadline {DEADLINE} s + 5)")
     check(row["records_left"], f"every rank left its flight record: {row['records']}")
     check(row["replay_right"], f"replay names ranks {row['replay_ranks']} (want {row['ranks']})")
+    # 2b. The link cut after the verdict, under seqpar launch: the cut host's ranks may pass the
+    # job's last barrier (the others fail theirs and name the cut); their MPI_Finalize then
+    # stalls, they ask the other hosts, find them cut off and leave their records too.
+    victim = random.randrange(4)
+    row = netfaults.run_one(hosts, NP, failing, seqpar, "cut", "after-verdict", victim,
+                            os.path.join(work, "cut-after"), DEADLINE, launch=True)
+    print(json.dumps(row)[:1200])
+    check(row["named_right"], f"cut after the verdict: the first message names the network and "
+          f"host {row['host']} with ranks {row['ranks']}: {row['first'][:300]}")
+    check(row["records_left"], f"cut after the verdict: every rank, the cut host's too, left its "
+          f"flight record: {row['records']}")
+    check(row["left_running"] == 0 and row["seconds"] <= DEADLINE + 10,
+          f"cut after the verdict: every process ended {row['seconds']} s after the cut "
+          f"(deadline {DEADLINE} s + 10)")
     # 3. A host's rank processes stopped: named, and the job ends by itself.
     victim, moment = random.randrange(4), random.choice(sorted(netfaults.MOMENTS))
     row = netfaults.run_one(hosts, NP, failing, seqpar, "stop", moment, victim,

@@ -136,6 +136,9 @@ def test_yunchang_torch_backend_rounds_the_lse_in_bf16():
     every = dict(YUNCHANG, dtypes=("f32", "bf16", "f16"))
     ok, report = _run_one("yunchang_usp", _YC_BF16, every)
     assert not ok and "out.local differs" in report, report
+    # seqpar names the cause: the emulated ring with each step's LSE rounded to bf16 reproduces
+    # the failing rows.
+    assert "steps' LSEs were rounded to bf16" in report, report
     ok, report = _run_one("yunchang_usp_lse_f32", _YC_BF16, every)
     assert ok, report
 

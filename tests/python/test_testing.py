@@ -85,7 +85,12 @@ EXPECTED = {
     # (a ring taps lse before its merged output): the cause is checked instead.
     "no_causal": ("lse", "out.attn"),
 }
-CAUSE = {"no_causal": "without the causal mask"}
+CAUSE = {"no_causal": "without the causal mask",
+         "zigzag_swapped": "each local document as [late chunk | early chunk]",
+         "ring_src_off_by_one": "the ring source is off by one",
+         "lse_merge_no_max": "merged through exp(lse) in bf16 without subtracting the maximum",
+         "local_cu": "cu_seqlens computed from each rank's local position ids",
+         "no_scale": "scores not multiplied by the scale"}
 
 
 # Today's attention options (docs/attention.md): the example with every option declared passes;
