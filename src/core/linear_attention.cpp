@@ -70,6 +70,11 @@ tensor gdn_forward(communicator& comm, compute& c, const gdn_config& cfg,
   saved.rows = cfg.conv_rows(saved.u);
   saved.mixed = c.concat_columns({qf, kf, vf});
   saved.conv_out = c.causal_conv_forward(saved.mixed, w.conv, saved.rows, docs);
+  const auto tap = [&cfg](const char* stage, const tensor& t) {
+    if (cfg.tap) cfg.tap(stage, t);
+  };
+  tap("gdn_mixed", saved.mixed);
+  tap("gdn_conv", saved.conv_out);
   const std::int64_t lk = std::int64_t{hk} * cfg.k_dim, lv = std::int64_t{hv} * cfg.v_dim;
   const std::vector<std::int64_t> widths{lk, lk, lv};
   auto parts = c.split_columns(saved.conv_out, widths);
@@ -82,13 +87,17 @@ tensor gdn_forward(communicator& comm, compute& c, const gdn_config& cfg,
   saved.b = bf.reshaped({S, hv});
   c.delta_gates_forward(saved.a, saved.b, w.A_log, w.dt_bias, std::int64_t{saved.u} * hv, saved.g,
                         saved.beta);
+  tap("gdn_g", saved.g);
+  tap("gdn_beta", saved.beta);
 
   // GQA: query/key heads repeated to the value heads (repeat_interleave), then the rule.
   saved.q = rep > 1 ? c.repeat_heads(qc, rep) : qc;
   saved.k = rep > 1 ? c.repeat_heads(kc, rep) : kc;
   tensor core = c.empty(q.type, saved.v.shape);
   c.gated_delta_forward(saved.q, saved.k, saved.v, saved.g, saved.beta, docs, core);
+  tap("gdn_core", core);
   saved.core_local = gather_heads_scatter_seq(comm, c, cfg.group, core, tag + ".out.fwd");
+  tap("gdn_out", saved.core_local);
   saved.z = z;
   return c.gated_rms_norm_forward(saved.core_local, z, w.norm);
 }
@@ -109,18 +118,27 @@ gdn_grads gdn_backward(communicator& comm, compute& c, const gdn_config& cfg,
 
   tensor dcore_local;
   c.gated_rms_norm_backward(saved.core_local, saved.z, w.norm, dy, dcore_local, gr.dz, gr.dnorm);
+  const auto tap = [&cfg](const char* stage, const tensor& t) {
+    if (cfg.tap) cfg.tap(stage, t);
+  };
+  tap("d_gdn_out", dcore_local);
   const tensor dcore = gather_seq_scatter_heads(comm, c, cfg.group, dcore_local, tag + ".out.bwd");
+  tap("d_gdn_core", dcore);
   tensor dq_rep, dk_rep, dv, dg, dbeta;
   c.gated_delta_backward(saved.q, saved.k, saved.v, saved.g, saved.beta, docs, dcore, dq_rep,
                          dk_rep, dv, dg, dbeta);
+  tap("d_gdn_g", dg);
+  tap("d_gdn_beta", dbeta);
   const tensor dq = rep > 1 ? c.sum_repeated_heads(dq_rep, rep) : dq_rep;
   const tensor dk = rep > 1 ? c.sum_repeated_heads(dk_rep, rep) : dk_rep;
   tensor da, db;
   c.delta_gates_backward(saved.a, saved.b, w.A_log, w.dt_bias, std::int64_t{saved.u} * hv, dg,
                          dbeta, da, db, gr.dA_log, gr.ddt_bias);
   const tensor dconv_out = c.concat_columns({dq, dk, dv});
+  tap("d_gdn_conv", dconv_out);
   tensor dmixed;
   c.causal_conv_backward(saved.mixed, w.conv, saved.rows, docs, dconv_out, dmixed, gr.dconv);
+  tap("d_gdn_mixed", dmixed);
   const std::int64_t lk = std::int64_t{hk} * cfg.k_dim, lv = std::int64_t{hv} * cfg.v_dim;
   const std::vector<std::int64_t> widths{lk, lk, lv};
   auto parts = c.split_columns(dmixed, widths);

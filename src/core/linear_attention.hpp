@@ -3,6 +3,7 @@
 // `communicator` + `compute`: the same code runs one rank of an SP step (U > 1) and the whole
 // row of a non-SP step (U = 1, every all-to-all a copy).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,14 @@ struct gdn_config {
   /// (VeOmni's _get_local_conv1d_weight): q channels [u·lk, +lk), k channels [K + u·lk, +lk),
   /// v channels [2K + u·lv, +lv); lk = dk·Hk/U, lv = dv·Hv/U, K = dk·Hk.
   std::vector<std::int64_t> conv_rows(int u) const;
+  /// Receives the layer's inner stages as they are made (a check's first departure compares
+  /// them with the reference's): forward "gdn_mixed" (`[S, lk|lk|lv]`: q|k|v after the
+  /// all-to-all, this rank's heads), "gdn_conv" (after the convolution and SiLU), "gdn_g",
+  /// "gdn_beta" (`[S, Hv/U]`: the gates), "gdn_core" (`[S, Hv/U, dv]`: the delta rule's
+  /// output), "gdn_out" (`[S/U, Hv, dv]`: that output back in sequence layout, before the gated
+  /// norm); backward "d_gdn_out", "d_gdn_core", "d_gdn_g", "d_gdn_beta", "d_gdn_conv",
+  /// "d_gdn_mixed" (the gradients at those). Empty: nothing is tapped.
+  std::function<void(const char* stage, const tensor& t)> tap;
 };
 
 /// The layer's parameters, whole (every rank holds them all; the rank reads its slice).

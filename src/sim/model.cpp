@@ -641,7 +641,7 @@ class rank_step {
     c.gdn_w.dt_bias = as_tensor(comp, p[L(l, "dt_bias")], {Hv});
     c.gdn_w.norm = as_tensor(comp, p[L(l, "gdn_norm")], {s.linear_v_dim});
     const tensor y =
-        gdn_forward(comm, comp, gcfg, env.linear_docs, c.gdn_w,
+        gdn_forward(comm, comp, tapped_gdn_config(l, false), env.linear_docs, c.gdn_w,
                     to_tensor(comp, mat<T>(mixed.leftCols(K)), Hk, s.linear_k_dim),
                     to_tensor(comp, mat<T>(mixed.middleCols(K, K)), Hk, s.linear_k_dim),
                     to_tensor(comp, mat<T>(mixed.rightCols(V)), Hv, s.linear_v_dim),
@@ -782,8 +782,9 @@ class rank_step {
     const mat<T> dn =
         ops::linear_bwd(c.attn_out, p[L(l, "out_proj")], dx_mid, gr[L(l, "out_proj")]);
     tap_grad(l, "d_attn", dn);
-    const gdn_grads g = gdn_backward(comm, comp, gcfg, env.linear_docs, c.gdn_w, c.gdn,
-                                     to_tensor(comp, dn, Hv, s.linear_v_dim), L(l, "gdn"));
+    const gdn_grads g =
+        gdn_backward(comm, comp, tapped_gdn_config(l, true), env.linear_docs, c.gdn_w, c.gdn,
+                     to_tensor(comp, dn, Hv, s.linear_v_dim), L(l, "gdn"));
     c.gdn = {};
     mat<T> dmixed(n, 2 * K + V);
     dmixed << from_tensor<T>(comp, g.dq, n, K), from_tensor<T>(comp, g.dk, n, K),
@@ -916,6 +917,18 @@ class rank_step {
   void tap_grad(int l, const char* stage, const mat<T>& rows) { tap(l, stage, rows, tap_scale); }
   void tap_heads(int l, const char* stage, const tensor& t, std::int64_t width, bool grad) {
     if (env.tap_layer) tap(l, stage, from_tensor<T>(comp, t, n, width), grad ? tap_scale : 1.0);
+  }
+  /// gcfg, with GatedDeltaNet's inner stages tapped into env.tap_layer when it is set (rows: the
+  /// tensor's first dimension — the gathered sequence for the stages sharded by heads).
+  gdn_config tapped_gdn_config(int l, bool grad) {
+    gdn_config g = gcfg;
+    if (env.tap_layer)
+      g.tap = [this, l, grad](const char* stage, const tensor& t) {
+        const std::int64_t rows = t.shape.empty() ? 0 : t.shape[0];
+        tap(l, stage, from_tensor<T>(comp, t, rows, rows > 0 ? t.numel() / rows : 0),
+            grad ? tap_scale : 1.0);
+      };
+    return g;
   }
 
   const model_params<T>& p;

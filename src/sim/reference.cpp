@@ -793,6 +793,14 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       c.o = ops::gated_delta_rule(c.conv.leftCols(sp.K), c.conv.middleCols(sp.K, sp.K),
                                   c.conv.rightCols(sp.V), c.g, c.beta, s.linear_k_heads,
                                   s.linear_v_heads, pos, threads);
+      if (tap) {
+        tap(l, "gdn_mixed", c.qkv);
+        tap(l, "gdn_conv", c.conv);
+        tap(l, "gdn_g", c.g);
+        tap(l, "gdn_beta", c.beta);
+        tap(l, "gdn_core", c.o);
+        tap(l, "gdn_out", c.o);
+      }
       c.q = ops::gated_rms_norm(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads);
       if (tap) tap(l, "attn", c.q);
       c.x_mid = x + ops::linear(c.q, w.at(L(l, "out_proj")), threads);
@@ -886,18 +894,28 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
       matrix d_o, dz;
       ops::gated_rms_norm_backward(c.o, c.z, w.at(L(l, "gdn_norm")), s.linear_v_heads, dn, d_o, dz,
                                    gr.at(L(l, "gdn_norm")));
+      if (tap) {
+        tap(l, "d_gdn_out", d_o);
+        tap(l, "d_gdn_core", d_o);
+      }
       matrix dq, dk, dv, dg, dbeta;
       ops::gated_delta_rule_backward(c.conv.leftCols(sp.K), c.conv.middleCols(sp.K, sp.K),
                                      c.conv.rightCols(sp.V), c.g, c.beta, d_o, s.linear_k_heads,
                                      s.linear_v_heads, pos, dq, dk, dv, dg, dbeta, threads);
+      if (tap) {
+        tap(l, "d_gdn_g", dg);
+        tap(l, "d_gdn_beta", dbeta);
+      }
       matrix dga, dgb;
       ops::delta_gates_backward(c.ga, c.gb, w.at(L(l, "A_log")), w.at(L(l, "dt_bias")), dg, dbeta,
                                 dga, dgb, gr.at(L(l, "A_log")), gr.at(L(l, "dt_bias")));
       matrix dconv(c.conv.rows(), c.conv.cols());
       dconv << dq, dk, dv;
+      if (tap) tap(l, "d_gdn_conv", dconv);
       matrix dqkv;
       ops::causal_conv_silu_backward(c.qkv, w.at(L(l, "conv")), dconv, pos, dqkv,
                                      gr.at(L(l, "conv")));
+      if (tap) tap(l, "d_gdn_mixed", dqkv);
       matrix da =
           ops::linear_backward(c.a, w.at(L(l, "in_qkv")), dqkv, gr.at(L(l, "in_qkv")), threads);
       da += ops::linear_backward(c.a, w.at(L(l, "in_z")), dz, gr.at(L(l, "in_z")), threads);

@@ -92,7 +92,11 @@ struct step_result {
 /// "mlp_act", "x_out"; backward "d_out" (the gradient arriving at the layer's output),
 /// "d_mlp_act", "d_mlp_norm", "d_mid" (at the attention block's output), "d_attn" (at the
 /// attention's output, after the gate's backward), "d_q", "d_k", "d_v" (the attention's
-/// backward, before RoPE's), "d_attn_norm". GatedDeltaNet layers give no q/k/v stages. The step
+/// backward, before RoPE's), "d_attn_norm". GatedDeltaNet layers give no q/k/v stages but
+/// their own, of the whole row: "gdn_mixed" (the in_qkv projection, [T, 2K+V]), "gdn_conv"
+/// (after the convolution and SiLU), "gdn_g", "gdn_beta" ([T, Hv]), "gdn_core" and "gdn_out"
+/// (both the delta rule's output, [T, Hv·dv]), and backward "d_gdn_out" = "d_gdn_core",
+/// "d_gdn_g", "d_gdn_beta", "d_gdn_conv", "d_gdn_mixed" (the gradients there). The step
 /// outside the layers: layer −1 "embed" (the embedding's output) and "d_embed" (the gradient
 /// arriving at it); layer `s.layers` "final_norm", "logits", "d_logits" (the loss's gradient:
 /// softmax − one-hot of the labels, over the valid tokens) and "d_final_norm".

@@ -49,9 +49,27 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
   // Layer by layer against the reference's own boundaries (the oracle, rows in token order).
   try {
     const auto rb = reference_batch(s, batch);
+    // GatedDeltaNet's stages between its all-to-alls: each rank's own reference, the columns
+    // it holds of the gathered sequence's rows (padding rows: zero, never compared).
     (void)ref::train_step(s, as_reference_weights(p64), rb, opt.threads,
-                          [&rec](int l, const std::string& st, const ref::matrix& m) {
-                            rec.layers.add(-1, l, st, Eigen::MatrixXd(m));
+                          [&rec, &s, &cb](int l, const std::string& st, const ref::matrix& m) {
+                            if (gdn_head_columns(s, st, 0).empty()) {
+                              rec.layers.add(-1, l, st, Eigen::MatrixXd(m));
+                              return;
+                            }
+                            for (int k = 0; k < s.cp(); ++k) {
+                              const auto cols = gdn_head_columns(s, st, k % s.ulysses);
+                              const auto rows = ring_rank_tokens(cb, k / s.ulysses);
+                              Eigen::MatrixXd own =
+                                  Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(rows.size()),
+                                                        static_cast<Eigen::Index>(cols.size()));
+                              for (std::size_t i = 0; i < rows.size(); ++i)
+                                if (rows[i] < m.rows())
+                                  for (std::size_t c = 0; c < cols.size(); ++c)
+                                    own(static_cast<Eigen::Index>(i),
+                                        static_cast<Eigen::Index>(c)) = m(rows[i], cols[c]);
+                              rec.layers.add(-2 - k, l, st, std::move(own));
+                            }
                           });
     const double tol = std::max(rep.tolerance, 1e-10);
     const bool p2p_ring = s.ring > 1 && s.ring_forward != "allgather";

@@ -832,6 +832,31 @@ void add_ring_step_references(layer_trace& trace, const ring_step_layout& g) {
   }
 }
 
+std::vector<Eigen::Index> gdn_head_columns(const scenario& s, const std::string& stage, int u) {
+  const int U = s.ulysses;
+  if (U < 1 || s.linear_k_heads % U != 0 || s.linear_v_heads % U != 0) return {};
+  const Eigen::Index K = Eigen::Index{s.linear_k_heads} * s.linear_k_dim, lk = K / U,
+                     lv = Eigen::Index{s.linear_v_heads} * s.linear_v_dim / U,
+                     hv = s.linear_v_heads / U;
+  std::vector<Eigen::Index> cols;
+  const auto span = [&cols](Eigen::Index from, Eigen::Index n) {
+    for (Eigen::Index c = 0; c < n; ++c) cols.push_back(from + c);
+  };
+  const auto is = [&stage](std::initializer_list<const char*> names) {
+    return std::any_of(names.begin(), names.end(), [&stage](const char* n) { return stage == n; });
+  };
+  if (is({"gdn_mixed", "gdn_conv", "d_gdn_conv", "d_gdn_mixed"})) {
+    span(u * lk, lk);
+    span(K + u * lk, lk);
+    span(2 * K + u * lv, lv);
+  } else if (is({"gdn_g", "gdn_beta", "d_gdn_g", "d_gdn_beta"})) {
+    span(u * hv, hv);
+  } else if (is({"gdn_core", "d_gdn_core"})) {
+    span(u * lv, lv);
+  }
+  return cols;
+}
+
 std::optional<layer_departure> first_layer_departure(
     const layer_trace& trace, int layers, int ranks,
     const std::function<std::vector<std::int64_t>(int)>& rows_of, std::int64_t row_length,
@@ -848,6 +873,33 @@ std::optional<layer_departure> first_layer_departure(
       {"v", "forward: v projected"},
       {"q", "forward: q after its norm and RoPE (what enters the all-to-all or the ring)"},
       {"k", "forward: k after its norm and RoPE (what enters the all-to-all or the ring)"}};
+  // GatedDeltaNet's inner stages (its layers have no q/k/v stages): those between its
+  // all-to-alls hold the rank's heads of the gathered sequence, compared with the rank's own
+  // reference (the whole row's columns it holds: gdn_head_columns).
+  static const std::pair<const char*, const char*> gdn_forward[] = {
+      {"gdn_mixed",
+       "forward: GatedDeltaNet's q|k|v after its all-to-all (the rank's heads of the gathered "
+       "sequence), before the convolution"},
+      {"gdn_conv", "forward: GatedDeltaNet's q|k|v after the causal convolution and SiLU"},
+      {"gdn_g", "forward: GatedDeltaNet's decay gate g = −exp(A_log)·softplus(a + dt_bias)"},
+      {"gdn_beta", "forward: GatedDeltaNet's write gate beta = sigmoid(b)"},
+      {"gdn_core", "forward: GatedDeltaNet's delta rule output (the rank's heads)"},
+      {"gdn_out",
+       "forward: GatedDeltaNet's delta rule output back in token layout (after the reverse "
+       "all-to-all, before the gated norm)"}};
+  static const std::pair<const char*, const char*> gdn_backward[] = {
+      {"d_gdn_out",
+       "backward: the gradient at GatedDeltaNet's delta rule output in token layout (from the "
+       "gated norm's backward)"},
+      {"d_gdn_core", "backward: that gradient after its all-to-all (the rank's heads)"},
+      {"d_gdn_g", "backward: the delta rule's gradient at the decay gate g"},
+      {"d_gdn_beta", "backward: the delta rule's gradient at the write gate beta"},
+      {"d_gdn_conv",
+       "backward: the delta rule's gradient at q|k|v (after the convolution; q and k summed over "
+       "their repeated heads)"},
+      {"d_gdn_mixed",
+       "backward: the convolution's gradient at q|k|v (what the all-to-all sends back to the "
+       "token layout)"}};
   static const std::pair<const char*, const char*> after_ring[] = {
       {"attn",
        "forward: the attention's output back in token layout (after the reverse all-to-all, "
@@ -896,12 +948,14 @@ std::optional<layer_departure> first_layer_departure(
                       "mod R)",
                       i, i));
     }
+    for (const auto& [stage, what] : gdn_forward) put(l, stage, what);
     for (const auto& [stage, what] : after_ring) put(l, stage, what);
   }
   for (const auto& [stage, what] : head_forward) put(layers, stage, what);
   for (const auto& [stage, what] : head_backward) put(layers, stage, what);
   for (int l = layers - 1; l >= 0; --l) {
     for (const auto& [stage, what] : backward) put(l, stage, what);
+    for (const auto& [stage, what] : gdn_backward) put(l, stage, what);
     for (int i = 0; i < ring_steps; ++i) {
       put(l, fmt::format("ring_dq.step{}", i),
           fmt::format("backward: ring step {}'s dQ contribution (queries against the KV block of "

@@ -135,6 +135,13 @@ struct ring_step_layout {
 /// order). Memory O(256 × keys) per product.
 void add_ring_step_references(layer_trace& trace, const ring_step_layout& layout);
 
+/// GatedDeltaNet's stages sharded by heads (between its all-to-alls: "gdn_mixed", "gdn_conv",
+/// "gdn_g", "gdn_beta", "gdn_core" and their gradients "d_gdn_…"): the columns of the whole
+/// row's reference stage that Ulysses rank u holds, in its order (q|k|v channels as the rank's
+/// convolution takes them; its value heads of the gates and of the delta rule's output). Empty
+/// for every other stage.
+std::vector<Eigen::Index> gdn_head_columns(const scenario& s, const std::string& stage, int u);
+
 /// The first layer stage, in the order the step makes them (each layer's forward stages, a
 /// ring's steps among them, then the backward's from the last layer down; sim::sp_env::tap_layer
 /// names them), where an SP rank's rows differ from the reference's rows of the same tokens

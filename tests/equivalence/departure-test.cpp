@@ -327,6 +327,116 @@ TEST(departure, a_ring_step_whose_backward_computes_wrong_is_named_at_its_step) 
     }
 }
 
+// GatedDeltaNet's inner stages — between its all-to-alls, each rank's heads of the gathered
+// sequence — are compared with the reference's own: a bug in the convolution, the gates or the
+// delta rule, forward or backward, is named at its stage (not at the layer's output).
+scenario gated_deltanet(int U = 2) {
+  auto s = test::small_scenario(U, 1, 4, 2, {9, 1, 2, 12}, profile::veomni);
+  s.layers = 2;
+  s.layer_pattern = "LS";
+  s.linear_k_heads = std::max(2, U);  // whole key heads per rank; GQA 1 → 2 value heads
+  s.linear_v_heads = 2 * s.linear_k_heads;
+  s.linear_k_dim = 4;
+  s.linear_v_dim = 4;
+  s.conv_kernel = 4;
+  return s;
+}
+
+class write_gate_gradient_doubled : public test::forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void gated_delta_backward(const tensor& q, const tensor& k, const tensor& v, const tensor& g,
+                            const tensor& beta, const attention_docs& docs, const tensor& dout,
+                            tensor& dq, tensor& dk, tensor& dv, tensor& dg,
+                            tensor& dbeta) override {
+    forwarding_compute::gated_delta_backward(q, k, v, g, beta, docs, dout, dq, dk, dv, dg, dbeta);
+    scale(dbeta, 2.0);
+  }
+};
+
+class conv_input_gradient_halved : public test::forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void causal_conv_backward(const tensor& x, const tensor& w_full,
+                            std::span<const std::int64_t> rows, const attention_docs& docs,
+                            const tensor& dy, tensor& dx, tensor& dw_full) override {
+    forwarding_compute::causal_conv_backward(x, w_full, rows, docs, dy, dx, dw_full);
+    scale(dx, 0.5);
+  }
+};
+
+class decay_parameter_gradient_doubled : public test::forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void delta_gates_backward(const tensor& a, const tensor& b, const tensor& A_log,
+                            const tensor& dt_bias, std::int64_t head_offset, const tensor& dg,
+                            const tensor& dbeta, tensor& da, tensor& db, tensor& dA_log,
+                            tensor& ddt_bias) override {
+    // dA_log accumulates: double only what this call adds (2·after − before).
+    tensor minus_before = clone(dA_log);
+    scale(minus_before, -1.0);
+    forwarding_compute::delta_gates_backward(a, b, A_log, dt_bias, head_offset, dg, dbeta, da, db,
+                                             dA_log, ddt_bias);
+    scale(dA_log, 2.0);
+    add(dA_log, minus_before);
+  }
+};
+
+TEST(departure, gated_deltanets_inner_stages_are_named) {
+  struct placed {
+    const char* name;
+    std::function<std::unique_ptr<compute>(std::unique_ptr<compute>, communicator&)> bug;
+    const char* want;
+    const char* title;
+  };
+  const placed cases[] = {
+      {"the whole conv weight on every rank", test::wrap_compute_in<test::conv_weight_not_sliced>(),
+       "layer L0, forward: GatedDeltaNet's q|k|v after the causal convolution and SiLU differs",
+       "layer L0 gdn_conv"},
+      {"the convolution across documents", test::wrap_compute_in<test::conv_crosses_documents>(),
+       "layer L0, forward: GatedDeltaNet's q|k|v after the causal convolution and SiLU differs",
+       "layer L0 gdn_conv"},
+      {"A_log and dt_bias not sliced", test::wrap_compute_in<test::gates_not_sliced>(),
+       "layer L0, forward: GatedDeltaNet's decay gate g = −exp(A_log)·softplus(a + dt_bias) "
+       "differs on ranks 1 ",
+       "layer L0 gdn_g"},
+      {"the state across documents", test::wrap_compute_in<test::state_crosses_documents>(),
+       "layer L0, forward: GatedDeltaNet's delta rule output (the rank's heads) differs",
+       "layer L0 gdn_core"},
+      {"the write gate's gradient doubled", test::wrap_compute_in<write_gate_gradient_doubled>(),
+       "layer L0, backward: the delta rule's gradient at the write gate beta differs on ranks 0, 1",
+       "layer L0 d_gdn_beta"},
+      {"the convolution's input gradient halved",
+       test::wrap_compute_in<conv_input_gradient_halved>(),
+       "layer L0, backward: the convolution's gradient at q|k|v (what the all-to-all sends back "
+       "to the token layout) differs on ranks 0, 1",
+       "layer L0 d_gdn_mixed"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    verify::check_options o;
+    o.wrap_compute = c.bug;
+    const auto rep = verify::run_check(gated_deltanet(), o);
+    ASSERT_FALSE(rep.pass);
+    EXPECT_FALSE(rep.first.has_value()) << rep.first->line;
+    EXPECT_TRUE(rep.layer_departure.starts_with(c.want)) << rep.layer_departure;
+    ASSERT_FALSE(rep.heatmaps.empty());
+    EXPECT_TRUE(rep.heatmaps.front().title.starts_with(c.title)) << rep.heatmaps.front().title;
+  }
+  // Every row right, a parameter's gradient wrong (A_log's doubled): every inner stage, forward
+  // and backward, agrees with its reference on every rank's head slice (U = 2 and 4), and the
+  // gradient is said to be made wrong from right rows.
+  for (int U : {2, 4}) {
+    SCOPED_TRACE(fmt::format("U = {}", U));
+    verify::check_options o;
+    o.wrap_compute = test::wrap_compute_in<decay_parameter_gradient_doubled>();
+    const auto rep = verify::run_check(gated_deltanet(U), o);
+    ASSERT_FALSE(rep.pass);
+    EXPECT_TRUE(rep.layer_departure.empty()) << rep.layer_departure;
+    EXPECT_TRUE(has(rep.departure, "grad.L0.A_log is made wrong from right rows")) << rep.departure;
+  }
+}
+
 TEST(departure, healthy_ring_steps_equal_the_schedules_reference) {
   // No false departure: every ring step's partial output and LSE of a correct step equals the
   // reference built from the oracle's q, k, v (zigzag and contiguous, GQA, U × R hybrids).
