@@ -238,7 +238,8 @@ std::string chain_summary(mpi_communicator::impl& im, const std::vector<int>& mi
 }
 
 // Where every rank answers, when the job's data last arrived anywhere (what held the deadline
-// back while it did): "the job's data last arrived 2.9 s ago (at rank 5; 40 KiB …); ".
+// back while it did): "every rank answers; the job's data last arrived 2.9 s ago (at rank 5),
+// 18.2 s into the wait; ".
 std::string last_data_clause(const mpi_communicator::impl& im, steady::time_point start,
                              steady::time_point now) {
   auto latest = im.own_moving_at;
