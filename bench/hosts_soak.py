@@ -67,8 +67,10 @@ def main():
     if a.moments:
         kinds = [k for k in kinds if k[1] in a.moments]
     if not kinds:
-        sys.exit(f"hosts_soak: no fault of {a.faults} at a moment of {a.moments} "
-                 f"(faults: {list(netfaults.FAULTS) + list(netfaults.NOT_FAULTS)}; moments: {list(netfaults.MOMENTS)})")
+        print(f"hosts_soak: no fault of {a.faults} at a moment of {a.moments}: choose among the "
+              f"faults {list(netfaults.FAULTS) + list(netfaults.NOT_FAULTS)} and the moments "
+              f"{list(netfaults.MOMENTS)}", file=sys.stderr)
+        sys.exit(2)
     rows = []
     work = tempfile.mkdtemp(prefix="seqpar-soak-")
     t0 = time.monotonic()

@@ -204,55 +204,41 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
   }
   const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
                        base.chunk > 0 || base.softcap > 0;
+  // The dump's ring job emulated with one thing changed (forward stages): `change` edits it.
+  const auto ring_variant = [&](int shift, bool local_cu,
+                                const std::function<void(ring_job&)>& change = {}) {
+    auto job = dump_ring_job(g, base.causal, shift, local_cu, m.zigzag);
+    if (change) change(job);
+    auto v = base;
+    v.ring = std::make_shared<const ring_job>(std::move(job));
+    return v;
+  };
   if (!grad && g.R > 1 && m.zigzag && !options) {  // the emulated ring knows causal-or-not only
-    // The ring job emulated with one thing changed (forward stages).
-    const auto job = [&](int shift, bool local_cu) {
-      auto v = base;
-      v.ring = std::make_shared<ring_job>(dump_ring_job(g, base.causal, shift, local_cu));
-      return v;
-    };
-    {
-      auto v = job(0, false);
-      auto j = std::make_shared<ring_job>(*v.ring);
-      j->doc_mask_own_block_only = true;
-      v.ring = j;
-      members.push_back(
-          {"zigzag ring attention with the document mask applied only on the ring's own "
-           "(diagonal) block: on the other ranks' blocks queries attend across document "
-           "boundaries (the lower/upper sections without the same-document condition)",
-           v});
-    }
+    members.push_back(
+        {"zigzag ring attention with the document mask applied only on the ring's own "
+         "(diagonal) block: on the other ranks' blocks queries attend across document "
+         "boundaries (the lower/upper sections without the same-document condition)",
+         ring_variant(0, false, [](ring_job& j) { j.doc_mask_own_block_only = true; })});
     members.push_back(
         {"zigzag ring attention with cu_seqlens computed from each rank's local position ids (a "
          "document starts wherever position_id == 0): on a rank whose chunks hold no position "
          "0 the tokens of different documents form one document and attend across the "
          "boundary; use the global cu_seqlens // R",
-         job(0, true)});
-    {
-      auto v = job(0, false);
-      auto j = std::make_shared<ring_job>(*v.ring);
-      j->halves_swapped = true;
-      v.ring = j;
-      members.push_back(
-          {"zigzag ring attention whose masks take each local document as [late chunk | early "
-           "chunk]: the lower sections see the KV's late half instead of its early half, the "
-           "upper ones give the early query rows every KV row instead of the late ones",
-           v});
-    }
+         ring_variant(0, true)});
+    members.push_back(
+        {"zigzag ring attention whose masks take each local document as [late chunk | early "
+         "chunk]: the lower sections see the KV's late half instead of its early half, the "
+         "upper ones give the early query rows every KV row instead of the late ones",
+         ring_variant(0, false, [](ring_job& j) { j.halves_swapped = true; })});
     for (int shift : {1, -1})
-      if (shift == 1 || g.R > 2) {
-        auto v = job(shift, false);
-        auto j = std::make_shared<ring_job>(*v.ring);
-        j->own_source_as_diagonal = true;
-        v.ring = j;
+      if (shift == 1 || g.R > 2)
         members.push_back(
             {fmt::format("zigzag ring attention whose sections are chosen for KV source (r − i "
                          "{} 1) mod R while the KV held at step i is that of (r − i) mod R, the "
                          "step whose source it takes for its own masked as the diagonal block "
                          "(causal over local rows): the ring source is off by one",
                          shift > 0 ? "+" : "−"),
-             v});
-      }
+             ring_variant(shift, false, [](ring_job& j) { j.own_source_as_diagonal = true; })});
     for (int shift : {1, -1, 2, -2})
       if (std::abs(shift) < g.R)
         members.push_back(
@@ -261,7 +247,7 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
                          "mod R: the ring source is off by {}",
                          shift > 0 ? "+" : "−", std::abs(shift),
                          std::abs(shift) == 1 ? "one" : "two"),
-             job(shift, false)});
+             ring_variant(shift, false)});
   }
   // A kernel that returns each ring step's LSE in the input dtype (yunchang's torch backend:
   // lse.to(q.dtype)): the merge's weights then carry that dtype's rounding of |lse|, which
@@ -269,34 +255,24 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
   // every other term and so reproduces the cast too: the simpler mistake first.
   const auto in_dtype = calibration_dtype(m.dtype);
   const int lse_bits = in_dtype == "bf16" ? 8 : in_dtype == "f16" ? 11 : 0;
-  if (!grad && g.R > 1 && !options && lse_bits > 0) {
-    auto v = base;
-    auto j = std::make_shared<ring_job>(dump_ring_job(g, base.causal, 0, false, m.zigzag));
-    j->lse_bits = lse_bits;
-    v.ring = j;
+  if (!grad && g.R > 1 && !options && lse_bits > 0)
     members.push_back(
         {fmt::format("ring attention whose steps' LSEs were rounded to {} (the input dtype) "
                      "before the merge: each step's kernel returns its LSE as the inputs' "
                      "dtype (lse.to(q.dtype)) where the ring merges in float32 — the merge "
                      "weights then err by up to 2^-{}·|lse|; keep each step's LSE in float32",
                      in_dtype, lse_bits),
-         v});
-  }
+         ring_variant(0, false, [lse_bits](ring_job& j) { j.lse_bits = lse_bits; })});
   if (!grad && g.R > 1 && !options)
     for (const auto& [bits, name, overflow] :
-         {std::tuple{8, "bf16", 88.72}, std::tuple{11, "f16", 11.09}}) {
-      auto v = base;
-      auto j = std::make_shared<ring_job>(dump_ring_job(g, base.causal, 0, false, m.zigzag));
-      j->merge_exp_bits = bits;
-      v.ring = j;
+         {std::tuple{8, "bf16", 88.72}, std::tuple{11, "f16", 11.09}})
       members.push_back(
           {fmt::format("ring attention whose steps are merged through exp(lse) in {} without "
                        "subtracting the maximum — (e^lse·out + e^lse_b·out_b) / (e^lse + "
                        "e^lse_b) with every term rounded to {} (and exp overflowing past lse "
                        "{}); merge with exp(lse − max) or the softplus form",
                        name, name, overflow),
-           v});
-    }
+           ring_variant(0, false, [b = bits](ring_job& j) { j.merge_exp_bits = b; })});
   return members;
 }
 

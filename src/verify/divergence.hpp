@@ -26,6 +26,10 @@
 
 namespace seqpar::verify {
 
+/// Sorted distinct values as runs: "3–7, 12" (at most six runs, then "…"); the tokens of a
+/// departure's message.
+std::string value_runs(std::vector<std::int64_t> xs);
+
 /// One collective of one rank, with its data.
 struct call_capture {
   int rank = 0;            ///< global rank that issued it
