@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <mpi.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <list>
 #include <map>
 #include <mutex>
@@ -58,6 +61,27 @@ int world_rank() {
   return r;
 }
 
+// Tells MPICH's Hydra, over its PMI-1 socket, that this process is done (what MPI_Finalize
+// would have said last), and waits up to 2 s for the proxy's answer. A process that exits
+// without it is taken for a crash: Hydra kills the job's other processes and mpiexec exits 9.
+// Only after a finished job, with the thread that was inside MPI parked.
+void tell_launcher_done(int fd) {
+  static constexpr char cmd[] = "cmd=finalize\n";
+  if (write(fd, cmd, sizeof cmd - 1) != static_cast<ssize_t>(sizeof cmd - 1)) return;
+  pollfd p{fd, POLLIN, 0};
+  char answer[64];
+  if (poll(&p, 1, 2000) > 0 && read(fd, answer, sizeof answer) < 0) return;
+}
+
+// Whether thread `tid` of this process is blocked reading `fd` (Linux's
+// /proc/self/task/TID/syscall: the call's number, then its arguments in hex).
+bool reading(int tid, int fd) {
+  std::ifstream f(fmt::format("/proc/self/task/{}/syscall", tid));
+  long nr = -1;
+  std::string first;
+  return f >> nr >> first && nr == SYS_read && std::strtol(first.c_str(), nullptr, 16) == fd;
+}
+
 }  // namespace
 
 void check_mpi(int code, const char* call) {
@@ -77,6 +101,7 @@ mpi_session::mpi_session(int* argc, char*** argv, std::chrono::milliseconds time
   int init = 0;
   MPI_Initialized(&init);
   if (!init) {
+    if (const char* fd = std::getenv("PMI_FD"); fd && *fd) pmi_fd_ = std::atoi(fd);
     // Before MPI starts (no MPI state to fork): a process that ends this rank if its launcher
     // goes while it is stopped, or when it outlives the launcher by its deadline + 10 s
     // (its own watchdog ends a running rank sooner, with its flight record).
@@ -133,12 +158,24 @@ mpi_session::~mpi_session() {
       : timeout_.count() > 0
           ? std::max<std::chrono::milliseconds>(4 * timeout_, std::chrono::seconds(30))
           : timeout_,
-      done ? "the job had finished (every rank passed its last barrier) and its result stands; "
-             "the MPI transport's teardown stalled, so this rank ends with the result's exit "
-             "code"
+      done ? fmt::format("the job had finished (every rank passed its last barrier) and its "
+                         "result stands; the MPI transport's teardown stalled, so this rank "
+                         "ends with the result's exit code{}",
+                         pmi_fd_ >= 0 ? " (its launcher told it is done)" : "")
            : "a process of the job stopped, hung or died after its last call, so the job cannot "
              "end cleanly; what this rank printed before stands",
-      done ? finished_ : 2);
+      done ? finished_ : 2,
+      done && pmi_fd_ >= 0
+          // A rank blocked in the launcher's final barrier waits 10 s more: a rank stalled in
+          // the transport that tells the launcher it is done completes that barrier, and MPI
+          // then finalizes here. Telling the launcher while in its barrier would leave it
+          // answering a closed socket.
+          ? phase_guard::expiry{[fd = pmi_fd_](int tid) {
+                                  return reading(tid, fd) ? std::chrono::milliseconds(10000)
+                                                          : std::chrono::milliseconds(0);
+                                },
+                                [fd = pmi_fd_](int) { tell_launcher_done(fd); }}
+          : phase_guard::expiry{});
   MPI_Finalize();
 }
 

@@ -37,17 +37,21 @@ class mpi_session {
   [[noreturn]] static void abort_world(const std::string& message, int code = 2);
 
   /// The job has finished: every rank passed its last barrier and the result is printed. If
-  /// MPI_Finalize then stalls (seen across hosts over TCP: a process flushing its transport's
-  /// endpoints towards peers already blocked in the launcher's final barrier), the process ends
-  /// after 10 s with `exit_code` (the result's) and a note, not with an error. From here on a
-  /// rank that stays stopped (SIGSTOP) for 10 s is killed by its launcher sentinel
-  /// (sentinel.hpp), so that it does not hold mpiexec once the others have ended. Call it right
-  /// after the last barrier.
+  /// MPI_Finalize then stalls (seen across hosts over TCP: one process spinning in UCX's flush
+  /// of its endpoints, the others blocked in the launcher's final barrier, which never ends),
+  /// the process ends with `exit_code` (the result's) and a note, not with an error: after 10 s,
+  /// or 20 s when it waits in that barrier. Under MPICH's Hydra (PMI_FD set at start) it first
+  /// tells its launcher proxy that it is done (PMI's finalize; the main thread parked), so that
+  /// Hydra does not take the exit for a crash and kill the job's other processes (mpiexec exit
+  /// 9 or 255): the job ends with the result's exit code. From here on a rank that stays
+  /// stopped (SIGSTOP) for 10 s is killed by its launcher sentinel (sentinel.hpp), so that it
+  /// does not hold mpiexec once the others have ended. Call it right after the last barrier.
   void finished(int exit_code);
 
  private:
   bool owns_ = false;
   int finished_ = -1;
+  int pmi_fd_ = -1;  ///< Hydra's PMI-1 socket (PMI_FD), read before MPI_Init; -1: none
   std::chrono::milliseconds timeout_{0};
   int rank_ = 0, size_ = 1;
   std::string host_;

@@ -19,8 +19,17 @@ class phase_guard {
   /// user sees and can do. Guards nest; each is disarmed by its destructor. `exit_code` other
   /// than 2: the phase follows a finished job whose result stands — the line is a note, and
   /// the process ends with that code.
+  /// What a guard may do at its deadline besides printing: `grace` (asked once, on the monitor
+  /// thread) may give the phase more time, e.g. when the blocked thread waits on something that
+  /// may still come; `before_exit` runs once the line is printed, just before the process ends,
+  /// with the thread that armed the guard parked for good by a signal (park_signal): it may use
+  /// what that thread was using, except MPI. Both get that thread's kernel id.
+  struct expiry {
+    std::function<std::chrono::milliseconds(int tid)> grace;
+    std::function<void(int tid)> before_exit;
+  };
   phase_guard(std::string phase, std::chrono::milliseconds limit, std::string hint,
-              int exit_code = 2);
+              int exit_code = 2, expiry at_expiry = {});
   ~phase_guard();
   phase_guard(const phase_guard&) = delete;
   phase_guard& operator=(const phase_guard&) = delete;
@@ -32,6 +41,8 @@ class phase_guard {
   static void set_last_words(std::function<std::string(const std::string&, int)> f);
   /// Who this process is, for the message before MPI knows (PMI_RANK / PMI_RANK-less launch).
   static void set_rank(int rank);
+  /// The signal that parks a guard's thread before its `at_expiry` (its handler never returns).
+  static int park_signal();
 
  private:
   long id_ = 0;

@@ -123,9 +123,15 @@ ref::batch reference_batch(const scenario& s, const packed_batch& b) {
 }
 
 ring_step_layout ring_step_layout_of(const scenario& s, const ref::batch& rb,
-                                     const collated_batch& cb) {
+                                     const collated_batch& cb, const ref::weights& w) {
   ring_step_layout g;
   g.scen = s;
+  g.sinks.resize(static_cast<std::size_t>(s.layers));
+  for (int l = 0; l < s.layers; ++l)
+    if (!s.layer_is_linear(l) && s.attention_of(l).sinks) {
+      const auto& row = w.at(fmt::format("L{}.sinks", l));
+      g.sinks[static_cast<std::size_t>(l)].assign(row.data(), row.data() + row.size());
+    }
   g.row_length = cb.original_length;
   g.doc_of.assign(static_cast<std::size_t>(cb.original_length), 0);
   std::int64_t doc = 0;

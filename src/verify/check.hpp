@@ -155,10 +155,11 @@ struct reference_inputs {
 };
 reference_inputs reference_inputs_of(const scenario& s);
 
-/// What add_ring_step_references needs of a scenario: its layout and the row's documents (from
-/// the reference batch's position ids); ring_rows reads `cb`, which must outlive the result.
+/// What add_ring_step_references needs of a scenario: its layout, the row's documents (from
+/// the reference batch's position ids) and the sink logits of layers with sinks (from `w`);
+/// ring_rows reads `cb`, which must outlive the result.
 ring_step_layout ring_step_layout_of(const scenario& s, const ref::batch& rb,
-                                     const collated_batch& cb);
+                                     const collated_batch& cb, const ref::weights& w);
 
 /// The relative tolerance for a scenario and precision, and the model behind it.
 /// float64: 1e-10 (only summation order differs). float32: see error_model in the report.

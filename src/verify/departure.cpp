@@ -74,7 +74,9 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
     const double tol = std::max(rep.tolerance, 1e-10);
     const bool p2p_ring = s.ring > 1 && s.ring_forward != "allgather";
     // Each ring step's partial as the correct schedule makes it, from the oracle's q, k, v.
-    if (p2p_ring) add_ring_step_references(rec.layers, ring_step_layout_of(s, rb, cb));
+    if (p2p_ring)
+      add_ring_step_references(rec.layers,
+                               ring_step_layout_of(s, rb, cb, as_reference_weights(p64)));
     if (auto where = first_layer_departure(
             rec.layers, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); },
             cb.original_length, tol, p2p_ring ? s.ring : 0,

@@ -122,6 +122,8 @@ struct ring_step_layout {
   std::vector<std::int64_t> doc_of;  ///< document index of each token (< row_length)
   /// The padded-row index of each row a ring rank holds, in the gathered order.
   std::function<std::vector<std::int64_t>(int ring_rank)> ring_rows;
+  /// Each layer's sink logit per query head (empty: the layer has no sinks).
+  std::vector<std::vector<double>> sinks;
 };
 
 /// Each ring step's partial result as the correct schedule makes it, per SP rank, from the
@@ -130,9 +132,10 @@ struct ring_step_layout {
 /// each query seeing the keys of the block in its own document at or before it (softmax in
 /// float64; a row that sees none: 0 and −∞). Added as rank −2 − k, stages "ring_out.step<i>"
 /// [rows, heads·d] and "ring_lse.step<i>" [rows, heads]. Where the trace also holds the
-/// reference's attention output and its gradient ("attn", "d_attn") and the layer has no sinks,
-/// each step's own backward contributions too, from the whole row's softmax (P = e^(S − LSE)
-/// with the row's full LSE; dS = P∘(dO·Vᵀ − D), D = dO·O, through the cap's slope):
+/// reference's attention output and its gradient ("attn", "d_attn"), each step's own backward
+/// contributions too, from the whole row's softmax (P = e^(S − LSE) with the row's full LSE —
+/// a layer's sink column in it, which has no value and no key —; dS = P∘(dO·Vᵀ − D), D = dO·O,
+/// through the cap's slope):
 /// "ring_dq.step<i>" [rows, heads·d] (scale·dS·K over the block's keys), "ring_dk.step<i>" and
 /// "ring_dv.step<i>" [block rows, local KV heads·d] (scale·dSᵀ·Q and Pᵀ·dO of the rank's
 /// queries, summed over each local KV head's query heads; rows in the block owner's gathered

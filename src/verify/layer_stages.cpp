@@ -46,7 +46,12 @@ void add_ring_backward_references(layer_trace& trace, const ring_step_layout& g,
   const auto& s = g.scen;
   const int U = s.ulysses, R = s.ring, H = s.heads, Hkv = s.kv_heads, D = s.head_dim;
   const attention_options ao = s.attention_of(l);
-  if (ao.sinks) return;  // the sink's column enters P and D: not modelled here
+  // A sink adds a column of its own to each row's softmax (no key, no value): it enters the
+  // row's LSE, so every P, and through O also D; its own gradient is not a ring step's.
+  const auto* sink = static_cast<std::size_t>(l) < g.sinks.size()
+                         ? &g.sinks[static_cast<std::size_t>(l)]
+                         : nullptr;
+  if (ao.sinks && (!sink || static_cast<int>(sink->size()) != H)) return;
   const auto *q = trace.get(-1, l, "q"), *k = trace.get(-1, l, "k"), *v = trace.get(-1, l, "v");
   const auto *o = trace.get(-1, l, "attn"), *dO = trace.get(-1, l, "d_attn");
   if (!q || !k || !v || !o || !dO || o->cols() != H * D || dO->cols() != H * D ||
@@ -90,6 +95,10 @@ void add_ring_backward_references(layer_trace& trace, const ring_step_layout& g,
               capped(scale * q->row(t).segment(h * D, D).dot(k->row(kt).segment(kvh * D, D)));
           sc.push_back(x);
           m = std::max(m, x);
+        }
+        if (ao.sinks) {
+          sc.push_back((*sink)[static_cast<std::size_t>(h)]);
+          m = std::max(m, sc.back());
         }
         if (m == -INFINITY) continue;
         double sum = 0;

@@ -309,22 +309,26 @@ class second_ring_step_backward_scaled : public test::forwarding_compute {
 };
 
 TEST(departure, a_ring_step_whose_backward_computes_wrong_is_named_at_its_step) {
-  for (const bool dk : {false, true})
-    for (const char* kind : {"allgather", "ring"}) {
-      SCOPED_TRACE(fmt::format("{} scaled, ring backward {}", dk ? "dK" : "dQ", kind));
-      auto s = make(2, 2, 4, 2, {8, 16});
-      s.ring_backward = kind;
-      verify::check_options o;
-      o.wrap_compute = [dk](std::unique_ptr<compute> c, communicator&) {
-        return std::make_unique<second_ring_step_backward_scaled>(std::move(c), dk);
-      };
-      const auto rep = verify::run_check(s, o);
-      ASSERT_FALSE(rep.pass);
-      EXPECT_FALSE(rep.first.has_value()) << rep.first->line;
-      EXPECT_TRUE(rep.layer_departure.starts_with(
-          fmt::format("layer L0, backward: ring step 1's {} contribution", dk ? "dK" : "dQ")))
-          << rep.layer_departure;
-    }
+  // With sinks too: the sink's column enters every step's P (the row's LSE) and D.
+  for (const bool sinks : {false, true})
+    for (const bool dk : {false, true})
+      for (const char* kind : {"allgather", "ring"}) {
+        SCOPED_TRACE(fmt::format("{} scaled, ring backward {}{}", dk ? "dK" : "dQ", kind,
+                                 sinks ? ", sinks" : ""));
+        auto s = make(2, 2, 4, 2, {8, 16});
+        s.ring_backward = kind;
+        s.sinks = sinks;
+        verify::check_options o;
+        o.wrap_compute = [dk](std::unique_ptr<compute> c, communicator&) {
+          return std::make_unique<second_ring_step_backward_scaled>(std::move(c), dk);
+        };
+        const auto rep = verify::run_check(s, o);
+        ASSERT_FALSE(rep.pass);
+        EXPECT_FALSE(rep.first.has_value()) << rep.first->line;
+        EXPECT_TRUE(rep.layer_departure.starts_with(
+            fmt::format("layer L0, backward: ring step 1's {} contribution", dk ? "dK" : "dQ")))
+            << rep.layer_departure;
+      }
 }
 
 // GatedDeltaNet's inner stages — between its all-to-alls, each rank's heads of the gathered
@@ -450,8 +454,16 @@ TEST(departure, healthy_ring_steps_equal_the_schedules_reference) {
   windowed.window = 5;
   windowed.softcap = 2;
   windowed.attention_pattern = "W";
-  for (const auto& s :
-       {make(2, 2, 4, 2, {8, 16}), make(1, 4, 4, 1, {16, 24}), contiguous, ring_bwd, windowed}) {
+  // Sinks (gpt-oss): on every layer, and with a window on one of two layers.
+  auto sinks = make(2, 2, 4, 2, {8, 16});
+  sinks.ring_backward = "ring";
+  sinks.sinks = true;
+  auto sinks_windowed = windowed;
+  sinks_windowed.sinks = true;
+  sinks_windowed.layers = 2;
+  sinks_windowed.attention_pattern = "WF";
+  for (const auto& s : {make(2, 2, 4, 2, {8, 16}), make(1, 4, 4, 1, {16, 24}), contiguous, ring_bwd,
+                        windowed, sinks, sinks_windowed}) {
     SCOPED_TRACE(fmt::format("U{} R{} zigzag {}", s.ulysses, s.ring, s.zigzag));
     verify::layer_trace trace;
     verify::check_options o;
@@ -464,7 +476,8 @@ TEST(departure, healthy_ring_steps_equal_the_schedules_reference) {
                           [&trace](int l, const std::string& st, const ref::matrix& m) {
                             trace.add(-1, l, st, Eigen::MatrixXd(m));
                           });
-    verify::add_ring_step_references(trace, verify::ring_step_layout_of(s, in.batch, cb));
+    verify::add_ring_step_references(trace,
+                                     verify::ring_step_layout_of(s, in.batch, cb, in.weights));
     // (The last ring rank skips no step, contiguous or not.)
     const int last = (s.ring - 1) * s.ulysses;
     ASSERT_NE(trace.get(last, 0, "ring_out.step1"), nullptr);
@@ -615,7 +628,8 @@ TEST(departure, healthy_attention_options_leave_no_departure_anywhere) {
                             trace.add(-1, l, st, Eigen::MatrixXd(m));
                           });
     if (s.ring > 1)
-      verify::add_ring_step_references(trace, verify::ring_step_layout_of(s, in.batch, cb));
+      verify::add_ring_step_references(trace,
+                                       verify::ring_step_layout_of(s, in.batch, cb, in.weights));
     const auto where = verify::first_layer_departure(
         trace, s.layers, s.cp(), [&cb](int k) { return rank_tokens(cb, k); }, cb.original_length,
         1e-10, s.ring > 1 ? s.ring : 0,

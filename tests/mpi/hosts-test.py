@@ -14,7 +14,8 @@ namespaces (tests/support/testhosts.py).
    them ("stopped or hung"), every other rank leaves its record, and the whole job — the stopped
    processes and mpiexec too — ends by itself within deadline + 10 s, mpiexec exiting non-zero.
 4. A random host's link limited to 20 Mbit/s for the whole run (slow, not broken): the check
-   passes (exit 0), no watchdog fires, and the run says the network was slow and by how much.
+   passes (mpiexec exit 0, also when MPICH's teardown stalls), no watchdog fires, and the run
+   says the network was slow and by how much.
 5. Under `seqpar launch`, every process of a random host SIGKILLed (its launcher proxy too: the
    host died) at a random moment: the console's first error line names the host's ranks as gone,
    every surviving rank leaves its record, replay names the same ranks, and every process ends
@@ -25,7 +26,7 @@ namespaces (tests/support/testhosts.py).
    with the data arriving at rank 1.
 7. Every rank process of a random host stopped after the job's last barrier (the verdict
    printed, the ranks inside MPI_Finalize, which across these hosts stalls until each rank's
-   10 s teardown guard ends it): the verdict stands, and the whole job still ends within
+   teardown guard ends it, after 10-20 s): the verdict stands, and the whole job still ends within
    deadline + 10 s of the stop — the stopped ranks killed by their sentinels — mpiexec exiting
    non-zero.
 (Slow links and killed hosts are measured by bench/hosts_soak.py, not here: see docs/clusters.md.)
@@ -72,12 +73,12 @@ with TestHosts(4) as hosts:
     moved = [hosts.tx_bytes(h) - before[h] for h in range(4)]
     # MPICH's UCX teardown across TCP hosts sometimes stalls after the job has finished (a
     # process flushing its endpoints towards peers already in the launcher's final barrier;
-    # docs/status.md): the ranks then end after 10 s with the result's exit code and a note, and
-    # mpiexec may die of the closed sockets. The report is still judged whole below.
+    # docs/status.md): the ranks then end after 10-20 s with a note, having told Hydra they are
+    # done, so that mpiexec still exits with the result's code (0 here).
     lines = [l for l in mpi.stderr.splitlines() if "UCX" not in l]
     stalled = [l for l in lines if "the MPI transport's teardown stalled" in l]
     errors = [l for l in lines if "seqpar: error" in l]
-    ended = mpi.returncode == 0 or (stalled and not errors and mpi.stdout.strip())
+    ended = mpi.returncode == 0 and not errors and mpi.stdout.strip()
     check(ended and sim.returncode == 0,
           f"check across 4 hosts exits {mpi.returncode} (sim {sim.returncode}): {lines[:3]}")
     if stalled:
@@ -136,10 +137,10 @@ with TestHosts(4) as hosts:
     row = netfaults.run_one(hosts, NP, failing, seqpar, "slow", "whole run", victim,
                             os.path.join(work, "slow"), DEADLINE)
     print(json.dumps(row)[:600])
-    # The verdict is what a slow link must not change. (Across these hosts MPICH's teardown
-    # sometimes stalls after a finished job — docs/status.md —, which can cost the exit code
-    # without any error line: the report and the absence of errors are judged.)
-    check(row["passed"] and not row["first"],
+    # The verdict is what a slow link must not change, nor mpiexec's exit code (MPICH's
+    # teardown across these hosts sometimes stalls after a finished job — docs/status.md —: the
+    # ranks then tell Hydra they are done before they end).
+    check(row["passed"] and not row["first"] and row["exit"] == 0,
           f"a 20 Mbit/s link on {row['host']} is not a fault: the check passed (exit "
           f"{row['exit']}) after {row['seconds']} s, first error '{row['first'][:200]}'")
     check(bool(row["slow_note"]), f"the run says the network was slow and by how much: "
@@ -167,12 +168,11 @@ with TestHosts(4) as hosts:
     done = {int(m.group(1)): (float(m.group(2)), m.group(3)) for m in
             re.finditer(r"^rank (\d): done after ([0-9.e+]+) s; (.*)$", run.stdout, re.M)}
     # As in 1., MPICH's teardown across these hosts may stall after every rank has finished
-    # (each rank then ends after its note) and mpiexec may die of the closed sockets, losing
-    # some ranks' output: no rank may report an error, and rank 2 must have finished.
+    # (each rank then ends after its note, having told Hydra it is done): no rank may report an
+    # error, rank 2 must have finished and mpiexec exits 0.
     errs = [l for l in run.stderr.splitlines() if "seqpar: error" in l or "rank " in l and
             "watchdog" in l and "teardown stalled" not in l]
-    stalled = "the MPI transport's teardown stalled" in run.stderr
-    check(not errs and 2 in done and (run.returncode == 0 or stalled),
+    check(not errs and 2 in done and run.returncode == 0,
           f"a 3 MB transfer over a 4 Mbit/s link with a 1 s deadline: every rank finished "
           f"(exit {run.returncode}; {run.stdout.strip()[:300]} {run.stderr.strip()[:600]})")
     if 2 in done:
