@@ -88,6 +88,21 @@ VARIANTS = {
     ("ring", "ring_src_off_by_one"): (
         dict(R=4, S=64, docs=[16, 48]), "ring_src_off_by_one",
         "ring section chosen for source (r-i+1) mod R while holding KV of (r-i) mod R"),
+    # The other ways round and the longer shifts (each only possible with more ring ranks: -1
+    # needs R > 2, +2 and -2 differ from each other only for R > 4).
+    ("ring", "ring_src_off_by_minus_one"): (
+        dict(R=4, S=64, docs=[16, 48]), "ring_src_off_by_minus_one",
+        "ring section chosen for source (r-i-1) mod R while holding KV of (r-i) mod R"),
+    ("ring", "ring_src_off_by_two"): (
+        dict(R=5, S=80, docs=[20, 60]), "ring_src_off_by_two",
+        "ring section chosen for source (r-i+2) mod R while holding KV of (r-i) mod R"),
+    ("ring", "ring_src_off_by_minus_two"): (
+        dict(R=5, S=80, docs=[20, 60]), "ring_src_off_by_minus_two",
+        "ring section chosen for source (r-i-2) mod R while holding KV of (r-i) mod R"),
+    ("ring", "zigzag_halves_swapped"): (
+        dict(R=2), "zigzag_halves_swapped",
+        "the shard is right but the masks take each local document as [late | early]: lower "
+        "sections see the KV's late half, upper ones give the early query rows every KV row"),
     ("ulysses", "kv_grad_not_summed"): (
         dict(U=4), "kv_grad_not_summed",
         "KV repeat backward keeps the first copy's gradient instead of summing the copies"),
@@ -222,11 +237,19 @@ STANDARD = [
     ("ulysses", "no_scale", "f32"),
     ("ring", "lse_merge_no_max", "bf16"),
     ("ring", "ring_src_off_by_one", "f32"),
+    ("ring", "ring_src_off_by_minus_one", "f32"),
+    ("ring", "ring_src_off_by_two", "f32"),
+    ("ring", "ring_src_off_by_minus_two", "f32"),
+    ("ring", "zigzag_halves_swapped", "f32"),
     ("ulysses", "kv_grad_not_summed", "f32"),
     ("ulysses", "no_causal", "f32"),
 ]
 
 EXPECTED_CRASH = {"no_kv_repeat"}
+
+# The ring source off by k: sections chosen for (r - i + k) mod R.
+SOURCE_SHIFT = {"ring_src_off_by_one": 1, "ring_src_off_by_minus_one": -1,
+                "ring_src_off_by_two": 2, "ring_src_off_by_minus_two": -2}
 
 
 def make_cfg(job, variant, dtype, seed=0):
@@ -318,6 +341,14 @@ def section_mask(kind, cu, n, causal=True):
 def step_mask(plan, i, n):
     """The mask of ring step i: section_mask, or (docmask_own_block) the document mask only on
     the diagonal block: other blocks' sections without document boundaries."""
+    if plan.bug == "zigzag_halves_swapped" and plan.sections[i] != "diag":
+        # BROKEN: each local document taken as [late | early]: the halves' roles swapped.
+        doc, mid = doc_table(plan.cu, n)
+        rows = torch.arange(n)
+        same = doc[:, None] == doc[None, :]
+        if plan.sections[i] == "lower":
+            return same & (rows >= mid)[None, :]
+        return same & (rows < mid)[:, None]
     if plan.bug != "docmask_own_block" or i == 0:
         return section_mask(plan.sections[i], plan.cu, n)
     _, mid = doc_table(plan.cu, n)
@@ -830,7 +861,7 @@ def _worker(rank, cfg, out_dir, port):
             cu_local = [c // R for c in cfg["cu"]]
         sections = []
         for i in range(R):
-            src = (rr - i + 1) % R if bug == "ring_src_off_by_one" else (rr - i) % R
+            src = (rr - i + SOURCE_SHIFT.get(bug, 0)) % R
             sections.append("diag" if i == 0 else ("lower" if src < rr else "upper"))
         plan = RingPlan(rgroups[urank], [urank + U * j for j in range(R)], rr, cu_local,
                         scale_used, sections,
