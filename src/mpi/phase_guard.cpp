@@ -4,10 +4,8 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <csignal>
-
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>

@@ -3,10 +3,11 @@
 // world, MPI_Comm_create_group, MPI_Finalize, writing a flight record. Those calls block inside
 // MPI or the file system, where no heartbeat is sent and no control message is read; a rank
 // that stopped or died leaves the others inside them. A guard needs no MPI: one monitor thread
-// per process watches the phases armed, and when one outlives its deadline it runs the last
-// words (if set), prints
+// per process watches the phases armed, and when one outlives its deadline (and any grace its
+// `expiry` gives) it runs the last words (if set), prints
 //   seqpar: error: rank R on HOST: watchdog: <phase> did not finish within T s: <hint>
-// and ends the process with exit code 2, so that the launcher ends the job.
+// runs the guard's `before_exit` (if any) and ends the process with exit code 2 (or the code
+// the guard names), so that the launcher ends the job.
 #include <chrono>
 #include <functional>
 #include <string>
