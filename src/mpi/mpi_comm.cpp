@@ -70,7 +70,8 @@ void tell_launcher_done(int fd) {
   if (write(fd, cmd, sizeof cmd - 1) != static_cast<ssize_t>(sizeof cmd - 1)) return;
   pollfd p{fd, POLLIN, 0};
   char answer[64];
-  if (poll(&p, 1, 2000) > 0 && read(fd, answer, sizeof answer) < 0) return;
+  if (poll(&p, 1, 2000) <= 0) return;
+  [[maybe_unused]] const auto n = read(fd, answer, sizeof answer);  // taken, not needed
 }
 
 // Whether thread `tid` of this process is blocked reading `fd` (Linux's
@@ -152,6 +153,15 @@ mpi_session::~mpi_session() {
   // MPI_Finalize flushes the job's last traffic, which a slow link stretches: it gets 4 × the
   // deadline (as a progressing wait does), at least 30 s.
   const bool done = finished_ >= 0;
+  // After a finished job, under Hydra: the rank tells its launcher it is done before it ends.
+  // One blocked in the launcher's final barrier does so 10 s later than the rank stalled in the
+  // transport: telling Hydra while it owes that barrier's reply made a proxy answer a closed
+  // socket and die (mpiexec exit 255).
+  phase_guard::expiry tell_launcher;
+  if (done && pmi_fd_ >= 0)
+    tell_launcher = {
+        [fd = pmi_fd_](int tid) { return std::chrono::milliseconds(reading(tid, fd) ? 10000 : 0); },
+        [fd = pmi_fd_](int) { tell_launcher_done(fd); }};
   const phase_guard guard(
       "MPI_Finalize",
       done ? std::chrono::milliseconds(10000)
@@ -164,18 +174,7 @@ mpi_session::~mpi_session() {
                          pmi_fd_ >= 0 ? " (its launcher told it is done)" : "")
            : "a process of the job stopped, hung or died after its last call, so the job cannot "
              "end cleanly; what this rank printed before stands",
-      done ? finished_ : 2,
-      done && pmi_fd_ >= 0
-          // A rank blocked in the launcher's final barrier waits 10 s more: a rank stalled in
-          // the transport that tells the launcher it is done completes that barrier, and MPI
-          // then finalizes here. Telling the launcher while in its barrier would leave it
-          // answering a closed socket.
-          ? phase_guard::expiry{[fd = pmi_fd_](int tid) {
-                                  return reading(tid, fd) ? std::chrono::milliseconds(10000)
-                                                          : std::chrono::milliseconds(0);
-                                },
-                                [fd = pmi_fd_](int) { tell_launcher_done(fd); }}
-          : phase_guard::expiry{});
+      done ? finished_ : 2, std::move(tell_launcher));
   MPI_Finalize();
 }
 
