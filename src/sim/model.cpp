@@ -679,22 +679,38 @@ class rank_step {
         env.tap_attention(L(l, "attn"), "v.local", vt);
       }
       c.inner = make_inner(l);
-      if (env.tap_attention && s.sinks)  // every head's sink logit ("sinks" [H])
-        env.tap_attention(L(l, "attn"), "sinks", as_tensor(comp, p[L(l, "sinks")], {H}));
+      tap_sinks(l);
       o = ulysses_forward(comm, comp, ucfg, *c.inner, qt, kt, vt, c.saved, L(l, "attn"));
       if (env.tap_attention) env.tap_attention(L(l, "attn"), "out.local", o);
     } else {
       // Async Ulysses (VeOmni's order): q, k, v projected one by one, each overlapping the
       // previous all-to-all; q/k norm and RoPE on the gathered rows.
+      // Where stages are recorded, q and k are also normed and rotated on the local rows, as
+      // the sync order does: what the gathered rows must be once moved (each row's norm and
+      // RoPE are the same arithmetic on either side of the all-to-all, bit for bit), so the
+      // layer's "q"/"k" stages and the dump engine's local shards exist for this order too.
       ulysses_async_hooks hooks;
-      const auto projected = [&](const char* w, const char* b, const char* stage, int heads) {
+      const bool tapping = env.tap_layer || env.tap_attention;
+      const auto projected = [&](const char* w, const char* b, const char* stage, int heads,
+                                 const char* which) {
         const mat<T> y = proj(w, b);
         tap(l, stage, y);
-        return to_tensor(comp, y, heads, D);
+        tensor t = to_tensor(comp, y, heads, D);
+        if (!tapping) return t;
+        if (which == nullptr) {
+          if (env.tap_attention) env.tap_attention(L(l, "attn"), "v.local", t);
+          return t;
+        }
+        tensor unused;
+        const tensor local = async_post(comp, s, p, l, which, t, unused, pos);
+        tap(l, which, from_tensor<T>(comp, local, n, std::int64_t{heads} * D));
+        if (env.tap_attention)
+          env.tap_attention(L(l, "attn"), fmt::format("{}.local", which), local);
+        return t;
       };
-      hooks.project_q = [&] { return projected("wq", "bq", "q_proj", H); };
-      hooks.project_k = [&] { return projected("wk", "bk", "k_proj", Hkv); };
-      hooks.project_v = [&] { return projected("wv", "bv", "v", Hkv); };
+      hooks.project_q = [&] { return projected("wq", "bq", "q_proj", H, "q"); };
+      hooks.project_k = [&] { return projected("wk", "bk", "k_proj", Hkv, "k"); };
+      hooks.project_v = [&] { return projected("wv", "bv", "v", Hkv, nullptr); };
       hooks.post_q = [&](const tensor& x) {
         return async_post(comp, s, p, l, "q", x, c.q_gathered, gpos);
       };
@@ -702,7 +718,9 @@ class rank_step {
         return async_post(comp, s, p, l, "k", x, c.k_gathered, gpos);
       };
       c.inner = make_inner(l);
+      tap_sinks(l);
       o = ulysses_async_forward(comm, comp, ucfg, *c.inner, hooks, c.async_saved, 0, L(l, "attn"));
+      if (env.tap_attention) env.tap_attention(L(l, "attn"), "out.local", o);
     }
     c.attn_out = from_tensor<T>(comp, o, n, std::int64_t{H} * D);
     tap(l, "attn", c.attn_out);
@@ -835,13 +853,22 @@ class rank_step {
     if (env.async_ulysses) {
       ulysses_async_hooks hooks;
       hooks.output_weight_backward = wo_grad;
+      // A Ulysses group of one gathers nothing: its gathered gradient is the local one.
+      const auto local_grad = [&](const char* which, const tensor& dy) {
+        if (env.tap_attention && ucfg.group.size() == 1)
+          env.tap_attention(L(l, "attn"), fmt::format("grad.{}.local", which), dy);
+      };
       hooks.post_q_backward = [&](const tensor& dy) {
+        local_grad("q", dy);
         return async_post_backward(comp, s, p, gr, l, "q", c.q_gathered, dy, gpos);
       };
       hooks.post_k_backward = [&](const tensor& dy) {
+        local_grad("k", dy);
         return async_post_backward(comp, s, p, gr, l, "k", c.k_gathered, dy, gpos);
       };
       hooks.project_v_backward = [&](const tensor& g) {
+        tap_heads(l, "d_v", g, std::int64_t{Hkv} * D, true);
+        if (env.tap_attention) env.tap_attention(L(l, "attn"), "grad.v.local", g);
         proj_bwd("wv", "bv", from_tensor<T>(comp, g, n, std::int64_t{Hkv} * D));
       };
       hooks.project_k_backward = [&](const tensor& g) {
@@ -850,8 +877,11 @@ class rank_step {
       hooks.project_q_backward = [&](const tensor& g) {
         proj_bwd("wq", "bq", from_tensor<T>(comp, g, n, std::int64_t{H} * D));
       };
-      ulysses_async_backward(comm, comp, ucfg, *c.inner, hooks, c.async_saved,
-                             to_tensor(comp, dattn, H, D), L(l, "attn"));
+      // The gradients of q and k as they enter attention are never held on the local rows in
+      // this order (they are rotated back on the gathered rows): no grad.q/k.local stage.
+      const tensor dout = to_tensor(comp, dattn, H, D);
+      if (env.tap_attention) env.tap_attention(L(l, "attn"), "grad.out.local", dout);
+      ulysses_async_backward(comm, comp, ucfg, *c.inner, hooks, c.async_saved, dout, L(l, "attn"));
       c.async_saved = {};
       c.q_gathered = c.k_gathered = {};
     } else {
@@ -884,7 +914,7 @@ class rank_step {
       for (std::size_t h = 0; h < ds.size(); ++h)
         share(0, u_index * heads_here + static_cast<int>(h)) = static_cast<T>(ds[h]);
       g += share;
-      if (env.tap_attention && !env.async_ulysses)
+      if (env.tap_attention)
         env.tap_attention(L(l, "attn"), "grad.sinks", as_tensor(comp, share, {H}));
     }
     c.inner.reset();
@@ -910,6 +940,11 @@ class rank_step {
     return inner;
   }
 
+  /// Every head's sink logit ("sinks" [H]) into the recorded attention stages.
+  void tap_sinks(int l) {
+    if (env.tap_attention && s.sinks)
+      env.tap_attention(L(l, "attn"), "sinks", as_tensor(comp, p[L(l, "sinks")], {H}));
+  }
   void tap(int l, const char* stage, const mat<T>& rows, double scale = 1.0) {
     if (env.tap_layer) env.tap_layer(l, stage, rows.template cast<double>() * scale);
   }

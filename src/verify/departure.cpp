@@ -109,8 +109,8 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
   if (rec.stages.empty()) {
     rep.departure = transport +
                     ": it departs in what the ranks compute or hold, not in transport (the "
-                    "attention's stages are recorded for sync Ulysses and ring softmax layers "
-                    "only)";
+                    "attention's stages are recorded for softmax layers only: "
+                    "GatedDeltaNet's inner stages are compared with the layer stages)";
     return;
   }
   try {

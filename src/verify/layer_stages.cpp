@@ -275,8 +275,12 @@ std::optional<layer_departure> first_layer_departure(
       {"q_proj", "forward: q projected (before its norm and RoPE)"},
       {"k_proj", "forward: k projected (before its norm and RoPE)"},
       {"v", "forward: v projected"},
-      {"q", "forward: q after its norm and RoPE (what enters the all-to-all or the ring)"},
-      {"k", "forward: k after its norm and RoPE (what enters the all-to-all or the ring)"}};
+      {"q",
+       "forward: q after its norm and RoPE on the local rows (what enters the all-to-all "
+       "or the ring; async Ulysses applies them after its all-to-all, to the same values)"},
+      {"k",
+       "forward: k after its norm and RoPE on the local rows (what enters the all-to-all "
+       "or the ring; async Ulysses applies them after its all-to-all, to the same values)"}};
   // GatedDeltaNet's inner stages (its layers have no q/k/v stages): those between its
   // all-to-alls hold the rank's heads of the gathered sequence, compared with the rank's own
   // reference (the whole row's columns it holds: gdn_head_columns).

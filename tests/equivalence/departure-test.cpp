@@ -595,16 +595,72 @@ TEST(departure, a_passing_check_reports_none_and_reruns_nothing) {
 
 }  // namespace
 
+TEST(departure, an_async_ulysses_layer_is_judged_stage_by_stage) {
+  // Async Ulysses (VeOmni's order: q, k, v moved as projected, their norm and RoPE on the
+  // gathered rows) holds the same stages as the sync order once q and k are normed and rotated
+  // on the local rows too: a planted bug is named at its stage, not only at the layer's output.
+  auto s = make(2, 1, 4, 2, {24, 9, 15});
+  s.ulysses_strategy = "async";
+  s.qk_norm = true;
+  auto bidir = s;
+  bidir.bidirectional = true;
+  auto sinks = s;
+  sinks.sinks = true;
+  using wrap = std::function<std::unique_ptr<compute>(std::unique_ptr<compute>, communicator&)>;
+  const wrap causal_left_in = [](std::unique_ptr<compute> inner, communicator&) {
+    return std::unique_ptr<compute>(std::make_unique<test::attention_docs_changed>(
+        std::move(inner), test::causal_mask_left_in));
+  };
+  const struct {
+    const char* name;
+    scenario s;
+    wrap bug;
+    const char* layer;  // the layer departure's start ("": none)
+    const char* stage;  // the attention's first differing stage
+  } cases[] = {
+      {"heads scattered strided", s, test::wrap_compute_in<test::heads_scattered_strided>(),
+       "layer L0, forward: the attention's output", "q.gathered"},
+      {"q/k norm over the rank's heads", s,
+       test::wrap_compute_in<test::qk_norm_over_all_local_heads>(),
+       "layer L0, forward: q after its norm and RoPE", "q.gathered"},
+      {"causal mask left in", bidir, causal_left_in, "layer L0, forward: the attention's output",
+       "out.attn"},
+      // The sink's LSE (the forward's output is right; its backward uses the un-sinked
+      // softmax) and a backward-only bug: the sinks' gradient (async grad.sinks now recorded).
+      {"sink as a sigmoid with the LSE kept", sinks,
+       test::wrap_compute_in<test::sink_sigmoid_lse_kept>(),
+       "layer L0, backward: v's gradient from the attention's backward", "lse"},
+      {"sinks' gradient doubled", sinks, test::wrap_compute_in<test::sink_gradient_doubled>(), "",
+       "grad.sinks"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    ASSERT_TRUE(resolve_ulysses_strategy(c.s).async);
+    verify::check_options o;
+    o.wrap_compute = c.bug;
+    const auto rep = verify::run_check(c.s, o);
+    ASSERT_FALSE(rep.pass);
+    ASSERT_TRUE(rep.attention.has_value()) << rep.departure;
+    EXPECT_EQ(rep.attention->call_name, "L0.attn") << rep.departure;
+    EXPECT_EQ(rep.attention->stage, c.stage) << rep.departure;
+    if (*c.layer == '\0')  // every layer stage matches: the parameter's gradient is named
+      EXPECT_TRUE(rep.layer_departure.empty()) << rep.layer_departure;
+    else
+      EXPECT_TRUE(rep.layer_departure.starts_with(c.layer)) << rep.layer_departure;
+  }
+}
+
 TEST(departure, healthy_attention_options_leave_no_departure_anywhere) {
   // Today's attention options on a correct step: every ring step equals the schedule's reference
   // under the layer's mask and capping, and the validate --dump engine judges every attention
   // stage (the sinks' gradient included) consistent with its reference.
   std::vector<scenario> scens;
-  for (const char* name : {"gpt-oss", "gemma2", "llama4", "dit"}) {
-    auto s = builtin_scenario(name);
-    s.ulysses_strategy = "sync";  // async Ulysses records no local shard stages
-    scens.push_back(s);
-  }
+  for (const char* name : {"gpt-oss", "gemma2", "llama4", "dit"})
+    for (const char* strategy : {"sync", "async"}) {  // async: q/k normed and rotated gathered
+      auto s = builtin_scenario(name);
+      s.ulysses_strategy = strategy;
+      scens.push_back(s);
+    }
   auto w = make(2, 2, 4, 2, {24, 16});
   w.bidirectional = true;
   w.window = 3;
@@ -613,7 +669,7 @@ TEST(departure, healthy_attention_options_leave_no_departure_anywhere) {
   w.softcap = 0.8;
   scens.push_back(w);
   for (const auto& s : scens) {
-    SCOPED_TRACE(s.name + " " + s.describe_attention());
+    SCOPED_TRACE(s.name + " " + s.ulysses_strategy + " " + s.describe_attention());
     verify::layer_trace trace;
     const auto b = make_batch(s);
     const auto cb = collate(b, options_of(s));
@@ -637,6 +693,10 @@ TEST(departure, healthy_attention_options_leave_no_departure_anywhere) {
     EXPECT_FALSE(where.has_value()) << where->line;
     const auto v = verify::judge_attention(stages, 0);
     EXPECT_FALSE(v.first.has_value()) << v.first->stage << ": " << v.first->diagnosis;
+    // Async Ulysses never holds q's and k's gradients on the local rows: said, not judged.
+    const bool async = s.ulysses > 1 && resolve_ulysses_strategy(s).async;
+    EXPECT_EQ(v.what.find("not judged: grad.k.local, grad.q.local") != std::string::npos, async)
+        << v.what;
     if (!s.sinks) continue;
     // The sinks' gradient is judged, not skipped: one grad.sinks row per softmax layer.
     const auto dir = std::filesystem::temp_directory_path() / ("seqpar-sinks-" + s.name);
