@@ -661,6 +661,12 @@ TEST(departure, healthy_attention_options_leave_no_departure_anywhere) {
       s.ulysses_strategy = strategy;
       scens.push_back(s);
     }
+  // Async with the KV heads repeated (U > Hkv) and async under a ring (hybrid), q/k normed.
+  for (auto s : {make(4, 1, 8, 2, {9, 15}), make(2, 2, 4, 2, {24, 16})}) {
+    s.ulysses_strategy = "async";
+    s.qk_norm = true;
+    scens.push_back(s);
+  }
   auto w = make(2, 2, 4, 2, {24, 16});
   w.bidirectional = true;
   w.window = 3;
