@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 
 #include "core/layout.hpp"
 #include "core/ring_schedule.hpp"
@@ -95,6 +96,23 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
       std::vector<std::string> grads;
       for (const auto& r : rep.rows)
         if (!r.pass && r.tensor.starts_with("grad.")) grads.push_back(r.tensor);
+      // Which accumulation, where the parameter's share on each rank can be rebuilt from that
+      // rank's own (matching) rows: the embedding's scatter-add.
+      std::optional<std::string> embed;
+      if (std::find(grads.begin(), grads.end(), "grad.embed") != grads.end()) {
+        std::int64_t offset = 0;
+        std::size_t i = 0;
+        for (; i < p64.names.size() && p64.names[i] != "embed"; ++i)
+          offset += static_cast<std::int64_t>(p64.values[i].size());
+        // The backward's taps are of the global loss: VeOmni's and DeepSpeed's ∂L/∂ℓ factor
+        // (the SP group's size) divided out (sim::sp_env::tap_layer).
+        const double grad_scale = shifts_whole_row(s.profile) && s.cp() > 1 ? 1.0 / s.cp() : 1.0;
+        if (i < p64.names.size())
+          embed = embedding_share_finding(
+              calls, rec.layers,
+              [&cb](int k) { return cb.ranks[static_cast<std::size_t>(k)].input_ids; }, s.cp(),
+              offset, s.vocab, s.hidden, grad_scale);
+      }
       transport += fmt::format(
           "; every stage of the step (the embedding, each layer's boundaries, the final norm, "
           "the logits and the loss's gradient), forward and backward, matches the reference's{}",
@@ -102,6 +120,7 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
                         : fmt::format(": {} {} made wrong from right rows (the accumulation "
                                       "into the parameter, or its reduction across ranks)",
                                       fmt::join(grads, ", "), grads.size() > 1 ? "are" : "is"));
+      if (embed) transport += "; " + *embed;
     }
   } catch (const std::exception&) {
     // The boundaries are a refinement: without them the attention's verdict still stands.

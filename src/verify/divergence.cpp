@@ -28,6 +28,41 @@ std::vector<call_capture> capture_log::calls() const {
   return calls_;
 }
 
+/// Element i of a buffer as a double (floating dtypes; integers as their value).
+double captured_value(const std::vector<unsigned char>& b, std::size_t i, dtype t) {
+  switch (t) {
+    case dtype::f64: {
+      double x;
+      std::memcpy(&x, b.data() + i * 8, 8);
+      return x;
+    }
+    case dtype::f32: {
+      float x;
+      std::memcpy(&x, b.data() + i * 4, 4);
+      return x;
+    }
+    case dtype::bf16: {
+      std::uint16_t h;
+      std::memcpy(&h, b.data() + i * 2, 2);
+      const std::uint32_t w = static_cast<std::uint32_t>(h) << 16;
+      float x;
+      std::memcpy(&x, &w, 4);
+      return x;
+    }
+    case dtype::i32: {
+      std::int32_t x;
+      std::memcpy(&x, b.data() + i * 4, 4);
+      return x;
+    }
+    case dtype::i64: {
+      std::int64_t x;
+      std::memcpy(&x, b.data() + i * 8, 8);
+      return static_cast<double>(x);
+    }
+  }
+  return 0;
+}
+
 namespace {
 
 using bytes = std::vector<unsigned char>;
@@ -134,41 +169,6 @@ class capturing final : public communicator {
   std::int64_t order_ = 0;
   std::map<std::string, std::int64_t> seq_;
 };
-
-/// Element i of a buffer as a double (floating dtypes; integers as their value).
-double value(const bytes& b, std::size_t i, dtype t) {
-  switch (t) {
-    case dtype::f64: {
-      double x;
-      std::memcpy(&x, b.data() + i * 8, 8);
-      return x;
-    }
-    case dtype::f32: {
-      float x;
-      std::memcpy(&x, b.data() + i * 4, 4);
-      return x;
-    }
-    case dtype::bf16: {
-      std::uint16_t h;
-      std::memcpy(&h, b.data() + i * 2, 2);
-      const std::uint32_t w = static_cast<std::uint32_t>(h) << 16;
-      float x;
-      std::memcpy(&x, &w, 4);
-      return x;
-    }
-    case dtype::i32: {
-      std::int32_t x;
-      std::memcpy(&x, b.data() + i * 4, 4);
-      return x;
-    }
-    case dtype::i64: {
-      std::int64_t x;
-      std::memcpy(&x, b.data() + i * 8, 8);
-      return static_cast<double>(x);
-    }
-  }
-  return 0;
-}
 
 std::size_t elements(const bytes& b, dtype t) { return b.size() / dtype_size(t); }
 
@@ -315,7 +315,7 @@ class checker {
       const auto* d = peer(c, j);
       if (!d || d->sent.empty() || elements(d->sent[0], c.type) < base + count) return std::nullopt;
       for (std::size_t e = 0; e < count; ++e) {
-        const double x = value(d->sent[0], base + e, c.type);
+        const double x = captured_value(d->sent[0], base + e, c.type);
         sum[e] += x;
         mag[e] += std::abs(x);
       }
@@ -325,7 +325,7 @@ class checker {
     bool zero = true, twice = true, reversed = true;
     std::size_t wrong = 0, first = 0, last = 0;
     for (std::size_t e = 0; e < count; ++e) {
-      const double g = value(got, e, c.type), tol = 2.0 * n * u * mag[e];
+      const double g = captured_value(got, e, c.type), tol = 2.0 * n * u * mag[e];
       const bool ok = std::abs(g - sum[e]) <= tol;
       if (!ok) {
         if (wrong++ == 0) first = e;

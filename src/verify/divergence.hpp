@@ -30,6 +30,9 @@ namespace seqpar::verify {
 /// departure's message.
 std::string value_runs(std::vector<std::int64_t> xs);
 
+/// Element i of a captured buffer as a double (floating dtypes; integers as their value).
+double captured_value(const std::vector<unsigned char>& b, std::size_t i, dtype t);
+
 /// One collective of one rank, with its data.
 struct call_capture {
   int rank = 0;            ///< global rank that issued it
@@ -168,5 +171,19 @@ std::optional<layer_departure> first_layer_departure(
     double tol, int ring_steps = 0,
     const std::function<std::vector<std::int64_t>(int)>& gathered_rows_of = {},
     const std::function<std::vector<std::int64_t>(int, int)>& step_block_rows_of = {});
+
+/// Where every stage's rows match and the embedding's gradient still fails: each rank's share
+/// of it (its input to the step's first "grad." all_reduce, the flat buffer from element
+/// `offset`, [vocab, hidden] row-major) against the scatter-add of the rank's own recorded
+/// "d_embed" rows (layer −1 of `trace`, divided by `grad_scale`, the factor the backward's
+/// taps carry) into the rows of its token ids (`ids_of(rank)`, local order). Says which ranks'
+/// shares differ at which ids and why (one token's gradient where the sum of the id's tokens
+/// belongs: assigned, not accumulated; rows of ids the rank does not hold); that every share is
+/// right (the reduction, or what follows it, is then to blame); nullopt where no reduction or
+/// no rows were recorded.
+std::optional<std::string> embedding_share_finding(
+    const std::vector<call_capture>& calls, const layer_trace& trace,
+    const std::function<std::vector<std::int64_t>(int)>& ids_of, int ranks, std::int64_t offset,
+    std::int64_t vocab, std::int64_t hidden, double grad_scale);
 
 }  // namespace seqpar::verify

@@ -456,4 +456,119 @@ std::optional<layer_departure> first_layer_departure(
   return std::nullopt;
 }
 
+std::optional<std::string> embedding_share_finding(
+    const std::vector<call_capture>& calls, const layer_trace& trace,
+    const std::function<std::vector<std::int64_t>(int)>& ids_of, int ranks, std::int64_t offset,
+    std::int64_t vocab, std::int64_t hidden, double grad_scale) {
+  std::vector<int> assigned_ranks, wrong_ranks, foreign_ranks;
+  std::vector<std::int64_t> assigned_ids, wrong_ids, foreign_ids;
+  std::int64_t most = 0;  // the largest count of one id among the assigned ones
+  double worst = 0;
+  for (int k = 0; k < ranks; ++k) {
+    const call_capture* share = nullptr;
+    for (const auto& c : calls)
+      if (c.rank == k && c.op == "all_reduce" && c.tag.starts_with("grad.") && !c.sent.empty() &&
+          (share == nullptr || c.order < share->order))
+        share = &c;
+    const Eigen::MatrixXd* rows = trace.get(k, -1, "d_embed");
+    const auto ids = ids_of(k);
+    if (share == nullptr || rows == nullptr || rows->cols() != hidden ||
+        rows->rows() != static_cast<Eigen::Index>(ids.size()))
+      return std::nullopt;
+    const auto n = static_cast<std::size_t>(offset + vocab * hidden);
+    if (share->sent[0].size() < n * dtype_size(share->type)) return std::nullopt;
+    // The scatter-add in float64 over the ids the rank holds (memory: its rows, not the
+    // vocabulary), with each id's count and the sum of magnitudes (its bound).
+    const Eigen::MatrixXd raw = *rows / grad_scale;
+    struct id_sum {
+      Eigen::RowVectorXd want, mag;
+      std::int64_t count = 0;
+    };
+    std::map<std::int64_t, id_sum> held;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto v = ids[i];
+      if (v < 0 || v >= vocab) return std::nullopt;
+      auto& e = held[v];
+      if (e.count++ == 0) e.want = e.mag = Eigen::RowVectorXd::Zero(hidden);
+      e.want += raw.row(static_cast<Eigen::Index>(i));
+      e.mag += raw.row(static_cast<Eigen::Index>(i)).cwiseAbs();
+    }
+    const double u = share->type == dtype::f64   ? 0x1p-53
+                     : share->type == dtype::f32 ? 0x1p-24
+                                                 : 0x1p-8;
+    const auto got = [&](std::int64_t v, std::int64_t j) {
+      return captured_value(share->sent[0], static_cast<std::size_t>(offset + v * hidden + j),
+                            share->type);
+    };
+    // Within the rounding of `count` additions in the share's precision (and the tap's scaling).
+    const auto matches = [&](std::int64_t v, const Eigen::RowVectorXd& w, const id_sum& e) {
+      const double bound = 4.0 * static_cast<double>(e.count + 2) * u;
+      for (std::int64_t j = 0; j < hidden; ++j)
+        if (!(std::abs(got(v, j) - w[j]) <= bound * (e.mag[j] + std::abs(w[j])) + 1e-300))
+          return false;
+      return true;
+    };
+    bool assigned = false, wrong = false, foreign = false;
+    for (std::int64_t v = 0; v < vocab; ++v) {
+      const auto it = held.find(v);
+      if (it == held.end()) {  // an id the rank does not hold: its row stays 0
+        for (std::int64_t j = 0; j < hidden; ++j)
+          if (got(v, j) != 0) {
+            foreign = true;
+            foreign_ids.push_back(v);
+            break;
+          }
+        continue;
+      }
+      const auto& e = it->second;
+      if (matches(v, e.want, e)) continue;
+      const double peak = std::max(e.want.cwiseAbs().maxCoeff(), 1e-300);
+      for (std::int64_t j = 0; j < hidden; ++j)
+        worst = std::max(worst, std::abs(got(v, j) - e.want[j]) / peak);
+      // One of the id's tokens' gradient alone: the rows were assigned, not added.
+      bool one = false;
+      for (std::size_t i = 0; i < ids.size() && !one; ++i)
+        one = ids[i] == v && matches(v, raw.row(static_cast<Eigen::Index>(i)), e);
+      if (one && e.count > 1) {
+        assigned = true;
+        assigned_ids.push_back(v);
+        most = std::max(most, e.count);
+      } else {
+        wrong = true;
+        wrong_ids.push_back(v);
+      }
+    }
+    if (assigned) assigned_ranks.push_back(k);
+    if (wrong) wrong_ranks.push_back(k);
+    if (foreign) foreign_ranks.push_back(k);
+  }
+  if (assigned_ranks.empty() && wrong_ranks.empty() && foreign_ranks.empty())
+    return "every rank's share of grad.embed (its input to the gradient reduction) is the "
+           "scatter-add of its tokens' gradients into the rows of their ids: the reduction, or "
+           "what follows it, makes it wrong";
+  std::vector<std::string> parts;
+  const auto ranks_of = [](const std::vector<int>& r) {
+    return fmt::format("rank{} {}", r.size() > 1 ? "s" : "", fmt::join(r, ", "));
+  };
+  if (!assigned_ranks.empty())
+    parts.push_back(fmt::format(
+        "on {} the rows of ids {} ({} by the rank) hold one token's gradient where the sum of "
+        "the id's tokens belongs: the embedding's backward assigns where it must accumulate",
+        ranks_of(assigned_ranks), value_runs(assigned_ids),
+        most > 2 ? fmt::format("each held 2–{} times", most) : std::string("each held twice")));
+  if (!wrong_ranks.empty())
+    parts.push_back(
+        fmt::format("on {} the rows of ids {} are not the sum of their tokens' "
+                    "gradients",
+                    ranks_of(wrong_ranks), value_runs(wrong_ids)));
+  if (!foreign_ranks.empty())
+    parts.push_back(fmt::format("on {} the rows of ids {}, which the rank does not hold, are not 0",
+                                ranks_of(foreign_ranks), value_runs(foreign_ids)));
+  return fmt::format(
+      "grad.embed's shares (each rank's input to the gradient reduction) against the "
+      "scatter-add of the rank's own tokens' gradients (which match the reference's) into the "
+      "rows of their ids: {}{}",
+      fmt::join(parts, "; "), worst > 0 ? fmt::format(" (max rel {:.3g})", worst) : "");
+}
+
 }  // namespace seqpar::verify

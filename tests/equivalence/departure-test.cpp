@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -571,6 +572,95 @@ TEST(departure, the_step_outside_the_layers_has_stages_of_its_own) {
         has(rep.departure, "matches the reference's: grad.L0.sinks is made wrong from right rows"))
         << rep.departure;
   }
+}
+
+TEST(departure, an_embedding_backward_that_assigns_is_named) {
+  // Every stage's rows right, grad.embed wrong: each rank's share of it (its input to the
+  // gradient reduction) is rebuilt from the rank's own rows of the embedding's output gradient,
+  // and the ids held twice or more that keep one token's gradient are named — xorl (a sum) and
+  // VeOmni (the ∂L/∂ℓ factor in the rows), in float64 and float32.
+  for (const auto prof : {profile::xorl, profile::veomni})
+    for (const auto type : {dtype::f64, dtype::f32}) {
+      SCOPED_TRACE(fmt::format("{} {}", profile_name(prof), dtype_name(type)));
+      auto s = test::small_scenario(2, 1, 4, 2, {9, 15}, prof);
+      s.vocab = 7;                  // 24 tokens over 7 ids: every rank holds some id more than once
+      s.ulysses_strategy = "sync";  // the tensor step's Ulysses
+      verify::check_options o;
+      o.tensor_step = true;
+      o.type = type;
+      o.wrap_compute = test::wrap_compute_in<test::embedding_grad_assigned>();
+      const auto rep = verify::run_check(s, o);
+      ASSERT_FALSE(rep.pass);
+      EXPECT_TRUE(rep.layer_departure.empty()) << rep.layer_departure;
+      EXPECT_TRUE(has(rep.departure, "grad.embed is made wrong from right rows")) << rep.departure;
+      EXPECT_TRUE(has(rep.departure, "on ranks 0, 1 the rows of ids")) << rep.departure;
+      EXPECT_TRUE(has(rep.departure, "the embedding's backward assigns where it must accumulate"))
+          << rep.departure;
+      EXPECT_FALSE(has(rep.departure, "are not the sum of their tokens' gradients"))
+          << rep.departure;
+    }
+}
+
+TEST(departure, embedding_shares_rebuilt_from_right_rows_are_not_blamed) {
+  // The share check on its own: two ranks' d_embed rows and their inputs to the reduction
+  // (a parameter before the embedding in the flat buffer: offset 3). Right shares are said to
+  // be right; a row of an id the rank does not hold, and a sum off by one row, are named as
+  // such (neither is "assigned").
+  const std::int64_t vocab = 5, hidden = 2, offset = 3;
+  const std::vector<std::vector<std::int64_t>> ids{{1, 3, 1, 4}, {0, 0, 2}};
+  verify::layer_trace trace;
+  std::vector<Eigen::MatrixXd> shares;
+  for (int k = 0; k < 2; ++k) {
+    const auto& id = ids[static_cast<std::size_t>(k)];
+    Eigen::MatrixXd rows(static_cast<Eigen::Index>(id.size()), hidden);
+    for (Eigen::Index i = 0; i < rows.rows(); ++i)
+      rows.row(i) << 0.25 * (i + 1) + k, -0.5 * (i + 2);
+    Eigen::MatrixXd share = Eigen::MatrixXd::Zero(vocab, hidden);
+    for (std::size_t i = 0; i < id.size(); ++i)
+      share.row(id[i]) += 2.0 * rows.row(static_cast<Eigen::Index>(i));  // the tap's 1/2 undone
+    trace.add(k, -1, "d_embed", rows);
+    shares.push_back(share);
+  }
+  const auto calls_of = [&](const std::vector<Eigen::MatrixXd>& sh) {
+    std::vector<verify::call_capture> calls;
+    for (int k = 0; k < 2; ++k) {
+      verify::call_capture c;
+      c.rank = k;
+      c.op = "all_reduce";
+      c.tag = "grad.fsdp";
+      c.type = dtype::f64;
+      std::vector<double> flat(static_cast<std::size_t>(offset), 9.0);
+      for (Eigen::Index v = 0; v < vocab; ++v)
+        for (Eigen::Index j = 0; j < hidden; ++j)
+          flat.push_back(sh[static_cast<std::size_t>(k)](v, j));
+      c.sent.emplace_back(flat.size() * sizeof(double));
+      std::memcpy(c.sent[0].data(), flat.data(), c.sent[0].size());
+      calls.push_back(std::move(c));
+    }
+    return calls;
+  };
+  const auto finding = [&](const std::vector<Eigen::MatrixXd>& sh) {
+    return verify::embedding_share_finding(
+        calls_of(sh), trace, [&ids](int k) { return ids[static_cast<std::size_t>(k)]; }, 2, offset,
+        vocab, hidden, 0.5);
+  };
+  const auto right = finding(shares);
+  ASSERT_TRUE(right.has_value());
+  EXPECT_TRUE(has(*right, "every rank's share of grad.embed")) << *right;
+  auto wrong = shares;
+  wrong[0](0, 1) = 1.0;                    // id 0: rank 0 holds none
+  wrong[1].row(0) -= wrong[1].row(0) / 4;  // id 0 on rank 1: not the sum of its two rows
+  const auto named = finding(wrong);
+  ASSERT_TRUE(named.has_value());
+  EXPECT_TRUE(has(*named, "on rank 1 the rows of ids 0 are not the sum")) << *named;
+  EXPECT_TRUE(has(*named, "on rank 0 the rows of ids 0, which the rank does not hold, are not 0"))
+      << *named;
+  EXPECT_FALSE(has(*named, "assigns")) << *named;
+  // Nothing recorded for a rank: no verdict rather than a wrong one.
+  EXPECT_FALSE(verify::embedding_share_finding(
+                   {}, trace, [&ids](int k) { return ids[static_cast<std::size_t>(k)]; }, 2, offset,
+                   vocab, hidden, 0.5)
+                   .has_value());
 }
 
 TEST(departure, a_label_bug_on_a_float32_ring_is_not_placed_in_the_ring) {

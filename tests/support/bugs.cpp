@@ -399,6 +399,18 @@ tensor qk_norm_over_all_local_heads::head_norm_backward(const tensor& x, const t
   return dx.reshaped(x.shape);
 }
 
+void embedding_grad_assigned::scatter_add_rows(tensor& acc, const tensor& x,
+                                               std::span<const std::int64_t> rows) {
+  auto a = to_host(acc);
+  const auto xs = to_host(x);
+  const auto width =
+      static_cast<std::size_t>(x.shape.empty() || x.shape[0] == 0 ? 0 : x.numel() / x.shape[0]);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    std::copy_n(xs.begin() + static_cast<std::ptrdiff_t>(i * width), width,
+                a.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rows[i]) * width));
+  assign(acc, from_host(acc.type, acc.shape, a));
+}
+
 void bias_added_twice::add_bias(tensor& x, const tensor& b) {
   forwarding_compute::add_bias(x, b);
   forwarding_compute::add_bias(x, b);

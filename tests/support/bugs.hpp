@@ -243,6 +243,15 @@ class bias_added_twice : public forwarding_compute {
   void add_bias(tensor& x, const tensor& b) override;
 };
 
+/// The embedding's backward assigning where it must accumulate (dtable[id] = dy[i] instead of
+/// +=): an id held by several of the rank's tokens keeps the last one's gradient. Planted
+/// through the tensor step's scatter_add_rows (its one use: the embedding's backward).
+class embedding_grad_assigned : public forwarding_compute {
+ public:
+  using forwarding_compute::forwarding_compute;
+  void scatter_add_rows(tensor& acc, const tensor& x, std::span<const std::int64_t> rows) override;
+};
+
 // ---- precision (issue 37): an error of a stated size, to pin check's bound from the failing side
 
 /// The attention's own rounding error multiplied by k: every output of attention_forward (out,
