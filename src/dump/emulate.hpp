@@ -5,6 +5,7 @@
 // cu_seqlens from local position ids) it is what such a broken job computes, which lets
 // `validate --dump` name the cause of a difference. Row-wise, O(S) memory per query row.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -46,6 +47,10 @@ struct ring_job {
   /// to this many significant bits (8: bfloat16, 11: float16; 0: the exact merge):
   /// out = (e^lse·out + e^lse_b·out_b) / (e^lse + e^lse_b), lse = log(e^lse + e^lse_b).
   int merge_exp_bits = 0;
+  /// Where set, the forward (out, LSE) ran this job — the schedule as it should be — and only
+  /// the backward's key sets are those above: a backward whose own step loop differs from the
+  /// forward's (its dQ then sums P = e^(s − LSE) of the forward's LSE over other keys).
+  std::shared_ptr<const ring_job> forward;
 };
 
 /// The keys of local row i of ring rank r, one set per ring step (step s: the KV block of

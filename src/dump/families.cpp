@@ -204,49 +204,60 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
   }
   const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
                        base.chunk > 0 || base.softcap > 0;
-  // The dump's ring job emulated with one thing changed (forward stages): `change` edits it.
+  // The dump's ring job emulated with one thing changed: `change` edits it. On the forward's
+  // stages the job runs changed; on the query gradient's, the forward ran the job as it should
+  // be and only the backward's step loop is changed (a forward so changed is named at the
+  // forward's stages first).
   const auto ring_variant = [&](int shift, bool local_cu,
                                 const std::function<void(ring_job&)>& change = {}) {
     auto job = dump_ring_job(g, base.causal, shift, local_cu, m.zigzag);
     if (change) change(job);
+    if (grad)
+      job.forward =
+          std::make_shared<const ring_job>(dump_ring_job(g, base.causal, 0, false, m.zigzag));
     auto v = base;
     v.ring = std::make_shared<const ring_job>(std::move(job));
     return v;
   };
-  if (!grad && g.R > 1 && m.zigzag && !options) {  // the emulated ring knows causal-or-not only
+  // The emulated ring knows causal-or-not only; the key-side gradients are not emulated.
+  if (!key && g.R > 1 && m.zigzag && !options) {
+    // A changed backward is "the backward alone … of" the same job.
+    const auto of = [grad](std::string what) {
+      return grad ? "the backward alone (its forward right) of " + what : what;
+    };
     members.push_back(
-        {"zigzag ring attention with the document mask applied only on the ring's own "
-         "(diagonal) block: on the other ranks' blocks queries attend across document "
-         "boundaries (the lower/upper sections without the same-document condition)",
+        {of("zigzag ring attention with the document mask applied only on the ring's own "
+            "(diagonal) block: on the other ranks' blocks queries attend across document "
+            "boundaries (the lower/upper sections without the same-document condition)"),
          ring_variant(0, false, [](ring_job& j) { j.doc_mask_own_block_only = true; })});
     members.push_back(
-        {"zigzag ring attention with cu_seqlens computed from each rank's local position ids (a "
-         "document starts wherever position_id == 0): on a rank whose chunks hold no position "
-         "0 the tokens of different documents form one document and attend across the "
-         "boundary; use the global cu_seqlens // R",
+        {of("zigzag ring attention with cu_seqlens computed from each rank's local position ids "
+            "(a document starts wherever position_id == 0): on a rank whose chunks hold no "
+            "position 0 the tokens of different documents form one document and attend across "
+            "the boundary; use the global cu_seqlens // R"),
          ring_variant(0, true)});
     members.push_back(
-        {"zigzag ring attention whose masks take each local document as [late chunk | early "
-         "chunk]: the lower sections see the KV's late half instead of its early half, the "
-         "upper ones give the early query rows every KV row instead of the late ones",
+        {of("zigzag ring attention whose masks take each local document as [late chunk | early "
+            "chunk]: the lower sections see the KV's late half instead of its early half, the "
+            "upper ones give the early query rows every KV row instead of the late ones"),
          ring_variant(0, false, [](ring_job& j) { j.halves_swapped = true; })});
     for (int shift : {1, -1})
       if (shift == 1 || g.R > 2)
         members.push_back(
-            {fmt::format("zigzag ring attention whose sections are chosen for KV source (r − i "
-                         "{} 1) mod R while the KV held at step i is that of (r − i) mod R, the "
-                         "step whose source it takes for its own masked as the diagonal block "
-                         "(causal over local rows): the ring source is off by one",
-                         shift > 0 ? "+" : "−"),
+            {of(fmt::format("zigzag ring attention whose sections are chosen for KV source (r − "
+                            "i {} 1) mod R while the KV held at step i is that of (r − i) mod R, "
+                            "the step whose source it takes for its own masked as the diagonal "
+                            "block (causal over local rows): the ring source is off by one",
+                            shift > 0 ? "+" : "−")),
              ring_variant(shift, false, [](ring_job& j) { j.own_source_as_diagonal = true; })});
     for (int shift : {1, -1, 2, -2})
       if (std::abs(shift) < g.R)
         members.push_back(
-            {fmt::format("zigzag ring attention whose sections are chosen for KV source "
-                         "(r − i {} {}) mod R while the KV held at step i is that of (r − i) "
-                         "mod R: the ring source is off by {}",
-                         shift > 0 ? "+" : "−", std::abs(shift),
-                         std::abs(shift) == 1 ? "one" : "two"),
+            {of(fmt::format("zigzag ring attention whose sections are chosen for KV source "
+                            "(r − i {} {}) mod R while the KV held at step i is that of (r − i) "
+                            "mod R: the ring source is off by {}",
+                            shift > 0 ? "+" : "−", std::abs(shift),
+                            std::abs(shift) == 1 ? "one" : "two")),
              ring_variant(shift, false)});
   }
   // A kernel that returns each ring step's LSE in the input dtype (yunchang's torch backend:

@@ -231,69 +231,90 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
     r.aq.assign(r.out.size(), 0.0);
   }
   if (v.ring) {
-    // Explicit key sets (a ring job emulated): row by row, forward only. Each ring step's
-    // block is softmaxed on its own and the blocks merged by their LSEs (rounded first where
-    // the job's kernel returns them in the input dtype).
+    // Explicit key sets (a ring job emulated), row by row. Each ring step's block is softmaxed
+    // on its own and the blocks merged by their LSEs (rounded first where the job's kernel
+    // returns them in the input dtype). The forward runs `fwd` (the changed job, or the correct
+    // one where only the backward's schedule is changed); the backward's dQ sums over the
+    // changed job's keys with the forward's P = e^(s − LSE) and D = dO·O.
+    const ring_job& fwd = v.ring->forward ? *v.ring->forward : *v.ring;
+    const bool ring_bwd = bwd && v.ring->lse_bits == 0 && v.ring->merge_exp_bits == 0;
     parallel_for(rows.size(), threads_, [&](std::size_t i) {
       const auto& row = rows[i];
       const auto p = c_.at(row.token);
       const int ring = static_cast<int>(p / g.Sg);
-      const auto blocks = ring_key_blocks(*v.ring, ring, p % g.Sg);
+      const int kvh = row.head / per_kv;
       Eigen::RowVectorXd q(D), k(D), x(D), acc(D), merged = Eigen::RowVectorXd::Zero(D);
       c_.read_local("q.local", g.H, row.token, row.head, q.data());
-      std::vector<double> s, lses;
-      std::vector<Eigen::RowVectorXd> outs;
-      for (const auto& keys : blocks) {
-        if (keys.empty()) {  // a block the row sees nothing of: out 0, LSE −∞
-          lses.push_back(ninf);
-          outs.push_back(Eigen::RowVectorXd::Zero(D));
-          continue;
-        }
-        s.clear();
-        double mx = ninf;
-        for (auto j : keys) {
-          c_.read_local("k.local", g.Hkv, j, row.head / per_kv, k.data());
-          s.push_back(v.scale * q.dot(k));
-          mx = std::max(mx, s.back());
-        }
-        double l = 0;
-        acc.setZero();
-        for (std::size_t a = 0; a < keys.size(); ++a) {
-          const double w = std::exp(s[a] - mx);
-          l += w;
-          c_.read_local("v.local", g.Hkv, keys[a], row.head / per_kv, x.data());
-          acc += w * x;
-        }
-        lses.push_back(round_to_bits(mx + std::log(l), v.ring->lse_bits));
-        outs.push_back(acc / l);
-      }
-      if (std::all_of(lses.begin(), lses.end(), [](double x) { return x == ninf; })) return;
       auto* out = r.out.data() + i * static_cast<std::size_t>(D);
-      if (const int bits = v.ring->merge_exp_bits; bits > 0) {
-        // Step by step through exp(lse), no maximum subtracted, each operation rounded.
-        const auto rd = [bits](double x) { return round_to_bits(x, bits); };
-        Eigen::RowVectorXd o = outs[0].unaryExpr(rd);
-        double lse = lses[0];
-        for (std::size_t b = 1; b < lses.size(); ++b) {
-          const double ea = rd(std::exp(rd(lse))), eb = rd(std::exp(rd(lses[b])));
-          const double tot = rd(ea + eb);
-          for (int e = 0; e < D; ++e)
-            o(e) = rd(rd(rd(ea * rd(o(e))) + rd(eb * rd(outs[b](e)))) / tot);
-          lse = rd(std::log(tot));
+      // The forward: out and LSE of the row (both left 0 and −∞ where it sees no key).
+      [&] {
+        std::vector<double> s, lses;
+        std::vector<Eigen::RowVectorXd> outs;
+        for (const auto& keys : ring_key_blocks(fwd, ring, p % g.Sg)) {
+          if (keys.empty()) {  // a block the row sees nothing of: out 0, LSE −∞
+            lses.push_back(ninf);
+            outs.push_back(Eigen::RowVectorXd::Zero(D));
+            continue;
+          }
+          s.clear();
+          double mx = ninf;
+          for (auto j : keys) {
+            c_.read_local("k.local", g.Hkv, j, kvh, k.data());
+            s.push_back(v.scale * q.dot(k));
+            mx = std::max(mx, s.back());
+          }
+          double l = 0;
+          acc.setZero();
+          for (std::size_t a = 0; a < keys.size(); ++a) {
+            const double w = std::exp(s[a] - mx);
+            l += w;
+            c_.read_local("v.local", g.Hkv, keys[a], kvh, x.data());
+            acc += w * x;
+          }
+          lses.push_back(round_to_bits(mx + std::log(l), fwd.lse_bits));
+          outs.push_back(acc / l);
         }
-        r.lse[i] = lse;
-        for (int e = 0; e < D; ++e) out[e] = o(e);
-        return;
-      }
-      const double top = *std::max_element(lses.begin(), lses.end());
-      double l = 0;
-      for (std::size_t b = 0; b < lses.size(); ++b) {
-        const double w = std::exp(lses[b] - top);
-        l += w;
-        merged += w * outs[b];
-      }
-      r.lse[i] = top + std::log(l);
-      for (int e = 0; e < D; ++e) out[e] = merged(e) / l;
+        if (std::all_of(lses.begin(), lses.end(), [](double y) { return y == ninf; })) return;
+        if (const int bits = fwd.merge_exp_bits; bits > 0) {
+          // Step by step through exp(lse), no maximum subtracted, each operation rounded.
+          const auto rd = [bits](double y) { return round_to_bits(y, bits); };
+          Eigen::RowVectorXd o = outs[0].unaryExpr(rd);
+          double lse = lses[0];
+          for (std::size_t b = 1; b < lses.size(); ++b) {
+            const double ea = rd(std::exp(rd(lse))), eb = rd(std::exp(rd(lses[b])));
+            const double tot = rd(ea + eb);
+            for (int e = 0; e < D; ++e)
+              o(e) = rd(rd(rd(ea * rd(o(e))) + rd(eb * rd(outs[b](e)))) / tot);
+            lse = rd(std::log(tot));
+          }
+          r.lse[i] = lse;
+          for (int e = 0; e < D; ++e) out[e] = o(e);
+          return;
+        }
+        const double top = *std::max_element(lses.begin(), lses.end());
+        double l = 0;
+        for (std::size_t b = 0; b < lses.size(); ++b) {
+          const double w = std::exp(lses[b] - top);
+          l += w;
+          merged += w * outs[b];
+        }
+        r.lse[i] = top + std::log(l);
+        for (int e = 0; e < D; ++e) out[e] = merged(e) / l;
+      }();
+      if (!ring_bwd || r.lse[i] == ninf) return;
+      // dq = scale·Σ_j P_ij (dO·v_j − D) k_j over every key of every step of the backward's job.
+      Eigen::RowVectorXd dO(D), dq = Eigen::RowVectorXd::Zero(D);
+      c_.read_local("grad.out.local", g.H, row.token, row.head, dO.data());
+      const double Di = dO.dot(Eigen::Map<const Eigen::RowVectorXd>(out, D));
+      for (const auto& keys : ring_key_blocks(*v.ring, ring, p % g.Sg))
+        for (auto j : keys) {
+          c_.read_local("k.local", g.Hkv, j, kvh, k.data());
+          c_.read_local("v.local", g.Hkv, j, kvh, x.data());
+          const double P = std::exp(v.scale * q.dot(k) - r.lse[i]);
+          dq += P * (dO.dot(x) - Di) * k;
+        }
+      std::copy_n(dq.data(), D, r.dq.data() + i * static_cast<std::size_t>(D));
+      for (int e = 0; e < D; ++e) r.dq[i * static_cast<std::size_t>(D) + e] *= v.scale;
     });
     return r;
   }

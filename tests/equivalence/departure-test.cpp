@@ -663,6 +663,29 @@ TEST(departure, embedding_shares_rebuilt_from_right_rows_are_not_blamed) {
                    .has_value());
 }
 
+TEST(departure, a_ring_backward_with_its_own_schedule_is_named_by_the_dump_engine) {
+  // The forward right, the backward's off-diagonal sections without their document mask: the
+  // dump engine emulates the ring's backward with that one change (the forward's LSE and
+  // output, the changed key sets) and names it at the query gradient.
+  for (const int U : {1, 2}) {
+    SCOPED_TRACE(fmt::format("U = {}", U));
+    const auto s = make(U, 2, 4, 2, {24, 16});
+    verify::check_options o;
+    o.wrap_compute = [](std::unique_ptr<compute> inner, communicator&) {
+      return std::unique_ptr<compute>(std::make_unique<test::backward_docs_changed>(
+          std::move(inner), test::doc_mask_dropped_off_diagonal));
+    };
+    const auto rep = verify::run_check(s, o);
+    ASSERT_FALSE(rep.pass);
+    ASSERT_TRUE(rep.attention.has_value()) << rep.departure;
+    EXPECT_EQ(rep.attention->stage, U > 1 ? "grad.q.gathered" : "grad.q.local") << rep.departure;
+    EXPECT_TRUE(has(rep.attention->diagnosis,
+                    "the backward alone (its forward right) of zigzag ring attention with the "
+                    "document mask applied only on the ring's own (diagonal) block"))
+        << rep.attention->diagnosis;
+  }
+}
+
 TEST(departure, a_label_bug_on_a_float32_ring_is_not_placed_in_the_ring) {
   // float32: the ring's steps are judged at the check's float32 bound; a correct ring must not
   // be named where the bug is elsewhere (the labels: the backward's first gradient).

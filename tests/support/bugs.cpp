@@ -550,4 +550,10 @@ void softcap_without_scale(attention_docs& d) { d.softcap *= d.scale; }
 
 void causal_mask_left_in(attention_docs& d) { d.causal = true; }
 
+void doc_mask_dropped_off_diagonal(attention_docs& d) {
+  if (d.causal || d.cu_q.empty() || d.cu_k.empty()) return;
+  d.cu_q = {0, d.cu_q.back()};
+  d.cu_k = {0, d.cu_k.back()};
+}
+
 }  // namespace seqpar::test

@@ -369,6 +369,17 @@ class attention_docs_changed : public forwarding_compute {
   std::function<void(attention_docs&)> f_;
 };
 
+/// attention_docs_changed on the backward only (the forward as it should be): a ring whose
+/// backward step loop differs from its forward's.
+class backward_docs_changed : public attention_docs_changed {
+ public:
+  using attention_docs_changed::attention_docs_changed;
+  void attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                         const attention_docs& docs, tensor& out, tensor& lse) override {
+    forwarding_compute::attention_forward(q, k, v, docs, out, lse);
+  }
+};
+
 /// The changes attention_docs_changed is used with:
 /// transformers' sliding_window W passed to a flash-attn style kernel as window_size = (W, 0)
 /// instead of (W − 1, 0): every query sees one key too many.
@@ -381,6 +392,9 @@ void positions_dropped(attention_docs& d);
 void softcap_without_scale(attention_docs& d);
 /// A bidirectional layer's attention run with the causal mask left in.
 void causal_mask_left_in(attention_docs& d);
+/// A ring's off-diagonal sections (its non-causal calls) run without their documents: one
+/// document over the section's rows, so queries attend across document boundaries there.
+void doc_mask_dropped_off_diagonal(attention_docs& d);
 
 // ---- helpers for check_options
 
