@@ -17,6 +17,11 @@
 
 namespace seqpar::verify::dump_detail {
 
+/// The longest row whose ring variants are emulated on the key side: each evaluation walks
+/// every query row's key sets (O(S²): ~3·10⁷ keys at this length, a few tenths of a second; a
+/// failing key stage evaluates each of the seven members on up to four ranks).
+constexpr std::int64_t kRingKeyRows = 8192;
+
 std::vector<std::pair<std::string, attention_variant>> family_members(const geometry& g,
                                                                       const dump_meta& m,
                                                                       const attention_variant& base,
@@ -219,8 +224,9 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
     v.ring = std::make_shared<const ring_job>(std::move(job));
     return v;
   };
-  // The emulated ring knows causal-or-not only; the key-side gradients are not emulated.
-  if (!key && g.R > 1 && m.zigzag && !options) {
+  // The emulated ring knows causal-or-not only; a key row's gradient walks every query row's
+  // key sets, so the key side is emulated up to kRingKeyRows tokens.
+  if ((!key || g.S <= kRingKeyRows) && g.R > 1 && m.zigzag && !options) {
     // A changed backward is "the backward alone … of" the same job.
     const auto of = [grad](std::string what) {
       return grad ? "the backward alone (its forward right) of " + what : what;
@@ -626,13 +632,19 @@ std::string search_families(const call_context& c, const std::string& st,
   if (base.chunk > 0) option_members += ", chunks ignored or aligned to the row";
   if (base.softcap > 0)
     option_members += ", the capping before the scale, after the mask or left out";
+  const std::string ring_backward =
+      grad && c.g.R > 1 && m.zigzag && !options && (!key || c.g.S <= kRingKeyRows)
+          ? ", a backward alone (its forward right) with the ring's KV source shifted by ±1, ±2, "
+            "the zigzag halves swapped, local cu_seqlens or the document mask on the own block "
+            "only"
+          : "";
   return fmt::format(
       "; none of the searched mistakes reproduces it ({} members: softmax scale 1/d^α and "
       "constant factors, the causal mask removed or its diagonal shifted by ±1, ±2, document "
       "boundaries moved by ±1, ±2, split off or removed{}{}; the softmax scale fitted as a free "
       "parameter{}; on {} sampled rows)",
       members.size(),
-      key && c.g.R > 1 ? ", the ring reduction of the K/V gradient"
+      key && c.g.R > 1 ? ", the ring reduction of the K/V gradient" + ring_backward
       : !grad && c.g.R > 1 && !options
           ? fmt::format("{}, the steps merged through exp(lse) in bf16 or f16 without the "
                         "maximum{}",
@@ -644,7 +656,7 @@ std::string search_families(const call_context& c, const std::string& st,
                         calibration_dtype(m.dtype) == "bf16" || calibration_dtype(m.dtype) == "f16"
                             ? ", each step's LSE rounded to the input dtype"
                             : "")
-      : grad && c.g.R > 1 ? ", dQ of other ranks' blocks without the scale"
+      : grad && c.g.R > 1 ? ", dQ of other ranks' blocks without the scale" + ring_backward
                           : "",
       option_members, key && c.g.R > 1 ? "; another ring rank's K/V gradient" : "", n_rows);
 }

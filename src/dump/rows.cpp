@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "core/error.hpp"
 
@@ -507,6 +508,10 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
   r.dv.assign(n_all, 0.0);
   r.ak.assign(n_all, 0.0);
   r.av.assign(n_all, 0.0);
+  if (v.ring) {
+    ring_keys(v, rows, r);
+    return r;
+  }
   const auto groups = group_rows(g, rows, per_kv);
   // Statistics of the queries (LSE, output) from the job, or from the reference where the job's
   // LSE was not dumped; computed per query chunk.
@@ -650,6 +655,55 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
     }
   });
   return r;
+}
+
+void row_reference::ring_keys(const attention_variant& v, const std::vector<key_row>& rows,
+                              key_result& r) const {
+  const geometry& g = c_.g();
+  const int D = g.D, per_kv = g.H / g.Hkv;
+  // Every query row whose backward key sets hold a wanted key, with its multiplicity: the
+  // whole row's query rows walked once (O(S · keys per row): callers bound S).
+  std::unordered_map<std::int64_t, std::vector<std::pair<std::int64_t, int>>> seen_by;
+  for (const auto& row : rows) seen_by[row.token];
+  for (std::int64_t t = 0; t < g.S; ++t) {
+    const auto p = c_.at(t);
+    std::map<std::int64_t, int> counts;
+    for (const auto& keys : ring_key_blocks(*v.ring, static_cast<int>(p / g.Sg), p % g.Sg))
+      for (auto j : keys)
+        if (seen_by.count(j)) ++counts[j];
+    for (const auto& [j, m] : counts) seen_by[j].push_back({t, m});
+  }
+  // The forward's out and LSE of those query rows, for the heads the key rows sum over.
+  std::vector<query_row> qrows;
+  std::map<std::pair<std::int64_t, int>, std::size_t> at;
+  for (const auto& row : rows)
+    for (const auto& [t, m] : seen_by[row.token])
+      for (int h = row.h0; h < row.h0 + row.nh; ++h)
+        if (at.emplace(std::pair{t, h}, qrows.size()).second) qrows.push_back({t, h});
+  const auto fwd = queries(v, qrows, false);
+  // dk_j = scale·Σ_i m_ij·P_ij (dO_i·v_j − D_i) q_i, dv_j = Σ_i m_ij·P_ij dO_i.
+  parallel_for(rows.size(), threads_, [&](std::size_t i) {
+    const auto& row = rows[i];
+    const int kvh = row.h0 / per_kv;
+    Eigen::RowVectorXd k(D), x(D), q(D), dO(D), dk = Eigen::RowVectorXd::Zero(D), dv = dk;
+    c_.read_local("k.local", g.Hkv, row.token, kvh, k.data());
+    c_.read_local("v.local", g.Hkv, row.token, kvh, x.data());
+    for (const auto& [t, m] : seen_by.at(row.token))
+      for (int h = row.h0; h < row.h0 + row.nh; ++h) {
+        const auto qi = at.at({t, h});
+        if (fwd.lse[qi] == ninf) continue;
+        c_.read_local("q.local", g.H, t, h, q.data());
+        c_.read_local("grad.out.local", g.H, t, h, dO.data());
+        const Eigen::Map<const Eigen::RowVectorXd> O(fwd.out.data() + qi * D, D);
+        const double P = m * std::exp(v.scale * q.dot(k) - fwd.lse[qi]);
+        dk += P * (dO.dot(x) - dO.dot(O)) * q;
+        dv += P * dO;
+      }
+    for (int e = 0; e < D; ++e) {
+      r.dk[i * static_cast<std::size_t>(D) + e] = v.scale * dk(e);
+      r.dv[i * static_cast<std::size_t>(D) + e] = dv(e);
+    }
+  });
 }
 
 }  // namespace seqpar::verify::dump_detail

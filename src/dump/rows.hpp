@@ -100,7 +100,8 @@ struct attention_variant {
   /// this factor (1: correct; 1/scale: those blocks' dQ without the softmax scale).
   double other_block_dq_factor = 1;
   /// A ring job with one thing changed (emulate.hpp): query rows attend to the explicit key
-  /// sets it gives (out and LSE only; the backward is not emulated).
+  /// sets it gives; the backward (dQ, and dK/dV from every query row whose key sets hold the
+  /// key) sums over the same sets with the forward's statistics (its `forward` job where set).
   std::shared_ptr<const ring_job> ring;
 };
 
@@ -159,6 +160,9 @@ class row_reference {
   /// dumped LSE and output, checked on the sampled query rows, with E_i bounded by
   /// Σ_d |dO_id|·(|O_id| + w_i·max_j |v_jd|). Written under the mutex by queries()' work items;
   /// keys() only reads it (no queries() runs meanwhile). Sparse: a sample's rows only.
+  /// keys() of a ring variant: every query row of the sequence walked for the key sets that
+  /// hold each wanted key (O(S · keys per row)).
+  void ring_keys(const attention_variant& v, const std::vector<key_row>& rows, key_result& r) const;
   mutable std::mutex stats_mu_;
   mutable std::unordered_map<std::int64_t, std::array<double, 3>> stats_;
 };

@@ -19,6 +19,7 @@
 #include "core/layout.hpp"
 #include "core/ring_schedule.hpp"
 #include "dump/dump.hpp"
+#include "io/safetensors.hpp"
 #include "sim/reference.hpp"
 #include "support/bugs.hpp"
 #include "support/forwarding_compute.hpp"
@@ -684,6 +685,47 @@ TEST(departure, a_ring_backward_with_its_own_schedule_is_named_by_the_dump_engin
                     "document mask applied only on the ring's own (diagonal) block"))
         << rep.attention->diagnosis;
   }
+}
+
+TEST(departure, a_ring_backward_with_its_own_schedule_is_named_at_the_key_gradient_too) {
+  // The same backward-only bug, its dump without the query gradients: the first differing
+  // stage is then a key gradient, whose emulation walks every query row's changed key sets.
+  const auto s = make(2, 2, 4, 2, {24, 16});
+  const auto cb = collate(make_batch(s), options_of(s));
+  verify::attention_stages stages(s, cb, dtype::f64);
+  verify::check_options o;
+  o.attention = &stages;
+  o.wrap_compute = [](std::unique_ptr<compute> inner, communicator&) {
+    return std::unique_ptr<compute>(std::make_unique<test::backward_docs_changed>(
+        std::move(inner), test::doc_mask_dropped_off_diagonal));
+  };
+  ASSERT_FALSE(verify::run_check(s, o).pass);
+  const auto dir = std::filesystem::temp_directory_path() / "seqpar-ring-backward-keys";
+  std::filesystem::remove_all(dir);
+  stages.write(dir.string());
+  int dropped = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.path().string().ends_with(".bwd.safetensors")) continue;
+    auto f = io::read_safetensors(e.path().string());
+    std::erase_if(f.tensors, [&dropped](const io::st_tensor& x) {
+      const bool q = x.name.starts_with("grad.q.");
+      dropped += q;
+      return q;
+    });
+    io::write_safetensors(e.path().string(), f);
+  }
+  EXPECT_EQ(dropped, 2 * s.cp());  // grad.q.gathered and grad.q.local of every rank
+  verify::dump_options opt;
+  opt.mode = verify::dump_options::mode_t::exhaustive;
+  const auto rep = verify::validate_dump(verify::read_dump(dir.string()), opt);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(rep.first.has_value());
+  EXPECT_TRUE(rep.first->stage.starts_with("grad.k.") || rep.first->stage.starts_with("grad.v."))
+      << rep.first->stage;
+  EXPECT_TRUE(has(rep.first->diagnosis,
+                  "the backward alone (its forward right) of zigzag ring attention with the "
+                  "document mask applied only on the ring's own (diagonal) block"))
+      << rep.first->stage << ": " << rep.first->diagnosis;
 }
 
 TEST(departure, a_label_bug_on_a_float32_ring_is_not_placed_in_the_ring) {
