@@ -24,6 +24,22 @@ constexpr std::size_t dtype_size(dtype t) {
   return 0;
 }
 
+/// The unit roundoff of a floating type (2^-53, 2^-24, 2^-8); 0 for the integer types.
+constexpr double unit_roundoff(dtype t) {
+  switch (t) {
+    case dtype::f64:
+      return 0x1p-53;
+    case dtype::f32:
+      return 0x1p-24;
+    case dtype::bf16:
+      return 0x1p-8;
+    case dtype::i32:
+    case dtype::i64:
+      return 0;
+  }
+  return 0;
+}
+
 /// PyTorch's names ("float32", …): the names used in traces.
 constexpr std::string_view dtype_name(dtype t) {
   switch (t) {

@@ -178,6 +178,14 @@ template <class T>
 ulysses_config checked_step_inputs(const model_params<T>& p, const scenario& s,
                                    const rank_tokens_input& in, const sp_env& env);
 
+/// The factor the backward's layer taps (sp_env::tap_layer) carry: the gradients of the global
+/// loss, VeOmni's and DeepSpeed's ∂L/∂ℓ factor P (the loss group's size) divided out; 1 for
+/// xorl, whose loss is a sum.
+inline double backward_tap_scale(seqpar::profile p, int loss_group_size) {
+  return shifts_whole_row(p) && loss_group_size > 1 ? 1.0 / static_cast<double>(loss_group_size)
+                                                    : 1.0;
+}
+
 /// Per-op forward/backward pieces of the decoder, exposed for gradient tests. Backward functions
 /// return the input gradient and ACCUMULATE (+=) parameter gradients into the given matrices.
 namespace ops {

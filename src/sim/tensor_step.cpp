@@ -61,9 +61,7 @@ class tensor_step {
         pos(in.positions),
         u_index(ucfg.group.index_of(comm.rank())),
         heads_here(H / ucfg.group.size()),
-        tap_scale(shifts_whole_row(env_.profile) && env_.loss_group.size() > 1
-                      ? 1.0 / static_cast<double>(env_.loss_group.size())
-                      : 1.0) {
+        tap_scale(backward_tap_scale(env_.profile, env_.loss_group.size())) {
     if (const auto why = tensor_step_unsupported(s, env.async_ulysses); !why.empty())
       fail<config_error>("the tensor step cannot run this scenario: {}", why);
     if (store != dtype::f64 && store != dtype::f32 && store != dtype::bf16)

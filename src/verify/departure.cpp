@@ -100,18 +100,15 @@ void judge_departure(check_report& rep, const scenario& s, const packed_batch& b
       // rank's own (matching) rows: the embedding's scatter-add.
       std::optional<std::string> embed;
       if (std::find(grads.begin(), grads.end(), "grad.embed") != grads.end()) {
+        // Its place in the flat gradient buffer: the parameters in their order.
         std::int64_t offset = 0;
-        std::size_t i = 0;
-        for (; i < p64.names.size() && p64.names[i] != "embed"; ++i)
+        for (std::size_t i = 0; i < p64.index_of("embed"); ++i)
           offset += static_cast<std::int64_t>(p64.values[i].size());
-        // The backward's taps are of the global loss: VeOmni's and DeepSpeed's ∂L/∂ℓ factor
-        // (the SP group's size) divided out (sim::sp_env::tap_layer).
-        const double grad_scale = shifts_whole_row(s.profile) && s.cp() > 1 ? 1.0 / s.cp() : 1.0;
-        if (i < p64.names.size())
-          embed = embedding_share_finding(
-              calls, rec.layers,
-              [&cb](int k) { return cb.ranks[static_cast<std::size_t>(k)].input_ids; }, s.cp(),
-              offset, s.vocab, s.hidden, grad_scale);
+        // The loss group of an SP step is its SP group (cp ranks).
+        embed = embedding_share_finding(
+            calls, rec.layers,
+            [&cb](int k) { return cb.ranks[static_cast<std::size_t>(k)].input_ids; }, s.cp(),
+            offset, s.vocab, s.hidden, backward_tap_scale(s.profile, s.cp()));
       }
       transport += fmt::format(
           "; every stage of the step (the embedding, each layer's boundaries, the final norm, "

@@ -493,9 +493,7 @@ std::optional<std::string> embedding_share_finding(
       e.want += raw.row(static_cast<Eigen::Index>(i));
       e.mag += raw.row(static_cast<Eigen::Index>(i)).cwiseAbs();
     }
-    const double u = share->type == dtype::f64   ? 0x1p-53
-                     : share->type == dtype::f32 ? 0x1p-24
-                                                 : 0x1p-8;
+    const double u = unit_roundoff(share->type);
     const auto got = [&](std::int64_t v, std::int64_t j) {
       return captured_value(share->sent[0], static_cast<std::size_t>(offset + v * hidden + j),
                             share->type);
