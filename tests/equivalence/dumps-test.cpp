@@ -56,6 +56,10 @@ const std::map<std::string, std::string> cause_words{
     // Fitted (a free softmax scale, another ring rank's block) or emulated ring variants.
     {"scale_padded_d", "head_dim 12 rounded up to 16, a multiple of 8"},
     {"docmask_own_block", "document mask applied only on the ring's own (diagonal) block"},
+    // The forward right, only the backward's masks changed: the emulated backward names it.
+    {"bwd_docmask_own_block",
+     "the backward alone (its forward right) of zigzag ring attention with the document mask "
+     "applied only on the ring's own (diagonal) block"},
     {"dq_other_blocks_unscaled", "other ring ranks' KV blocks are not multiplied by the softmax"},
     {"dkv_last_hop_wrong_way",
      "last hop, which returns each accumulator to its owner, went the wrong way"},

@@ -128,6 +128,10 @@ VARIANTS = {
     ("ring", "docmask_own_block"): (
         dict(R=2), "docmask_own_block",
         "document mask applied only on the ring's own (diagonal) block"),
+    ("ring", "bwd_docmask_own_block"): (
+        dict(R=2), "bwd_docmask_own_block",
+        "the backward alone applies the document mask only on the ring's own (diagonal) block "
+        "(the forward right)"),
     ("ring", "dq_other_blocks_unscaled"): (
         dict(R=2), "dq_other_blocks_unscaled",
         "dQ contributions of other ranks' KV blocks not multiplied by the softmax scale"),
@@ -232,6 +236,7 @@ STANDARD = [
     ("ring", "kv_grad_not_reduced", "f32"),
     ("ring", "scale_padded_d", "f32"),
     ("ring", "docmask_own_block", "f32"),
+    ("ring", "bwd_docmask_own_block", "f32"),
     ("ring", "dq_other_blocks_unscaled", "f32"),
     ("ring", "dkv_last_hop_wrong_way", "f32"),
     ("ulysses", "no_scale", "f32"),
@@ -338,9 +343,10 @@ def section_mask(kind, cu, n, causal=True):
     raise ValueError(kind)
 
 
-def step_mask(plan, i, n):
-    """The mask of ring step i: section_mask, or (docmask_own_block) the document mask only on
-    the diagonal block: other blocks' sections without document boundaries."""
+def step_mask(plan, i, n, backward=False):
+    """The mask of ring step i: section_mask, or (docmask_own_block; bwd_docmask_own_block in
+    the backward only, the forward right) the document mask only on the diagonal block: other
+    blocks' sections without document boundaries."""
     if plan.bug == "zigzag_halves_swapped" and plan.sections[i] != "diag":
         # BROKEN: each local document taken as [late | early]: the halves' roles swapped.
         doc, mid = doc_table(plan.cu, n)
@@ -349,7 +355,9 @@ def step_mask(plan, i, n):
         if plan.sections[i] == "lower":
             return same & (rows >= mid)[None, :]
         return same & (rows < mid)[:, None]
-    if plan.bug != "docmask_own_block" or i == 0:
+    own_block = plan.bug == "docmask_own_block" or (
+        backward and plan.bug == "bwd_docmask_own_block")
+    if not own_block or i == 0:
         return section_mask(plan.sections[i], plan.cu, n)
     _, mid = doc_table(plan.cu, n)
     rows = torch.arange(n)
@@ -772,7 +780,7 @@ class RingAttn(torch.autograd.Function):
         dv_all = torch.zeros_like(dk_all)
         for i in range(plan.R):
             src = (plan.r - i) % plan.R
-            mask = step_mask(plan, i, n)
+            mask = step_mask(plan, i, n, backward=True)
             kk = k_all[src].repeat_interleave(g, dim=1)
             vv = v_all[src].repeat_interleave(g, dim=1)
             s = torch.einsum("nhd,mhd->hnm", qf, kk) * plan.scale
