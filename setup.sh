@@ -11,7 +11,7 @@ cd "$(dirname "$0")"
 # then what the rest of the build needs: the tests (GoogleTest, RapidCheck, cmake to find it),
 # the MPI backend (MPICH), the format test and the fuzzers (clang).
 packages=(meson ninja-build pkg-config g++ python3 libeigen3-dev libfmt-dev libboost-context-dev
-          nlohmann-json3-dev libcli11-dev zlib1g-dev)
+          nlohmann-json3-dev libcli11-dev zlib1g-dev ccache)
 [ "${1:-}" = run ] || packages+=(cmake python3-pip libgtest-dev librapidcheck-dev libmpich-dev mpich
                                  clang clang-format libclang-rt-14-dev)
 # The PyTorch side's tests (tests/python, the live torch jobs) run in the project venv (.venv,
@@ -102,6 +102,27 @@ if [ "${1:-}" != run ] || gpu_wanted; then
 fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
+
+# A compiler cache for every build here (main, ASan, TSan, the wheel built from its sdist, the
+# mutation runs): meson puts ccache before the compiler when it finds it on PATH (build-asan
+# names it with clang). Its directory is outside the checkout, so that clean clones on the same
+# machine share it; paths under the checkout are hashed relative to it (CCACHE_BASEDIR), so a
+# clone at another path hits too. Capped at 5 GB (a cold main + ASan + TSan + wheel fill ~1.5).
+export CCACHE_DIR="${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/seqpar-ccache}"
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+export CCACHE_NOHASHDIR=1
+ccache_cxx=""
+if command -v ccache >/dev/null 2>&1; then
+  ccache_cxx="ccache "
+  ccache -z >/dev/null 2>&1 || true
+fi
+ccache_said() {  # one line: what the cache served in this run
+  [ -n "$ccache_cxx" ] || return 0
+  ccache --print-stats 2>/dev/null | awk -F'\t' '
+    $1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { hit += $2 }
+    $1 == "cache_miss" { miss = $2 }
+    END { if (hit + miss > 0) printf "setup: ccache served %d of %d compilations (%.0f%%) from %s\n", hit, hit + miss, 100 * hit / (hit + miss), ENVIRON["CCACHE_DIR"] }'
+}
 configure() {  # dir, ninja target ('' = all), extra meson args…
   local dir=$1 target=$2
   shift 2
@@ -141,9 +162,10 @@ if [ -n "$venv_pid" ] && ! wait "$venv_pid"; then
 fi
 
 case "${1:-}" in
-  "") echo "setup: built build/tools/seqpar" ;;
+  "") ccache_said; echo "setup: built build/tools/seqpar" ;;
   run)
     shift
+    ccache_said
     exec ./build/tools/seqpar check "$@"
     ;;
   test)
@@ -166,12 +188,12 @@ case "${1:-}" in
     # A unity build (8 sources per unit, as the wheel's): it is built once per run, never
     # rebuilt file by file, and compiles in 20 CPU-minutes against 27 file by file.
     if [ -f build-asan/build.ninja ] &&
-      ! grep -q '"command": "clang' build-asan/compile_commands.json 2>/dev/null; then
+      ! grep -Eq '"command": "(ccache )?clang' build-asan/compile_commands.json 2>/dev/null; then
       rm -rf build-asan
     fi
     if [ ! -f build-asan/build.ninja ]; then
       echo "setup: configuring build-asan (clang)"
-      CC=clang CXX=clang++ meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+      CC="${ccache_cxx}clang" CXX="${ccache_cxx}clang++" meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
         -Dgpu=disabled -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30 \
         -Dcpu=generic -Dunity=on -Dunity_size=8
     elif meson introspect build-asan --buildoptions 2>/dev/null |
@@ -202,6 +224,7 @@ case "${1:-}" in
     cp build-tsan/meson-logs/testlog.json build-tsan/meson-logs/testlog-comm.json
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
       --test-args='--gtest_filter=*step*thread_count*' reference
+    ccache_said
     # One closing line over the four runs (meson prints its own summary per run above).
     python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
       build-tsan/meson-logs/testlog-comm.json build-tsan/meson-logs/testlog.json <<'PY'

@@ -42,21 +42,12 @@ Eigen::Index query_block(Eigen::Index n) {
   return std::clamp<Eigen::Index>((Eigen::Index{1} << 16) / std::max<Eigen::Index>(n, 1), 16, 64);
 }
 
-/// Whether the key at document position k is visible to the query at p, by the rule's
-/// definition (reference.hpp's attention_rule).
-bool sees(const attention_rule& r, Eigen::Index p, Eigen::Index k) {
-  switch (r.kind) {
-    case 'W':
-      return r.causal ? k <= p && k > p - r.window : k >= p - r.window && k <= p + r.right;
-    case 'C':
-      return k / r.chunk == p / r.chunk && (!r.causal || k <= p);
-    default:
-      return !r.causal || k <= p;
-  }
-}
-
-/// The keys [first, second) of a document of n tokens that its query at position p may see:
-/// the smallest and the largest k of the definition, bounded by the document.
+/// The keys [first, second) of a document of n tokens that its query at position p may see,
+/// by the rule's definition (reference.hpp's attention_rule), bounded by the document: every
+/// rule's visible keys form one interval —
+///   'W' causal: p − window < k ≤ p;   'W' bidirectional: p − window ≤ k ≤ p + right;
+///   'C': k in p's chunk [⌊p/chunk⌋·chunk, +chunk) (causal: and k ≤ p);
+///   'F': k ≤ p (causal), every key (bidirectional).
 std::pair<Eigen::Index, Eigen::Index> key_span(const attention_rule& r, Eigen::Index p,
                                                Eigen::Index n) {
   Eigen::Index lo = 0, hi = r.causal ? p + 1 : n;
@@ -79,35 +70,45 @@ std::pair<Eigen::Index, Eigen::Index> block_keys(const attention_rule& r, Eigen:
 }
 
 /// The attention probabilities of the query rows at document positions [b0, b1) over the keys
-/// at positions [k0, k0 + keys.rows()): row r (position p = b0 + r) is the softmax, over the
-/// keys it sees (sees) and, with sinks, the head's sink logit as one more column, of the
-/// scores scale·q·k (softcap·tanh(·/softcap) when capped); 0 for the keys it must not see.
-/// `query` holds the block's rows of one head [b1 − b0, head_dim]. With capping, `slope` gets
-/// d(capped)/d(score) = 1 − tanh² per entry; with sinks, `sink_p` the sink column's share.
+/// at positions [k0, k0 + keys.rows()) of a document of n tokens: row r (position p = b0 + r)
+/// is the softmax, over the keys it sees (key_span: one interval per row) and, with sinks, the
+/// head's sink logit as one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when
+/// capped); 0 for the keys it must not see. `query` holds the block's rows of one head
+/// [b1 − b0, head_dim]. With capping, `slope` gets d(capped)/d(score) = 1 − tanh² per entry;
+/// with sinks, `sink_p` the sink column's share.
+/// The mask is applied by intervals: each row's visible keys are one contiguous span of the
+/// (row-major) scores, exponentiated with Eigen's vectorised exp; the keys outside it are set
+/// to 0 as whole runs. No work per (query, key) pair beyond the product and one exp.
 template <class Query, class Keys>
 matrix block_probs(const Query& query, const Keys& keys, const attention_rule& rule,
-                   Eigen::Index b0, Eigen::Index k0, double scale, double sink, matrix* slope,
-                   Eigen::VectorXd* sink_p) {
+                   Eigen::Index b0, Eigen::Index k0, Eigen::Index n, double scale, double sink,
+                   matrix* slope, Eigen::VectorXd* sink_p) {
   const Eigen::Index rows = query.rows(), len = keys.rows();
-  matrix p = (query * keys.transpose()) * scale;
+  matrix p(rows, len);
+  p.noalias() = query * keys.transpose();
+  p *= scale;
   if (rule.softcap > 0) {
-    const matrix t = (p.array() / rule.softcap).tanh().matrix();
-    p = rule.softcap * t;
-    if (slope) *slope = (1.0 - t.array().square()).matrix();
+    p = (p.array() / rule.softcap).tanh().matrix();
+    if (slope) *slope = (1.0 - p.array().square()).matrix();
+    p *= rule.softcap;
   }
   if (sink_p) sink_p->setZero(rows);
   for (Eigen::Index r = 0; r < rows; ++r) {
     auto row = p.row(r);
+    const auto [first, last] = key_span(rule, b0 + r, n);
+    const Eigen::Index lo = std::clamp<Eigen::Index>(first - k0, 0, len);
+    const Eigen::Index hi = std::clamp<Eigen::Index>(last - k0, lo, len);
+    row.head(lo).setZero();
+    row.tail(len - hi).setZero();
+    auto seen = row.segment(lo, hi - lo);
     double m = rule.sinks ? sink : -std::numeric_limits<double>::infinity();
-    for (Eigen::Index j = 0; j < len; ++j)
-      if (sees(rule, b0 + r, k0 + j)) m = std::max(m, row(j));
-    double z = rule.sinks ? std::exp(sink - m) : 0.0;
-    for (Eigen::Index j = 0; j < len; ++j) {
-      row(j) = sees(rule, b0 + r, k0 + j) ? std::exp(row(j) - m) : 0.0;
-      z += row(j);
-    }
-    if (z > 0) row /= z;
-    if (sink_p && z > 0) (*sink_p)(r) = std::exp(sink - m) / z;
+    if (hi > lo) m = std::max(m, seen.maxCoeff());
+    if (hi == lo && !rule.sinks) continue;  // sees nothing: probabilities 0
+    seen = (seen.array() - m).exp().matrix();
+    const double e_sink = rule.sinks ? std::exp(sink - m) : 0.0;
+    const double z = seen.sum() + e_sink;
+    seen /= z;
+    if (sink_p) (*sink_p)(r) = e_sink / z;
   }
   return p;
 }
@@ -170,7 +171,7 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
           const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
           const matrix p = block_probs(q.block(b0, qc, b1 - b0, head_dim),
                                        k.block(a + k0, kc, k1 - k0, head_dim), rule, b0 - a, k0,
-                                       scale, sink, nullptr, nullptr);
+                                       e - a, scale, sink, nullptr, nullptr);
           out.block(b0, qc, b1 - b0, head_dim).noalias() =
               p * v.block(a + k0, kc, k1 - k0, head_dim);
         }
@@ -253,7 +254,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           const matrix query = q.block(b0, qc, rows, head_dim);
           const matrix d_o = dout.block(b0, qc, rows, head_dim);
           const matrix p =
-              block_probs(query, kg.middleRows(off, len), rule, b0 - a, k0, scale, sink,
+              block_probs(query, kg.middleRows(off, len), rule, b0 - a, k0, e - a, scale, sink,
                           rule.softcap > 0 ? &slope : nullptr, rule.sinks ? &sink_p : nullptr);
           // Per row: o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp) (the sink
           // column's dp is 0: it reaches no value, and its own ds is −p_sink·pᵀdp); capping:

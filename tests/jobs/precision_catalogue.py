@@ -9,8 +9,9 @@ first failing stage, and per stage the error as a fraction of seqpar's bound (of
 
 --out writes catalogue.json and catalogue.md (the table in docs/validate.md). --check compares
 against a committed catalogue: every verdict and first stage must match, and every stage's
-of_bound must be within --factor (default 2) of the recorded one, in both directions — so a
-bound loosened or tightened by more than that factor, on the healthy side or on a bug, fails.
+of_bound must be within --factor (default 2) of the recorded one on the bugs' rows, in both
+directions — so a bound loosened or tightened by more than that factor fails; a correct kernel's
+of_bound (its machine's rounding, which differs by ISA) must stay within its bound (≤ 1).
 """
 import argparse
 import concurrent.futures
@@ -307,6 +308,14 @@ def check(rows, expected, factor):
             y = r.get("of_bound", {}).get(s)
             if y is None:
                 problems.append("%s: stage %s not compared" % (key, s))
+            elif e.get("healthy"):
+                # A correct kernel's error is its machine's rounding (it differs by ISA: an
+                # AVX-512 Xeon's f32 dk was 2.5× the recording machine's): held to the error
+                # model's bound, not to the recorded number. A bound tightened past it fails
+                # here; a bound loosened shows on the bugs' rows, whose band measures it.
+                if y > 1:
+                    problems.append("%s %s: of_bound %.3g > 1: a correct kernel outside the "
+                                    "error model's bound (catalogue %.3g)" % (key, s, y, x))
             elif x == 0 or y == 0 or x == float("inf") or y == float("inf"):
                 if (x == 0) != (y == 0) or (x == float("inf")) != (y == float("inf")):
                     problems.append("%s %s: of_bound %s, catalogue %s" % (key, s, y, x))

@@ -44,6 +44,11 @@ sdist=$(ls "$tmp"/sdist/seqpar-*.tar.gz 2>/dev/null | head -1)
 echo "ok   $(basename "$sdist") ($(du -h "$sdist" | cut -f1))"
 
 step "wheel from the sdist, offline"
+# pip unpacks the sdist and meson-python builds it under TMPDIR, at names drawn anew each run:
+# with that directory as ccache's base (setup.sh exports the cache), the compilations of one
+# run hash like the last run's and are served from the cache.
+mkdir -p "$tmp/build-tmp"
+TMPDIR="$tmp/build-tmp" CCACHE_BASEDIR="$tmp/build-tmp" \
 "$py" -m pip wheel --no-index --no-build-isolation --no-deps --disable-pip-version-check -q \
   -w "$tmp/dist" "$sdist" >"$tmp/wheel.log" 2>&1 || { tail -n 60 "$tmp/wheel.log"; fail "pip wheel (sdist, offline)"; }
 wheel=$(ls "$tmp"/dist/seqpar-*.whl 2>/dev/null | head -1)

@@ -21,18 +21,32 @@ kept dump and a command that re-runs exactly that case::
 
     test_it = spt.property_test(attention, max_world=4)     # or: a ready-made pytest test
 
+A whole training step goes under the same kind of property with ``check_step``: your model
+(a factory) and your step (shard the batch, forward through your SP path, loss, backward,
+gradient reduction: ``step(model, batches, ctx) -> loss``) on DP × SP ranks, judged against the
+same model without SP in float64 (see ``seqpar.testing.step``)::
+
+    spt.check_step(my_step, model=make_model, max_world=4)
+
 See ``AttentionContext`` for ctx, ``Supports`` for declaring what an implementation does not
 support (not drawn, so skipped rather than failed), and ``python3 -m seqpar.testing --help``.
 """
 from .context import AttentionContext  # noqa: F401
 from .scenario import Scenario, Supports, scenarios  # noqa: F401
 
+from .step import StepContext, StepScenario, step_scenarios  # noqa: F401,E402
+
 __all__ = ["check", "property_test", "run_one", "AttentionContext", "Scenario", "Supports",
-           "scenarios", "SpAttentionFailure"]
+           "scenarios", "SpAttentionFailure", "check_step", "run_step", "step_property_test",
+           "StepContext", "StepScenario", "step_scenarios", "SpStepFailure"]
 
 
 class SpAttentionFailure(AssertionError):
     """An example on which the implementation is not consistent with seqpar's reference."""
+
+
+class SpStepFailure(AssertionError):
+    """An example on which the training step is not consistent with the step without SP."""
 
 
 def _make_runner(impl, seqpar, deadline, start_method, impl_ref, keep, name):
@@ -114,4 +128,95 @@ def property_test(impl, **kw):
         check(impl, **kw)
     test.__name__ = "test_%s" % (kw.get("name") or getattr(impl, "__name__", "attention"))
     test.__doc__ = "seqpar.testing property of %s" % getattr(impl, "__name__", impl)
+    return test
+
+
+def run_step(step, model, scenario, *, deadline=60.0, start_method="fork", forward=None):
+    """Runs one StepScenario (or its JSON) of `step` on `model`; returns (ok, report text)."""
+    from .step import StepRunner
+    scn = scenario if isinstance(scenario, StepScenario) else StepScenario.from_json(scenario)
+    runner = StepRunner(step, model, deadline=deadline, start_method=start_method,
+                        forward=forward)
+    try:
+        out = runner.run(scn)
+        text = runner.report(scn, out) if not out.ok else "%s: consistent on %s" % (
+            runner.name, scn.describe())
+        return out.ok, text
+    finally:
+        runner.close()
+
+
+def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtypes=("f64",),
+               accumulation=True, seed=None, deadline=60.0, start_method="fork", forward=None,
+               name=None, progress=None, settings=None, stats=None):
+    """Runs the whole-step property: for every drawn StepScenario, `step(model, batches, ctx)`
+    on DP × SP gloo ranks must log the reference's loss and leave every parameter's gradient
+    equal to the reference's on every rank (float64: ≤ 1e-10 relative). Raises SpStepFailure
+    with the report of the smallest failing example Hypothesis finds.
+
+    step: the per-rank step, or "file.py:NAME" / "module:NAME".
+    model: a zero-argument factory of a torch.nn.Module (seqpar seeds torch's RNG before each
+      call, so every rank and the reference get the same weights), or "file.py:NAME".
+    forward: how the reference calls the model on a whole micro-batch (default:
+      model(input_ids=, position_ids=), its .logits when it has them).
+    accumulation: draw 2 micro-batches per DP rank too (gradient accumulation).
+    """
+    import os
+
+    import hypothesis
+    from hypothesis import HealthCheck, given
+
+    from .step import StepRunner
+    max_examples = int(os.environ.get("SEQPAR_TESTING_EXAMPLES") or max_examples)
+    runner = StepRunner(step, model, deadline=deadline, start_method=start_method, name=name,
+                        forward=forward)
+    runner.progress = progress
+    strategy = step_scenarios(max_world=max_world, max_tokens=max_tokens, dtypes=dtypes,
+                              accumulation=accumulation)
+    kw = dict(max_examples=max_examples, deadline=None, print_blob=False,
+              suppress_health_check=list(HealthCheck), database=None)
+    kw.update(settings or {})
+
+    largest = {}  # the largest failing example seen (Hypothesis shrinks from it)
+
+    def prop(scn):
+        out = runner.run(scn)
+        if not out.ok:
+            text = runner.report(scn, out)
+            size = sum(x[0] for mbs in scn.rows for mb in mbs for r in mb for x in r)
+            if size > largest.get("size", -1):
+                largest.update(size=size, text=text, details=out.details)
+            raise SpStepFailure("\n" + text)
+
+    test = given(strategy)(hypothesis.settings(**kw)(prop))
+    if seed is not None:
+        test = hypothesis.seed(seed)(test)
+    try:
+        test()
+    except SpStepFailure as e:
+        # The shrunk example can lose what names the mistake (a 2-token batch whose one label
+        # is lost leaves nothing to divide): the largest failing example's diagnosis goes with
+        # it when it names a cause the shrunk one does not.
+        shrunk = str(e)
+        named = [ln.strip() for ln in largest.get("details", "").splitlines()
+                 if ln.strip().startswith(("the logged loss is exactly", "every rank's gradient",
+                                           "the ranks of one"))]
+        missing = [ln for ln in named if ln not in shrunk]
+        if missing:
+            raise SpStepFailure(shrunk + "\n  before shrinking, on the largest failing example "
+                                "(%d tokens):\n%s" % (largest["size"], "\n".join(
+                                    "    " + ln for ln in largest["text"].splitlines()[1:])))
+        raise
+    finally:
+        if stats is not None:
+            stats.update(examples=runner.count, failures=runner.failures,
+                         seconds=dict(runner.seconds), wall=runner.elapsed())
+        runner.close()
+
+
+def step_property_test(step, model, **kw):
+    """A zero-argument test function (for pytest) that runs check_step(step, model, **kw)."""
+    def test():
+        check_step(step, model, **kw)
+    test.__name__ = "test_%s" % (kw.get("name") or getattr(step, "__name__", "step"))
     return test

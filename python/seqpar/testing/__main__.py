@@ -2,8 +2,12 @@
 
     python3 -m seqpar.testing run IMPL --scenario JSON     # exactly one case (the re-run command)
     python3 -m seqpar.testing check IMPL [--max-world 4] [--examples 100] [--supports JSON] …
+    python3 -m seqpar.testing check-step STEP --model FACTORY [--max-world 4] [--examples 30] …
+    python3 -m seqpar.testing run-step STEP --model FACTORY --scenario JSON
 
-IMPL is FILE.py:NAME or MODULE:NAME (NAME may be a call, e.g. "impls.py:make('no_scale')").
+IMPL is FILE.py:NAME or MODULE:NAME (NAME may be a call, e.g. "impls.py:make('no_scale')");
+so are STEP (your training step, step(model, batches, ctx) -> loss) and FACTORY (a zero-argument
+function returning the model).
 Exit codes: 0 consistent, 1 a failing example (its report printed), 2 invalid input.
 """
 import argparse
@@ -30,6 +34,25 @@ def main(argv=None):
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--progress", type=float, default=10.0,
                    help="seconds between progress lines (0: none)")
+    cs = sub.add_parser("check-step", help="the whole-step property: your step on DP × SP "
+                        "ranks against the model without SP, loss and every gradient")
+    rs = sub.add_parser("run-step", help="run one step scenario (as printed by a failing "
+                        "check-step)")
+    for p in (cs, rs):
+        p.add_argument("step")
+        p.add_argument("--model", required=True, help="FILE.py:NAME of the model factory")
+        p.add_argument("--deadline", type=float, default=60.0,
+                       help="seconds per example before it counts as a hang")
+    rs.add_argument("--scenario", required=True, help="the step scenario's JSON")
+    cs.add_argument("--max-world", type=int, default=4)
+    cs.add_argument("--examples", type=int, default=30)
+    cs.add_argument("--max-tokens", type=int, default=24)
+    cs.add_argument("--dtypes", default="f64", help="comma-separated: f64, f32")
+    cs.add_argument("--no-accumulation", action="store_true",
+                    help="one micro-batch per DP rank (no gradient accumulation drawn)")
+    cs.add_argument("--seed", type=int, default=None)
+    cs.add_argument("--progress", type=float, default=10.0,
+                    help="seconds between progress lines (0: none)")
     for p in (r, c):
         p.add_argument("--seqpar", default=None, help="the seqpar binary (default: the one "
                        "installed with this package, $SEQPAR, PATH, the checkout's "
@@ -43,6 +66,8 @@ def main(argv=None):
 
     from . import SpAttentionFailure, check, run_one
     from .scenario import SeqparNotFound
+    if a.cmd in ("check-step", "run-step"):
+        return _step_main(a)
     try:
         if a.cmd == "run":
             ok, text = run_one(a.impl, a.scenario, seqpar=a.seqpar, deadline=a.deadline,
@@ -62,6 +87,35 @@ def main(argv=None):
         print("PASS: %d examples consistent (%.1f s)" % (stats["examples"], stats["wall"]))
         return 0
     except (ValueError, TypeError, SeqparNotFound) as e:
+        print("seqpar.testing: error: %s" % e, file=sys.stderr)
+        return 2
+
+
+def _step_main(a):
+    from . import SpStepFailure, check_step, run_step
+    try:
+        if a.cmd == "run-step":
+            ok, text = run_step(a.step, a.model, a.scenario, deadline=a.deadline)
+            print(text)
+            return 0 if ok else 1
+        dtypes = tuple(x.strip() for x in a.dtypes.split(",") if x.strip())
+        bad = [x for x in dtypes if x not in ("f64", "f32")]
+        if bad or not dtypes:
+            raise ValueError("--dtypes %r: give f64 and/or f32, comma-separated" % a.dtypes)
+        stats = {}
+        try:
+            check_step(a.step, a.model, max_world=a.max_world, max_examples=a.examples,
+                       max_tokens=a.max_tokens, dtypes=dtypes,
+                       accumulation=not a.no_accumulation, seed=a.seed, deadline=a.deadline,
+                       progress=a.progress or None, stats=stats)
+        except SpStepFailure as e:
+            print("FAIL after %d examples:%s" % (stats.get("examples", 0), e))
+            return 1
+        print("PASS: %d steps consistent (%.1f s; reference %.1f s, ranks %.1f s)" % (
+            stats["examples"], stats["wall"], stats["seconds"]["reference"],
+            stats["seconds"]["ranks"]))
+        return 0
+    except (ValueError, TypeError) as e:
         print("seqpar.testing: error: %s" % e, file=sys.stderr)
         return 2
 

@@ -52,7 +52,9 @@ def describe_stack(frames):
     if not frames:
         return "unknown", "no Python stack could be read"
     user = [f for f in frames if not _is_torch(f[0]) and not _is_harness(f[0])]
-    dist_frames = [f for f in frames if "/torch/distributed/" in f[0].replace("\\", "/")]
+    # torch's own decorators (c10d_logger's `wrapper`) are not the API the user called
+    dist_frames = [f for f in frames if "/torch/distributed/" in f[0].replace("\\", "/") and
+                   not f[0].endswith("c10d_logger.py") and f[2] != "wrapper"]
     where = ("%s:%d in %s" % (os.path.relpath(user[0][0]), user[0][1], user[0][2])
              if user else "%s:%d in %s" % frames[0])
     if dist_frames:

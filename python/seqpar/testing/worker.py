@@ -77,6 +77,9 @@ class _Rank(object):
         return ug[self.rank // U], rg[self.rank % U], dist.group.WORLD
 
     def run(self, task):
+        if task.get("kind") == "step":  # a whole training step (step.py)
+            from .step import run_on_rank
+            return run_on_rank(self, task, self.fn)
         scn = Scenario.from_json(task["scenario"])
         lay = Layout(**task["layout"])
         t0 = time.perf_counter()

@@ -1,0 +1,201 @@
+// oracle_bench: the float64 oracle's attention (src/sim/reference_attention.cpp: ref::ops::attention
+// and its backward) under each of today's attention options, as a rate against the machine's
+// native float64 GEMM measured in the same run, and the whole `seqpar check` per option.
+//
+// Variants (one layer each, the rule of ref::ops::layer_rule):
+//   full      causal attention within documents;
+//   window    transformers' sliding_window = 128 keys (causal);
+//   chunk     Llama 4's chunked attention, chunks of 256 (causal);
+//   sinks     full causal with gpt-oss's per-head sink logits;
+//   softcap   full causal with Gemma 2's cap·tanh(s/cap), cap 30;
+//   bidir     bidirectional (DiT / encoders): every key of the document.
+// size = bytes of q (S·Hq·d·8), count = S tokens, documents 2:1:1, Hq 8 / Hkv 2, d 16.
+// FLOP convention (FlashAttention's, over the pairs a rule lets a query see): forward
+// 4·pairs·Hq·d, backward 2.5× forward: 14·pairs·Hq·d per fwd+bwd; masked work is not counted.
+// ratio = the oracle's GFLOP/s / Eigen's 1024³ GEMM GFLOP/s on 1 thread (same run).
+// check_s = the whole `seqpar check` (U 2 × R 2, 1 thread: setup, SP step, oracle, compare) of
+// the same shape and option; #wrong = a check that failed, or a non-finite gradient.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "bench/driver.hpp"
+#include "sim/reference.hpp"
+#include "verify/check.hpp"
+
+namespace {
+
+using namespace seqpar;
+
+struct option_case {
+  const char* name;
+  char kind;
+  bool causal;
+  std::int64_t window, chunk;
+  double softcap;
+  bool sinks;
+};
+
+constexpr option_case cases[] = {
+    {"full", 'F', true, 0, 0, 0, false},      {"window", 'W', true, 128, 0, 0, false},
+    {"chunk", 'C', true, 0, 256, 0, false},   {"sinks", 'F', true, 0, 0, 0, true},
+    {"softcap", 'F', true, 0, 0, 30.0, false}, {"bidir", 'F', false, 0, 0, 0, false},
+};
+
+constexpr int Hq = 8, Hkv = 2, D = 16;
+
+std::vector<std::int64_t> docs_of(std::int64_t tokens) {
+  const std::int64_t quarter = std::max<std::int64_t>(tokens / 4 / 16, 1) * 16;
+  return {2 * quarter, quarter, quarter};
+}
+
+/// The (query, key) pairs the case lets every query of a document of n tokens see, counted from
+/// the options' definitions (transformers' W keys with the query's own; chunks from each
+/// document's start).
+double visible_pairs(const option_case& c, std::int64_t n) {
+  double pairs = 0;
+  for (std::int64_t p = 0; p < n; ++p) {
+    std::int64_t lo = 0, hi = c.causal ? p + 1 : n;
+    if (c.kind == 'W') lo = std::max<std::int64_t>(0, p - c.window + 1);
+    if (c.kind == 'C') {
+      lo = p / c.chunk * c.chunk;
+      if (!c.causal) hi = std::min(n, lo + c.chunk);
+    }
+    pairs += static_cast<double>(hi - lo);
+  }
+  return pairs;
+}
+
+scenario scenario_of(const option_case& c, std::int64_t tokens) {
+  scenario s;
+  s.name = "bench";
+  s.ulysses = 2;
+  s.ring = 2;
+  s.heads = Hq;
+  s.kv_heads = Hkv;
+  s.head_dim = D;
+  s.hidden = 64;
+  s.intermediate = 128;
+  s.docs = docs_of(tokens);
+  s.bidirectional = !c.causal;
+  s.window = c.window;
+  s.chunk = c.chunk;
+  s.softcap = c.softcap;
+  s.sinks = c.sinks;
+  return s;
+}
+
+struct oracle_options {
+  ref::matrix q, k, v, dout, dq, dk, dv, sinks, dsinks;
+  std::vector<std::int64_t> positions;
+  ref::ops::attention_rule rule;
+  std::size_t variant = 0;
+  std::int64_t tokens = 0;
+  double pairs = 0, seconds = 0;
+  int runs = 0;
+
+  bench::operation op() {
+    bench::operation o;
+    o.name = "the float64 oracle's attention fwd+bwd per option";
+    o.backend = "eigen";
+    o.kind = bench::table_kind::compute;
+    for (const auto& c : cases) o.variants.push_back({"double", c.name});
+    o.size = [](std::int64_t bytes, std::size_t, int) {
+      std::int64_t t = 0;
+      for (auto n : docs_of(bytes / (Hq * D * 8))) t += n;
+      return std::pair{t, t * Hq * D * 8};
+    };
+    o.init = [this](const bench::point& p, std::uint64_t seed) {
+      const auto& c = cases[p.variant];
+      variant = p.variant;
+      tokens = p.count;
+      positions.clear();
+      pairs = 0;
+      for (auto n : docs_of(p.count)) {
+        for (std::int64_t i = 0; i < n; ++i) positions.push_back(i);
+        pairs += visible_pairs(c, n);
+      }
+      const auto S = static_cast<Eigen::Index>(positions.size());
+      std::srand(static_cast<unsigned>(seed));
+      q = ref::matrix::Random(S, Hq * D);
+      k = ref::matrix::Random(S, Hkv * D);
+      v = ref::matrix::Random(S, Hkv * D);
+      dout = ref::matrix::Random(S, Hq * D);
+      sinks = ref::matrix::Random(1, Hq);
+      rule = {};
+      rule.kind = c.kind;
+      rule.causal = c.causal;
+      rule.window = c.window;
+      rule.right = c.window;
+      rule.chunk = c.chunk;
+      rule.softcap = c.softcap;
+      rule.sinks = c.sinks ? &sinks : nullptr;
+      seconds = 0;
+      runs = 0;
+    };
+    o.run = [this] {
+      const auto t0 = std::chrono::steady_clock::now();
+      const ref::matrix out = ref::ops::attention(q, k, v, Hq, Hkv, D, positions, 1, rule);
+      ref::ops::attention_backward(q, k, v, dout, Hq, Hkv, D, positions, dq, dk, dv, 1, rule,
+                                   rule.sinks ? &dsinks : nullptr);
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++runs;
+      if (!out.allFinite()) dq.setConstant(std::nan(""));
+    };
+    o.check = [this](const bench::point& p, std::uint64_t) -> std::int64_t {
+      std::int64_t bad = !dq.allFinite() || !dk.allFinite() || !dv.allFinite();
+      // the whole check of the same shape and option, 1 thread
+      verify::check_options opt;
+      opt.threads = 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto rep = verify::run_check(scenario_of(cases[p.variant], p.count), opt);
+      check_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      reference_seconds = rep.reference_seconds;
+      for (const auto& r : rep.rows) bad += !r.pass;
+      return bad;
+    };
+    o.work = [this](const bench::point&) { return 14.0 * pairs * Hq * D / 1e9; };
+    o.finish = [this](const bench::point&, bench::row& r) {
+      r.extra = {seconds / std::max(runs, 1), check_seconds, reference_seconds};
+    };
+    o.extra_columns = {"attn_s", "check_s", "ref_s"};
+    o.measure_baseline = [](const std::string& type) {
+      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
+                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
+    };
+    o.ratio_meaning = "the oracle attention's GFLOP/s / native f64 GEMM GFLOP/s (same run)";
+    o.notes = {"Hq=8 Hkv=2 d=16, documents 2:1:1, 1 thread; window 128, chunk 256, softcap 30",
+               "FLOP: 14·visible pairs·Hq·d per fwd+bwd (FlashAttention's convention)",
+               "check_s / ref_s: the whole seqpar check (U 2 × R 2, --threads 1) and its oracle "
+               "phase; #wrong: a failing check or non-finite gradients"};
+    return o;
+  }
+  double check_seconds = 0, reference_seconds = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::options defaults;
+  defaults.min_bytes = 4 << 20;  // 4K, 8K tokens
+  defaults.max_bytes = 8 << 20;
+  defaults.iters = 1;
+  defaults.warmup = 0;
+  bench::options quick = defaults;
+  quick.min_bytes = quick.max_bytes = 1 << 20;  // 1K tokens
+  bench::driver d("oracle_bench",
+                  "The float64 oracle's attention per attention option against native GEMM.",
+                  defaults, quick);
+  if (auto rc = d.parse(argc, argv)) return *rc;
+  return d.guarded([&] {
+    oracle_options b;
+    auto op = b.op();
+    auto group = bench::single_rank();
+    const auto rows = d.run(*group, op);
+    return d.report(op, 1, rows);
+  });
+}

@@ -1,0 +1,760 @@
+"""A whole SP training step under the property: the user's step (sharding, forward through their
+SP path, loss, backward, gradient reduction) on DP × SP gloo ranks against the same model without
+SP, in float64 on one process, with transformers' causal-LM loss semantics.
+
+The user gives a model factory (called with torch's RNG seeded the same way on every rank and for
+the reference, so every copy has the same weights) and a step::
+
+    def step(model, batches, ctx):    # batches: this DP rank's micro-batches, as the dataloader
+        ...                           # yields them before SP; shard, forward, loss, backward,
+        return loss                   # reduce gradients as the trainer does; the logged loss
+
+seqpar draws the global batch (packed documents, 1-token ones, prompt-masked spans, all-masked
+documents, padding, lengths that need SP padding), the layout (DP × Ulysses × ring, zigzag or
+contiguous), unequal valid tokens per DP rank and gradient accumulation, runs the step on every
+rank and judges, on every rank, the returned loss and every parameter's gradient against the
+reference: the gradient of (sum of the token losses over every valid shifted label of the global
+batch) / (their count), all in float64.
+"""
+import math
+import os
+import time
+
+import torch
+
+IGNORE_INDEX = -100
+F64_TOLERANCE = 1e-10  # relative, normwise: SP and non-SP differ only in summation order
+
+
+# -- the scenario and its batch -------------------------------------------------------------
+
+class StepScenario(object):
+    """One drawn example. rows[d][m] is DP rank d's micro-batch m: a list of rows, each a list of
+    documents (length, prompt tokens: the first `prompt` tokens' labels are -100; prompt ≥
+    length masks the whole document). A micro-batch's rows are padded to its longest row."""
+
+    FIELDS = ("dp", "ulysses", "ring", "layout", "dtype", "rows", "seed")
+
+    def __init__(self, dp=1, ulysses=1, ring=1, layout="zigzag", dtype="f64", rows=None,
+                 seed=0):
+        self.dp, self.ulysses, self.ring = int(dp), int(ulysses), int(ring)
+        self.layout = layout if self.ring > 1 else "contiguous"
+        self.dtype = dtype
+        self.rows = rows if rows is not None else [[[[4, 1]]]]
+        self.seed = int(seed)
+
+    @property
+    def sp(self):
+        return self.ulysses * self.ring
+
+    @property
+    def world(self):
+        return self.dp * self.sp
+
+    @property
+    def accumulation(self):
+        return len(self.rows[0])
+
+    def to_json(self):
+        import json
+        return json.dumps({k: getattr(self, k) for k in self.FIELDS}, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text):
+        import json
+        d = json.loads(text) if isinstance(text, str) else dict(text)
+        unknown = sorted(set(d) - set(StepScenario.FIELDS))
+        if unknown:
+            raise ValueError("step scenario: unknown fields %s (known: %s)" % (
+                ", ".join(unknown), ", ".join(StepScenario.FIELDS)))
+        s = StepScenario(**d)
+        s.validate()
+        return s
+
+    def validate(self):
+        if min(self.dp, self.ulysses, self.ring) < 1:
+            raise ValueError("step scenario: dp=%d ulysses=%d ring=%d; each must be ≥ 1" % (
+                self.dp, self.ulysses, self.ring))
+        if self.dtype not in ("f64", "f32"):
+            raise ValueError("step scenario: dtype %r; f64 or f32" % self.dtype)
+        if self.layout not in ("zigzag", "contiguous"):
+            raise ValueError("step scenario: layout %r; zigzag or contiguous" % self.layout)
+        if len(self.rows) != self.dp or len({len(m) for m in self.rows}) != 1:
+            raise ValueError("step scenario: rows must hold dp=%d lists of the same number of "
+                             "micro-batches (got %s)" % (self.dp, [len(m) for m in self.rows]))
+        for d, mbs in enumerate(self.rows):
+            for m, mb in enumerate(mbs):
+                if not mb or any(not row or any(len(doc) != 2 or doc[0] < 1 or doc[1] < 0
+                                                for doc in row) for row in mb):
+                    raise ValueError("step scenario: DP rank %d micro-batch %d: every row needs "
+                                     "documents [length ≥ 1, prompt ≥ 0] (got %s)" % (d, m, mb))
+
+    def describe(self):
+        toks = [[sum(doc[0] for doc in row) for row in mb] for mbs in self.rows for mb in mbs]
+        return ("dp %d × ulysses %d × ring %d %s (world %d), %d micro-batch%s per DP rank, row "
+                "lengths %s, %s, seed %d" % (
+                    self.dp, self.ulysses, self.ring, self.layout, self.world, self.accumulation,
+                    "" if self.accumulation == 1 else "es", toks, self.dtype, self.seed))
+
+
+TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32}
+
+
+def make_batch(rows, vocab, seed, pad_id=0):
+    """A micro-batch as a dataloader yields it before SP: input_ids, labels, position_ids [B, L]
+    (long). Documents are packed along a row with position_ids restarting at 0 at each (the
+    flattening collator's convention); a document's first label and its prompt tokens' labels are
+    -100 (so no target crosses a document boundary after the shift); a row shorter than the
+    longest is padded with pad_id tokens, labels -100 and position_ids of their own run from 0."""
+    g = torch.Generator().manual_seed(0x57E9 + seed)
+    L = max(sum(doc[0] for doc in row) for row in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), L), IGNORE_INDEX, dtype=torch.long)
+    pos = torch.zeros((len(rows), L), dtype=torch.long)
+    for b, row in enumerate(rows):
+        t = 0
+        for n, prompt in row:
+            ids[b, t:t + n] = torch.randint(1, vocab, (n,), generator=g)
+            labels[b, t:t + n] = ids[b, t:t + n]
+            labels[b, t:t + min(n, max(prompt, 1))] = IGNORE_INDEX
+            pos[b, t:t + n] = torch.arange(n)
+            t += n
+        pos[b, t:] = torch.arange(L - t)
+    return {"input_ids": ids, "labels": labels, "position_ids": pos}
+
+
+def batches_of(scn, vocab):
+    """[d][m]: DP rank d's micro-batch m."""
+    return [[make_batch(mb, vocab, scn.seed * 1009 + d * 31 + m) for m, mb in enumerate(mbs)]
+            for d, mbs in enumerate(scn.rows)]
+
+
+def shift_labels(labels):
+    """transformers' shift: the target of token t is labels[t + 1] of its row; the last token
+    of a row has none (-100)."""
+    out = torch.full_like(labels, IGNORE_INDEX)
+    out[:, :-1] = labels[:, 1:]
+    return out
+
+
+# -- what the step gets ---------------------------------------------------------------------
+
+class StepContext(object):
+    """Everything one rank's step needs besides the model and its batches.
+
+    Ranks: world rank = dp_rank · sp_size + sp_rank, sp_rank = ring_rank · ulysses +
+    ulysses_rank. Groups (torch.distributed process groups; a group of one where the degree is
+    1): `dp_group` (the ranks with this sp_rank in every DP replica: a replicated parameter's
+    gradient is reduced here by a pure-DP trainer), `sp_group` (this replica's U·R ranks, which
+    share one micro-batch), `ulysses_group`, `ring_group`, `world_group`; `dp_ranks`, `sp_ranks`
+    their members' world ranks in group order.
+
+    Layout (what the trainer is asked to do; the step shards the batch itself): `layout` is
+    'zigzag' (the row padded to a multiple of 2·sp_size, cut into 2·sp_size chunks, SP rank s
+    holding chunks s and 2·sp_size − 1 − s) or 'contiguous' (padded to a multiple of sp_size,
+    rank s holding the s-th of sp_size equal parts); `shard_indices(L)` gives those token
+    indices. `accumulation` micro-batches per DP rank; `ignore_index` = -100.
+    """
+
+    def __init__(self, scn, rank, groups):
+        self.scenario = scn
+        self.rank = rank
+        self.world_size = scn.world
+        self.dp_size, self.sp_size = scn.dp, scn.sp
+        self.ulysses, self.ring = scn.ulysses, scn.ring
+        self.dp_rank, self.sp_rank = divmod(rank, scn.sp)
+        self.ring_rank, self.ulysses_rank = divmod(self.sp_rank, scn.ulysses)
+        self.dp_ranks = [d * scn.sp + self.sp_rank for d in range(scn.dp)]
+        self.sp_ranks = [self.dp_rank * scn.sp + s for s in range(scn.sp)]
+        (self.world_group, self.dp_group, self.sp_group, self.ulysses_group,
+         self.ring_group) = groups
+        self.layout = scn.layout
+        self.zigzag = scn.layout == "zigzag" and scn.sp > 1
+        self.dtype = TORCH_DTYPES[scn.dtype]
+        self.accumulation = scn.accumulation
+        self.ignore_index = IGNORE_INDEX
+
+    def padded_length(self, length):
+        m = self.sp_size * (2 if self.zigzag else 1)
+        return -(-length // m) * m
+
+    def shard_indices(self, length, sp_rank=None):
+        return shard_indices(self.padded_length(length), self.sp_size,
+                             self.sp_rank if sp_rank is None else sp_rank, self.zigzag)
+
+    def __repr__(self):
+        return ("StepContext(rank=%d, dp %d/%d, sp %d/%d (ulysses %d/%d, ring %d/%d), %s)" % (
+            self.rank, self.dp_rank, self.dp_size, self.sp_rank, self.sp_size, self.ulysses_rank,
+            self.ulysses, self.ring_rank, self.ring, self.layout))
+
+
+def shard_indices(padded, sp, s, zigzag):
+    if zigzag:
+        c = padded // (2 * sp)
+        return list(range(s * c, (s + 1) * c)) + list(range((2 * sp - 1 - s) * c,
+                                                             (2 * sp - s) * c))
+    c = padded // sp
+    return list(range(s * c, (s + 1) * c))
+
+
+def make_groups(scn, cache):
+    """(world, dp, sp, ulysses, ring) groups of every rank; each created by every rank in the
+    same order (torch.distributed.new_group is collective over the world)."""
+    import torch.distributed as dist
+    key = (scn.dp, scn.ulysses, scn.ring)
+    if key not in cache:
+        D, U, R, P = scn.dp, scn.ulysses, scn.ring, scn.sp
+        dp = [dist.new_group([d * P + s for d in range(D)]) for s in range(P)]
+        sp = [dist.new_group([d * P + s for s in range(P)]) for d in range(D)]
+        ul = [dist.new_group([d * P + r * U + u for u in range(U)])
+              for d in range(D) for r in range(R)]
+        ri = [dist.new_group([d * P + r * U + u for r in range(R)])
+              for d in range(D) for u in range(U)]
+        cache[key] = (dp, sp, ul, ri)
+    dp, sp, ul, ri = cache[key]
+    return dp, sp, ul, ri
+
+
+def groups_of(scn, rank, cache):
+    import torch.distributed as dist
+    dp, sp, ul, ri = make_groups(scn, cache)
+    d, s = divmod(rank, scn.sp)
+    r, u = divmod(s, scn.ulysses)
+    return (dist.group.WORLD, dp[s], sp[d], ul[d * scn.ring + r], ri[d * scn.ulysses + u])
+
+
+# -- the model ------------------------------------------------------------------------------
+
+def build_model(factory, seed, dtype):
+    """The factory's model with torch's RNG seeded by `seed`, in `dtype`."""
+    torch.manual_seed(0xD0E + seed)
+    m = factory()
+    if not isinstance(m, torch.nn.Module):
+        raise TypeError("the model factory returned %s, not a torch.nn.Module" %
+                        type(m).__name__)
+    return m.to(dtype)
+
+
+def vocab_of(model):
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is None:
+        embs = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+        if not embs:
+            raise ValueError("the model has no torch.nn.Embedding (nor get_input_embeddings()): "
+                             "seqpar cannot tell its vocabulary size; give vocab=")
+        emb = embs[0]
+    return emb.num_embeddings
+
+
+def weights_digest(model):
+    """A float64 sum over every parameter: equal on every rank when the weights are."""
+    with torch.no_grad():
+        return [float(p.double().sum()) for _, p in model.named_parameters()]
+
+
+def default_forward(model, batch):
+    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+    return getattr(out, "logits", out)
+
+
+class Reference(object):
+    """The step without SP: the model in float64 on one process over every DP rank's every
+    micro-batch; per token its loss against the shifted label (log-softmax in float64), the
+    global mean over the valid shifted labels, and every parameter's gradient of it."""
+
+    def __init__(self, factory, scn, forward=None):
+        self.scn = scn
+        model = build_model(factory, scn.seed, torch.float64)
+        self.vocab = vocab_of(model)
+        self.batches = batches_of(scn, self.vocab)
+        forward = forward or default_forward
+        total = torch.zeros((), dtype=torch.float64)
+        self.logp = {}      # (d, m) -> [B, L, V] log-probabilities (detached)
+        self.targets = {}   # (d, m) -> [B, L] shifted labels
+        count = 0
+        for d, mbs in enumerate(self.batches):
+            for m, b in enumerate(mbs):
+                logits = forward(model, b)
+                if tuple(logits.shape) != tuple(b["input_ids"].shape) + (self.vocab,):
+                    raise ValueError("the reference forward returned logits of shape %s for "
+                                     "input_ids %s; want [B, L, vocab=%d]" % (
+                                         list(logits.shape), list(b["input_ids"].shape),
+                                         self.vocab))
+                logp = torch.log_softmax(logits.double(), dim=-1)
+                tgt = shift_labels(b["labels"])
+                valid = tgt != IGNORE_INDEX
+                nll = -logp.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+                total = total + nll[valid].sum()
+                count += int(valid.sum())
+                self.logp[(d, m)] = logp.detach()
+                self.targets[(d, m)] = tgt
+        self.count = count
+        self.loss_tensor = total / count if count else total
+        if count:
+            self.loss_tensor.backward()
+        self.loss = float(self.loss_tensor.detach())
+        self.grads = {n: (p.grad.detach().clone() if p.grad is not None else
+                          torch.zeros_like(p.detach()))
+                      for n, p in model.named_parameters()}
+        self.digest = weights_digest(model)
+
+    # per-token losses and counts of a set of (d, m, row, token) with given targets
+    def nll(self, d, m, b, t, target):
+        return float(-self.logp[(d, m)][b, t, target])
+
+    def sums(self, d=None, m=None, sp=None, tokens_of=None, targets_of=None):
+        """(sum of token losses, valid labels) over DP rank d (all when None), micro-batch m,
+        the tokens of SP rank sp as tokens_of(L, sp) gives them, with targets_of's targets."""
+        s, n = 0.0, 0
+        for (dd, mm), logp in self.logp.items():
+            if (d is not None and dd != d) or (m is not None and mm != m):
+                continue
+            B, L = self.targets[(dd, mm)].shape
+            for b in range(B):
+                tgt = (targets_of(dd, mm, b) if targets_of else
+                       self.targets[(dd, mm)][b].tolist())
+                toks = range(L) if sp is None else [t for t in tokens_of(L, sp) if t < L]
+                for t in toks:
+                    if tgt[t] != IGNORE_INDEX:
+                        s += float(-logp[b, t, tgt[t]])
+                        n += 1
+        return s, n
+
+
+# -- one rank --------------------------------------------------------------------------------
+
+def run_on_rank(rank_state, task, spec):
+    """In a worker: build the model, run the user's step, return its loss and gradients."""
+    import traceback
+    from .worker import _user_traceback
+    scn = StepScenario.from_json(task["scenario"])
+    t0 = time.perf_counter()
+    groups = groups_of(scn, rank_state.rank, rank_state.groups)
+    ctx = StepContext(scn, rank_state.rank, groups)
+    phase = "model"
+    try:
+        model = build_model(spec.model, scn.seed, ctx.dtype)
+        digest = weights_digest(model)
+        vocab = vocab_of(model)
+        batches = [{k: v.clone() for k, v in b.items()}
+                   for b in batches_of(scn, vocab)[ctx.dp_rank]]
+        phase = "step"
+        loss = spec.step(model, batches, ctx)
+    except Exception as e:
+        return {"status": "raised", "phase": phase, "error": _user_traceback(e),
+                "exception": type(e).__name__}
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            return {"status": "bad_output", "message": "the step returned a tensor of shape %s; "
+                    "it must return the loss the trainer logs (a number or a 1-element tensor)"
+                    % list(loss.shape)}
+        loss = float(loss.detach().double())
+    elif isinstance(loss, (int, float)):
+        loss = float(loss)
+    else:
+        return {"status": "bad_output", "message": "the step returned %s; it must return the "
+                "loss the trainer logs (a number or a 1-element tensor)" % type(loss).__name__}
+    try:
+        grads = {n: (p.grad.detach().double().clone() if p.grad is not None else None)
+                 for n, p in model.named_parameters()}
+    except Exception:
+        return {"status": "harness_error", "error": traceback.format_exc()}
+    return {"status": "ok", "loss": loss, "grads": grads, "digest": digest,
+            "seconds": time.perf_counter() - t0}
+
+
+class StepSpec(object):
+    """What a rank pool runs: the user's step and model factory."""
+
+    def __init__(self, step, model):
+        self.step = step
+        self.model = model
+
+
+# -- the verdict -----------------------------------------------------------------------------
+
+def _close(x, ref, tol):
+    return abs(x - ref) <= tol * max(abs(ref), 1e-300) or (ref == 0 and abs(x) <= tol)
+
+
+def _ranks(rs):
+    rs = sorted(rs)
+    if len(rs) == 1:
+        return "rank %d" % rs[0]
+    return "ranks %s" % ", ".join(str(r) for r in rs)
+
+
+def tolerance(scn):
+    """Relative, normwise. float64: SP and non-SP differ in summation order only (≤ 1e-10).
+    float32: the step's rounding, u = 2^-24 per operation, grows with the depth of the sums
+    (at most the tokens of the global batch and the hidden sizes): 1e-3 relative covers
+    log2-depth sums of 2^10 terms of 2^-24 each with a 60× margin; below it lies the float32
+    rounding of a float64 reference, above it every mistake of a step (a token lost, a
+    denominator off by one of 2^10 tokens still is 1e-3)."""
+    return F64_TOLERANCE if scn.dtype == "f64" else 1e-3
+
+
+class StepOutcome(object):
+    def __init__(self, kind, summary, details=""):
+        self.kind, self.summary, self.details = kind, summary, details
+
+    @property
+    def ok(self):
+        return self.kind == "pass"
+
+
+def loss_candidates(ref, scn):
+    """{name: [value per world rank]}: the loss a step logs under each classic mistake, from the
+    reference's per-token losses. A rank's tokens are those of ctx.shard_indices."""
+    D, P = scn.dp, scn.sp
+    zig = scn.layout == "zigzag" and P > 1
+
+    def tokens_of(L, s):
+        m = P * (2 if zig else 1)
+        return shard_indices(-(-L // m) * m, P, s, zig)
+
+    S, N = ref.sums()
+    per = {}
+    for d in range(D):
+        per[d] = ref.sums(d=d)
+        for s in range(P):
+            per[(d, s)] = ref.sums(d=d, sp=s, tokens_of=tokens_of)
+    c = {}
+
+    def each(fn):
+        return [fn(*divmod(r, P)) for r in range(D * P)]
+
+    def div(a, b):
+        return a / b if b else float("nan")
+
+    c["the loss averaged over the rank's own valid labels (a local denominator: each SP rank's "
+      "mean, never reduced)"] = each(lambda d, s: div(*per[(d, s)]))
+    c["the SP group's summed loss divided by the rank's own valid labels (the denominator local "
+      "where the numerator is global)"] = each(lambda d, s: div(per[d][0], per[(d, s)][1]))
+    c["the mean of the SP ranks' means (each rank weighted equally though their valid labels "
+      "differ)"] = each(lambda d, s: sum(div(*per[(d, t)]) for t in range(P)) / P)
+    c["the DP replica's own mean (the loss never reduced over the DP group)"] = each(
+        lambda d, s: div(*per[d]))
+    c["the mean of the DP replicas' means (replicas weighted equally though their valid labels "
+      "differ)"] = each(lambda d, s: sum(div(*per[e]) for e in range(D)) / D)
+    c["the summed token losses, never divided by the valid-label count"] = each(lambda d, s: S)
+    if scn.accumulation > 1:
+        mbs = [ref.sums(d=d, m=m) for d in range(D) for m in range(scn.accumulation)]
+        c["the mean of the micro-batches' means (gradient accumulation weighting micro-batches "
+          "equally though their valid labels differ)"] = each(
+            lambda d, s: sum(div(*x) for x in mbs) / len(mbs))
+
+    # labels shifted after sharding: each rank shifts its own rows' labels within its shard
+    def shifted_after(d, m, b):
+        B, L = ref.targets[(d, m)].shape
+        lab = ref.batches[d][m]["labels"][b].tolist()
+        tgt = [IGNORE_INDEX] * L
+        for s in range(P):
+            toks = [t for t in tokens_of(L, s)]
+            for i in range(len(toks) - 1):
+                if toks[i] < L:
+                    tgt[toks[i]] = lab[toks[i + 1]] if toks[i + 1] < L else IGNORE_INDEX
+        return tgt
+    if P > 1:
+        s2, n2 = ref.sums(targets_of=shifted_after)
+        # every valid label lost: nothing to average, a step logs 0 or 0/0
+        c["the labels shifted after sharding (each shard's last token loses its target%s)" % (
+            "; zigzag: the first chunk's last token is given the second chunk's first token" if
+            zig else "")] = each(lambda d, s: div(s2, n2) if n2 else (0.0, float("nan")))
+    return c
+
+
+def diagnose(results, ref, scn, tol):
+    """(summary, details) of a step whose losses or gradients differ from the reference."""
+    W, P = scn.world, scn.sp
+    lines = []
+    bad_loss = [r for r in range(W) if not _close(results[r]["loss"], ref.loss, tol)]
+    summary = []
+    if bad_loss:
+        vals = sorted({round(results[r]["loss"], 12) for r in bad_loss})
+        summary.append("the loss differs on %s" % _ranks(bad_loss))
+        lines.append("loss: reference %.12g (the mean over %d valid shifted labels of the "
+                     "global batch); %s" % (ref.loss, ref.count, "; ".join(
+                         "rank %d logged %.12g" % (r, results[r]["loss"]) for r in bad_loss[:8])))
+        named = []
+
+        def same(x, y):  # y: a value, or a tuple of the values a step may log
+            if isinstance(y, tuple):
+                return any(same(x, v) for v in y)
+            return (math.isnan(x) and math.isnan(y)) or _close(x, y, max(tol, 1e-12))
+        for name, vals in loss_candidates(ref, scn).items():
+            if all(same(results[r]["loss"], vals[r]) for r in bad_loss) and \
+                    not all(same(ref.loss, vals[r]) for r in bad_loss):
+                named.append(name)
+        nan = [r for r in bad_loss if math.isnan(results[r]["loss"])]
+        if nan:
+            empty = [d for d in range(scn.dp) if ref.sums(d=d)[1] == 0]
+            lines.append("  %s logged NaN%s" % (_ranks(nan), (
+                ": DP replica%s %s ha%s no valid label in this step, so a denominator of its "
+                "own (not the global count) is 0" % (
+                    "s" if len(empty) > 1 else "", ", ".join(map(str, empty)),
+                    "ve" if len(empty) > 1 else "s")) if empty else ""))
+        if named:
+            lines.append("  the logged loss is exactly %s" % named[0])
+            for n in named[1:]:
+                lines.append("  (on this example it also equals %s)" % n)
+        else:
+            lines.append("  none of the searched loss mistakes reproduces it (local or global "
+                         "denominators, per-rank or per-replica means, labels shifted after "
+                         "sharding, an undivided sum): the token losses themselves likely "
+                         "differ, i.e. the forward under SP (positions, masks, the attention: "
+                         "seqpar.testing.check puts the attention alone under the property)")
+    names = list(ref.grads)
+    missing = [n for n in names if any(results[r]["grads"].get(n) is None for r in range(W))]
+    if missing:
+        summary.append("no gradient reached %s" % ", ".join(missing[:4]))
+        for n in missing[:4]:
+            rs = [r for r in range(W) if results[r]["grads"].get(n) is None]
+            lines.append("%s: no gradient on %s (requires_grad off, detached, or the parameter "
+                         "not used by the SP path)" % (n, _ranks(rs)))
+    bad = []
+    for n in names:
+        g_ref = ref.grads[n]
+        scale = float(g_ref.abs().max()) if g_ref.numel() else 0.0
+        for r in range(W):
+            g = results[r]["grads"].get(n)
+            if g is None:
+                continue
+            err = float((g - g_ref).abs().max()) if g.numel() else 0.0
+            if err > tol * max(scale, 1e-300) and not (scale == 0 and err <= tol):
+                bad.append((n, r, err, scale))
+    if bad:
+        params = []
+        for n, *_ in bad:
+            if n not in params:
+                params.append(n)
+        summary.append("the gradient of %s%s differs on %s" % (
+            ", ".join(params[:3]), " and %d more" % (len(params) - 3) if len(params) > 3 else "",
+            _ranks({r for _, r, _, _ in bad})))
+        for n in params[:6]:
+            rows = [(r, e, s) for m, r, e, s in bad if m == n]
+            lines.append("%s: max |Δ| %s on %s (reference's largest entry %.3g)" % (
+                n, "%.3g" % max(e for _, e, _ in rows), _ranks([r for r, _, _ in rows]),
+                rows[0][2]))
+        lines += grad_causes(results, ref, scn, tol, params)
+    return "; ".join(summary), "\n".join(lines)
+
+
+def grad_causes(results, ref, scn, tol, params):
+    """Names what the gradients' pattern shows: ranks of one SP group (or of one DP group) that
+    hold different gradients of a replicated parameter, or every rank's gradient a constant
+    multiple of the reference's."""
+    W, P, D = scn.world, scn.sp, scn.dp
+    out = []
+
+    def same(a, b, n):
+        ga, gb = results[a]["grads"][n], results[b]["grads"][n]
+        scale = max(float(ref.grads[n].abs().max()), 1e-300)
+        return float((ga - gb).abs().max()) <= tol * scale
+
+    n = params[0]
+    if any(results[r]["grads"].get(n) is None for r in range(W)):
+        return out
+    split_sp = [d for d in range(D) if P > 1 and not all(
+        same(d * P, d * P + s, n) for s in range(1, P))]
+    split_dp = [s for s in range(P) if D > 1 and not all(
+        same(s, d * P + s, n) for d in range(1, D))]
+    if split_sp:
+        out.append("  the ranks of one SP group hold different gradients of the replicated "
+                   "parameter %s (SP group of %s): the gradient is not reduced over the SP "
+                   "group (each rank keeps the part of its own tokens)" % (
+                       n, _ranks([split_sp[0] * P + s for s in range(P)])))
+    if split_dp:
+        out.append("  the ranks of one DP group hold different gradients of %s (DP group of "
+                   "%s): the gradient is not reduced over the DP group" % (
+                       n, _ranks([d * P + split_dp[0] for d in range(D)])))
+    if not split_sp and not split_dp:
+        g, g_ref = results[0]["grads"][n], ref.grads[n]
+        k = float((g * g_ref).sum() / max(float((g_ref * g_ref).sum()), 1e-300))
+        if k and all(float((results[r]["grads"][m] - k * ref.grads[m]).abs().max()) <=
+                     tol * max(float(ref.grads[m].abs().max()), 1e-300) * max(1, abs(k))
+                     for r in range(W) for m in params):
+            known = {P: "the SP degree", D: "the DP degree", W: "the world size",
+                     scn.accumulation: "the accumulation steps"}
+            why = ""
+            for f, what in known.items():
+                if f > 1 and abs(k - f) < 1e-6 * f:
+                    why = (" = %s: summed over %d ranks where each already holds the gradient "
+                           "of the global mean (or the loss not divided by it)" % (what, f))
+                elif f > 1 and abs(k - 1.0 / f) < 1e-6:
+                    why = (" = 1/%s: averaged over %d ranks where the parts must be summed "
+                           "(torch.distributed's AVG, or DDP's mean over a group whose ranks "
+                           "hold parts of one gradient)" % (what, f))
+            out.append("  every rank's gradient is %.6g × the reference's%s" % (k, why))
+    return out
+
+
+def judge(results, ref, scn, stacks=None, deadline=None):
+    """A StepOutcome from the ranks' replies (None: did not return)."""
+    from .runner import _indent
+    W = scn.world
+    bad = {r: x for r, x in enumerate(results) if x is not None and x["status"] != "ok"}
+    missing = [r for r, x in enumerate(results) if x is None]
+    stacks = stacks or {}
+    waits = "".join("\n  rank %d did not return: %s" % (r, stacks.get(r, ("", "?"))[1])
+                    for r in missing)
+    for kind in ("raised", "bad_output", "died", "harness_error"):
+        rs = sorted(r for r, x in bad.items() if x["status"] == kind)
+        if not rs:
+            continue
+        x = bad[rs[0]]
+        if kind == "raised":
+            summary = "%s raised %s in %s" % (_ranks(rs), x["exception"],
+                                               "the step" if x["phase"] == "step" else
+                                               "the model factory")
+            details = "rank %d's traceback:\n%s" % (rs[0], _indent(x["error"]))
+        elif kind == "harness_error":
+            summary = "seqpar.testing itself failed on %s (please report)" % _ranks(rs)
+            details = x["error"]
+        else:
+            summary, details = "%s: %s" % (_ranks(rs), x["message"]), ""
+        if missing:
+            details += "\nthe other ranks then did not return (waiting for it):" + waits
+        return StepOutcome(kind, summary, details.strip())
+    if missing:
+        busy = [r for r in missing if stacks.get(r, ("unknown",))[0] == "busy"]
+        culprits = busy or missing
+        return StepOutcome("hang", "%s did not return within %.0f s (hang)%s" % (
+            _ranks(culprits), deadline or 0,
+            "" if len(culprits) == W else "; the others waited for %s" % (
+                "it" if len(culprits) == 1 else "them")), ("where each rank was:" + waits).strip())
+    odd = [r for r in range(W) if results[r]["digest"] != ref.digest and not all(
+        _close(a, b, 1e-5) for a, b in zip(results[r]["digest"], ref.digest))]
+    if odd:
+        return StepOutcome("bad_model", "the model factory gave %s other weights than the "
+                           "reference's copy: it must build the same weights from torch's RNG "
+                           "(seeded by seqpar before each call) on every rank" % _ranks(odd))
+    tol = tolerance(scn)
+    summary, details = diagnose(results, ref, scn, tol)
+    if not summary:
+        return StepOutcome("pass", "consistent")
+    return StepOutcome("mismatch", summary, details)
+
+
+# -- running examples ------------------------------------------------------------------------
+
+class StepRunner(object):
+    """Runs examples of one step on pools of gloo ranks (one pool per world size)."""
+
+    def __init__(self, step, model, deadline=60.0, start_method="fork", name=None,
+                 forward=None, step_ref=None, model_ref=None):
+        from .impl_ref import reference_of, resolve
+        self.step_ref = step_ref or (step if isinstance(step, str) else reference_of(step))
+        self.model_ref = model_ref or (model if isinstance(model, str) else reference_of(model))
+        self.step = resolve(step) if isinstance(step, str) else step
+        self.model = resolve(model) if isinstance(model, str) else model
+        self.forward = forward
+        self.name = name or getattr(self.step, "__name__", "step")
+        self.deadline = float(deadline)
+        self.start_method = start_method
+        self.pools = {}
+        self.count = 0
+        self.failures = 0
+        self.seconds = {"reference": 0.0, "ranks": 0.0}
+        self.t_start = time.monotonic()
+        self._last_progress = time.monotonic()
+        self.progress = None
+
+    def elapsed(self):
+        return time.monotonic() - self.t_start
+
+    def run(self, scn):
+        from .pool import RankPool
+        t0 = time.perf_counter()
+        ref = Reference(self.model, scn, self.forward)
+        t1 = time.perf_counter()
+        self.seconds["reference"] += t1 - t0
+        self.count += 1
+        pool = self.pools.get(scn.world)
+        if pool is None:
+            pool = self.pools[scn.world] = RankPool(scn.world, StepSpec(self.step, self.model),
+                                                    self.start_method)
+        results, stacks = pool.run({"kind": "step", "scenario": scn.to_json()}, self.deadline)
+        self.seconds["ranks"] += time.perf_counter() - t1
+        out = judge(results, ref, scn, stacks, self.deadline)
+        if not out.ok:
+            self.failures += 1
+        self._tick()
+        return out
+
+    def _tick(self):
+        if self.progress is None:
+            return
+        import sys
+        now = time.monotonic()
+        if now - self._last_progress >= self.progress:
+            self._last_progress = now
+            el = now - self.t_start
+            sys.stderr.write("seqpar.testing %s: %d steps in %.0f s (%.1f/s), %d failing\n" % (
+                self.name, self.count, el, self.count / max(el, 1e-9), self.failures))
+            sys.stderr.flush()
+
+    def rerun_command(self, scn):
+        import shlex
+        import sys
+        if not self.step_ref or not self.model_ref:
+            return None
+        import seqpar
+        env = []
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(seqpar.__file__)))
+        if "site-packages" not in pkg_parent and "dist-packages" not in pkg_parent:
+            env.append("PYTHONPATH=%s" % shlex.quote(pkg_parent))
+        return " ".join(env + [shlex.quote(sys.executable), "-m", "seqpar.testing", "run-step",
+                               shlex.quote(self.step_ref), "--model",
+                               shlex.quote(self.model_ref), "--scenario",
+                               shlex.quote(scn.to_json())])
+
+    def report(self, scn, out):
+        from .runner import _indent
+        lines = ["%s: %s" % (self.name, out.summary), "  scenario: %s" % scn.describe()]
+        if out.details:
+            lines.append(_indent(out.details, "  "))
+        cmd = self.rerun_command(scn)
+        lines.append("  re-run:   %s" % (cmd or "(give the step and the model as "
+                                               "'file.py:NAME' to get a command that re-runs "
+                                               "this case)"))
+        return "\n".join(lines)
+
+    def close(self):
+        for p in self.pools.values():
+            p.close()
+        self.pools = {}
+
+
+def step_scenarios(max_world=4, max_tokens=24, dtypes=("f64",), accumulation=True,
+                   max_rows=2):
+    """Hypothesis strategy of StepScenario: DP × Ulysses × ring (world ≤ max_world), zigzag or
+    contiguous, 1–max_rows rows per micro-batch, 1–2 micro-batches, documents of 1+ tokens
+    with prompt spans and all-masked documents, rows of unequal length (padding), lengths
+    that need SP padding, a data seed. DP ranks get their own rows (unequal valid labels)."""
+    from hypothesis import strategies as st
+
+    layouts = [(D, U, R) for D in range(1, max_world + 1) for U in range(1, max_world + 1)
+               for R in range(1, max_world + 1) if D * U * R <= max_world]
+    # the simplest first: Hypothesis shrinks towards the list's start
+    layouts.sort(key=lambda x: (x[0] * x[1] * x[2], x))
+
+    @st.composite
+    def draw(d):
+        D, U, R = d(st.sampled_from(layouts))
+        layout = d(st.sampled_from(["zigzag", "contiguous"])) if R > 1 or U > 1 else \
+            "contiguous"
+        acc = d(st.integers(1, 2)) if accumulation else 1
+        dtype = d(st.sampled_from(list(dtypes)))
+        doc = st.tuples(st.integers(1, max(1, max_tokens // 2)), st.integers(0, 4)).map(list)
+        row = st.lists(doc, min_size=1, max_size=4).filter(
+            lambda r: sum(x[0] for x in r) <= max_tokens)
+        rows = [[d(st.lists(row, min_size=1, max_size=max_rows)) for _ in range(acc)]
+                for _ in range(D)]
+        # at least one valid shifted label in the global batch
+        if not any(x[0] > max(x[1], 1) for mbs in rows for mb in mbs for r in mb for x in r):
+            rows[0][0][0][0] = [max(2, rows[0][0][0][0][0]), 0]
+        seed = d(st.integers(0, 2 ** 16))
+        return StepScenario(dp=D, ulysses=U, ring=R, layout=layout, dtype=dtype, rows=rows,
+                            seed=seed)
+    return draw()

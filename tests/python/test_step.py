@@ -1,0 +1,163 @@
+"""seqpar.testing.check_step: the whole SP training step under the property, on real torch code
+with gloo CPU ranks (python/examples/sp_training_step.py): the correct step passes, each classic
+step mistake fails and is named in words a user recognises, bad user code (a step that raises,
+hangs, returns no loss; a model factory that does not give every rank the same weights) is
+reported, invalid input exits 2."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SRC, "python"))
+EXAMPLE = os.path.join(SRC, "python", "examples", "sp_training_step.py")
+sys.path.insert(0, os.path.dirname(EXAMPLE))
+
+import seqpar.testing as spt  # noqa: E402
+import sp_training_step as ex  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from seqpar.testing.step import StepScenario  # noqa: E402
+
+MODEL = EXAMPLE + ":TinyLM"
+
+
+def step_ref(bug=None):
+    return EXAMPLE + (":make_step()" if bug is None else ":make_step(%r)" % bug)
+
+
+def test_correct_step_passes_f64_and_f32():
+    stats = {}
+    spt.check_step(step_ref(), MODEL, seed=0, max_examples=40, dtypes=("f64", "f32"),
+                   stats=stats)
+    assert stats["examples"] == 40 and stats["failures"] == 0
+
+
+# Each mistake: the phrase its report must hold (on the shrunk example or, where shrinking
+# leaves too little to tell, on the largest failing example kept beside it).
+MISTAKES = {
+    "shift_after_shard": "the logged loss is exactly the labels shifted after sharding",
+    "local_denominator": "the denominator local where the numerator is global",
+    "dp_group_only": "the gradient is not reduced over the SP group",
+    "mean_of_means": "the mean of the DP replicas' means",
+    "local_positions": "the forward under SP",
+}
+
+
+@pytest.mark.parametrize("bug", sorted(MISTAKES))
+def test_each_mistake_is_found_and_named(bug):
+    with pytest.raises(spt.SpStepFailure) as e:
+        spt.check_step(step_ref(bug), MODEL, seed=0, max_examples=60)
+    text = str(e.value)
+    assert MISTAKES[bug] in text, text
+    assert "re-run:" in text and "run-step" in text
+
+
+def test_the_rerun_command_reproduces_the_failure():
+    scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[5, 1], [4, 0]]]]], seed=1)
+    p = subprocess.run([sys.executable, "-m", "seqpar.testing", "run-step",
+                        step_ref("local_denominator"), "--model", MODEL, "--scenario",
+                        scn.to_json()], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(SRC, "python")))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "the denominator local where the numerator is global" in p.stdout, p.stdout
+    p = subprocess.run([sys.executable, "-m", "seqpar.testing", "run-step", step_ref(),
+                        "--model", MODEL, "--scenario", scn.to_json()], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=os.path.join(SRC, "python")))
+    assert p.returncode == 0 and "consistent" in p.stdout, p.stdout + p.stderr
+
+
+def test_every_group_and_layout_and_accumulation_is_drawn():
+    """The draw covers what check_step promises: DP > 1 with unequal valid labels, U and R > 1,
+    both layouts, 2 micro-batches, 1-token and all-masked documents, padded rows, lengths that
+    need SP padding."""
+    from hypothesis import HealthCheck, given, settings
+    from seqpar.testing.step import batches_of, shift_labels
+    seen = set()
+
+    @settings(max_examples=300, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(spt.step_scenarios(max_world=4))
+    def draw(scn):
+        seen.add(("dp", scn.dp > 1))
+        seen.add(("ulysses", scn.ulysses > 1))
+        seen.add(("ring", scn.ring > 1))
+        seen.add(("layout", scn.layout))
+        seen.add(("accumulation", scn.accumulation))
+        docs = [x for mbs in scn.rows for mb in mbs for r in mb for x in r]
+        seen.add(("1-token doc", any(x[0] == 1 for x in docs)))
+        seen.add(("all-masked doc", any(x[0] > 1 and x[1] >= x[0] for x in docs)))
+        lens = [sum(x[0] for x in r) for mbs in scn.rows for mb in mbs for r in mb]
+        seen.add(("sp padding", any(L % (2 * scn.sp) for L in lens) and scn.sp > 1))
+        seen.add(("row padding", any(len({sum(x[0] for x in r) for r in mb}) > 1
+                                     for mbs in scn.rows for mb in mbs)))
+        if scn.dp > 1:
+            counts = [sum(int((shift_labels(b["labels"]) != -100).sum()) for b in mbs)
+                      for mbs in batches_of(scn, 40)]
+            seen.add(("unequal dp", len(set(counts)) > 1))
+    draw()
+    want = {("dp", True), ("ulysses", True), ("ring", True), ("layout", "zigzag"),
+            ("layout", "contiguous"), ("accumulation", 2), ("1-token doc", True),
+            ("all-masked doc", True), ("sp padding", True), ("row padding", True),
+            ("unequal dp", True)}
+    assert want <= seen, sorted(want - seen)
+
+
+def raising_step(model, batches, ctx):
+    if ctx.rank == 1:
+        raise RuntimeError("labels and logits disagree: 7 vs 8")
+    return 0.0
+
+
+def hanging_step(model, batches, ctx):
+    import torch
+    t = torch.zeros(1)
+    if ctx.rank != 0:  # rank 0 skips the collective the others wait in
+        dist.all_reduce(t)
+    return 0.0
+
+
+def list_step(model, batches, ctx):
+    return [1.0, 2.0]
+
+
+def drifting_model():
+    m = ex.TinyLM()
+    if dist.is_initialized() and dist.get_rank() == 1:  # rank 1 builds other weights
+        import torch
+        with torch.no_grad():
+            m.head.weight.add_(1.0)
+    return m
+
+
+def test_bad_user_code_is_reported():
+    scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[5, 1]]]]], seed=1).to_json()
+    ok, text = spt.run_step(raising_step, ex.TinyLM, scn)
+    assert not ok and "rank 1 raised RuntimeError in the step" in text, text
+    assert "labels and logits disagree" in text and "raising_step" in text, text
+    ok, text = spt.run_step(hanging_step, ex.TinyLM, scn, deadline=5)
+    assert not ok and "did not return within 5 s (hang)" in text, text
+    assert "all_reduce" in text, text
+    ok, text = spt.run_step(list_step, ex.TinyLM, scn)
+    assert not ok and "it must return the loss the trainer logs" in text, text
+
+
+def test_a_model_factory_with_other_weights_per_rank_is_named():
+    scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[5, 1]]]]], seed=1).to_json()
+    ok, text = spt.run_step(ex.make_step(), drifting_model, scn)
+    assert not ok and "other weights than the reference's copy" in text, text
+
+
+def test_invalid_input_exits_2():
+    env = dict(os.environ, PYTHONPATH=os.path.join(SRC, "python"))
+    for scn in ('{"dp":0}', '{"dp":1,"rows":[[[[]]]]}', '{"dpp":1}', 'not json'):
+        p = subprocess.run([sys.executable, "-m", "seqpar.testing", "run-step", step_ref(),
+                            "--model", MODEL, "--scenario", scn], capture_output=True,
+                           text=True, env=env)
+        assert p.returncode == 2, (scn, p.stdout, p.stderr)
+        assert "seqpar.testing: error:" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "seqpar.testing", "check-step", step_ref(),
+                        "--model", EXAMPLE + ":NoSuchModel"], capture_output=True, text=True,
+                       env=env)
+    assert p.returncode == 2 and "NoSuchModel" in p.stderr, p.stderr
