@@ -9,6 +9,16 @@ classic step mistakes, each one keyword away:
         "python/examples/sp_training_step.py:make_step('shift_after_shard')" \\
         --model python/examples/sp_training_step.py:TinyLM --seed 0
 
+The same step runs a Hugging Face model drawn down from its config (seqpar.testing.hf_model):
+make_step(hf=True) calls the model as transformers does and registers `sp_gather_attention`
+with transformers' AttentionInterface — the group's keys and values gathered, the document,
+causal, sliding-window and chunk masks from the tokens' global indices and positions, the
+layer's scaling, soft-capping and sinks — so Qwen3, Llama 4, gpt-oss and Gemma 3 layers run
+their SP path through it:
+
+    python3 -m seqpar.testing check-step "python/examples/sp_training_step.py:make_step(hf=True)" \
+        --hf-config tests/python/data/hf_configs/qwen3-8b.json --seed 0
+
 Mistakes (make_step(bug)): 'shift_after_shard' (labels shifted after sharding instead of
 before: each shard's last token loses its target), 'local_denominator' (the loss summed over the
 SP group but divided by the rank's own valid labels), 'dp_group_only' (gradients reduced over the
@@ -60,8 +70,8 @@ class SpShard(object):
     """What the SP path needs in the model: the group, the global indices of the rank's tokens
     in the (padded) row and their document ids."""
 
-    def __init__(self, group, tokens, docs):
-        self.group, self.tokens, self.docs = group, tokens, docs
+    def __init__(self, group, tokens, docs, positions=None):
+        self.group, self.tokens, self.docs, self.positions = group, tokens, docs, positions
 
 
 def rope(x, pos):
@@ -123,6 +133,58 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
+# -- the SP path of a transformers model: one attention function for every layer -------------
+
+_SHARD = []  # the shard of the forward in progress (set by the step around the model's call)
+
+
+def sp_gather_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                        sliding_window=None, softcap=None, s_aux=None, **kwargs):
+    """transformers' attention interface (query [B, H, s, D], key/value [B, Hkv, s, D] ->
+    ([B, s, H, D], None)) for the rank's queries over the SP group's keys. The model's own mask
+    (built from the rank's local rows) is not used: visibility comes from the global token
+    indices, document ids and positions of the shard."""
+    sh = _SHARD[-1]
+    B, H, s, D = query.shape
+    k = _GatherSeq.apply(key.transpose(1, 2), sh.group).transpose(1, 2)
+    v = _GatherSeq.apply(value.transpose(1, 2), sh.group).transpose(1, 2)
+    rep = H // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    tok = sh.tokens.expand(B, s)
+    ktok, kdoc, kpos = (_gather_plain(t, sh.group) for t in (tok, sh.docs, sh.positions))
+    sees = (kdoc[:, None, :] == sh.docs[:, :, None]) & (ktok[:, None, :] <= tok[:, :, None])
+    cfg = getattr(module, "config", None)
+    kind = None
+    if cfg is not None and getattr(cfg, "layer_types", None) and hasattr(module, "layer_idx"):
+        kind = cfg.layer_types[module.layer_idx]
+    window = sliding_window or (getattr(cfg, "sliding_window", None)
+                                if kind == "sliding_attention" else None)
+    if window:  # transformers' W: W keys, the query's own counted
+        sees &= (tok[:, :, None] - ktok[:, None, :]) < window
+    if kind == "chunked_attention":  # Llama 4: chunks from each document's start (positions)
+        c = cfg.attention_chunk_size
+        sees &= (kpos[:, None, :] // c) == (sh.positions[:, :, None] // c)
+    if scaling is None:
+        scaling = D ** -0.5
+    scores = torch.einsum("bhqd,bhkd->bhqk", query, k) * scaling
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~sees[:, None], float("-inf"))
+    if s_aux is not None:  # gpt-oss: one sink logit per head, a column dropped after the softmax
+        sink = s_aux.reshape(1, H, 1, 1).expand(B, H, s, 1).to(scores.dtype)
+        p = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    else:
+        p = scores.softmax(-1)
+    return torch.einsum("bhqk,bhkd->bqhd", p.to(v.dtype), v), None
+
+
+def _use_sp_attention(model):
+    from transformers import AttentionInterface
+    AttentionInterface.register("seqpar_sp_gather", sp_gather_attention)
+    if getattr(model.config, "_attn_implementation", None) != "seqpar_sp_gather":
+        model.set_attn_implementation("seqpar_sp_gather")
+
+
 def _shift(labels, ignore):
     out = torch.full_like(labels, ignore)
     out[:, :-1] = labels[:, 1:]
@@ -133,8 +195,9 @@ def _pad(t, n, value):
     return F.pad(t, (0, n - t.shape[1]), value=value)
 
 
-def make_step(bug=None):
-    """The step as a trainer with SP would write it (bug=None), or with one classic mistake."""
+def make_step(bug=None, hf=False):
+    """The step as a trainer with SP would write it (bug=None), or with one classic mistake;
+    hf=True: the model is a transformers causal LM (its SP path: sp_gather_attention)."""
     bugs = (None, "shift_after_shard", "local_denominator", "dp_group_only", "mean_of_means",
             "local_positions")
     if bug not in bugs:
@@ -170,8 +233,18 @@ def make_step(bug=None):
         if bug == "local_denominator":
             n = n_rank
         total = torch.zeros((), dtype=dt)
+        if hf:
+            _use_sp_attention(model)
         for ids, pos, docs, y, idx in local:
-            logits = model(ids, pos, sp=SpShard(ctx.sp_group, idx, docs), docs=docs)
+            shard = SpShard(ctx.sp_group, idx, docs, pos)
+            if hf:
+                _SHARD.append(shard)
+                try:
+                    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+                finally:
+                    _SHARD.pop()
+            else:
+                logits = model(ids, pos, sp=shard, docs=docs)
             s = F.cross_entropy(logits.flatten(0, 1).to(dt), y.flatten(), ignore_index=ig,
                                 reduction="sum")
             (s / n if float(n) else s * 0).backward()

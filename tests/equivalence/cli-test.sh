@@ -217,7 +217,9 @@ done
 "$seqpar" check --ulysses 2 --ring 2 --layers 2 --docs 3000,3000 --heads 4 --kv-heads 2 \
   --flight-record "$tmp/sigfr" > "$tmp/sig.out" 2>&1 &
 job=$!
-for _ in $(seq 1 400); do grep -q "SP step" "$tmp/sig.out" && break; sleep 0.05; done
+# Up to 120 s for the ranks to start (a loaded machine starts them late: a 20 s wait once sent
+# the signal before any rank existed, and no record was left).
+for _ in $(seq 1 2400); do grep -q "SP step" "$tmp/sig.out" && break; sleep 0.05; done
 sleep 0.2
 kill -TERM "$job"
 wait "$job"

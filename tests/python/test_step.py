@@ -161,3 +161,60 @@ def test_invalid_input_exits_2():
                         "--model", EXAMPLE + ":NoSuchModel"], capture_output=True, text=True,
                        env=env)
     assert p.returncode == 2 and "NoSuchModel" in p.stderr, p.stderr
+
+
+# -- models of real architectures, from their configs (transformers 5.9, drawn down) ---------
+
+CONFIGS = os.path.join(HERE, "data", "hf_configs")
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b", "gpt-oss-20b", "gemma3-4b", "llama4-scout"])
+def test_hf_models_under_the_whole_step_property(name):
+    """The example's SP path (sp_gather_attention registered with transformers) on small models
+    of each architecture: GQA, sliding windows (gpt-oss, Gemma 3), sinks (gpt-oss), chunked
+    and NoPE layers (Llama 4), mixtures of experts, tied embeddings (Gemma 3)."""
+    stats = {}
+    spt.check_step(EXAMPLE + ":make_step(hf=True)", os.path.join(CONFIGS, name + ".json"),
+                   seed=0, max_examples=12, stats=stats)
+    assert stats["failures"] == 0 and stats["examples"] == 12
+
+
+@pytest.mark.parametrize("bug", ["shift_after_shard", "local_denominator", "dp_group_only"])
+def test_the_three_classic_mistakes_in_a_qwen3_step(bug):
+    with pytest.raises(spt.SpStepFailure) as e:
+        spt.check_step(EXAMPLE + ":make_step(%r, hf=True)" % bug,
+                       os.path.join(CONFIGS, "qwen3-8b.json"), seed=0, max_examples=40)
+    assert MISTAKES[bug] in str(e.value), str(e.value)
+    assert "--hf-config" in str(e.value)
+
+
+def test_configs_are_drawn_down_keeping_what_matters_to_sp():
+    from seqpar.testing.hf import scale_down
+    small, notes = scale_down(os.path.join(CONFIGS, "gpt-oss-20b.json"))
+    assert small.model_type == "gpt_oss"
+    assert small.num_attention_heads // small.num_key_value_heads == 8  # GQA ratio kept
+    assert small.layer_types == ["sliding_attention", "full_attention"]
+    assert small.sliding_window == 4 and small.head_dim % 2 == 0 and small.vocab_size == 64
+    small, _ = scale_down(os.path.join(CONFIGS, "llama4-scout.json"))
+    assert small.layer_types == ["chunked_attention", "full_attention"]
+    assert small.no_rope_layers == [1, 0] and small.attention_chunk_size == 4
+    assert small.num_attention_heads // small.num_key_value_heads == 5
+    small, _ = scale_down(os.path.join(CONFIGS, "gemma3-4b.json"))
+    assert small.tie_word_embeddings and small.layer_types == ["sliding_attention",
+                                                                "full_attention"]
+
+
+def test_a_config_seqpar_cannot_build_is_refused(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.path.join(SRC, "python"))
+    bad = tmp_path / "config.json"
+    for text, want in (('{"hidden_size": 8}', "no model_type"),
+                       ('{"model_type": "no_such_arch"}', "no_such_arch"),
+                       ('{"model_type": "qwen3", "num_attention_heads": 6, '
+                        '"num_key_value_heads": 4}', "not a multiple of"),
+                       ("{", "not JSON")):
+        bad.write_text(text)
+        p = subprocess.run([sys.executable, "-m", "seqpar.testing", "check-step",
+                            step_ref(), "--hf-config", str(bad)], capture_output=True,
+                           text=True, env=env)
+        assert p.returncode == 2 and want in p.stderr, (text, p.stderr[-800:])
+        assert "Traceback" not in p.stderr

@@ -156,7 +156,9 @@ def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtyp
 
     step: the per-rank step, or "file.py:NAME" / "module:NAME".
     model: a zero-argument factory of a torch.nn.Module (seqpar seeds torch's RNG before each
-      call, so every rank and the reference get the same weights), or "file.py:NAME".
+      call, so every rank and the reference get the same weights), or "file.py:NAME"; or a
+      transformers config (a config.json path or its directory, a dict with "model_type", a
+      PretrainedConfig): small models of its architecture (seqpar.testing.hf.hf_model).
     forward: how the reference calls the model on a whole micro-batch (default:
       model(input_ids=, position_ids=), its .logits when it has them).
     accumulation: draw 2 micro-batches per DP rank too (gradient accumulation).
@@ -201,7 +203,7 @@ def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtyp
         named = [ln.strip() for ln in largest.get("details", "").splitlines()
                  if ln.strip().startswith(("the logged loss is exactly", "every rank's gradient",
                                            "the ranks of one"))]
-        missing = [ln for ln in named if ln not in shrunk]
+        missing = [ln for ln in named if ln.split(" (")[0] not in shrunk]
         if missing:
             raise SpStepFailure(shrunk + "\n  before shrinking, on the largest failing example "
                                 "(%d tokens):\n%s" % (largest["size"], "\n".join(

@@ -40,7 +40,10 @@ def main(argv=None):
                         "check-step)")
     for p in (cs, rs):
         p.add_argument("step")
-        p.add_argument("--model", required=True, help="FILE.py:NAME of the model factory")
+        mg = p.add_mutually_exclusive_group(required=True)
+        mg.add_argument("--model", help="FILE.py:NAME of the model factory")
+        mg.add_argument("--hf-config", help="a transformers config.json (or its directory): "
+                        "small models of its architecture")
         p.add_argument("--deadline", type=float, default=60.0,
                        help="seconds per example before it counts as a hang")
     rs.add_argument("--scenario", required=True, help="the step scenario's JSON")
@@ -93,9 +96,10 @@ def main(argv=None):
 
 def _step_main(a):
     from . import SpStepFailure, check_step, run_step
+    model = a.model or a.hf_config
     try:
         if a.cmd == "run-step":
-            ok, text = run_step(a.step, a.model, a.scenario, deadline=a.deadline)
+            ok, text = run_step(a.step, model, a.scenario, deadline=a.deadline)
             print(text)
             return 0 if ok else 1
         dtypes = tuple(x.strip() for x in a.dtypes.split(",") if x.strip())
@@ -104,7 +108,7 @@ def _step_main(a):
             raise ValueError("--dtypes %r: give f64 and/or f32, comma-separated" % a.dtypes)
         stats = {}
         try:
-            check_step(a.step, a.model, max_world=a.max_world, max_examples=a.examples,
+            check_step(a.step, model, max_world=a.max_world, max_examples=a.examples,
                        max_tokens=a.max_tokens, dtypes=dtypes,
                        accumulation=not a.no_accumulation, seed=a.seed, deadline=a.deadline,
                        progress=a.progress or None, stats=stats)

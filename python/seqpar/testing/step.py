@@ -253,18 +253,51 @@ def weights_digest(model):
 
 
 def default_forward(model, batch):
-    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+    """model(input_ids=, position_ids=), its .logits when it has them. A transformers model is
+    called with use_cache=False: only without a cache does transformers read packed documents
+    from position_ids (masking_utils: with a cache the packed row is one causal sequence)."""
+    kw = {}
+    if hasattr(model, "config") and hasattr(model, "get_input_embeddings"):
+        kw["use_cache"] = False
+    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], **kw)
     return getattr(out, "logits", out)
+
+
+def documents_of(position_ids):
+    """[(start, end)] of a row's documents: a new one wherever position_ids restart at 0."""
+    starts = [i for i, p in enumerate(position_ids.tolist()) if p == 0 or i == 0]
+    return list(zip(starts, starts[1:] + [len(position_ids)]))
+
+
+def by_document(model, batch, forward, vocab):
+    """The logits [B, L, V] of a micro-batch with every document run as a sequence of its own:
+    what a packed row must give (the flattening collator's promise), whatever the model's own
+    code does with packed position_ids (transformers 5.9's gpt-oss mask, for one, ignores them)."""
+    ids, pos = batch["input_ids"], batch["position_ids"]
+    rows = []
+    for b in range(ids.shape[0]):
+        parts = []
+        for a, e in documents_of(pos[b]):
+            doc = {"input_ids": ids[b:b + 1, a:e], "position_ids": pos[b:b + 1, a:e]}
+            logits = forward(model, doc)
+            if tuple(logits.shape) != (1, e - a, vocab):
+                raise ValueError("the reference forward returned logits of shape %s for "
+                                 "input_ids [1, %d]; want [B, L, vocab=%d]" % (
+                                     list(logits.shape), e - a, vocab))
+            parts.append(logits[0])
+        rows.append(torch.cat(parts, dim=0))
+    return torch.stack(rows)
 
 
 class Reference(object):
     """The step without SP: the model in float64 on one process over every DP rank's every
-    micro-batch; per token its loss against the shifted label (log-softmax in float64), the
+    micro-batch, each packed document run as its own sequence; per token its loss against the shifted label (log-softmax in float64), the
     global mean over the valid shifted labels, and every parameter's gradient of it."""
 
     def __init__(self, factory, scn, forward=None):
         self.scn = scn
         model = build_model(factory, scn.seed, torch.float64)
+        self.model_tolerance = getattr(factory, "tolerance", None)
         self.vocab = vocab_of(model)
         self.batches = batches_of(scn, self.vocab)
         forward = forward or default_forward
@@ -274,7 +307,7 @@ class Reference(object):
         count = 0
         for d, mbs in enumerate(self.batches):
             for m, b in enumerate(mbs):
-                logits = forward(model, b)
+                logits = by_document(model, b, forward, self.vocab)
                 if tuple(logits.shape) != tuple(b["input_ids"].shape) + (self.vocab,):
                     raise ValueError("the reference forward returned logits of shape %s for "
                                      "input_ids %s; want [B, L, vocab=%d]" % (
@@ -363,6 +396,21 @@ def run_on_rank(rank_state, task, spec):
             "seconds": time.perf_counter() - t0}
 
 
+def is_hf_config(model):
+    """Whether `model` names a transformers config rather than a factory: a config object, a
+    dict, or a path to a .json file or to a directory holding config.json."""
+    if isinstance(model, dict):
+        return True
+    if isinstance(model, (str, os.PathLike)):
+        p = os.fspath(model)
+        return p.endswith(".json") or os.path.isdir(p)
+    try:
+        from transformers import PretrainedConfig
+    except ImportError:
+        return False
+    return isinstance(model, PretrainedConfig)
+
+
 class StepSpec(object):
     """What a rank pool runs: the user's step and model factory."""
 
@@ -384,14 +432,18 @@ def _ranks(rs):
     return "ranks %s" % ", ".join(str(r) for r in rs)
 
 
-def tolerance(scn):
+def tolerance(scn, model_tol=None):
     """Relative, normwise. float64: SP and non-SP differ in summation order only (≤ 1e-10).
     float32: the step's rounding, u = 2^-24 per operation, grows with the depth of the sums
     (at most the tokens of the global batch and the hidden sizes): 1e-3 relative covers
     log2-depth sums of 2^10 terms of 2^-24 each with a 60× margin; below it lies the float32
     rounding of a float64 reference, above it every mistake of a step (a token lost, a
     denominator off by one of 2^10 tokens still is 1e-3)."""
-    return F64_TOLERANCE if scn.dtype == "f64" else 1e-3
+    if scn.dtype == "f64":
+        # a model that computes parts in float32 inside (its factory measured it: hf_model's
+        # model_tolerance) is held to its own noise floor
+        return max(F64_TOLERANCE, model_tol or 0.0)
+    return 1e-3
 
 
 class StepOutcome(object):
@@ -574,17 +626,19 @@ def grad_causes(results, ref, scn, tol, params):
         if k and all(float((results[r]["grads"][m] - k * ref.grads[m]).abs().max()) <=
                      tol * max(float(ref.grads[m].abs().max()), 1e-300) * max(1, abs(k))
                      for r in range(W) for m in params):
-            known = {P: "the SP degree", D: "the DP degree", W: "the world size",
-                     scn.accumulation: "the accumulation steps"}
+            known = [(P, "the SP degree"), (D, "the DP degree"), (W, "the world size"),
+                     (scn.accumulation, "the accumulation steps")]
+            up = [w for f, w in known if f > 1 and abs(k - f) < 1e-6 * f]
+            down = [w for f, w in known if f > 1 and abs(k - 1.0 / f) < 1e-6]
             why = ""
-            for f, what in known.items():
-                if f > 1 and abs(k - f) < 1e-6 * f:
-                    why = (" = %s: summed over %d ranks where each already holds the gradient "
-                           "of the global mean (or the loss not divided by it)" % (what, f))
-                elif f > 1 and abs(k - 1.0 / f) < 1e-6:
-                    why = (" = 1/%s: averaged over %d ranks where the parts must be summed "
-                           "(torch.distributed's AVG, or DDP's mean over a group whose ranks "
-                           "hold parts of one gradient)" % (what, f))
+            if up:
+                why = (" = %s: summed over %g ranks (or steps) where each already holds the "
+                       "gradient of the global mean, or the loss not divided by it" % (
+                           " = ".join(up), k))
+            elif down:
+                why = (" = 1/%s: averaged over %g ranks (or steps) where the parts must be "
+                       "summed (torch.distributed's AVG, or DDP's mean over a group whose ranks "
+                       "hold parts of one gradient)" % (" = 1/".join(down), 1 / k))
             out.append("  every rank's gradient is %.6g × the reference's%s" % (k, why))
     return out
 
@@ -629,11 +683,16 @@ def judge(results, ref, scn, stacks=None, deadline=None):
         return StepOutcome("bad_model", "the model factory gave %s other weights than the "
                            "reference's copy: it must build the same weights from torch's RNG "
                            "(seeded by seqpar before each call) on every rank" % _ranks(odd))
-    tol = tolerance(scn)
+    tol = tolerance(scn, getattr(ref, "model_tolerance", None))
     summary, details = diagnose(results, ref, scn, tol)
     if not summary:
         return StepOutcome("pass", "consistent")
-    return StepOutcome("mismatch", summary, details)
+    why = ("float64: SP and non-SP differ only in summation order" if tol == F64_TOLERANCE
+           else "float32's rounding" if scn.dtype == "f32" else
+           "the model rounds to float32 inside its float64 forward (measured: hf_model's "
+           "model_tolerance)")
+    return StepOutcome("mismatch", summary, details + "\ntolerance: %.1e relative, normwise "
+                       "(%s)" % (tol, why))
 
 
 # -- running examples ------------------------------------------------------------------------
@@ -645,7 +704,17 @@ class StepRunner(object):
                  forward=None, step_ref=None, model_ref=None):
         from .impl_ref import reference_of, resolve
         self.step_ref = step_ref or (step if isinstance(step, str) else reference_of(step))
-        self.model_ref = model_ref or (model if isinstance(model, str) else reference_of(model))
+        self.model_flag = "--model"
+        if is_hf_config(model):  # a transformers config: small models of its architecture
+            from .hf import hf_model
+            if isinstance(model, (str, os.PathLike)):
+                self.model_ref, self.model_flag = model_ref or os.fspath(model), "--hf-config"
+            else:
+                self.model_ref = model_ref
+            model = hf_model(model)
+        else:
+            self.model_ref = model_ref or (model if isinstance(model, str) else
+                                           reference_of(model))
         self.step = resolve(step) if isinstance(step, str) else step
         self.model = resolve(model) if isinstance(model, str) else model
         self.forward = forward
@@ -705,7 +774,7 @@ class StepRunner(object):
         if "site-packages" not in pkg_parent and "dist-packages" not in pkg_parent:
             env.append("PYTHONPATH=%s" % shlex.quote(pkg_parent))
         return " ".join(env + [shlex.quote(sys.executable), "-m", "seqpar.testing", "run-step",
-                               shlex.quote(self.step_ref), "--model",
+                               shlex.quote(self.step_ref), self.model_flag,
                                shlex.quote(self.model_ref), "--scenario",
                                shlex.quote(scn.to_json())])
 
