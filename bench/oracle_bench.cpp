@@ -1,6 +1,7 @@
-// oracle_bench: the float64 oracle's attention (src/sim/reference_attention.cpp: ref::ops::attention
-// and its backward) under each of today's attention options, as a rate against the machine's
-// native float64 GEMM measured in the same run, and the whole `seqpar check` per option.
+// oracle_bench: the float64 oracle's attention (src/sim/reference_attention.cpp:
+// ref::ops::attention and its backward) under each of today's attention options, as a rate against
+// the machine's native float64 GEMM measured in the same run, and the whole `seqpar check` per
+// option.
 //
 // Variants (one layer each, the rule of ref::ops::layer_rule):
 //   full      causal attention within documents;
@@ -41,8 +42,8 @@ struct option_case {
 };
 
 constexpr option_case cases[] = {
-    {"full", 'F', true, 0, 0, 0, false},      {"window", 'W', true, 128, 0, 0, false},
-    {"chunk", 'C', true, 0, 256, 0, false},   {"sinks", 'F', true, 0, 0, 0, true},
+    {"full", 'F', true, 0, 0, 0, false},       {"window", 'W', true, 128, 0, 0, false},
+    {"chunk", 'C', true, 0, 256, 0, false},    {"sinks", 'F', true, 0, 0, 0, true},
     {"softcap", 'F', true, 0, 0, 30.0, false}, {"bidir", 'F', false, 0, 0, 0, false},
 };
 
