@@ -44,6 +44,60 @@ def _indent(text, pre="    "):
     return "\n".join(pre + line for line in text.splitlines())
 
 
+def tick(runner, unit):
+    """A progress line on stderr every `runner.progress` seconds (None: silent)."""
+    if runner.progress is None:
+        return
+    now = time.monotonic()
+    if now - runner._last_progress >= runner.progress:
+        runner._last_progress = now
+        el = now - runner.t_start
+        sys.stderr.write("seqpar.testing %s: %d %s in %.0f s (%.1f/s), %d failing\n" % (
+            runner.name, runner.count, unit, el, runner.count / max(el, 1e-9),
+            runner.failures))
+        sys.stderr.flush()
+
+
+RANK_FAILURES = ("raised", "bad_output", "mutated_input", "no_grad", "died", "harness_error")
+
+
+def judge_ranks(results, stacks, deadline, phase=lambda x: x["phase"]):
+    """(kind, summary, details) of ranks that raised, returned something wrong, died or did
+    not return (a hang: who was busy, who waited); None when every rank replied "ok"."""
+    world = len(results)
+    bad = {r: x for r, x in enumerate(results) if x is not None and x["status"] != "ok"}
+    missing = [r for r, x in enumerate(results) if x is None]
+    waits = "".join("\n  rank %d did not return: %s" % (r, stacks.get(r, ("", "?"))[1])
+                    for r in missing)
+    for kind in RANK_FAILURES:
+        rs = sorted(r for r, x in bad.items() if x["status"] == kind)
+        if not rs:
+            continue
+        x = bad[rs[0]]
+        if kind == "raised":
+            summary = "%s raised %s in %s" % (_ranks(rs), x["exception"], phase(x))
+            details = "rank %d's traceback:\n%s" % (rs[0], _indent(x["error"]))
+        elif kind == "harness_error":
+            summary = "seqpar.testing itself failed on %s (please report)" % _ranks(rs)
+            details = x["error"]
+        else:
+            summary = "%s: %s" % (_ranks(rs), x["message"])
+            details = ""
+        if missing:
+            details += ("\n" if details else "") + \
+                "the other ranks then did not return (waiting for it):" + waits
+        return kind, summary, details.strip()
+    if missing:
+        busy = [r for r in missing if stacks.get(r, ("unknown",))[0] == "busy"]
+        culprits = busy or missing
+        summary = "%s did not return within %.0f s (hang)%s" % (
+            _ranks(culprits), deadline,
+            "" if len(culprits) == world else "; the others waited for %s" % (
+                "it" if len(culprits) == 1 else "them"))
+        return "hang", summary, ("where each rank was:" + waits).strip()
+    return None
+
+
 class Runner(object):
     """Runs examples of one implementation; one pool per world size, kept across examples."""
 
@@ -127,50 +181,11 @@ class Runner(object):
         return out
 
     def _tick(self):
-        if self.progress is None:
-            return
-        now = time.monotonic()
-        if now - self._last_progress >= self.progress:
-            self._last_progress = now
-            el = now - self.t_start
-            sys.stderr.write("seqpar.testing %s: %d examples in %.0f s (%.1f/s), %d failing\n" % (
-                self.name, self.count, el, self.count / max(el, 1e-9), self.failures))
-            sys.stderr.flush()
+        tick(self, "examples")
 
     def _judge_ranks(self, results, stacks):
-        world = len(results)
-        bad = {r: x for r, x in enumerate(results) if x is not None and x["status"] != "ok"}
-        missing = [r for r, x in enumerate(results) if x is None]
-        waits = "".join("\n  rank %d did not return: %s" % (r, stacks.get(r, ("", "?"))[1])
-                        for r in missing)
-        for kind in ("raised", "bad_output", "mutated_input", "no_grad", "died",
-                     "harness_error"):
-            rs = sorted(r for r, x in bad.items() if x["status"] == kind)
-            if not rs:
-                continue
-            x = bad[rs[0]]
-            if kind == "raised":
-                summary = "%s raised %s in %s" % (_ranks(rs), x["exception"], x["phase"])
-                details = "rank %d's traceback:\n%s" % (rs[0], _indent(x["error"]))
-            elif kind == "harness_error":
-                summary = "seqpar.testing itself failed on %s (please report)" % _ranks(rs)
-                details = x["error"]
-            else:
-                summary = "%s: %s" % (_ranks(rs), x["message"])
-                details = ""
-            if missing:
-                details += ("\n" if details else "") + \
-                    "the other ranks then did not return (waiting for it):" + waits
-            return Outcome(kind, summary, details.strip())
-        if missing:
-            busy = [r for r in missing if stacks.get(r, ("unknown",))[0] == "busy"]
-            culprits = busy or missing
-            summary = "%s did not return within %.0f s (hang)%s" % (
-                _ranks(culprits), self.deadline,
-                "" if len(culprits) == world else "; the others waited for %s" % (
-                    "it" if len(culprits) == 1 else "them"))
-            return Outcome("hang", summary, ("where each rank was:" + waits).strip())
-        return None
+        found = judge_ranks(results, stacks, self.deadline)
+        return None if found is None else Outcome(*found)
 
     def _validate(self, d):
         p = subprocess.run([self.seqpar, "validate", "--dump", d, "--json", "-q"],

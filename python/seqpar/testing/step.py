@@ -645,38 +645,12 @@ def grad_causes(results, ref, scn, tol, params):
 
 def judge(results, ref, scn, stacks=None, deadline=None):
     """A StepOutcome from the ranks' replies (None: did not return)."""
-    from .runner import _indent
+    from .runner import judge_ranks
     W = scn.world
-    bad = {r: x for r, x in enumerate(results) if x is not None and x["status"] != "ok"}
-    missing = [r for r, x in enumerate(results) if x is None]
-    stacks = stacks or {}
-    waits = "".join("\n  rank %d did not return: %s" % (r, stacks.get(r, ("", "?"))[1])
-                    for r in missing)
-    for kind in ("raised", "bad_output", "died", "harness_error"):
-        rs = sorted(r for r, x in bad.items() if x["status"] == kind)
-        if not rs:
-            continue
-        x = bad[rs[0]]
-        if kind == "raised":
-            summary = "%s raised %s in %s" % (_ranks(rs), x["exception"],
-                                               "the step" if x["phase"] == "step" else
-                                               "the model factory")
-            details = "rank %d's traceback:\n%s" % (rs[0], _indent(x["error"]))
-        elif kind == "harness_error":
-            summary = "seqpar.testing itself failed on %s (please report)" % _ranks(rs)
-            details = x["error"]
-        else:
-            summary, details = "%s: %s" % (_ranks(rs), x["message"]), ""
-        if missing:
-            details += "\nthe other ranks then did not return (waiting for it):" + waits
-        return StepOutcome(kind, summary, details.strip())
-    if missing:
-        busy = [r for r in missing if stacks.get(r, ("unknown",))[0] == "busy"]
-        culprits = busy or missing
-        return StepOutcome("hang", "%s did not return within %.0f s (hang)%s" % (
-            _ranks(culprits), deadline or 0,
-            "" if len(culprits) == W else "; the others waited for %s" % (
-                "it" if len(culprits) == 1 else "them")), ("where each rank was:" + waits).strip())
+    found = judge_ranks(results, stacks or {}, deadline or 0, phase=lambda x: (
+        "the step" if x["phase"] == "step" else "the model factory"))
+    if found is not None:
+        return StepOutcome(*found)
     odd = [r for r in range(W) if results[r]["digest"] != ref.digest and not all(
         _close(a, b, 1e-5) for a, b in zip(results[r]["digest"], ref.digest))]
     if odd:
@@ -752,16 +726,8 @@ class StepRunner(object):
         return out
 
     def _tick(self):
-        if self.progress is None:
-            return
-        import sys
-        now = time.monotonic()
-        if now - self._last_progress >= self.progress:
-            self._last_progress = now
-            el = now - self.t_start
-            sys.stderr.write("seqpar.testing %s: %d steps in %.0f s (%.1f/s), %d failing\n" % (
-                self.name, self.count, el, self.count / max(el, 1e-9), self.failures))
-            sys.stderr.flush()
+        from .runner import tick
+        tick(self, "steps")
 
     def rerun_command(self, scn):
         import shlex
