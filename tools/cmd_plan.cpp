@@ -11,6 +11,7 @@
 #include "core/linear_attention.hpp"
 #include "core/ring_schedule.hpp"
 #include "core/ulysses_plan.hpp"
+#include "hf_config.hpp"
 #include "io/scenario_json.hpp"
 #include "plan_html.hpp"
 #include "scenario_flags.hpp"
@@ -367,6 +368,103 @@ std::string plan_text(const scenario& s, const collated_batch& cb) {
   return o;
 }
 
+/// One U × R of a model at its real size: refused (why) or its per-rank sizes.
+struct sp_option {
+  int ulysses = 1, ring = 1;
+  std::string refused;
+  std::int64_t tokens_per_rank = 0, kv_repeat = 1;
+  double activation_mib = 0, a2a_mib = 0, ring_mib = 0;
+};
+
+/// Every U × R with U·R ≤ max_cp (powers of two) that the model admits, per rank and per
+/// softmax layer: the tokens, the activations a layer keeps for its backward (bf16: the layer's
+/// input, q, k, v, the attention output and the MLP's three intermediate rows on the local
+/// tokens; q, k, v, the output and the LSE after the Ulysses all-to-all on the ring rank's
+/// gathered tokens), and the bytes the layer's all-to-alls and ring steps move, forward and
+/// backward (core/cost.hpp).
+std::vector<sp_option> sp_options(const scenario& model, int max_cp) {
+  std::vector<sp_option> out;
+  for (int u = 1; u <= max_cp; u *= 2)
+    for (int r = 1; u * r <= max_cp; r *= 2) {
+      sp_option o;
+      o.ulysses = u;
+      o.ring = r;
+      scenario s = model;
+      s.ulysses = u;
+      s.ring = r;
+      try {
+        validate(s);
+      } catch (const config_error& e) {
+        o.refused = e.what();
+        out.push_back(o);
+        continue;
+      }
+      const auto cb = collate(make_batch(s), options_of(s));
+      const std::int64_t n = cb.chunk, g = n * u, D = s.head_dim;
+      const std::int64_t hkv = repeated_kv_heads(s.kv_heads, u);
+      o.tokens_per_rank = n;
+      o.kv_repeat = hkv / s.kv_heads;
+      const double bytes = 2;  // bf16
+      const double local = static_cast<double>(n) * (s.hidden + s.heads * D + 2 * s.kv_heads * D +
+                                                     s.heads * D + 3.0 * s.intermediate);
+      const double gathered =
+          static_cast<double>(g) * (2.0 * s.heads / u * D + 2.0 * hkv / u * D + 2.0 * s.heads / u);
+      o.activation_mib = (local + gathered) * bytes / (1 << 20);
+      const auto cost = attention_layer_cost(s, cb, dtype::bf16);
+      for (const auto& c : cost.items)
+        (c.group == "ring" ? o.ring_mib : o.a2a_mib) +=
+            static_cast<double>(c.bytes_sent) / (1 << 20);
+      out.push_back(o);
+    }
+  return out;
+}
+
+std::string sp_options_text(const scenario& s, const std::string& path, int layers,
+                            const std::vector<sp_option>& opts) {
+  std::string o = fmt::format(
+      "{} ({}): {} layers ({}), heads {}/{} kv, head_dim {}, hidden {}, intermediate {}; "
+      "documents {} ({} tokens), bf16\n",
+      s.name, path, layers, s.attention_pattern.empty() ? std::string("full") : s.attention_pattern,
+      s.heads, s.kv_heads, s.head_dim, s.hidden, s.intermediate, fmt::join(s.docs, ","),
+      s.total_tokens());
+  o += fmt::format("{:>4} {:>4} {:>4}  {:>11} {:>9} {:>17} {:>15} {:>16}  {}\n", "U", "R", "cp",
+                   "tokens/rank", "KV rep.", "activ. MiB/layer", "a2a MiB/layer", "ring MiB/layer",
+                   "");
+  for (const auto& x : opts) {
+    if (!x.refused.empty()) {
+      o += fmt::format("{:>4} {:>4} {:>4}  refused: {}\n", x.ulysses, x.ring, x.ulysses * x.ring,
+                       x.refused);
+      continue;
+    }
+    o += fmt::format("{:>4} {:>4} {:>4}  {:>11} {:>9} {:>17.1f} {:>15.1f} {:>16.1f}\n", x.ulysses,
+                     x.ring, x.ulysses * x.ring, x.tokens_per_rank,
+                     x.kv_repeat > 1 ? fmt::format("x{}", x.kv_repeat) : std::string("-"),
+                     x.activation_mib, x.a2a_mib, x.ring_mib);
+  }
+  o += "activations: what one softmax layer keeps for its backward on one rank (its input, q, "
+       "k, v, output and MLP rows, and the gathered q, k, v, output and LSE); MiB moved: sent by "
+       "one rank per layer, forward + backward\n";
+  return o;
+}
+
+nlohmann::json sp_options_json(const std::vector<sp_option>& opts) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& x : opts) {
+    nlohmann::json j = {{"ulysses", x.ulysses}, {"ring", x.ring}};
+    if (!x.refused.empty()) {
+      j["refused"] = x.refused;
+    } else {
+      j["tokens_per_rank"] = x.tokens_per_rank;
+      j["kv_repeat"] = x.kv_repeat;
+      j["activation_mib_per_layer"] = x.activation_mib;
+      j["all_to_all_mib_per_layer"] = x.a2a_mib;
+      j["ring_mib_per_layer"] = x.ring_mib;
+    }
+    a.push_back(j);
+  }
+  return a;
+}
+
 }  // namespace
 
 action add_plan(CLI::App& app) {
@@ -383,7 +481,32 @@ action add_plan(CLI::App& app) {
   sub->add_option("--html", *html,
                   "also draw the plan into this self-contained HTML page (tokens on ranks, "
                   "heads after the all-to-all, ring schedule, work per rank, bytes)");
-  return [flags, json, html] {
+  auto max_cp = std::make_shared<int>(64);
+  sub->add_option("--max-cp", *max_cp,
+                  "with --hf-config: the largest U x R listed (powers of two; default 64)")
+      ->check(CLI::Range(1, 4096));
+  return [flags, json, html, max_cp] {
+    if (!flags->hf_config().empty()) {
+      // The model at its real size: every U x R it admits, and the layout of the one asked
+      // for (--ulysses/--ring; the first admitted otherwise) below.
+      flags->use_real_size();
+      const hf_model m = read_hf_config(flags->hf_config());
+      scenario base = flags->resolve_unvalidated();
+      const auto opts = sp_options(base, *max_cp);
+      if (*json) {
+        nlohmann::json j = {{"model", io::scenario_to_json(base)},
+                            {"model_type", m.model_type},
+                            {"layers", m.layers},
+                            {"notes", m.notes},
+                            {"options", sp_options_json(opts)}};
+        io::write_atomic("-", j.dump() + "\n");
+      } else {
+        std::string text = sp_options_text(base, m.path, m.layers, opts);
+        for (const auto& n : m.notes) text += "note: " + n + "\n";
+        io::write_atomic("-", text);
+      }
+      return 0;
+    }
     const scenario s = flags->resolve();
     auto cb = collate(make_batch(s), options_of(s));
     for (const auto& w : cb.warnings) fmt::print(stderr, "seqpar: warning: {}\n", w);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "hf_config.hpp"
 #include "io/scenario_json.hpp"
 
 namespace seqpar::cli {
@@ -18,6 +19,10 @@ void scenario_flags::add_to(CLI::App& app) {
       "(the base of --profile deepspeed), qwen3.5 (hybrid GatedDeltaNet + softmax, VeOmni), "
       "gpt-oss, gemma3, gemma2, llama4, dit (today's attention options: docs/attention.md)");
   app.add_option("--config", config_, "scenario JSON file (keys as in check --json 'scenario')");
+  app.add_option("--hf-config", hf_config_,
+                 "a transformers config.json (or its directory): the model's heads, KV heads, "
+                 "layer kinds, window, chunk, sinks, soft-capping (check: drawn down; plan: at "
+                 "its real size, every U x R it admits)");
   app.add_option("--ulysses,-u", ulysses_, "Ulysses group size U");
   app.add_option("--ring,-r", ring_, "ring attention group size R (cp = U*R)");
   app.add_option("--heads", heads_, "query heads Hq");
@@ -96,6 +101,12 @@ static std::vector<std::int64_t> parse_docs(const std::string& text) {
 }
 
 scenario scenario_flags::resolve() const {
+  scenario s = resolve_unvalidated();
+  validate(s);
+  return s;
+}
+
+scenario scenario_flags::resolve_unvalidated() const {
   scenario s = !scenario_name_.empty()                      ? builtin_scenario(scenario_name_)
                : profile_ == "deepspeed" && config_.empty() ? builtin_scenario("alst")
                                                             : default_scenario();
@@ -107,6 +118,11 @@ scenario scenario_flags::resolve() const {
       fail<config_error>("--config '{}' is not valid JSON: {}", config_, e.what());
     }
     s = io::scenario_from_json(j, s);
+  }
+  if (!hf_config_.empty()) {
+    const hf_model m = read_hf_config(hf_config_);
+    s = real_size_ ? at_real_size(m, s) : drawn_down(m, s);
+    if (real_size_ && docs_.empty()) s.docs = {32768};
   }
   const profile base_profile = s.profile;
   if (ulysses_) s.ulysses = *ulysses_;
@@ -167,8 +183,7 @@ scenario scenario_flags::resolve() const {
       conv_kernel_ || qk_norm_ || output_gate_ || !qk_norm_type_.empty() || qkv_bias_ || o_bias_ ||
       !mask_.empty() || window_ || window_right_ || chunk_ || sinks_ || softcap_ ||
       !attention_pattern_.empty();
-  if (overridden && config_.empty()) s.name = "custom";
-  validate(s);
+  if (overridden && config_.empty() && hf_config_.empty()) s.name = "custom";
   return s;
 }
 

@@ -15,8 +15,16 @@ class scenario_flags {
   /// Registers --ulysses --ring --heads --kv-heads --head-dim --hidden --layers --vocab --docs
   /// --profile --seed --scenario --config (+ --no-zigzag, --ring-backward, --cp-fsdp-mode).
   void add_to(CLI::App& app);
-  /// Built-in (or --scenario) scenario, then --config, then explicit flags; validated.
+  /// Built-in (or --scenario) scenario, then --config, then --hf-config (the model drawn
+  /// down; at its real size after use_real_size()), then explicit flags; validated.
   scenario resolve() const;
+  /// The same, not validated (plan --hf-config validates each U x R itself).
+  scenario resolve_unvalidated() const;
+  /// --hf-config reads the model at its real size (plan), one document of 32,768 tokens unless
+  /// --docs says otherwise.
+  void use_real_size() { real_size_ = true; }
+  /// The --hf-config path ('' when not given).
+  const std::string& hf_config() const { return hf_config_; }
 
  private:
   std::string scenario_name_, config_, docs_, profile_, ring_backward_, ring_forward_,
@@ -34,6 +42,8 @@ class scenario_flags {
   std::optional<std::int64_t> window_, window_right_, chunk_;
   std::optional<double> softcap_;
   bool sinks_ = false;
+  std::string hf_config_;
+  bool real_size_ = false;
 };
 
 }  // namespace seqpar::cli
