@@ -88,7 +88,8 @@ echo "ok   installed into $venv"
 
 work=$tmp/user
 mkdir -p "$work"
-cp "$src/python/examples/zigzag_ring_attention.py" "$work/"
+cp "$src/python/examples/zigzag_ring_attention.py" "$src/python/examples/sp_training_step.py" "$work/"
+cp "$src/tests/python/data/hf_configs/qwen3-8b.json" "$work/"
 cp -r "$src/tests/equivalence/data/dumps/ring-healthy_r2-f32" "$work/dump"
 cat >"$work/test_my_attention.py" <<'PY'
 import pytest
@@ -148,6 +149,13 @@ echo "ok   seqpar.testing judges with its own wheel's binary (before \$SEQPAR)"
   --supports '{"layouts": ["zigzag"]}' \
   >"$tmp/testing.txt" 2>&1 || { cat "$tmp/testing.txt"; fail "python -m seqpar.testing check (worked example)"; }
 echo "ok   python -m seqpar.testing check: $(tail -1 "$tmp/testing.txt")"
+# the whole-step property from the wheel: the worked example's step on its own model and on a
+# drawn-down Qwen3 (transformers from the venv)
+"$vpy" -m seqpar.testing check-step "sp_training_step.py:make_step()" --model sp_training_step.py:TinyLM \
+  --examples 10 --progress 0 >"$tmp/step.txt" 2>&1 || { cat "$tmp/step.txt"; fail "python -m seqpar.testing check-step"; }
+"$vpy" -m seqpar.testing check-step "sp_training_step.py:make_step(hf=True)" --hf-config qwen3-8b.json \
+  --examples 5 --progress 0 >>"$tmp/step.txt" 2>&1 || { cat "$tmp/step.txt"; fail "check-step --hf-config"; }
+echo "ok   python -m seqpar.testing check-step: $(grep -c '^PASS' "$tmp/step.txt") of 2 passed"
 seqpar-testing --help >/dev/null || fail "the seqpar-testing script"
 "$vpy" -m pytest -q -p no:cacheprovider --seqpar-examples 30 test_my_attention.py >"$tmp/pytest.txt" 2>&1 ||
   { cat "$tmp/pytest.txt"; fail "pytest with the plugin"; }
