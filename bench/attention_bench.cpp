@@ -144,10 +144,7 @@ struct attention {
           4.0 * static_cast<double>(p.count) * static_cast<double>(p.count) * sh.hq * sh.d / 2;
       return 3.5 * fwd * 1e-9;
     };
-    o.measure_baseline = [](const std::string& type) {
-      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
-                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
-    };
+    o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning = "GFLOP/s / Eigen GEMM GFLOP/s of the same type";
     o.notes = {
         fmt::format("one causal document, H=1 (GQA4: Hq=4 sharing Hkv=1), tiles {}x{}; size = "

@@ -105,10 +105,7 @@ struct departure_cost {
       const auto it = check_seconds.find(p.count);
       r.ratio = it == check_seconds.end() ? 0 : seconds / std::max(it->second, 1e-12);
     };
-    o.measure_baseline = [](const std::string& type) {
-      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
-                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
-    };
+    o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning = "time / the passing check's time at the same size";
     o.notes = {
         "U 2 x R 2 zigzag, Hq 8 / Hkv 2, d 16, hidden 64, 2 layers; documents of 1024 tokens; "

@@ -471,6 +471,10 @@ int driver::guarded(const std::function<int()>& body) const {
   }
 }
 
+baseline gemm_baseline(const std::string& type) {
+  return {"Eigen GEMM 1024^3 " + type + ", 1 thread", eigen_gemm_gflops(type, 1024), "GFLOP/s"};
+}
+
 double eigen_gemm_gflops(const std::string& type, int n) {
   auto rate = [n](auto zero) {
     using T = decltype(zero);

@@ -202,6 +202,9 @@ class driver {
 /// Single-threaded Eigen GEMM GFLOP/s (2n³ per product, best of runs within ~0.3 s) for
 /// type "float" or "double".
 double eigen_gemm_gflops(const std::string& type, int n = 1024);
+/// The compute benches' baseline: eigen_gemm_gflops(type, 1024) as "Eigen GEMM 1024^3 TYPE,
+/// 1 thread" in GFLOP/s (operation::measure_baseline).
+baseline gemm_baseline(const std::string& type);
 /// Single-threaded memcpy GB/s (bytes copied per second) over `bytes`, within ~0.3 s.
 double memcpy_gbps(std::int64_t bytes);
 /// GB/s of each of `threads` threads copying `bytes` with memcpy at the same time (the slowest

@@ -164,10 +164,7 @@ struct oracle_options {
       r.extra = {seconds / std::max(runs, 1), check_seconds, reference_seconds};
     };
     o.extra_columns = {"attn_s", "check_s", "ref_s"};
-    o.measure_baseline = [](const std::string& type) {
-      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
-                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
-    };
+    o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning = "the oracle attention's GFLOP/s / native f64 GEMM GFLOP/s (same run)";
     o.notes = {"Hq=8 Hkv=2 d=16, documents 2:1:1, 1 thread; window 128, chunk 256, softcap 30",
                "FLOP: 14·visible pairs·Hq·d per fwd+bwd (FlashAttention's convention)",

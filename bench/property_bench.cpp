@@ -126,10 +126,7 @@ struct throughput {
       const auto it = baseline_rate.find(g);
       r.ratio = it == baseline_rate.end() ? 0 : r.rate / std::max(it->second, 1e-12);
     };
-    o.measure_baseline = [](const std::string& type) {
-      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
-                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
-    };
+    o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning =
         "scenarios/s / the same generator's scenarios/s on threads/default (one thread per rank, "
         "glibc's allocator policy, the oracle after the SP step: how checks were carried before)";

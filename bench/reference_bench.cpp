@@ -215,10 +215,7 @@ struct reference_scaling {
     if (whole_check)
       o.extra_columns.insert(o.extra_columns.end(), {"setup_s", "ref_s", "sp_s", "compare_s"});
     o.summary = [this](const std::vector<bench::row>& rows) { return amdahl(rows, whole_check); };
-    o.measure_baseline = [](const std::string& type) {
-      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
-                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
-    };
+    o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning = whole_check
                           ? "speed-up: check time with --threads 1 / with this row's --threads"
                           : "speed-up: reference step time on 1 thread / on this row's threads";

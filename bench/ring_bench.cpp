@@ -90,10 +90,7 @@ struct ring_equivalence {
       r.extra = {zigzag, contiguous, ref * 1e3};
     };
     o.extra_columns = {"zigzag", "contiguous", "ref_ms"};
-    o.measure_baseline = [](const std::string& type) {
-      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
-                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
-    };
+    o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning =
         "SP step time / non-SP reference step time (same run); zigzag and "
         "contiguous: max/min causal work per ring rank";

@@ -149,10 +149,7 @@ struct scaling {
       const double above = (last.rss - base_rss[p.variant]) / (tokens - base_tokens);
       r.extra = {last.sp_seconds, last.reference_seconds, last.rss / 1e6, bpt, above};
     };
-    o.measure_baseline = [](const std::string& type) {
-      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
-                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
-    };
+    o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning = "bytes per token / bytes per token at the smallest size (flat = 1)";
     o.notes = {
         "U 4 x R 2 zigzag, Hq 8 / Hkv 2, d 16, hidden 64, 1 layer; documents of 8192 "

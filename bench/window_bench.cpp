@@ -78,10 +78,7 @@ struct window_cost {
       const auto it = full_seconds.find(p.count);
       r.ratio = it == full_seconds.end() ? 0 : seconds / std::max(it->second, 1e-12);
     };
-    o.measure_baseline = [](const std::string& type) {
-      return bench::baseline{"Eigen GEMM 1024^3 " + type + ", 1 thread",
-                             bench::eigen_gemm_gflops(type, 1024), "GFLOP/s"};
-    };
+    o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning = "the window-128 check over 8*S tokens / the full-causal check over S";
     o.notes = {
         "U 2 x R 2 zigzag, Hq 8 / Hkv 2, d 16, hidden 64, 1 layer, one document; count = S, "

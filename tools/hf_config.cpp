@@ -182,29 +182,6 @@ hf_model read_hf_config(const std::string& where) {
   return m;
 }
 
-scenario drawn_down(const hf_model& m, scenario base) {
-  scenario s = m.real;
-  s.docs = base.docs;
-  s.ulysses = base.ulysses;
-  s.ring = base.ring;
-  s.profile = base.profile;
-  s.seed = base.seed;
-  s.zigzag = base.zigzag;
-  s.head_dim = m.real.head_dim % 2 == 0 ? 8 : 9;
-  s.hidden = 64;
-  s.intermediate = 128;
-  s.vocab = 96;
-  s.pad_token_id = 0;
-  if (s.window > 0) s.window = std::min<std::int64_t>(s.window, 8);
-  if (s.chunk > 0) s.chunk = std::min<std::int64_t>(s.chunk, 8);
-  if (s.softcap > 0) s.softcap = 1.0;
-  if (s.has_linear_layers()) {
-    s.linear_k_dim = 8;
-    s.linear_v_dim = 8;
-  }
-  return s;
-}
-
 scenario at_real_size(const hf_model& m, scenario base) {
   scenario s = m.real;
   s.docs = base.docs;
@@ -214,6 +191,22 @@ scenario at_real_size(const hf_model& m, scenario base) {
   s.seed = base.seed;
   s.zigzag = base.zigzag;
   s.pad_token_id = 0;
+  return s;
+}
+
+scenario drawn_down(const hf_model& m, scenario base) {
+  scenario s = at_real_size(m, std::move(base));
+  s.head_dim = m.real.head_dim % 2 == 0 ? 8 : 9;
+  s.hidden = 64;
+  s.intermediate = 128;
+  s.vocab = 96;
+  if (s.window > 0) s.window = std::min<std::int64_t>(s.window, 8);
+  if (s.chunk > 0) s.chunk = std::min<std::int64_t>(s.chunk, 8);
+  if (s.softcap > 0) s.softcap = 1.0;
+  if (s.has_linear_layers()) {
+    s.linear_k_dim = 8;
+    s.linear_v_dim = 8;
+  }
   return s;
 }
 

@@ -44,6 +44,16 @@ def _indent(text, pre="    "):
     return "\n".join(pre + line for line in text.splitlines())
 
 
+def pythonpath_env():
+    """["PYTHONPATH=…"] when this seqpar package is not installed (a checkout's python/), so that
+    a printed re-run command imports the same package; [] otherwise."""
+    import seqpar
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(seqpar.__file__)))
+    if "site-packages" in pkg_parent or "dist-packages" in pkg_parent:
+        return []
+    return ["PYTHONPATH=%s" % shlex.quote(pkg_parent)]
+
+
 def tick(runner, unit):
     """A progress line on stderr every `runner.progress` seconds (None: silent)."""
     if runner.progress is None:
@@ -221,11 +231,7 @@ class Runner(object):
     def rerun_command(self, scn):
         if self.impl_ref is None:
             return None
-        env = []
-        import seqpar
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(seqpar.__file__)))
-        if "site-packages" not in pkg_parent and "dist-packages" not in pkg_parent:
-            env.append("PYTHONPATH=%s" % shlex.quote(pkg_parent))
+        env = pythonpath_env()
         # The re-run finds the same binary by itself when it is this package's own or the first
         # on PATH; otherwise it is named (--seqpar comes before the wheel's binary and $SEQPAR).
         found = wheel_binary() or shutil.which("seqpar")

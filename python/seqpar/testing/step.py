@@ -307,12 +307,7 @@ class Reference(object):
         count = 0
         for d, mbs in enumerate(self.batches):
             for m, b in enumerate(mbs):
-                logits = by_document(model, b, forward, self.vocab)
-                if tuple(logits.shape) != tuple(b["input_ids"].shape) + (self.vocab,):
-                    raise ValueError("the reference forward returned logits of shape %s for "
-                                     "input_ids %s; want [B, L, vocab=%d]" % (
-                                         list(logits.shape), list(b["input_ids"].shape),
-                                         self.vocab))
+                logits = by_document(model, b, forward, self.vocab)  # checks each shape
                 logp = torch.log_softmax(logits.double(), dim=-1)
                 tgt = shift_labels(b["labels"])
                 valid = tgt != IGNORE_INDEX
@@ -330,10 +325,6 @@ class Reference(object):
                           torch.zeros_like(p.detach()))
                       for n, p in model.named_parameters()}
         self.digest = weights_digest(model)
-
-    # per-token losses and counts of a set of (d, m, row, token) with given targets
-    def nll(self, d, m, b, t, target):
-        return float(-self.logp[(d, m)][b, t, target])
 
     def sums(self, d=None, m=None, sp=None, tokens_of=None, targets_of=None):
         """(sum of token losses, valid labels) over DP rank d (all when None), micro-batch m,
@@ -732,14 +723,10 @@ class StepRunner(object):
     def rerun_command(self, scn):
         import shlex
         import sys
+        from .runner import pythonpath_env
         if not self.step_ref or not self.model_ref:
             return None
-        import seqpar
-        env = []
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(seqpar.__file__)))
-        if "site-packages" not in pkg_parent and "dist-packages" not in pkg_parent:
-            env.append("PYTHONPATH=%s" % shlex.quote(pkg_parent))
-        return " ".join(env + [shlex.quote(sys.executable), "-m", "seqpar.testing", "run-step",
+        return " ".join(pythonpath_env() + [shlex.quote(sys.executable), "-m", "seqpar.testing", "run-step",
                                shlex.quote(self.step_ref), self.model_flag,
                                shlex.quote(self.model_ref), "--scenario",
                                shlex.quote(scn.to_json())])
