@@ -131,12 +131,13 @@ def property_test(impl, **kw):
     return test
 
 
-def run_step(step, model, scenario, *, deadline=60.0, start_method="fork", forward=None):
+def run_step(step, model, scenario, *, deadline=60.0, start_method="fork", forward=None,
+             attn="seqpar_reference"):
     """Runs one StepScenario (or its JSON) of `step` on `model`; returns (ok, report text)."""
     from .step import StepRunner
     scn = scenario if isinstance(scenario, StepScenario) else StepScenario.from_json(scenario)
     runner = StepRunner(step, model, deadline=deadline, start_method=start_method,
-                        forward=forward)
+                        forward=forward, attn=attn)
     try:
         out = runner.run(scn)
         text = runner.report(scn, out) if not out.ok else "%s: consistent on %s" % (
@@ -148,7 +149,8 @@ def run_step(step, model, scenario, *, deadline=60.0, start_method="fork", forwa
 
 def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtypes=("f64",),
                accumulation=True, seed=None, deadline=60.0, start_method="fork", forward=None,
-               name=None, progress=None, settings=None, stats=None):
+               name=None, progress=None, settings=None, stats=None, max_dp=None, max_ring=None,
+               ulysses_degrees=None, attn="seqpar_reference"):
     """Runs the whole-step property: for every drawn StepScenario, `step(model, batches, ctx)`
     on DP × SP gloo ranks must log the reference's loss and leave every parameter's gradient
     equal to the reference's on every rank (float64: ≤ 1e-10 relative). Raises SpStepFailure
@@ -162,6 +164,11 @@ def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtyp
     forward: how the reference calls the model on a whole micro-batch (default:
       model(input_ids=, position_ids=), its .logits when it has them).
     accumulation: draw 2 micro-batches per DP rank too (gradient accumulation).
+    max_dp, max_ring: the largest DP and ring degrees drawn (1: a trainer without them).
+    ulysses_degrees: the Ulysses degrees drawn (e.g. (1, 2, 4): those that divide the heads).
+    attn: the attention transformers runs in a model built from a config — "seqpar_reference"
+      (transformers' mask, float64 softmax) or "seqpar_varlen" (flash_attention_2's contract:
+      documents from position_ids, no mask tensor; what DeepSpeed's ALST wraps).
     """
     import os
 
@@ -171,10 +178,11 @@ def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtyp
     from .step import StepRunner
     max_examples = int(os.environ.get("SEQPAR_TESTING_EXAMPLES") or max_examples)
     runner = StepRunner(step, model, deadline=deadline, start_method=start_method, name=name,
-                        forward=forward)
+                        forward=forward, attn=attn)
     runner.progress = progress
     strategy = step_scenarios(max_world=max_world, max_tokens=max_tokens, dtypes=dtypes,
-                              accumulation=accumulation)
+                              accumulation=accumulation, max_dp=max_dp, max_ring=max_ring,
+                              ulysses_degrees=ulysses_degrees)
     kw = dict(max_examples=max_examples, deadline=None, print_blob=False,
               suppress_health_check=list(HealthCheck), database=None)
     kw.update(settings or {})

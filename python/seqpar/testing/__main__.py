@@ -46,8 +46,17 @@ def main(argv=None):
                         "small models of its architecture")
         p.add_argument("--deadline", type=float, default=60.0,
                        help="seconds per example before it counts as a hang")
+        p.add_argument("--attn", default="seqpar_reference",
+                       choices=("seqpar_reference", "seqpar_varlen"),
+                       help="with --hf-config: the attention transformers runs (seqpar_varlen: "
+                       "flash_attention_2's contract, documents from position_ids)")
     rs.add_argument("--scenario", required=True, help="the step scenario's JSON")
     cs.add_argument("--max-world", type=int, default=4)
+    cs.add_argument("--max-dp", type=int, default=None, help="largest DP degree drawn")
+    cs.add_argument("--max-ring", type=int, default=None, help="largest ring degree drawn")
+    cs.add_argument("--ulysses", default=None,
+                    help="comma-separated Ulysses degrees drawn (e.g. 1,2,4: those that divide "
+                    "the model's heads)")
     cs.add_argument("--examples", type=int, default=30)
     cs.add_argument("--max-tokens", type=int, default=24)
     cs.add_argument("--dtypes", default="f64", help="comma-separated: f64, f32")
@@ -99,19 +108,24 @@ def _step_main(a):
     model = a.model or a.hf_config
     try:
         if a.cmd == "run-step":
-            ok, text = run_step(a.step, model, a.scenario, deadline=a.deadline)
+            ok, text = run_step(a.step, model, a.scenario, deadline=a.deadline, attn=a.attn)
             print(text)
             return 0 if ok else 1
         dtypes = tuple(x.strip() for x in a.dtypes.split(",") if x.strip())
         bad = [x for x in dtypes if x not in ("f64", "f32")]
         if bad or not dtypes:
             raise ValueError("--dtypes %r: give f64 and/or f32, comma-separated" % a.dtypes)
+        try:
+            uly = tuple(int(x) for x in a.ulysses.split(",")) if a.ulysses else None
+        except ValueError:
+            raise ValueError("--ulysses %r: give comma-separated degrees, e.g. 1,2,4" % a.ulysses)
         stats = {}
         try:
             check_step(a.step, model, max_world=a.max_world, max_examples=a.examples,
                        max_tokens=a.max_tokens, dtypes=dtypes,
                        accumulation=not a.no_accumulation, seed=a.seed, deadline=a.deadline,
-                       progress=a.progress or None, stats=stats)
+                       progress=a.progress or None, stats=stats, max_dp=a.max_dp,
+                       max_ring=a.max_ring, ulysses_degrees=uly, attn=a.attn)
         except SpStepFailure as e:
             print("FAIL after %d examples:%s" % (stats.get("examples", 0), e))
             return 1

@@ -128,13 +128,10 @@ def scale_down(config):
     return small, notes
 
 
-def reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                        softcap=None, s_aux=None, **kwargs):
-    """The reference's attention for transformers models (registered as "seqpar_reference"):
-    transformers' eager attention computes its softmax in float32 even for a float64 model, so
-    the float64 reference runs this instead — the mask transformers built for the layer
-    (documents from position_ids, causal, sliding windows, chunks; boolean or additive), the
-    layer's scaling, soft-capping and sinks, every operation in the model's dtype."""
+def _attend(query, key, value, hidden, scaling, softcap, s_aux):
+    """softmax(scaling·q·k, capped, the hidden (query, key) pairs out, the head's sink as one
+    more column)·v over [B, H, s, D] queries and [B, H_kv, S, D] keys and values, in their
+    dtype; `hidden` broadcasts to [B, H, s, S] (None: every key seen)."""
     import torch
     B, H, s, D = query.shape
     rep = H // key.shape[1]
@@ -143,21 +140,61 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     scores = torch.matmul(query, k.transpose(2, 3)) * (D ** -0.5 if scaling is None else scaling)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        m = attention_mask[:, :, :, :k.shape[2]]
-        hidden = ~m if m.dtype == torch.bool else m < torch.finfo(m.dtype).min / 2
+    if hidden is not None:
         scores = scores.masked_fill(hidden, float("-inf"))
     if s_aux is not None:
         sink = s_aux.reshape(1, H, 1, 1).expand(B, H, s, 1).to(scores.dtype)
         p = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
     else:
         p = scores.softmax(-1)
-    return torch.matmul(p.to(v.dtype), v).transpose(1, 2).contiguous(), None
+    return torch.matmul(p.to(v.dtype), v).transpose(1, 2).contiguous()
+
+
+def reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                        softcap=None, s_aux=None, **kwargs):
+    """The reference's attention for transformers models (registered as "seqpar_reference"):
+    transformers' eager attention computes its softmax in float32 even for a float64 model, so
+    the float64 reference runs this instead — the mask transformers built for the layer
+    (documents from position_ids, causal, sliding windows, chunks; boolean or additive), the
+    layer's scaling, soft-capping and sinks, every operation in the model's dtype."""
+    import torch
+    hidden = None
+    if attention_mask is not None:
+        m = attention_mask[:, :, :, :key.shape[2]]
+        hidden = ~m if m.dtype == torch.bool else m < torch.finfo(m.dtype).min / 2
+    return _attend(query, key, value, hidden, scaling, softcap, s_aux), None
+
+
+def varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                     softcap=None, sliding_window=None, s_aux=None, position_ids=None,
+                     **kwargs):
+    """flash_attention_2's contract on the CPU, in the model's dtype (registered as
+    "seqpar_varlen"): no mask tensor — transformers builds none for it, and DeepSpeed's ALST
+    drops any — the packed documents read from `position_ids` (a new one wherever they restart
+    at 0, as transformers' varlen path reads them), causal within each, the layer's
+    `sliding_window` (a query sees that many keys, its own included), soft-capping and sinks.
+    Chunked attention (Llama 4) is refused: flash-attention has no chunks either."""
+    import torch
+    if getattr(module, "attention_chunk_size", None) or getattr(
+            getattr(module, "config", None), "attention_chunk_size", None):
+        raise ValueError("seqpar_varlen: chunked attention (attention_chunk_size) has no "
+                         "varlen form; use seqpar_reference (transformers' mask)")
+    L = query.shape[2]
+    i = torch.arange(L, device=query.device)
+    seen = i[:, None] >= i[None, :]
+    if sliding_window:
+        seen = seen & (i[:, None] - i[None, :] < sliding_window)
+    if position_ids is not None:
+        doc = torch.cumsum((position_ids.reshape(-1, L) == 0).long(), dim=-1)  # [B or 1, L]
+        seen = seen[None] & (doc[:, :, None] == doc[:, None, :])
+    hidden = ~seen.reshape(-1, 1, L, L)
+    return _attend(query, key, value, hidden, scaling, softcap, s_aux), None
 
 
 def _register_reference():
     from transformers import AttentionInterface
     AttentionInterface.register("seqpar_reference", reference_attention)
+    AttentionInterface.register("seqpar_varlen", varlen_attention)
     try:  # the mask it reads: transformers' eager (additive) one
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
         ALL_MASK_ATTENTION_FUNCTIONS.register("seqpar_reference", eager_mask)
@@ -204,7 +241,7 @@ def hf_model(config, attn_implementation="seqpar_reference", experts_implementat
     "eager" experts (its grouped_mm takes no float64). The factory's `.config` and `.notes`
     say what was built."""
     small, notes = scale_down(config)
-    if attn_implementation == "seqpar_reference":
+    if attn_implementation in ("seqpar_reference", "seqpar_varlen"):
         _register_reference()
 
     def factory():

@@ -446,16 +446,23 @@ class StepOutcome(object):
         return self.kind == "pass"
 
 
-def loss_candidates(ref, scn):
-    """{name: [value per world rank]}: the loss a step logs under each classic mistake, from the
-    reference's per-token losses. A rank's tokens are those of ctx.shard_indices."""
-    D, P = scn.dp, scn.sp
+def _tokens_of(scn):
+    """tokens_of(L, s): the token indices SP rank s holds of a row of L tokens."""
+    P = scn.sp
     zig = scn.layout == "zigzag" and P > 1
 
     def tokens_of(L, s):
         m = P * (2 if zig else 1)
         return shard_indices(-(-L // m) * m, P, s, zig)
+    return tokens_of
 
+
+def loss_candidates(ref, scn):
+    """{name: [value per world rank]}: the loss a step logs under each classic mistake, from the
+    reference's per-token losses. A rank's tokens are those of ctx.shard_indices."""
+    D, P = scn.dp, scn.sp
+    zig = scn.layout == "zigzag" and P > 1
+    tokens_of = _tokens_of(scn)
     S, N = ref.sums()
     per = {}
     for d in range(D):
@@ -525,22 +532,44 @@ def diagnose(results, ref, scn, tol):
             if isinstance(y, tuple):
                 return any(same(x, v) for v in y)
             return (math.isnan(x) and math.isnan(y)) or _close(x, y, max(tol, 1e-12))
-        for name, vals in loss_candidates(ref, scn).items():
-            if all(same(results[r]["loss"], vals[r]) for r in bad_loss) and \
-                    not all(same(ref.loss, vals[r]) for r in bad_loss):
-                named.append(name)
         nan = [r for r in bad_loss if math.isnan(results[r]["loss"])]
+        if len(nan) < len(bad_loss):  # a NaN matches every mistake that divides 0 by 0
+            for name, vals in loss_candidates(ref, scn).items():
+                if all(same(results[r]["loss"], vals[r]) for r in bad_loss) and \
+                        not all(same(ref.loss, vals[r]) for r in bad_loss):
+                    named.append(name)
         if nan:
             empty = [d for d in range(scn.dp) if ref.sums(d=d)[1] == 0]
-            lines.append("  %s logged NaN%s" % (_ranks(nan), (
-                ": DP replica%s %s ha%s no valid label in this step, so a denominator of its "
-                "own (not the global count) is 0" % (
-                    "s" if len(empty) > 1 else "", ", ".join(map(str, empty)),
-                    "ve" if len(empty) > 1 else "s")) if empty else ""))
+            tokens_of = _tokens_of(scn)
+            shards = sorted({(d, m, s) for d in range(scn.dp) for m in range(scn.accumulation)
+                             for s in range(P) if P > 1 and ref.sums(
+                                 d=d, m=m, sp=s, tokens_of=tokens_of)[1] == 0})
+            why = ""
+            if empty:
+                why = (": DP replica%s %s ha%s no valid label in this step, so a denominator "
+                       "of its own (not the global count) is 0" % (
+                           "s" if len(empty) > 1 else "", ", ".join(map(str, empty)),
+                           "ve" if len(empty) > 1 else "s"))
+            elif shards:
+                why = (": SP rank%s %s hold%s no valid shifted label of %s, so a mean over "
+                       "the rank's own labels is 0/0 = NaN there, and weighting that mean by "
+                       "its 0 labels keeps it NaN (NaN · 0 = NaN): leave such ranks out of the "
+                       "sum, or sum token losses instead of weighting means" % (
+                           "s" if len({x[2] for x in shards}) > 1 else "",
+                           ", ".join(sorted({str(x[2]) for x in shards})),
+                           "" if len({x[2] for x in shards}) > 1 else "s",
+                           ", ".join("DP replica %d's micro-batch %d" % (d, m)
+                                     for d, m in sorted({(x[0], x[1]) for x in shards}))))
+            lines.append("  %s logged NaN%s" % (_ranks(nan), why))
         if named:
             lines.append("  the logged loss is exactly %s" % named[0])
             for n in named[1:]:
                 lines.append("  (on this example it also equals %s)" % n)
+        elif len(nan) == len(bad_loss):
+            also = [name for name, vals in loss_candidates(ref, scn).items()
+                    if all(isinstance(vals[r], tuple) or math.isnan(vals[r]) for r in nan)]
+            if also:
+                lines.append("  (0/0 on this example under %s too)" % "; ".join(also))
         else:
             lines.append("  none of the searched loss mistakes reproduces it (local or global "
                          "denominators, per-rank or per-replica means, labels shifted after "
@@ -666,17 +695,18 @@ class StepRunner(object):
     """Runs examples of one step on pools of gloo ranks (one pool per world size)."""
 
     def __init__(self, step, model, deadline=60.0, start_method="fork", name=None,
-                 forward=None, step_ref=None, model_ref=None):
+                 forward=None, step_ref=None, model_ref=None, attn="seqpar_reference"):
         from .impl_ref import reference_of, resolve
         self.step_ref = step_ref or (step if isinstance(step, str) else reference_of(step))
         self.model_flag = "--model"
+        self.attn = attn
         if is_hf_config(model):  # a transformers config: small models of its architecture
             from .hf import hf_model
             if isinstance(model, (str, os.PathLike)):
                 self.model_ref, self.model_flag = model_ref or os.fspath(model), "--hf-config"
             else:
                 self.model_ref = model_ref
-            model = hf_model(model)
+            model = hf_model(model, attn_implementation=attn)
         else:
             self.model_ref = model_ref or (model if isinstance(model, str) else
                                            reference_of(model))
@@ -728,7 +758,9 @@ class StepRunner(object):
             return None
         return " ".join(pythonpath_env() + [shlex.quote(sys.executable), "-m", "seqpar.testing", "run-step",
                                shlex.quote(self.step_ref), self.model_flag,
-                               shlex.quote(self.model_ref), "--scenario",
+                               shlex.quote(self.model_ref)] +
+                        (["--attn", self.attn] if self.model_flag == "--hf-config" and
+                         self.attn != "seqpar_reference" else []) + ["--scenario",
                                shlex.quote(scn.to_json())])
 
     def report(self, scn, out):
@@ -749,15 +781,23 @@ class StepRunner(object):
 
 
 def step_scenarios(max_world=4, max_tokens=24, dtypes=("f64",), accumulation=True,
-                   max_rows=2):
-    """Hypothesis strategy of StepScenario: DP × Ulysses × ring (world ≤ max_world), zigzag or
+                   max_rows=2, max_dp=None, max_ring=None, ulysses_degrees=None):
+    """Hypothesis strategy of StepScenario: DP × Ulysses × ring (world ≤ max_world; DP ≤ max_dp
+    and ring ≤ max_ring where given: a trainer without DP or without ring attention; Ulysses
+    degrees among ulysses_degrees where given: those that divide the model's heads), zigzag or
     contiguous, 1–max_rows rows per micro-batch, 1–2 micro-batches, documents of 1+ tokens
     with prompt spans and all-masked documents, rows of unequal length (padding), lengths
     that need SP padding, a data seed. DP ranks get their own rows (unequal valid labels)."""
     from hypothesis import strategies as st
 
     layouts = [(D, U, R) for D in range(1, max_world + 1) for U in range(1, max_world + 1)
-               for R in range(1, max_world + 1) if D * U * R <= max_world]
+               for R in range(1, max_world + 1) if D * U * R <= max_world and
+               D <= (max_dp or max_world) and R <= (max_ring or max_world) and
+               (ulysses_degrees is None or U in ulysses_degrees)]
+    if not layouts:
+        raise ValueError("step scenarios: no DP × Ulysses × ring layout within max_world=%d, "
+                         "max_dp=%s, max_ring=%s, ulysses_degrees=%s" % (
+                             max_world, max_dp, max_ring, ulysses_degrees))
     # the simplest first: Hypothesis shrinks towards the list's start
     layouts.sort(key=lambda x: (x[0] * x[1] * x[2], x))
 
