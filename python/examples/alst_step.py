@@ -92,7 +92,7 @@ class _Parallelism(object):
         self.sp_backend, self.sp_size, self.sp_enabled = "deepspeed", sp_size, sp_size > 1
 
 
-def make_step(mistake=None, zero_stage=0, compensate=False):
+def make_step(mistake=None, zero_stage=0, fixed=False):
     """The per-rank step: for every micro-batch, the adapter's shard, the model, the recipe's
     loss and the engine's backward (one engine micro-step each, gradient_accumulation_steps =
     the micro-batches); the gradients the engine leaves after the last one (ZeRO 1: DeepSpeed's safe_get_full_grad per parameter). Returns the mean of the logged
@@ -154,7 +154,9 @@ def make_step(mistake=None, zero_stage=0, compensate=False):
                 if mistake == "tutorial" and sp_group is not None:
                     loss = _tutorial_aggregation(loss, inputs["shift_labels"], sp_group,
                                                  ctx.sp_size)
-            grad_loss = loss / ctx.sp_size if compensate else loss
+            if fixed and not torch.is_tensor(loss):
+                loss = sum(p.sum() for p in model.parameters()) * 0.0
+            grad_loss = loss / ctx.sp_size if fixed else loss
             if engine is not None:
                 engine.backward(grad_loss)
                 if i + 1 < len(rows):
@@ -173,7 +175,7 @@ def make_step(mistake=None, zero_stage=0, compensate=False):
         return sum(logged) / len(logged)
 
     step.__name__ = "alst_step(%s, zero %d%s)" % (mistake or "trainer", zero_stage,
-                                                   ", compensated" if compensate else "")
+                                                   ", fixed" if fixed else "")
     return step
 
 

@@ -1,0 +1,93 @@
+"""DeepSpeed ALST's whole Hugging Face path under check_step (python/examples/alst_step.py): a
+small Qwen3 from tests/python/data/hf_configs/qwen3-8b.json, DeepSpeed's UlyssesSPAttentionHF
+and UlyssesSPDataLoaderAdapter, transformers' deepspeed_sp_compute_loss, a DeepSpeed engine
+(float32; ZeRO 0 and 1) — on CPU gloo ranks. What seqpar finds in the pinned versions
+(requirements.txt) is asserted here, so that a release that changes it turns this test red:
+
+- the gradients are SP-degree times the loss's (ZeRO 0 and 1);
+- a micro-batch without a valid label makes the loss a Python float, which has no backward;
+- with gradient accumulation, the micro-batches' means are averaged with equal weights;
+
+and with the two workarounds (make_step(fixed=True)) the path passes the property without
+accumulation. The step's classic mistakes are found and named."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SRC, "python"))
+
+import seqpar.testing as spt  # noqa: E402
+from seqpar.testing.step import StepScenario  # noqa: E402
+
+STEP = os.path.join(SRC, "python", "examples", "alst_step.py")
+QWEN3 = os.path.join(HERE, "data", "hf_configs", "qwen3-8b.json")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deepspeed_comm_built():
+    """DeepSpeed compiles a C++ op at its first init on a CPU machine (deepspeed_warm.py)."""
+    p = subprocess.run([sys.executable, os.path.join(HERE, "deepspeed_warm.py")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def step(args=""):
+    return "%s:make_step(%s)" % (STEP, args)
+
+
+def run(args, dp=1, ulysses=2, dtype="f64", rows=None, seed=1):
+    scn = StepScenario(dp=dp, ulysses=ulysses, ring=1, dtype=dtype, seed=seed,
+                       rows=rows or [[[[[7, 1], [5, 2]], [[9, 0]]]]] * dp)
+    ok, text = spt.run_step(step(args), QWEN3, scn, attn="seqpar_varlen", deadline=240)
+    return ok, text
+
+
+def test_fixed_path_passes_the_property():
+    stats = {}
+    spt.check_step(step("fixed=True"), QWEN3, attn="seqpar_varlen", max_dp=1, max_ring=1,
+                   ulysses_degrees=(2, 4), accumulation=False, dtypes=("f64", "f32"), seed=0,
+                   max_examples=25, deadline=240, stats=stats)
+    assert stats["examples"] == 25 and stats["failures"] == 0
+
+
+@pytest.mark.parametrize("ulysses,dtype,zero", [(2, "f32", 0), (2, "f32", 1), (4, "f64", 0)])
+def test_gradients_are_sp_degree_times_the_loss(ulysses, dtype, zero):
+    ok, text = run("zero_stage=%d" % zero, ulysses=ulysses, dtype=dtype)
+    assert not ok
+    assert "every rank's gradient is %d × the reference's = the SP degree" % ulysses in text, text
+    assert "the loss differs" not in text, text
+
+
+def test_a_micro_batch_without_labels_has_no_backward():
+    rows = [[[[[6, 1], [5, 0]]], [[[4, 9]]]]]   # the second micro-batch: every label masked
+    ok, text = run("", rows=rows)
+    assert not ok
+    assert "raised AttributeError" in text and "'float' object has no attribute 'backward'" \
+        in text, text
+
+
+def test_accumulation_weights_micro_batches_equally():
+    rows = [[[[[9, 1], [5, 0]]], [[[4, 1]]]]]   # 11 labels, then 2
+    ok, text = run("fixed=True", rows=rows)
+    assert not ok
+    assert "the mean of the micro-batches' means" in text, text
+
+
+MISTAKES = {
+    "tutorial": "logged NaN: SP rank",
+    "local_mean": "the logged loss is exactly the loss averaged over the rank's own valid labels",
+    "shift_after": "the logged loss is exactly the labels shifted after sharding",
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_step_mistake_is_named(mistake):
+    # a masked document at the end: the last SP rank holds no valid label
+    rows = [[[[[8, 0], [4, 4]], [[5, 1], [3, 0]]]]]
+    ok, text = run("%r, fixed=True" % mistake, ulysses=4, rows=rows)
+    assert not ok
+    assert MISTAKES[mistake] in text, text
