@@ -3,11 +3,17 @@ Qwen3 (or any transformers config) whose attention DeepSpeed's UlyssesSPAttentio
 global batch sharded by DeepSpeed's UlyssesSPDataLoaderAdapter (shift_labels made before the
 cut), the loss aggregated over the SP group by transformers' own Trainer code
 (transformers.integrations.deepspeed.deepspeed_sp_compute_loss) and the gradients reduced by a
-DeepSpeed engine (ZeRO stage 0 or 1) — every piece the frameworks' code, run on CPU gloo ranks:
+DeepSpeed engine (float32, ZeRO stage 0 or 1; DeepSpeed reduces no float64 gradient, so in
+float64 the step reduces them as the engine's ZeRO-0 path does) — every piece the frameworks'
+code, run on CPU gloo ranks:
 
-    python3 -m seqpar.testing check-step "python/examples/alst_step.py:make_step()" \\
-        --hf-config tests/python/data/hf_configs/qwen3-8b.json --attn seqpar_varlen \\
-        --max-dp 1 --max-ring 1 --no-accumulation --seed 0
+    python3 -m seqpar.testing check-step "python/examples/alst_step.py:make_step()" \
+        --hf-config tests/python/data/hf_configs/qwen3-8b.json --attn seqpar_varlen \
+        --max-dp 1 --max-ring 1 --ulysses 2,4 --no-accumulation --dtypes f64,f32 --seed 0
+
+fails (DeepSpeed 0.19.8, transformers 5.9.0): every gradient is the SP degree times the loss's.
+make_step(fixed=True) applies the two workarounds (docs/testing.md, "DeepSpeed ALST's whole
+path") and passes.
 
 What is ours: the collator's padding of each row to a multiple of the SP size (the adapter
 refuses other lengths; the Trainer pads with pad_to_multiple_of), the core attention under
@@ -15,7 +21,7 @@ Ulysses — seqpar_varlen, flash_attention_2's contract on the CPU (documents fr
 no mask tensor) — and the model's loss function: transformers' ForCausalLMLoss without its
 float32 upcast (which would hide float64 agreement), same reduction, same shift_labels handling.
 
-The step's mistakes, each one keyword away (make_step(mistake=...)):
+The step's classic mistakes, each one keyword away (make_step(mistake, fixed=True)):
   'tutorial'      the aggregation as the SP tutorials print it (accelerate's concept guide,
                   DeepSpeed's ALST tutorial): a shard without a valid label has a NaN mean,
                   and NaN · 0 poisons the sum
@@ -47,10 +53,10 @@ def _f64_causal_lm_loss(logits, labels=None, vocab_size=None, num_items_in_batch
 
 def _register(model, ctx, micro_batch_size):
     """UlyssesSPAttentionHF.register_with_transformers, once per process, SP size and micro-batch
-    size (the wrapper checks every shape against it): it wraps
-    the core attention in transformers' registry and makes DeepSpeed's SP groups (consecutive
-    world ranks, as seqpar's sp_group). A second registration would wrap the wrapper, so the
-    core is put back (and the groups released) before another SP size registers."""
+    size (the wrapper checks every shape against it): it wraps the core attention in
+    transformers' registry and makes DeepSpeed's SP groups (consecutive world ranks, as
+    seqpar's sp_group). A second registration would wrap the wrapper, so the core is put back
+    (and the groups released) before another registers."""
     from deepspeed.runtime.sequence_parallel import parallel_state_sp
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
