@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import hypothesis
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,11 +31,18 @@ def _check(name, supports, seed=0, max_world=4):
     return stats
 
 
-def _fails(name, supports, seed=0, max_world=4, examples=None):
+def _fails(name, supports, seed=0, max_world=4, examples=None, settings=None):
     with pytest.raises(spt.SpAttentionFailure) as e:
         spt.check(REF + ":" + name, max_world=max_world, max_examples=examples or N, seed=seed,
-                  supports=supports)
+                  supports=supports, settings=settings)
     return str(e.value)
+
+
+# A framework that raises does so on every example it cannot run, and every raising example
+# restarts the rank pool: shrinking it costs ~40 s and changes none of the words asserted (the
+# exception, the message, the Ulysses degree), so such tests stop at the first failing example.
+NO_SHRINK = {"phases": [hypothesis.Phase.explicit, hypothesis.Phase.reuse,
+                        hypothesis.Phase.generate]}
 
 
 # VeOmni's Ulysses (prepare_ulysses_qkv / restore_ulysses_output): no ring in this path.
@@ -189,7 +197,8 @@ GPT_OSS = dict(sinks=True, ring=False, profiles=("deepspeed", "xorl"))
 
 
 def test_deepspeed_alst_hands_gpt_oss_every_heads_sinks(deepspeed_comm_built):
-    report = _fails("deepspeed_alst_gpt_oss", GPT_OSS, max_world=2, examples=30)
+    report = _fails("deepspeed_alst_gpt_oss", GPT_OSS, max_world=2, examples=30,
+                    settings=NO_SHRINK)
     assert " raised RuntimeError in forward" in report, report
     assert "Sizes of tensors must match" in report and "ulysses 2" in report, report
 

@@ -91,3 +91,24 @@ def test_each_step_mistake_is_named(mistake):
     ok, text = run("%r, fixed=True" % mistake, ulysses=4, rows=rows)
     assert not ok
     assert MISTAKES[mistake] in text, text
+
+
+def test_gemma3_passes_the_fixed_path():
+    """Gemma 3's sliding-window layers under Ulysses, and its loss taking the adapter's
+    shift_labels (no second shift)."""
+    stats = {}
+    spt.check_step(step("fixed=True"), os.path.join(HERE, "data", "hf_configs", "gemma3-4b.json"),
+                   attn="seqpar_varlen", max_dp=1, max_ring=1, ulysses_degrees=(2, 4),
+                   accumulation=False, seed=0, max_examples=8, deadline=240, stats=stats)
+    assert stats["examples"] == 8 and stats["failures"] == 0
+
+
+def test_gpt_oss_sinks_reach_the_core_for_every_head():
+    """UlyssesSPAttentionHF passes the layer's sinks of all heads to a core attention that holds
+    the rank's slice of them (tests/python/test_frameworks.py finds it on the attention alone)."""
+    scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[6, 1]]]]], seed=0)
+    ok, text = spt.run_step(step("fixed=True"), os.path.join(HERE, "data", "hf_configs",
+                                                             "gpt-oss-20b.json"),
+                            scn, attn="seqpar_varlen", deadline=240)
+    assert not ok
+    assert "raised RuntimeError" in text and "is invalid for input of size 16" in text, text
