@@ -6,6 +6,7 @@ and UlyssesSPDataLoaderAdapter, transformers' deepspeed_sp_compute_loss, a DeepS
 
 - the gradients are SP-degree times the loss's (ZeRO 0 and 1);
 - a micro-batch without a valid label makes the loss a Python float, which has no backward;
+- with DP × SP on gloo, torch's all_gather backward raises on every SP group but the first;
 - with gradient accumulation, the micro-batches' means are averaged with equal weights;
 
 and with the two workarounds (make_step(fixed=True)) the path passes the property without
@@ -112,3 +113,12 @@ def test_gpt_oss_sinks_reach_the_core_for_every_head():
                             scn, attn="seqpar_varlen", deadline=240)
     assert not ok
     assert "raised RuntimeError" in text and "is invalid for input of size 16" in text, text
+
+
+def test_dp_times_sp_on_gloo_stops_in_torchs_all_gather_backward():
+    """torch's differentiable all_gather, on gloo, scatters with a group rank where a global rank
+    is expected: the second SP group's backward raises."""
+    ok, text = run("fixed=True", dp=2, rows=[[[[[9, 1], [5, 0]]]], [[[[4, 1]]]]])
+    assert not ok
+    assert "ranks 2, 3 raised ValueError" in text and "Global rank 0 is not part of group" in \
+        text, text
