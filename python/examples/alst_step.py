@@ -91,6 +91,27 @@ def _pad_to_multiple(batch, m, pad_id=0):
     return {k: torch.cat([v, pad[k]], dim=1) for k, v in batch.items()}
 
 
+def _gloo_all_gather_backward():
+    """Workaround for torch's differentiable all_gather on gloo (torch 2.11.0): its backward
+    emulates a reduce-scatter with dist.scatter(src=i, group=g), i being the rank in the group
+    where scatter takes a global rank, so every group but the one holding global rank 0 raises.
+    Here the backward is the reduce-scatter itself: every rank's gradients of the gathered
+    parts summed over the group (all_reduce), this rank's part kept."""
+    from torch.distributed.nn import functional as F
+    if getattr(F._AllGather, "seqpar_gloo_fix", False):
+        return
+    torch_backward = F._AllGather.backward
+
+    def backward(ctx, *grads):
+        if dist.get_backend(group=ctx.group) != dist.Backend.GLOO:
+            return torch_backward(ctx, *grads)
+        g = torch.stack([x.contiguous() for x in grads])
+        dist.all_reduce(g, group=ctx.group)
+        return None, g[dist.get_rank(group=ctx.group)]
+    F._AllGather.backward = staticmethod(backward)
+    F._AllGather.seqpar_gloo_fix = True
+
+
 class _Parallelism(object):
     """What deepspeed_sp_compute_loss reads of accelerate's ParallelismConfig."""
 
@@ -110,6 +131,8 @@ def make_step(mistake=None, zero_stage=0, fixed=False):
         from deepspeed.utils import safe_get_full_grad
         from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
         model.loss_function = _f64_causal_lm_loss
+        if fixed:
+            _gloo_all_gather_backward()
         import os  # what a launcher (torchrun, deepspeed) sets: every rank on this host
         os.environ.update(LOCAL_RANK=str(ctx.rank), RANK=str(ctx.rank),
                           WORLD_SIZE=str(ctx.world_size), LOCAL_WORLD_SIZE=str(ctx.world_size))

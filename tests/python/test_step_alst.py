@@ -6,7 +6,8 @@ and UlyssesSPDataLoaderAdapter, transformers' deepspeed_sp_compute_loss, a DeepS
 
 - the gradients are SP-degree times the loss's (ZeRO 0 and 1);
 - a micro-batch without a valid label makes the loss a Python float, which has no backward;
-- with DP × SP on gloo, torch's all_gather backward raises on every SP group but the first;
+- with DP × SP on gloo, torch's all_gather backward raises on every SP group but the first,
+  and with that fixed the DP replicas' means weigh the same;
 - with gradient accumulation, the micro-batches' means are averaged with equal weights;
 
 and with the two workarounds (make_step(fixed=True)) the path passes the property without
@@ -118,7 +119,18 @@ def test_gpt_oss_sinks_reach_the_core_for_every_head():
 def test_dp_times_sp_on_gloo_stops_in_torchs_all_gather_backward():
     """torch's differentiable all_gather, on gloo, scatters with a group rank where a global rank
     is expected: the second SP group's backward raises."""
-    ok, text = run("fixed=True", dp=2, rows=[[[[[9, 1], [5, 0]]]], [[[[4, 1]]]]])
+    ok, text = run("", dp=2, rows=[[[[[9, 1], [5, 0]]]], [[[[4, 1]]]]])
     assert not ok
     assert "ranks 2, 3 raised ValueError" in text and "Global rank 0 is not part of group" in \
         text, text
+
+
+@pytest.mark.parametrize("equal", [True, False])
+def test_dp_replicas_weigh_the_same(equal):
+    """With that backward fixed: each replica logs its own mean, and the gradients are right
+    when the replicas hold as many valid labels (12 and 12) and not when they do not (12, 3)."""
+    other = [[[[6, 0], [8, 1]]]] if equal else [[[[4, 1]]]]
+    ok, text = run("fixed=True", dp=2, rows=[[[[[9, 1], [5, 0]]]], other])
+    assert not ok
+    assert "the logged loss is exactly the DP replica's own mean" in text, text
+    assert ("the gradient of" in text.splitlines()[0]) != equal, text
