@@ -73,7 +73,7 @@ def test_a_micro_batch_without_labels_has_no_backward():
 
 
 def test_accumulation_weights_micro_batches_equally():
-    rows = [[[[[9, 1], [5, 0]]], [[[4, 1]]]]]   # 11 labels, then 2
+    rows = [[[[[9, 1], [5, 0]]], [[[4, 1]]]]]   # 12 labels, then 3
     ok, text = run("fixed=True", rows=rows)
     assert not ok
     assert "the mean of the micro-batches' means" in text, text
