@@ -76,7 +76,9 @@ def test_accumulation_weights_micro_batches_equally():
     rows = [[[[[9, 1], [5, 0]]], [[[4, 1]]]]]   # 12 labels, then 3
     ok, text = run("fixed=True", rows=rows)
     assert not ok
-    assert "the mean of the micro-batches' means" in text, text
+    assert "the logged loss is exactly the mean of the micro-batches' means" in text, text
+    assert "every rank's gradient is exactly that of the mean of the micro-batches' means" in \
+        text, text
 
 
 MISTAKES = {
@@ -134,3 +136,5 @@ def test_dp_replicas_weigh_the_same(equal):
     assert not ok
     assert "the logged loss is exactly the DP replica's own mean" in text, text
     assert ("the gradient of" in text.splitlines()[0]) != equal, text
+    assert equal or "every rank's gradient is exactly that of the mean of the DP replicas' " \
+        "means" in text, text

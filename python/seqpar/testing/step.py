@@ -304,7 +304,12 @@ class Reference(object):
         total = torch.zeros((), dtype=torch.float64)
         self.logp = {}      # (d, m) -> [B, L, V] log-probabilities (detached)
         self.targets = {}   # (d, m) -> [B, L] shifted labels
+        # (d, m) -> (gradient of the micro-batch's summed token losses, its valid labels): the
+        # micro-batches' graphs are disjoint, so a backward each costs what one over all does,
+        # and the weightings a step may use instead of the global mean are sums of them
+        self.grad_sums = {}
         count = 0
+        params = list(model.named_parameters())
         for d, mbs in enumerate(self.batches):
             for m, b in enumerate(mbs):
                 logits = by_document(model, b, forward, self.vocab)  # checks each shape
@@ -312,19 +317,36 @@ class Reference(object):
                 tgt = shift_labels(b["labels"])
                 valid = tgt != IGNORE_INDEX
                 nll = -logp.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-                total = total + nll[valid].sum()
-                count += int(valid.sum())
+                part = nll[valid].sum()
+                n = int(valid.sum())
+                model.zero_grad(set_to_none=True)
+                if n:
+                    part.backward()
+                self.grad_sums[(d, m)] = ({k: (p.grad.detach().clone() if p.grad is not None
+                                               else torch.zeros_like(p.detach()))
+                                           for k, p in params}, n)
+                total = total + part.detach()
+                count += n
                 self.logp[(d, m)] = logp.detach()
                 self.targets[(d, m)] = tgt
         self.count = count
         self.loss_tensor = total / count if count else total
-        if count:
-            self.loss_tensor.backward()
-        self.loss = float(self.loss_tensor.detach())
-        self.grads = {n: (p.grad.detach().clone() if p.grad is not None else
-                          torch.zeros_like(p.detach()))
-                      for n, p in model.named_parameters()}
+        self.loss = float(self.loss_tensor)
+        self.grads = self.weighted(lambda d, m, n: 1.0 / count if count else 0.0)
         self.digest = weights_digest(model)
+
+    def weighted(self, w):
+        """{parameter: Σ over micro-batches (d, m) of w(d, m, valid labels) · the gradient of
+        their summed token losses}, summed in (d, m) order."""
+        out = None
+        for (d, m), (g, n) in self.grad_sums.items():
+            f = w(d, m, n)
+            if out is None:
+                out = {k: f * v for k, v in g.items()}
+            else:
+                for k, v in g.items():
+                    out[k] = out[k] + f * v
+        return out
 
     def sums(self, d=None, m=None, sp=None, tokens_of=None, targets_of=None):
         """(sum of token losses, valid labels) over DP rank d (all when None), micro-batch m,
@@ -677,6 +699,43 @@ def grad_causes(results, ref, scn, tol, params):
                        "summed (torch.distributed's AVG, or DDP's mean over a group whose ranks "
                        "hold parts of one gradient)" % (" = 1/".join(down), 1 / k))
             out.append("  every rank's gradient is %.6g × the reference's%s" % (k, why))
+        else:
+            out += weighting_causes(results, ref, scn, tol, params)
+    return out
+
+
+def weighting_causes(results, ref, scn, tol, params):
+    """The weightings of the micro-batches' token losses a step may use instead of the global
+    mean (replicas' or micro-batches' means averaged, a replica's own mean never reduced over
+    DP), each from the reference's per-micro-batch gradients: the ones every rank's gradient
+    equals."""
+    W, P, D, A = scn.world, scn.sp, scn.dp, scn.accumulation
+    n_d = {d: sum(ref.grad_sums[(d, m)][1] for m in range(A)) for d in range(D)}
+    top = max([float(g.abs().max()) for g in ref.grads.values() if g.numel()] or [0.0])
+    cands = []
+    if D > 1:
+        mean = ref.weighted(lambda d, m, n: 1.0 / (D * n_d[d]) if n_d[d] else 0.0)
+        cands.append(("the mean of the DP replicas' means (replicas weighted equally though "
+                      "their valid labels differ)", lambda r: mean))
+        own = {d: ref.weighted(lambda e, m, n, d=d: 1.0 / n_d[d] if e == d and n_d[d] else 0.0)
+               for d in range(D)}
+        cands.append(("each DP replica's own mean (the gradient not reduced over the DP group)",
+                      lambda r: own[r // P]))
+    if A > 1:
+        mbs = ref.weighted(lambda d, m, n: 1.0 / (D * A * n) if n else 0.0)
+        cands.append(("the mean of the micro-batches' means (gradient accumulation weighting "
+                      "micro-batches equally though their valid labels differ)", lambda r: mbs))
+
+    def equal(a, b, n):
+        scale = max(float(ref.grads[n].abs().max()), 1e-3 * top, 1e-300)
+        return float((a - b).abs().max()) <= tol * scale
+    out = []
+    for name, grads_of in cands:
+        if all(equal(grads_of(0)[n], ref.grads[n], n) for n in params):
+            continue  # the same as the reference on this example
+        if all(equal(results[r]["grads"][n], grads_of(r)[n], n)
+               for r in range(W) for n in params):
+            out.append("  every rank's gradient is exactly that of %s" % name)
     return out
 
 
