@@ -104,6 +104,27 @@ def test_every_group_and_layout_and_accumulation_is_drawn():
     assert want <= seen, sorted(want - seen)
 
 
+def test_narrowed_draws_keep_within_and_cover_their_bounds():
+    """max_dp, max_ring and ulysses_degrees (a trainer without DP or ring, Ulysses degrees that
+    divide the heads) bound every drawn layout and still draw each degree they allow: a bound
+    that drew nothing, or only world 1, would make a passing property vacuous."""
+    from hypothesis import HealthCheck, given, settings
+    seen = set()
+
+    @settings(max_examples=150, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(spt.step_scenarios(max_world=4, max_dp=1, max_ring=1, ulysses_degrees=(2, 4),
+                              accumulation=False))
+    def draw(scn):
+        assert scn.dp == 1 and scn.ring == 1 and scn.ulysses in (2, 4), scn.describe()
+        assert scn.accumulation == 1, scn.describe()
+        seen.add(scn.ulysses)
+    draw()
+    assert seen == {2, 4}, seen
+    with pytest.raises(ValueError, match="no DP × Ulysses × ring layout"):
+        spt.step_scenarios(max_world=4, ulysses_degrees=(8,))   # 8 ranks exceed the world
+
+
 def raising_step(model, batches, ctx):
     if ctx.rank == 1:
         raise RuntimeError("labels and logits disagree: 7 vs 8")
@@ -161,6 +182,12 @@ def test_invalid_input_exits_2():
                         "--model", EXAMPLE + ":NoSuchModel"], capture_output=True, text=True,
                        env=env)
     assert p.returncode == 2 and "NoSuchModel" in p.stderr, p.stderr
+    for flag, words in (("x,2", "--ulysses 'x,2'"), ("8", "no DP × Ulysses × ring layout")):
+        p = subprocess.run([sys.executable, "-m", "seqpar.testing", "check-step", step_ref(),
+                            "--model", MODEL, "--ulysses", flag], capture_output=True,
+                           text=True, env=env)
+        assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, \
+            (flag, p.stderr)
 
 
 # -- models of real architectures, from their configs (transformers 5.9, drawn down) ---------
