@@ -30,6 +30,8 @@ The step's classic mistakes, each one keyword away (make_step(mistake, fixed=Tru
   'shift_after'   labels shifted after the adapter's cut (each rank shifts its own shard): every
                   shard's last token loses its target
 """
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -122,8 +124,16 @@ class _Parallelism(object):
 def make_step(mistake=None, zero_stage=0, fixed=False):
     """The per-rank step: for every micro-batch, the adapter's shard, the model, the recipe's
     loss and the engine's backward (one engine micro-step each, gradient_accumulation_steps =
-    the micro-batches); the gradients the engine leaves after the last one (ZeRO 1: DeepSpeed's safe_get_full_grad per parameter). Returns the mean of the logged
-    losses."""
+    the micro-batches); the gradients the engine leaves after the last one (ZeRO 1:
+    DeepSpeed's safe_get_full_grad per parameter). Returns the mean of the logged losses.
+
+    fixed: the workarounds for what seqpar finds in this path (docs/testing.md): the backward of
+    the aggregated loss divided by the SP degree (every SP rank holds the same aggregated loss
+    and the differentiable all_gather's backward sums their gradients: without it every
+    gradient is SP-degree times the loss's); a zero loss that still reaches every parameter
+    where no SP rank holds a valid label (deepspeed_sp_compute_loss then returns the Python
+    number 0.0, which has no backward); on gloo, torch's all_gather given a backward that works
+    for every SP group (_gloo_all_gather_backward)."""
 
     def step(model, batches, ctx):
         import deepspeed
@@ -133,7 +143,7 @@ def make_step(mistake=None, zero_stage=0, fixed=False):
         model.loss_function = _f64_causal_lm_loss
         if fixed:
             _gloo_all_gather_backward()
-        import os  # what a launcher (torchrun, deepspeed) sets: every rank on this host
+        # what a launcher (torchrun, deepspeed) sets: every rank on this host
         os.environ.update(LOCAL_RANK=str(ctx.rank), RANK=str(ctx.rank),
                           WORLD_SIZE=str(ctx.world_size), LOCAL_WORLD_SIZE=str(ctx.world_size))
         deepspeed.init_distributed(dist_backend="gloo", verbose=False)

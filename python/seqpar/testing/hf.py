@@ -191,7 +191,8 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     return _attend(query, key, value, hidden, scaling, softcap, s_aux), None
 
 
-def _register_reference():
+def _register_attentions():
+    """seqpar_reference and seqpar_varlen in transformers' attention registry."""
     from transformers import AttentionInterface
     AttentionInterface.register("seqpar_reference", reference_attention)
     AttentionInterface.register("seqpar_varlen", varlen_attention)
@@ -242,7 +243,7 @@ def hf_model(config, attn_implementation="seqpar_reference", experts_implementat
     say what was built."""
     small, notes = scale_down(config)
     if attn_implementation in ("seqpar_reference", "seqpar_varlen"):
-        _register_reference()
+        _register_attentions()
 
     def factory():
         from transformers import AutoModelForCausalLM

@@ -333,7 +333,17 @@ class Reference(object):
         self.loss_tensor = total / count if count else total
         self.loss = float(self.loss_tensor)
         self.grads = self.weighted(lambda d, m, n: 1.0 / count if count else 0.0)
+        self.top = max([float(g.abs().max()) for g in self.grads.values() if g.numel()] or
+                       [0.0])
         self.digest = weights_digest(model)
+
+    def grad_scale(self, n):
+        """What parameter n's gradient differences are relative to: its largest entry, or a
+        thousandth of the largest entry of any parameter if that is more. Rounding errors scale
+        with the gradients they flow from, not with a sum that nearly cancels (a 3-token row's
+        q_proj gradient of 1e-17 meets float32 noise of 1e-8 otherwise)."""
+        g = self.grads[n]
+        return max(float(g.abs().max()) if g.numel() else 0.0, 1e-3 * self.top)
 
     def weighted(self, w):
         """{parameter: Σ over micro-batches (d, m) of w(d, m, valid labels) · the gradient of
@@ -479,6 +489,11 @@ def _tokens_of(scn):
     return tokens_of
 
 
+def _values(v):
+    """A loss candidate's values: a mistake may log one value, or one of a tuple of them."""
+    return v if isinstance(v, tuple) else (v,)
+
+
 def loss_candidates(ref, scn):
     """{name: [value per world rank]}: the loss a step logs under each classic mistake, from the
     reference's per-token losses. A rank's tokens are those of ctx.shard_indices."""
@@ -560,14 +575,12 @@ def diagnose(results, ref, scn, tol):
         named = []
 
         def same(x, y):  # y: a value, or a tuple of the values a step may log
-            if isinstance(y, tuple):
-                return any(same(x, v) for v in y)
-            return (math.isnan(x) and math.isnan(y)) or _close(x, y, max(tol, 1e-12))
+            return any((math.isnan(x) and math.isnan(v)) or _close(x, v, max(tol, 1e-12))
+                       for v in _values(y))
         nan = [r for r in bad_loss if math.isnan(results[r]["loss"])]
         if len(nan) < len(bad_loss):  # a NaN matches every mistake that divides 0 by 0
             def differs(v):  # the values a mistake may log that are not the reference's
-                return tuple(x for x in (v if isinstance(v, tuple) else (v,))
-                             if not same(ref.loss, x))
+                return tuple(x for x in _values(v) if not same(ref.loss, x))
             for name, vals in loss_candidates(ref, scn).items():
                 if all(same(results[r]["loss"], differs(vals[r])) for r in bad_loss):
                     named.append(name)
@@ -600,8 +613,7 @@ def diagnose(results, ref, scn, tol):
                 lines.append("  (on this example it also equals %s)" % n)
         elif len(nan) == len(bad_loss):
             also = [name for name, vals in loss_candidates(ref, scn).items()
-                    if all(any(math.isnan(v) for v in (
-                        vals[r] if isinstance(vals[r], tuple) else (vals[r],))) for r in nan)]
+                    if all(any(math.isnan(v) for v in _values(vals[r])) for r in nan)]
             if also:
                 lines.append("  (0/0 on this example under %s too)" % "; ".join(also))
         else:
@@ -619,14 +631,9 @@ def diagnose(results, ref, scn, tol):
             lines.append("%s: no gradient on %s (requires_grad off, detached, or the parameter "
                          "not used by the SP path)" % (n, _ranks(rs)))
     bad = []
-    # Rounding errors scale with the gradients they flow from, not with a sum that nearly
-    # cancels: a parameter whose gradient is below a thousandth of the largest entry of any is
-    # held to that thousandth (a 3-token row's q_proj gradient of 1e-17 meets float32 noise of
-    # 1e-8 otherwise).
-    top = max([float(g.abs().max()) for g in ref.grads.values() if g.numel()] or [0.0])
     for n in names:
         g_ref = ref.grads[n]
-        scale = max(float(g_ref.abs().max()) if g_ref.numel() else 0.0, 1e-3 * top)
+        scale = ref.grad_scale(n)
         for r in range(W):
             g = results[r]["grads"].get(n)
             if g is None:
@@ -711,7 +718,6 @@ def weighting_causes(results, ref, scn, tol, params):
     equals."""
     W, P, D, A = scn.world, scn.sp, scn.dp, scn.accumulation
     n_d = {d: sum(ref.grad_sums[(d, m)][1] for m in range(A)) for d in range(D)}
-    top = max([float(g.abs().max()) for g in ref.grads.values() if g.numel()] or [0.0])
     cands = []
     if D > 1:
         mean = ref.weighted(lambda d, m, n: 1.0 / (D * n_d[d]) if n_d[d] else 0.0)
@@ -727,11 +733,10 @@ def weighting_causes(results, ref, scn, tol, params):
                       "micro-batches equally though their valid labels differ)", lambda r: mbs))
 
     def equal(a, b, n):
-        scale = max(float(ref.grads[n].abs().max()), 1e-3 * top, 1e-300)
-        return float((a - b).abs().max()) <= tol * scale
+        return float((a - b).abs().max()) <= tol * max(ref.grad_scale(n), 1e-300)
     out = []
     for name, grads_of in cands:
-        if all(equal(grads_of(0)[n], ref.grads[n], n) for n in params):
+        if all(equal(grads_of(r)[n], ref.grads[n], n) for r in range(W) for n in params):
             continue  # the same as the reference on this example
         if all(equal(results[r]["grads"][n], grads_of(r)[n], n)
                for r in range(W) for n in params):
@@ -832,12 +837,12 @@ class StepRunner(object):
         from .runner import pythonpath_env
         if not self.step_ref or not self.model_ref:
             return None
-        return " ".join(pythonpath_env() + [shlex.quote(sys.executable), "-m", "seqpar.testing", "run-step",
-                               shlex.quote(self.step_ref), self.model_flag,
-                               shlex.quote(self.model_ref)] +
-                        (["--attn", self.attn] if self.model_flag == "--hf-config" and
-                         self.attn != "seqpar_reference" else []) + ["--scenario",
-                               shlex.quote(scn.to_json())])
+        attn = (["--attn", self.attn] if self.model_flag == "--hf-config" and
+                self.attn != "seqpar_reference" else [])
+        return " ".join(pythonpath_env() + [
+            shlex.quote(sys.executable), "-m", "seqpar.testing", "run-step",
+            shlex.quote(self.step_ref), self.model_flag, shlex.quote(self.model_ref)] + attn +
+            ["--scenario", shlex.quote(scn.to_json())])
 
     def report(self, scn, out):
         from .runner import _indent
