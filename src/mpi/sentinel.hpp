@@ -34,6 +34,14 @@ void start_launcher_sentinel(std::chrono::milliseconds grace);
 /// whether a proxy was found and signalled.
 bool end_launcher_proxy();
 
+/// A rank that failed ends within `limit` whatever the transport does meanwhile: a detached
+/// thread that, should the process still be there after `limit`, writes `note` to stderr
+/// without blocking (the pipe's reader may be gone or stalled, and another thread may hold
+/// stdio's lock inside a blocked write) and ends it with `code`. For the failure paths, whose
+/// every step has a bound of its own — a send to a dead peer or an abort that the launcher never
+/// answers can still hold an MPI call past them.
+void end_within(std::chrono::milliseconds limit, int code, const char* note);
+
 /// How long a rank that passed its last barrier may stay stopped before its sentinel kills it:
 /// the other ranks' MPI_Finalize guard (10 s), so that the whole job ends at about the moment
 /// they do.

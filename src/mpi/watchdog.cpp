@@ -161,6 +161,16 @@ std::string describe_member(const mpi_communicator::impl& im, int r, steady::tim
                      silent_for);
 }
 
+// What a probe found, kept: each probed rank's answer (describe_member says it), and the ranks
+// cut off or gone marked silent (announce_abort does not wait for them).
+void note_findings(mpi_communicator::impl& im, const assessment& a) {
+  for (std::size_t r = 0; r < a.found.size(); ++r)
+    if (a.found[r] != reach::unknown) im.reached[r] = a.found[r];
+  im.cut_off = a.cut_off;
+  for (int r : a.cut_off) im.silent[static_cast<std::size_t>(r)] = 1;
+  for (int r : a.gone) im.silent[static_cast<std::size_t>(r)] = 1;
+}
+
 // Network or process (reachability.hpp's assess): notes what each probed rank answered
 // (describe_member says it), marks every rank cut off by the network or gone silent (so that
 // announce_abort does not wait for them), and returns the lead of the watchdog's message ("" when
@@ -168,11 +178,7 @@ std::string describe_member(const mpi_communicator::impl& im, int r, steady::tim
 std::string probe_network(mpi_communicator::impl& im, const std::vector<int>& quiet) {
   if (im.opt.probe_budget.count() <= 0 || im.peers.empty()) return "";
   const auto a = assess(im.peers, im.me, quiet, im.opt.probe_budget);
-  for (std::size_t r = 0; r < a.found.size(); ++r)
-    if (a.found[r] != reach::unknown) im.reached[r] = a.found[r];
-  im.cut_off = a.cut_off;
-  for (int r : a.cut_off) im.silent[static_cast<std::size_t>(r)] = 1;
-  for (int r : a.gone) im.silent[static_cast<std::size_t>(r)] = 1;
+  note_findings(im, a);
   return a.lead;
 }
 
@@ -288,6 +294,11 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
   bool job_extended = false;  // a passed deadline carried by the job's data still arriving
   const auto period = std::max(std::chrono::milliseconds(50), im.opt.timeout / 4);
   auto next_beat = start + std::min(period, std::chrono::milliseconds(200));
+  // Past the deadline, the silent members' hosts are asked once per deadline whether their
+  // processes are gone (the host answers, the port refuses: the call can never complete); the
+  // extensions below are for members that are slow, not for dead ones.
+  auto next_gone_probe = start + w.limit;
+  std::string gone_lead;
   int idle = 0;
   std::vector<int> missing;  // world ranks
   for (;;) {
@@ -375,6 +386,22 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
       next_beat = now + period;
     }
     since = std::max(since, progress_at);
+    if (w.limit.count() > 0 && now >= next_gone_probe && im.opt.probe_budget.count() > 0 &&
+        !im.peers.empty()) {
+      next_gone_probe = now + w.limit;
+      std::vector<int> quiet;
+      for (int r = 0; r < world_size && quiet.size() < 256; ++r)
+        if (r != im.me && !alive(im, r, now, w.limit)) quiet.push_back(r);
+      // A refused port answers within milliseconds; a host that does not answer at all is the
+      // deadline's finding (a crawling link delays a probe too), not this one's.
+      if (!quiet.empty())
+        if (auto a = assess(im.peers, im.me, quiet,
+                            std::min(im.opt.probe_budget, std::chrono::milliseconds(250)));
+            !a.gone.empty()) {
+          note_findings(im, a);
+          gone_lead = std::move(a.lead);
+        }
+    }
     // A link already seen crawling (a deadline carried by data in this wait, below, or an
     // earlier wait of the run that finished so) also stands still for seconds at a time: a
     // rate limiter drops packets and TCP's retransmission timer backs off between tries (0.2,
@@ -403,7 +430,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
         continue;
       }
     }
-    if (w.limit.count() > 0 && now - since >= silence_limit) {
+    if (!gone_lead.empty() || (w.limit.count() > 0 && now - since >= silence_limit)) {
       const double waited = seconds(now - start), limit_s = seconds(w.limit);
       // Network or process: the hosts of the members gone silent are asked.
       // (Every silent rank, not only this group's: a wait chain may end at any of them.)
@@ -411,7 +438,8 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
       for (int r = 0; r < world_size && quiet.size() < 256; ++r)
         if (r != im.me && !alive(im, r, now, w.limit)) quiet.push_back(r);
       const auto network =
-          progress_at != start
+          !gone_lead.empty() ? gone_lead
+          : progress_at != start
               ? fmt::format(
                     "the network is slow: data kept arriving at this host ({:.3g} MiB in "
                     "{:.3g} s) but the call did not finish, the deadline extended to {:.3g} s "

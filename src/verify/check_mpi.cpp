@@ -25,6 +25,24 @@
 
 namespace seqpar::verify {
 
+namespace {
+
+// A failed rank's way out — its record (bounded by its guard), the peers asked (the probe
+// budget), the abort announced (3 s for the acknowledgements) or acknowledged (2 s) and 4 s for
+// mpiexec, MPI_Abort (2 s for the launcher) — takes about 6.5 s. Every step has its own bound,
+// yet an MPI call towards a peer that died can block inside the transport: whatever happens,
+// the rank is gone 8 s after its failure, not when its sentinel kills the orphan 20 s later.
+void ends_after_failure(const mpi::mpi_session& session) {
+  static const std::string note = fmt::format(
+      "seqpar: error: rank {} on {}: the MPI transport held this rank's exit after its failure "
+      "for 8 s (a call towards a peer that is gone blocked); ended — what it printed and "
+      "recorded above stands\n",
+      session.rank(), session.host());
+  mpi::end_within(std::chrono::seconds(8), 2, note.c_str());
+}
+
+}  // namespace
+
 int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
               verify::check_options opt,
               const std::function<void(const verify::check_report&)>& print) {
@@ -191,6 +209,7 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // Another rank failed and reports it; leave this rank's record and wait for the end (the
     // announcer's MPI_Abort, through mpiexec). Where mpiexec cannot reach this host (a link
     // down), nothing comes: the process ends on its own.
+    ends_after_failure(session);
     leave_record(e.what(), by_watchdog(e.what()) ? -1 : e.rank());
     world.acknowledge_abort(e.rank());
     // The announcer waits up to 3 s for the acknowledgements, prints, then asks mpiexec to end
@@ -201,6 +220,7 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     mpi::end_launcher_proxy();
     std::_Exit(2);
   } catch (const std::exception& e) {
+    ends_after_failure(session);
     std::string message = e.what();
     int failed = by_watchdog(message) ? -1 : me;
     // An MPI call that failed (UCX: "Endpoint timeout", a reset connection) usually failed
