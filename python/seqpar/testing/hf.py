@@ -191,6 +191,45 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     return _attend(query, key, value, hidden, scaling, softcap, s_aux), None
 
 
+def flash_forward(query, key, value, attention_mask=None, query_length=None, is_causal=True,
+                  dropout=0.0, softmax_scale=None, sliding_window=None, softcap=None,
+                  cu_seq_lens_q=None, position_ids=None, s_aux=None, **kwargs):
+    """transformers' `_flash_attention_forward` contract on the CPU, in the inputs' dtype: what
+    a framework's SP attention calls after its all-to-all (VeOmni's flash path, for one) when no
+    flash-attn kernel exists. q [B, S, H, D], k, v [B, S, H_kv, D] → [B, S, H, D]. Documents as
+    flash-attn's varlen kernel reads them: from `cu_seq_lens_q` (the packed row's boundaries —
+    the full sequence's, which is what a gathered query spans), else from `position_ids`
+    restarting at 0; causal within each (unless is_causal is False), the `sliding_window` (W
+    keys, the query's own counted), soft-capping and sinks. A padding `attention_mask` is
+    refused (a varlen caller passes none)."""
+    import torch
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("flash_forward: a padding attention_mask is not supported; pass packed "
+                         "documents (cu_seq_lens_q or position_ids) instead")
+    B, S = query.shape[0], query.shape[1]
+    i = torch.arange(S, device=query.device)
+    seen = i[:, None] >= i[None, :] if is_causal else torch.ones(S, S, dtype=torch.bool)
+    if sliding_window:
+        seen = seen & ((i[:, None] - i[None, :]).abs() < sliding_window)
+    if cu_seq_lens_q is not None:
+        if B != 1:
+            raise ValueError("flash_forward: cu_seq_lens_q describes one packed row; got a "
+                             "batch of %d" % B)
+        bounds = torch.zeros(S, dtype=torch.long)
+        bounds[cu_seq_lens_q[1:-1].long()] = 1
+        doc = torch.cumsum(bounds, 0)[None]
+    elif position_ids is not None:
+        doc = torch.cumsum((position_ids.reshape(-1, S) == 0).long(), dim=-1)
+    else:
+        doc = None
+    if doc is not None:
+        seen = seen[None] & (doc[:, :, None] == doc[:, None, :])
+    hidden = ~seen.reshape(-1, 1, S, S)
+    out = _attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), hidden,
+                  softmax_scale, softcap, s_aux)
+    return out
+
+
 def _register_attentions():
     """seqpar_reference and seqpar_varlen in transformers' attention registry."""
     from transformers import AttentionInterface

@@ -616,6 +616,19 @@ def diagnose(results, ref, scn, tol):
                     if all(any(math.isnan(v) for v in _values(vals[r])) for r in nan)]
             if also:
                 lines.append("  (0/0 on this example under %s too)" % "; ".join(also))
+        elif (k := _common_factor([results[r]["loss"] for r in bad_loss], ref.loss,
+                                  tol)) is not None and _factor_names(scn, k)[0]:
+            up, _ = _factor_names(scn, k)
+            lines.append("  every rank logged %.6g × the reference's loss = %s: a sum over %g "
+                         "ranks (or steps) of values that each already are the global mean, or "
+                         "a scale meant for the gradient left in the logged loss" % (
+                             k, " = ".join(up), k))
+        elif (k := _common_factor([results[r]["loss"] for r in bad_loss], ref.loss,
+                                  tol)) is not None and _factor_names(scn, k)[1]:
+            _, down = _factor_names(scn, k)
+            lines.append("  every rank logged %.6g × the reference's loss = 1/%s: averaged "
+                         "over %g ranks (or steps) where the parts must be summed" % (
+                             k, " = 1/".join(down), 1 / k))
         else:
             lines.append("  none of the searched loss mistakes reproduces it (local or global "
                          "denominators, per-rank or per-replica means, labels shifted after "
@@ -658,6 +671,25 @@ def diagnose(results, ref, scn, tol):
     return "; ".join(summary), "\n".join(lines)
 
 
+def _factor_names(scn, k):
+    """([names], [names]) of the step's degrees equal to k and to 1/k: the SP degree, the DP
+    degree, the world size, the accumulation steps (those above 1)."""
+    known = [(scn.sp, "the SP degree"), (scn.dp, "the DP degree"), (scn.world, "the world size"),
+             (scn.accumulation, "the accumulation steps")]
+    return ([w for f, w in known if f > 1 and abs(k - f) < 1e-6 * f],
+            [w for f, w in known if f > 1 and abs(k - 1.0 / f) < 1e-6])
+
+
+def _common_factor(values, reference, tol):
+    """k when every value is k × reference (within tol, k the same for all), else None."""
+    if not reference or not values or any(math.isnan(v) for v in values):
+        return None
+    k = values[0] / reference
+    if all(abs(v - k * reference) <= max(tol, 1e-12) * abs(k * reference) for v in values):
+        return k
+    return None
+
+
 def grad_causes(results, ref, scn, tol, params):
     """Names what the gradients' pattern shows: ranks of one SP group (or of one DP group) that
     hold different gradients of a replicated parameter, or every rank's gradient a constant
@@ -692,10 +724,7 @@ def grad_causes(results, ref, scn, tol, params):
         if k and all(float((results[r]["grads"][m] - k * ref.grads[m]).abs().max()) <=
                      tol * max(float(ref.grads[m].abs().max()), 1e-300) * max(1, abs(k))
                      for r in range(W) for m in params):
-            known = [(P, "the SP degree"), (D, "the DP degree"), (W, "the world size"),
-                     (scn.accumulation, "the accumulation steps")]
-            up = [w for f, w in known if f > 1 and abs(k - f) < 1e-6 * f]
-            down = [w for f, w in known if f > 1 and abs(k - 1.0 / f) < 1e-6]
+            up, down = _factor_names(scn, k)
             why = ""
             if up:
                 why = (" = %s: summed over %g ranks (or steps) where each already holds the "
