@@ -61,6 +61,22 @@ std::string to_text(const report& r) {
 
 nlohmann::json to_json(const report& r) {
   nlohmann::json probs = nlohmann::json::array();
+  // A rank that left no file is the first finding of an incomplete trace (the text's INCOMPLETE
+  // line): listed here too, so that every exit 1 has its reasons under "problems".
+  for (int m : r.missing_ranks) {
+    std::string cause;
+    for (const auto& e : r.missing_evidence) cause += (cause.empty() ? "" : "; ") + e;
+    probs.push_back({{"category", category::missing_rank},
+                     {"rank", m},
+                     {"group", ""},
+                     {"seq", nullptr},
+                     {"tag", ""},
+                     {"op", ""},
+                     {"observed", "no file"},
+                     {"expected", fmt::format("a file of each of the {} ranks", r.world_size)},
+                     {"cause", cause},
+                     {"message", fmt::format("rank {} left no file: {}", m, cause)}});
+  }
   for (const auto& p : r.problems) {
     nlohmann::json j = {
         {"category", p.category}, {"rank", p.rank >= 0 ? nlohmann::json(p.rank) : nlohmann::json()},
@@ -73,15 +89,16 @@ nlohmann::json to_json(const report& r) {
   }
   nlohmann::json checked = nlohmann::json::object();
   for (const auto& [k, v] : r.checked) checked[k] = v;
-  nlohmann::json j = {{"trace", r.source},
-                      {"consistent", r.consistent},
-                      {"complete", r.missing_ranks.empty()},
-                      {"missing_ranks", r.missing_ranks},
-                      {"missing_evidence", r.missing_evidence},
-                      {"problems_total", r.problems_total},
-                      {"problems", std::move(probs)},
-                      {"checked", std::move(checked)},
-                      {"unchecked", r.unchecked}};
+  nlohmann::json j = {
+      {"trace", r.source},
+      {"consistent", r.consistent},
+      {"complete", r.missing_ranks.empty()},
+      {"missing_ranks", r.missing_ranks},
+      {"missing_evidence", r.missing_evidence},
+      {"problems_total", r.problems_total + static_cast<std::int64_t>(r.missing_ranks.size())},
+      {"problems", std::move(probs)},
+      {"checked", std::move(checked)},
+      {"unchecked", r.unchecked}};
   if (!r.run_ended.empty()) j["run_ended"] = r.run_ended;
   return j;
 }
