@@ -256,6 +256,13 @@ class ZigzagRingAttention(object):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dsinks
 
     # ---------------------------------------------------------------- the whole call
+    def rank_sinks(self, c):
+        """The sinks of the query heads this rank holds after the all-to-all (None: none)."""
+        if c.sinks is None:
+            return None
+        h = c.heads // c.ulysses
+        return c.sinks[c.ulysses_rank * h:(c.ulysses_rank + 1) * h]
+
     def __call__(self, q, k, v, c):
         U, Hkv = c.ulysses, c.kv_heads
         if U > 1:
@@ -266,11 +273,7 @@ class ZigzagRingAttention(object):
             q = c.tap("q.gathered", _SeqToHead.apply(q, self, c))
             k = c.tap("k.gathered", _SeqToHead.apply(k, self, c))
             v = c.tap("v.gathered", _SeqToHead.apply(v, self, c))
-        sinks = None
-        if c.sinks is not None:  # the query heads this rank holds after the all-to-all
-            h = c.heads // U
-            sinks = c.sinks[c.ulysses_rank * h:(c.ulysses_rank + 1) * h]
-        out, lse = _Ring.apply(q, k, v, sinks, self, c)
+        out, lse = _Ring.apply(q, k, v, self.rank_sinks(c), self, c)
         c.tap("lse", lse)
         if U > 1:
             out = _HeadToSeq.apply(c.tap("out.attn", out), self, c)

@@ -140,6 +140,40 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
                        g.R),
            v});
     }
+    // The sinks of other heads: a rank that indexes the full [H] sinks by its local head index
+    // (the first H/U on every Ulysses rank: what a wrapper handing every head's sinks to a
+    // kernel that reads them by index does), or another rank's slice.
+    const auto H = static_cast<int>(base.sinks.size());
+    if (g.U > 1 && H == g.H && H % g.U == 0) {
+      const int h = H / g.U;
+      v = base;
+      for (int k = 0; k < H; ++k)
+        v.sinks[static_cast<std::size_t>(k)] = base.sinks[static_cast<std::size_t>(k % h)];
+      members.push_back(
+          {fmt::format("attention whose sinks are {} on every Ulysses rank (the first H/U): each "
+                       "rank indexes the full [H] sinks by its local head index instead of taking "
+                       "its own heads' slice",
+                       h == 1 ? std::string("head 0's") : fmt::format("heads 0–{}'", h - 1)),
+           v});
+      v = base;
+      for (int k = 0; k < H; ++k)
+        v.sinks[static_cast<std::size_t>(k)] = base.sinks[static_cast<std::size_t>((k + h) % H)];
+      members.push_back(
+          {"attention whose sinks are the next Ulysses rank's heads' (each rank takes the slice "
+           "of the rank after it)",
+           v});
+    }
+    v = base;
+    for (auto& x : v.sinks) x = -x;
+    members.push_back(
+        {"attention whose sinks enter with the wrong sign (−sink in the softmax's extra column)",
+         v});
+    v = base;
+    for (auto& x : v.sinks) x *= base.scale;
+    members.push_back(
+        {"attention whose sinks are multiplied by the softmax scale like a score (a sink is a "
+         "logit: added as it is)",
+         v});
     v = base;
     v.sink_in_lse = false;
     members.push_back(
@@ -628,7 +662,8 @@ std::string search_families(const call_context& c, const std::string& st,
   const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
                        base.chunk > 0 || base.softcap > 0;
   std::string option_members;
-  if (!base.sinks.empty()) option_members += ", the sinks dropped or kept out of the LSE";
+  if (!base.sinks.empty())
+    option_members += ", the sinks dropped, kept out of the LSE, of other heads, negated or scaled";
   if (base.window_back >= 0) option_members += ", the window ignored or one key wider or narrower";
   if (base.chunk > 0) option_members += ", chunks ignored or aligned to the row";
   if (base.softcap > 0)

@@ -126,6 +126,22 @@ class SinksDropped(zra.ZigzagRingAttention):
         return out, lse
 
 
+class SinksFirstSlice(zra.ZigzagRingAttention):
+    """Every Ulysses rank takes the first H/U sinks: the full [H] sinks read by the rank's local
+    head index (a wrapper handing every head's sinks to a kernel that indexes them)."""
+
+    def rank_sinks(self, c):
+        return None if c.sinks is None else c.sinks[:c.heads // c.ulysses]
+
+
+class SinksNegated(zra.ZigzagRingAttention):
+    """The sinks enter the softmax with the wrong sign."""
+
+    def rank_sinks(self, c):
+        s = super().rank_sinks(c)
+        return None if s is None else -s
+
+
 class SinkPerStep(zra.ZigzagRingAttention):
     """The sinks folded into every ring step's block before the merge, not once after it."""
 
@@ -213,6 +229,8 @@ VARIANTS = {
     "no_causal": NoCausal,
     "sinks_dropped": SinksDropped,
     "sink_per_step": SinkPerStep,
+    "sinks_first_slice": SinksFirstSlice,
+    "sinks_negated": SinksNegated,
     "window_off_by_one": WindowOffByOne,
     "positions_in_rank_order": PositionsInRankOrder,
     "softcap_without_scale": SoftcapWithoutScale,

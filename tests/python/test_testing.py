@@ -102,6 +102,9 @@ OPTION_CASES = {
     "sinks_dropped": (dict(ZIGZAG, sinks=True), ("attention without its sinks",)),
     "sink_per_step": (dict(ZIGZAG, sinks=True, ulysses=False),
                       ("folded into every ring step's partial result",)),
+    "sinks_first_slice": (dict(ZIGZAG, sinks=True, ring=False),
+                          ("on every Ulysses rank (the first H/U)",)),
+    "sinks_negated": (dict(ZIGZAG, sinks=True), ("sinks enter with the wrong sign",)),
     # Shrunk to 2 tokens, a window one key too wide is no window at all: either name is right.
     "window_off_by_one": (dict(ZIGZAG, window=True), ("a sliding window one key too wide",
                                                        "attention without its sliding window")),
