@@ -113,8 +113,13 @@ mpi_session::mpi_session(int* argc, char*** argv, std::chrono::milliseconds time
     // threads of rank 0 (run_ranks(1, …)), which never touch MPI.
     int rc = MPI_SUCCESS;
     {
+      // Start-up is no collective wait: a launcher spawning processes on a busy node takes
+      // seconds whatever --timeout a job's calls are given, so the guard waits at least 5 s.
       const phase_guard guard(
-          "MPI_Init", timeout,
+          "MPI_Init",
+          timeout.count() > 0
+              ? std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(5))
+              : timeout,
           "every process of the job must start MPI together; one of them stopped, hung or died "
           "during start-up (or the launcher could not start it). Which one is not known before "
           "MPI is up: it is the process that did not print this message. Raise --timeout if "
