@@ -171,6 +171,16 @@ def test_attention_option_mistake_found_and_shrunk(variant):
     assert not _children()
 
 
+def test_the_largest_examples_cause_goes_with_the_shrunk_one():
+    """Shrunk to 2 tokens, a window one key too wide is the same numbers as no window at all:
+    the report keeps the largest failing example's cause, which tells them apart."""
+    ref = os.path.join(HERE, "broken_attention.py") + ":make('window_off_by_one')"
+    report = _fail(ref, supports=dict(ZIGZAG, window=True), max_examples=150)
+    assert "before shrinking, on the largest failing example" in report, report
+    tail = report.split("before shrinking", 1)[1]
+    assert "it equals a sliding window one key too wide" in tail, report
+
+
 @pytest.mark.parametrize("variant", sorted(EXPECTED))
 def test_broken_variant_found_and_shrunk(variant):
     ref = os.path.join(HERE, "broken_attention.py") + ":make(%r)" % variant

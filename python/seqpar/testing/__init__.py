@@ -102,24 +102,51 @@ def check(impl, *, max_world=4, supports=None, max_examples=100, max_tokens=64, 
               suppress_health_check=list(HealthCheck), database=None)
     kw.update(settings or {})
 
+    largest = {}  # the largest failing example seen (Hypothesis shrinks from it)
+
     def prop(scn):
         out = runner.run(scn, sup)  # "refused" when outside supports (checked after layout)
         if out.kind == "refused":
             reject()
         if not out.ok:
-            raise SpAttentionFailure("\n" + runner.report(scn, out))
+            text = runner.report(scn, out)
+            size = scn.tokens * scn.world
+            if size > largest.get("size", -1):
+                largest.update(size=size, text=text, tokens=scn.tokens)
+            raise SpAttentionFailure("\n" + text)
 
     test = given(strategy)(hypothesis.settings(**kw)(prop))
     if seed is not None:
         test = hypothesis.seed(seed)(test)
     try:
         test()
+    except SpAttentionFailure as e:
+        # A shrunk example can make two mistakes the same numbers (a window of 1 key one too
+        # wide is no window at all): where the largest failing example named another cause,
+        # its diagnosis goes with the shrunk one, and the more specific cause is its.
+        shrunk = str(e)
+        cause = _named_cause(largest.get("text", ""))
+        if cause and cause not in shrunk:
+            raise SpAttentionFailure(
+                shrunk + "\n  before shrinking, on the largest failing example (%d tokens), "
+                "another cause fits its many more rows — the shrunk example cannot tell the two "
+                "apart; this is the one to look for first:\n%s"
+                % (largest["tokens"], "\n".join("    " + ln
+                                                 for ln in largest["text"].splitlines()[1:])))
+        raise
     finally:
         if stats is not None:
             stats.update(examples=runner.count, failures=runner.failures,
                          seconds=dict(runner.seconds), wall=runner.elapsed(),
                          pool_starts=sum(p.starts for p in runner.pools.values()))
         runner.close()
+
+
+def _named_cause(report):
+    """The cause a report's diagnosis names ("it equals X"), or ""."""
+    import re
+    m = re.search(r"it equals (.+?)(?: \(found among| \(stage |$)", report, re.M)
+    return m.group(1) if m else ""
 
 
 def property_test(impl, **kw):
