@@ -161,6 +161,15 @@ std::string describe_member(const mpi_communicator::impl& im, int r, steady::tim
                      silent_for);
 }
 
+// The ranks not heard for half the deadline (at most 256: what a probe asks at once).
+std::vector<int> silent_ranks(const mpi_communicator::impl& im, int world_size,
+                              steady::time_point now, std::chrono::milliseconds limit) {
+  std::vector<int> quiet;
+  for (int r = 0; r < world_size && quiet.size() < 256; ++r)
+    if (r != im.me && !alive(im, r, now, limit)) quiet.push_back(r);
+  return quiet;
+}
+
 // What a probe found, kept: each probed rank's answer (describe_member says it), and the ranks
 // cut off or gone marked silent (announce_abort does not wait for them).
 void note_findings(mpi_communicator::impl& im, const assessment& a) {
@@ -389,9 +398,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
     if (w.limit.count() > 0 && now >= next_gone_probe && im.opt.probe_budget.count() > 0 &&
         !im.peers.empty()) {
       next_gone_probe = now + w.limit;
-      std::vector<int> quiet;
-      for (int r = 0; r < world_size && quiet.size() < 256; ++r)
-        if (r != im.me && !alive(im, r, now, w.limit)) quiet.push_back(r);
+      const auto quiet = silent_ranks(im, world_size, now, w.limit);
       // A refused port answers within milliseconds; a host that does not answer at all is the
       // deadline's finding (a crawling link delays a probe too), not this one's.
       if (!quiet.empty())
@@ -434,9 +441,7 @@ void wait_watched(mpi_communicator::impl& im, int world_size, std::vector<MPI_Re
       const double waited = seconds(now - start), limit_s = seconds(w.limit);
       // Network or process: the hosts of the members gone silent are asked.
       // (Every silent rank, not only this group's: a wait chain may end at any of them.)
-      std::vector<int> quiet;
-      for (int r = 0; r < world_size && quiet.size() < 256; ++r)
-        if (r != im.me && !alive(im, r, now, w.limit)) quiet.push_back(r);
+      const auto quiet = silent_ranks(im, world_size, now, w.limit);
       const auto network =
           !gone_lead.empty() ? gone_lead
           : progress_at != start

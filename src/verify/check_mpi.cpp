@@ -33,7 +33,7 @@ namespace {
 // yet an MPI call towards a peer that died can block inside the transport: whatever happens,
 // the rank is gone 8 s after its failure, not when its sentinel kills the orphan 20 s later.
 void ends_after_failure(const mpi::mpi_session& session) {
-  static const std::string note = fmt::format(
+  const std::string note = fmt::format(
       "seqpar: error: rank {} on {}: the MPI transport held this rank's exit after its failure "
       "for 8 s (a call towards a peer that is gone blocked); ended — what it printed and "
       "recorded above stands\n",

@@ -57,14 +57,6 @@ def test_veomni_ulysses_under_a_ring_layout_is_reported():
     assert "differs on" in head[0] and "ring 2" in head[1], report
 
 
-@pytest.fixture(scope="module")
-def deepspeed_comm_built():
-    """DeepSpeed compiles a C++ op at its first init on a CPU machine (deepspeed_warm.py)."""
-    p = subprocess.run([sys.executable, os.path.join(HERE, "deepspeed_warm.py")],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-
-
 # DeepSpeed's DistributedAttention (deepspeed.sequence.layer), Ulysses only. Every dtype is
 # drawn for every framework: torch 2.x's gloo moves bfloat16.
 @pytest.mark.parametrize("profile", ["deepspeed", "xorl"])

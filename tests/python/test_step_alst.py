@@ -13,7 +13,6 @@ and UlyssesSPDataLoaderAdapter, transformers' deepspeed_sp_compute_loss, a DeepS
 and with the two workarounds (make_step(fixed=True)) the path passes the property without
 accumulation. The step's classic mistakes are found and named."""
 import os
-import subprocess
 import sys
 
 import pytest
@@ -25,16 +24,10 @@ sys.path.insert(0, os.path.join(SRC, "python"))
 import seqpar.testing as spt  # noqa: E402
 from seqpar.testing.step import StepScenario  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("deepspeed_comm_built")
+
 STEP = os.path.join(SRC, "python", "examples", "alst_step.py")
 QWEN3 = os.path.join(HERE, "data", "hf_configs", "qwen3-8b.json")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def deepspeed_comm_built():
-    """DeepSpeed compiles a C++ op at its first init on a CPU machine (deepspeed_warm.py)."""
-    p = subprocess.run([sys.executable, os.path.join(HERE, "deepspeed_warm.py")],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
 
 
 def step(args=""):

@@ -7,7 +7,6 @@ loss the Trainer reports is right, and every gradient is the SP degree times the
 finding of the ALST path, docs/testing.md, through the Trainer's own loop); and with more than
 one row per rank the step raises in transformers' loss (a strided shift_labels, .view(-1))."""
 import os
-import subprocess
 import sys
 
 import pytest
@@ -19,16 +18,10 @@ sys.path.insert(0, os.path.join(SRC, "python"))
 import seqpar.testing as spt  # noqa: E402
 from seqpar.testing.step import StepScenario  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("deepspeed_comm_built")
+
 STEP = os.path.join(SRC, "python", "examples", "trainer_step.py") + ":make_step()"
 QWEN3 = os.path.join(HERE, "data", "hf_configs", "qwen3-8b.json")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def deepspeed_comm_built():
-    """DeepSpeed compiles a C++ op at its first init on a CPU machine (deepspeed_warm.py)."""
-    p = subprocess.run([sys.executable, os.path.join(HERE, "deepspeed_warm.py")],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
 
 
 @pytest.mark.parametrize("ulysses,rows", [

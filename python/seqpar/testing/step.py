@@ -607,6 +607,9 @@ def diagnose(results, ref, scn, tol):
                            ", ".join("DP replica %d's micro-batch %d" % (d, m)
                                      for d, m in sorted({(x[0], x[1]) for x in shards}))))
             lines.append("  %s logged NaN%s" % (_ranks(nan), why))
+        # every bad rank's loss one multiple of the reference's: that factor's names
+        k = _common_factor([results[r]["loss"] for r in bad_loss], ref.loss, tol)
+        factors = _factor_names(scn, k) if k is not None else ([], [])
         if named:
             lines.append("  the logged loss is exactly %s" % named[0])
             for n in named[1:]:
@@ -616,16 +619,12 @@ def diagnose(results, ref, scn, tol):
                     if all(any(math.isnan(v) for v in _values(vals[r])) for r in nan)]
             if also:
                 lines.append("  (0/0 on this example under %s too)" % "; ".join(also))
-        elif (k := _common_factor([results[r]["loss"] for r in bad_loss], ref.loss,
-                                  tol)) is not None and _factor_names(scn, k)[0]:
-            up, _ = _factor_names(scn, k)
+        elif (up := factors[0]):
             lines.append("  every rank logged %.6g × the reference's loss = %s: a sum over %g "
                          "ranks (or steps) of values that each already are the global mean, or "
                          "a scale meant for the gradient left in the logged loss" % (
                              k, " = ".join(up), k))
-        elif (k := _common_factor([results[r]["loss"] for r in bad_loss], ref.loss,
-                                  tol)) is not None and _factor_names(scn, k)[1]:
-            _, down = _factor_names(scn, k)
+        elif (down := factors[1]):
             lines.append("  every rank logged %.6g × the reference's loss = 1/%s: averaged "
                          "over %g ranks (or steps) where the parts must be summed" % (
                              k, " = 1/".join(down), 1 / k))
