@@ -66,20 +66,27 @@ make_venv() {
   [ "$want" = "$have" ] && [ -x .venv/bin/python ] && return 0
   echo "setup: installing the Python packages of requirements.txt into .venv (first time: minutes)"
   [ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
-  local log
-  log=$(mktemp)
+  local log resolved nodeps
+  log=$(mktemp) resolved=$(mktemp) nodeps=$(mktemp)
+  # The lines after requirements.txt's "# --no-deps" marker are installed without their declared
+  # dependencies (a package whose declared pins conflict with another's, though the code the
+  # tests run needs only what is pinned above the marker); the rest through pip's resolver.
+  sed '/^# --no-deps/,$d' requirements.txt >"$resolved"
+  sed -n '/^# --no-deps/,$p' requirements.txt | grep -v '^#' >"$nodeps" || true
   # DeepSpeed ships as an sdist whose setup.py imports torch: wheel and torch first, then the
   # rest without build isolation (DS_BUILD_OPS=0: no C++/CUDA ops are compiled).
   if ! { .venv/bin/python -m pip install -q --disable-pip-version-check wheel \
-           "$(grep -E '^torch==' requirements.txt)" -c requirements.txt &&
+           "$(grep -E '^torch==' requirements.txt)" -c "$resolved" &&
          DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check \
-           --no-build-isolation -r requirements.txt; } >"$log" 2>&1; then
+           --no-build-isolation -r "$resolved" &&
+         { [ ! -s "$nodeps" ] || .venv/bin/python -m pip install -q --disable-pip-version-check \
+             --no-deps -r "$nodeps"; }; } >"$log" 2>&1; then
     tail -n 40 "$log"
-    rm -f "$log"
+    rm -f "$log" "$resolved" "$nodeps"
     echo "setup: pip install -r requirements.txt failed (above)" >&2
     return 1
   fi
-  rm -f "$log"
+  rm -f "$log" "$resolved" "$nodeps"
   echo "$want" >.venv/requirements.sha256
 }
 # It installs (mostly downloading and unpacking) while the build compiles: started here, waited

@@ -10,7 +10,8 @@
 //   sinks     full causal with gpt-oss's per-head sink logits;
 //   softcap   full causal with Gemma 2's cap·tanh(s/cap), cap 30;
 //   bidir     bidirectional (DiT / encoders): every key of the document.
-// size = bytes of q (S·Hq·d·8), count = S tokens, documents 2:1:1, Hq 8 / Hkv 2, d 16.
+// size = bytes of q (S·Hq·d·8), count = S tokens, documents 2:1:1, Hq 8 / Hkv 2, d 16 (the
+// scenario's shape; --head-dim 64 or 128 for today's models).
 // FLOP convention (FlashAttention's, over the pairs a rule lets a query see): forward
 // 4·pairs·Hq·d, backward 2.5× forward: 14·pairs·Hq·d per fwd+bwd; masked work is not counted.
 // ratio = the oracle's GFLOP/s / Eigen's 1024³ GEMM GFLOP/s on 1 thread (same run).
@@ -47,7 +48,8 @@ constexpr option_case cases[] = {
     {"softcap", 'F', true, 0, 0, 30.0, false}, {"bidir", 'F', false, 0, 0, 0, false},
 };
 
-constexpr int Hq = 8, Hkv = 2, D = 16;
+constexpr int Hq = 8, Hkv = 2;
+int D = 16;  // --head-dim
 
 std::vector<std::int64_t> docs_of(std::int64_t tokens) {
   const std::int64_t quarter = std::max<std::int64_t>(tokens / 4 / 16, 1) * 16;
@@ -166,7 +168,9 @@ struct oracle_options {
     o.extra_columns = {"attn_s", "check_s", "ref_s"};
     o.measure_baseline = bench::gemm_baseline;
     o.ratio_meaning = "the oracle attention's GFLOP/s / native f64 GEMM GFLOP/s (same run)";
-    o.notes = {"Hq=8 Hkv=2 d=16, documents 2:1:1, 1 thread; window 128, chunk 256, softcap 30",
+    o.notes = {fmt::format("Hq=8 Hkv=2 d={}, documents 2:1:1, 1 thread; window 128, chunk 256, "
+                           "softcap 30",
+                           D),
                "FLOP: 14·visible pairs·Hq·d per fwd+bwd (FlashAttention's convention)",
                "check_s / ref_s: the whole seqpar check (U 2 × R 2, --threads 1) and its oracle "
                "phase; #wrong: a failing check or non-finite gradients"};
@@ -188,6 +192,9 @@ int main(int argc, char** argv) {
   bench::driver d("oracle_bench",
                   "The float64 oracle's attention per attention option against native GEMM.",
                   defaults, quick);
+  d.app()
+      .add_option("--head-dim", D, "head_dim d (the scenario's 16; 64 and 128 are today's models')")
+      ->check(CLI::Range(8, 256));
   if (auto rc = d.parse(argc, argv)) return *rc;
   return d.guarded([&] {
     oracle_options b;

@@ -76,6 +76,12 @@ fi
 step scale scale_bench
 step departure departure_bench
 step window window_bench
+# The float64 oracle's attention per option against native GEMM: the scenario's head_dim 16, and
+# today's models' 64.
+step oracle_options oracle_bench
+if [ ${#quick[@]} -eq 0 ]; then
+  step oracle_options_d64 oracle_bench --head-dim 64 -b 16M -e 32M
+fi
 if [ ${#quick[@]} -eq 0 ]; then
   step import import_bench -b 16M -e 1G -f 4   # the issue's 1 GB per-rank profiler trace
 else

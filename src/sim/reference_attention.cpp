@@ -69,19 +69,28 @@ std::pair<Eigen::Index, Eigen::Index> block_keys(const attention_rule& r, Eigen:
           std::max(key_span(r, b1 - 1, n).second, key_span(r, b0, n).first)};
 }
 
-/// tanh of every entry, vectorised: Eigen 3.4 vectorises exp and log in double but neither tanh
-/// nor select (glibc's scalar tanh per score made soft-capping the oracle's slowest option).
-/// With u = exp y, y = −2|x|: tanh|x| = −expm1(y) / (1 + u), expm1 by Kahan's rule
-/// (u − 1)·y / log u, within 3 ulp of glibc's tanh where u − 1 alone would cancel. y is held in
-/// [−40, −2⁻⁵⁰]: past |x| = 20 tanh rounds to 1, and below 2⁻⁵¹ (where u would round to 1 and
-/// log u to 0) tanh x = x, which the final min with |x| gives.
+/// tanh of every entry, vectorised: Eigen 3.4 vectorises exp in double but neither tanh nor
+/// select (glibc's scalar tanh per score made soft-capping the oracle's slowest option). Cephes'
+/// two branches, both computed and one kept by an exact 0/1 weight: below |x| = 0.625 the
+/// rational x + x·z·P(z)/Q(z), z = x² (no cancellation: within 2 ulp of glibc's tanh), above it
+/// 1 − 2/(e^{2|x|} + 1), where the subtraction keeps at least half of 1. |x| is held at 20, past
+/// which tanh rounds to 1.
 template <class Array>
 void tanh_in_place(Array&& x) {
-  const auto a = x.abs().eval();
-  const auto y = (-2.0 * a).max(-40.0).min(-0x1p-50).eval();
-  const auto u = y.exp().eval();
-  const auto t = (-((u - 1.0) * (y / u.log())) / (1.0 + u)).min(a).eval();
-  x = x.sign() * t;
+  constexpr double p0 = -9.64399179425052238628e-1, p1 = -9.92877231001918586564e1,
+                   p2 = -1.61468768441708447952e3;
+  constexpr double q1 = 1.12811678491632931402e2, q2 = 2.23548839060100448583e3,
+                   q3 = 4.84406305325125486048e3;
+  // One pass, no temporaries and no sign (Eigen has no packet sign for double, and one scalar
+  // node makes the whole expression scalar): both branches are odd in x as written.
+  const auto c = x.max(-20.0).min(20.0);
+  const auto z = c.square();
+  const auto small = c + c * z * (((p0 * z + p1) * z + p2) / (((z + q1) * z + q2) * z + q3));
+  const auto big = 1.0 - 2.0 / ((2.0 * c).exp() + 1.0);
+  // 1 where |x| > 0.625, else 0: distinct doubles near 0.625 differ by ≥ 2⁻⁵³, so the product
+  // with 10³⁰⁰ is 0 or far above 1.
+  const auto w = ((c.abs() - 0.625) * 1e300).max(0.0).min(1.0);
+  x = small * (1.0 - w) + big * w;
 }
 
 /// The attention probabilities of the query rows at document positions [b0, b1) over the keys
@@ -101,13 +110,7 @@ matrix block_probs(const Query& query, const Keys& keys, const attention_rule& r
   const Eigen::Index rows = query.rows(), len = keys.rows();
   matrix p(rows, len);
   p.noalias() = query * keys.transpose();
-  p *= scale;
-  if (rule.softcap > 0) {
-    p /= rule.softcap;
-    tanh_in_place(p.array());
-    if (slope) *slope = (1.0 - p.array().square()).matrix();
-    p *= rule.softcap;
-  }
+  if (slope) slope->setZero(rows, len);
   if (sink_p) sink_p->setZero(rows);
   for (Eigen::Index r = 0; r < rows; ++r) {
     auto row = p.row(r);
@@ -117,6 +120,14 @@ matrix block_probs(const Query& query, const Keys& keys, const attention_rule& r
     row.head(lo).setZero();
     row.tail(len - hi).setZero();
     auto seen = row.segment(lo, hi - lo);
+    if (rule.softcap > 0) {  // on the row's visible span only, while it is in cache
+      seen = seen * scale / rule.softcap;
+      tanh_in_place(seen.array());
+      if (slope) slope->row(r).segment(lo, hi - lo) = (1.0 - seen.array().square()).matrix();
+      seen *= rule.softcap;
+    } else {
+      seen *= scale;
+    }
     double m = rule.sinks ? sink : -std::numeric_limits<double>::infinity();
     if (hi > lo) m = std::max(m, seen.maxCoeff());
     if (hi == lo && !rule.sinks) continue;  // sees nothing: probabilities 0
@@ -280,9 +291,13 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           for (Eigen::Index r = 0; r < rows; ++r) {
             const double p_dot_dp = p.row(r).dot(ds.row(r));
             if (rule.sinks) dsink_part[t] -= sink_p(r) * p_dot_dp;
-            ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - p_dot_dp).matrix()) * scale;
+            if (rule.softcap > 0)
+              ds.row(r) =
+                  (p.row(r).array() * (ds.row(r).array() - p_dot_dp) * slope.row(r).array() * scale)
+                      .matrix();
+            else
+              ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - p_dot_dp).matrix()) * scale;
           }
-          if (rule.softcap > 0) ds = ds.cwiseProduct(slope);
           dq.block(b0, qc, rows, head_dim).noalias() = ds * kg.middleRows(off, len);
           dkg.middleRows(off, len).noalias() += ds.transpose() * query;
         }

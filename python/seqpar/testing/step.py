@@ -494,6 +494,11 @@ def _values(v):
     return v if isinstance(v, tuple) else (v,)
 
 
+STEP_MEANS = ("the mean of the accumulation steps' global means (each micro-step's loss divided "
+              "by that micro-step's valid labels over every replica, micro-steps weighted "
+              "equally though their valid labels differ)")
+
+
 def loss_candidates(ref, scn):
     """{name: [value per world rank]}: the loss a step logs under each classic mistake, from the
     reference's per-token losses. A rank's tokens are those of ctx.shard_indices."""
@@ -536,6 +541,9 @@ def loss_candidates(ref, scn):
         c["the mean of the micro-batches' means (gradient accumulation weighting micro-batches "
           "equally though their valid labels differ)"] = each(lambda d, s: mean(mbs))
         if D > 1:
+            steps = [tuple(map(sum, zip(*[ref.sums(d=d, m=m) for d in range(D)])))
+                     for m in range(scn.accumulation)]
+            c[STEP_MEANS] = each(lambda d, s: mean(steps))
             c["the mean of the DP replica's own micro-batches' means (gradient accumulation "
               "weighting micro-batches equally, the loss not reduced over the DP group)"] = each(
                 lambda d, s: mean(own[d]))
@@ -628,6 +636,10 @@ def diagnose(results, ref, scn, tol):
             lines.append("  every rank logged %.6g × the reference's loss = 1/%s: averaged "
                          "over %g ranks (or steps) where the parts must be summed" % (
                              k, " = 1/".join(down), 1 / k))
+        elif (scaled := _scaled_loss(results, bad_loss, loss_candidates(ref, scn), scn, tol)):
+            k, up, down, name = scaled
+            lines.append("  the logged loss is exactly %.6g × %s (%s)" % (
+                k, name, " = ".join(up) if up else "1/" + " = 1/".join(down)))
         else:
             lines.append("  none of the searched loss mistakes reproduces it (local or global "
                          "denominators, per-rank or per-replica means, labels shifted after "
@@ -677,6 +689,24 @@ def _factor_names(scn, k):
              (scn.accumulation, "the accumulation steps")]
     return ([w for f, w in known if f > 1 and abs(k - f) < 1e-6 * f],
             [w for f, w in known if f > 1 and abs(k - 1.0 / f) < 1e-6])
+
+
+def _scaled_loss(results, bad, cands, scn, tol):
+    """(k, up, down, name) when every bad rank logged k × what the mistake `name` logs, k one of
+    the step's degrees or its inverse (two mistakes at once: a weighting and a factor), else
+    None."""
+    for name, vals in cands.items():
+        for v0 in _values(vals[bad[0]]):
+            if not v0 or math.isnan(v0):
+                continue
+            k = results[bad[0]]["loss"] / v0
+            up, down = _factor_names(scn, k)
+            if not (up or down):
+                continue
+            if all(any(_close(results[r]["loss"], k * v, max(tol, 1e-12))
+                       for v in _values(vals[r]) if not math.isnan(v)) for r in bad):
+                return k, up, down, name
+    return None
 
 
 def _common_factor(values, reference, tol):
@@ -759,6 +789,10 @@ def weighting_causes(results, ref, scn, tol, params):
         mbs = ref.weighted(lambda d, m, n: 1.0 / (D * A * n) if n else 0.0)
         cands.append(("the mean of the micro-batches' means (gradient accumulation weighting "
                       "micro-batches equally though their valid labels differ)", lambda r: mbs))
+        if D > 1:
+            n_m = {m: sum(ref.grad_sums[(d, m)][1] for d in range(D)) for m in range(A)}
+            steps = ref.weighted(lambda d, m, n: 1.0 / (A * n_m[m]) if n_m[m] else 0.0)
+            cands.append((STEP_MEANS, lambda r: steps))
 
     def equal(a, b, n):
         return float((a - b).abs().max()) <= tol * max(ref.grad_scale(n), 1e-300)
@@ -769,6 +803,16 @@ def weighting_causes(results, ref, scn, tol, params):
         if all(equal(results[r]["grads"][n], grads_of(r)[n], n)
                for r in range(W) for n in params):
             out.append("  every rank's gradient is exactly that of %s" % name)
+            continue
+        # two mistakes at once: the weighting, and a factor of the step's degrees
+        n0 = params[0]
+        g, c = results[0]["grads"][n0], grads_of(0)[n0]
+        k = float((g * c).sum() / max(float((c * c).sum()), 1e-300))
+        up, down = _factor_names(scn, k)
+        if (up or down) and all(equal(results[r]["grads"][n], k * grads_of(r)[n], n)
+                                for r in range(W) for n in params):
+            out.append("  every rank's gradient is exactly %.6g × that of %s (%s)" % (
+                k, name, " = ".join(up) if up else "1/" + " = 1/".join(down)))
     return out
 
 
