@@ -24,7 +24,9 @@ before: each shard's last token loses its target), 'local_denominator' (the loss
 SP group but divided by the rank's own valid labels), 'dp_group_only' (gradients reduced over the
 DP group only, so each SP rank keeps the part of its own tokens), 'mean_of_means' (each DP
 replica's mean, the replicas' gradients averaged: wrong when their valid labels differ),
-'local_positions' (RoPE from the shard's own positions 0..s-1).
+'local_positions' (RoPE from the shard's own positions 0..s-1), 'shift_twice' (the labels
+shifted before sharding and again, each token given the target two ahead), 'count_padding' (the
+denominator counts the batch's non-padding tokens, not its valid labels).
 """
 import torch
 import torch.distributed as dist
@@ -199,7 +201,7 @@ def make_step(bug=None, hf=False):
     """The step as a trainer with SP would write it (bug=None), or with one classic mistake;
     hf=True: the model is a transformers causal LM (its SP path: sp_gather_attention)."""
     bugs = (None, "shift_after_shard", "local_denominator", "dp_group_only", "mean_of_means",
-            "local_positions")
+            "local_positions", "shift_twice", "count_padding")
     if bug not in bugs:
         raise ValueError("make_step: bug %r; one of %s" % (bug, bugs))
 
@@ -209,6 +211,8 @@ def make_step(bug=None, hf=False):
         # Shift before sharding: a shard's last token keeps the target held by the next shard.
         shifted = [b["labels"] if bug == "shift_after_shard" else _shift(b["labels"], ig)
                    for b in batches]
+        if bug == "shift_twice":
+            shifted = [_shift(y, ig) for y in shifted]
         local = []
         for b, lab in zip(batches, shifted):
             L = b["input_ids"].shape[1]
@@ -225,6 +229,9 @@ def make_step(bug=None, hf=False):
             local.append((ids, pos, docs, y, idx))
         # The loss's denominator: the valid shifted labels of the global batch.
         n_rank = torch.tensor(float(sum(int((y != ig).sum()) for *_, y, _ in local)), dtype=dt)
+        if bug == "count_padding":  # the shard's tokens that are not padding (id 0)
+            n_rank = torch.tensor(float(sum(int((ids != 0).sum()) for ids, *_ in local)),
+                                  dtype=dt)
         n_replica = n_rank.clone()
         dist.all_reduce(n_replica, group=ctx.sp_group)
         n = n_replica.clone()

@@ -42,6 +42,9 @@ MISTAKES = {
     "dp_group_only": "the gradient is not reduced over the SP group",
     "mean_of_means": "the mean of the DP replicas' means",
     "local_positions": "the forward under SP",
+    "shift_twice": "the logged loss is exactly the labels shifted twice",
+    "count_padding": "the logged loss is exactly the summed token losses divided by the "
+                     "batch's tokens",
 }
 
 

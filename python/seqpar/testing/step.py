@@ -559,6 +559,23 @@ def loss_candidates(ref, scn):
                 if toks[i] < L:
                     tgt[toks[i]] = lab[toks[i + 1]] if toks[i + 1] < L else IGNORE_INDEX
         return tgt
+    # labels shifted twice: before the cut and again by the loss (each token given the target
+    # two positions ahead in its row)
+    def shifted_twice(d, m, b):
+        lab = ref.batches[d][m]["labels"][b].tolist()
+        return lab[2:] + [IGNORE_INDEX] * min(2, len(lab))
+    s3, n3 = ref.sums(targets_of=shifted_twice)
+    c["the labels shifted twice (each token given the target two positions ahead: shifted "
+      "before the cut and again by the loss)"] = each(
+        lambda d, s: div(s3, n3) if n3 else (0.0, float("nan")))
+    # a denominator counting tokens instead of valid labels
+    real = sum(n for mbs in scn.rows for mb in mbs for row in mb for n, _ in row)
+    every = sum(b["labels"].numel() for mbs in ref.batches for b in mbs)
+    c["the summed token losses divided by the batch's tokens (padding excluded; prompt tokens "
+      "and every document's first token counted: a token or attention-mask count where the "
+      "valid labels belong)"] = each(lambda d, s: div(S, real))
+    c["the summed token losses divided by every position of the padded batch (padding counted "
+      "as valid)"] = each(lambda d, s: div(S, every))
     if P > 1:
         s2, n2 = ref.sums(targets_of=shifted_after)
         # every valid label lost: nothing to average, a step logs 0 or 0/0
