@@ -26,7 +26,9 @@ DP group only, so each SP rank keeps the part of its own tokens), 'mean_of_means
 replica's mean, the replicas' gradients averaged: wrong when their valid labels differ),
 'local_positions' (RoPE from the shard's own positions 0..s-1), 'shift_twice' (the labels
 shifted before sharding and again, each token given the target two ahead), 'count_padding' (the
-denominator counts the batch's non-padding tokens, not its valid labels).
+denominator counts the batch's non-padding tokens, not its valid labels); with per-token loss
+weights (check_step's loss_weights): 'weights_unshifted' (each target weighted by its input
+token's weight), 'weights_unsharded' (each rank weighting its tokens by the row's first weights).
 """
 import torch
 import torch.distributed as dist
@@ -201,7 +203,8 @@ def make_step(bug=None, hf=False):
     """The step as a trainer with SP would write it (bug=None), or with one classic mistake;
     hf=True: the model is a transformers causal LM (its SP path: sp_gather_attention)."""
     bugs = (None, "shift_after_shard", "local_denominator", "dp_group_only", "mean_of_means",
-            "local_positions", "shift_twice", "count_padding")
+            "local_positions", "shift_twice", "count_padding", "weights_unshifted",
+            "weights_unsharded")
     if bug not in bugs:
         raise ValueError("make_step: bug %r; one of %s" % (bug, bugs))
 
@@ -226,9 +229,16 @@ def make_step(bug=None, hf=False):
             y = _pad(lab, P, ig)[:, idx]
             if bug == "shift_after_shard":
                 y = _shift(y, ig)
-            local.append((ids, pos, docs, y, idx))
+            wl = None
+            if "loss_weights" in b:   # label t's weight: shifted and sharded with the labels
+                w = b["loss_weights"] if bug == "weights_unshifted" else _shift(
+                    b["loss_weights"], 0.0)
+                w = _pad(w, P, 0.0)
+                wl = w[:, :len(idx)] if bug == "weights_unsharded" else w[:, idx]
+            local.append((ids, pos, docs, y, idx, wl))
         # The loss's denominator: the valid shifted labels of the global batch.
-        n_rank = torch.tensor(float(sum(int((y != ig).sum()) for *_, y, _ in local)), dtype=dt)
+        n_rank = torch.tensor(float(sum(int((y != ig).sum()) for *_, y, _, _ in local)),
+                              dtype=dt)
         if bug == "count_padding":  # the shard's tokens that are not padding (id 0)
             n_rank = torch.tensor(float(sum(int((ids != 0).sum()) for ids, *_ in local)),
                                   dtype=dt)
@@ -242,7 +252,7 @@ def make_step(bug=None, hf=False):
         total = torch.zeros((), dtype=dt)
         if hf:
             _use_sp_attention(model)
-        for ids, pos, docs, y, idx in local:
+        for ids, pos, docs, y, idx, wl in local:
             shard = SpShard(ctx.sp_group, idx, docs, pos)
             if hf:
                 _SHARD.append(shard)
@@ -253,7 +263,9 @@ def make_step(bug=None, hf=False):
             else:
                 logits = model(ids, pos, sp=shard, docs=docs)
             s = F.cross_entropy(logits.flatten(0, 1).to(dt), y.flatten(), ignore_index=ig,
-                                reduction="sum")
+                                reduction="none" if wl is not None else "sum")
+            if wl is not None:   # Σ weight · token loss (ignored labels' losses are 0)
+                s = (s * wl.flatten().to(dt)).sum()
             (s / n if float(n) else s * 0).backward()
             total = total + s.detach()
         # Each rank holds the gradient of its own tokens' share of the global mean: summed over

@@ -4,8 +4,10 @@ and splits input_ids and position_ids, prepare_inputs, which pads, pre-shifts (t
 splits the labels, the Ulysses all-to-alls of its DistributedAttention around the kernel), its
 per-token SP loss (per_token_loss_func_sp: the cross-entropy of the shard, gathered to the full
 sequence by GatherLoss, whose backward multiplies by the SP degree) and its trainer's loss
-(swift.trainers.Seq2SeqTrainer.compute_loss, run as it is), with the loss denominator from
-transformers' Trainer._get_num_items_in_batch (run as it is) — on CPU gloo ranks:
+(swift.trainers.Seq2SeqTrainer.compute_loss, run as it is; with check_step's loss_weights, its
+loss_scale: padded, shifted and split with the labels, gathered and applied to the token
+losses), with the loss denominator from transformers' Trainer._get_num_items_in_batch (run as
+it is) — on CPU gloo ranks:
 
     python3 -m seqpar.testing check-step "python/examples/swift_step.py:make_step()" \\
         --hf-config tests/python/data/hf_configs/qwen3-8b.json --attn seqpar_varlen \\
@@ -93,9 +95,13 @@ def _swift_model(model, ctx):
     return sp, sm
 
 
-def _packed(batch):
-    """A micro-batch's rows as one packed row (padding-free collation)."""
-    return {k: batch[k].reshape(1, -1).clone() for k in ("input_ids", "labels", "position_ids")}
+def _packed(batch, dtype):
+    """A micro-batch's rows as one packed row (padding-free collation); per-token loss weights
+    as ms-swift's loss_scale (aligned with the labels, as its templates make it)."""
+    out = {k: batch[k].reshape(1, -1).clone() for k in ("input_ids", "labels", "position_ids")}
+    if "loss_weights" in batch:
+        out["loss_scale"] = batch["loss_weights"].reshape(1, -1).to(dtype)
+    return out
 
 
 def _trainer(ctx, sp_size, average_tokens, accepts_loss_kwargs, model):
@@ -139,7 +145,7 @@ def make_step(average_tokens_across_devices=True, model_accepts_loss_kwargs=True
         sp, sm = _swift_model(model, ctx)
         tr = _trainer(ctx, ctx.sp_size, average_tokens_across_devices,
                       model_accepts_loss_kwargs, sm)
-        micro = [_packed(b) for b in batches]
+        micro = [_packed(b, ctx.dtype) for b in batches]
         n_items = Trainer._get_num_items_in_batch(tr, micro, torch.device("cpu"))
         logged = 0.0
         for mb in micro:

@@ -57,6 +57,26 @@ def test_each_mistake_is_found_and_named(bug):
     assert "re-run:" in text and "run-step" in text
 
 
+def test_loss_weights_correct_step_passes():
+    # per-token loss weights (ms-swift's loss_scale): shifted and sharded with the labels
+    stats = {}
+    spt.check_step(step_ref(), MODEL, seed=0, max_examples=30, dtypes=("f64", "f32"),
+                   loss_weights=True, stats=stats)
+    assert stats["examples"] == 30 and stats["failures"] == 0
+
+
+@pytest.mark.parametrize("bug,phrase", [
+    ("weights_unshifted", "the per-token loss weights not shifted with the labels"),
+    ("weights_unsharded", "the per-token loss weights not sharded with the labels"),
+    ("shift_after_shard", "the labels shifted after sharding")])
+def test_loss_weight_mistakes_are_found_and_named(bug, phrase):
+    with pytest.raises(spt.SpStepFailure) as e:
+        spt.check_step(step_ref(bug), MODEL, seed=0, max_examples=60, loss_weights=True)
+    text = str(e.value)
+    assert phrase in text, text
+    assert '"weights":true' in text   # the re-run command draws them too
+
+
 def test_the_rerun_command_reproduces_the_failure():
     scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[5, 1], [4, 0]]]]], seed=1)
     p = subprocess.run([sys.executable, "-m", "seqpar.testing", "run-step",

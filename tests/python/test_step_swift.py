@@ -4,8 +4,8 @@ per_token_loss_func_sp with GatherLoss, and Seq2SeqTrainer.compute_loss with tra
 _get_num_items_in_batch — on CPU gloo ranks, against the pinned release (requirements.txt,
 installed without its declared dependencies). The default SFT path passes the property (DP ×
 Ulysses, unequal valid tokens, gradient accumulation, float64 and float32; Qwen3 and Gemma 3's
-sliding windows); the two settings that change the loss's weighting are found and named; gpt-oss's
-sinks reach the kernel unsliced."""
+sliding windows; per-token loss weights as its loss_scale); the two settings that change the
+loss's weighting are found and named; gpt-oss's sinks reach the kernel unsliced."""
 import os
 import sys
 
@@ -46,6 +46,16 @@ def test_swift_sft_path_passes_the_property(config, examples):
                    ulysses_degrees=(2,), dtypes=("f64", "f32"), seed=0, max_examples=examples,
                    deadline=240, stats=stats)
     assert stats["examples"] == examples and stats["failures"] == 0
+
+
+def test_loss_scale_is_sharded_with_the_labels():
+    # check_step's per-token loss weights as ms-swift's loss_scale: padded, rolled and split by
+    # prepare_inputs, gathered and applied by compute_loss
+    stats = {}
+    spt.check_step(step(), QWEN3, attn="seqpar_varlen", max_ring=1, ulysses_degrees=(2,),
+                   dtypes=("f64",), seed=2, max_examples=12, deadline=240, stats=stats,
+                   loss_weights=True)
+    assert stats["examples"] == 12 and stats["failures"] == 0
 
 
 def test_unequal_replicas_with_accumulation_pass():

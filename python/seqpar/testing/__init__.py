@@ -177,7 +177,7 @@ def run_step(step, model, scenario, *, deadline=60.0, start_method="fork", forwa
 def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtypes=("f64",),
                accumulation=True, seed=None, deadline=60.0, start_method="fork", forward=None,
                name=None, progress=None, settings=None, stats=None, max_dp=None, max_ring=None,
-               ulysses_degrees=None, attn="seqpar_reference"):
+               ulysses_degrees=None, attn="seqpar_reference", loss_weights=False):
     """Runs the whole-step property: for every drawn StepScenario, `step(model, batches, ctx)`
     on DP × SP gloo ranks must log the reference's loss and leave every parameter's gradient
     equal to the reference's on every rank (float64: ≤ 1e-10 relative). Raises SpStepFailure
@@ -193,6 +193,9 @@ def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtyp
     accumulation: draw 2 micro-batches per DP rank too (gradient accumulation).
     max_dp, max_ring: the largest DP and ring degrees drawn (1: a trainer without them).
     ulysses_degrees: the Ulysses degrees drawn (e.g. (1, 2, 4): those that divide the heads).
+    loss_weights: every micro-batch carries per-token loss weights ("loss_weights" [B, L],
+      float64, aligned with the labels: label t's weight); the loss the step must log is
+      Σ weight · token loss over the valid shifted labels / their count (ms-swift's loss_scale).
     attn: the attention transformers runs in a model built from a config — "seqpar_reference"
       (transformers' mask, float64 softmax) or "seqpar_varlen" (flash_attention_2's contract:
       documents from position_ids, no mask tensor; what DeepSpeed's ALST wraps).
@@ -209,7 +212,7 @@ def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtyp
     runner.progress = progress
     strategy = step_scenarios(max_world=max_world, max_tokens=max_tokens, dtypes=dtypes,
                               accumulation=accumulation, max_dp=max_dp, max_ring=max_ring,
-                              ulysses_degrees=ulysses_degrees)
+                              ulysses_degrees=ulysses_degrees, weights=loss_weights)
     kw = dict(max_examples=max_examples, deadline=None, print_blob=False,
               suppress_health_check=list(HealthCheck), database=None)
     kw.update(settings or {})

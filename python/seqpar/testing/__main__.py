@@ -62,6 +62,9 @@ def main(argv=None):
     cs.add_argument("--dtypes", default="f64", help="comma-separated: f64, f32")
     cs.add_argument("--no-accumulation", action="store_true",
                     help="one micro-batch per DP rank (no gradient accumulation drawn)")
+    cs.add_argument("--loss-weights", action="store_true",
+                    help="every micro-batch carries per-token loss weights (loss_weights, "
+                    "aligned with the labels); the loss is Σ weight·token loss / valid labels")
     cs.add_argument("--seed", type=int, default=None)
     cs.add_argument("--progress", type=float, default=10.0,
                     help="seconds between progress lines (0: none)")
@@ -125,7 +128,8 @@ def _step_main(a):
                        max_tokens=a.max_tokens, dtypes=dtypes,
                        accumulation=not a.no_accumulation, seed=a.seed, deadline=a.deadline,
                        progress=a.progress or None, stats=stats, max_dp=a.max_dp,
-                       max_ring=a.max_ring, ulysses_degrees=uly, attn=a.attn)
+                       max_ring=a.max_ring, ulysses_degrees=uly, attn=a.attn,
+                       loss_weights=a.loss_weights)
         except SpStepFailure as e:
             print("FAIL after %d examples:%s" % (stats.get("examples", 0), e))
             return 1

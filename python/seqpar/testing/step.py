@@ -31,17 +31,19 @@ F64_TOLERANCE = 1e-10  # relative, normwise: SP and non-SP differ only in summat
 class StepScenario(object):
     """One drawn example. rows[d][m] is DP rank d's micro-batch m: a list of rows, each a list of
     documents (length, prompt tokens: the first `prompt` tokens' labels are -100; prompt ≥
-    length masks the whole document). A micro-batch's rows are padded to its longest row."""
+    length masks the whole document). A micro-batch's rows are padded to its longest row.
+    weights: every micro-batch carries per-token loss weights (make_batch's loss_weights)."""
 
-    FIELDS = ("dp", "ulysses", "ring", "layout", "dtype", "rows", "seed")
+    FIELDS = ("dp", "ulysses", "ring", "layout", "dtype", "rows", "seed", "weights")
 
     def __init__(self, dp=1, ulysses=1, ring=1, layout="zigzag", dtype="f64", rows=None,
-                 seed=0):
+                 seed=0, weights=False):
         self.dp, self.ulysses, self.ring = int(dp), int(ulysses), int(ring)
         self.layout = layout if self.ring > 1 else "contiguous"
         self.dtype = dtype
         self.rows = rows if rows is not None else [[[[4, 1]]]]
         self.seed = int(seed)
+        self.weights = bool(weights)
 
     @property
     def sp(self):
@@ -92,20 +94,27 @@ class StepScenario(object):
     def describe(self):
         toks = [[sum(doc[0] for doc in row) for row in mb] for mbs in self.rows for mb in mbs]
         return ("dp %d × ulysses %d × ring %d %s (world %d), %d micro-batch%s per DP rank, row "
-                "lengths %s, %s, seed %d" % (
+                "lengths %s, %s%s, seed %d" % (
                     self.dp, self.ulysses, self.ring, self.layout, self.world, self.accumulation,
-                    "" if self.accumulation == 1 else "es", toks, self.dtype, self.seed))
+                    "" if self.accumulation == 1 else "es", toks, self.dtype,
+                    ", per-token loss weights" if self.weights else "", self.seed))
 
 
 TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32}
 
 
-def make_batch(rows, vocab, seed, pad_id=0):
+WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)   # per-token loss weights: exact in every dtype
+
+
+def make_batch(rows, vocab, seed, pad_id=0, weights=False):
     """A micro-batch as a dataloader yields it before SP: input_ids, labels, position_ids [B, L]
     (long). Documents are packed along a row with position_ids restarting at 0 at each (the
     flattening collator's convention); a document's first label and its prompt tokens' labels are
     -100 (so no target crosses a document boundary after the shift); a row shorter than the
-    longest is padded with pad_id tokens, labels -100 and position_ids of their own run from 0."""
+    longest is padded with pad_id tokens, labels -100 and position_ids of their own run from 0.
+    weights: also loss_weights [B, L] (float64), aligned with the labels as ms-swift's loss_scale
+    is: the weight of label t (the target of token t − 1 after the shift), drawn from WEIGHTS;
+    the loss is Σ weight·token loss over the valid shifted labels / their count."""
     g = torch.Generator().manual_seed(0x57E9 + seed)
     L = max(sum(doc[0] for doc in row) for row in rows)
     ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
@@ -120,13 +129,25 @@ def make_batch(rows, vocab, seed, pad_id=0):
             pos[b, t:t + n] = torch.arange(n)
             t += n
         pos[b, t:] = torch.arange(L - t)
-    return {"input_ids": ids, "labels": labels, "position_ids": pos}
+    out = {"input_ids": ids, "labels": labels, "position_ids": pos}
+    if weights:   # a generator of their own: the tokens are those of the unweighted batch
+        gw = torch.Generator().manual_seed(0x3E1D + seed)
+        pick = torch.randint(0, len(WEIGHTS), (len(rows), L), generator=gw)
+        out["loss_weights"] = torch.tensor(WEIGHTS, dtype=torch.float64)[pick]
+    return out
 
 
 def batches_of(scn, vocab):
     """[d][m]: DP rank d's micro-batch m."""
-    return [[make_batch(mb, vocab, scn.seed * 1009 + d * 31 + m) for m, mb in enumerate(mbs)]
-            for d, mbs in enumerate(scn.rows)]
+    return [[make_batch(mb, vocab, scn.seed * 1009 + d * 31 + m, weights=scn.weights)
+             for m, mb in enumerate(mbs)] for d, mbs in enumerate(scn.rows)]
+
+
+def shift_weights(weights):
+    """The weight of each token's target: weights[t + 1] of its row (0 for a row's last)."""
+    out = torch.zeros_like(weights)
+    out[:, :-1] = weights[:, 1:]
+    return out
 
 
 def shift_labels(labels):
@@ -317,6 +338,8 @@ class Reference(object):
                 tgt = shift_labels(b["labels"])
                 valid = tgt != IGNORE_INDEX
                 nll = -logp.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+                if "loss_weights" in b:   # the weight of each token's target (its label's)
+                    nll = nll * shift_weights(b["loss_weights"])
                 part = nll[valid].sum()
                 n = int(valid.sum())
                 model.zero_grad(set_to_none=True)
@@ -358,22 +381,31 @@ class Reference(object):
                     out[k] = out[k] + f * v
         return out
 
-    def sums(self, d=None, m=None, sp=None, tokens_of=None, targets_of=None):
+    def sums(self, d=None, m=None, sp=None, tokens_of=None, sources_of=None, weight_of=None):
         """(sum of token losses, valid labels) over DP rank d (all when None), micro-batch m,
-        the tokens of SP rank sp as tokens_of(L, sp) gives them, with targets_of's targets."""
+        the tokens of SP rank sp as tokens_of(L, sp) gives them. Token t's target is label
+        sources_of(d, m, b)[t] of its row (−1: none; default t + 1, transformers' shift), weighted
+        by weight_of(d, m, b, t, source) (default: the batch's loss weight of that label, or 1)."""
         s, n = 0.0, 0
         for (dd, mm), logp in self.logp.items():
             if (d is not None and dd != d) or (m is not None and mm != m):
                 continue
-            B, L = self.targets[(dd, mm)].shape
+            batch = self.batches[dd][mm]
+            B, L = batch["labels"].shape
             for b in range(B):
-                tgt = (targets_of(dd, mm, b) if targets_of else
-                       self.targets[(dd, mm)][b].tolist())
+                lab = batch["labels"][b].tolist()
+                w = batch["loss_weights"][b].tolist() if "loss_weights" in batch else None
+                src = (sources_of(dd, mm, b) if sources_of else
+                       [t + 1 if t + 1 < L else -1 for t in range(L)])
                 toks = range(L) if sp is None else [t for t in tokens_of(L, sp) if t < L]
                 for t in toks:
-                    if tgt[t] != IGNORE_INDEX:
-                        s += float(-logp[b, t, tgt[t]])
-                        n += 1
+                    j = src[t]
+                    if j < 0 or lab[j] == IGNORE_INDEX:
+                        continue
+                    wt = (weight_of(dd, mm, b, t, j) if weight_of else
+                          (w[j] if w is not None else 1.0))
+                    s += wt * float(-logp[b, t, lab[j]])
+                    n += 1
         return s, n
 
 
@@ -551,23 +583,42 @@ def loss_candidates(ref, scn):
     # labels shifted after sharding: each rank shifts its own rows' labels within its shard
     def shifted_after(d, m, b):
         B, L = ref.targets[(d, m)].shape
-        lab = ref.batches[d][m]["labels"][b].tolist()
-        tgt = [IGNORE_INDEX] * L
+        src = [-1] * L
         for s in range(P):
             toks = [t for t in tokens_of(L, s)]
             for i in range(len(toks) - 1):
                 if toks[i] < L:
-                    tgt[toks[i]] = lab[toks[i + 1]] if toks[i + 1] < L else IGNORE_INDEX
-        return tgt
+                    src[toks[i]] = toks[i + 1] if toks[i + 1] < L else -1
+        return src
     # labels shifted twice: before the cut and again by the loss (each token given the target
     # two positions ahead in its row)
     def shifted_twice(d, m, b):
-        lab = ref.batches[d][m]["labels"][b].tolist()
-        return lab[2:] + [IGNORE_INDEX] * min(2, len(lab))
-    s3, n3 = ref.sums(targets_of=shifted_twice)
+        L = ref.batches[d][m]["labels"].shape[1]
+        return [t + 2 if t + 2 < L else -1 for t in range(L)]
+    s3, n3 = ref.sums(sources_of=shifted_twice)
     c["the labels shifted twice (each token given the target two positions ahead: shifted "
       "before the cut and again by the loss)"] = each(
         lambda d, s: div(s3, n3) if n3 else (0.0, float("nan")))
+    if scn.weights:   # per-token loss weights: ignored, not shifted, not sharded with the labels
+        def weight(d, m, b, j):
+            return float(ref.batches[d][m]["loss_weights"][b, j])
+        s4, _ = ref.sums(weight_of=lambda d, m, b, t, j: 1.0)
+        c["the per-token loss weights ignored"] = each(lambda d, s: div(s4, N))
+        s5, _ = ref.sums(weight_of=lambda d, m, b, t, j: weight(d, m, b, t))
+        c["the per-token loss weights not shifted with the labels (each target weighted by its "
+          "input token's weight, one position early)"] = each(lambda d, s: div(s5, N))
+        if P > 1:
+            def first_weights(sp):   # the rank's i-th token weighted by the row's i-th target's
+                def w(d, m, b, t, j):
+                    L = ref.batches[d][m]["labels"].shape[1]
+                    i = [x for x in tokens_of(L, sp)].index(t)
+                    return weight(d, m, b, i + 1) if i + 1 < L else 0.0
+                return w
+            s6 = sum(ref.sums(sp=x, tokens_of=tokens_of, weight_of=first_weights(x))[0]
+                     for x in range(P))
+            c["the per-token loss weights not sharded with the labels (each SP rank weighting "
+              "its i-th token by the row's first weights, not those of its own tokens)"] = each(
+                lambda d, s: div(s6, N))
     # a denominator counting tokens instead of valid labels
     real = sum(n for mbs in scn.rows for mb in mbs for row in mb for n, _ in row)
     every = sum(b["labels"].numel() for mbs in ref.batches for b in mbs)
@@ -577,7 +628,7 @@ def loss_candidates(ref, scn):
     c["the summed token losses divided by every position of the padded batch (padding counted "
       "as valid)"] = each(lambda d, s: div(S, every))
     if P > 1:
-        s2, n2 = ref.sums(targets_of=shifted_after)
+        s2, n2 = ref.sums(sources_of=shifted_after)
         # every valid label lost: nothing to average, a step logs 0 or 0/0
         c["the labels shifted after sharding (each shard's last token loses its target%s)" % (
             "; zigzag: the first chunk's last token is given the second chunk's first token" if
@@ -951,7 +1002,7 @@ class StepRunner(object):
 
 
 def step_scenarios(max_world=4, max_tokens=24, dtypes=("f64",), accumulation=True,
-                   max_rows=2, max_dp=None, max_ring=None, ulysses_degrees=None):
+                   max_rows=2, max_dp=None, max_ring=None, ulysses_degrees=None, weights=False):
     """Hypothesis strategy of StepScenario: DP × Ulysses × ring (world ≤ max_world; DP ≤ max_dp
     and ring ≤ max_ring where given: a trainer without DP or without ring attention; Ulysses
     degrees among ulysses_degrees where given: those that divide the model's heads), zigzag or
@@ -988,5 +1039,5 @@ def step_scenarios(max_world=4, max_tokens=24, dtypes=("f64",), accumulation=Tru
             rows[0][0][0][0] = [max(2, rows[0][0][0][0][0]), 0]
         seed = d(st.integers(0, 2 ** 16))
         return StepScenario(dp=D, ulysses=U, ring=R, layout=layout, dtype=dtype, rows=rows,
-                            seed=seed)
+                            seed=seed, weights=weights)
     return draw()
