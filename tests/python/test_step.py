@@ -77,6 +77,25 @@ def test_loss_weight_mistakes_are_found_and_named(bug, phrase):
     assert '"weights":true' in text   # the re-run command draws them too
 
 
+@pytest.mark.parametrize("bug,model,phrase", [
+    ("local_positions", "qwen3", "the forward departs first at layer 0's attention output"),
+    ("local_positions", "tiny", "the forward departs first at layer 0's output"),
+    ("local_denominator", "qwen3", "the forward agrees at every layer"),
+    ("dp_group_only", "tiny", "the forward agrees at every layer")])
+def test_where_the_forward_departs_is_named(bug, model, phrase):
+    # each layer's hidden states summed over the tokens, every rank's shards against the
+    # reference's documents: RoPE from local positions departs in the first attention, a
+    # denominator or a reduction leaves the forward intact
+    scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[9, 1]], [[3, 2]]]]], seed=1)
+    if model == "qwen3":
+        ok, text = spt.run_step(EXAMPLE + ":make_step(%r, hf=True)" % bug,
+                                os.path.join(CONFIGS, "qwen3-8b.json"), scn, deadline=120)
+    else:
+        ok, text = spt.run_step(step_ref(bug), MODEL, scn, deadline=120)
+    assert not ok
+    assert phrase in text, text
+
+
 def test_the_rerun_command_reproduces_the_failure():
     scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[5, 1], [4, 0]]]]], seed=1)
     p = subprocess.run([sys.executable, "-m", "seqpar.testing", "run-step",

@@ -310,6 +310,129 @@ def by_document(model, batch, forward, vocab):
     return torch.stack(rows)
 
 
+# -- where the forward departs: each layer's hidden states, summed over tokens ----------------
+
+FP_STAGES = ("input", "attention output", "output")
+
+
+def _decoder_layers(model):
+    """The model's decoder layers: the first ModuleList whose every element has an attention
+    submodule (self_attn, attn or attention), else the first ModuleList of one class (a
+    model's own blocks); None when there is none."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    for mod in lists:
+        if all(_attention_of(x) is not None for x in mod):
+            return mod
+    for mod in lists:
+        if len({type(x) for x in mod}) == 1:
+            return mod
+    return None
+
+
+def _attention_of(layer):
+    for name in ("self_attn", "attn", "attention"):
+        sub = getattr(layer, name, None)
+        if isinstance(sub, torch.nn.Module):
+            return sub
+    return None
+
+
+class Fingerprints(object):
+    """Per (layer, stage): the sum over the non-padding token rows (input id ≠ 0) of the hidden
+    states entering the layer, leaving its attention and leaving the layer, and the number of
+    rows summed. The sums do not depend on how the rows are laid out — any SP layout's shards,
+    summed over the ranks, and the reference's documents run one by one give the same means —
+    so where the forward departs is found without knowing the step's layout. The hooks are
+    plain functions (a deepcopy of the model keeps feeding the same sums). The row mask comes
+    from the input embedding's last call: the ids that reach the layers, after any SP split."""
+
+    def __init__(self, model):
+        self.sums, self.counts, self.handles = {}, {}, []
+        layers = _decoder_layers(model)
+        emb = None
+        try:
+            emb = model.get_input_embeddings()
+        except Exception:
+            emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+        if layers is None or emb is None:
+            return
+        state = {"mask": None}
+        sums, counts = self.sums, self.counts
+
+        def add(key, h):
+            mask = state["mask"]
+            if not isinstance(h, torch.Tensor) or mask is None or h.dim() < 2 or \
+                    tuple(h.shape[:-1]) != tuple(mask.shape):
+                return
+            with torch.no_grad():
+                rows = h.detach()[mask].double()
+                sums[key] = sums[key] + rows.sum(0) if key in sums else rows.sum(0)
+                counts[key] = counts.get(key, 0) + int(rows.shape[0])
+
+        def ids(mod, args):
+            if args and isinstance(args[0], torch.Tensor):
+                state["mask"] = args[0] != 0
+
+        self.handles.append(emb.register_forward_pre_hook(ids))
+        for i, layer in enumerate(layers):
+            def pre(mod, args, kwargs, i=i):
+                add((i, 0), args[0] if args else kwargs.get("hidden_states"))
+
+            def attn(mod, args, out, i=i):
+                add((i, 1), out[0] if isinstance(out, (tuple, list)) else out)
+
+            def post(mod, args, out, i=i):
+                add((i, 2), out[0] if isinstance(out, (tuple, list)) else out)
+            self.handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+            if _attention_of(layer) is not None:
+                self.handles.append(_attention_of(layer).register_forward_hook(attn))
+            self.handles.append(layer.register_forward_hook(post))
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        return {k: (self.sums[k], self.counts[k]) for k in self.sums}
+
+
+def forward_departure(results, ref, scn, tol):
+    """Lines naming the first (layer, stage) whose token mean of the hidden states differs from
+    the reference's, from every rank's fingerprints summed (None when they cannot tell)."""
+    prints = [r.get("prints") or {} for r in results]
+    keys = sorted(set(ref.prints).intersection(*[set(p) for p in prints])) if prints else []
+    if not keys:
+        return []
+    worst = None
+    for key in keys:
+        s_ref, n_ref = ref.prints[key]
+        s = sum(p[key][0] for p in prints)
+        n = sum(p[key][1] for p in prints)
+        if not n or not n_ref:
+            return []
+        a, b = s / n, s_ref / n_ref
+        err = float((a - b).norm()) / max(float(b.norm()), 1e-300)
+        if not math.isfinite(err) or err > max(tol, 1e-12) * 10:
+            worst = (key, err)
+            break
+    if worst is None:
+        return ["  the forward agrees at every layer (the token means of each layer's input, "
+                "attention output and output, over every rank's tokens): the difference is in "
+                "the loss, the backward or the reductions"]
+    (layer, stage), err = worst
+    where = ("the layer's input: what reaches the first layer (the embedding, the sharding of "
+             "the ids)" if (layer, stage) == (0, 0) else
+             "the attention under SP (the positions RoPE reads, the masks, the kernel, the "
+             "all-to-all or the ring)" if stage == 1 else
+             "the MLP or the norms after an attention that agrees" if stage == 2 and any(
+                 k == (layer, 1) for k in keys) else
+             "the layer (its attention, MLP or norms)" if stage == 2 else
+             "a layer's input after the previous layer's output agreed")
+    return ["  the forward departs first at layer %d's %s (its token mean differs by %.3g "
+            "relative%s): %s" % (layer, FP_STAGES[stage], err,
+                                 "" if (layer, stage) == (0, 0) else ", every earlier stage "
+                                 "agreeing", where)]
+
+
 class Reference(object):
     """The step without SP: the model in float64 on one process over every DP rank's every
     micro-batch, each packed document run as its own sequence; per token its loss against the shifted label (log-softmax in float64), the
@@ -331,6 +454,7 @@ class Reference(object):
         self.grad_sums = {}
         count = 0
         params = list(model.named_parameters())
+        prints = Fingerprints(model)
         for d, mbs in enumerate(self.batches):
             for m, b in enumerate(mbs):
                 logits = by_document(model, b, forward, self.vocab)  # checks each shape
@@ -352,6 +476,7 @@ class Reference(object):
                 count += n
                 self.logp[(d, m)] = logp.detach()
                 self.targets[(d, m)] = tgt
+        self.prints = prints.close()
         self.count = count
         self.loss_tensor = total / count if count else total
         self.loss = float(self.loss_tensor)
@@ -427,7 +552,11 @@ def run_on_rank(rank_state, task, spec):
         batches = [{k: v.clone() for k, v in b.items()}
                    for b in batches_of(scn, vocab)[ctx.dp_rank]]
         phase = "step"
-        loss = spec.step(model, batches, ctx)
+        prints = Fingerprints(model)
+        try:
+            loss = spec.step(model, batches, ctx)
+        finally:
+            prints = prints.close()
     except Exception as e:
         return {"status": "raised", "phase": phase, "error": _user_traceback(e),
                 "exception": type(e).__name__}
@@ -447,7 +576,7 @@ def run_on_rank(rank_state, task, spec):
                  for n, p in model.named_parameters()}
     except Exception:
         return {"status": "harness_error", "error": traceback.format_exc()}
-    return {"status": "ok", "loss": loss, "grads": grads, "digest": digest,
+    return {"status": "ok", "loss": loss, "grads": grads, "digest": digest, "prints": prints,
             "seconds": time.perf_counter() - t0}
 
 
@@ -714,6 +843,7 @@ def diagnose(results, ref, scn, tol):
                          "sharding, an undivided sum): the token losses themselves likely "
                          "differ, i.e. the forward under SP (positions, masks, the attention: "
                          "seqpar.testing.check puts the attention alone under the property)")
+    lines += forward_departure([results[r] for r in range(W)], ref, scn, tol)
     names = list(ref.grads)
     missing = [n for n in names if any(results[r]["grads"].get(n) is None for r in range(W))]
     if missing:
