@@ -648,12 +648,25 @@ std::string search_families(const call_context& c, const std::string& st,
       std::stable_partition(members.begin(), members.end(),
                             [](const auto& x) { return !x.second.sink_in_lse; });
   }
+  // Every member that reproduces the rows: the first leads, the others are named too (a small
+  // example can fit more than one mistake: a window one key short and no window at all).
+  std::vector<std::string> found;
   for (const auto& [desc, var] : members)
-    if (reproduces(ev, values, var))
-      return fmt::format(
-          "; it equals {} (found among {} members of the families searched, on "
-          "{} sampled rows)",
-          desc, members.size(), n_rows);
+    if (reproduces(ev, values, var)) found.push_back(desc);
+  if (!found.empty()) {
+    std::string also;
+    if (found.size() > 1) {
+      also = fmt::format("; {} other member{} reproduce{} these rows too: ", found.size() - 1,
+                         found.size() > 2 ? "s" : "", found.size() > 2 ? "" : "s");
+      for (std::size_t i = 1; i < found.size() && i <= 3; ++i)
+        also += (i > 1 ? "; " : "") + found[i];
+      if (found.size() > 4) also += fmt::format("; and {} more", found.size() - 4);
+    }
+    return fmt::format(
+        "; it equals {} (found among {} members of the families searched, on {} sampled "
+        "rows{})",
+        found.front(), members.size(), n_rows, also);
+  }
   // Mistakes with a parameter: fitted, not listed.
   if (key)
     if (auto found = other_ring_block(c, st, ev, ref, base)) return *found;

@@ -177,8 +177,12 @@ def test_the_largest_examples_cause_goes_with_the_shrunk_one():
     ref = os.path.join(HERE, "broken_attention.py") + ":make('window_off_by_one')"
     report = _fail(ref, supports=dict(ZIGZAG, window=True), max_examples=150)
     assert "before shrinking, on the largest failing example" in report, report
-    tail = report.split("before shrinking", 1)[1]
+    head, tail = report.split("before shrinking", 1)
     assert "it equals a sliding window one key too wide" in tail, report
+    # the shrunk example's diagnosis says that both fit it, and the largest one which to take
+    assert "1 other member reproduces these rows too: a sliding window one key too wide" in \
+        head, report
+    assert "the shrunk example fits it too" in tail, report
 
 
 @pytest.mark.parametrize("variant", sorted(EXPECTED))

@@ -126,13 +126,16 @@ def check(impl, *, max_world=4, supports=None, max_examples=100, max_tokens=64, 
         # its diagnosis goes with the shrunk one, and the more specific cause is its.
         shrunk = str(e)
         cause = _named_cause(largest.get("text", ""))
-        if cause and cause not in shrunk:
+        if cause and cause != _named_cause(shrunk):
+            # listed among the shrunk example's other reproducing members, or not fitting it
+            fits = ("the shrunk example fits it too, beside the one it leads with" if cause in
+                    shrunk else "the shrunk example cannot tell the two apart")
             raise SpAttentionFailure(
                 shrunk + "\n  before shrinking, on the largest failing example (%d tokens), "
-                "another cause fits its many more rows — the shrunk example cannot tell the two "
-                "apart; this is the one to look for first:\n%s"
-                % (largest["tokens"], "\n".join("    " + ln
-                                                 for ln in largest["text"].splitlines()[1:])))
+                "another cause fits its many more rows — %s; this is the one to look for "
+                "first:\n%s"
+                % (largest["tokens"], fits, "\n".join(
+                    "    " + ln for ln in largest["text"].splitlines()[1:])))
         raise
     finally:
         if stats is not None:
