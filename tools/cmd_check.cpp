@@ -170,7 +170,7 @@ action add_check(CLI::App& app) {
                   "inject one transport fault into the SP step, to see what the check (and "
                   "replay of its flight records) says about it: KIND[:rank=R,op=OP,tag=T,call=N,"
                   "peer=P,other=Q,every], KIND = drop_chunk | duplicate_chunk | permute_chunks | "
-                  "wrong_count | swap_peers");
+                  "wrong_count | swap_peers | sum_off_by_one");
   sub->add_option("--html", a->html,
                   "also write the report as a self-contained HTML page: every row, and for a "
                   "failing one its error over tokens × width or a gradient's features");

@@ -27,14 +27,16 @@ std::string_view fault_kind_name(fault_kind k) {
       return "wrong_count";
     case fault_kind::swap_peers:
       return "swap_peers";
+    case fault_kind::sum_off_by_one:
+      return "sum_off_by_one";
   }
   return "?";
 }
 
 fault_spec parse_fault(std::string_view text) {
-  static constexpr fault_kind kinds[] = {fault_kind::drop_chunk, fault_kind::duplicate_chunk,
+  static constexpr fault_kind kinds[] = {fault_kind::drop_chunk,     fault_kind::duplicate_chunk,
                                          fault_kind::permute_chunks, fault_kind::wrong_count,
-                                         fault_kind::swap_peers};
+                                         fault_kind::swap_peers,     fault_kind::sum_off_by_one};
   const auto colon = text.find(':');
   const auto kind = text.substr(0, colon);
   fault_spec f;
@@ -43,8 +45,8 @@ fault_spec parse_fault(std::string_view text) {
   if (f.kind == fault_kind::none)
     fail<config_error>(
         "--fault '{}': the kind '{}' is unknown; use drop_chunk, duplicate_chunk, "
-        "permute_chunks, wrong_count or swap_peers, then :key=value,… (rank, op, tag, call, "
-        "peer, other, every)",
+        "permute_chunks, wrong_count, swap_peers or sum_off_by_one, then :key=value,… (rank, "
+        "op, tag, call, peer, other, every)",
         text, kind);
   if (colon == std::string_view::npos) return f;
   auto rest = text.substr(colon + 1);
@@ -179,6 +181,25 @@ void corrupt_reduced(fault_kind kind, void* buf, std::int64_t count, dtype t) {
       for (std::int64_t i = 0, j = count - 1; i < j; ++i, --j)
         std::swap_ranges(bytes + i * esz, bytes + (i + 1) * esz, bytes + j * esz);
       break;
+    case fault_kind::sum_off_by_one:
+      if (count == 0) break;
+      switch (t) {
+        case dtype::f64:
+          *static_cast<double*>(buf) += 1;
+          break;
+        case dtype::f32:
+          *static_cast<float*>(buf) += 1;
+          break;
+        case dtype::i32:
+          *static_cast<std::int32_t*>(buf) += 1;
+          break;
+        case dtype::i64:
+          *static_cast<std::int64_t*>(buf) += 1;
+          break;
+        case dtype::bf16:
+          fail<error>("fault sum_off_by_one cannot add to a bfloat16 reduction result");
+      }
+      break;
     default:
       break;
   }
@@ -216,7 +237,8 @@ void faulty_communicator::do_all_to_all(const comm_group& g, const void* send,
   const bool two =
       spec_.kind == fault_kind::duplicate_chunk || spec_.kind == fault_kind::swap_peers;
   const bool meaningful = spec_.peer < n && (!two || spec_.other_peer < n) &&
-                          (spec_.kind != fault_kind::permute_chunks || n >= 2);
+                          (spec_.kind != fault_kind::permute_chunks || n >= 2) &&
+                          spec_.kind != fault_kind::sum_off_by_one;
   if (!hit("all_to_all", meaningful)) {
     inner_.all_to_all(g, send, send_counts, recv, recv_counts, t, call_info());
     return;
@@ -245,7 +267,8 @@ void faulty_communicator::do_all_gather(const comm_group& g, const void* send, s
       spec_.kind == fault_kind::duplicate_chunk || spec_.kind == fault_kind::swap_peers;
   const bool meaningful = spec_.peer < n && (!two || spec_.other_peer < n) &&
                           (spec_.kind != fault_kind::permute_chunks || n >= 2) &&
-                          (spec_.kind != fault_kind::wrong_count || n >= 2);
+                          (spec_.kind != fault_kind::wrong_count || n >= 2) &&
+                          spec_.kind != fault_kind::sum_off_by_one;
   if (!hit("all_gather", meaningful)) {
     inner_.all_gather(g, send, count, recv, t, call_info());
     return;
@@ -309,6 +332,7 @@ void faulty_communicator::do_send_recv(const comm_group& g, std::span<const p2p_
   bool meaningful = false;
   switch (spec_.kind) {
     case fault_kind::none:
+    case fault_kind::sum_off_by_one:  // a reduction's fault
       break;
     case fault_kind::drop_chunk:
       meaningful = ca >= 0;

@@ -16,6 +16,7 @@ enum class fault_kind {
   permute_chunks,   ///< received chunks come in reverse member order
   wrong_count,      ///< the count for `peer` is off by one, as given to the transport
   swap_peers,       ///< the chunks from `peer` and `other_peer` trade places
+  sum_off_by_one,   ///< a reduction's first result element one too large (a count off by one)
 };
 
 /// "drop_chunk", … (the enumerator's name).

@@ -320,9 +320,16 @@ class checker {
         mag[e] += std::abs(x);
       }
     }
-    // Summed in the dtype in some order: within n roundings of the magnitudes.
-    const double u = c.type == dtype::f64 ? 0x1p-53 : c.type == dtype::f32 ? 0x1p-24 : 0x1p-8;
+    // Summed in the dtype in some order: within n roundings of the magnitudes; integers (token
+    // counts) exactly.
+    const bool integral = c.type == dtype::i32 || c.type == dtype::i64;
+    const double u = integral               ? 0.0
+                     : c.type == dtype::f64 ? 0x1p-53
+                     : c.type == dtype::f32 ? 0x1p-24
+                                            : 0x1p-8;
     bool zero = true, twice = true, reversed = true;
+    std::optional<double> off;  // integers: every wrong element off by the same amount
+    bool same_off = integral;
     std::size_t wrong = 0, first = 0, last = 0;
     for (std::size_t e = 0; e < count; ++e) {
       const double g = captured_value(got, e, c.type), tol = 2.0 * n * u * mag[e];
@@ -330,6 +337,8 @@ class checker {
       if (!ok) {
         if (wrong++ == 0) first = e;
         last = e + 1;
+        if (!off) off = g - sum[e];
+        same_off = same_off && g - sum[e] == *off;
       }
       zero = zero && g == 0;
       twice = twice && std::abs(g - 2 * sum[e]) <= 2 * tol;
@@ -337,6 +346,15 @@ class checker {
     }
     if (wrong == 0) return std::nullopt;
     mismatch m{&c, "", {{0, first, last}}};
+    if (integral && same_off && off && !zero && !(twice && wrong == count)) {
+      m.what = fmt::format(
+          "an integer sum off by {:+g}: the members' {} add up to {:.0f}, the result holds "
+          "{:.0f}{} (a count — of tokens, labels — must add up exactly; an off-by-one count "
+          "moves every mean divided by it)",
+          *off, wrong == 1 ? "values" : "first values", sum[first], sum[first] + *off,
+          wrong > 1 ? fmt::format(" ({} of {} elements off)", wrong, count) : std::string{});
+      return m;
+    }
     m.what = zero       ? "zeros where the sum was expected: the reduction's result was dropped"
              : twice    ? "twice the sum: the reduction's result was counted twice"
              : reversed ? "the sum in reverse element order: the result was permuted"
