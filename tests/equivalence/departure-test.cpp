@@ -131,8 +131,8 @@ TEST(departure, a_dropped_or_doubled_gradient_reduction_is_named) {
 TEST(departure, an_integer_count_off_by_one_is_named_exactly) {
   // The loss's valid-token count all-reduced one too large: 1 in ~1000, far inside any
   // floating-point reduction's rounding band, but an integer sum must be exact.
-  const auto rep = verify::run_check(
-      make(2, 2, 4, 2, {700, 300}), fault(fault_kind::sum_off_by_one, 0, "all_reduce", "valid"));
+  const auto rep = verify::run_check(make(2, 2, 4, 2, {700, 300}),
+                                     fault(fault_kind::sum_off_by_one, 0, "all_reduce", "valid"));
   ASSERT_TRUE(rep.first.has_value()) << rep.departure;
   EXPECT_EQ(rep.first->op, "all_reduce");
   EXPECT_TRUE(has(rep.first->tag, "valid_tokens")) << rep.first->line;
