@@ -23,6 +23,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -829,6 +830,23 @@ def _local_cu_from_positions(pos):
     return cuts
 
 
+def _wait_for_calls(out_dir, world, deadline=120.0):
+    """Until every rank's meta lists its first call (its forward file written), or deadline."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        done = 0
+        for r in range(world):
+            try:
+                with open(os.path.join(out_dir, "rank%d.json" % r)) as f:
+                    done += bool(json.load(f).get("calls"))
+            except (OSError, ValueError):
+                pass
+        if done == world:
+            return
+        time.sleep(0.02)
+
+
+
 def _worker(rank, cfg, out_dir, port):
     torch.set_num_threads(1)
     U, R = cfg["U"], cfg["R"]
@@ -879,57 +897,65 @@ def _worker(rank, cfg, out_dir, port):
         plan.bug = bug
         return plan
 
-    with dumper.call(name="L0.attn"):
-        dumper.tap("q.local", q)
-        dumper.tap("k.local", k)
-        dumper.tap("v.local", v)
-        if U > 1:
-            kr, vr = k, v
-            if U > Hkv and bug != "no_kv_repeat":
-                rep = U // Hkv
-                if bug == "blockwise_repeat":
-                    kr, vr = k.repeat(1, rep, 1), v.repeat(1, rep, 1)
-                elif bug == "kv_grad_not_summed":
-                    kr, vr = RepeatKeepFirstGrad.apply(k, rep), RepeatKeepFirstGrad.apply(v, rep)
+    try:
+        with dumper.call(name="L0.attn"):
+            dumper.tap("q.local", q)
+            dumper.tap("k.local", k)
+            dumper.tap("v.local", v)
+            if U > 1:
+                kr, vr = k, v
+                if U > Hkv and bug != "no_kv_repeat":
+                    rep = U // Hkv
+                    if bug == "blockwise_repeat":
+                        kr, vr = k.repeat(1, rep, 1), v.repeat(1, rep, 1)
+                    elif bug == "kv_grad_not_summed":
+                        kr, vr = RepeatKeepFirstGrad.apply(k, rep), RepeatKeepFirstGrad.apply(v, rep)
+                    else:
+                        kr, vr = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+                    dumper.tap("k.repeated", kr)
+                    dumper.tap("v.repeated", vr)
+                if bug == "no_kv_repeat":
+                    # fewer KV heads than ranks: split the flattened head dims U ways instead
+                    s = kr.shape[0]
+                    kr, vr = kr.reshape(s, U, -1), vr.reshape(s, U, -1)
+                a2a = TokenMajorA2A.apply if bug == "a2a_wrong_dims" else SeqToHead.apply
+                qg = dumper.tap("q.gathered", a2a(q, U, ug))
+                kg = dumper.tap("k.gathered", a2a(kr, U, ug))
+                vg = dumper.tap("v.gathered", a2a(vr, U, ug))
+                if R == 1:
+                    cu_used = cfg["cu"]
+                    if bug == "last_token_own_doc":
+                        cu_used = sorted(set(cu_used) | {c - 1 for c in cu_used[1:]})
+                    mask = section_mask("diag", cu_used, qg.shape[0], causal=(bug != "no_causal"))
+                    if bug == "causal_hides_diag":
+                        mask = mask & ~torch.eye(qg.shape[0], dtype=torch.bool)
+                    s_used = scale_used
+                    if bug == "scale_inv_d_one_rank" and urank == 1:
+                        s_used = 1.0 / D
+                    if cfg["kernel"]:
+                        out_attn, lse, info = sdpa_attend(qg, kg, vg, cu_used, s_used, cfg["kernel"])
+                        if rank == 0:
+                            with open(os.path.join(out_dir, "kernel.json"), "w") as f:
+                                json.dump(info, f)
+                    else:
+                        out_attn, lse = attend(qg, kg, vg, mask, s_used, cfg["prec"])
                 else:
-                    kr, vr = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-                dumper.tap("k.repeated", kr)
-                dumper.tap("v.repeated", vr)
-            if bug == "no_kv_repeat":
-                # fewer KV heads than ranks: split the flattened head dims U ways instead
-                s = kr.shape[0]
-                kr, vr = kr.reshape(s, U, -1), vr.reshape(s, U, -1)
-            a2a = TokenMajorA2A.apply if bug == "a2a_wrong_dims" else SeqToHead.apply
-            qg = dumper.tap("q.gathered", a2a(q, U, ug))
-            kg = dumper.tap("k.gathered", a2a(kr, U, ug))
-            vg = dumper.tap("v.gathered", a2a(vr, U, ug))
-            if R == 1:
-                cu_used = cfg["cu"]
-                if bug == "last_token_own_doc":
-                    cu_used = sorted(set(cu_used) | {c - 1 for c in cu_used[1:]})
-                mask = section_mask("diag", cu_used, qg.shape[0], causal=(bug != "no_causal"))
-                if bug == "causal_hides_diag":
-                    mask = mask & ~torch.eye(qg.shape[0], dtype=torch.bool)
-                s_used = scale_used
-                if bug == "scale_inv_d_one_rank" and urank == 1:
-                    s_used = 1.0 / D
-                if cfg["kernel"]:
-                    out_attn, lse, info = sdpa_attend(qg, kg, vg, cu_used, s_used, cfg["kernel"])
-                    if rank == 0:
-                        with open(os.path.join(out_dir, "kernel.json"), "w") as f:
-                            json.dump(info, f)
-                else:
-                    out_attn, lse = attend(qg, kg, vg, mask, s_used, cfg["prec"])
+                    out_attn, lse = RingAttn.apply(qg, kg, vg, make_plan())
+                dumper.tap("out.attn", out_attn)
+                if lse is not None:
+                    dumper.tap("lse", lse, layout="hs")
+                out = HeadToSeq.apply(out_attn, U, ug)
             else:
-                out_attn, lse = RingAttn.apply(qg, kg, vg, make_plan())
-            dumper.tap("out.attn", out_attn)
-            if lse is not None:
+                out, lse = RingAttn.apply(q, k, v, make_plan())
                 dumper.tap("lse", lse, layout="hs")
-            out = HeadToSeq.apply(out_attn, U, ug)
-        else:
-            out, lse = RingAttn.apply(q, k, v, make_plan())
-            dumper.tap("lse", lse, layout="hs")
-        dumper.tap("out.local", out)
+            dumper.tap("out.local", out)
+    except Exception:
+        # This rank's call raised (the expected crash of no_kv_repeat); call() wrote its forward
+        # file on the way out. The launcher stops every other rank as soon as one fails: first
+        # wait until every rank's call is on disk, so that a slower rank is never stopped in the
+        # middle of its call (beside a load one was, and the dump held no complete call).
+        _wait_for_calls(out_dir, world)
+        raise
     loss = (out * w).sum()
     loss.backward()
     dumper.close()
