@@ -15,6 +15,7 @@
 // for f64 only the summation order differs between the kernels (~1e-15 relative).
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -65,6 +66,18 @@ struct attention_args {
 struct attention_tiles {
   int q = 64;
   int k = 128;
+};
+
+/// What a tiled kernel computed, counted where it computes it: the k tiles it visited (each one
+/// product of a q tile with a k tile) and the (stacked q row, key) pairs of those products. A
+/// windowed or chunked layer's cost, O(S·W), measured in work rather than seconds (benches,
+/// and the test that a masked-out tile is never computed).
+struct attention_work {
+  std::atomic<std::int64_t> tiles{0}, pairs{0};
+  void add(std::int64_t rows, std::int64_t cols) {
+    tiles.fetch_add(1, std::memory_order_relaxed);
+    pairs.fetch_add(rows * cols, std::memory_order_relaxed);
+  }
 };
 
 namespace detail {
@@ -451,7 +464,7 @@ void cap_scores(const attention_args<T>& a, Tile&& s, Keep&& t) {
 /// Extra memory: O(tiles.q·(d + tiles.k)) (tile rows = max(tiles.q, hq/hkv)), never O(S²).
 template <class T>
 void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_tiles tiles,
-                       int workers = 1) {
+                       int workers = 1, attention_work* work = nullptr) {
   using namespace detail;
   validate_tiled(a, tiles, "attention_forward");
   const std::int64_t d = a.d, hkv = a.hkv, group = a.hq / a.hkv;
@@ -491,6 +504,7 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, attention_til
     l.head(n).setZero();
     for (std::int64_t j0 = t.k_lo; j0 < t.k_end; j0 += tiles.k) {
       const std::int64_t cols = std::min<std::int64_t>(tiles.k, t.k_end - j0);
+      if (work) work->add(n, cols);
       const Eigen::OuterStride<> kv(hkv * d);
       const const_head_map<T> k_tile(a.k + ((t.dr.k0 + j0) * hkv + t.g) * d, cols, d, kv);
       const const_head_map<T> v_tile(a.v + ((t.dr.k0 + j0) * hkv + t.g) * d, cols, d, kv);
@@ -553,7 +567,8 @@ void attention_forward(const attention_args<T>& a, T* out, T* lse, int workers =
 /// documents, C·lk·d per KV head — linear in the sequence, never O(S²).
 template <class T>
 void attention_backward(const attention_args<T>& a, const T* out, const T* lse, const T* dout,
-                        T* dq, T* dk, T* dv, attention_tiles tiles, int workers = 1) {
+                        T* dq, T* dk, T* dv, attention_tiles tiles, int workers = 1,
+                        attention_work* work = nullptr) {
   using namespace detail;
   validate_tiled(a, tiles, "attention_backward");
   const std::int64_t d = a.d, hkv = a.hkv, group = a.hq / a.hkv;
@@ -651,6 +666,7 @@ void attention_backward(const attention_args<T>& a, const T* out, const T* lse, 
       dq_s.setZero();
       for (std::int64_t j0 = t.k_lo; j0 < t.k_end; j0 += tiles.k) {
         const std::int64_t cols = std::min<std::int64_t>(tiles.k, t.k_end - j0);
+        if (work) work->add(n, cols);
         const std::int64_t kfirst = ((t.dr.k0 + j0) * hkv + t.g) * d;
         const Eigen::OuterStride<> kv(hkv * d);
         const const_head_map<T> k_tile(a.k + kfirst, cols, d, kv);

@@ -822,3 +822,30 @@ TEST(attention_options, a_window_costs_tiles_of_its_width_not_of_the_document) {
   EXPECT_EQ(tiles, 4096 / 64);
   EXPECT_LE(pairs, 4096 * (64 + 64));
 }
+
+TEST(attention_options, the_kernels_compute_no_tile_a_window_hides) {
+  // The same layer, counted inside the kernels (attention_work): each 64-row q tile meets the
+  // window's 64 keys and its own 64 rows, at most two 128-key tiles; a kernel that started at
+  // the document's first key would compute ~16 per q tile on average, every one masked out.
+  problem p;
+  p.q_lens = p.k_lens = {4096};
+  p.causal = true;
+  p.back = 63;
+  const instance<double> in(p);
+  const auto a = in.args();
+  std::vector<double> out(in.q.size()), lse(static_cast<std::size_t>(a.sq * a.hq));
+  seqpar::sim::attention_work fwd, bwd;
+  seqpar::sim::attention_forward(a, out.data(), lse.data(), attention_tiles{}, 2, &fwd);
+  const std::vector<double> dout(out.size(), 1.0);
+  std::vector<double> dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
+  seqpar::sim::attention_backward(a, out.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                                  dv.data(), attention_tiles{}, 2, &bwd);
+  const std::int64_t q_tiles = 4096 / 64 * a.hkv;
+  EXPECT_LE(fwd.tiles.load(), 2 * q_tiles);
+  EXPECT_LE(bwd.tiles.load(), 2 * q_tiles);
+  EXPECT_GE(fwd.tiles.load(), q_tiles);
+  // The pairs computed: the window's width (plus a tile's rows), not the document's.
+  const std::int64_t rows = 4096 * a.hq;
+  EXPECT_LE(fwd.pairs.load(), rows * (64 + 64 + 128));
+  EXPECT_EQ(fwd.pairs.load(), bwd.pairs.load());
+}
