@@ -208,9 +208,8 @@ def make_step(mistake=None, zero_stage=0, fixed=False):
                 if p.grad is not None:
                     dist.all_reduce(p.grad)   # the world: the SP × DP group
                     p.grad /= ctx.dp_size
-        elif zero_stage >= 1:
-            for p in model.parameters():
-                p.grad = safe_get_full_grad(p)
+        elif zero_stage >= 1:   # the full gradients of the optimizer's shards
+            ctx.grads = {n: safe_get_full_grad(p) for n, p in model.named_parameters()}
         return sum(logged) / len(logged)
 
     step.__name__ = "alst_step(%s, zero %d%s)" % (mistake or "trainer", zero_stage,

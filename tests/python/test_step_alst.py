@@ -49,12 +49,26 @@ def test_fixed_path_passes_the_property():
     assert stats["examples"] == 25 and stats["failures"] == 0
 
 
-@pytest.mark.parametrize("ulysses,dtype,zero", [(2, "f32", 0), (2, "f32", 1), (4, "f64", 0)])
+@pytest.mark.parametrize("ulysses,dtype,zero", [(2, "f32", 0), (2, "f32", 1), (2, "f32", 2),
+                                                 (4, "f64", 0)])
 def test_gradients_are_sp_degree_times_the_loss(ulysses, dtype, zero):
     ok, text = run("zero_stage=%d" % zero, ulysses=ulysses, dtype=dtype)
     assert not ok
     assert "every rank's gradient is %d × the reference's = the SP degree" % ulysses in text, text
     assert "the loss differs" not in text, text
+
+
+@pytest.mark.parametrize("ulysses", [2, 4])
+def test_zero3_gradients_are_right(ulysses):
+    # ZeRO 3's partitioned reduction averages over every rank, SP ranks included: the same
+    # path's gradients are right there (read through ctx.grads: safe_get_full_grad of each
+    # partitioned parameter), and the workaround for ZeRO 0-2 makes them 1/SP
+    ok, text = run("zero_stage=3", ulysses=ulysses, dtype="f32")
+    assert ok, text
+    ok, text = run("zero_stage=3, fixed=True", ulysses=ulysses, dtype="f32")
+    assert not ok
+    assert "every rank's gradient is %g × the reference's = 1/the SP degree" % (1 / ulysses) \
+        in text, text
 
 
 def test_a_micro_batch_without_labels_has_no_backward():

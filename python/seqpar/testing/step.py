@@ -175,10 +175,15 @@ class StepContext(object):
     holding chunks s and 2·sp_size − 1 − s) or 'contiguous' (padded to a multiple of sp_size,
     rank s holding the s-th of sp_size equal parts); `shard_indices(L)` gives those token
     indices. `accumulation` micro-batches per DP rank; `ignore_index` = -100.
+
+    Gradients: seqpar judges each parameter's `.grad` after the step, or, where the step sets
+    `ctx.grads` = {parameter name: full gradient}, those: the hook of a sharded optimizer whose
+    parameters hold a shard only (DeepSpeed ZeRO 3: safe_get_full_grad; FSDP2: full_tensor()).
     """
 
     def __init__(self, scn, rank, groups):
         self.scenario = scn
+        self.grads = None
         self.rank = rank
         self.world_size = scn.world
         self.dp_size, self.sp_size = scn.dp, scn.sp
@@ -572,8 +577,14 @@ def run_on_rank(rank_state, task, spec):
         return {"status": "bad_output", "message": "the step returned %s; it must return the "
                 "loss the trainer logs (a number or a 1-element tensor)" % type(loss).__name__}
     try:
-        grads = {n: (p.grad.detach().double().clone() if p.grad is not None else None)
-                 for n, p in model.named_parameters()}
+        handed = ctx.grads   # the step's full gradients (a sharded optimizer's), by name
+        if handed is not None:
+            grads = {n: (handed[n].detach().double().clone().reshape(p.ds_shape if hasattr(
+                p, "ds_shape") else p.shape) if handed.get(n) is not None else None)
+                for n, p in model.named_parameters()}
+        else:
+            grads = {n: (p.grad.detach().double().clone() if p.grad is not None else None)
+                     for n, p in model.named_parameters()}
     except Exception:
         return {"status": "harness_error", "error": traceback.format_exc()}
     return {"status": "ok", "loss": loss, "grads": grads, "digest": digest, "prints": prints,
