@@ -96,6 +96,23 @@ def test_where_the_forward_departs_is_named(bug, model, phrase):
     assert phrase in text, text
 
 
+def test_a_wrong_loss_with_the_forward_intact_is_not_blamed_on_the_forward():
+    # 1.5 × the right loss: no searched mistake, and no coincidence of a count ratio with a
+    # degree (1.5 = 2 × 9 labels / 12 tokens here) is named; the forward agrees, so the report
+    # points at the loss computed from it
+    import sp_training_step
+    inner = sp_training_step.make_step()
+
+    def odd_step(model, batches, ctx):
+        return 1.5 * float(inner(model, batches, ctx))
+    scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[9, 1]], [[3, 2]]]]], seed=1)
+    ok, text = spt.run_step(odd_step, MODEL, scn, deadline=120)
+    assert not ok
+    assert "and the forward agrees at every layer: the loss computed from it differs" in text, \
+        text
+    assert "the logged loss is exactly" not in text, text
+
+
 def test_the_rerun_command_reproduces_the_failure():
     scn = StepScenario(dp=1, ulysses=2, ring=1, rows=[[[[[5, 1], [4, 0]]]]], seed=1)
     p = subprocess.run([sys.executable, "-m", "seqpar.testing", "run-step",

@@ -780,6 +780,8 @@ def diagnose(results, ref, scn, tol):
     """(summary, details) of a step whose losses or gradients differ from the reference."""
     W, P = scn.world, scn.sp
     lines = []
+    forward = forward_departure([results[r] for r in range(W)], ref, scn, tol)
+    forward_agrees = bool(forward) and "agrees at every layer" in forward[0]
     bad_loss = [r for r in range(W) if not _close(results[r]["loss"], ref.loss, tol)]
     summary = []
     if bad_loss:
@@ -848,13 +850,19 @@ def diagnose(results, ref, scn, tol):
             k, up, down, name = scaled
             lines.append("  the logged loss is exactly %.6g × %s (%s)" % (
                 k, name, " = ".join(up) if up else "1/" + " = 1/".join(down)))
+        elif forward_agrees:
+            lines.append("  none of the searched loss mistakes reproduces it (local or global "
+                         "denominators, per-rank or per-replica means, labels shifted after "
+                         "sharding, an undivided sum), and the forward agrees at every layer: "
+                         "the loss computed from it differs — its targets, weights or "
+                         "reduction, or the head and final norm after the last layer")
         else:
             lines.append("  none of the searched loss mistakes reproduces it (local or global "
                          "denominators, per-rank or per-replica means, labels shifted after "
                          "sharding, an undivided sum): the token losses themselves likely "
                          "differ, i.e. the forward under SP (positions, masks, the attention: "
                          "seqpar.testing.check puts the attention alone under the property)")
-    lines += forward_departure([results[r] for r in range(W)], ref, scn, tol)
+    lines += forward
     names = list(ref.grads)
     missing = [n for n in names if any(results[r]["grads"].get(n) is None for r in range(W))]
     if missing:
@@ -901,10 +909,14 @@ def _factor_names(scn, k):
 
 
 def _scaled_loss(results, bad, cands, scn, tol):
-    """(k, up, down, name) when every bad rank logged k × what the mistake `name` logs, k one of
-    the step's degrees or its inverse (two mistakes at once: a weighting and a factor), else
-    None."""
+    """(k, up, down, name) when every bad rank logged k × what the weighting `name` logs (a
+    mean: of ranks', replicas', micro-batches' or steps' means), k one of the step's degrees or
+    its inverse (two mistakes at once: a weighting and a factor), else None. Counts' ratios
+    (tokens against labels) times a degree are left out: on a small batch they coincide with
+    any factor too easily."""
     for name, vals in cands.items():
+        if "mean" not in name:   # weightings only: a count ratio times a degree is a coincidence
+            continue
         for v0 in _values(vals[bad[0]]):
             if not v0 or math.isnan(v0):
                 continue
