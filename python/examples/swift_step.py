@@ -82,7 +82,6 @@ def _swift_model(model, ctx):
         getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0)))
     sp.prepare(ctx.sp_size, model=sm, tokenizer=SimpleNamespace(pad_token_id=0),
                padding_free=True)
-    _STATE["topology"] = (ctx.world_size, ctx.dp_size, ctx.sp_size, sp.num_heads)
     if sp.sp_rank != ctx.sp_rank or sp.dp_rank != ctx.dp_rank:
         raise RuntimeError("ms-swift's mesh puts world rank %d at SP rank %d, DP rank %d; "
                            "seqpar at %d, %d" % (ctx.rank, sp.sp_rank, sp.dp_rank, ctx.sp_rank,
@@ -104,7 +103,7 @@ def _packed(batch, dtype):
     return out
 
 
-def _trainer(ctx, sp_size, average_tokens, accepts_loss_kwargs, model):
+def _trainer(ctx, average_tokens, accepts_loss_kwargs, model):
     """The attributes of ms-swift's Seq2SeqTrainer (and transformers' Trainer) that compute_loss
     and _get_num_items_in_batch read, for an SFT run without liger, DFT, channel loss, loss
     scale or label smoothing."""
@@ -125,7 +124,7 @@ def _trainer(ctx, sp_size, average_tokens, accepts_loss_kwargs, model):
                              enable_channel_loss=False, average_tokens_across_devices=average_tokens,
                              world_size=ctx.world_size, n_gpu=0, past_index=-1,
                              router_aux_loss_coef=None, tuner_backend="peft", acc_strategy="token"),
-        template=SimpleNamespace(sequence_parallel_size=sp_size, padding_free=True,
+        template=SimpleNamespace(sequence_parallel_size=ctx.sp_size, padding_free=True,
                                  compute_sft_loss=compute_sft_loss),
         accelerator=SimpleNamespace(num_processes=ctx.world_size, gather=gather,
                                     unwrap_model=lambda m: m),
@@ -143,7 +142,7 @@ def make_step(average_tokens_across_devices=True, model_accepts_loss_kwargs=True
         from swift.trainers import Seq2SeqTrainer
         from transformers import Trainer
         sp, sm = _swift_model(model, ctx)
-        tr = _trainer(ctx, ctx.sp_size, average_tokens_across_devices,
+        tr = _trainer(ctx, average_tokens_across_devices,
                       model_accepts_loss_kwargs, sm)
         micro = [_packed(b, ctx.dtype) for b in batches]
         n_items = Trainer._get_num_items_in_batch(tr, micro, torch.device("cpu"))

@@ -806,14 +806,19 @@ TEST(attention_options, capped_backward_matches_finite_differences) {
   }
 }
 
-TEST(attention_options, a_window_costs_tiles_of_its_width_not_of_the_document) {
-  // 4096 queries under a causal window of 64 keys: the forward touches O(S·W) pairs. Measured as
-  // the keys each q tile's loop visits (k_end − k_lo), summed: no more than (rows + W) per tile.
+/// One document of 4096 tokens under a causal window of 64 keys.
+problem windowed_document() {
   problem p;
   p.q_lens = p.k_lens = {4096};
   p.causal = true;
   p.back = 63;
-  const instance<double> in(p);
+  return p;
+}
+
+TEST(attention_options, a_window_costs_tiles_of_its_width_not_of_the_document) {
+  // 4096 queries under a causal window of 64 keys: the forward touches O(S·W) pairs. Measured as
+  // the keys each q tile's loop visits (k_end − k_lo), summed: no more than (rows + W) per tile.
+  const instance<double> in(windowed_document());
   std::int64_t pairs = 0, tiles = 0;
   seqpar::sim::detail::for_each_q_tile(in.args(), attention_tiles{}, [&](const auto& t) {
     pairs += t.rows * (t.k_end - t.k_lo);
@@ -827,11 +832,7 @@ TEST(attention_options, the_kernels_compute_no_tile_a_window_hides) {
   // The same layer, counted inside the kernels (attention_work): each 64-row q tile meets the
   // window's 64 keys and its own 64 rows, at most two 128-key tiles; a kernel that started at
   // the document's first key would compute ~16 per q tile on average, every one masked out.
-  problem p;
-  p.q_lens = p.k_lens = {4096};
-  p.causal = true;
-  p.back = 63;
-  const instance<double> in(p);
+  const instance<double> in(windowed_document());
   const auto a = in.args();
   std::vector<double> out(in.q.size()), lse(static_cast<std::size_t>(a.sq * a.hq));
   seqpar::sim::attention_work fwd, bwd;

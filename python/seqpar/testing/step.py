@@ -143,19 +143,22 @@ def batches_of(scn, vocab):
              for m, mb in enumerate(mbs)] for d, mbs in enumerate(scn.rows)]
 
 
+def _shift(t, fill):
+    """Each row's t[:, 1:] moved one position to the left, the last position `fill`."""
+    out = torch.full_like(t, fill)
+    out[:, :-1] = t[:, 1:]
+    return out
+
+
 def shift_weights(weights):
     """The weight of each token's target: weights[t + 1] of its row (0 for a row's last)."""
-    out = torch.zeros_like(weights)
-    out[:, :-1] = weights[:, 1:]
-    return out
+    return _shift(weights, 0.0)
 
 
 def shift_labels(labels):
     """transformers' shift: the target of token t is labels[t + 1] of its row; the last token
     of a row has none (-100)."""
-    out = torch.full_like(labels, IGNORE_INDEX)
-    out[:, :-1] = labels[:, 1:]
-    return out
+    return _shift(labels, IGNORE_INDEX)
 
 
 # -- what the step gets ---------------------------------------------------------------------
@@ -389,8 +392,9 @@ class Fingerprints(object):
             def post(mod, args, out, i=i):
                 add((i, 2), out[0] if isinstance(out, (tuple, list)) else out)
             self.handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
-            if _attention_of(layer) is not None:
-                self.handles.append(_attention_of(layer).register_forward_hook(attn))
+            sub = _attention_of(layer)
+            if sub is not None:
+                self.handles.append(sub.register_forward_hook(attn))
             self.handles.append(layer.register_forward_hook(post))
 
     def close(self):
@@ -579,9 +583,8 @@ def run_on_rank(rank_state, task, spec):
     try:
         handed = ctx.grads   # the step's full gradients (a sharded optimizer's), by name
         if handed is not None:
-            grads = {n: (handed[n].detach().double().clone().reshape(p.ds_shape if hasattr(
-                p, "ds_shape") else p.shape) if handed.get(n) is not None else None)
-                for n, p in model.named_parameters()}
+            grads = {n: (handed[n].detach().double().clone() if handed.get(n) is not None
+                         else None) for n, _ in model.named_parameters()}
         else:
             grads = {n: (p.grad.detach().double().clone() if p.grad is not None else None)
                      for n, p in model.named_parameters()}
