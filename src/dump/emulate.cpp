@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/attention_mask.hpp"
+
 namespace seqpar::verify {
 
 namespace {
@@ -18,50 +20,137 @@ std::size_t doc_of(std::span<const std::int32_t> cu, std::int64_t i) {
 
 }  // namespace
 
+namespace {
+
+bool has_mask(const ring_job& job) {
+  return job.window_back >= 0 || job.window_ahead >= 0 || job.chunk > 0;
+}
+
+/// Whether a key at position pk is within the window and chunk of a query at position pq (the
+/// causal part of the mask is the sections'; `causal` for a call masked causal over its rows).
+bool within(const ring_job& job, bool causal, std::int64_t pq, std::int64_t pk) {
+  const auto [lo, hi] = visible_positions(causal, job.window_back, job.window_ahead, job.chunk, pq);
+  return pk >= lo && pk <= hi;
+}
+
+/// Document position of global token t under the job's global cu_seqlens.
+std::int64_t doc_position(const ring_job& job, std::int64_t t) {
+  return t - job.global_cu[doc_of(job.global_cu, t)];
+}
+
+}  // namespace
+
 std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int r, std::int64_t i) {
   const int R = job.ring;
   std::vector<std::vector<std::int64_t>> blocks(static_cast<std::size_t>(R));
   const auto mod = [R](int x) { return ((x % R) + R) % R; };
   const auto& own = job.tokens[static_cast<std::size_t>(r)];
+  const auto tq = own[static_cast<std::size_t>(i)];
+  const bool masked = has_mask(job) || job.calls_causal;
   for (int step = 0; step < R; ++step) {
+    if (!job.computed.empty() &&
+        !job.computed[static_cast<std::size_t>(r)][static_cast<std::size_t>(step)])
+      continue;
     const int held = mod(r - step), assumed = mod(r - step + job.section_shift);
     const auto& kv = job.tokens[static_cast<std::size_t>(held)];
     const auto m = static_cast<std::int64_t>(kv.size());
     const bool cross = step > 0 && job.doc_mask_own_block_only;
+    const bool diagonal = step == 0 || (assumed == r && job.own_source_as_diagonal);
     auto& keys = blocks[static_cast<std::size_t>(step)];
+    // The call's geometry for the mask: the query's index among the call's query rows of its
+    // document and their count, the first of the call's key rows of a key's document and their
+    // count (call_positions), and whether the call is causal.
+    std::int64_t iq = 0, lq = 0;
+    const auto sees_key = [&](std::int64_t tk, std::int64_t j, std::int64_t jk, std::int64_t lk,
+                              bool call_causal) {
+      if (!masked) return true;
+      if (job.call_positions == 2) return within(job, call_causal, i, j);
+      if (job.call_positions == 1 || job.calls_causal)
+        return within(job, call_causal || job.calls_causal, iq + lk - lq, jk);
+      return within(job, false, doc_position(job, tq), doc_position(job, tk));
+    };
     if (!job.zigzag) {
       // Contiguous: the block is before the rank's own (every key of the query's document),
-      // the rank's own (causal within it) or after it (none, when causal).
-      const auto d = doc_of(job.global_cu, own[static_cast<std::size_t>(i)]);
+      // the rank's own (causal within it) or after it (none, when causal). A call's rows of a
+      // document are the document's rows within each block.
+      const auto d = doc_of(job.global_cu, tq);
+      const std::int64_t ds = job.global_cu[d], de = job.global_cu[d + 1];
+      const std::int64_t q0 = own.empty() ? 0 : own.front(), k0 = kv.empty() ? 0 : kv.front();
+      const std::int64_t qa = std::max(ds, q0), ka = std::max(ds, k0);
+      iq = tq - qa;
+      lq = std::min(de, q0 + static_cast<std::int64_t>(own.size())) - qa;
+      const std::int64_t lk = std::max<std::int64_t>(0, std::min(de, k0 + m) - ka);
       for (std::int64_t j = 0; j < m; ++j) {
         const auto t = kv[static_cast<std::size_t>(j)];
         if (doc_of(job.global_cu, t) != d && !cross) continue;
-        const bool diagonal = step == 0 || (assumed == r && job.own_source_as_diagonal);
         const bool sees = !job.causal || (diagonal ? j <= i : assumed < r);
-        if (sees) keys.push_back(t);
+        if (sees && sees_key(t, j, t - ka, lk, job.causal && diagonal)) keys.push_back(t);
       }
       continue;
     }
     const auto& cu = job.local_cu[static_cast<std::size_t>(r)];
     const auto d = doc_of(cu, i);
     const std::int64_t start = cu[d], end = cu[d + 1], mid = start + (end - start) / 2;
+    const bool lower = !diagonal && assumed < r, upper = !diagonal && !lower;
+    if (job.causal && upper) {
+      iq = i - mid;
+      lq = end - mid;
+    } else {
+      iq = i - start;
+      lq = end - start;
+    }
     for (std::int64_t j = 0; j < m; ++j) {
       const auto dj = doc_of(cu, j);
       if (dj != d && !cross) continue;
-      bool sees;
-      if (step == 0 || (assumed == r && job.own_source_as_diagonal)) {
-        sees = !job.causal || j <= i;  // diagonal: the rank's own KV
-      } else if (assumed < r) {
+      const std::int64_t js = cu[dj], je = cu[dj + 1];
+      bool sees = true;
+      if (!job.causal) {
+        // bidirectional: every key of the document on every step
+      } else if (diagonal) {
+        sees = j <= i;  // the rank's own KV
+      } else if (lower) {
         // lower: every query row, the early half of the KV (of the key's own document)
-        const std::int64_t js = cu[dj], je = cu[dj + 1];
         sees = (j < js + (je - js) / 2) != job.halves_swapped;
       } else {
         sees = (i >= mid) != job.halves_swapped;  // upper: the late half of the query rows
       }
-      if (sees) keys.push_back(kv[static_cast<std::size_t>(j)]);
+      const std::int64_t lk = job.causal && lower ? (je - js) / 2 : je - js;
+      if (sees && sees_key(kv[static_cast<std::size_t>(j)], j, j - js, lk, job.causal && diagonal))
+        keys.push_back(kv[static_cast<std::size_t>(j)]);
     }
   }
   return blocks;
+}
+
+int ring_sink_folds(const ring_job& job, int r, std::int64_t i) {
+  int folds = 0;
+  for (int step = 0; step < job.ring; ++step) {
+    if (!job.computed.empty() &&
+        !job.computed[static_cast<std::size_t>(r)][static_cast<std::size_t>(step)])
+      continue;
+    if (job.zigzag && job.causal && step > 0 && ((r - step) % job.ring + job.ring) % job.ring > r) {
+      // An upper section: the call holds each document's late half of the query rows.
+      const auto& cu = job.local_cu[static_cast<std::size_t>(r)];
+      const auto d = doc_of(cu, i);
+      if (i < cu[d] + (cu[d + 1] - cu[d]) / 2) continue;
+    }
+    ++folds;
+  }
+  return folds;
+}
+
+std::vector<std::vector<char>> ring_steps_computed(const ring_job& job) {
+  std::vector<std::vector<char>> out(static_cast<std::size_t>(job.ring),
+                                     std::vector<char>(static_cast<std::size_t>(job.ring), 0));
+  for (int r = 0; r < job.ring; ++r) {
+    auto& row = out[static_cast<std::size_t>(r)];
+    const auto n = static_cast<std::int64_t>(job.tokens[static_cast<std::size_t>(r)].size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto blocks = ring_key_blocks(job, r, i);
+      for (std::size_t s = 0; s < blocks.size(); ++s) row[s] |= !blocks[s].empty();
+    }
+  }
+  return out;
 }
 
 std::vector<std::vector<std::int64_t>> ring_key_sets(const ring_job& job, int r, std::int64_t i0,

@@ -34,6 +34,28 @@ struct ring_job {
   /// documents are those of `global_cu`, by global token (local_cu unused).
   bool zigzag = true;
   std::vector<std::int32_t> global_cu;
+  /// The layer's mask beyond causal-or-not (docs/attention.md): a key of a step's section is
+  /// seen only within the query's window and chunk, measured in document positions of
+  /// `global_cu` (left unset: no window, no chunk).
+  std::int64_t window_back = -1, window_ahead = -1, chunk = 0;
+  /// The window and chunk measured in the rows a rank holds instead of document positions:
+  /// 1, in each step's attention call — a query's position is its index among the call's query
+  /// rows of its document plus lk − lq (a kernel's bottom-right alignment of lq query rows to lk
+  /// key rows), a key's its index among the call's key rows: a kernel given no position ids;
+  /// 2, the row's index in the rank's rows and the key's in its block's (a mask built from the
+  /// local row order). On a zigzag rank a document's two chunks then count as neighbours, and
+  /// chunk boundaries fall per rank. 0: document positions (correct).
+  int call_positions = 0;
+  /// Every attention call masked causal over its own rows, bottom-right aligned: a
+  /// bidirectional ring (causal false) whose kernel calls keep causal=True.
+  bool calls_causal = false;
+  /// [ring rank][step]: whether the rank computes the step (empty: every step). A ring that
+  /// skips the steps whose block no query of the rank sees under the layer's mask.
+  std::vector<std::vector<char>> computed;
+  /// Sinks folded into each step's partial result before the merge, not once after it: 1, on
+  /// every step in which the row sees a key (a fold that passes over rows whose LSE is −∞); 2,
+  /// on every computed step whose call holds the row (ring_sink_folds); 0, once (correct).
+  int sink_per_step = 0;
   /// Each step's LSE rounded to this many significant bits before the steps are merged (0: not
   /// rounded; 8: bfloat16; 11: float16): a kernel that returns its LSE in the input dtype.
   int lse_bits = 0;
@@ -56,6 +78,15 @@ struct ring_job {
 /// The keys of local row i of ring rank r, one set per ring step (step s: the KV block of
 /// ring rank (r − s) mod R), as global token ids.
 std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int r, std::int64_t i);
+
+/// How many steps ring rank r computes whose attention call holds its local row i (zigzag's
+/// upper sections hold each document's late half only): the sink folds of that row when the
+/// sinks are folded into every step's partial result.
+int ring_sink_folds(const ring_job& job, int r, std::int64_t i);
+
+/// [r][step] of `job`: whether some local row of ring rank r sees some key of the step's block
+/// (the steps a ring that skips fully masked blocks computes). O(S²) key tests.
+std::vector<std::vector<char>> ring_steps_computed(const ring_job& job);
 
 /// x rounded to `bits` significant bits, ties to even (bits ≤ 0: x).
 double round_to_bits(double x, int bits);

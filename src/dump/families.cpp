@@ -242,26 +242,82 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
            v});
     }
   }
-  const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
-                       base.chunk > 0 || base.softcap > 0;
   // The dump's ring job emulated with one thing changed: `change` edits it. On the forward's
   // stages the job runs changed; on the query gradient's, the forward ran the job as it should
   // be and only the backward's step loop is changed (a forward so changed is named at the
   // forward's stages first).
+  // The ring as the layer's mask asks (its window and chunk by document positions).
+  const auto masked_job = [&](int shift, bool local_cu) {
+    auto job = dump_ring_job(g, base.causal, shift, local_cu, m.zigzag);
+    job.window_back = base.window_back;
+    job.window_ahead = base.window_ahead;
+    job.chunk = base.chunk;
+    return job;
+  };
   const auto ring_variant = [&](int shift, bool local_cu,
                                 const std::function<void(ring_job&)>& change = {}) {
-    auto job = dump_ring_job(g, base.causal, shift, local_cu, m.zigzag);
+    auto job = masked_job(shift, local_cu);
     if (change) change(job);
-    if (grad)
-      job.forward =
-          std::make_shared<const ring_job>(dump_ring_job(g, base.causal, 0, false, m.zigzag));
+    if (grad) job.forward = std::make_shared<const ring_job>(masked_job(0, false));
     auto v = base;
     v.ring = std::make_shared<const ring_job>(std::move(job));
     return v;
   };
-  // The emulated ring knows causal-or-not only; a key row's gradient walks every query row's
-  // key sets, so the key side is emulated up to kRingKeyRows tokens.
-  if ((!key || g.S <= kRingKeyRows) && g.R > 1 && m.zigzag && !options) {
+  // A key row's gradient walks every query row's key sets, so the key side is emulated up to
+  // kRingKeyRows tokens.
+  const bool ring_emulated = (!key || g.S <= kRingKeyRows) && g.R > 1;
+  if (ring_emulated && g.S <= kRingKeyRows) {
+    // The mistakes of running a ring under the layer's options, both layouts: each step's call
+    // masked by its own rows (no position ids), a bidirectional ring's calls left causal, the
+    // sinks folded on every step. The steps a ring computes: those whose block some query of
+    // the rank sees (a ring that skips fully masked blocks) or every step.
+    const auto computed = ring_steps_computed(masked_job(0, false));
+    const auto of = [grad](std::string what) {
+      return grad ? "the backward alone (its forward right) of " + what : what;
+    };
+    const std::string ring_name = m.zigzag ? "zigzag ring attention" : "ring attention";
+    const std::string measured = base.window_back >= 0 || base.window_ahead >= 0
+                                     ? (base.chunk > 0 ? "window and chunk" : "window")
+                                     : "chunk";
+    if (base.window_back >= 0 || base.window_ahead >= 0 || base.chunk > 0)
+      for (const auto& [mode, skips] : {std::pair{1, true}, {1, false}, {2, false}})
+        members.push_back(
+            {of(fmt::format(
+                 "{} whose {} is measured in {} instead of the tokens' document positions ({}){}",
+                 ring_name, measured,
+                 mode == 1 ? "each ring step's own rows" : "the order the rank holds its rows",
+                 mode == 1 ? "a kernel given no position ids: a query counted from the first "
+                             "query row of its document in the step's call, aligned to the "
+                             "call's last key row"
+                           : "each row's index in the rank's rows, each key's in its block's",
+                 skips ? "; the steps the mask hides skipped" : "")),
+             ring_variant(0, false, [&, mode = mode, skips = skips](ring_job& j) {
+               j.call_positions = mode;
+               if (skips) j.computed = computed;
+             })});
+    if (!base.causal && base.window_back < 0 && base.window_ahead < 0 && base.chunk <= 0)
+      members.push_back({of(fmt::format("bidirectional {} whose attention calls keep the causal "
+                                        "mask (causal=True on each step's call, aligned to its "
+                                        "last key row)",
+                                        ring_name)),
+                         ring_variant(0, false, [&](ring_job& j) {
+                           j.calls_causal = true;
+                           j.computed = computed;
+                         })});
+    if (!base.sinks.empty() && !grad)
+      for (int mode : {1, 2})
+        members.push_back(
+            {fmt::format("{} whose sinks were folded into the partial result of every step {} "
+                         "(before each merge) instead of once after the last",
+                         ring_name,
+                         mode == 1 ? "in which the row sees a key"
+                                   : "whose call holds the row, whether it sees a key or not"),
+             ring_variant(0, false, [&](ring_job& j) {
+               j.sink_per_step = mode;
+               j.computed = computed;
+             })});
+  }
+  if (ring_emulated && m.zigzag) {
     // A changed backward is "the backward alone … of" the same job.
     const auto of = [grad](std::string what) {
       return grad ? "the backward alone (its forward right) of " + what : what;
@@ -307,7 +363,7 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
   // every other term and so reproduces the cast too: the simpler mistake first.
   const auto in_dtype = calibration_dtype(m.dtype);
   const int lse_bits = in_dtype == "bf16" ? 8 : in_dtype == "f16" ? 11 : 0;
-  if (!grad && g.R > 1 && !options && lse_bits > 0)
+  if (!grad && g.R > 1 && lse_bits > 0)
     members.push_back(
         {fmt::format("ring attention whose steps' LSEs were rounded to {} (the input dtype) "
                      "before the merge: each step's kernel returns its LSE as the inputs' "
@@ -315,7 +371,7 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
                      "weights then err by up to 2^-{}·|lse|; keep each step's LSE in float32",
                      in_dtype, lse_bits),
          ring_variant(0, false, [lse_bits](ring_job& j) { j.lse_bits = lse_bits; })});
-  if (!grad && g.R > 1 && !options)
+  if (!grad && g.R > 1)
     for (const auto& [bits, name, overflow] :
          {std::tuple{8, "bf16", 88.72}, std::tuple{11, "f16", 11.09}})
       members.push_back(
@@ -335,7 +391,7 @@ ring_job dump_ring_job(const geometry& g, bool causal, int section_shift, bool l
   job.causal = causal;
   job.section_shift = section_shift;
   job.zigzag = zigzag;
-  if (!zigzag) job.global_cu = g.cu;
+  job.global_cu = g.cu;
   const auto scaled = scale_cu_seqlens_for_ring(g.cu, g.R);
   for (int r = 0; r < g.R; ++r) {
     const auto tok = g.ring_tokens(r);
@@ -672,8 +728,6 @@ std::string search_families(const call_context& c, const std::string& st,
     if (auto found = other_ring_block(c, st, ev, ref, base)) return *found;
   if (!key)
     if (auto found = fit_scale(c.g, m, ev, values, base)) return *found;
-  const bool options = !base.sinks.empty() || base.window_back >= 0 || base.window_ahead >= 0 ||
-                       base.chunk > 0 || base.softcap > 0;
   std::string option_members;
   if (!base.sinks.empty())
     option_members += ", the sinks dropped, kept out of the LSE, of other heads, negated or scaled";
@@ -681,8 +735,16 @@ std::string search_families(const call_context& c, const std::string& st,
   if (base.chunk > 0) option_members += ", chunks ignored or aligned to the row";
   if (base.softcap > 0)
     option_members += ", the capping before the scale, after the mask or left out";
+  if (c.g.R > 1 && c.g.S <= kRingKeyRows) {
+    if (base.window_back >= 0 || base.window_ahead >= 0 || base.chunk > 0)
+      option_members +=
+          ", the mask measured in each ring step's own rows (its blocks skipped or not)";
+    else if (!base.causal)
+      option_members += ", a bidirectional ring's calls left causal";
+    if (!base.sinks.empty() && !grad) option_members += ", the sinks folded on every ring step";
+  }
   const std::string ring_backward =
-      grad && c.g.R > 1 && m.zigzag && !options && (!key || c.g.S <= kRingKeyRows)
+      grad && c.g.R > 1 && m.zigzag && (!key || c.g.S <= kRingKeyRows)
           ? ", a backward alone (its forward right) with the ring's KV source shifted by ±1, ±2, "
             "the zigzag halves swapped, local cu_seqlens or the document mask on the own block "
             "only"
@@ -694,7 +756,7 @@ std::string search_families(const call_context& c, const std::string& st,
       "parameter{}; on {} sampled rows)",
       members.size(),
       key && c.g.R > 1 ? ", the ring reduction of the K/V gradient" + ring_backward
-      : !grad && c.g.R > 1 && !options
+      : !grad && c.g.R > 1
           ? fmt::format("{}, the steps merged through exp(lse) in bf16 or f16 without the "
                         "maximum{}",
                         m.zigzag ? ", the ring's KV source shifted by ±1, ±2 (the step taken "

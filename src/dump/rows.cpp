@@ -158,6 +158,17 @@ attention_variant row_reference::reference() const {
 
 namespace {
 
+/// A score s under the variant's logit capping (cap·tanh(s/cap); s without capping), and the
+/// capping's slope there (1 − tanh²; 1 without).
+double capped(const attention_variant& v, double s) {
+  return v.softcap > 0 ? v.softcap * std::tanh(s / v.softcap) : s;
+}
+double cap_slope(const attention_variant& v, double s) {
+  if (v.softcap <= 0) return 1;
+  const double t = std::tanh(s / v.softcap);
+  return 1 - t * t;
+}
+
 /// The keys [first, last) of the document [a, b) that the query at global token t may see under
 /// the variant's mask (its causal diagonal shifted by diag).
 std::pair<std::int64_t, std::int64_t> visible_keys(const attention_variant& v, std::int64_t a,
@@ -261,7 +272,7 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
           double mx = ninf;
           for (auto j : keys) {
             c_.read_local("k.local", g.Hkv, j, kvh, k.data());
-            s.push_back(v.scale * q.dot(k));
+            s.push_back(capped(v, v.scale * q.dot(k)));
             mx = std::max(mx, s.back());
           }
           double l = 0;
@@ -275,7 +286,29 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
           lses.push_back(round_to_bits(mx + std::log(l), fwd.lse_bits));
           outs.push_back(acc / l);
         }
-        if (std::all_of(lses.begin(), lses.end(), [](double y) { return y == ninf; })) return;
+        // The sinks, once after the merge (or once per computed step holding the row).
+        double sink = ninf;
+        if (!v.sinks.empty()) {
+          const auto seen =
+              std::count_if(lses.begin(), lses.end(), [](double y) { return y != ninf; });
+          const int folds = fwd.sink_per_step == 2   ? ring_sink_folds(fwd, ring, p % g.Sg)
+                            : fwd.sink_per_step == 1 ? static_cast<int>(seen)
+                                                     : 1;
+          if (folds > 0)
+            sink =
+                v.sinks[static_cast<std::size_t>(row.head)] + std::log(static_cast<double>(folds));
+        }
+        const auto fold_sink = [&] {
+          if (sink == ninf) return;
+          const double l = r.lse[i] == ninf ? sink
+                                            : std::max(r.lse[i], sink) +
+                                                  std::log1p(std::exp(-std::abs(r.lse[i] - sink)));
+          const double w = r.lse[i] == ninf ? 0.0 : std::exp(r.lse[i] - l);
+          for (int e = 0; e < D; ++e) out[e] *= w;
+          r.lse[i] = l;
+        };
+        if (std::all_of(lses.begin(), lses.end(), [](double y) { return y == ninf; }))
+          return fold_sink();
         if (const int bits = fwd.merge_exp_bits; bits > 0) {
           // Step by step through exp(lse), no maximum subtracted, each operation rounded.
           const auto rd = [bits](double y) { return round_to_bits(y, bits); };
@@ -290,7 +323,7 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
           }
           r.lse[i] = lse;
           for (int e = 0; e < D; ++e) out[e] = o(e);
-          return;
+          return fold_sink();
         }
         const double top = *std::max_element(lses.begin(), lses.end());
         double l = 0;
@@ -301,6 +334,7 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
         }
         r.lse[i] = top + std::log(l);
         for (int e = 0; e < D; ++e) out[e] = merged(e) / l;
+        fold_sink();
       }();
       if (!ring_bwd || r.lse[i] == ninf) return;
       // dq = scale·Σ_j P_ij (dO·v_j − D) k_j over every key of every step of the backward's job.
@@ -311,8 +345,9 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
         for (auto j : keys) {
           c_.read_local("k.local", g.Hkv, j, kvh, k.data());
           c_.read_local("v.local", g.Hkv, j, kvh, x.data());
-          const double P = std::exp(v.scale * q.dot(k) - r.lse[i]);
-          dq += P * (dO.dot(x) - Di) * k;
+          const double raw = v.scale * q.dot(k);
+          const double P = std::exp(capped(v, raw) - r.lse[i]);
+          dq += P * (dO.dot(x) - Di) * cap_slope(v, raw) * k;
         }
       std::copy_n(dq.data(), D, r.dq.data() + i * static_cast<std::size_t>(D));
       for (int e = 0; e < D; ++e) r.dq[i * static_cast<std::size_t>(D) + e] *= v.scale;
@@ -695,8 +730,9 @@ void row_reference::ring_keys(const attention_variant& v, const std::vector<key_
         c_.read_local("q.local", g.H, t, h, q.data());
         c_.read_local("grad.out.local", g.H, t, h, dO.data());
         const Eigen::Map<const Eigen::RowVectorXd> O(fwd.out.data() + qi * D, D);
-        const double P = m * std::exp(v.scale * q.dot(k) - fwd.lse[qi]);
-        dk += P * (dO.dot(x) - dO.dot(O)) * q;
+        const double raw = v.scale * q.dot(k);
+        const double P = m * std::exp(capped(v, raw) - fwd.lse[qi]);
+        dk += P * (dO.dot(x) - dO.dot(O)) * cap_slope(v, raw) * q;
         dv += P * dO;
       }
     for (int e = 0; e < D; ++e) {

@@ -3,6 +3,8 @@
 // the stage, ranks and cause its healthy twin differs at (expected.json, found by comparing the
 // two jobs' tensors in Python). Plus the ring emulator against the reference, and test-side
 // changes to a healthy dump that must be caught.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/attention_mask.hpp"
 #include "core/cu_seqlens.hpp"
 #include "core/error.hpp"
 #include "core/zigzag.hpp"
@@ -173,6 +176,88 @@ TEST(Dumps, TheContiguousRingEmulatorIsTheReferenceMask) {
           }
         }
       }
+}
+
+// Under a layer's options the emulated ring with the correct schedule is still the reference
+// mask — sections intersected with the window and chunk by document positions, both layouts,
+// causal and bidirectional — and the layout-order mistakes (each step's call without position
+// ids, the rank's row order) change it.
+TEST(Dumps, TheRingEmulatorUnderOptionsIsTheReferenceMask) {
+  struct mask {
+    std::int64_t back, ahead, chunk;
+  };
+  int differing = 0, configs = 0;
+  for (int R : {2, 3, 4})
+    for (bool zigzag : {true, false})
+      for (bool causal : {true, false})
+        for (const mask& mk :
+             {mask{3, -1, 0}, mask{5, 2, 0}, mask{-1, -1, 4}, mask{6, 1, 5}, mask{0, 0, 0}})
+          for (const std::vector<std::int32_t>& cu :
+               {std::vector<std::int32_t>{0, 8 * R}, {0, 4 * R, 10 * R, 12 * R}}) {
+            SCOPED_TRACE(fmt::format("R {} {} {} back {} ahead {} chunk {} cu [{}]", R,
+                                     zigzag ? "zigzag" : "contiguous",
+                                     causal ? "causal" : "bidirectional", mk.back, mk.ahead,
+                                     mk.chunk, fmt::join(cu, ",")));
+            const std::int64_t n = cu.back() / R;
+            ring_job job;
+            job.ring = R;
+            job.causal = causal;
+            job.zigzag = zigzag;
+            job.global_cu = cu;
+            job.window_back = mk.back;
+            job.window_ahead = causal ? -1 : mk.ahead;
+            job.chunk = mk.chunk;
+            const auto perm = zigzag_permutation(doc_ranges(cu), R);
+            const auto local = scale_cu_seqlens_for_ring(cu, R);
+            for (int r = 0; r < R; ++r) {
+              job.tokens.emplace_back();
+              for (std::int64_t t = r * n; t < (r + 1) * n; ++t)
+                job.tokens.back().push_back(zigzag ? perm[static_cast<std::size_t>(t)] : t);
+              if (zigzag) job.local_cu.emplace_back(local.begin(), local.end());
+            }
+            // The reference: same document, within the mask by document positions.
+            const auto want = [&](std::int64_t t) {
+              const auto d = std::upper_bound(cu.begin(), cu.end(), t) - cu.begin() - 1;
+              const std::int64_t a = cu[static_cast<std::size_t>(d)],
+                                 b = cu[static_cast<std::size_t>(d) + 1];
+              const auto [lo, hi] =
+                  visible_positions(causal, job.window_back, job.window_ahead, job.chunk, t - a);
+              std::vector<std::int64_t> keys;
+              for (std::int64_t j = a; j < b; ++j)
+                if (j - a >= lo && j - a <= hi) keys.push_back(j);
+              return keys;
+            };
+            const auto keys_of = [&](const ring_job& jb, int r) {
+              auto got = ring_key_sets(jb, r, 0, n);
+              for (auto& k : got) std::sort(k.begin(), k.end());
+              return got;
+            };
+            for (int r = 0; r < R; ++r) {
+              const auto got = keys_of(job, r);
+              for (std::int64_t i = 0; i < n; ++i)
+                ASSERT_EQ(
+                    got[static_cast<std::size_t>(i)],
+                    want(job.tokens[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)]))
+                    << "rank " << r << " row " << i;
+            }
+            // Measured in the layout's rows, the mask differs somewhere (where it can: a window
+            // of 0 keys back and ahead, or one reaching every key, is the same in any order).
+            bool differs = false;
+            for (int mode : {1, 2}) {
+              auto wrong = job;
+              wrong.call_positions = mode;
+              for (int r = 0; r < R && !differs; ++r) {
+                const auto got = keys_of(wrong, r);
+                for (std::int64_t i = 0; i < n; ++i)
+                  differs |=
+                      got[static_cast<std::size_t>(i)] !=
+                      want(job.tokens[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)]);
+              }
+            }
+            ++configs;
+            differing += differs;
+          }
+  EXPECT_GE(differing, configs * 3 / 4) << "of " << configs;
 }
 
 TEST(Dumps, RoundingToBitsIsTheDtypesRounding) {

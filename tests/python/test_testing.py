@@ -108,7 +108,8 @@ OPTION_CASES = {
     # Shrunk to 2 tokens, a window one key too wide is no window at all: either name is right.
     "window_off_by_one": (dict(ZIGZAG, window=True), ("a sliding window one key too wide",
                                                        "attention without its sliding window")),
-    "positions_in_rank_order": (dict(ZIGZAG, window=True, chunk=True), ("differs",)),
+    "positions_in_rank_order": (dict(ZIGZAG, window=True, chunk=True),
+                                ("measured in the order the rank holds its rows",)),
     "softcap_without_scale": (dict(ZIGZAG, softcap=True),
                               ("logit capping applied before the softmax scale",
                                "scores not multiplied by the scale")),
