@@ -104,7 +104,9 @@ std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int 
       if (dj != d && !cross) continue;
       const std::int64_t js = cu[dj], je = cu[dj + 1];
       bool sees = true;
-      if (!job.causal) {
+      if (job.whole_blocks) {
+        sees = !job.causal || kv[static_cast<std::size_t>(j)] <= tq;
+      } else if (!job.causal) {
         // bidirectional: every key of the document on every step
       } else if (diagonal) {
         sees = j <= i;  // the rank's own KV

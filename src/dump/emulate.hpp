@@ -28,6 +28,10 @@ struct ring_job {
   /// early half of each document's KV rows; upper: the late half of each document's query rows)
   /// without the same-document condition.
   bool doc_mask_own_block_only = false;
+  /// Zigzag: every step computes the rank's rows against the whole KV block, masked by the
+  /// tokens' global order (causal) and documents, instead of xorl's sections (a plain
+  /// whole-block ring; the same keys when the schedule is right).
+  bool whole_blocks = false;
   /// The layout: zigzag (two chunks per rank, a section per step, as above) or contiguous (one
   /// chunk per rank: step i's KV block lies wholly before the rank's own, at it (step 0) or
   /// after it; the "basic" rings of yunchang and ring-flash-attention). A contiguous job's

@@ -190,6 +190,28 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
          "the document visible under the causal-or-not mask)",
          v});
   }
+  // A bidirectional window passed on one side only, or its two sides taken as one (flash-attn's
+  // window_size (left, right) given as (left, left) or (right, right)).
+  if (!base.causal && base.window_back >= 0 && base.window_ahead >= 0) {
+    const auto one_side = [&](std::int64_t back, std::int64_t ahead, std::string what) {
+      auto v = base;
+      v.window_back = back;
+      v.window_ahead = ahead;
+      members.push_back(
+          {fmt::format("a bidirectional window {} ({} keys back, {} ahead where the meta says "
+                       "{} back, {} ahead)",
+                       what, back < 0 ? std::string("all") : std::to_string(back),
+                       ahead < 0 ? std::string("all") : std::to_string(ahead), base.window_back,
+                       base.window_ahead),
+           v});
+    };
+    one_side(base.window_back, -1, "on its left side only: the keys ahead unbounded");
+    one_side(-1, base.window_ahead, "on its right side only: the keys back unbounded");
+    if (base.window_back != base.window_ahead) {
+      one_side(base.window_back, base.window_back, "with its right side taken equal to its left");
+      one_side(base.window_ahead, base.window_ahead, "with its left side taken equal to its right");
+    }
+  }
   if (base.chunk > 0) {
     auto v = base;
     v.chunk = 0;
@@ -266,15 +288,19 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
   // A key row's gradient walks every query row's key sets, so the key side is emulated up to
   // kRingKeyRows tokens.
   const bool ring_emulated = (!key || g.S <= kRingKeyRows) && g.R > 1;
+  // A changed backward is "the backward alone … of" the same job.
+  const auto of = [grad](std::string what) {
+    return grad ? "the backward alone (its forward right) of " + what : what;
+  };
   if (ring_emulated && g.S <= kRingKeyRows) {
     // The mistakes of running a ring under the layer's options, both layouts: each step's call
     // masked by its own rows (no position ids), a bidirectional ring's calls left causal, the
     // sinks folded on every step. The steps a ring computes: those whose block some query of
     // the rank sees (a ring that skips fully masked blocks) or every step.
-    const auto computed = ring_steps_computed(masked_job(0, false));
-    const auto of = [grad](std::string what) {
-      return grad ? "the backward alone (its forward right) of " + what : what;
-    };
+    const bool masked = base.window_back >= 0 || base.window_ahead >= 0 || base.chunk > 0;
+    const auto computed = masked || !base.causal || !base.sinks.empty()
+                              ? ring_steps_computed(masked_job(0, false))
+                              : std::vector<std::vector<char>>{};
     const std::string ring_name = m.zigzag ? "zigzag ring attention" : "ring attention";
     const std::string measured = base.window_back >= 0 || base.window_ahead >= 0
                                      ? (base.chunk > 0 ? "window and chunk" : "window")
@@ -317,11 +343,24 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
                j.computed = computed;
              })});
   }
+  if (ring_emulated) {
+    // The document mask left out of the steps other than the own block, as rings other than
+    // xorl's sections write it: the contiguous ring (whose earlier blocks are seen whole), and a
+    // zigzag ring that computes whole blocks masked by the tokens' global order.
+    members.push_back(
+        {of(m.zigzag ? "zigzag ring attention over whole blocks (each step's rows against the "
+                       "whole KV block, masked by the tokens' global order) with the document "
+                       "mask applied only on the ring's own (diagonal) block: on the other "
+                       "ranks' blocks queries attend to every earlier token of other documents"
+                     : "ring attention with the document mask applied only on the ring's own "
+                       "(diagonal) block: on the blocks of earlier ranks queries attend across "
+                       "document boundaries"),
+         ring_variant(0, false, [&](ring_job& j) {
+           j.doc_mask_own_block_only = true;
+           j.whole_blocks = m.zigzag;
+         })});
+  }
   if (ring_emulated && m.zigzag) {
-    // A changed backward is "the backward alone … of" the same job.
-    const auto of = [grad](std::string what) {
-      return grad ? "the backward alone (its forward right) of " + what : what;
-    };
     members.push_back(
         {of("zigzag ring attention with the document mask applied only on the ring's own "
             "(diagonal) block: on the other ranks' blocks queries attend across document "
@@ -732,6 +771,8 @@ std::string search_families(const call_context& c, const std::string& st,
   if (!base.sinks.empty())
     option_members += ", the sinks dropped, kept out of the LSE, of other heads, negated or scaled";
   if (base.window_back >= 0) option_members += ", the window ignored or one key wider or narrower";
+  if (!base.causal && base.window_back >= 0 && base.window_ahead >= 0)
+    option_members += ", a bidirectional window on one side only or its sides taken as one";
   if (base.chunk > 0) option_members += ", chunks ignored or aligned to the row";
   if (base.softcap > 0)
     option_members += ", the capping before the scale, after the mask or left out";

@@ -216,6 +216,77 @@ class CausalLeftIn(zra.ZigzagRingAttention):
         return super().mask(kind, Causal(), n, src)
 
 
+class WindowLeftOnly(zra.ZigzagRingAttention):
+    """A bidirectional window passed on its left side only (the keys ahead unbounded)."""
+
+    def window(self, c):
+        return c.window_back, -1
+
+
+class WindowSymmetric(zra.ZigzagRingAttention):
+    """A bidirectional window's right side taken equal to its left (flash-attn's window_size
+    given as (left, left))."""
+
+    def window(self, c):
+        back, ahead = super().window(c)
+        return back, (back if ahead >= 0 else ahead)
+
+
+class DocMaskOffDiagonal(zra.ZigzagRingAttention):
+    """The document mask on the own (diagonal) block only: the lower and upper sections attend
+    across document boundaries, forward and backward (no window: the variant masks sections)."""
+
+    def mask(self, kind, c, n, src=None):
+        if kind == "diag" or not c.causal:
+            return super().mask(kind, c, n, src)
+        _, late = self.doc_and_half(c, n)
+        return (~late[None, :] if kind == "lower" else late[:, None]).expand(n, n)
+
+
+class WholeBlocks(zra.ZigzagRingAttention):
+    """A plain whole-block ring, any layout: every step computes the rank's rows against the
+    whole KV block, masked by the tokens' global order and their documents (no sections)."""
+
+    def docs_masked(self, c, src):
+        return True
+
+    def mask(self, kind, c, n, src=None):
+        cu = torch.tensor(c.cu_seqlens)
+        tq = torch.tensor(c.ring_tokens_of[c.ring_rank])
+        tk = torch.tensor(c.ring_tokens_of[src])
+        m = torch.ones(len(tq), len(tk), dtype=torch.bool)
+        if self.docs_masked(c, src):
+            m &= (torch.searchsorted(cu[1:], tq, right=True)[:, None] ==
+                  torch.searchsorted(cu[1:], tk, right=True)[None, :])
+        if c.causal:
+            m &= tk[None, :] <= tq[:, None]
+        return m
+
+
+class WholeBlocksDocMaskOffDiagonal(WholeBlocks):
+    """The whole-block ring with its document mask on the own block only."""
+
+    def docs_masked(self, c, src):
+        return src == c.ring_rank
+
+
+class WholeBlocksDocMaskOffDiagonalBackward(WholeBlocks):
+    """The whole-block ring whose backward alone drops the document mask off the own block
+    (its forward right)."""
+
+    backward = False
+
+    def docs_masked(self, c, src):
+        return src == c.ring_rank or not self.backward
+
+    def ring_backward(self, *args):
+        self.backward = True
+        try:
+            return super().ring_backward(*args)
+        finally:
+            self.backward = False
+
+
 VARIANTS = {
     "no_kv_repeat": NoKvRepeat,
     "blockwise_repeat": BlockwiseRepeat,
@@ -237,6 +308,12 @@ VARIANTS = {
     "causal_left_in": CausalLeftIn,
     "softcap_after_mask": SoftcapAfterMask,
     "sink_sigmoid_lse_kept": SinkSigmoidLseKept,
+    "window_left_only": WindowLeftOnly,
+    "window_symmetric": WindowSymmetric,
+    "docmask_off_diagonal": DocMaskOffDiagonal,
+    "whole_blocks": WholeBlocks,
+    "whole_blocks_docmask_off_diagonal": WholeBlocksDocMaskOffDiagonal,
+    "whole_blocks_docmask_off_diagonal_backward": WholeBlocksDocMaskOffDiagonalBackward,
 }
 
 

@@ -115,6 +115,10 @@ OPTION_CASES = {
                                "scores not multiplied by the scale")),
     "causal_left_in": (dict(ZIGZAG, causal=False, bidirectional=True),
                        ("causal attention where the meta says non-causal",)),
+    "window_left_only": (dict(ZIGZAG, causal=False, bidirectional=True, window=True),
+                         ("a bidirectional window on its left side only",)),
+    "window_symmetric": (dict(ZIGZAG, causal=False, bidirectional=True, window=True),
+                         ("a bidirectional window with its right side taken equal to its left",)),
     "softcap_after_mask": (dict(ZIGZAG, softcap=True),
                            ("logit capping applied after the mask",)),
     "sink_sigmoid_lse_kept": (dict(ZIGZAG, sinks=True),
@@ -159,6 +163,38 @@ def test_options_are_drawn_and_shrink_toward_causal():
     collect_plain()
     assert all(s.causal and s.window_back < 0 and s.chunk == 0 and not s.sinks and not s.softcap
                for s in plain)
+
+
+# The document mask of the ring's steps off the own block, dropped as rings are written: xorl's
+# sections (zigzag), and a plain whole-block ring in either layout, forward and backward alone.
+# (variant, layout) -> the cause the report must name.
+DOCMASK_CAUSE = "with the document mask applied only on the ring's own (diagonal) block"
+WHOLE_ZIGZAG = "zigzag ring attention over whole blocks"
+DOCMASK_CASES = {
+    ("docmask_off_diagonal", "zigzag"): "zigzag ring attention " + DOCMASK_CAUSE,
+    ("whole_blocks_docmask_off_diagonal", "zigzag"): WHOLE_ZIGZAG,
+    ("whole_blocks_docmask_off_diagonal", "contiguous"): "ring attention " + DOCMASK_CAUSE,
+    ("whole_blocks_docmask_off_diagonal_backward", "zigzag"):
+        "the backward alone (its forward right) of " + WHOLE_ZIGZAG,
+    ("whole_blocks_docmask_off_diagonal_backward", "contiguous"):
+        "the backward alone (its forward right) of ring attention " + DOCMASK_CAUSE,
+}
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_whole_block_ring_passes(layout):
+    stats = {}
+    spt.check(os.path.join(HERE, "broken_attention.py") + ":make('whole_blocks')", max_world=4,
+              supports={"layouts": (layout,)}, max_examples=40, seed=5, stats=stats)
+    assert stats["failures"] == 0 and stats["examples"] >= 36, stats
+
+
+@pytest.mark.parametrize("variant,layout", sorted(DOCMASK_CASES))
+def test_document_mask_off_the_own_block_named(variant, layout):
+    ref = os.path.join(HERE, "broken_attention.py") + ":make(%r)" % variant
+    report = _fail(ref, supports={"layouts": (layout,)}, max_examples=150)
+    assert DOCMASK_CASES[variant, layout] in report, report
+    assert not _children()
 
 
 @pytest.mark.parametrize("variant", sorted(OPTION_CASES))
