@@ -460,6 +460,10 @@ struct eval_rank {
   vec got;
   double tol_abs;
   int copies;
+  /// The bound a member's values are held to: tol_abs scaled by how much larger the job's
+  /// values are than the reference's (at least 1) — the job's rounding grows with the
+  /// magnitudes it computed, and a mistake can make them many times the reference's.
+  double tol_member = 0;
 };
 
 using values_fn = std::function<vec(const attention_variant&, const eval_rank&)>;
@@ -470,7 +474,7 @@ bool reproduces(const std::vector<eval_rank>& ev, const values_fn& values,
   for (const auto& e : ev) {
     const auto alt = values(var, e);
     for (std::size_t i = 0; i < alt.size(); ++i)
-      if (!(std::abs(e.got[i] - alt[i]) <= e.tol_abs) && e.got[i] != alt[i]) return false;
+      if (!(std::abs(e.got[i] - alt[i]) <= e.tol_member) && e.got[i] != alt[i]) return false;
   }
   return true;
 }
@@ -483,7 +487,7 @@ double misfit(const std::vector<eval_rank>& ev, const values_fn& values,
     const auto alt = values(var, e);
     for (std::size_t i = 0; i < alt.size(); ++i) {
       const double d = std::abs(e.got[i] - alt[i]);
-      worst = std::max(worst, std::isfinite(d) ? d / std::max(e.tol_abs, 1e-300) : INFINITY);
+      worst = std::max(worst, std::isfinite(d) ? d / std::max(e.tol_member, 1e-300) : INFINITY);
     }
   }
   return worst;
@@ -570,7 +574,7 @@ std::optional<std::string> other_ring_block(const call_context& c, const std::st
       const auto r = ref.keys(base, rows);
       const auto& alt = is_v ? r.dv : r.dk;
       for (std::size_t i = 0; all && i < alt.size(); ++i)
-        all = std::abs(e.got[i] - alt[i]) <= e.tol_abs || e.got[i] == alt[i];
+        all = std::abs(e.got[i] - alt[i]) <= e.tol_member || e.got[i] == alt[i];
       if (!all) break;
     }
     if (all)
@@ -663,6 +667,15 @@ std::string search_families(const call_context& c, const std::string& st,
       for (std::size_t i = 0; i < want.size(); ++i)
         if (std::isfinite(want[i]))
           e.tol_abs = std::max(e.tol_abs, stored.bound(want[i], c.units.u_t * terms[i]));
+    }
+    {
+      double job_max = 0, ref_max = 0;
+      for (std::size_t i = 0; i < want.size(); ++i)
+        if (std::isfinite(want[i]) && std::isfinite(e.got[i])) {
+          job_max = std::max(job_max, std::abs(e.got[i]));
+          ref_max = std::max(ref_max, std::abs(want[i]));
+        }
+      e.tol_member = e.tol_abs * (ref_max > 0 ? std::max(1.0, job_max / ref_max) : 1.0);
     }
     // Keep the failing rows and a few passing ones.
     row_set keep;

@@ -53,6 +53,13 @@ for mode in --sample --exhaustive; do
     validate --dump "$dumps/ulysses-last_token_own_doc-f32" $mode -q
   expect 1 "without its reduction over the ring" -- \
     validate --dump "$dumps/ring-kv_grad_not_reduced-f32" $mode -q
+  # Rings under the options and whole-block rings (tests/jobs/option_dumps.py).
+  expect 1 "chunk is measured in the order the rank holds its rows" -- \
+    validate --dump "$dumps/testing-positions_in_rank_order-f32" $mode -q
+  expect 1 "a bidirectional window on its left side only" -- \
+    validate --dump "$dumps/testing-window_left_only-f32" $mode -q
+  expect 1 "the backward alone (its forward right) of ring attention with the document mask" -- \
+    validate --dump "$dumps/testing-whole_blocks_bwd_docmask_contiguous-f32" $mode -q
   # Fitted, not listed: the softmax scale as a free parameter, another ring rank's K/V block;
   # and the ring's document mask on the own block only, dQ of other blocks without the scale.
   expect 1 "head_dim 12 rounded up to 16, a multiple of 8" -- \

@@ -67,6 +67,20 @@ const std::map<std::string, std::string> cause_words{
     {"dkv_last_hop_wrong_way",
      "last hop, which returns each accumulator to its owner, went the wrong way"},
     {"kv_grad_not_reduced", "without its reduction over the ring"},
+    // Rings under today's attention options and whole-block rings, written in torch and dumped
+    // by seqpar.testing (tests/jobs/option_dumps.py).
+    {"positions_in_rank_order", "chunk is measured in the order the rank holds its rows"},
+    {"window_left_only", "a bidirectional window on its left side only"},
+    {"window_symmetric", "a bidirectional window with its right side taken equal to its left"},
+    {"whole_blocks_docmask_zigzag",
+     "zigzag ring attention over whole blocks (each step's rows against the whole KV block, "
+     "masked by the tokens' global order) with the document mask applied only on the ring's own"},
+    {"whole_blocks_docmask_contiguous",
+     "ring attention with the document mask applied only on the ring's own (diagonal) block: on "
+     "the blocks of earlier ranks"},
+    {"whole_blocks_bwd_docmask_contiguous",
+     "the backward alone (its forward right) of ring attention with the document mask applied "
+     "only on the ring's own (diagonal) block"},
 };
 
 dump_report run(const fs::path& dir) { return validate_dump(read_dump(dir.string())); }

@@ -57,9 +57,11 @@ def _make_runner(impl, seqpar, deadline, start_method, impl_ref, keep, name):
 
 def run_one(impl, scenario, *, seqpar=None, deadline=30.0, start_method="fork", impl_ref=None,
             keep=None):
-    """Runs one scenario (a Scenario or its JSON) and returns (ok, report text)."""
+    """Runs one scenario (a Scenario or its JSON) and returns (ok, report text). keep: a
+    directory that keeps the case's dump, consistent or not (example-000001/)."""
     scn = scenario if isinstance(scenario, Scenario) else Scenario.from_json(scenario)
     runner = _make_runner(impl, seqpar, deadline, start_method, impl_ref, keep, None)
+    runner.keep_passing = keep is not None
     try:
         out = runner.run(scn)
         if out.kind == "refused":

@@ -74,7 +74,9 @@ def main(argv=None):
                        "build/tools/seqpar)")
         p.add_argument("--deadline", type=float, default=30.0,
                        help="seconds per example before it counts as a hang")
-        p.add_argument("--keep", default=None, help="directory for the failing example's dump")
+        p.add_argument("--keep", default=None,
+                       help="directory for the failing example's dump (run: the case's dump, "
+                       "consistent or not)")
         p.add_argument("--start-method", default="fork", choices=("fork", "spawn",
                                                                  "forkserver"))
     a = ap.parse_args(argv)

@@ -136,6 +136,7 @@ class Runner(object):
         self.root = keep_root or tempfile.mkdtemp(prefix="seqpar-testing-")
         os.makedirs(self.root, exist_ok=True)
         self.kept = None       # the dump directory of the latest failing example
+        self.keep_passing = False  # keep a consistent example's dump too (run_one with keep)
         self.count = 0
         self.failures = 0
         self.seconds = {"layout": 0.0, "ranks": 0.0, "validate": 0.0}
@@ -181,7 +182,10 @@ class Runner(object):
             self.seconds["validate"] += time.perf_counter() - t2
         out.dump_dir = d
         if out.ok:
-            shutil.rmtree(d, ignore_errors=True)
+            if self.keep_passing:
+                self.kept = d
+            else:
+                shutil.rmtree(d, ignore_errors=True)
         else:
             self.failures += 1
             if self.kept and self.kept != d:
