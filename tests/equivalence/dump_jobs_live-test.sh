@@ -29,6 +29,12 @@ fi
   tail -20 "$tmp/jobs.log"
   exit 1
 }
+# The rings under the options and the whole-block ring (job "testing": seqpar.testing's hook).
+SEQPAR=$seqpar "$py" "$src/tests/jobs/option_dumps.py" "$tmp/dumps" --no-twins \
+  >"$tmp/options.log" 2>&1 || {
+  tail -20 "$tmp/options.log"
+  exit 1
+}
 for d in "$tmp"/dumps/*/; do
   name=$(basename "$d")
   "$seqpar" validate --dump "$d" -q --json >"$tmp/$name.json" 2>"$tmp/$name.err"

@@ -7,7 +7,8 @@ seqpar.testing's hook (`run --keep`). Each broken job's first differing stage an
 comparing its tensors with its healthy twin's on the same scenario (sp_jobs.compare_dumps), as for
 sp_jobs.py's jobs; expected.json gets one entry per directory (the other jobs' entries kept).
 
-    .venv/bin/python tests/jobs/option_dumps.py tests/equivalence/data/dumps
+    SEQPAR=build/tools/seqpar .venv/bin/python tests/jobs/option_dumps.py tests/equivalence/data/dumps
+    … option_dumps.py OUT --no-twins    # the dumps only (dump_jobs_live reruns them)
 """
 import json
 import os
@@ -93,16 +94,21 @@ def run(impl, scn, into):
 
 
 def main(argv):
-    out = argv[1] if len(argv) > 1 else os.path.join(ROOT, "tests", "equivalence", "data",
-                                                     "dumps")
+    args = [a for a in argv[1:] if a != "--no-twins"]
+    twins = "--no-twins" not in argv  # without: the dumps only (no twins, no expected.json)
+    out = args[0] if args else os.path.join(ROOT, "tests", "equivalence", "data", "dumps")
     path = os.path.join(out, "expected.json")
-    with open(path) as f:
-        expected = json.load(f)
+    expected = {}
+    if twins:
+        with open(path) as f:
+            expected = json.load(f)
     for d, (name, impl, scn) in JOBS.items():
         healthy = name.startswith("healthy")
         if run(impl, scn, os.path.join(out, d)) != healthy:
             raise SystemExit("%s: seqpar.testing says %s" % (
                 d, "inconsistent" if healthy else "consistent"))
+        if not twins:
+            continue
         entry = {"cause": CAUSES.get(name, ""), "crashed": False, "dtype": scn["dtype"],
                  "first_stage": None, "healthy": healthy, "job": "testing", "ranks": [],
                  "variant": name}
@@ -118,9 +124,10 @@ def main(argv):
         expected[d] = entry
         print("%-50s %s" % (d, "healthy" if healthy else "%s on ranks %s" % (
             entry["first_stage"], entry["ranks"])))
-    with open(path, "w") as f:
-        json.dump(expected, f, indent=1, sort_keys=True)
-        f.write("\n")
+    if twins:
+        with open(path, "w") as f:
+            json.dump(expected, f, indent=1, sort_keys=True)
+            f.write("\n")
 
 
 if __name__ == "__main__":
