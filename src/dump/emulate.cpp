@@ -124,23 +124,6 @@ std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int 
   return blocks;
 }
 
-int ring_sink_folds(const ring_job& job, int r, std::int64_t i) {
-  int folds = 0;
-  for (int step = 0; step < job.ring; ++step) {
-    if (!job.computed.empty() &&
-        !job.computed[static_cast<std::size_t>(r)][static_cast<std::size_t>(step)])
-      continue;
-    if (job.zigzag && job.causal && step > 0 && ((r - step) % job.ring + job.ring) % job.ring > r) {
-      // An upper section: the call holds each document's late half of the query rows.
-      const auto& cu = job.local_cu[static_cast<std::size_t>(r)];
-      const auto d = doc_of(cu, i);
-      if (i < cu[d] + (cu[d + 1] - cu[d]) / 2) continue;
-    }
-    ++folds;
-  }
-  return folds;
-}
-
 std::vector<std::vector<char>> ring_steps_computed(const ring_job& job) {
   std::vector<std::vector<char>> out(static_cast<std::size_t>(job.ring),
                                      std::vector<char>(static_cast<std::size_t>(job.ring), 0));

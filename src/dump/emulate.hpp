@@ -56,10 +56,9 @@ struct ring_job {
   /// [ring rank][step]: whether the rank computes the step (empty: every step). A ring that
   /// skips the steps whose block no query of the rank sees under the layer's mask.
   std::vector<std::vector<char>> computed;
-  /// Sinks folded into each step's partial result before the merge, not once after it: 1, on
-  /// every step in which the row sees a key (a fold that passes over rows whose LSE is −∞); 2,
-  /// on every computed step whose call holds the row (ring_sink_folds); 0, once (correct).
-  int sink_per_step = 0;
+  /// Sinks folded into the partial result of every step in which the row sees a key, before
+  /// the merge (a fold that passes over rows whose LSE is −∞), not once after it.
+  bool sink_per_step = false;
   /// Each step's LSE rounded to this many significant bits before the steps are merged (0: not
   /// rounded; 8: bfloat16; 11: float16): a kernel that returns its LSE in the input dtype.
   int lse_bits = 0;
@@ -82,11 +81,6 @@ struct ring_job {
 /// The keys of local row i of ring rank r, one set per ring step (step s: the KV block of
 /// ring rank (r − s) mod R), as global token ids.
 std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int r, std::int64_t i);
-
-/// How many steps ring rank r computes whose attention call holds its local row i (zigzag's
-/// upper sections hold each document's late half only): the sink folds of that row when the
-/// sinks are folded into every step's partial result.
-int ring_sink_folds(const ring_job& job, int r, std::int64_t i);
 
 /// [r][step] of `job`: whether some local row of ring rank r sees some key of the step's block
 /// (the steps a ring that skips fully masked blocks computes). O(S²) key tests.

@@ -298,14 +298,13 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
     // sinks folded on every step. The steps a ring computes: those whose block some query of
     // the rank sees (a ring that skips fully masked blocks) or every step.
     const bool masked = base.window_back >= 0 || base.window_ahead >= 0 || base.chunk > 0;
-    const auto computed = masked || !base.causal || !base.sinks.empty()
-                              ? ring_steps_computed(masked_job(0, false))
-                              : std::vector<std::vector<char>>{};
+    const auto computed = masked || !base.causal ? ring_steps_computed(masked_job(0, false))
+                                                 : std::vector<std::vector<char>>{};
     const std::string ring_name = m.zigzag ? "zigzag ring attention" : "ring attention";
     const std::string measured = base.window_back >= 0 || base.window_ahead >= 0
                                      ? (base.chunk > 0 ? "window and chunk" : "window")
                                      : "chunk";
-    if (base.window_back >= 0 || base.window_ahead >= 0 || base.chunk > 0)
+    if (masked)
       for (const auto& [mode, skips] : {std::pair{1, true}, {1, false}, {2, false}})
         members.push_back(
             {of(fmt::format(
@@ -331,17 +330,12 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
                            j.computed = computed;
                          })});
     if (!base.sinks.empty() && !grad)
-      for (int mode : {1, 2})
-        members.push_back(
-            {fmt::format("{} whose sinks were folded into the partial result of every step {} "
-                         "(before each merge) instead of once after the last",
-                         ring_name,
-                         mode == 1 ? "in which the row sees a key"
-                                   : "whose call holds the row, whether it sees a key or not"),
-             ring_variant(0, false, [&](ring_job& j) {
-               j.sink_per_step = mode;
-               j.computed = computed;
-             })});
+      members.push_back(
+          {fmt::format("{} whose sinks were folded into the partial result of every step in "
+                       "which the row sees a key (before each merge) instead of once after the "
+                       "last",
+                       ring_name),
+           ring_variant(0, false, [](ring_job& j) { j.sink_per_step = true; })});
   }
   if (ring_emulated) {
     // The document mask left out of the steps other than the own block, as rings other than

@@ -286,14 +286,12 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
           lses.push_back(round_to_bits(mx + std::log(l), fwd.lse_bits));
           outs.push_back(acc / l);
         }
-        // The sinks, once after the merge (or once per computed step holding the row).
+        // The sinks, once after the merge (or once per step in which the row sees a key).
         double sink = ninf;
         if (!v.sinks.empty()) {
           const auto seen =
               std::count_if(lses.begin(), lses.end(), [](double y) { return y != ninf; });
-          const int folds = fwd.sink_per_step == 2   ? ring_sink_folds(fwd, ring, p % g.Sg)
-                            : fwd.sink_per_step == 1 ? static_cast<int>(seen)
-                                                     : 1;
+          const int folds = fwd.sink_per_step ? static_cast<int>(seen) : 1;
           if (folds > 0)
             sink =
                 v.sinks[static_cast<std::size_t>(row.head)] + std::log(static_cast<double>(folds));

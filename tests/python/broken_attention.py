@@ -216,6 +216,38 @@ class CausalLeftIn(zra.ZigzagRingAttention):
         return super().mask(kind, Causal(), n, src)
 
 
+class WindowPerCall(zra.ZigzagRingAttention):
+    """The window measured in each step's call, as a kernel given no position ids measures it
+    (flash-attn's window_size on each section's rows): a query counted from the first query row
+    of its document in the call and aligned to the call's last key row, a key from the first
+    key row of its document in the call."""
+
+    def mask(self, kind, c, n, src=None):
+        class NoWindow(object):
+            def __getattr__(self, name):
+                return -1 if name in ("window_back", "window_ahead") else getattr(c, name)
+        m = super().mask(kind, NoWindow(), n, src)
+        if c.window_back < 0 and c.window_ahead < 0:
+            return m
+        cu = torch.tensor(self.ring_cu(c))
+        i = torch.arange(n)
+        doc = torch.searchsorted(cu[1:], i, right=True)
+        start, length = cu[doc], cu[doc + 1] - cu[doc]
+        half = length // 2
+        q, lq, lk = i - start, length, length
+        if c.causal and kind == "lower":  # every query row, the early half of the keys
+            lk = half
+        elif c.causal and kind == "upper":  # the late half of the query rows, every key
+            q, lq = i - start - half, length - half
+        p = (q + lk - lq)[:, None]
+        k = (i - start)[None, :]
+        if c.window_back >= 0:
+            m = m & (p - k <= c.window_back)
+        if c.window_ahead >= 0:
+            m = m & (k - p <= c.window_ahead)
+        return m
+
+
 class WindowLeftOnly(zra.ZigzagRingAttention):
     """A bidirectional window passed on its left side only (the keys ahead unbounded)."""
 
@@ -230,6 +262,21 @@ class WindowSymmetric(zra.ZigzagRingAttention):
     def window(self, c):
         back, ahead = super().window(c)
         return back, (back if ahead >= 0 else ahead)
+
+
+class WindowRightOnly(zra.ZigzagRingAttention):
+    """A bidirectional window passed on its right side only (the keys back unbounded)."""
+
+    def window(self, c):
+        return -1, c.window_ahead
+
+
+class WindowSymmetricRight(zra.ZigzagRingAttention):
+    """A bidirectional window's left side taken equal to its right."""
+
+    def window(self, c):
+        back, ahead = super().window(c)
+        return (ahead if back >= 0 else back), ahead
 
 
 class DocMaskOffDiagonal(zra.ZigzagRingAttention):
@@ -308,7 +355,10 @@ VARIANTS = {
     "causal_left_in": CausalLeftIn,
     "softcap_after_mask": SoftcapAfterMask,
     "sink_sigmoid_lse_kept": SinkSigmoidLseKept,
+    "window_per_call": WindowPerCall,
     "window_left_only": WindowLeftOnly,
+    "window_right_only": WindowRightOnly,
+    "window_symmetric_right": WindowSymmetricRight,
     "window_symmetric": WindowSymmetric,
     "docmask_off_diagonal": DocMaskOffDiagonal,
     "whole_blocks": WholeBlocks,

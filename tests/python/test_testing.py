@@ -115,6 +115,13 @@ OPTION_CASES = {
                                "scores not multiplied by the scale")),
     "causal_left_in": (dict(ZIGZAG, causal=False, bidirectional=True),
                        ("causal attention where the meta says non-causal",)),
+    "window_per_call": (dict(ZIGZAG, window=True, ulysses=False),
+                        ("window is measured in each ring step's own rows",)),
+    "window_right_only": (dict(ZIGZAG, causal=False, bidirectional=True, window=True),
+                          ("a bidirectional window on its right side only",)),
+    "window_symmetric_right": (dict(ZIGZAG, causal=False, bidirectional=True, window=True),
+                               ("a bidirectional window with its left side taken equal to its "
+                                "right",)),
     "window_left_only": (dict(ZIGZAG, causal=False, bidirectional=True, window=True),
                          ("a bidirectional window on its left side only",)),
     "window_symmetric": (dict(ZIGZAG, causal=False, bidirectional=True, window=True),
