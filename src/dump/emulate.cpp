@@ -60,11 +60,12 @@ std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int 
     // The call's geometry for the mask: the query's index among the call's query rows of its
     // document and their count, the first of the call's key rows of a key's document and their
     // count (call_positions), and whether the call is causal.
-    std::int64_t iq = 0, lq = 0;
+    std::int64_t iq = 0, lq = 0, iq_doc = 0;
     const auto sees_key = [&](std::int64_t tk, std::int64_t j, std::int64_t jk, std::int64_t lk,
                               bool call_causal) {
       if (!masked) return true;
       if (job.call_positions == 2) return within(job, call_causal, i, j);
+      if (job.call_positions == 3) return within(job, call_causal, iq_doc, jk);
       if (job.call_positions == 1 || job.calls_causal)
         return within(job, call_causal || job.calls_causal, iq + lk - lq, jk);
       return within(job, false, doc_position(job, tq), doc_position(job, tk));
@@ -77,7 +78,7 @@ std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int 
       const std::int64_t ds = job.global_cu[d], de = job.global_cu[d + 1];
       const std::int64_t q0 = own.empty() ? 0 : own.front(), k0 = kv.empty() ? 0 : kv.front();
       const std::int64_t qa = std::max(ds, q0), ka = std::max(ds, k0);
-      iq = tq - qa;
+      iq = iq_doc = tq - qa;
       lq = std::min(de, q0 + static_cast<std::int64_t>(own.size())) - qa;
       const std::int64_t lk = std::max<std::int64_t>(0, std::min(de, k0 + m) - ka);
       for (std::int64_t j = 0; j < m; ++j) {
@@ -92,6 +93,7 @@ std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int 
     const auto d = doc_of(cu, i);
     const std::int64_t start = cu[d], end = cu[d + 1], mid = start + (end - start) / 2;
     const bool lower = !diagonal && assumed < r, upper = !diagonal && !lower;
+    iq_doc = i - start;
     if (job.causal && upper) {
       iq = i - mid;
       lq = end - mid;

@@ -47,7 +47,9 @@ struct ring_job {
   /// rows of its document plus lk − lq (a kernel's bottom-right alignment of lq query rows to lk
   /// key rows), a key's its index among the call's key rows: a kernel given no position ids;
   /// 2, the row's index in the rank's rows and the key's in its block's (a mask built from the
-  /// local row order). On a zigzag rank a document's two chunks then count as neighbours, and
+  /// local row order); 3, a row's index from its document's first row among the rank's rows,
+  /// a key's from its document's first row in its block (position ids rebuilt locally, per
+  /// document). On a zigzag rank a document's two chunks then count as neighbours, and
   /// chunk boundaries fall per rank. 0: document positions (correct).
   int call_positions = 0;
   /// Every attention call masked causal over its own rows, bottom-right aligned: a

@@ -305,16 +305,20 @@ std::vector<std::pair<std::string, attention_variant>> family_members(const geom
                                      ? (base.chunk > 0 ? "window and chunk" : "window")
                                      : "chunk";
     if (masked)
-      for (const auto& [mode, skips] : {std::pair{1, true}, {1, false}, {2, false}})
+      for (const auto& [mode, skips] : {std::pair{1, true}, {1, false}, {2, false}, {3, false}})
         members.push_back(
             {of(fmt::format(
                  "{} whose {} is measured in {} instead of the tokens' document positions ({}){}",
                  ring_name, measured,
-                 mode == 1 ? "each ring step's own rows" : "the order the rank holds its rows",
-                 mode == 1 ? "a kernel given no position ids: a query counted from the first "
-                             "query row of its document in the step's call, aligned to the "
-                             "call's last key row"
-                           : "each row's index in the rank's rows, each key's in its block's",
+                 mode == 1   ? "each ring step's own rows"
+                 : mode == 2 ? "the order the rank holds its rows"
+                             : "the rank's local positions",
+                 mode == 1   ? "a kernel given no position ids: a query counted from the first "
+                               "query row of its document in the step's call, aligned to the "
+                               "call's last key row"
+                 : mode == 2 ? "each row's index in the rank's rows, each key's in its block's"
+                             : "position ids rebuilt on the rank, counted from each document's "
+                               "first row there",
                  skips ? "; the steps the mask hides skipped" : "")),
              ring_variant(0, false, [&, mode = mode, skips = skips](ring_job& j) {
                j.call_positions = mode;

@@ -70,6 +70,7 @@ const std::map<std::string, std::string> cause_words{
     // Rings under today's attention options and whole-block rings, written in torch and dumped
     // by seqpar.testing (tests/jobs/option_dumps.py).
     {"positions_in_rank_order", "chunk is measured in the order the rank holds its rows"},
+    {"positions_rebuilt_locally", "chunk is measured in the rank's local positions"},
     {"window_left_only", "a bidirectional window on its left side only"},
     {"window_symmetric", "a bidirectional window with its right side taken equal to its left"},
     {"whole_blocks_docmask_zigzag",

@@ -50,6 +50,8 @@ JOBS = {
     "testing-healthy_window-f32": ("healthy_window", EXAMPLE, WINDOW),
     "testing-positions_in_rank_order-f32":
         ("positions_in_rank_order", variant("positions_in_rank_order"), CHUNKED),
+    "testing-positions_rebuilt_locally-f32":
+        ("positions_rebuilt_locally", variant("positions_rebuilt_locally"), CHUNKED),
     "testing-healthy_bidirectional-f32": ("healthy_bidirectional", EXAMPLE, BIDIR),
     "testing-window_left_only-f32": ("window_left_only", variant("window_left_only"), BIDIR),
     "testing-window_symmetric-f32": ("window_symmetric", variant("window_symmetric"), BIDIR),
@@ -69,6 +71,7 @@ JOBS = {
 # What each broken job does, in words (expected.json's "cause").
 CAUSES = {
     "positions_in_rank_order": "chunks measured by the rank's local row index",
+    "positions_rebuilt_locally": "chunks measured by position ids rebuilt per local document",
     "window_left_only": "a bidirectional window passed as (left, unbounded)",
     "window_symmetric": "a lopsided bidirectional window passed as (left, left)",
     "whole_blocks_docmask_zigzag": "whole-block ring: document mask on the own block only",

@@ -172,6 +172,17 @@ class PositionsInRankOrder(zra.ZigzagRingAttention):
         return torch.arange(len(c.ring_tokens_of[ring_rank]))
 
 
+class PositionsRebuiltLocally(zra.ZigzagRingAttention):
+    """Position ids rebuilt on the rank, counted from each document's first row among the rows
+    it holds (a zigzag rank's two chunks of a document as one run): chunk boundaries fall per
+    rank."""
+
+    def positions(self, c, ring_rank):
+        cu = torch.tensor(self.ring_cu(c))
+        i = torch.arange(len(c.ring_tokens_of[ring_rank]))
+        return i - cu[torch.searchsorted(cu[1:], i, right=True)]
+
+
 class SoftcapWithoutScale(zra.ZigzagRingAttention):
     """Capping of the unscaled score, then scaled: scale·cap·tanh(q·k/cap)."""
 
@@ -355,6 +366,7 @@ VARIANTS = {
     "causal_left_in": CausalLeftIn,
     "softcap_after_mask": SoftcapAfterMask,
     "sink_sigmoid_lse_kept": SinkSigmoidLseKept,
+    "positions_rebuilt_locally": PositionsRebuiltLocally,
     "window_per_call": WindowPerCall,
     "window_left_only": WindowLeftOnly,
     "window_right_only": WindowRightOnly,

@@ -115,6 +115,8 @@ OPTION_CASES = {
                                "scores not multiplied by the scale")),
     "causal_left_in": (dict(ZIGZAG, causal=False, bidirectional=True),
                        ("causal attention where the meta says non-causal",)),
+    "positions_rebuilt_locally": (dict(ZIGZAG, chunk=True),
+                                  ("chunk is measured in the rank's local positions",)),
     "window_per_call": (dict(ZIGZAG, window=True, ulysses=False),
                         ("window is measured in each ring step's own rows",)),
     "window_right_only": (dict(ZIGZAG, causal=False, bidirectional=True, window=True),
