@@ -292,18 +292,26 @@ class WindowSymmetricRight(zra.ZigzagRingAttention):
 
 class DocMaskOffDiagonal(zra.ZigzagRingAttention):
     """The document mask on the own (diagonal) block only: the lower and upper sections attend
-    across document boundaries, forward and backward (no window: the variant masks sections)."""
+    across document boundaries (their halves and windows as before), forward and backward."""
+
+    one_doc = False
 
     def mask(self, kind, c, n, src=None):
-        if kind == "diag" or not c.causal:
+        self.one_doc = kind != "diag" and c.causal
+        try:
             return super().mask(kind, c, n, src)
-        _, late = self.doc_and_half(c, n)
-        return (~late[None, :] if kind == "lower" else late[:, None]).expand(n, n)
+        finally:
+            self.one_doc = False
+
+    def doc_and_half(self, c, n):
+        doc, late = super().doc_and_half(c, n)
+        return (torch.zeros_like(doc) if self.one_doc else doc), late
 
 
 class WholeBlocks(zra.ZigzagRingAttention):
     """A plain whole-block ring, any layout: every step computes the rank's rows against the
-    whole KV block, masked by the tokens' global order and their documents (no sections)."""
+    whole KV block, masked by the tokens' global order, their documents and the window and chunk
+    by document positions (no sections)."""
 
     def docs_masked(self, c, src):
         return True
@@ -318,6 +326,17 @@ class WholeBlocks(zra.ZigzagRingAttention):
                   torch.searchsorted(cu[1:], tk, right=True)[None, :])
         if c.causal:
             m &= tk[None, :] <= tq[:, None]
+        # The window and chunk by the tokens' document positions.
+        p = self.positions(c, c.ring_rank)[:, None]
+        k = self.positions(c, src)[None, :]
+        back, ahead = self.window(c)
+        if back >= 0:
+            m &= p - k <= back
+        if ahead >= 0:
+            m &= k - p <= ahead
+        if c.chunk > 0:
+            m &= torch.div(p, c.chunk, rounding_mode="floor") == torch.div(
+                k, c.chunk, rounding_mode="floor")
         return m
 
 

@@ -194,7 +194,7 @@ DOCMASK_CASES = {
 def test_whole_block_ring_passes(layout):
     stats = {}
     spt.check(os.path.join(HERE, "broken_attention.py") + ":make('whole_blocks')", max_world=4,
-              supports={"layouts": (layout,)}, max_examples=40, seed=5, stats=stats)
+              supports=dict(OPTIONS, layouts=(layout,)), max_examples=40, seed=5, stats=stats)
     assert stats["failures"] == 0 and stats["examples"] >= 36, stats
 
 
@@ -203,6 +203,29 @@ def test_document_mask_off_the_own_block_named(variant, layout):
     ref = os.path.join(HERE, "broken_attention.py") + ":make(%r)" % variant
     report = _fail(ref, supports={"layouts": (layout,)}, max_examples=150)
     assert DOCMASK_CASES[variant, layout] in report, report
+    assert not _children()
+
+
+# The ring's schedule mistakes named under a gpt-oss-like layer (a window, sinks, capping) as
+# under a causal one: one fixed scenario, so that the options cannot shrink away.
+GPT_OSS_RING = dict(causal=True, chunk=0, docs=[32, 32], dtype="f32", head_dim=8, heads=4,
+                    kv_heads=2, layout="zigzag", profile="xorl", q_scale=1.0, ring=4, seed=0,
+                    sinks=True, softcap=20.0, ulysses=1, window_ahead=-1, window_back=5)
+SCHEDULE_CASES = {
+    "ring_src_off_by_one": "the ring source is off by one",
+    "zigzag_swapped": "each local document as [late chunk | early chunk]",
+    "local_cu": "cu_seqlens computed from each rank's local position ids",
+    "docmask_off_diagonal": "zigzag ring attention " + DOCMASK_CAUSE,
+    "whole_blocks_docmask_off_diagonal_backward":
+        "the backward alone (its forward right) of " + WHOLE_ZIGZAG,
+}
+
+
+@pytest.mark.parametrize("variant", sorted(SCHEDULE_CASES))
+def test_ring_schedule_mistakes_named_under_options(variant):
+    ref = os.path.join(HERE, "broken_attention.py") + ":make(%r)" % variant
+    ok, report = spt.run_one(ref, json.dumps(GPT_OSS_RING))
+    assert not ok and SCHEDULE_CASES[variant] in report, report
     assert not _children()
 
 
