@@ -71,6 +71,13 @@ const std::map<std::string, std::string> cause_words{
     // by seqpar.testing (tests/jobs/option_dumps.py).
     {"positions_in_rank_order", "chunk is measured in the order the rank holds its rows"},
     {"positions_rebuilt_locally", "chunk is measured in the rank's local positions"},
+    {"sinks_first_slice", "on every Ulysses rank (the first H/U)"},
+    {"sinks_negated", "sinks enter with the wrong sign"},
+    {"sink_per_step", "folded into every ring step's partial result"},
+    {"sink_sigmoid_lse_kept", "renormalised by the sinks (out·sigmoid(lse − sink)) but whose LSE"},
+    {"window_off_by_one", "a sliding window one key too wide"},
+    {"softcap_without_scale", "logit capping applied before the softmax scale"},
+    {"softcap_after_mask", "logit capping applied after the mask"},
     {"window_left_only", "a bidirectional window on its left side only"},
     {"window_symmetric", "a bidirectional window with its right side taken equal to its left"},
     {"whole_blocks_docmask_zigzag",

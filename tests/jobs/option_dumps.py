@@ -43,6 +43,8 @@ def variant(name):
 WINDOW = scenario(window_back=5)
 CHUNKED = scenario(chunk=6, docs=[40, 24], ring=2)
 BIDIR = scenario(causal=False, window_back=3, window_ahead=1)
+GPT_OSS = scenario(ulysses=2, window_back=5, sinks=True)
+CAPPED = scenario(ulysses=2, ring=1, softcap=1.0, docs=[9, 15])
 WHOLE = variant("whole_blocks")
 # directory name -> (variant, the job's code, scenario); a broken job's healthy twin is the
 # whole-block ring for whole-block variants, else the example
@@ -52,6 +54,17 @@ JOBS = {
         ("positions_in_rank_order", variant("positions_in_rank_order"), CHUNKED),
     "testing-positions_rebuilt_locally-f32":
         ("positions_rebuilt_locally", variant("positions_rebuilt_locally"), CHUNKED),
+    "testing-healthy_gpt_oss-f32": ("healthy_gpt_oss", EXAMPLE, GPT_OSS),
+    "testing-sinks_first_slice-f32": ("sinks_first_slice", variant("sinks_first_slice"), GPT_OSS),
+    "testing-sinks_negated-f32": ("sinks_negated", variant("sinks_negated"), GPT_OSS),
+    "testing-sink_per_step-f32": ("sink_per_step", variant("sink_per_step"), GPT_OSS),
+    "testing-sink_sigmoid_lse_kept-f32":
+        ("sink_sigmoid_lse_kept", variant("sink_sigmoid_lse_kept"), GPT_OSS),
+    "testing-window_off_by_one-f32": ("window_off_by_one", variant("window_off_by_one"), GPT_OSS),
+    "testing-healthy_capped-f32": ("healthy_capped", EXAMPLE, CAPPED),
+    "testing-softcap_without_scale-f32":
+        ("softcap_without_scale", variant("softcap_without_scale"), CAPPED),
+    "testing-softcap_after_mask-f32": ("softcap_after_mask", variant("softcap_after_mask"), CAPPED),
     "testing-healthy_bidirectional-f32": ("healthy_bidirectional", EXAMPLE, BIDIR),
     "testing-window_left_only-f32": ("window_left_only", variant("window_left_only"), BIDIR),
     "testing-window_symmetric-f32": ("window_symmetric", variant("window_symmetric"), BIDIR),
@@ -72,6 +85,13 @@ JOBS = {
 CAUSES = {
     "positions_in_rank_order": "chunks measured by the rank's local row index",
     "positions_rebuilt_locally": "chunks measured by position ids rebuilt per local document",
+    "sinks_first_slice": "every Ulysses rank takes the first H/U sinks",
+    "sinks_negated": "the sinks enter with the wrong sign",
+    "sink_per_step": "the sinks folded into every ring step's block before the merge",
+    "sink_sigmoid_lse_kept": "out·sigmoid(lse − sink) with the LSE kept",
+    "window_off_by_one": "transformers' sliding_window W passed as flash-attn's left = W",
+    "softcap_without_scale": "capping of the unscaled score, then scaled",
+    "softcap_after_mask": "the mask added before the capping",
     "window_left_only": "a bidirectional window passed as (left, unbounded)",
     "window_symmetric": "a lopsided bidirectional window passed as (left, left)",
     "whole_blocks_docmask_zigzag": "whole-block ring: document mask on the own block only",
