@@ -87,7 +87,9 @@ def check(impl, *, max_world=4, supports=None, max_examples=100, max_tokens=64, 
     deadline: seconds one example may take on the ranks before it is reported as a hang.
     progress: print a progress line to stderr every that many seconds (None: silent).
     settings: extra hypothesis.settings keyword arguments.
-    stats: a dict that receives examples run, failures and seconds per phase.
+    stats: a dict that receives examples run, failures, first_failure (how many examples had run
+      when the first failure came: the budget a mistake like it needs; None without one) and
+      seconds per phase.
     """
     import os
 
@@ -142,6 +144,7 @@ def check(impl, *, max_world=4, supports=None, max_examples=100, max_tokens=64, 
     finally:
         if stats is not None:
             stats.update(examples=runner.count, failures=runner.failures,
+                         first_failure=runner.first_failure,
                          seconds=dict(runner.seconds), wall=runner.elapsed(),
                          pool_starts=sum(p.starts for p in runner.pools.values()))
         runner.close()
@@ -255,6 +258,7 @@ def check_step(step, model, *, max_world=4, max_examples=30, max_tokens=24, dtyp
     finally:
         if stats is not None:
             stats.update(examples=runner.count, failures=runner.failures,
+                         first_failure=runner.first_failure,
                          seconds=dict(runner.seconds), wall=runner.elapsed())
         runner.close()
 

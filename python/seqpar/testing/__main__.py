@@ -100,6 +100,9 @@ def main(argv=None):
                   stats=stats)
         except SpAttentionFailure as e:
             print("FAIL after %d examples:%s" % (stats.get("examples", 0), e))
+            if stats.get("first_failure"):
+                print("(the first failing example was number %d: the budget this mistake "
+                      "needed at this seed)" % stats["first_failure"])
             return 1
         print("PASS: %d examples consistent (%.1f s)" % (stats["examples"], stats["wall"]))
         return 0
@@ -134,6 +137,9 @@ def _step_main(a):
                        loss_weights=a.loss_weights)
         except SpStepFailure as e:
             print("FAIL after %d examples:%s" % (stats.get("examples", 0), e))
+            if stats.get("first_failure"):
+                print("(the first failing example was number %d: the budget this mistake "
+                      "needed at this seed)" % stats["first_failure"])
             return 1
         print("PASS: %d steps consistent (%.1f s; reference %.1f s, ranks %.1f s)" % (
             stats["examples"], stats["wall"], stats["seconds"]["reference"],

@@ -139,6 +139,7 @@ class Runner(object):
         self.keep_passing = False  # keep a consistent example's dump too (run_one with keep)
         self.count = 0
         self.failures = 0
+        self.first_failure = None  # the example count at the first failure (1-based)
         self.seconds = {"layout": 0.0, "ranks": 0.0, "validate": 0.0}
         self.t_start = time.monotonic()
         self._last_progress = time.monotonic()
@@ -188,6 +189,8 @@ class Runner(object):
                 shutil.rmtree(d, ignore_errors=True)
         else:
             self.failures += 1
+            if self.first_failure is None:
+                self.first_failure = self.count
             if self.kept and self.kept != d:
                 shutil.rmtree(self.kept, ignore_errors=True)
             self.kept = d

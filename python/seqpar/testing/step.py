@@ -1096,6 +1096,7 @@ class StepRunner(object):
         self.pools = {}
         self.count = 0
         self.failures = 0
+        self.first_failure = None  # the example count at the first failure (1-based)
         self.seconds = {"reference": 0.0, "ranks": 0.0}
         self.t_start = time.monotonic()
         self._last_progress = time.monotonic()
@@ -1120,6 +1121,8 @@ class StepRunner(object):
         out = judge(results, ref, scn, stacks, self.deadline)
         if not out.ok:
             self.failures += 1
+            if self.first_failure is None:
+                self.first_failure = self.count
         self._tick()
         return out
 
