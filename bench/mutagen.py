@@ -5,6 +5,9 @@ declared in bench/mutants/places.json, and every mutant of them is derived mecha
             replaced by the nearest row's different value (a neighbour in the table)
   constant  every numeric literal but 0 and the integer 1: × 2 and ÷ 2 (two mutants)
   compare   every comparison `a < b`, `<=`, `>`, `>=`: its strictness flipped (< ↔ ≤, > ↔ ≥)
+  draw      every Hypothesis draw d(st.integers(a, b)) / d(st.sampled_from([...])) /
+            d(st.booleans()): collapsed to one end (a and b; the first item; False and True)
+  uniform   every torch.rand/randn(size…, keywords): one value repeated over the size
   family    every member of a family list: dropped — each element of a range-for's braced list
             (`for (double c : {2.0, 0.5, …})`) and each statement that starts with the place's
             "entry" text (like `members.push_back(`)
@@ -84,6 +87,8 @@ TABLE_ROW = re.compile(r"\{\s*(\"[^\"]*\"|-?[\w:.]+)\s*,\s*(\"[^\"]*\"|-?[\w:.]+
 CASE_ROW = re.compile(r"case\s+([^:]+?)\s*:\s*return\s+([^;]+);")
 PY_DICT_ROW = re.compile(r"(\"[^\"]*\"|'[^']*'|-?\d+)\s*:\s*(\"[^\"]*\"|'[^']*'|-?\d+)")
 RANGE_FOR = re.compile(r"for \([^:;()]*[\w&] : \{")
+DRAW = re.compile(r"(\w+\()st\.(integers|sampled_from|booleans)\(")
+TORCH_RAND = re.compile(r"(torch\.randn?)\(")
 
 
 def _fmt_number(value, literal, suffix):
@@ -99,6 +104,21 @@ def _fmt_number(value, literal, suffix):
 
 def _slug(s):
     return re.sub(r"[^A-Za-z0-9_+\-]+", "_", s).strip("_")[:40] or "x"
+
+
+def _split_top(inner):
+    """(start, end) spans of inner's top-level comma-separated parts."""
+    parts, depth, last = [], 0, 0
+    for k, ch in enumerate(inner):
+        if ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append((last, k))
+            last = k + 1
+    parts.append((last, len(inner)))
+    return parts
 
 
 def _matching(text, open_at, opener="(", closer=")"):
@@ -198,17 +218,7 @@ def place_mutants(root, place):
                 continue
             cb = _matching(text, ob, "{", "}")
             inner = text[ob + 1:cb]
-            # split at top-level commas
-            parts, depth, last = [], 0, 0
-            for k, ch in enumerate(inner):
-                if ch in "({[":
-                    depth += 1
-                elif ch in ")}]":
-                    depth -= 1
-                elif ch == "," and depth == 0:
-                    parts.append((last, k))
-                    last = k + 1
-            parts.append((last, len(inner)))
+            parts = _split_top(inner)
             if len(parts) < 2:
                 continue
             for k, (a, b) in enumerate(parts):
@@ -229,6 +239,50 @@ def place_mutants(root, place):
                 what = re.sub(r"\s+", " ", text[op + 1:op + 60])
                 add("family", f"drop_{what[:30]}", s, end, ";" if not python else "pass",
                     f"the family member `{what.strip()}…` (dropped)")
+    if "draw" in rules:
+        # Every Hypothesis draw d(st.KIND(ARGS)) collapsed to one of its ends: a draw whose
+        # variety no test relies on survives.
+        for m in DRAW.finditer(region):
+            s = lo + m.start()
+            if mask[s] != "c":
+                continue
+            op = s + m.end() - m.start() - 1
+            close = _matching(text, op)
+            end = _matching(text, s + len(m.group(1)) - 1) + 1  # the d(...) call
+            args = text[op + 1:close]
+            spans = [args[a:b].strip() for a, b in _split_top(args)]
+            kind = m.group(2)
+            if kind == "integers" and len(spans) == 2:
+                ends = [("low", spans[0]), ("high", spans[1])]
+            elif kind == "sampled_from" and spans[0].startswith("["):
+                items = [x.strip() for x in (spans[0][1:-1].split(",") if spans[0][1:-1] else [])]
+                ends = [("first", items[0])] if items else []
+            elif kind == "booleans":
+                ends = [("false", "False"), ("true", "True")]
+            else:
+                ends = []
+            code = text[s:end]
+            for tag, value in ends:
+                add("draw", f"{kind}_{tag}_{args[:24]}", s, end, value,
+                    f"the draw `{code}` collapsed to {value} ({tag})")
+    if "uniform" in rules:
+        # Every torch.rand/randn(SIZE…, keywords) made one value repeated over SIZE: a draw
+        # whose elements must differ (one per head) that no test tells from a constant survives.
+        for m in TORCH_RAND.finditer(region):
+            s = lo + m.start()
+            if mask[s] != "c":
+                continue
+            op = s + m.end() - m.start() - 1
+            close = _matching(text, op)
+            args = text[op + 1:close]
+            spans = [args[a:b].strip() for a, b in _split_top(args)]
+            size = [x for x in spans if "=" not in x]
+            kw = [x for x in spans if "=" in x]
+            if not size:
+                continue
+            repl = "%s(%s).repeat(%s)" % (m.group(1), ", ".join(["1"] + kw), ", ".join(size))
+            add("uniform", f"{m.group(1)}_{size[0]}", s, close + 1, repl,
+                f"the random `{text[s:close + 1]}` made one value repeated over its size")
     return out
 
 

@@ -161,6 +161,16 @@ def test_options_are_drawn_and_shrink_toward_causal():
     # Windows around the documents' lengths: shorter than and as long as a document.
     assert any(0 <= s.window_back < max(s.docs) - 1 for s in seen)
     assert any(s.window_back >= max(s.docs) - 1 for s in seen)
+    # Every option drawn off too (the shrink target is reachable), bidirectional windows
+    # lopsided both ways and symmetric, chunks shorter than and as long as a document.
+    assert any(s.window_back < 0 for s in seen) and any(s.chunk == 0 for s in seen)
+    assert any(not s.sinks for s in seen) and any(s.softcap == 0 for s in seen)
+    bidir = [s for s in seen if s.window_ahead >= 0]
+    assert any(s.window_ahead < s.window_back for s in bidir)
+    assert any(s.window_ahead == s.window_back for s in bidir)
+    assert any(s.window_ahead == 0 for s in bidir) and any(s.window_ahead > 0 for s in bidir)
+    assert any(0 < s.chunk < max(s.docs) for s in seen)
+    assert any(s.chunk >= max(s.docs) for s in seen)
     # Not declared, not drawn.
     default = spt.scenarios(max_world=4, supports=ZIGZAG)
     plain = []
