@@ -169,8 +169,8 @@ def test_options_are_drawn_and_shrink_toward_causal():
     assert any(s.window_ahead < s.window_back for s in bidir)
     assert any(s.window_ahead == s.window_back for s in bidir)
     assert any(s.window_ahead == 0 for s in bidir) and any(s.window_ahead > 0 for s in bidir)
-    assert any(0 < s.chunk < max(s.docs) for s in seen)
-    assert any(s.chunk >= max(s.docs) for s in seen)
+    assert any(1 < s.chunk < max(s.docs) for s in seen)
+    assert any(s.chunk >= max(s.docs) > 1 for s in seen)
     # Not declared, not drawn.
     default = spt.scenarios(max_world=4, supports=ZIGZAG)
     plain = []
