@@ -171,6 +171,9 @@ def test_options_are_drawn_and_shrink_toward_causal():
     assert any(s.window_ahead == 0 for s in bidir) and any(s.window_ahead > 0 for s in bidir)
     assert any(1 < s.chunk < max(s.docs) for s in seen)
     assert any(s.chunk >= max(s.docs) > 1 for s in seen)
+    # Chunks whose boundaries fall inside a document split over ranks (not at its ends).
+    assert any(s.chunk > 0 and s.world > 1 and any(1 < s.chunk < d and d % s.chunk
+                                                   for d in s.docs) for s in seen)
     # Not declared, not drawn.
     default = spt.scenarios(max_world=4, supports=ZIGZAG)
     plain = []
