@@ -18,10 +18,7 @@ std::size_t doc_of(std::span<const std::int32_t> cu, std::int64_t i) {
   return std::min(d, cu.size() >= 2 ? cu.size() - 2 : 0);
 }
 
-}  // namespace
-
-namespace {
-
+/// Whether the job masks beyond its sections (a window or a chunk).
 bool has_mask(const ring_job& job) {
   return job.window_back >= 0 || job.window_ahead >= 0 || job.chunk > 0;
 }
@@ -57,9 +54,10 @@ std::vector<std::vector<std::int64_t>> ring_key_blocks(const ring_job& job, int 
     const bool cross = step > 0 && job.doc_mask_own_block_only;
     const bool diagonal = step == 0 || (assumed == r && job.own_source_as_diagonal);
     auto& keys = blocks[static_cast<std::size_t>(step)];
-    // The call's geometry for the mask: the query's index among the call's query rows of its
-    // document and their count, the first of the call's key rows of a key's document and their
-    // count (call_positions), and whether the call is causal.
+    // The geometry the layout-order masks use (call_positions, calls_causal): the query's index
+    // among the call's query rows of its document (iq) and their count (lq), its index from its
+    // document's first row among the rank's rows (iq_doc); per key, its index among the call's
+    // key rows of its document (jk) and their count (lk).
     std::int64_t iq = 0, lq = 0, iq_doc = 0;
     const auto sees_key = [&](std::int64_t tk, std::int64_t j, std::int64_t jk, std::int64_t lk,
                               bool call_causal) {
