@@ -136,6 +136,10 @@ def targets_for(build, tests):
         meson_tests = json.load(f)
     outs = {os.path.relpath(fn, build) for t in meson_tests if t["name"] in tests
             for d in t.get("depends", []) for fn in files.get(d, [])}
+    # A test's own program, also where another runs it (mpiexec -n 4 PROGRAM: no depends).
+    built = {fn for fns in files.values() for fn in fns}
+    outs |= {os.path.relpath(a, build) for t in meson_tests if t["name"] in tests
+             for a in t["cmd"] if os.path.normpath(a) in built}
     if any(t.startswith("pytest:") for t in tests):
         outs.add(os.path.join("tools", "seqpar"))
     return sorted(outs)
@@ -258,6 +262,15 @@ def main():
     t_start = time.monotonic()
     print(f"mutate: building the unmutated tree in {build}", flush=True)
     subprocess.run(["ninja", "-C", build], check=True, capture_output=True)
+    # Every meson test a mutant names must exist: a name meson does not know would make
+    # `meson test` write no log, which is no kill.
+    with open(os.path.join(build, "meson-info", "intro-tests.json")) as f:
+        known = {t["name"] for t in json.load(f)}
+    for m in mutants:
+        unknown = [t for t in m["tests"] if not t.startswith("pytest:") and t not in known]
+        if unknown:
+            sys.exit(f"mutate: mutant {m['id']} names tests meson does not have: {unknown} "
+                     f"(meson test -C {build} --list shows the names)")
     if not a.in_place:  # the CI sample trusts the suite that just passed
         tests = sorted({t for m in mutants for t in m["tests"]})
         failed, secs = run_tests(build, tests, a.timeout * 2, tree)
