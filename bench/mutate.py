@@ -265,9 +265,9 @@ def main():
     # Every meson test a mutant names must exist: a name meson does not know would make
     # `meson test` write no log, which is no kill.
     with open(os.path.join(build, "meson-info", "intro-tests.json")) as f:
-        known = {t["name"] for t in json.load(f)}
+        test_names = {t["name"] for t in json.load(f)}
     for m in mutants:
-        unknown = [t for t in m["tests"] if not t.startswith("pytest:") and t not in known]
+        unknown = [t for t in m["tests"] if not t.startswith("pytest:") and t not in test_names]
         if unknown:
             sys.exit(f"mutate: mutant {m['id']} names tests meson does not have: {unknown} "
                      f"(meson test -C {build} --list shows the names)")
