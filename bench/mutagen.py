@@ -239,18 +239,24 @@ def place_mutants(root, place):
                 what = re.sub(r"\s+", " ", text[op + 1:op + 60])
                 add("family", f"drop_{what[:30]}", s, end, ";" if not python else "pass",
                     f"the family member `{what.strip()}…` (dropped)")
-    if "draw" in rules:
-        # Every Hypothesis draw d(st.KIND(ARGS)) collapsed to one of its ends: a draw whose
-        # variety no test relies on survives.
-        for m in DRAW.finditer(region):
+    def calls(rx):
+        """Per match of rx (ending at a call's opening parenthesis) in the place's code: the
+        match, its start, the call's closing parenthesis, its argument text and top-level
+        arguments."""
+        for m in rx.finditer(region):
             s = lo + m.start()
             if mask[s] != "c":
                 continue
             op = s + m.end() - m.start() - 1
             close = _matching(text, op)
-            end = _matching(text, s + len(m.group(1)) - 1) + 1  # the d(...) call
             args = text[op + 1:close]
-            spans = [args[a:b].strip() for a, b in _split_top(args)]
+            yield m, s, close, args, [args[a:b].strip() for a, b in _split_top(args)]
+
+    if "draw" in rules:
+        # Every Hypothesis draw d(st.KIND(ARGS)) collapsed to one of its ends: a draw whose
+        # variety no test relies on survives.
+        for m, s, close, args, spans in calls(DRAW):
+            end = _matching(text, s + len(m.group(1)) - 1) + 1  # the d(...) call
             kind = m.group(2)
             if kind == "integers" and len(spans) == 2:
                 ends = [("low", spans[0]), ("high", spans[1])]
@@ -268,14 +274,7 @@ def place_mutants(root, place):
     if "uniform" in rules:
         # Every torch.rand/randn(SIZE…, keywords) made one value repeated over SIZE: a draw
         # whose elements must differ (one per head) that no test tells from a constant survives.
-        for m in TORCH_RAND.finditer(region):
-            s = lo + m.start()
-            if mask[s] != "c":
-                continue
-            op = s + m.end() - m.start() - 1
-            close = _matching(text, op)
-            args = text[op + 1:close]
-            spans = [args[a:b].strip() for a, b in _split_top(args)]
+        for m, s, close, args, spans in calls(TORCH_RAND):
             size = [x for x in spans if "=" not in x]
             kw = [x for x in spans if "=" in x]
             if not size:
