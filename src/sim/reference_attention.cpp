@@ -34,12 +34,18 @@ void check_attention_shapes(const matrix& q, const matrix& k, const matrix& v, i
         head_dim);
 }
 
-/// Query rows per block of the attention: a block's scores [rows, keys] are one product. 64 rows
-/// for short documents, down to 16 once 16 rows of scores pass 2^16 values: a block's scores
-/// then stay in a core's cache (measured at 32K tokens, 2 threads sharing the memory bus: the
-/// backward 1.7× faster than with 64-row blocks).
-Eigen::Index query_block(Eigen::Index n) {
-  return std::clamp<Eigen::Index>((Eigen::Index{1} << 16) / std::max<Eigen::Index>(n, 1), 16, 64);
+/// Query rows per block of the attention. A block stacks the rows of every query head that
+/// shares one KV head (GQA's group), so that its scores [group·rows, keys] are one product and
+/// its key gradients one product over group·rows. `extent` is about how many keys a row sees
+/// (key_extent). The rows are as many as keep the block's scores under 2^16 values, in a core's
+/// cache (measured at 32K tokens, 2 threads sharing the memory bus: the backward 1.7× faster
+/// than with 4× larger blocks), and no more than a sixteenth of the extent: a block reads the
+/// union of its rows' keys, so a window of W keys read by R rows computes W + R scores per row
+/// for W visible (R = W/16 measured best at W = 128: 1.25× faster than R = 64); at most 64.
+Eigen::Index query_block(Eigen::Index extent, int group) {
+  const Eigen::Index least = std::max(16 / group, 2);
+  const Eigen::Index cached = (Eigen::Index{1} << 16) / std::max<Eigen::Index>(extent * group, 1);
+  return std::clamp<Eigen::Index>(std::min(cached, std::max(extent / 16, least)), least, 64);
 }
 
 /// The keys [first, second) of a document of n tokens that its query at position p may see,
@@ -69,6 +75,14 @@ std::pair<Eigen::Index, Eigen::Index> block_keys(const attention_rule& r, Eigen:
           std::max(key_span(r, b1 - 1, n).second, key_span(r, b0, n).first)};
 }
 
+/// About how many keys a query of a document of n tokens sees: the whole document, or the
+/// window (both sides), or the chunk.
+Eigen::Index key_extent(const attention_rule& r, Eigen::Index n) {
+  if (r.kind == 'W') return std::min(n, r.window + (r.causal ? 0 : r.right));
+  if (r.kind == 'C') return std::min(n, r.chunk);
+  return n;
+}
+
 /// tanh of every entry, vectorised: Eigen 3.4 vectorises exp in double but neither tanh nor
 /// select (glibc's scalar tanh per score made soft-capping the oracle's slowest option). Cephes'
 /// two branches, both computed and one kept by an exact 0/1 weight: below |x| = 0.625 the
@@ -93,51 +107,80 @@ void tanh_in_place(Array&& x) {
   x = small * (1.0 - w) + big * w;
 }
 
-/// The attention probabilities of the query rows at document positions [b0, b1) over the keys
-/// at positions [k0, k0 + keys.rows()) of a document of n tokens: row r (position p = b0 + r)
-/// is the softmax, over the keys it sees (key_span: one interval per row) and, with sinks, the
-/// head's sink logit as one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when
-/// capped); 0 for the keys it must not see. `query` holds the block's rows of one head
-/// [b1 − b0, head_dim]. With capping, `slope` gets d(capped)/d(score) = 1 − tanh² per entry;
-/// with sinks, `sink_p` the sink column's share.
+/// The attention probabilities of the query rows at document positions [b0, b0 + rows) of the
+/// query heads of one KV group, stacked head by head (row j·rows + r: head j of the group,
+/// position b0 + r), over the keys at positions [k0, k0 + keys.rows()) of a document of n
+/// tokens: each row is the softmax, over the keys it sees (key_span: one interval per
+/// position) and, with sinks, its head's sink logit `sinks[j]` as one more column, of the
+/// scores scale·q·k (softcap·tanh(·/softcap) when capped); 0 for the keys it must not see.
+/// `query` holds the rows already multiplied by score_factor(rule, scale), so that the
+/// product gives the scores (or their argument of tanh) with no pass of its own.
+/// With capping, `slope` gets d(capped)/d(score) = 1 − tanh² per entry; with sinks, `sink_p`
+/// the sink column's share per row.
 /// The mask is applied by intervals: each row's visible keys are one contiguous span of the
 /// (row-major) scores, exponentiated with Eigen's vectorised exp; the keys outside it are set
 /// to 0 as whole runs. No work per (query, key) pair beyond the product and one exp.
-template <class Query, class Keys>
-matrix block_probs(const Query& query, const Keys& keys, const attention_rule& rule,
-                   Eigen::Index b0, Eigen::Index k0, Eigen::Index n, double scale, double sink,
-                   matrix* slope, Eigen::VectorXd* sink_p) {
-  const Eigen::Index rows = query.rows(), len = keys.rows();
-  matrix p(rows, len);
+template <class Keys>
+matrix block_probs(const matrix& query, Eigen::Index rows, const Keys& keys,
+                   const attention_rule& rule, Eigen::Index b0, Eigen::Index k0, Eigen::Index n,
+                   const double* sinks, matrix* slope, Eigen::VectorXd* sink_p) {
+  const Eigen::Index stacked = query.rows(), len = keys.rows();
+  matrix p(stacked, len);
   p.noalias() = query * keys.transpose();
-  if (slope) slope->setZero(rows, len);
-  if (sink_p) sink_p->setZero(rows);
-  for (Eigen::Index r = 0; r < rows; ++r) {
-    auto row = p.row(r);
+  if (slope) slope->setZero(stacked, len);
+  if (sink_p) sink_p->setZero(stacked);
+  for (Eigen::Index row = 0; row < stacked; ++row) {
+    const Eigen::Index r = row % rows;
+    auto scores = p.row(row);
     const auto [first, last] = key_span(rule, b0 + r, n);
     const Eigen::Index lo = std::clamp<Eigen::Index>(first - k0, 0, len);
     const Eigen::Index hi = std::clamp<Eigen::Index>(last - k0, lo, len);
-    row.head(lo).setZero();
-    row.tail(len - hi).setZero();
-    auto seen = row.segment(lo, hi - lo);
+    scores.head(lo).setZero();
+    scores.tail(len - hi).setZero();
+    auto seen = scores.segment(lo, hi - lo);
     if (rule.softcap > 0) {  // on the row's visible span only, while it is in cache
-      seen = seen * scale / rule.softcap;
       tanh_in_place(seen.array());
-      if (slope) slope->row(r).segment(lo, hi - lo) = (1.0 - seen.array().square()).matrix();
+      if (slope) slope->row(row).segment(lo, hi - lo) = (1.0 - seen.array().square()).matrix();
       seen *= rule.softcap;
-    } else {
-      seen *= scale;
     }
+    const double sink = rule.sinks ? sinks[row / rows] : 0.0;
     double m = rule.sinks ? sink : -std::numeric_limits<double>::infinity();
     if (hi > lo) m = std::max(m, seen.maxCoeff());
     if (hi == lo && !rule.sinks) continue;  // sees nothing: probabilities 0
     seen = (seen.array() - m).exp().matrix();
     const double e_sink = rule.sinks ? std::exp(sink - m) : 0.0;
     const double z = seen.sum() + e_sink;
-    seen /= z;
-    if (sink_p) (*sink_p)(r) = e_sink / z;
+    seen *= 1.0 / z;
+    if (sink_p) (*sink_p)(row) = e_sink / z;
   }
   return p;
+}
+
+/// The rows [b0, b0 + rows) of the query heads [h0, h0 + group) of x [tokens, heads·d],
+/// stacked head by head into [group·rows, d], times `factor`.
+matrix stack_heads(const matrix& x, Eigen::Index b0, Eigen::Index rows, int h0, int group,
+                   int head_dim, double factor = 1.0) {
+  matrix s(rows * group, head_dim);
+  for (int j = 0; j < group; ++j)
+    s.middleRows(j * rows, rows) =
+        factor * x.block(b0, Eigen::Index{h0 + j} * head_dim, rows, head_dim);
+  return s;
+}
+
+/// What block_probs' queries are multiplied by: the scores' scale, and 1/softcap when capped
+/// (the argument of tanh).
+double score_factor(const attention_rule& rule, double scale) {
+  return rule.softcap > 0 ? scale / rule.softcap : scale;
+}
+
+/// The inverse: the stacked rows of `s`, times `factor`, written to rows [b0, …) of the heads'
+/// columns.
+void unstack_heads(const matrix& s, matrix& x, Eigen::Index b0, int h0, int group, int head_dim,
+                   double factor = 1.0) {
+  const Eigen::Index rows = s.rows() / group;
+  for (int j = 0; j < group; ++j)
+    x.block(b0, Eigen::Index{h0 + j} * head_dim, rows, head_dim) =
+        factor * s.middleRows(j * rows, rows);
 }
 
 }  // namespace
@@ -166,18 +209,19 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
                  const attention_rule& rule) {
   check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  matrix out = matrix::Zero(q.rows(), q.cols());
-  // Items: (document, query head, tile of query rows); every row is computed on its own, so
-  // the result does not depend on the items at all.
+  const int group = heads / kv_heads;
+  matrix out(q.rows(), q.cols());  // every row of every head is written below
+  // Items: (document, KV head, tile of query rows), each computing the query heads of the KV
+  // head's group; every row is computed on its own, so the result does not depend on the items.
   struct item {
     Eigen::Index a, e, i0, i1;
-    int h;
+    int g;
   };
   std::vector<item> items;
   for (const auto& [a, e] : documents(position_ids))
-    for (int h = 0; h < heads; ++h)
+    for (int g = 0; g < kv_heads; ++g)
       for (Eigen::Index i0 = a; i0 < e; i0 += row_tile)
-        items.push_back({a, e, i0, std::min(e, i0 + row_tile), h});
+        items.push_back({a, e, i0, std::min(e, i0 + row_tile), g});
   const auto keys_of = [&](const item& it) {  // the item's keys, positions in its document
     return block_keys(rule, it.i0 - it.a, it.i1 - it.a, it.e - it.a);
   };
@@ -185,22 +229,24 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
       items.size(), threads,
       [&](std::size_t t) {
         const auto [k0, k1] = keys_of(items[t]);
-        return static_cast<double>(items[t].i1 - items[t].i0) * static_cast<double>(k1 - k0);
+        return static_cast<double>(items[t].i1 - items[t].i0) * static_cast<double>(k1 - k0) *
+               group;
       },
       [&](std::size_t t) {
-        const auto& [a, e, i0, i1, h] = items[t];
-        const int g = h * kv_heads / heads;
-        const Eigen::Index kc = Eigen::Index{g} * head_dim, qc = Eigen::Index{h} * head_dim;
-        const Eigen::Index step = query_block(e - a);
-        const double sink = rule.sinks ? (*rule.sinks)(0, h) : 0.0;
+        const auto& [a, e, i0, i1, g] = items[t];
+        const int h0 = g * group;
+        const Eigen::Index kc = Eigen::Index{g} * head_dim;
+        const Eigen::Index step = query_block(key_extent(rule, e - a), group);
+        const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step);
           const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
-          const matrix p = block_probs(q.block(b0, qc, b1 - b0, head_dim),
-                                       k.block(a + k0, kc, k1 - k0, head_dim), rule, b0 - a, k0,
-                                       e - a, scale, sink, nullptr, nullptr);
-          out.block(b0, qc, b1 - b0, head_dim).noalias() =
-              p * v.block(a + k0, kc, k1 - k0, head_dim);
+          const matrix p = block_probs(
+              stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale)), b1 - b0,
+              k.block(a + k0, kc, k1 - k0, head_dim), rule, b0 - a, k0, e - a, sinks, nullptr,
+              nullptr);
+          const matrix o = p * v.block(a + k0, kc, k1 - k0, head_dim);
+          unstack_heads(o, out, b0, h0, group, head_dim);
         }
       },
       min_parallel_pairs);
@@ -229,16 +275,18 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
                         matrix& dv, int threads, const attention_rule& rule, matrix* dsinks) {
   check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  dq = matrix::Zero(q.rows(), q.cols());
+  const int group = heads / kv_heads;
+  dq.resize(q.rows(), q.cols());  // every row of every head is written below
   dk = matrix::Zero(k.rows(), k.cols());
   dv = matrix::Zero(v.rows(), v.cols());
-  // Items: (document, query head, chunk of query rows). An item writes its dq rows and columns
-  // and keeps its own dK, dV (and sink gradient) over the keys its queries read; then the
-  // partials of each (document, KV head) are added in head order, chunk order. Chunks depend
-  // on the document's length alone, so the sums are the same at any thread count.
+  // Items: (document, KV head, chunk of query rows), each computing the query heads of the KV
+  // head's group. An item writes its dq rows of those heads and keeps its own dK, dV (and sink
+  // gradients) over the keys its queries read; then the partials of each (document, KV head)
+  // are added in chunk order. Chunks depend on the document's length alone, so the sums are
+  // the same at any thread count.
   struct item {
     Eigen::Index a, e, i0, i1;
-    int h;
+    int g;
   };
   const auto docs = documents(position_ids);
   std::vector<item> items;
@@ -246,71 +294,78 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
   for (const auto& [a, e] : docs) {
     first_item.push_back(items.size());
     const auto cuts = attention_backward_chunks(e - a);
-    for (int h = 0; h < heads; ++h)
+    for (int g = 0; g < kv_heads; ++g)
       for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
-        items.push_back({a, e, a + cuts[c], a + cuts[c + 1], h});
+        items.push_back({a, e, a + cuts[c], a + cuts[c + 1], g});
   }
   const auto keys_of = [&](const item& it) {
     return block_keys(rule, it.i0 - it.a, it.i1 - it.a, it.e - it.a);
   };
   std::vector<matrix> dk_part(items.size()), dv_part(items.size());
-  std::vector<double> dsink_part(items.size(), 0.0);
+  // per item, per head of its group
+  std::vector<double> dsink_part(items.size() * static_cast<std::size_t>(group), 0.0);
   parallel_items(
       items.size(), threads,
       [&](std::size_t t) {
         const auto [k0, k1] = keys_of(items[t]);
-        return static_cast<double>(items[t].i1 - items[t].i0) * static_cast<double>(k1 - k0);
+        return static_cast<double>(items[t].i1 - items[t].i0) * static_cast<double>(k1 - k0) *
+               group;
       },
       [&](std::size_t t) {
-        const auto& [a, e, i0, i1, h] = items[t];
-        const int g = h * kv_heads / heads;
-        const Eigen::Index kc = Eigen::Index{g} * head_dim, qc = Eigen::Index{h} * head_dim;
+        const auto& [a, e, i0, i1, g] = items[t];
+        const int h0 = g * group;
+        const Eigen::Index kc = Eigen::Index{g} * head_dim;
         const auto [first, last] = keys_of(items[t]);  // the item's keys
         const Eigen::Index n = last - first;
         const matrix kg = k.block(a + first, kc, n, head_dim);
         const matrix vg = v.block(a + first, kc, n, head_dim);
         matrix dkg = matrix::Zero(n, head_dim), dvg = matrix::Zero(n, head_dim);
-        const Eigen::Index step = query_block(e - a);
-        const double sink = rule.sinks ? (*rule.sinks)(0, h) : 0.0;
+        const Eigen::Index step = query_block(key_extent(rule, e - a), group);
+        const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
+        const double factor = score_factor(rule, scale);
+        double* dsink = dsink_part.data() + t * static_cast<std::size_t>(group);
         matrix slope;
         Eigen::VectorXd sink_p;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step), rows = b1 - b0;
           const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
           const Eigen::Index off = k0 - first, len = k1 - k0;
-          const matrix query = q.block(b0, qc, rows, head_dim);
-          const matrix d_o = dout.block(b0, qc, rows, head_dim);
+          const matrix query = stack_heads(q, b0, rows, h0, group, head_dim, factor);
+          const matrix d_o = stack_heads(dout, b0, rows, h0, group, head_dim);
           const matrix p =
-              block_probs(query, kg.middleRows(off, len), rule, b0 - a, k0, e - a, scale, sink,
+              block_probs(query, rows, kg.middleRows(off, len), rule, b0 - a, k0, e - a, sinks,
                           rule.softcap > 0 ? &slope : nullptr, rule.sinks ? &sink_p : nullptr);
           // Per row: o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp) (the sink
           // column's dp is 0: it reaches no value, and its own ds is −p_sink·pᵀdp); capping:
-          // ds ∘= 1 − tanh²; s = scale·K·q.
+          // the score is softcap·tanh(x), x = factor·q·k, so ds ∘= softcap·(1 − tanh²). ds is
+          // the gradient of x = q'·k, q' = factor·q (the stacked `query`): dK += dsᵀ·q',
+          // dq = factor·ds·K.
           dvg.middleRows(off, len).noalias() += p.transpose() * d_o;
           matrix ds = d_o * vg.middleRows(off, len).transpose();  // dp, made ds row by row
-          for (Eigen::Index r = 0; r < rows; ++r) {
+          for (Eigen::Index r = 0; r < ds.rows(); ++r) {
             const double p_dot_dp = p.row(r).dot(ds.row(r));
-            if (rule.sinks) dsink_part[t] -= sink_p(r) * p_dot_dp;
+            if (rule.sinks) dsink[r / rows] -= sink_p(r) * p_dot_dp;
             if (rule.softcap > 0)
-              ds.row(r) =
-                  (p.row(r).array() * (ds.row(r).array() - p_dot_dp) * slope.row(r).array() * scale)
-                      .matrix();
+              ds.row(r) = (p.row(r).array() * (ds.row(r).array() - p_dot_dp) *
+                           slope.row(r).array() * rule.softcap)
+                              .matrix();
             else
-              ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - p_dot_dp).matrix()) * scale;
+              ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - p_dot_dp).matrix());
           }
-          dq.block(b0, qc, rows, head_dim).noalias() = ds * kg.middleRows(off, len);
+          const matrix dqs = ds * kg.middleRows(off, len);
+          unstack_heads(dqs, dq, b0, h0, group, head_dim, factor);
           dkg.middleRows(off, len).noalias() += ds.transpose() * query;
         }
         dk_part[t] = std::move(dkg);
         dv_part[t] = std::move(dvg);
       },
       min_parallel_pairs);
-  // The reduction: one item per (document, KV head), its partials in item order (head, chunk).
+  // The reduction: one item per (document, KV head), its partials in chunk order.
   parallel_items(
       docs.size() * static_cast<std::size_t>(kv_heads), threads,
       [&](std::size_t r) {
         const auto& [a, e] = docs[r / static_cast<std::size_t>(kv_heads)];
-        return 2.0 * static_cast<double>((e - a) * head_dim) * (heads / kv_heads);
+        return 2.0 * static_cast<double>((e - a) * head_dim);
       },
       [&](std::size_t r) {
         const std::size_t d = r / static_cast<std::size_t>(kv_heads);
@@ -318,16 +373,18 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const Eigen::Index kc = Eigen::Index{g} * head_dim;
         const std::size_t end = d + 1 < docs.size() ? first_item[d + 1] : items.size();
         for (std::size_t t = first_item[d]; t < end; ++t) {
-          if (items[t].h * kv_heads / heads != g) continue;
+          if (items[t].g != g) continue;
           const Eigen::Index n = dk_part[t].rows(), first = keys_of(items[t]).first;
           dk.block(docs[d].first + first, kc, n, head_dim) += dk_part[t];
           dv.block(docs[d].first + first, kc, n, head_dim) += dv_part[t];
         }
       },
       min_parallel_flops);
-  if (dsinks) {  // in item order: documents, heads, chunks
+  if (dsinks) {  // in item order: documents, then chunks, per head
     *dsinks = matrix::Zero(1, heads);
-    for (std::size_t t = 0; t < items.size(); ++t) (*dsinks)(0, items[t].h) += dsink_part[t];
+    for (std::size_t t = 0; t < items.size(); ++t)
+      for (int j = 0; j < group; ++j)
+        (*dsinks)(0, items[t].g * group + j) += dsink_part[t * static_cast<std::size_t>(group) + j];
   }
 }
 
