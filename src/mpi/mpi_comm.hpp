@@ -36,14 +36,19 @@ class mpi_session {
   /// failed on its own never leaves the others blocked in a collective.
   [[noreturn]] static void abort_world(const std::string& message, int code = 2);
 
-  /// The job has finished: every rank passed its last barrier and the result is printed. If
-  /// MPI_Finalize then stalls (seen across hosts over TCP: one process spinning in UCX's flush
-  /// of its endpoints, the others blocked in the launcher's final barrier, which never ends),
-  /// the process ends with `exit_code` (the result's) and a note, not with an error: after 10 s,
-  /// or 20 s when it waits in that barrier. Under MPICH's Hydra (PMI_FD set at start) it first
-  /// tells its launcher proxy that it is done (PMI's finalize; the main thread parked), so that
-  /// Hydra does not take the exit for a crash and kill the job's other processes (mpiexec exit
-  /// 9 or 255): the job ends with the result's exit code. From here on a rank that stays
+  /// The job has finished: every rank passed its last barrier and the result is printed. Under
+  /// MPICH's Hydra (PMI_FD set at start) the session then ends without MPI_Finalize: it passes
+  /// the launcher's barrier (PMI-1 over PMI_FD), after which no process waits for a message
+  /// from another, tells Hydra it is done (PMI's finalize) and skips the transport's teardown,
+  /// which across hosts over TCP stalled for 20 s in a fifth of the runs (one process in UCX's
+  /// flush of an endpoint towards a peer already in the launcher's barrier). A process that
+  /// does not reach that barrier within 10 s (a host cut, a rank stopped) leaves the others
+  /// ending with `exit_code` (the result's) and a note. Elsewhere (no PMI_FD), or where the
+  /// launcher's socket fails, MPI_Finalize runs; should it stall, the process ends with
+  /// `exit_code` and a note after 10 s, or 20 s when it waits in the launcher's barrier,
+  /// under Hydra having first told it that it is done (the main thread parked), so that Hydra
+  /// does not take the exit for a crash and kill the job's other processes (mpiexec exit 9 or
+  /// 255). From here on a rank that stays
   /// stopped (SIGSTOP) for 10 s is killed by its launcher sentinel (sentinel.hpp), so that it
   /// does not hold mpiexec once the others have ended. Call it right after the last barrier.
   void finished(int exit_code);

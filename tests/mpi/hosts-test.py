@@ -24,11 +24,11 @@ namespaces (tests/support/testhosts.py).
    host while rank 2, on a third host that receives none of it, waits for both (slow_transfer):
    the wait outlasts 4 × the deadline, every rank finishes, and rank 2 says the network was slow
    with the data arriving at rank 1.
-7. Every rank process of a random host stopped after the job's last barrier (the verdict
-   printed, the ranks inside MPI_Finalize, which across these hosts stalls until each rank's
-   teardown guard ends it, after 10-20 s): the verdict stands, and the whole job still ends within
-   deadline + 10 s of the stop — the stopped ranks killed by their sentinels — mpiexec exiting
-   non-zero.
+7. Every rank process of a random host stopped as soon as the verdict is printed (around the
+   job's last barrier: before it, the others' watchdog names them; past it, the others wait for
+   them in the launcher's final barrier for 10 s and the stopped ranks are killed by their
+   sentinels): the verdict stands, and the whole job still ends within deadline + 10 s of the
+   stop, mpiexec exiting non-zero.
 (Slow links and killed hosts are measured by bench/hosts_soak.py, not here: see docs/clusters.md.)
 
 Usage: hosts-test.py SEQPAR FAILING_RANK_CHECK SLOW_TRANSFER
@@ -71,19 +71,18 @@ with TestHosts(4) as hosts:
     sim = subprocess.run([seqpar, "check", "--backend", "sim", "--json", "-q", *args],
                          capture_output=True, text=True, timeout=300)
     moved = [hosts.tx_bytes(h) - before[h] for h in range(4)]
-    # MPICH's UCX teardown across TCP hosts sometimes stalls after the job has finished (a
-    # process flushing its endpoints towards peers already in the launcher's final barrier;
-    # docs/status.md): the ranks then end after 10-20 s with a note, having told Hydra they are
-    # done, so that mpiexec still exits with the result's code (0 here).
+    # A finished job's ranks pass the launcher's final barrier and end without MPI's teardown
+    # (MPICH 4.0's UCX teardown across TCP hosts stalled for 20 s in a fifth of the runs;
+    # docs/clusters.md). Should a stall come back, the ranks end after 10-20 s with a note,
+    # having told Hydra they are done, so that mpiexec still exits with the result's code.
     lines = [l for l in mpi.stderr.splitlines() if "UCX" not in l]
-    stalled = [l for l in lines if "the MPI transport's teardown stalled" in l]
+    stalled = [l for l in lines if "the MPI transport's teardown stalled" in l
+               or "the launcher's final barrier did not finish" in l]
     errors = [l for l in lines if "seqpar: error" in l]
     ended = mpi.returncode == 0 and not errors and mpi.stdout.strip()
     check(ended and sim.returncode == 0,
           f"check across 4 hosts exits {mpi.returncode} (sim {sim.returncode}): {lines[:3]}")
-    if stalled:
-        print(f"note: MPI_Finalize stalled after the job finished on {len(stalled)} rank(s), "
-              f"ended by the teardown guard: {stalled[0][:160]}")
+    check(not stalled, f"the finished job ended without a stall in its teardown: {stalled[:1]}")
     if ended:
         a, b = json.loads(mpi.stdout), json.loads(sim.stdout)
         keys = ("pass", "dtype", "scenario", "tolerance", "rows")
@@ -180,7 +179,7 @@ with TestHosts(4) as hosts:
         check(took > 4.0, f"rank 2 waited {took} s, beyond 4 × its 1 s deadline")
         check(re.search(r"arrived at ranks? [0-9, ]*\b1\b", note) is not None,
               f"rank 2 says the network was slow, the data arriving at rank 1: {note[:300]}")
-    # 7. A host's ranks stopped after the last barrier: the job still ends.
+    # 7. A host's ranks stopped around the last barrier: the job still ends.
     victim = random.randrange(4)
     out_path = os.path.join(work, "stopped-after.out")
     with open(out_path, "w") as out:
@@ -190,8 +189,7 @@ with TestHosts(4) as hosts:
         t_end = time.monotonic() + 120
         while time.monotonic() < t_end and job.poll() is None and \
                 "PASS:" not in open(out_path, errors="replace").read():
-            time.sleep(0.05)
-        time.sleep(1.0)  # past the last barrier: the ranks are in MPI_Finalize
+            time.sleep(0.002)
         # The rank processes only (command name exactly "seqpar"), not their sentinels.
         ranks = hosts.procs(victim, "seqpar", exact=True) if job.poll() is None else []
         for p in list(ranks):
@@ -215,12 +213,12 @@ with TestHosts(4) as hosts:
         took = time.monotonic() - t_stop
     report = open(out_path, errors="replace").read()
     if not ranks:
-        print(f"note: the job ended before its ranks on {hosts.names[victim]} could be stopped "
-              f"(MPI_Finalize did not stall this time): step 7 not judged")
+        print(f"note: the job ended before its ranks on {hosts.names[victim]} could be stopped: "
+              f"step 7 not judged")
     else:
-        check("PASS:" in report, f"stopped after the last barrier: the verdict stands (PASS)")
+        check("PASS:" in report, f"stopped around the last barrier: the verdict stands (PASS)")
         check(rc is not None and rc != 0 and took <= DEADLINE + 10,
-              f"{len(ranks)} rank(s) on {hosts.names[victim]} stopped after the last barrier: "
+              f"{len(ranks)} rank(s) on {hosts.names[victim]} stopped around the last barrier: "
               f"the whole job ended {took:.1f} s after the stop (deadline {DEADLINE} s + 10), "
               f"mpiexec exit {rc}")
 print(f"{'FAILED: ' + str(len(failures)) if failures else 'all passed'}")
