@@ -184,11 +184,12 @@ attention_rule layer_rule(const scenario& s, const weights& w, int l);
 matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
                  int head_dim, std::span<const std::int64_t> position_ids, int threads = 1,
                  const attention_rule& rule = {});
-/// dq, dk, dv (overwritten) from dout. Items are (document, query head, chunk of query rows;
-/// a long document has up to 4 chunks of about equal work): an item writes its dq and keeps
-/// its own dK, dV over the keys it reads; those partials are then added per (document, KV
-/// head) in head order, chunk order. Memory: the partials hold at most ~3·heads·tokens·head_dim
-/// values each for dK and dV (linear in the tokens).
+/// dq, dk, dv (overwritten) from dout. Items are (document, KV head, chunk of query rows),
+/// each computing the query heads of the KV head's group (a long document has up to 4·group
+/// chunks of about equal work): an item writes its dq and keeps its own dK, dV over the keys
+/// it reads; those partials are then added per (document, KV head) in chunk order. Memory: the
+/// partials hold at most ~3·heads·tokens·head_dim values each for dK and dV (linear in the
+/// tokens).
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
@@ -196,9 +197,10 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
                         matrix* dsinks = nullptr);
 
 /// The query-row offsets [0, …, tokens] of the chunks attention_backward cuts a document of
-/// `tokens` into: one chunk up to 2^24 causal pairs, then ceil(pairs / 2^24) up to 4, each
-/// holding about the same number of pairs.
-std::vector<Eigen::Index> attention_backward_chunks(Eigen::Index tokens);
+/// `tokens` into, for a KV head read by `group` query heads: one chunk up to 2^24 causal pairs
+/// of all the group's heads, then ceil(group·pairs / 2^24) up to 4·group, each holding about
+/// the same number of pairs (the work per item of one query head in 4 chunks).
+std::vector<Eigen::Index> attention_backward_chunks(Eigen::Index tokens, int group = 1);
 
 /// y = silu(gate)·up, silu(g) = g·sigmoid(g).
 matrix swiglu(const matrix& gate, const matrix& up, int threads = 1);

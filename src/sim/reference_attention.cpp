@@ -253,12 +253,13 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
   return out;
 }
 
-/// The row offsets [0, …, n] of the chunks of a document of n tokens: chunk c ends at
-/// n·sqrt((c+1)/count), rounded, so each holds about 1/count of the causal pairs.
-std::vector<Eigen::Index> attention_backward_chunks(Eigen::Index n) {
-  const double pairs = static_cast<double>(n) * static_cast<double>(n + 1) / 2;
-  const int count = static_cast<int>(
-      std::clamp(std::ceil(pairs / backward_chunk_pairs), 1.0, double{max_backward_chunks}));
+/// The row offsets [0, …, n] of the chunks of a document of n tokens read by `group` query
+/// heads: chunk c ends at n·sqrt((c+1)/count), rounded, so each holds about 1/count of the
+/// causal pairs.
+std::vector<Eigen::Index> attention_backward_chunks(Eigen::Index n, int group) {
+  const double pairs = static_cast<double>(n) * static_cast<double>(n + 1) / 2 * group;
+  const int count = static_cast<int>(std::clamp(std::ceil(pairs / backward_chunk_pairs), 1.0,
+                                                double{max_backward_chunks} * group));
   std::vector<Eigen::Index> cuts{0};
   for (int c = 1; c < count; ++c) {
     const auto cut = static_cast<Eigen::Index>(
@@ -293,7 +294,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
   std::vector<std::size_t> first_item;  // per document
   for (const auto& [a, e] : docs) {
     first_item.push_back(items.size());
-    const auto cuts = attention_backward_chunks(e - a);
+    const auto cuts = attention_backward_chunks(e - a, group);
     for (int g = 0; g < kv_heads; ++g)
       for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
         items.push_back({a, e, a + cuts[c], a + cuts[c + 1], g});

@@ -54,8 +54,9 @@ void parallel_items(std::size_t n, int threads, Weight weight, Item item, double
 /// Work below which the attention runs on the calling thread: token pairs of all items.
 inline constexpr double min_parallel_pairs = 16384;
 
-/// Pairs (query, key) above which the backward cuts a (document, head) into chunks of query
-/// rows (of about equal work; at most max_backward_chunks), so that a long document does not
+/// Pairs (query, key) of a KV head's group above which the backward cuts a (document, KV head)
+/// into chunks of query rows (of about equal work; at most max_backward_chunks per query head
+/// of the group), so that a long document does not
 /// hold one thread while the others idle. Each chunk keeps a dK, dV partial as long as the
 /// document's prefix it reads: the memory stays linear in the tokens.
 inline constexpr double backward_chunk_pairs = 1 << 24;
