@@ -32,13 +32,13 @@ namespace {
 // mpiexec, MPI_Abort (2 s for the launcher) — takes about 6.5 s. Every step has its own bound,
 // yet an MPI call towards a peer that died can block inside the transport: whatever happens,
 // the rank is gone 8 s after its failure, not when its sentinel kills the orphan 20 s later.
-void ends_after_failure(const mpi::mpi_session& session) {
+void ends_after_failure(const mpi::mpi_session& session, int code) {
   const std::string note = fmt::format(
       "seqpar: error: rank {} on {}: the MPI transport held this rank's exit after its failure "
       "for 8 s (a call towards a peer that is gone blocked); ended — what it printed and "
       "recorded above stands\n",
       session.rank(), session.host());
-  mpi::end_within(std::chrono::seconds(8), 2, note.c_str());
+  mpi::end_within(std::chrono::seconds(8), code, note.c_str());
 }
 
 }  // namespace
@@ -158,9 +158,14 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
            m.find("the process: ") != std::string::npos;
   };
 
+  // Once every rank holds the verdict (rank 0 prints it next), a failure of the job's end — a
+  // host cut or a rank stopped before the last barrier — is still reported, records and all,
+  // but the job ends with the verdict's exit code: the result was gathered and judged whole.
+  int exit_code = 2;
   try {
     if (me != 0) opt.progress = nullptr;
     auto rep = verify::run_check_distributed(world, s, opt);
+    exit_code = rep.pass ? 0 : 1;
     rep.backend = "mpi";
     if (me == 0) print(rep);
     // The end, together: a rank that stops after the verdict is named here, not left for
@@ -209,7 +214,7 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // Another rank failed and reports it; leave this rank's record and wait for the end (the
     // announcer's MPI_Abort, through mpiexec). Where mpiexec cannot reach this host (a link
     // down), nothing comes: the process ends on its own.
-    ends_after_failure(session);
+    ends_after_failure(session, exit_code);
     leave_record(e.what(), by_watchdog(e.what()) ? -1 : e.rank());
     world.acknowledge_abort(e.rank());
     // The announcer waits up to 3 s for the acknowledgements, prints, then asks mpiexec to end
@@ -218,9 +223,9 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     // launcher proxy, which makes mpiexec end every process of the job (mpi/sentinel.hpp).
     std::this_thread::sleep_for(std::chrono::seconds(4));
     mpi::end_launcher_proxy();
-    std::_Exit(2);
+    std::_Exit(exit_code);
   } catch (const std::exception& e) {
-    ends_after_failure(session);
+    ends_after_failure(session, exit_code);
     std::string message = e.what();
     int failed = by_watchdog(message) ? -1 : me;
     // An MPI call that failed (UCX: "Endpoint timeout", a reset connection) usually failed
@@ -232,13 +237,18 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
         failed = -1;
       }
     }
+    if (exit_code != 2)  // rank 0's printed verdict may not reach the console (its host cut)
+      message += fmt::format(
+          " — after the verdict ({}, every rank holds it), which stands: the job ends with its "
+          "exit code {}",
+          exit_code == 0 ? "PASS" : "FAIL", exit_code);
     const auto own = leave_record(message, failed);
     const int acks = world.announce_abort(message, std::chrono::seconds(3));
     mpi::mpi_session::abort_world(
         opt.flight_dir.empty()
             ? message
             : message + flight_note(opt.flight_dir, own + static_cast<std::size_t>(acks)),
-        2);
+        exit_code);
   }
 }
 
