@@ -26,7 +26,7 @@ void check_attention_shapes(const matrix& q, const matrix& k, const matrix& v, i
                             int kv_heads, int head_dim, std::size_t positions) {
   if (q.cols() != Eigen::Index{heads} * head_dim || k.cols() != Eigen::Index{kv_heads} * head_dim ||
       v.cols() != k.cols() || k.rows() != q.rows() || v.rows() != q.rows() ||
-      static_cast<std::size_t>(q.rows()) != positions)
+      static_cast<std::size_t>(q.rows()) != positions || kv_heads < 1 || heads % kv_heads != 0)
     fail<shape_error>(
         "reference: attention of q [{}, {}], k [{}, {}], v [{}, {}] with {} "
         "positions, heads={} kv_heads={} head_dim={}",
