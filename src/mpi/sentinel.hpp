@@ -47,8 +47,9 @@ void end_within(std::chrono::milliseconds limit, int code, const char* note);
 /// they do.
 inline constexpr std::chrono::seconds finished_stop_grace{10};
 
-/// This rank passed its job's last barrier (every rank's result is final): from now on its
-/// sentinel kills it if it stays stopped for finished_stop_grace. No-op without a sentinel.
+/// This rank's job has its result (every rank holds the verdict, or passed the last barrier):
+/// from now on its sentinel kills it if it stays stopped for finished_stop_grace. No-op without
+/// a sentinel.
 void note_job_finished();
 
 }  // namespace seqpar::mpi

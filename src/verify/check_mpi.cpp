@@ -166,6 +166,10 @@ int check_mpi(const std::function<scenario(verify::check_options&)>& resolve,
     if (me != 0) opt.progress = nullptr;
     auto rep = verify::run_check_distributed(world, s, opt);
     exit_code = rep.pass ? 0 : 1;
+    // From here a rank that stays stopped is killed by its sentinel after 10 s: stopped inside
+    // the last barrier (its messages sent, the others through it), it would hold mpiexec for
+    // ever once the others have ended.
+    mpi::note_job_finished();
     rep.backend = "mpi";
     if (me == 0) print(rep);
     // The end, together: a rank that stops after the verdict is named here, not left for
