@@ -63,6 +63,15 @@ def make_step():
     """The per-rank step: one `Trainer.train()` optimizer step (see the module's text); returns
     the loss the Trainer reports (TrainOutput.training_loss)."""
 
+    # Imported here, in the process that calls make_step (seqpar.testing's own, which forks the
+    # ranks), so that every rank inherits them: imported only inside step(), each rank of each pool
+    # paid for them again (accelerate's, DeepSpeed's and transformers' seconds of CPU).
+    import accelerate.state  # noqa: F401
+    import accelerate.utils.deepspeed  # noqa: F401
+    import deepspeed.runtime.sequence_parallel.parallel_state_sp  # noqa: F401
+    import transformers  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+
     def step(model, batches, ctx):
         import accelerate.utils.deepspeed as acd
         from accelerate.state import AcceleratorState

@@ -25,9 +25,22 @@ import sys
 
 import torch
 import torch.distributed as dist
+# The frameworks are imported here, in the test's own process, from which seqpar.testing forks
+# every rank: the ranks inherit them. Imported inside the functions below alone, they were paid
+# by every rank of every pool (VeOmni's and transformers' ~2 s of CPU each, ten ranks per
+# property at world ≤ 4, more where a raising example restarts the pool); the imports there now
+# find them loaded.
+import deepspeed.runtime.sequence_parallel.ulysses_sp  # noqa: F401,E402
+import deepspeed.sequence.layer  # noqa: F401,E402
+import transformers.models.gpt_oss.modeling_gpt_oss  # noqa: F401,E402
+import veomni.ops.kernels.attention.ulysses  # noqa: F401,E402
+import yunchang  # noqa: F401,E402
+import yunchang.kernels.attention  # noqa: F401,E402
+from torch.distributed.tensor.experimental._context_parallel import _attention  # noqa: F401,E402
 
 _ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(_ROOT, "tests", "jobs"))
+import sp_jobs  # noqa: F401,E402
 
 
 def local_attention(q, k, v, cu, scale, causal=True):

@@ -241,6 +241,46 @@ TEST(reference, attention_backward_matches_finite_differences) {
   EXPECT_LT(rel_err(dv, numeric_grad(f, v)), fd_tol);
 }
 
+TEST(reference, attention_backward_under_every_rule_matches_finite_differences_per_head) {
+  // GQA (4 query heads on 2 KV heads: two heads per stacked group) under each option, with
+  // sinks of their own per head: dq, dk, dv and each head's sink gradient against central
+  // differences. A sink gradient credited to the wrong head of a group, or a scale folded
+  // into the queries but not into dq, fails here.
+  const int H = 4, Hkv = 2, D = 3;
+  matrix q = random_matrix(tokens, H * D, 23), k = random_matrix(tokens, Hkv * D, 24),
+         v = random_matrix(tokens, Hkv * D, 25);
+  matrix sinks = random_matrix(1, H, 26, 2.0);
+  const matrix r = random_matrix(tokens, H * D, 27);
+  struct named_rule {
+    const char* name;
+    ops::attention_rule rule;
+  };
+  const std::vector<named_rule> rules = {
+      {"causal, sinks", {'F', true, 0, 0, 0, 0, &sinks}},
+      {"bidirectional, softcap", {'F', false, 0, 0, 0, 1.5, nullptr}},
+      {"window 2, sinks, softcap", {'W', true, 2, 0, 0, 2.0, &sinks}},
+      {"bidirectional window 1 back 2 ahead, sinks", {'W', false, 1, 2, 0, 0, &sinks}},
+      {"chunk 2, sinks", {'C', true, 0, 0, 2, 0, &sinks}},
+      {"bidirectional chunk 3, softcap", {'C', false, 0, 0, 3, 0.8, nullptr}}};
+  for (const auto& [name, rule] : rules) {
+    SCOPED_TRACE(name);
+    const auto f = [&] {
+      return ops::attention(q, k, v, H, Hkv, D, positions, 1, rule).cwiseProduct(r).sum();
+    };
+    matrix dq, dk, dv, dsinks = matrix::Zero(1, H);
+    ops::attention_backward(q, k, v, r, H, Hkv, D, positions, dq, dk, dv, 1, rule,
+                            rule.sinks ? &dsinks : nullptr);
+    EXPECT_LT(rel_err(dq, numeric_grad(f, q)), fd_tol);
+    EXPECT_LT(rel_err(dk, numeric_grad(f, k)), fd_tol);
+    EXPECT_LT(rel_err(dv, numeric_grad(f, v)), fd_tol);
+    if (rule.sinks) {
+      const matrix want = numeric_grad(f, sinks);
+      for (int h = 0; h < H; ++h)
+        EXPECT_NEAR(dsinks(0, h), want(0, h), fd_tol * want.cwiseAbs().maxCoeff()) << "head " << h;
+    }
+  }
+}
+
 /// dK and dV of one key j of a single document, by the definition: for every query i ≥ j its
 /// whole softmax row p_i and dp_il = v_l·do_i; dv_j = Σ_i p_ij do_i, dk_j = Σ_i ds_ij q_i·scale
 /// with ds_ij = p_ij (dp_ij − Σ_l p_il dp_il). One head, D columns.
