@@ -168,6 +168,51 @@ if [ -n "$venv_pid" ] && ! wait "$venv_pid"; then
   exit 1
 fi
 
+# The sanitizer builds of `./setup.sh test` (their tests run after the main suites, below).
+build_sanitizers() {
+  # Sanitizers: the CPU reference is the oracle, so it must be free of UB and leaks. The unit
+  # suite, the SP ≡ non-SP properties (the oracle's own code and every step it checks) and the
+  # equivalence suite's C++ programs are rebuilt at -O1 without debug info, MPI, CUDA or the
+  # CLI: only their targets are built, and the properties run 30 cases each (400 in the
+  # optimized build above), to keep CI within budget. (The layout and mesh properties exercise
+  # core's index arithmetic, which the unit tests run under the sanitizers too.) This build is
+  # also the x86-64 baseline (-Dcpu=generic: SSE2, no FMA) where the one above is the machine's
+  # own ISA, so that every run tests both.
+  # It is compiled with clang (half g++'s time at -O1 under the sanitizers), so that every run
+  # also builds the project with a second compiler; a build-asan made with g++ is made again.
+  # A unity build (8 sources per unit, as the wheel's): it is built once per run, never
+  # rebuilt file by file, and compiles in 20 CPU-minutes against 27 file by file.
+  if [ -f build-asan/build.ninja ] &&
+    ! grep -Eq '"command": "(ccache )?clang' build-asan/compile_commands.json 2>/dev/null; then
+    rm -rf build-asan
+  fi
+  if [ ! -f build-asan/build.ninja ]; then
+    echo "setup: configuring build-asan (clang)"
+    CC="${ccache_cxx}clang" CXX="${ccache_cxx}clang++" meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+      -Dgpu=disabled -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30 \
+      -Dcpu=generic -Dunity=on -Dunity_size=8
+  elif meson introspect build-asan --buildoptions 2>/dev/null |
+    python3 -c 'import json,sys; o={o["name"]: o["value"] for o in json.load(sys.stdin)}; sys.exit(0 if (o.get("cpu"), o.get("unity"), o.get("unity_size")) != ("generic", "on", 8) else 1)'; then
+    meson configure build-asan -Dcpu=generic -Dunity=on -Dunity_size=8 >/dev/null
+  fi
+  # The tests of suite 'sanitize' (tests/unit, tests/property/meson.build,
+  # tests/equivalence/meson.build) and their programs.
+  mapfile -t asan_targets < <(ninja -C build-asan -t targets all |
+    sed -n 's#^\(tests/unit/[^/:]*-test\|tests/property/equivalence-prop\|tests/equivalence/[^/:]*-eq\): .*#\1#p')
+  echo "setup: building build-asan (${#asan_targets[@]} test programs)"
+  ninja -C build-asan -j "$jobs" "${asan_targets[@]}" >/dev/null
+  # ThreadSanitizer: the rank-thread rendezvous and the in-process communicator, 3 repeats
+  # (tests/tsan/soak.sh runs the long soak under load); the oracle's threads (its tiles and
+  # (document, head) items written by several threads at once) in its thread-count tests.
+  if [ ! -f build-tsan/build.ninja ]; then
+    echo "setup: configuring build-tsan"
+    meson setup build-tsan -Db_sanitize=thread -Db_lundef=false -Dgpu=disabled -Dmpi=disabled \
+      -Doptimization=1 -Ddebug=false >/dev/null
+  fi
+  echo "setup: building build-tsan (communicator and reference tests)"
+  ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test tests/unit/reference-test >/dev/null
+}
+
 case "${1:-}" in
   "") ccache_said; echo "setup: built build/tools/seqpar" ;;
   run)
@@ -176,56 +221,41 @@ case "${1:-}" in
     exec ./build/tools/seqpar check "$@"
     ;;
   test)
+    # The sanitizer builds (ASan+UBSan, TSan: build_sanitizers above) compile in the background,
+    # in a session of their own at the lowest CPU priority, while the main suites run: they take
+    # the cycles the tests leave idle (a test waiting on a deadline or a process starting, one
+    # long test left at the end) and almost none of the rest (the kernel weighs nice 19 at 1.5%
+    # of a normal process). Their tests run after the main suites at normal priority, so that no
+    # time limit of theirs counts time spent waiting for a core; the mutants below edit the
+    # sources, so they wait for these builds to end.
+    sanitizer_log=$(mktemp)
+    export -f build_sanitizers
+    export jobs ccache_cxx
+    sanitizer_start=$SECONDS
+    setsid -w nice -n 19 bash -c 'set -euo pipefail; build_sanitizers' >"$sanitizer_log" 2>&1 &
+    sanitizer_pid=$!
+    # A failing main suite ends this script (set -e): the builds' session ends with it.
+    trap 'kill -- -"$sanitizer_pid" 2>/dev/null || kill "$sanitizer_pid" 2>/dev/null || true
+          rm -f "$sanitizer_log"' EXIT
     meson test -C build --print-errorlogs --num-processes "$jobs"
+    main_done=$SECONDS
+    if ! wait "$sanitizer_pid"; then
+      cat "$sanitizer_log"
+      echo "setup: the sanitizer builds failed (above)" >&2
+      exit 1
+    fi
+    cat "$sanitizer_log"
+    echo "setup: the sanitizer builds ran beside the main suites at nice 19 and ended" \
+      "$((SECONDS - main_done)) s after them ($((SECONDS - sanitizer_start)) s in all)"
     # Mutants made by rule (bench/mutants/places.json: mapping tables, bounds' constants,
     # comparisons, family lists): a random draw of them, each applied to this checkout in turn,
     # build/ rebuilt, its tests run until one fails; a mutant no test kills fails the run. The
     # seed is printed (rerun one draw with --seed); every file is restored and build/ rebuilt.
     python3 bench/mutate.py --generated --sample 2 --budget 360 --in-place build
-    # Sanitizers: the CPU reference is the oracle, so it must be free of UB and leaks. The unit
-    # suite, the SP ≡ non-SP properties (the oracle's own code and every step it checks) and the
-    # equivalence suite's C++ programs are rebuilt at -O1 without debug info, MPI, CUDA or the
-    # CLI: only their targets are built, and the properties run 30 cases each (400 in the
-    # optimized build above), to keep CI within budget. (The layout and mesh properties exercise
-    # core's index arithmetic, which the unit tests run under the sanitizers too.) This build is
-    # also the x86-64 baseline (-Dcpu=generic: SSE2, no FMA) where the one above is the machine's
-    # own ISA, so that every run tests both.
-    # It is compiled with clang (half g++'s time at -O1 under the sanitizers), so that every run
-    # also builds the project with a second compiler; a build-asan made with g++ is made again.
-    # A unity build (8 sources per unit, as the wheel's): it is built once per run, never
-    # rebuilt file by file, and compiles in 20 CPU-minutes against 27 file by file.
-    if [ -f build-asan/build.ninja ] &&
-      ! grep -Eq '"command": "(ccache )?clang' build-asan/compile_commands.json 2>/dev/null; then
-      rm -rf build-asan
-    fi
-    if [ ! -f build-asan/build.ninja ]; then
-      echo "setup: configuring build-asan (clang)"
-      CC="${ccache_cxx}clang" CXX="${ccache_cxx}clang++" meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-        -Dgpu=disabled -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30 \
-        -Dcpu=generic -Dunity=on -Dunity_size=8
-    elif meson introspect build-asan --buildoptions 2>/dev/null |
-      python3 -c 'import json,sys; o={o["name"]: o["value"] for o in json.load(sys.stdin)}; sys.exit(0 if (o.get("cpu"), o.get("unity"), o.get("unity_size")) != ("generic", "on", 8) else 1)'; then
-      meson configure build-asan -Dcpu=generic -Dunity=on -Dunity_size=8 >/dev/null
-    fi
-    # The tests of suite 'sanitize' (tests/unit, tests/property/meson.build,
-    # tests/equivalence/meson.build) and their programs.
-    mapfile -t asan_targets < <(ninja -C build-asan -t targets all |
-      sed -n 's#^\(tests/unit/[^/:]*-test\|tests/property/equivalence-prop\|tests/equivalence/[^/:]*-eq\): .*#\1#p')
-    echo "setup: building build-asan (${#asan_targets[@]} test programs)"
-    ninja -C build-asan -j "$jobs" "${asan_targets[@]}" >/dev/null
+    # The ASan+UBSan build's tests (suite 'sanitize'), then TSan's.
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
       meson test -C build-asan --no-rebuild --print-errorlogs --num-processes "$jobs" \
       --suite sanitize
-    # ThreadSanitizer: the rank-thread rendezvous and the in-process communicator, 3 repeats
-    # (tests/tsan/soak.sh runs the long soak under load); the oracle's threads (its tiles and
-    # (document, head) items written by several threads at once) in its thread-count tests.
-    if [ ! -f build-tsan/build.ninja ]; then
-      echo "setup: configuring build-tsan"
-      meson setup build-tsan -Db_sanitize=thread -Db_lundef=false -Dgpu=disabled -Dmpi=disabled \
-        -Doptimization=1 -Ddebug=false >/dev/null
-    fi
-    echo "setup: building build-tsan (communicator and reference tests)"
-    ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test tests/unit/reference-test >/dev/null
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
       --test-args=--gtest_repeat=3 inproc_comm inproc_comm_fibers1 inproc_comm_fibers2
     cp build-tsan/meson-logs/testlog.json build-tsan/meson-logs/testlog-comm.json
