@@ -390,6 +390,11 @@ def test_dtypes_and_odd_shapes_of_the_healthy_example():
         Scenario(1, 3, "zigzag", 2, 2, 3, (6, 12), "f16", seed=5),
         Scenario(2, 2, "zigzag", 8, 2, 5, (4, 12), "bf16", seed=6, q_scale=16.0),
         Scenario(2, 2, "zigzag", 4, 4, 16, (8,), "f32", seed=7, q_scale=64.0),
+        # the KV repeat's three gradient copies nearly cancel at token 3 (their sum 0.234, each
+        # copy larger): its f32 rounding is the copies', ~36 ulps of the sum, and is judged by
+        # their magnitudes (the wheel's random draw found it, judged by the sum's value)
+        Scenario(3, 1, "zigzag", 6, 1, 2, (14,), "f32", seed=15, q_scale=16.0,
+                 profile="xorl"),
     ):
         ok, text = spt.run_one(EXAMPLE + ":attention", scn)
         assert ok, text
