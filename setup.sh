@@ -200,7 +200,8 @@ build_sanitizers() {
   mapfile -t asan_targets < <(ninja -C build-asan -t targets all |
     sed -n 's#^\(tests/unit/[^/:]*-test\|tests/property/equivalence-prop\|tests/equivalence/[^/:]*-eq\): .*#\1#p')
   echo "setup: building build-asan (${#asan_targets[@]} test programs)"
-  ninja -C build-asan -j "$jobs" "${asan_targets[@]}" >/dev/null
+  ninja -C build-asan -j "$jobs" "${asan_targets[@]}" >build-asan/setup-build.log 2>&1 ||
+    { tail -n 60 build-asan/setup-build.log; return 1; }
   # ThreadSanitizer: the rank-thread rendezvous and the in-process communicator, 3 repeats
   # (tests/tsan/soak.sh runs the long soak under load); the oracle's threads (its tiles and
   # (document, head) items written by several threads at once) in its thread-count tests.
@@ -210,7 +211,8 @@ build_sanitizers() {
       -Doptimization=1 -Ddebug=false >/dev/null
   fi
   echo "setup: building build-tsan (communicator and reference tests)"
-  ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test tests/unit/reference-test >/dev/null
+  ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test tests/unit/reference-test \
+    >build-tsan/setup-build.log 2>&1 || { tail -n 60 build-tsan/setup-build.log; return 1; }
 }
 
 case "${1:-}" in

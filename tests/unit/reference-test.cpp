@@ -262,8 +262,10 @@ TEST(reference, attention_backward_under_every_rule_matches_finite_differences_p
       {"bidirectional window 1 back 2 ahead, sinks", {'W', false, 1, 2, 0, 0, &sinks}},
       {"chunk 2, sinks", {'C', true, 0, 0, 2, 0, &sinks}},
       {"bidirectional chunk 3, softcap", {'C', false, 0, 0, 3, 0.8, nullptr}}};
-  for (const auto& [name, rule] : rules) {
-    SCOPED_TRACE(name);
+  for (const auto& named : rules) {
+    // Not a structured binding: clang 14 cannot capture one in the lambda below.
+    const ops::attention_rule& rule = named.rule;
+    SCOPED_TRACE(named.name);
     const auto f = [&] {
       return ops::attention(q, k, v, H, Hkv, D, positions, 1, rule).cwiseProduct(r).sum();
     };
