@@ -136,23 +136,20 @@ def make_step(mistake=None, zero_stage=0, fixed=False):
     for every SP group (_gloo_all_gather_backward)."""
 
     # Imported here, in the process that calls make_step (seqpar.testing's own, which forks the
-    # ranks), so that every rank inherits them: imported only inside step(), each rank of each pool
+    # ranks), so that every rank inherits them: imported inside step(), each rank of each pool
     # paid for them again (DeepSpeed's and transformers' ~4 s of CPU, and the Muon optimizer that
     # deepspeed.initialize imports on its first call, whose import probes DeepSpeed's ops by
     # compiling test programs).
-    import deepspeed.runtime.sequence_parallel.ulysses_sp  # noqa: F401
-    import deepspeed.utils  # noqa: F401
-    import transformers.integrations.deepspeed  # noqa: F401
+    import deepspeed
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+    from deepspeed.utils import safe_get_full_grad
+    from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
     try:
         import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     except ImportError:  # as deepspeed's own import of it
         pass
 
     def step(model, batches, ctx):
-        import deepspeed
-        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
-        from deepspeed.utils import safe_get_full_grad
-        from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
         model.loss_function = _f64_causal_lm_loss
         if fixed:
             _gloo_all_gather_backward()

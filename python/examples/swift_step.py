@@ -139,17 +139,15 @@ def make_step(average_tokens_across_devices=True, model_accepts_loss_kwargs=True
     then DDP's averaging of the gradients and the logged loss."""
 
     # Imported here, in the process that calls make_step (seqpar.testing's own, which forks the
-    # ranks), so that every rank inherits them: imported only inside step(), each rank of each pool
+    # ranks), so that every rank inherits them: imported inside step(), each rank of each pool
     # paid for them again (ms-swift's and transformers' ~5 s of CPU).
     import swift.sequence_parallel  # noqa: F401
     import swift.template  # noqa: F401
-    import swift.trainers  # noqa: F401
-    import transformers  # noqa: F401
+    from swift.trainers import Seq2SeqTrainer
+    from transformers import Trainer
     import transformers.modeling_utils  # noqa: F401
 
     def step(model, batches, ctx):
-        from swift.trainers import Seq2SeqTrainer
-        from transformers import Trainer
         sp, sm = _swift_model(model, ctx)
         tr = _trainer(ctx, average_tokens_across_devices,
                       model_accepts_loss_kwargs, sm)

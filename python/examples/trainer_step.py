@@ -64,23 +64,18 @@ def make_step():
     the loss the Trainer reports (TrainOutput.training_loss)."""
 
     # Imported here, in the process that calls make_step (seqpar.testing's own, which forks the
-    # ranks), so that every rank inherits them: imported only inside step(), each rank of each pool
+    # ranks), so that every rank inherits them: imported inside step(), each rank of each pool
     # paid for them again (accelerate's, DeepSpeed's and transformers' seconds of CPU).
-    import accelerate.state  # noqa: F401
-    import accelerate.utils.deepspeed  # noqa: F401
-    import deepspeed.runtime.sequence_parallel.parallel_state_sp  # noqa: F401
-    import transformers  # noqa: F401
-    import transformers.modeling_utils  # noqa: F401
+    import accelerate.utils.deepspeed as acd
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+    from transformers import Trainer, TrainingArguments
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from seqpar.testing.hf import varlen_attention
 
     def step(model, batches, ctx):
-        import accelerate.utils.deepspeed as acd
-        from accelerate.state import AcceleratorState
-        from accelerate.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
-        from deepspeed.runtime.sequence_parallel import parallel_state_sp
-        from transformers import Trainer, TrainingArguments
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        from seqpar.testing.hf import varlen_attention
         if ctx.dp_size != 1 or len(batches) != 1 or ctx.dtype != torch.float32:
             raise ValueError("trainer_step: one DP replica, one micro-batch, float32 (run with "
                              "--max-dp 1 --no-accumulation --dtypes f32)")

@@ -132,20 +132,18 @@ def make_step(mistake=None):
         raise ValueError("veomni_step: unknown mistake %r" % (mistake,))
 
     # Imported here, in the process that calls make_step (seqpar.testing's own, which forks the
-    # ranks), so that every rank inherits them: imported only inside step(), each rank of each pool
+    # ranks), so that every rank inherits them: imported inside step(), each rank of each pool
     # paid for them again (VeOmni's and transformers' ~5 s of CPU).
     import transformers.loss.loss_utils  # noqa: F401
     import veomni.arguments.arguments_types  # noqa: F401
-    import veomni.data.data_collator  # noqa: F401
+    from veomni.data.data_collator import MainCollator
+    from veomni.utils import loss_utils
     import veomni.distributed.parallel_state  # noqa: F401
     import veomni.distributed.sequence_parallel  # noqa: F401
     import veomni.models  # noqa: F401
     import veomni.ops.kernels.attention.flash  # noqa: F401
-    import veomni.utils.loss_utils  # noqa: F401
 
     def step(model, batches, ctx):
-        from veomni.data.data_collator import MainCollator
-        from veomni.utils import loss_utils
         ps = _parallel_state(ctx)
         vm = _veomni_model(model, ctx.dtype)
         if ctx.dtype == torch.float64:
