@@ -130,19 +130,26 @@ ccache_said() {  # one line: what the cache served in this run
     $1 == "cache_miss" { miss = $2 }
     END { if (hit + miss > 0) printf "setup: ccache served %d of %d compilations (%.0f%%) from %s\n", hit, hit + miss, 100 * hit / (hit + miss), ENVIRON["CCACHE_DIR"] }'
 }
+ninja_quiet() {  # dir, targets…: ninja's output shown only when it fails (its last 60 lines)
+  local dir=$1 log
+  shift
+  log=$(mktemp)
+  ninja -C "$dir" -j "$jobs" "$@" >"$log" 2>&1 || { tail -n 60 "$log"; rm -f "$log"; return 1; }
+  rm -f "$log"
+}
 configure() {  # dir, ninja target ('' = all), extra meson args…
   local dir=$1 target=$2
   shift 2
   local log
-  log=$(mktemp)
   if [ ! -f "$dir/build.ninja" ]; then
     echo "setup: configuring $dir"
+    log=$(mktemp)
     meson setup "$dir" "$@" >"$log" 2>&1 || { cat "$log"; rm -f "$log"; return 1; }
+    rm -f "$log"
   fi
   echo "setup: building $dir${target:+ ($target)}"
   # shellcheck disable=SC2086
-  ninja -C "$dir" -j "$jobs" $target >"$log" 2>&1 || { tail -n 60 "$log"; rm -f "$log"; return 1; }
-  rm -f "$log"
+  ninja_quiet "$dir" $target
 }
 if [ "${1:-}" = run ]; then
   gpu=disabled
@@ -200,8 +207,7 @@ build_sanitizers() {
   mapfile -t asan_targets < <(ninja -C build-asan -t targets all |
     sed -n 's#^\(tests/unit/[^/:]*-test\|tests/property/equivalence-prop\|tests/equivalence/[^/:]*-eq\): .*#\1#p')
   echo "setup: building build-asan (${#asan_targets[@]} test programs)"
-  ninja -C build-asan -j "$jobs" "${asan_targets[@]}" >build-asan/setup-build.log 2>&1 ||
-    { tail -n 60 build-asan/setup-build.log; return 1; }
+  ninja_quiet build-asan "${asan_targets[@]}"
   # ThreadSanitizer: the rank-thread rendezvous and the in-process communicator, 3 repeats
   # (tests/tsan/soak.sh runs the long soak under load); the oracle's threads (its tiles and
   # (document, head) items written by several threads at once) in its thread-count tests.
@@ -211,8 +217,7 @@ build_sanitizers() {
       -Doptimization=1 -Ddebug=false >/dev/null
   fi
   echo "setup: building build-tsan (communicator and reference tests)"
-  ninja -C build-tsan -j "$jobs" tests/unit/inproc_comm-test tests/unit/reference-test \
-    >build-tsan/setup-build.log 2>&1 || { tail -n 60 build-tsan/setup-build.log; return 1; }
+  ninja_quiet build-tsan tests/unit/inproc_comm-test tests/unit/reference-test
 }
 
 case "${1:-}" in
@@ -231,7 +236,7 @@ case "${1:-}" in
     # time limit of theirs counts time spent waiting for a core; the mutants below edit the
     # sources, so they wait for these builds to end.
     sanitizer_log=$(mktemp)
-    export -f build_sanitizers
+    export -f build_sanitizers ninja_quiet
     export jobs ccache_cxx
     sanitizer_start=$SECONDS
     setsid -w nice -n 19 bash -c 'set -euo pipefail; build_sanitizers' >"$sanitizer_log" 2>&1 &
