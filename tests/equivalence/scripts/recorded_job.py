@@ -37,13 +37,26 @@ def init_gloo(rank, P, port, fails_after_s=None):
                             timeout=datetime.timedelta(seconds=fails_after_s or 300))
 
 
+def spawn_all(work, args, P):
+    """Runs work(rank, *args) in P forked ranks and lets every rank run to its own end before
+    the job is judged; then raises, like torch's join, with the first failure's traceback.
+    torch's join stops the other ranks as soon as one fails: a rank that fails at once (a size
+    check of its own arguments) would take down a slower peer before that peer wrote the record
+    of the call the replay compares with. Fork: the ranks start at once without importing torch
+    again, so several jobs can run side by side without a slow start eating into the
+    rendezvous timeout."""
+    ctx = mp.start_processes(work, args=args, nprocs=P, start_method="fork", join=False)
+    for p in ctx.processes:
+        p.join()
+    while not ctx.join():  # returns at once now; raises for the first rank that failed
+        pass
+
+
 def main(work, P, healthy_modes):
     mode, out, config = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
     port = int(os.environ.get("SEQPAR_JOB_PORT", 0)) or free_port()
     try:
-        # fork: the ranks start at once without importing torch again, so several jobs can run
-        # side by side without a slow start eating into the rendezvous timeout.
-        mp.start_processes(work, args=(P, mode, out, config, port), nprocs=P, start_method="fork")
+        spawn_all(work, (P, mode, out, config, port), P)
     except Exception as e:  # the broken modes end inside gloo (error or timeout): expected
         if mode in healthy_modes:
             raise

@@ -8,7 +8,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools"))
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import recorded_job
 import seqpar_recorder as spr
@@ -30,6 +29,6 @@ def work(rank, P, out, port):
 
 if __name__ == "__main__":
     try:
-        mp.spawn(work, args=(4, sys.argv[1], recorded_job.free_port()), nprocs=4)
+        recorded_job.spawn_all(work, (4, sys.argv[1], recorded_job.free_port()), 4)
     except Exception as e:  # the victims' timeouts: expected
         print(f"job ended: {type(e).__name__}", file=sys.stderr)

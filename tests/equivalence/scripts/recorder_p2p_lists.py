@@ -8,7 +8,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools"))
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import recorded_job
 import seqpar_recorder as spr
@@ -36,5 +35,5 @@ def work(rank, P, out, port):
 
 if __name__ == "__main__":
     out = sys.argv[1]
-    mp.spawn(work, args=(2, out, recorded_job.free_port()), nprocs=2)
+    recorded_job.spawn_all(work, (2, out, recorded_job.free_port()), 2)
     spr.merge(out, [f"{out}.rank{r}" for r in range(2)])
