@@ -49,8 +49,10 @@ class mpi_session {
   /// under Hydra having first told it that it is done (the main thread parked), so that Hydra
   /// does not take the exit for a crash and kill the job's other processes (mpiexec exit 9 or
   /// 255). From here on a rank that stays
-  /// stopped (SIGSTOP) for 10 s is killed by its launcher sentinel (sentinel.hpp), so that it
-  /// does not hold mpiexec once the others have ended. Call it right after the last barrier.
+  /// stopped (SIGSTOP) for 10 s is resumed by its launcher sentinel (sentinel.hpp) and ends at
+  /// once with `exit_code` (its guards expired meanwhile), so that it neither holds mpiexec once
+  /// the others have ended nor turns the job's exit code into a signal's; one that has not
+  /// ended 15 s later is killed. Call it right after the last barrier.
   void finished(int exit_code);
 
  private:

@@ -93,8 +93,9 @@ double now_s() {
 [[noreturn]] void watch(long rank, long launcher, unsigned long long rank_start, double grace_s) {
   char path[64];
   format_stat_path(path, rank);
-  double orphaned_at = -1, stopped_at = -1;
+  double orphaned_at = -1, stopped_at = -1, resumed_at = -1;
   const double finished_stop_s = static_cast<double>(finished_stop_grace.count());
+  const double resumed_s = static_cast<double>(finished_resume_grace.count());
   const timespec tick{0, 200'000'000};
   for (;;) {
     nanosleep(&tick, nullptr);
@@ -102,12 +103,19 @@ double now_s() {
     if (!read_stat(path, s) || s.start != rank_start || s.state == 'Z' || s.state == 'X')
       _exit(0);  // the rank ended
     const bool stopped = s.state == 'T' || s.state == 't';
-    // Stopped after its job finished: it holds mpiexec for nothing.
-    if (stopped && job_finished && job_finished->load(std::memory_order_relaxed)) {
-      if (stopped_at < 0) stopped_at = now_s();
-      if (now_s() - stopped_at >= finished_stop_s) {
+    // Stopped after its job finished: it holds mpiexec for nothing. Resumed, it ends itself
+    // with the job's result (its guards of the last steps have expired meanwhile); killed, it
+    // would make mpiexec report a signal for a job that passed.
+    if (resumed_at >= 0) {
+      if (now_s() - resumed_at >= resumed_s) {  // stopped again, or a tracer holds it
         kill(static_cast<pid_t>(rank), SIGKILL);
         _exit(0);
+      }
+    } else if (stopped && job_finished && job_finished->load(std::memory_order_relaxed)) {
+      if (stopped_at < 0) stopped_at = now_s();
+      if (now_s() - stopped_at >= finished_stop_s) {
+        kill(static_cast<pid_t>(rank), SIGCONT);
+        resumed_at = now_s();
       }
     } else {
       stopped_at = -1;

@@ -16,8 +16,11 @@
 // And a rank stopped after its job has finished — past the last barrier, where its result
 // already stands, typically inside MPI_Finalize — holds mpiexec just the same while its launcher
 // lives: the other ranks end (their teardown guard), mpiexec waits for this one forever. Once
-// the rank has said it passed its last barrier (note_job_finished), the sentinel kills it when
-// it stays stopped for finished_stop_grace: nothing a debugger could want is left to see there.
+// the rank has said it passed its last barrier (note_job_finished), the sentinel resumes it
+// (SIGCONT) when it stays stopped for finished_stop_grace: its guards of the last steps have
+// expired meanwhile, so it ends at once with the job's result, and mpiexec with the verdict's
+// exit code. One still there finished_resume_grace later (stopped again, or held by a tracer,
+// which SIGCONT does not release) is killed: nothing a debugger could want is left to see there.
 #include <chrono>
 
 namespace seqpar::mpi {
@@ -47,9 +50,14 @@ void end_within(std::chrono::milliseconds limit, int code, const char* note);
 /// they do.
 inline constexpr std::chrono::seconds finished_stop_grace{10};
 
+/// How long a rank resumed after finished_stop_grace may take to end before its sentinel kills
+/// it: more than its own longest guard of the last steps (MPI_Finalize's 10 s, extended by 10 s
+/// while it waits on its launcher's socket, then 2 s for the launcher's answer).
+inline constexpr std::chrono::seconds finished_resume_grace{15};
+
 /// This rank's job has its result (every rank holds the verdict, or passed the last barrier):
-/// from now on its sentinel kills it if it stays stopped for finished_stop_grace. No-op without
-/// a sentinel.
+/// from now on its sentinel resumes it if it stays stopped for finished_stop_grace (and kills it
+/// if it has not ended finished_resume_grace later). No-op without a sentinel.
 void note_job_finished();
 
 }  // namespace seqpar::mpi

@@ -3,11 +3,13 @@
 # in group order), exit 2 with the fix when P != U·R, and no hang when a rank throws or dies.
 # The failing ranks run the same distributed check in failing_rank_check, whose communicator
 # wrapper throws or raises SIGKILL at a chosen call (tests/support/failing_comm.hpp).
-# Usage: check-mpi-test.sh path/to/seqpar path/to/mpiexec path/to/failing_rank_check
+# Usage: check-mpi-test.sh path/to/seqpar path/to/mpiexec path/to/failing_rank_check \
+#          path/to/stop_in_launcher_barrier.so
 set -u
 seqpar=$1
 mpiexec=${2:-mpiexec}
 failing=$3
+stop_so=$4
 . "$(dirname "$0")/../support/harness.sh"
 
 # rows_equal NAME NP -- scenario flags: --backend mpi on NP processes gives sim's rows exactly.
@@ -131,6 +133,28 @@ want="in attention: call L0.attn first differs at stage k.gathered on ranks 1, 2
 if [ "$rc" -ne 1 ] || [[ "$out" != *"all 36 collectives of the SP step delivered what their senders sent; layer L0, forward"* ]] \
    || [[ "$out" != *"$want"* ]] || [[ "$out" != *"holds KV head 1 where head 0 was expected"* ]]; then
   fail "compute bug under mpi (exit $rc): $out $(head -3 "$tmp/bug.err")"
+else ok; fi
+
+# A rank stopped past the job's last barrier, inside the launcher's final one (its request sent):
+# the others end; after 10 s stopped its sentinel resumes it and it ends with the verdict's
+# code, so mpiexec exits 0 for the PASS it printed (killed instead, the job exited 9), the whole
+# job within 30 s. The count of launcher barriers (MPI_Init makes some) is the MPI's: counted on
+# a healthy run first, the last one is where the rank stops.
+stop_env=(-genv LD_PRELOAD "$stop_so" -genv SEQPAR_STOP_RANK 1)
+stop_args=(check --backend mpi -q --timeout 2 --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1)
+timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv SEQPAR_COUNT_BARRIERS 1 "$seqpar" "${stop_args[@]}" \
+  > /dev/null 2> "$tmp/count.err"
+last=$(grep -c '^barrier_in$' "$tmp/count.err")
+t0=$(date +%s%N)
+timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv SEQPAR_STOP_AT "$last" "$seqpar" "${stop_args[@]}" \
+  > "$tmp/stopped.out" 2> "$tmp/stopped.err"
+rc=$?
+took=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "stopped past the last barrier (launcher barrier $last of rank 1): exit $rc in $took ms"
+if [ "$last" -lt 1 ] || [ "$rc" -ne 0 ] || ! grep -q '^PASS:' "$tmp/stopped.out" \
+   || [ "$took" -lt 9000 ] || [ "$took" -gt 30000 ]; then
+  fail "rank stopped past the last barrier: exit $rc (want the verdict's 0) after $took ms (want" \
+    "10-30 s: resumed by its sentinel after 10 s), $last launcher barriers: $(tail -3 "$tmp/stopped.err")"
 else ok; fi
 
 # A rank killed by SIGKILL mid-run (n = 4, inside the hybrid step): mpiexec ends the job.

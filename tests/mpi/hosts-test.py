@@ -28,8 +28,9 @@ namespaces (tests/support/testhosts.py).
 7. Every rank process of a random host stopped as soon as the verdict is printed (around the
    job's last barrier: before it, the others' watchdog names them and the job ends with the
    verdict's exit code; past it, the others wait for them in the launcher's final barrier for
-   10 s and the stopped ranks are killed by their sentinels, mpiexec exiting non-zero): the
-   verdict stands, and the whole job still ends within deadline + 10 s of the stop.
+   10 s, then the stopped ranks' sentinels resume them and they end with the verdict's code):
+   the verdict stands, mpiexec exits 0, and the whole job ends within deadline + 10 s of the stop
+   (before the barrier) or 30 s (past it).
 (Slow links and killed hosts are measured by bench/hosts_soak.py, not here: see docs/clusters.md.)
 
 Usage: hosts-test.py SEQPAR FAILING_RANK_CHECK SLOW_TRANSFER
@@ -235,13 +236,16 @@ with TestHosts(4) as hosts:
     else:
         check("PASS:" in report, f"stopped around the last barrier: the verdict stands (PASS)")
         # Stopped before the last barrier, they are named there and the job ends with the
-        # verdict's code; past it, the others' final-barrier guard ends them with a note and the
-        # sentinels kill the stopped ranks (SIGKILL: mpiexec exits non-zero).
+        # verdict's code within the deadline; past it, the others' final-barrier guard ends them
+        # with a note, and after 10 s stopped the sentinels resume the stopped ranks, which end
+        # at once with the verdict's code too (their guards expired meanwhile; killed instead,
+        # they made mpiexec exit 9 after a PASS). Either way within 30 s of the stop.
         errors = open(err_path, errors="replace").read()
         before = "(check.done)" in errors
-        check(rc is not None and (rc == 0 if before else rc != 0) and took <= DEADLINE + 10,
+        limit = DEADLINE + 10 if before else 30
+        check(rc == 0 and took <= limit,
               f"{len(ranks)} rank(s) on {hosts.names[victim]} stopped around the last barrier "
               f"({'before' if before else 'past'} it): the whole job ended {took:.1f} s after the "
-              f"stop (deadline {DEADLINE} s + 10), mpiexec exit {rc}")
+              f"stop (at most {limit} s), mpiexec exit {rc} (want the verdict's 0)")
 print(f"{'FAILED: ' + str(len(failures)) if failures else 'all passed'}")
 sys.exit(1 if failures else 0)
