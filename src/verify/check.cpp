@@ -635,8 +635,12 @@ double gradient_floor(const std::string& name, double grad_scale) {
   // GatedDeltaNet's A_log and dt_bias hold one value per head whose gradient sums every
   // token's gate derivative, terms of both signs that largely cancel: rounding is relative to
   // the terms, not to the sum, so those rows are judged against 1e-2 of the largest gradient.
-  const bool per_head_gate = name.ends_with(".A_log") || name.ends_with(".dt_bias");
-  return (per_head_gate ? 1e-2 : 1e-3) * grad_scale;
+  // So is gpt-oss's sink logit, one per head: its gradient −Σ_rows p_sink·(pᵀdp) sums every
+  // query row's term, of both signs (a float32 step at 1e-3 failed at 1.41 of its bound on
+  // a gradient of 1.2e-4 against a largest of 0.26, every stage of the step matching).
+  const bool per_head_sum =
+      name.ends_with(".A_log") || name.ends_with(".dt_bias") || name.ends_with(".sinks");
+  return (per_head_sum ? 1e-2 : 1e-3) * grad_scale;
 }
 
 /// DeepSpeed ALST's claim (seed 001): SP over DP — U micro-steps, micro-step i running SP rank

@@ -268,6 +268,9 @@ expect 0 "cpu:  " -- --version
 # replay reads; an invalid spec is named.
 expect 1 "--fault 'drop_chunk:rank=1,op=all_to_all,tag=q.fwd'" -- check --fault drop_chunk:rank=1,op=all_to_all,tag=q.fwd
 expect 1 "FAIL: " -- check --fault swap_peers:rank=0,op=all_to_all,peer=0,other=1
+# A float32 failure's reproduce line runs float32 (in float64 the same scenario would pass).
+expect 1 "--seed 1 --dtype f32 --fault 'drop_chunk:rank=1,op=all_to_all,tag=q.fwd'" -- check \
+  --dtype f32 --fault drop_chunk:rank=1,op=all_to_all,tag=q.fwd
 expect 2 "send_counts[0] on rank 1 must equal recv_counts[1] on rank 0" -- check --fault wrong_count:rank=1,op=all_to_all --flight-record "$tmp/faultfr"
 expect 1 "[RANK_FAILED] rank 1" -- replay "$tmp/faultfr"
 expect 2 "the kind 'bogus' is unknown; use drop_chunk" -- check --fault bogus

@@ -715,13 +715,18 @@ TEST(attention_options, every_classic_mistake_fails_check_with_its_stage) {
 
 // A parameter gradient far below the step's largest (here 1e-6 against 2.0) is judged against
 // its floor, not its own size: an error of 0.7 × tolerance × floor passes and one of 1.4 ×
-// fails, for a projection (floor 1e-3 of the largest gradient) and for GatedDeltaNet's
-// per-head A_log and dt_bias (1e-2). A floor twice or half its size turns one of the two.
+// fails, for a projection (floor 1e-3 of the largest gradient) and for the per-head sums over
+// every token: GatedDeltaNet's A_log and dt_bias, the sink logits (1e-2). A floor twice or half
+// its size turns one of the two.
 TEST(gradient_floor, a_tiny_gradient_is_judged_against_its_floor) {
   const double scale = 2.0, tol = 1e-10;
   const std::vector<double> want{1e-6, -3e-7, 5e-7, 0.0};
-  for (const auto& [name, fraction] : std::vector<std::pair<std::string, double>>{
-           {"L0.wq", 1e-3}, {"L1.in_qkv", 1e-3}, {"L1.A_log", 1e-2}, {"L1.dt_bias", 1e-2}}) {
+  for (const auto& [name, fraction] :
+       std::vector<std::pair<std::string, double>>{{"L0.wq", 1e-3},
+                                                   {"L1.in_qkv", 1e-3},
+                                                   {"L1.A_log", 1e-2},
+                                                   {"L1.dt_bias", 1e-2},
+                                                   {"L0.sinks", 1e-2}}) {
     SCOPED_TRACE(name);
     const double floor = verify::gradient_floor(name, scale);
     for (const auto& [factor, pass] : {std::pair{0.7, true}, std::pair{1.4, false}}) {
