@@ -135,14 +135,7 @@ std::string report_text(const verify::check_report& r) {
   }
   if (r.pass)
     for (const auto& w : r.warnings) o += fmt::format("note: {}\n", w);
-  if (!r.pass) {
-    // The scenario and the run's own choices that change the numbers: a float32 failure
-    // reproduced in float64 would pass.
-    std::string cmd = io::scenario_command(r.scen);
-    if (r.type != dtype::f64) cmd += r.type == dtype::f32 ? " --dtype f32" : " --dtype bf16";
-    if (r.backend == "gpu") cmd += " --backend gpu";
-    o += fmt::format("reproduce: {}\n", cmd);
-  }
+  if (!r.pass) o += fmt::format("reproduce: {}\n", verify::reproduce_command(r));
   return o;
 }
 

@@ -631,6 +631,13 @@ void add_rows(check_report& rep, const scenario& s, const collated_batch& cb,
   rep.pass = std::all_of(rep.rows.begin(), rep.rows.end(), [](const auto& r) { return r.pass; });
 }
 
+std::string reproduce_command(const check_report& r) {
+  std::string cmd = io::scenario_command(r.scen);
+  if (r.type != dtype::f64) cmd += r.type == dtype::f32 ? " --dtype f32" : " --dtype bf16";
+  if (r.backend == "gpu") cmd += " --backend gpu";
+  return cmd;
+}
+
 double gradient_floor(const std::string& name, double grad_scale) {
   // GatedDeltaNet's A_log and dt_bias hold one value per head whose gradient sums every
   // token's gate derivative, terms of both signs that largely cancel: rounding is relative to

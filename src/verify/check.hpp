@@ -142,6 +142,11 @@ struct check_report {
   std::optional<ring_step_totals> ring_steps;
 };
 
+/// The command that runs the report's check again: the scenario (io::scenario_command) and the
+/// run's own choices that change the numbers — its dtype (a float32 failure reproduced in float64
+/// would pass) and the GPU backend.
+std::string reproduce_command(const check_report& r);
+
 /// What the non-SP reference of a check trains on: the scenario's row unpadded, labels aligned
 /// to tokens (VeOmni's whole-row shift applied; xorl's labels come shifted per document).
 ref::batch reference_batch(const scenario& s, const packed_batch& b);
@@ -167,9 +172,9 @@ double tolerance_for(const scenario& s, dtype t, std::string* model = nullptr);
 
 /// The floor under a parameter gradient's scale: check judges gradient `name` by its largest
 /// error relative to max(its largest |value|, floor), the floor 1e-3 of the step's largest
-/// parameter gradient `grad_scale` (1e-2 for GatedDeltaNet's per-head A_log and dt_bias, sums
-/// of terms that largely cancel), so that a gradient far below the others is not judged by
-/// rounding relative to its own tiny size.
+/// parameter gradient `grad_scale` (1e-2 for the per-head sums over every token, of terms that
+/// largely cancel: GatedDeltaNet's A_log and dt_bias, the sink logits), so that a gradient far
+/// below the others is not judged by rounding relative to its own tiny size.
 double gradient_floor(const std::string& name, double grad_scale);
 
 /// The sentence a failed run's error ends with: where its flight records went (`files` of

@@ -6,7 +6,6 @@
 #include <algorithm>
 
 #include "core/html.hpp"
-#include "io/scenario_json.hpp"
 
 namespace seqpar::verify {
 
@@ -39,7 +38,7 @@ std::string check_report_html(const check_report& r) {
               : fmt::format(
                     "<p class=\"bad\"><b>FAIL</b>: {} of {} tensors within tolerance; reproduce: "
                     "<code>{}</code></p>\n",
-                    passed, r.rows.size(), html_escape(io::scenario_command(s)));
+                    passed, r.rows.size(), html_escape(reproduce_command(r)));
   if (r.first)
     h += "<h2>Where the SP step first departs</h2>\n<p class=\"bad\">" +
          html_escape(r.first->line) +
