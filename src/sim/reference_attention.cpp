@@ -85,75 +85,105 @@ Eigen::Index key_extent(const attention_rule& r, Eigen::Index n) {
 
 /// tanh of every entry, vectorised: Eigen 3.4 vectorises exp in double but neither tanh nor
 /// select (glibc's scalar tanh per score made soft-capping the oracle's slowest option). Cephes'
-/// two branches, both computed and one kept by an exact 0/1 weight: below |x| = 0.625 the
-/// rational x + x·z·P(z)/Q(z), z = x² (no cancellation: within 2 ulp of glibc's tanh), above it
-/// 1 − 2/(e^{2|x|} + 1), where the subtraction keeps at least half of 1. |x| is held at 20, past
-/// which tanh rounds to 1.
+/// two branches: below |x| = 0.625 the rational x + x·z·P(z)/Q(z), z = x² (no cancellation:
+/// within 2 ulp of glibc's tanh), above it 1 − 2/(e^{2|x|} + 1), where the subtraction keeps at
+/// least half of 1. |x| is held at 20, past which tanh rounds to 1. A span whose entries all
+/// fall on one side (the common case: capped scores are mostly far below the cap) computes that
+/// branch alone; a span with both computes both and keeps one per entry by an exact 0/1 weight.
 template <class Array>
 void tanh_in_place(Array&& x) {
   constexpr double p0 = -9.64399179425052238628e-1, p1 = -9.92877231001918586564e1,
                    p2 = -1.61468768441708447952e3;
   constexpr double q1 = 1.12811678491632931402e2, q2 = 2.23548839060100448583e3,
                    q3 = 4.84406305325125486048e3;
-  // One pass, no temporaries and no sign (Eigen has no packet sign for double, and one scalar
-  // node makes the whole expression scalar): both branches are odd in x as written.
+  constexpr double edge = 0.625;
+  if (x.size() == 0) return;
+  // No sign (Eigen has no packet sign for double, and one scalar node makes the whole
+  // expression scalar): both branches are odd in x as written.
+  const auto rational = [&](const auto& c) {
+    const auto z = c.square();
+    return c + c * z * (((p0 * z + p1) * z + p2) / (((z + q1) * z + q2) * z + q3));
+  };
+  const auto exponential = [](const auto& c) { return 1.0 - 2.0 / ((2.0 * c).exp() + 1.0); };
+  if (x.abs().maxCoeff() <= edge) {
+    x = rational(x);
+    return;
+  }
   const auto c = x.max(-20.0).min(20.0);
-  const auto z = c.square();
-  const auto small = c + c * z * (((p0 * z + p1) * z + p2) / (((z + q1) * z + q2) * z + q3));
-  const auto big = 1.0 - 2.0 / ((2.0 * c).exp() + 1.0);
+  if (x.abs().minCoeff() > edge) {
+    x = exponential(c);
+    return;
+  }
   // 1 where |x| > 0.625, else 0: distinct doubles near 0.625 differ by ≥ 2⁻⁵³, so the product
   // with 10³⁰⁰ is 0 or far above 1.
-  const auto w = ((c.abs() - 0.625) * 1e300).max(0.0).min(1.0);
-  x = small * (1.0 - w) + big * w;
+  const auto w = ((c.abs() - edge) * 1e300).max(0.0).min(1.0);
+  x = rational(c) * (1.0 - w) + exponential(c) * w;
 }
+
+/// One block's softmax, left unnormalised: `e` [group·rows, keys] holds exp(score − row max)
+/// on each row's visible keys and 0 elsewhere, `inv_z` each row's 1/Σ (the sink's term
+/// included), so the probabilities are e·inv_z — the products take the factor on their small
+/// side ([rows, head_dim]) instead of a pass over the scores. `span` holds each row's visible
+/// keys [lo, hi) in the block's columns; `slope` (capping only) d(capped)/d(score) = 1 − tanh²
+/// on those spans (not written elsewhere); `sink_p` (sinks only) the sink column's probability.
+struct block_softmax {
+  matrix e, slope;
+  Eigen::VectorXd inv_z, sink_p;
+  std::vector<std::pair<Eigen::Index, Eigen::Index>> span;
+};
 
 /// The attention probabilities of the query rows at document positions [b0, b0 + rows) of the
 /// query heads of one KV group, stacked head by head (row j·rows + r: head j of the group,
 /// position b0 + r), over the keys at positions [k0, k0 + keys.rows()) of a document of n
-/// tokens: each row is the softmax, over the keys it sees (key_span: one interval per
-/// position) and, with sinks, its head's sink logit `sinks[j]` as one more column, of the
-/// scores scale·q·k (softcap·tanh(·/softcap) when capped); 0 for the keys it must not see.
-/// `query` holds the rows already multiplied by score_factor(rule, scale), so that the
-/// product gives the scores (or their argument of tanh) with no pass of its own.
-/// With capping, `slope` gets d(capped)/d(score) = 1 − tanh² per entry; with sinks, `sink_p`
-/// the sink column's share per row.
-/// The mask is applied by intervals: each row's visible keys are one contiguous span of the
-/// (row-major) scores, exponentiated with Eigen's vectorised exp; the keys outside it are set
-/// to 0 as whole runs. No work per (query, key) pair beyond the product and one exp.
+/// tokens, into `out` (block_softmax): each row is the softmax, over the keys it sees
+/// (key_span: one interval per position) and, with sinks, its head's sink logit `sinks[j]` as
+/// one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when capped); 0 for the
+/// keys it must not see. `query` holds the rows already multiplied by score_factor(rule,
+/// scale), so that the product gives the scores (or their argument of tanh) with no pass of
+/// its own. The mask is applied by intervals: each row's visible keys are one contiguous span
+/// of the (row-major) scores, exponentiated with Eigen's vectorised exp; the keys outside it
+/// are set to 0 as whole runs. No work per (query, key) pair beyond the product and one exp.
 template <class Keys>
-matrix block_probs(const matrix& query, Eigen::Index rows, const Keys& keys,
-                   const attention_rule& rule, Eigen::Index b0, Eigen::Index k0, Eigen::Index n,
-                   const double* sinks, matrix* slope, Eigen::VectorXd* sink_p) {
+void block_probs(const matrix& query, Eigen::Index rows, const Keys& keys,
+                 const attention_rule& rule, Eigen::Index b0, Eigen::Index k0, Eigen::Index n,
+                 const double* sinks, bool want_slope, block_softmax& out) {
   const Eigen::Index stacked = query.rows(), len = keys.rows();
-  matrix p(stacked, len);
+  matrix& p = out.e;
+  p.resize(stacked, len);
   p.noalias() = query * keys.transpose();
-  if (slope) slope->setZero(stacked, len);
-  if (sink_p) sink_p->setZero(stacked);
+  if (want_slope) out.slope.resize(stacked, len);
+  out.inv_z.resize(stacked);
+  if (rule.sinks) out.sink_p.resize(stacked);
+  out.span.resize(static_cast<std::size_t>(stacked));
   for (Eigen::Index row = 0; row < stacked; ++row) {
     const Eigen::Index r = row % rows;
     auto scores = p.row(row);
     const auto [first, last] = key_span(rule, b0 + r, n);
     const Eigen::Index lo = std::clamp<Eigen::Index>(first - k0, 0, len);
     const Eigen::Index hi = std::clamp<Eigen::Index>(last - k0, lo, len);
+    out.span[static_cast<std::size_t>(row)] = {lo, hi};
     scores.head(lo).setZero();
     scores.tail(len - hi).setZero();
     auto seen = scores.segment(lo, hi - lo);
     if (rule.softcap > 0) {  // on the row's visible span only, while it is in cache
       tanh_in_place(seen.array());
-      if (slope) slope->row(row).segment(lo, hi - lo) = (1.0 - seen.array().square()).matrix();
+      if (want_slope)
+        out.slope.row(row).segment(lo, hi - lo) = (1.0 - seen.array().square()).matrix();
       seen *= rule.softcap;
     }
     const double sink = rule.sinks ? sinks[row / rows] : 0.0;
     double m = rule.sinks ? sink : -std::numeric_limits<double>::infinity();
     if (hi > lo) m = std::max(m, seen.maxCoeff());
-    if (hi == lo && !rule.sinks) continue;  // sees nothing: probabilities 0
+    if (hi == lo && !rule.sinks) {  // sees nothing: probabilities 0
+      out.inv_z(row) = 0;
+      continue;
+    }
     seen = (seen.array() - m).exp().matrix();
     const double e_sink = rule.sinks ? std::exp(sink - m) : 0.0;
-    const double z = seen.sum() + e_sink;
-    seen *= 1.0 / z;
-    if (sink_p) (*sink_p)(row) = e_sink / z;
+    const double inv_z = 1.0 / (seen.sum() + e_sink);
+    out.inv_z(row) = inv_z;
+    if (rule.sinks) out.sink_p(row) = e_sink * inv_z;
   }
-  return p;
 }
 
 /// The rows [b0, b0 + rows) of the query heads [h0, h0 + group) of x [tokens, heads·d],
@@ -238,14 +268,16 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
         const Eigen::Index kc = Eigen::Index{g} * head_dim;
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
+        block_softmax sm;
+        matrix o;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step);
           const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
-          const matrix p = block_probs(
-              stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale)), b1 - b0,
-              k.block(a + k0, kc, k1 - k0, head_dim), rule, b0 - a, k0, e - a, sinks, nullptr,
-              nullptr);
-          const matrix o = p * v.block(a + k0, kc, k1 - k0, head_dim);
+          block_probs(stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale)),
+                      b1 - b0, k.block(a + k0, kc, k1 - k0, head_dim), rule, b0 - a, k0, e - a,
+                      sinks, false, sm);
+          o.noalias() = sm.e * v.block(a + k0, kc, k1 - k0, head_dim);
+          o = sm.inv_z.asDiagonal() * o;  // the softmax's normalisation, on [rows, head_dim]
           unstack_heads(o, out, b0, h0, group, head_dim);
         }
       },
@@ -325,35 +357,41 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
         const double factor = score_factor(rule, scale);
         double* dsink = dsink_part.data() + t * static_cast<std::size_t>(group);
-        matrix slope;
-        Eigen::VectorXd sink_p;
+        block_softmax sm;
+        matrix d_os, ds, dqs;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step), rows = b1 - b0;
           const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
           const Eigen::Index off = k0 - first, len = k1 - k0;
           const matrix query = stack_heads(q, b0, rows, h0, group, head_dim, factor);
           const matrix d_o = stack_heads(dout, b0, rows, h0, group, head_dim);
-          const matrix p =
-              block_probs(query, rows, kg.middleRows(off, len), rule, b0 - a, k0, e - a, sinks,
-                          rule.softcap > 0 ? &slope : nullptr, rule.sinks ? &sink_p : nullptr);
-          // Per row: o = pᵀV: dV += p·do, dp = V·doᵀ; softmax: ds = p∘(dp − pᵀdp) (the sink
-          // column's dp is 0: it reaches no value, and its own ds is −p_sink·pᵀdp); capping:
-          // the score is softcap·tanh(x), x = factor·q·k, so ds ∘= softcap·(1 − tanh²). ds is
-          // the gradient of x = q'·k, q' = factor·q (the stacked `query`): dK += dsᵀ·q',
-          // dq = factor·ds·K.
-          dvg.middleRows(off, len).noalias() += p.transpose() * d_o;
-          matrix ds = d_o * vg.middleRows(off, len).transpose();  // dp, made ds row by row
+          block_probs(query, rows, kg.middleRows(off, len), rule, b0 - a, k0, e - a, sinks,
+                      rule.softcap > 0, sm);
+          // Per row, with p = e·inv_z: o = pᵀV: dV += p·do = e·(inv_z·do), dp = V·doᵀ;
+          // softmax: ds = p∘(dp − pᵀdp) (the sink column's dp is 0: it reaches no value, and
+          // its own ds is −p_sink·pᵀdp); capping: the score is softcap·tanh(x), x = factor·q·k,
+          // so ds ∘= softcap·(1 − tanh²). ds is the gradient of x = q'·k, q' = factor·q (the
+          // stacked `query`): dK += dsᵀ·q', dq = factor·ds·K. ds is 0 off each row's span.
+          d_os.noalias() = sm.inv_z.asDiagonal() * d_o;
+          dvg.middleRows(off, len).noalias() += sm.e.transpose() * d_os;
+          ds.noalias() = d_o * vg.middleRows(off, len).transpose();  // dp, made ds row by row
           for (Eigen::Index r = 0; r < ds.rows(); ++r) {
-            const double p_dot_dp = p.row(r).dot(ds.row(r));
-            if (rule.sinks) dsink[r / rows] -= sink_p(r) * p_dot_dp;
+            const auto [lo, hi] = sm.span[static_cast<std::size_t>(r)];
+            const double inv_z = sm.inv_z(r);
+            auto dp = ds.row(r).segment(lo, hi - lo);
+            const auto p = sm.e.row(r).segment(lo, hi - lo);
+            const double p_dot_dp = p.dot(dp) * inv_z;
+            if (rule.sinks) dsink[r / rows] -= sm.sink_p(r) * p_dot_dp;
             if (rule.softcap > 0)
-              ds.row(r) = (p.row(r).array() * (ds.row(r).array() - p_dot_dp) *
-                           slope.row(r).array() * rule.softcap)
-                              .matrix();
+              dp = (p.array() * (dp.array() - p_dot_dp) *
+                    sm.slope.row(r).segment(lo, hi - lo).array() * (inv_z * rule.softcap))
+                       .matrix();
             else
-              ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - p_dot_dp).matrix());
+              dp = (p.array() * (dp.array() - p_dot_dp) * inv_z).matrix();
+            ds.row(r).head(lo).setZero();
+            ds.row(r).tail(ds.cols() - hi).setZero();
           }
-          const matrix dqs = ds * kg.middleRows(off, len);
+          dqs.noalias() = ds * kg.middleRows(off, len);
           unstack_heads(dqs, dq, b0, h0, group, head_dim, factor);
           dkg.middleRows(off, len).noalias() += ds.transpose() * query;
         }
