@@ -193,9 +193,10 @@ TEST(reference, embedding_backward_sums_rows_of_repeated_ids) {
 }
 
 /// The definition with every score materialised: a [tokens, tokens] mask per head, KV head
-/// h / (heads / kv_heads) — the repeat_kv formulation, written independently of the row loop.
+/// h / (heads / kv_heads) — the repeat_kv formulation, written independently of the row loop;
+/// with `cap` > 0 the scores capped by glibc's tanh, cap·tanh(s/cap), before the mask.
 matrix dense_attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
-                       int d) {
+                       int d, double cap = 0) {
   matrix out(q.rows(), q.cols());
   const auto doc_of = [&](Eigen::Index i) {
     Eigen::Index doc = 0;
@@ -205,6 +206,7 @@ matrix dense_attention(const matrix& q, const matrix& k, const matrix& v, int he
   for (int h = 0; h < heads; ++h) {
     const int g = h / (heads / kv_heads);
     matrix s = q.middleCols(h * d, d) * k.middleCols(g * d, d).transpose() / std::sqrt(double(d));
+    if (cap > 0) s = s.unaryExpr([cap](double x) { return cap * std::tanh(x / cap); });
     for (Eigen::Index i = 0; i < s.rows(); ++i)
       for (Eigen::Index j = 0; j < s.cols(); ++j)
         if (j > i || doc_of(i) != doc_of(j)) s(i, j) = -INFINITY;
@@ -224,6 +226,25 @@ TEST(reference, attention_equals_the_dense_masked_definition_with_gqa) {
   EXPECT_LT(
       rel_err(ops::attention(q, k, v, H, Hkv, D, positions), dense_attention(q, k, v, H, Hkv, D)),
       1e-14);
+}
+
+TEST(reference, capped_attention_equals_the_dense_definition_with_glibc_tanh) {
+  // Scores up to ~60 times the cap: every row's span mixes arguments of tanh below and above
+  // 0.625, where the oracle's vectorised tanh changes branch, and past 20, where it holds tanh
+  // at 1. The output is within rounding of the same softmax over cap·std::tanh(s/cap): a
+  // branch taken on the wrong side of 0.625 (Cephes' rational is 4e-13 off at 1, 1e-4 at 5)
+  // fails here.
+  const int H = 4, Hkv = 2, D = 3;
+  const matrix q = random_matrix(tokens, H * D, 60, 3.0),
+               k = random_matrix(tokens, Hkv * D, 61, 3.0), v = random_matrix(tokens, Hkv * D, 62);
+  for (const double cap : {0.25, 1.0, 4.0}) {
+    SCOPED_TRACE(cap);
+    ops::attention_rule rule;
+    rule.softcap = cap;
+    EXPECT_LT(rel_err(ops::attention(q, k, v, H, Hkv, D, positions, 1, rule),
+                      dense_attention(q, k, v, H, Hkv, D, cap)),
+              1e-14);
+  }
 }
 
 TEST(reference, attention_backward_matches_finite_differences) {
