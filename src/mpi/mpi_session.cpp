@@ -10,10 +10,12 @@
 #include <fmt/ranges.h>
 #include <mpi.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -26,6 +28,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -64,24 +67,59 @@ int world_rank() {
   return r;
 }
 
+// Writes all of `text` to the launcher's PMI socket without SIGPIPE: a proxy that has closed
+// it (it answered this process's finalize already, or died) makes the write fail with EPIPE
+// instead of killing the process by the signal (mpiexec then exits 13 after a PASS).
+bool send_to_launcher(int fd, std::string_view text) {
+  ssize_t n = send(fd, text.data(), text.size(), MSG_NOSIGNAL);
+  if (n < 0 && errno == ENOTSOCK) n = write(fd, text.data(), text.size());
+  return n == static_cast<ssize_t>(text.size());
+}
+
 // Tells MPICH's Hydra, over its PMI-1 socket, that this process is done (what MPI_Finalize
-// would have said last), and waits up to 2 s for the proxy's answer. A process that exits
-// without it is taken for a crash: Hydra kills the job's other processes and mpiexec exits 9.
-// Only after a finished job, with the thread that was inside MPI parked.
+// would have said last), and waits up to 2 s for the proxy's answer, "cmd=finalize_ack". A
+// process that exits without telling is taken for a crash: Hydra kills the job's other
+// processes and mpiexec exits 9; one that exits before the answer makes the proxy write to a
+// closed socket and die (mpiexec exit 255). Only after a finished job, with the thread that was
+// inside MPI parked. The rank's final-barrier guard and its main thread can both get here when
+// the guard expires as the barrier's answer arrives (a rank resumed by its sentinel, on a
+// loaded machine): the request is sent once (the proxy closes the socket after answering it: a
+// second one met EPIPE, mpiexec exit 13 by SIGPIPE before the socket was written without it); a
+// caller that finds it sent but not answered waits for the answer itself, since the thread
+// that sent it may be parked; and the barrier's own answer, still unread when the guard
+// expired, is skipped, not taken for the finalize's (that ended the process before the proxy's
+// answer: exit 255).
 void tell_launcher_done(int fd) {
-  static constexpr char cmd[] = "cmd=finalize\n";
-  if (write(fd, cmd, sizeof cmd - 1) != static_cast<ssize_t>(sizeof cmd - 1)) return;
-  pollfd p{fd, POLLIN, 0};
-  char answer[64];
-  if (poll(&p, 1, 2000) <= 0) return;
-  [[maybe_unused]] const auto n = read(fd, answer, sizeof answer);  // taken, not needed
+  enum : int { untold, sent, answered };
+  static std::atomic<int> state{untold};
+  int was = untold;
+  if (state.compare_exchange_strong(was, sent)) {
+    if (!send_to_launcher(fd, "cmd=finalize\n")) return;
+  } else if (was == answered) {
+    return;
+  }
+  // The answer is "cmd=finalize_ack"; what comes before it (the final barrier's own answer,
+  // when the guard expired with that unread) is skipped.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::string got;
+  while (got.find("cmd=finalize_ack") == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    char answer[64];
+    const auto n = read(fd, answer, sizeof answer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got.append(answer, static_cast<std::size_t>(n));
+  }
+  state = answered;
 }
 
 // Hydra's PMI-1 barrier over its socket: "cmd=barrier_in", answered "cmd=barrier_out" once every
 // process of the job has entered it. False if the socket fails or answers anything else.
 bool launcher_barrier(int fd) {
-  static constexpr char cmd[] = "cmd=barrier_in\n";
-  if (write(fd, cmd, sizeof cmd - 1) != static_cast<ssize_t>(sizeof cmd - 1)) return false;
+  if (!send_to_launcher(fd, "cmd=barrier_in\n")) return false;
   std::string answer;
   char c = 0;
   while (answer.size() < 256) {

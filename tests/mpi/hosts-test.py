@@ -68,8 +68,12 @@ args = netfaults.scenario(NP)
 with TestHosts(4) as hosts:
     # 1. The same report across hosts.
     before = [hosts.tx_bytes(h) for h in range(4)]
+    t_healthy = time.monotonic()
     mpi = subprocess.run(hosts.mpiexec(NP, [seqpar, "check", "--backend", "mpi", "--json",
                                             *args]), capture_output=True, text=True, timeout=300)
+    # The healthy job's wall time here and now: what a job ending after a fault may take on top
+    # of its deadlines (a loaded machine gets a slower verdict, not a different one).
+    healthy_s = time.monotonic() - t_healthy
     sim = subprocess.run([seqpar, "check", "--backend", "sim", "--json", "-q", *args],
                          capture_output=True, text=True, timeout=300)
     moved = [hosts.tx_bytes(h) - before[h] for h in range(4)]
@@ -239,13 +243,15 @@ with TestHosts(4) as hosts:
         # verdict's code within the deadline; past it, the others' final-barrier guard ends them
         # with a note, and after 10 s stopped the sentinels resume the stopped ranks, which end
         # at once with the verdict's code too (their guards expired meanwhile; killed instead,
-        # they made mpiexec exit 9 after a PASS). Either way within 30 s of the stop.
+        # they made mpiexec exit 9 after a PASS). Either way within 30 s of the stop, plus the
+        # healthy job's own time here (a loaded machine is slower, not wrong).
         errors = open(err_path, errors="replace").read()
         before = "(check.done)" in errors
-        limit = DEADLINE + 10 if before else 30
+        limit = (DEADLINE + 10 if before else 30) + healthy_s
         check(rc == 0 and took <= limit,
               f"{len(ranks)} rank(s) on {hosts.names[victim]} stopped around the last barrier "
               f"({'before' if before else 'past'} it): the whole job ended {took:.1f} s after the "
-              f"stop (at most {limit} s), mpiexec exit {rc} (want the verdict's 0)")
+              f"stop (at most {limit:.1f} s: {DEADLINE + 10 if before else 30} + the healthy "
+              f"job's {healthy_s:.1f} s), mpiexec exit {rc} (want the verdict's 0)")
 print(f"{'FAILED: ' + str(len(failures)) if failures else 'all passed'}")
 sys.exit(1 if failures else 0)
