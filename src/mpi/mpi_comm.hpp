@@ -58,6 +58,7 @@ class mpi_session {
  private:
   bool owns_ = false;
   int finished_ = -1;
+  std::chrono::steady_clock::time_point finished_at_;  ///< when finished() was called
   int pmi_fd_ = -1;  ///< Hydra's PMI-1 socket (PMI_FD), read before MPI_Init; -1: none
   std::chrono::milliseconds timeout_{0};
   int rank_ = 0, size_ = 1;

@@ -206,6 +206,7 @@ mpi_session::mpi_session(int* argc, char*** argv, std::chrono::milliseconds time
 
 void mpi_session::finished(int exit_code) {
   finished_ = exit_code;
+  finished_at_ = std::chrono::steady_clock::now();
   note_job_finished();
 }
 
@@ -229,7 +230,7 @@ mpi_session::~mpi_session() {
   // then tells Hydra it is done (PMI's finalize, what MPI_Finalize says last) and ends without
   // the transport's teardown, whose resources the exit returns.
   if (done && pmi_fd_ >= 0) {
-    bool passed = false;
+    bool passed = false, late = false;
     {
       const phase_guard guard(
           "the launcher's final barrier", std::chrono::milliseconds(10000),
@@ -239,9 +240,15 @@ mpi_session::~mpi_session() {
           finished_,
           {[](int) { return std::chrono::milliseconds(0); },
            [fd = pmi_fd_](int) { tell_launcher_done(fd); }});
-      passed = launcher_barrier(pmi_fd_);
+      // A rank that comes to the barrier 9 s or more after its job finished was stopped (and
+      // resumed by its sentinel) or starved: the others' 10 s guards on this barrier have ended
+      // them, or are about to. Entering it then completed the barrier after they had gone, and
+      // mpiexec, answering it, wrote to their closed proxies and exited 255 after a PASS. It
+      // tells its launcher it is done and ends instead.
+      late = std::chrono::steady_clock::now() - finished_at_ >= std::chrono::seconds(9);
+      if (!late) passed = launcher_barrier(pmi_fd_);
     }
-    if (passed) {
+    if (passed || late) {
       tell_launcher_done(pmi_fd_);
       return;
     }
