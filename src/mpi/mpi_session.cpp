@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -60,6 +61,11 @@ std::string processor_name() {
 }
 
 namespace {
+
+// Set when the process is continued after a stop (SIGCONT): a rank stopped and resumed (by its
+// sentinel, or by hand) does not enter the launcher's final barrier (see ~mpi_session).
+volatile std::sig_atomic_t continued = 0;
+extern "C" void on_continue(int) { continued = 1; }
 
 int world_rank() {
   int r = -1;
@@ -202,6 +208,7 @@ mpi_session::mpi_session(int* argc, char*** argv, std::chrono::milliseconds time
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
   host_ = processor_name();
   phase_guard::set_rank(rank_);
+  std::signal(SIGCONT, on_continue);
 }
 
 void mpi_session::finished(int exit_code) {
@@ -244,8 +251,10 @@ mpi_session::~mpi_session() {
       // resumed by its sentinel) or starved: the others' 10 s guards on this barrier have ended
       // them, or are about to. Entering it then completed the barrier after they had gone, and
       // mpiexec, answering it, wrote to their closed proxies and exited 255 after a PASS. It
-      // tells its launcher it is done and ends instead.
-      late = std::chrono::steady_clock::now() - finished_at_ >= std::chrono::seconds(9);
+      // tells its launcher it is done and ends instead; so does one continued after a stop (the
+      // stop may have come before its job finished, which a clock since then does not see).
+      late = continued != 0 ||
+             std::chrono::steady_clock::now() - finished_at_ >= std::chrono::seconds(9);
       if (!late) passed = launcher_barrier(pmi_fd_);
     }
     if (passed || late) {
