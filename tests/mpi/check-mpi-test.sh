@@ -157,6 +157,27 @@ if [ "$last" -lt 1 ] || [ "$rc" -ne 0 ] || ! grep -q '^PASS:' "$tmp/stopped.out"
     "10-30 s: resumed by its sentinel after 10 s), $last launcher barriers: $(tail -3 "$tmp/stopped.err")"
 else ok; fi
 
+# A rank stopped inside the job's last MPI barrier (its arrival sent: the others pass it), before
+# its job is finished, then resumed by its sentinel and starved for 1 s: it comes to the
+# launcher's final barrier after the others' guards on that barrier have ended them. It must
+# not enter it (completed then, mpiexec wrote its answer to their closed proxies and exited 255
+# after a PASS): it ends with the verdict's code, mpiexec exits 0 within 30 s. Its last
+# point-to-point send is its arrival there, counted on a healthy run first.
+timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv SEQPAR_COUNT_ISENDS 1 "$seqpar" "${stop_args[@]}" \
+  > /dev/null 2> "$tmp/isends.err"
+sends=$(grep -c '^isend$' "$tmp/isends.err")
+t0=$(date +%s%N)
+timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv SEQPAR_STOP_ISEND "$sends" \
+  -genv SEQPAR_RESUME_LAG_MS 1000 "$seqpar" "${stop_args[@]}" > "$tmp/resumed.out" 2> "$tmp/resumed.err"
+rc=$?
+took=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "stopped inside the last MPI barrier, resumed late (send $sends of rank 1): exit $rc in $took ms"
+if [ "$sends" -lt 1 ] || [ "$rc" -ne 0 ] || ! grep -q '^PASS:' "$tmp/resumed.out" \
+   || [ "$took" -lt 9000 ] || [ "$took" -gt 30000 ]; then
+  fail "rank stopped inside the last MPI barrier and resumed late: exit $rc (want the verdict's" \
+    "0) after $took ms (want 10-30 s), $sends sends: $(tail -3 "$tmp/resumed.err")"
+else ok; fi
+
 # A rank killed by SIGKILL mid-run (n = 4, inside the hybrid step): mpiexec ends the job.
 failing_job "killed rank" 4 'BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES' \
   -- --die-at 3:loss.sum --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1

@@ -5,13 +5,23 @@
 // past the job's last MPI barrier, inside the launcher's final barrier: where a rank's result
 // already stands. With $SEQPAR_COUNT_BARRIERS set, that rank instead prints "barrier_in" to
 // stderr at each one, so that a test finds the count on the MPI at hand.
+//
+// With $SEQPAR_STOP_ISEND instead, that rank stops itself right after its $SEQPAR_STOP_ISEND-th
+// point-to-point send (MPI_Isend or MPI_Isend_c, through MPICH's PMPI entry points): with the
+// count of its last one, inside the job's last MPI barrier, its arrival sent, before its job is
+// finished, so that the others pass that barrier and wait for it in the launcher's final one.
+// Resumed (by its sentinel), it then sleeps $SEQPAR_RESUME_LAG_MS (a starved process) before it
+// goes on: it comes to the launcher's barrier after the others' guards on it have ended them.
+// $SEQPAR_COUNT_ISENDS makes it print "isend" to stderr at each one instead.
 #include <dlfcn.h>
+#include <mpi.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 namespace {
 
@@ -31,7 +41,7 @@ void after_request(const void* buf, size_t n, ssize_t (*print)(int, const void*,
   }
   static int seen = 0;
   const char* at = std::getenv("SEQPAR_STOP_AT");
-  if (++seen == (at ? std::atoi(at) : 1)) std::raise(SIGSTOP);
+  if (at && ++seen == std::atoi(at)) std::raise(SIGSTOP);
 }
 
 using write_fn = ssize_t (*)(int, const void*, size_t);
@@ -56,4 +66,46 @@ extern "C" ssize_t send(int fd, const void* buf, size_t n, int flags) {
   const ssize_t sent = real(fd, buf, n, flags);
   after_request(buf, n, real_write());
   return sent;
+}
+
+namespace {
+
+bool chosen_rank() {
+  const char* want = std::getenv("SEQPAR_STOP_RANK");
+  const char* me = std::getenv("PMI_RANK");
+  return want && me && std::strcmp(want, me) == 0;
+}
+
+void after_isend() {
+  if (!chosen_rank()) return;
+  if (std::getenv("SEQPAR_COUNT_ISENDS")) {
+    static constexpr char line[] = "isend\n";
+    real_write()(2, line, sizeof line - 1);
+    return;
+  }
+  const char* at = std::getenv("SEQPAR_STOP_ISEND");
+  static int seen = 0;
+  if (!at || ++seen != std::atoi(at)) return;
+  std::raise(SIGSTOP);
+  if (const char* lag = std::getenv("SEQPAR_RESUME_LAG_MS")) {
+    const long ms = std::atol(lag);
+    const timespec t{ms / 1000, (ms % 1000) * 1'000'000};
+    nanosleep(&t, nullptr);
+  }
+}
+
+}  // namespace
+
+extern "C" int MPI_Isend(const void* buf, int count, MPI_Datatype type, int dest, int tag,
+                         MPI_Comm comm, MPI_Request* request) {
+  const int rc = PMPI_Isend(buf, count, type, dest, tag, comm, request);
+  after_isend();
+  return rc;
+}
+
+extern "C" int MPI_Isend_c(const void* buf, MPI_Count count, MPI_Datatype type, int dest, int tag,
+                           MPI_Comm comm, MPI_Request* request) {
+  const int rc = PMPI_Isend_c(buf, count, type, dest, tag, comm, request);
+  after_isend();
+  return rc;
 }
