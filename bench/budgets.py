@@ -8,8 +8,15 @@ tests/python/test_step.py), the property runs without shrinking at several seeds
 `first_failure`). A healthy run whose budget is well above the largest of them would find a
 regression of the same kind; a bug test's budget needs only to exceed it.
 
+For the frameworks' paths (tests/python/test_frameworks.py), whose healthy runs draw from
+narrower spaces (Ulysses only; one causal sequence; forward only), the same planted attention
+mistakes run in each of those spaces (HEALTHY_SPACES) up to --cap examples — a mistake that the
+space cannot show (a ring's mistake where only Ulysses is drawn) is "not seen" at seed 0 and not
+run at the other seeds — and each framework finding (FINDINGS: the frameworks' own code, the
+property failing on it) at every seed.
+
     SEQPAR=build/tools/seqpar .venv/bin/python bench/budgets.py [--seeds 0 1 2 3 4]
-        [--only attention|step] [--out bench/results/DATE/budgets.json]
+        [--only attention|step|frameworks] [--cap 200] [--out bench/results/DATE/budgets.json]
 """
 import argparse
 import importlib.util
@@ -56,6 +63,14 @@ def step_cases():
     return [(bug, ts.step_ref(bug), ts.MODEL, 60) for bug in sorted(ts.MISTAKES)]
 
 
+# The planted attention mistakes run in the frameworks' spaces: every one that needs no option
+# (the frameworks' healthy runs draw none).
+FRAMEWORK_MISTAKES = ("no_kv_repeat", "blockwise_repeat", "a2a_wrong_dims", "local_cu",
+                      "zigzag_swapped", "no_scale", "lse_merge_no_max", "ring_src_off_by_one",
+                      "kv_grad_not_summed", "no_causal", "positions_in_rank_order",
+                      "positions_rebuilt_locally", "docmask_off_diagonal")
+
+
 def first_failure(run, seed):
     stats = {}
     t0 = time.perf_counter()
@@ -70,7 +85,9 @@ def first_failure(run, seed):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--only", choices=("attention", "step"), default=None)
+    ap.add_argument("--only", choices=("attention", "step", "frameworks"), default=None)
+    ap.add_argument("--cap", type=int, default=200,
+                    help="examples a planted mistake gets in a framework's space")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     import seqpar.testing as spt
@@ -88,26 +105,64 @@ def main(argv=None):
                 spt.check_step(step, model, seed=seed, max_examples=budget, stats=stats,
                                settings=no_shrink())
             rows.append(("step", name, budget, run))
+    # A frameworks' row that is not seen at its first seed is not run at the others.
+    once = set()
+    if a.only == "frameworks":
+        tf = load("test_frameworks")
+        broken = os.path.join(TESTS, "broken_attention.py")
+        example = os.path.join(ROOT, "python", "examples", "zigzag_ring_attention.py")
+        for space, supports in tf.HEALTHY_SPACES.items():
+            # The mistakes are planted in the worked example: a space where the example itself
+            # fails (a contiguous layout: it implements zigzag) measures nothing about them.
+            stats = {}
+            try:
+                spt.check(example + ":attention", max_world=4, supports=supports,
+                          max_examples=a.cap, seed=0, stats=stats, settings=no_shrink())
+            except Exception as e:
+                print("in %s: the worked example itself fails at example %s (%s): its planted "
+                      "mistakes are not measured there" % (space, stats.get("first_failure"),
+                                                           type(e).__name__), flush=True)
+                continue
+            for v in FRAMEWORK_MISTAKES:
+                def run(seed, stats, ref="%s:make(%r)" % (broken, v), supports=supports):
+                    spt.check(ref, max_world=4, supports=supports, max_examples=a.cap,
+                              seed=seed, stats=stats, settings=no_shrink())
+                rows.append(("in " + space, v, tf.N, run))
+                once.add(len(rows) - 1)
+        for finding, (path, supports, world) in tf.FINDINGS.items():
+            def run(seed, stats, ref=tf.REF + ":" + path, supports=supports, world=world):
+                spt.check(ref, max_world=world, supports=supports, max_examples=a.cap, seed=seed,
+                          stats=stats, settings=no_shrink())
+            rows.append(("finding", finding, tf.N, run))
     out = []
     print("%-9s %-46s %6s  %s" % ("property", "mistake", "budget", "first failing example per "
                                   "seed " + " ".join(map(str, a.seeds))))
-    for prop, name, budget, run in rows:
+    for k, (prop, name, budget, run) in enumerate(rows):
         found, secs = [], 0.0
         for seed in a.seeds:
             n, s, err = first_failure(run, seed)
             found.append(n)
             secs += s
+            if n is None and k in once:
+                break
         worst = None if None in found else max(found)
         out.append({"property": prop, "mistake": name, "budget": budget, "seeds": a.seeds,
                     "first_failure": found, "worst": worst, "seconds": round(secs, 1)})
         print("%-9s %-46s %6d  %s%s" % (prop, name, budget,
                                         " ".join("-" if n is None else str(n) for n in found),
-                                        "   NOT FOUND at some seed" if worst is None else ""),
+                                        ("   not seen in %d examples" % a.cap if k in once and
+                                         len(found) == 1 else "   NOT FOUND at some seed")
+                                        if worst is None else ""),
               flush=True)
     for prop in sorted({r["property"] for r in out}):
-        ws = [r["worst"] for r in out if r["property"] == prop]
-        print("%s: the largest first failing example over every mistake and seed: %s" % (
-            prop, "a mistake not found" if None in ws else max(ws)))
+        rs = [r for r in out if r["property"] == prop]
+        unseen = [r["mistake"] for r in rs if len(r["first_failure"]) == 1 and r["worst"] is None
+                  and len(a.seeds) > 1]
+        ws = [r["worst"] for r in rs if r["mistake"] not in unseen]
+        print("%s: the largest first failing example over every mistake and seed: %s%s" % (
+            prop, "a mistake not found" if None in ws else max(ws, default="-"),
+            "; not seen in %d examples at seed %d (the space cannot show them): %s" % (
+                a.cap, a.seeds[0], ", ".join(unseen)) if unseen else ""))
     if a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "w") as f:

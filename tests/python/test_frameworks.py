@@ -31,7 +31,7 @@ def _check(name, supports, seed=0, max_world=4):
     return stats
 
 
-def _fails(name, supports, seed=0, max_world=4, examples=None, settings=None):
+def _fails(name, supports, max_world=4, seed=0, examples=None, settings=None):
     with pytest.raises(spt.SpAttentionFailure) as e:
         spt.check(REF + ":" + name, max_world=max_world, max_examples=examples or N, seed=seed,
                   supports=supports, settings=settings)
@@ -45,14 +45,18 @@ NO_SHRINK = {"phases": [hypothesis.Phase.explicit, hypothesis.Phase.reuse,
                         hypothesis.Phase.generate]}
 
 
+def ulysses_only(profile):
+    return dict(ring=False, profiles=(profile,))
+
+
 # VeOmni's Ulysses (prepare_ulysses_qkv / restore_ulysses_output): no ring in this path.
 @pytest.mark.parametrize("profile", ["veomni", "xorl"])
 def test_veomni_ulysses(profile):
-    _check("veomni_ulysses", dict(ring=False, profiles=(profile,)))
+    _check("veomni_ulysses", ulysses_only(profile))
 
 
 def test_veomni_ulysses_under_a_ring_layout_is_reported():
-    report = _fails("veomni_ulysses", dict(dtypes=("f32",)))
+    report = _fails(*FINDINGS["veomni_ulysses_under_a_ring"])
     head = report.strip().splitlines()
     assert "differs on" in head[0] and "ring 2" in head[1], report
 
@@ -61,14 +65,14 @@ def test_veomni_ulysses_under_a_ring_layout_is_reported():
 # drawn for every framework: torch 2.x's gloo moves bfloat16.
 @pytest.mark.parametrize("profile", ["deepspeed", "xorl"])
 def test_deepspeed_distributed_attention(profile, deepspeed_comm_built):
-    _check("deepspeed_ulysses", dict(ring=False, profiles=(profile,)))
+    _check("deepspeed_ulysses", ulysses_only(profile))
 
 
 # DeepSpeed ALST's Hugging Face Ulysses attention (UlyssesSPAttentionHF), Ulysses only; it
 # repeats KV heads itself when U > Hkv.
 @pytest.mark.parametrize("profile", ["deepspeed", "xorl"])
 def test_deepspeed_alst_hf_attention(profile, deepspeed_comm_built):
-    _check("deepspeed_alst", dict(ring=False, profiles=(profile,)))
+    _check("deepspeed_alst", ulysses_only(profile))
 
 
 # torch's own context-parallel ring: ring only; one causal sequence (no documents: its causal
@@ -86,7 +90,7 @@ def test_torch_context_parallel_ring(layout):
 
 def test_torch_context_parallel_ring_on_the_other_layout_is_reported():
     # The ring with load balancing off, fed zigzag shards: the causal masks are the wrong ones.
-    report = _fails("torch_cp_ring_no_load_balance", dict(TORCH_CP, layouts=("zigzag",)))
+    report = _fails(*FINDINGS["torch_cp_ring_no_load_balance"])
     assert "differs on" in report.strip().splitlines()[0], report
 
 
@@ -160,8 +164,7 @@ def test_yunchang_usp_bidirectional():
 
 
 def test_yunchang_zigzag_ring_refuses_bidirectional():
-    report = _fails("yunchang_usp", dict(YUNCHANG, layouts=("zigzag",), causal=False,
-                                         bidirectional=True, ulysses=False))
+    report = _fails(*FINDINGS["yunchang_zigzag_ring_bidirectional"])
     assert " raised AssertionError in forward" in report and "meaningless" in report, report
 
 
@@ -169,12 +172,12 @@ def test_yunchang_zigzag_ring_refuses_bidirectional():
 # and softcap and passes neither to the kernel — a sliding window and soft-capping are ignored
 # without an error (with flash-attn on CUDA they reach the kernel). seqpar names both.
 def test_yunchang_torch_backend_ignores_the_window():
-    report = _fails("yunchang_usp", dict(YUNCHANG, layouts=("contiguous",), window=True))
+    report = _fails(*FINDINGS["yunchang_torch_backend_window"])
     assert "attention without its sliding window" in report, report
 
 
 def test_yunchang_torch_backend_ignores_soft_capping():
-    report = _fails("yunchang_usp", dict(YUNCHANG, layouts=("contiguous",), softcap=True))
+    report = _fails(*FINDINGS["yunchang_torch_backend_softcap"])
     assert "attention without its logit soft-capping" in report, report
 
 
@@ -189,7 +192,7 @@ GPT_OSS = dict(sinks=True, ring=False, profiles=("deepspeed", "xorl"))
 
 
 def test_deepspeed_alst_hands_gpt_oss_every_heads_sinks(deepspeed_comm_built):
-    report = _fails("deepspeed_alst_gpt_oss", GPT_OSS, max_world=2, examples=30,
+    report = _fails(*FINDINGS["deepspeed_alst_gpt_oss_every_heads_sinks"], examples=30,
                     settings=NO_SHRINK)
     assert " raised RuntimeError in forward" in report, report
     assert "Sizes of tensors must match" in report and "ulysses 2" in report, report
@@ -203,7 +206,7 @@ def test_deepspeed_alst_gpt_oss_sinks_sliced_to_the_ranks_heads(deepspeed_comm_b
 
 
 def test_yunchang_usp_basic_ring_on_zigzag_shards_is_reported():
-    report = _fails("yunchang_usp_basic", dict(YUNCHANG, layouts=("zigzag",), ulysses=False))
+    report = _fails(*FINDINGS["yunchang_usp_basic_on_zigzag"])
     assert "differs on" in report.strip().splitlines()[0], report
 
 
@@ -217,3 +220,33 @@ def test_xorl_package_carries_no_context_parallel_code():
     sources = [os.path.basename(f)[:-3] for f in files if f.endswith(".py")]
     assert not [f for f in sources if any(w in f.lower() for w in ("ring", "ulysses", "context",
                                                                     "sequence", "attention"))], files
+
+
+# The draw spaces of the healthy runs above at their budget of N examples (the paths with their
+# own smaller budgets, yunchang's bidirectional run and gpt-oss's sliced sinks, are not here),
+# and the frameworks' findings, each a (path, supports, max_world) the property must fail on:
+# bench/budgets.py --only frameworks measures how many examples the planted mistakes and these
+# findings need in them (docs/development.md, "Test budgets").
+HEALTHY_SPACES = {
+    "ulysses only, veomni profile": ulysses_only("veomni"),
+    "ulysses only, xorl profile": ulysses_only("xorl"),
+    "ulysses only, deepspeed profile": ulysses_only("deepspeed"),
+    "torch CP ring, zigzag": dict(TORCH_CP, layouts=("zigzag",)),
+    "torch CP ring, contiguous": dict(TORCH_CP, layouts=("contiguous",)),
+    "yunchang USP, zigzag": dict(YUNCHANG, layouts=("zigzag",)),
+    "yunchang USP, contiguous": dict(YUNCHANG, layouts=("contiguous",)),
+}
+FINDINGS = {
+    "veomni_ulysses_under_a_ring": ("veomni_ulysses", dict(dtypes=("f32",)), 4),
+    "torch_cp_ring_no_load_balance": ("torch_cp_ring_no_load_balance",
+                                      dict(TORCH_CP, layouts=("zigzag",)), 4),
+    "yunchang_usp_basic_on_zigzag": ("yunchang_usp_basic",
+                                     dict(YUNCHANG, layouts=("zigzag",), ulysses=False), 4),
+    "yunchang_zigzag_ring_bidirectional": ("yunchang_usp", dict(
+        YUNCHANG, layouts=("zigzag",), causal=False, bidirectional=True, ulysses=False), 4),
+    "yunchang_torch_backend_window": ("yunchang_usp",
+                                      dict(YUNCHANG, layouts=("contiguous",), window=True), 4),
+    "yunchang_torch_backend_softcap": ("yunchang_usp",
+                                       dict(YUNCHANG, layouts=("contiguous",), softcap=True), 4),
+    "deepspeed_alst_gpt_oss_every_heads_sinks": ("deepspeed_alst_gpt_oss", GPT_OSS, 2),
+}
