@@ -259,15 +259,20 @@ case "${1:-}" in
     # build/ rebuilt, its tests run until one fails; a mutant no test kills fails the run. The
     # seed is printed (rerun one draw with --seed); every file is restored and build/ rebuilt.
     python3 bench/mutate.py --generated --sample 2 --budget 360 --in-place build
-    # The ASan+UBSan build's tests (suite 'sanitize'), then TSan's.
+    # The ASan+UBSan build's tests (suite 'sanitize'), then TSan's. Their time limits in the
+    # meson.build files are ≥ 3× the main build's quiet times; a sanitizer build at the x86-64
+    # baseline runs the same test up to ~11× slower (2026-11-30, 2 cores, quiet: `attention`
+    # 41.5 s under ASan against its 120 s limit, 3.7 s in build/; beside a 4-process load it
+    # passed 120 s and was killed), so the sanitizers' runs get 3× every limit.
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
       meson test -C build-asan --no-rebuild --print-errorlogs --num-processes "$jobs" \
-      --suite sanitize
+      --timeout-multiplier 3 --suite sanitize
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
-      --test-args=--gtest_repeat=3 inproc_comm inproc_comm_fibers1 inproc_comm_fibers2
+      --timeout-multiplier 3 --test-args=--gtest_repeat=3 inproc_comm inproc_comm_fibers1 \
+      inproc_comm_fibers2
     cp build-tsan/meson-logs/testlog.json build-tsan/meson-logs/testlog-comm.json
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
-      --test-args='--gtest_filter=*step*thread_count*' reference
+      --timeout-multiplier 3 --test-args='--gtest_filter=*step*thread_count*' reference
     ccache_said
     # One closing line over the four runs (meson prints its own summary per run above).
     python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
