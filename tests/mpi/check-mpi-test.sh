@@ -142,20 +142,29 @@ else ok; fi
 # a healthy run first, the last one is where the rank stops.
 stop_env=(-genv LD_PRELOAD "$stop_so" -genv SEQPAR_STOP_RANK 1)
 stop_args=(check --backend mpi -q --timeout 2 --ulysses 2 --ring 2 --layers 1 --docs 8,12 --heads 4 --kv-heads 1)
-timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv SEQPAR_COUNT_BARRIERS 1 "$seqpar" "${stop_args[@]}" \
-  > /dev/null 2> "$tmp/count.err"
-last=$(grep -c '^barrier_in$' "$tmp/count.err")
-t0=$(date +%s%N)
-timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv SEQPAR_STOP_AT "$last" "$seqpar" "${stop_args[@]}" \
-  > "$tmp/stopped.out" 2> "$tmp/stopped.err"
-rc=$?
-took=$(( ($(date +%s%N) - t0) / 1000000 ))
-echo "stopped past the last barrier (launcher barrier $last of rank 1): exit $rc in $took ms"
-if [ "$last" -lt 1 ] || [ "$rc" -ne 0 ] || ! grep -q '^PASS:' "$tmp/stopped.out" \
-   || [ "$took" -lt 9000 ] || [ "$took" -gt 30000 ]; then
-  fail "rank stopped past the last barrier: exit $rc (want the verdict's 0) after $took ms (want" \
-    "10-30 s: resumed by its sentinel after 10 s), $last launcher barriers: $(tail -3 "$tmp/stopped.err")"
-else ok; fi
+# stopped_job WHAT COUNT_ENV LINE STOP_ENV [-genv NAME VALUE…]: counts rank 1's LINEs on a
+# healthy run (COUNT_ENV set), stops it at the last one (STOP_ENV = the count) and wants the
+# PASS, exit 0 and 10-30 s (resumed by its sentinel after 10 s).
+stopped_job() {
+  local what=$1 count_env=$2 line=$3 stop_at=$4
+  shift 4
+  timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv "$count_env" 1 "$seqpar" "${stop_args[@]}" \
+    > /dev/null 2> "$tmp/count.err"
+  local last t0 rc took
+  last=$(grep -c "^$line\$" "$tmp/count.err")
+  t0=$(date +%s%N)
+  timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv "$stop_at" "$last" "$@" "$seqpar" \
+    "${stop_args[@]}" > "$tmp/stopped.out" 2> "$tmp/stopped.err"
+  rc=$?
+  took=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "$what ($line $last of rank 1): exit $rc in $took ms"
+  if [ "$last" -lt 1 ] || [ "$rc" -ne 0 ] || ! grep -q '^PASS:' "$tmp/stopped.out" \
+     || [ "$took" -lt 9000 ] || [ "$took" -gt 30000 ]; then
+    fail "$what: exit $rc (want the verdict's 0) after $took ms (want 10-30 s: resumed by its" \
+      "sentinel after 10 s), $last of $line counted: $(tail -3 "$tmp/stopped.err")"
+  else ok; fi
+}
+stopped_job "stopped past the last barrier" SEQPAR_COUNT_BARRIERS barrier_in SEQPAR_STOP_AT
 
 # A rank stopped inside the job's last MPI barrier (its arrival sent: the others pass it), before
 # its job is finished, then resumed by its sentinel and starved for 1 s: it comes to the
@@ -163,20 +172,8 @@ else ok; fi
 # not enter it (completed then, mpiexec wrote its answer to their closed proxies and exited 255
 # after a PASS): it ends with the verdict's code, mpiexec exits 0 within 30 s. Its last
 # point-to-point send is its arrival there, counted on a healthy run first.
-timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv SEQPAR_COUNT_ISENDS 1 "$seqpar" "${stop_args[@]}" \
-  > /dev/null 2> "$tmp/isends.err"
-sends=$(grep -c '^isend$' "$tmp/isends.err")
-t0=$(date +%s%N)
-timeout 60 "$mpiexec" -n 4 "${stop_env[@]}" -genv SEQPAR_STOP_ISEND "$sends" \
-  -genv SEQPAR_RESUME_LAG_MS 1000 "$seqpar" "${stop_args[@]}" > "$tmp/resumed.out" 2> "$tmp/resumed.err"
-rc=$?
-took=$(( ($(date +%s%N) - t0) / 1000000 ))
-echo "stopped inside the last MPI barrier, resumed late (send $sends of rank 1): exit $rc in $took ms"
-if [ "$sends" -lt 1 ] || [ "$rc" -ne 0 ] || ! grep -q '^PASS:' "$tmp/resumed.out" \
-   || [ "$took" -lt 9000 ] || [ "$took" -gt 30000 ]; then
-  fail "rank stopped inside the last MPI barrier and resumed late: exit $rc (want the verdict's" \
-    "0) after $took ms (want 10-30 s), $sends sends: $(tail -3 "$tmp/resumed.err")"
-else ok; fi
+stopped_job "stopped inside the last MPI barrier, resumed late" SEQPAR_COUNT_ISENDS isend \
+  SEQPAR_STOP_ISEND -genv SEQPAR_RESUME_LAG_MS 1000
 
 # A rank killed by SIGKILL mid-run (n = 4, inside the hybrid step): mpiexec ends the job.
 failing_job "killed rank" 4 'BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES' \

@@ -25,13 +25,18 @@
 
 namespace {
 
+// Whether this process is the rank $SEQPAR_STOP_RANK.
+bool chosen_rank() {
+  const char* want = std::getenv("SEQPAR_STOP_RANK");
+  const char* me = std::getenv("PMI_RANK");
+  return want && me && std::strcmp(want, me) == 0;
+}
+
 // After the real call: counts this rank's barrier requests and stops (or prints) at the one
 // wanted. `print` writes to stderr with the real write.
 void after_request(const void* buf, size_t n, ssize_t (*print)(int, const void*, size_t)) {
   static constexpr char request[] = "cmd=barrier_in";
-  const char* want = std::getenv("SEQPAR_STOP_RANK");
-  const char* me = std::getenv("PMI_RANK");
-  if (!want || !me || std::strcmp(want, me) != 0 || n < sizeof request - 1 ||
+  if (!chosen_rank() || n < sizeof request - 1 ||
       std::memcmp(buf, request, sizeof request - 1) != 0)
     return;
   if (std::getenv("SEQPAR_COUNT_BARRIERS")) {
@@ -69,12 +74,6 @@ extern "C" ssize_t send(int fd, const void* buf, size_t n, int flags) {
 }
 
 namespace {
-
-bool chosen_rank() {
-  const char* want = std::getenv("SEQPAR_STOP_RANK");
-  const char* me = std::getenv("PMI_RANK");
-  return want && me && std::strcmp(want, me) == 0;
-}
 
 void after_isend() {
   if (!chosen_rank()) return;
