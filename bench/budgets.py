@@ -146,19 +146,20 @@ def main(argv=None):
             if n is None and k in once:
                 break
         worst = None if None in found else max(found)
+        unseen = k in once and found == [None]
         out.append({"property": prop, "mistake": name, "budget": budget, "seeds": a.seeds,
-                    "first_failure": found, "worst": worst, "seconds": round(secs, 1)})
+                    "first_failure": found, "worst": worst, "not_seen": unseen,
+                    "seconds": round(secs, 1)})
         print("%-9s %-46s %6d  %s%s" % (prop, name, budget,
                                         " ".join("-" if n is None else str(n) for n in found),
-                                        ("   not seen in %d examples" % a.cap if k in once and
-                                         len(found) == 1 else "   NOT FOUND at some seed")
-                                        if worst is None else ""),
+                                        "" if worst is not None else
+                                        "   not seen in %d examples" % a.cap if unseen else
+                                        "   NOT FOUND at some seed"),
               flush=True)
     for prop in sorted({r["property"] for r in out}):
         rs = [r for r in out if r["property"] == prop]
-        unseen = [r["mistake"] for r in rs if len(r["first_failure"]) == 1 and r["worst"] is None
-                  and len(a.seeds) > 1]
-        ws = [r["worst"] for r in rs if r["mistake"] not in unseen]
+        unseen = [r["mistake"] for r in rs if r["not_seen"]]
+        ws = [r["worst"] for r in rs if not r["not_seen"]]
         print("%s: the largest first failing example over every mistake and seed: %s%s" % (
             prop, "a mistake not found" if None in ws else max(ws, default="-"),
             "; not seen in %d examples at seed %d (the space cannot show them): %s" % (

@@ -364,14 +364,18 @@ def scenarios(max_world=4, supports=None, max_tokens=64, profile=None):
     if not masks:
         raise ValueError("supports=%s draws neither causal nor bidirectional attention" % (sup,))
 
+    # The layouts each profile can lay out (rings: xorl only), weighted once here.
+    layouts_of = {p: _weighted([(U, R) for U, R in facts if R == 1 or p == "xorl"], sup)
+                  for p in profiles}
+
     @st.composite
     def draw(d):
         prof = d(st.sampled_from(profiles))
-        pf = [(U, R) for U, R in facts if R == 1 or prof == "xorl"]
+        pf = layouts_of[prof]
         if not pf:
             from hypothesis import reject
             reject()
-        U, R = d(st.sampled_from(_weighted(pf, sup)))
+        U, R = d(st.sampled_from(pf))
         lay = "zigzag"
         if R > 1:
             lay = d(st.sampled_from([x for x in LAYOUTS if x in sup.layouts]))
