@@ -110,6 +110,7 @@ bound_units complete_model(error_model& e, const geometry& g, double scale, cons
   bound_units u;
   u.u_int = std::min(e.u_in > 0 ? e.u_in : 1.0, std::ldexp(1.0, -24));
   u.u_t = e.u_in + u.u_int * std::sqrt(e.L);
+  if (q) u.underflow_in = format_of(*q).step / 2;
   return u;
 }
 
@@ -121,11 +122,15 @@ std::string error_model::describe(io::st_dtype out) const {
       "rounds what it stores: attention 2·(u·R·max|out| + 2·u_lse·(R−1)·max|lse|·max|v| + "
       "u_int·(sqrt(L) + 2·(max|lse| + ln L + scale·D·max|q|·max|k|))·max|v|)/max|out| = {:.2e} "
       "for {} (u = {:.3g}), LSE "
-      "{:.2e}; gradients per element u_g·|grad| + (u_in + u_int·sqrt(L))·a + copies·R·σ (σ the "
-      "dtype's subnormal step), a the magnitudes "
+      "{:.2e}; gradients per element u_g·|grad| + (u_in + u_int·sqrt(L))·a + σ_in/2·z + "
+      "copies·R·σ (σ the dtype's subnormal step), a the magnitudes "
       "the element sums (dQ: scale·(|dS|·|K| + (P·|K|)∘E), dK: scale·(|dS|ᵀ·|Q| + Pᵀ·(E∘|Q|)), "
-      "dV: Pᵀ·|dO|, E_i = Σ|dO_i|·(|O_i| + P·|V|)) for a kernel that rounds P and dS to its "
-      "inputs' dtype (u_in = {:.3g}) before each product and forms D from its rounded output, "
+      "dV: Pᵀ·|dO|, E_i = Σ|dO_i|·(|O_i| + P·|V|)), z what a rounded P or dS entry below the "
+      "inputs' smallest normal (off by up to σ_in/2 whatever its size) reaches over the "
+      "visible pairs (dQ: scale·Σ(|dP − D| + 1)·|K|, dK alike, dV: Σ|dO|), for a kernel that "
+      "rounds P "
+      "and dS to its inputs' dtype (u_in = {:.3g}) before each product and forms D from its "
+      "rounded output, "
       "the largest over a rank's elements relative to max|grad| (L = {} longest document, R = "
       "{}, max|out| = {:.3g}, max|v| = {:.3g}, max|lse| = {:.3g}, u_int = min(u, 2^-24), u_lse "
       "= the dumped LSE's)",

@@ -100,9 +100,10 @@ struct geometry {
 ///   forward  2·(u·R·max|out| + 2·u_lse·(R−1)·max|lse|·max|v|
 ///               + u_int·(sqrt(L) + 2·(max|lse| + ln L + T))·max|v|) / max|out|
 ///   LSE      2·(u_lse·R·max|lse| + u_int·(max|lse| + ln L + T)) / max|lse|
-///   gradient per element: u_g·|grad| + (u_in + u_int·sqrt(L))·a, a the magnitudes the element
-///            sums (rows.hpp, row_reference), the largest over the compared elements relative
-///            to max|grad| (or to itself where the gradient cancels to below it).
+///   gradient per element: u_g·|grad| + (u_in + u_int·sqrt(L))·a + σ_in/2·z, a the magnitudes
+///            the element sums and z their reach of the P and dS entries' underflow (rows.hpp,
+///            row_reference), the largest over the compared elements relative to max|grad| (or
+///            to itself where the gradient cancels to below it).
 /// A naive kernel that materialises the scores in bf16 exceeds it by ~max|s|: worth knowing.
 struct error_model {
   double max_out = 0, max_v = 0, max_lse = 0, L = 1;
@@ -126,6 +127,9 @@ struct error_model {
 /// the term magnitudes are multiplied by.
 struct bound_units {
   double u_t = 0, u_int = 0;
+  /// Half the subnormal step of the inputs' dtype (float16 2^-25): what rounding P or dS to it
+  /// loses of an entry below its smallest normal, whatever the entry's size (u_in is relative).
+  double underflow_in = 0;
 };
 
 /// Completes a model whose maxima are set: L (the longest document), scale, D, R, and the

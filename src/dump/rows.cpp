@@ -169,6 +169,20 @@ double cap_slope(const attention_variant& v, double s) {
   return 1 - t * t;
 }
 
+/// Below its smallest normal, rounding to the inputs' dtype loses up to half a subnormal step of
+/// an entry whatever its size: σ_in/2 per rounded entry of P and dS, in units of the term
+/// magnitudes (which the bound multiplies by u_t).
+double underflow_weight(const bound_units& u) { return u.u_t > 0 ? u.underflow_in / u.u_t : 0.0; }
+
+/// Per pair whose weight the kernel rounds (M = 1), how far the underflow of its entries reaches
+/// into the gradient's sum, per unit of the underflow: |dP − D| (∘ the capping's slope) through
+/// P's in dS = P∘(dP − D), and 1 for dS's own. The caller sums it over the pairs, times the
+/// largest |K| (|Q|, |dO|) of the chunk per column: a bound of the product with them.
+mat underflow_reach(const mat& M, const mat& dp_minus_d, const mat& slope, bool capped) {
+  const mat z = capped ? mat(dp_minus_d.cwiseProduct(slope)) : dp_minus_d;
+  return M.cwiseProduct(z + mat::Ones(M.rows(), M.cols()));
+}
+
 /// The keys [first, last) of the document [a, b) that the query at global token t may see under
 /// the variant's mask (its causal diagonal shifted by diag).
 std::pair<std::int64_t, std::int64_t> visible_keys(const attention_variant& v, std::int64_t a,
@@ -464,7 +478,8 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
                         std::log(std::max(len, 1.0))) /
                        u_.u_t;
     }
-    mat dq = mat::Zero(n, D), dSwK = mat::Zero(n, D), PK = mat::Zero(n, D), F = mat::Zero(n, D);
+    mat dq = mat::Zero(n, D), dSwK = mat::Zero(n, D), PK = mat::Zero(n, D), F = mat::Zero(n, D),
+        ZK = mat::Zero(n, D);
     for (std::int64_t j0 = k0; j0 < k1; j0 += chunk) {
       const std::int64_t c = std::min(chunk, k1 - j0);
       load(j0, c);
@@ -475,18 +490,25 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
         P = v.softcap * t;
         slope = (1.0 - t.array().square()).matrix();
       }
+      mat M = mat::Zero(n, c);  // 1 on the pairs whose weight the kernel rounds
       for (std::int64_t i = 0; i < n; ++i)
         for (std::int64_t j = 0; j < c; ++j) {
           if (capped_hidden(i, j0 + j) && std::isfinite(L(i))) {
             P(i, j) = std::exp(-v.softcap - L(i));
             if (v.softcap > 0) slope(i, j) = 0;
+            M(i, j) = 1;
             continue;
           }
-          P(i, j) = visible(i, j0 + j) && std::isfinite(L(i)) ? std::exp(P(i, j) - L(i)) : 0.0;
+          const bool seen = visible(i, j0 + j) && std::isfinite(L(i));
+          P(i, j) = seen ? std::exp(P(i, j) - L(i)) : 0.0;
+          M(i, j) = seen ? 1.0 : 0.0;
         }
       const mat dP = dO * V.transpose();
       mat dS = P.cwiseProduct(dP.colwise() - Dv);
       if (v.softcap > 0) dS = dS.cwiseProduct(slope);
+      ZK +=
+          underflow_reach(M, (dP.colwise() - Dv).cwiseAbs(), slope, v.softcap > 0).rowwise().sum() *
+          K.cwiseAbs().colwise().maxCoeff();
       if (v.other_block_dq_factor != 1) {
         // Keys of another ring rank than the query's: their dQ terms scaled by the factor.
         mat f = mat::Ones(n, c);
@@ -509,7 +531,8 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
         (dO.cwiseAbs().cwiseProduct(O.cwiseAbs() + mat(F.array().colwise() * w.array())))
             .rowwise()
             .sum();
-    const mat aq = v.scale * (dSwK + mat(PK.array().colwise() * E.array()));
+    const mat aq =
+        v.scale * (dSwK + mat(PK.array().colwise() * E.array()) + underflow_weight(u_) * ZK);
     const auto ref = reference();
     if (v.cu == ref.cu && v.scale == ref.scale && v.causal == ref.causal && v.diag == 0 &&
         v.other_block_dq_factor == 1 && v.window_back == ref.window_back &&
@@ -655,6 +678,7 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
           P = v.softcap * t;
           slope = (1.0 - t.array().square()).matrix();
         }
+        mat M = mat::Zero(nk, c);  // 1 on the pairs whose weight the kernel rounds
         for (std::int64_t a = 0; a < nk; ++a) {
           const auto s = sel[static_cast<std::size_t>(a)];
           const std::int64_t j = rows[idx[s]].token;
@@ -663,6 +687,7 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
             const bool vis = t >= lo[s] && t < hi[s] && std::isfinite(L(i)) &&
                              (!v.own_ring_only || c_.at(t) / g.Sg == c_.at(j) / g.Sg);
             P(a, i) = vis ? std::exp(P(a, i) - L(i)) : 0.0;
+            M(a, i) = vis ? 1.0 : 0.0;
           }
         }
         const mat dP = V * dO.transpose();
@@ -674,6 +699,13 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
         const mat dSw = dS.cwiseAbs().array().rowwise() * w.transpose().array();
         ak.noalias() += dSw * Qa + P * mat(Qa.array().colwise() * E.array());
         av.noalias() += P * mat(dO.cwiseAbs().array().colwise() * w.array());
+        const double uw = underflow_weight(u_);
+        ak += uw *
+              underflow_reach(M, (dP.rowwise() - Dv.transpose()).cwiseAbs(), slope, v.softcap > 0)
+                  .rowwise()
+                  .sum() *
+              Qa.colwise().maxCoeff();
+        av += uw * M.rowwise().sum() * dO.cwiseAbs().colwise().maxCoeff();
       }
       for (std::int64_t a = 0; a < nk; ++a) {
         const auto at = idx[sel[static_cast<std::size_t>(a)]] * static_cast<std::size_t>(D);

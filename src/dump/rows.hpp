@@ -135,7 +135,10 @@ struct key_result {
 /// inputs' unit roundoff, u_g the stored gradient's), plus float32 accumulation (u_int·sqrt(L)·a).
 /// The score's own rounding inside the kernel moves row i's weights by a relative
 /// eps_i = u_int·(2·scale·Σ_d |q_id|·max_j |k_jd| + |lse_i| + ln L): the row's terms are weighted
-/// by 1 + eps_i / u_t, u_t = u_in + u_int·sqrt(L).
+/// by 1 + eps_i / u_t, u_t = u_in + u_int·sqrt(L). Below the inputs' smallest normal a rounded
+/// P or dS entry is off by up to σ_in/2 whatever its size: the magnitudes carry that too, as
+/// (σ_in/2)/u_t times z, the same sums with |dP − D| + 1 for each |dS| entry and 1 for each P
+/// entry of a visible pair (bounded through the chunk's largest |K|, |Q| or |dO| per column).
 /// Key rows: dk, dv and magnitudes, summed over their query heads, from the job's dumped LSE and
 /// output when every rank has them (the key's gradient sums over every later query of its
 /// document: their statistics are the job's, themselves checked on the sampled query rows),
