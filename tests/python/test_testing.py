@@ -160,9 +160,10 @@ def test_options_are_drawn_and_shrink_toward_causal():
     assert any(s.window_ahead >= 0 for s in seen)
     assert any(s.chunk > 0 for s in seen) and any(s.sinks for s in seen)
     assert any(s.softcap > 0 for s in seen)
-    # Windows around the documents' lengths: shorter than and as long as a document.
-    assert any(0 <= s.window_back < max(s.docs) - 1 for s in seen)
-    assert any(s.window_back >= max(s.docs) - 1 for s in seen)
+    # Windows around the documents' lengths: shorter than and as long as a document, and wider
+    # than one key (a window of 1 is as long as a one-token document).
+    assert any(1 <= s.window_back < max(s.docs) - 1 for s in seen)
+    assert any(s.window_back >= max(s.docs) - 1 > 0 for s in seen)
     # Every option drawn off too (the shrink target is reachable), bidirectional windows
     # lopsided both ways and symmetric, chunks shorter than and as long as a document.
     assert any(s.window_back < 0 for s in seen) and any(s.chunk == 0 for s in seen)
