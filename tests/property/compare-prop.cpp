@@ -110,3 +110,22 @@ TEST(compare, an_infinite_difference_is_named_non_finite) {
     EXPECT_EQ(c.note, "non-finite values") << bad;
   }
 }
+
+// The same infinity on both sides is no difference: a row that holds one takes the non-finite
+// path, where the verdict is still the finite rows' (the property reaches these exact ties only
+// by chance: RapidCheck's draws are not seeded).
+TEST(compare, matching_infinities_leave_the_verdict_to_the_finite_values) {
+  // Nothing finite to compare against (every finite reference 0, no floor): no error, a pass even
+  // at zero tolerance, not 0/0.
+  auto c = compare_values("t", std::vector<double>{inf, 0}, std::vector<double>{inf, 0}, 0.0);
+  EXPECT_TRUE(c.pass);
+  EXPECT_EQ(c.max_abs, 0.0);
+  EXPECT_EQ(c.max_rel, 0.0);
+  // An error exactly at the tolerance passes: |3 − 2| / 2 = 0.5.
+  c = compare_values("t", std::vector<double>{-inf, 3}, std::vector<double>{-inf, 2}, 0.5);
+  EXPECT_TRUE(c.pass) << c.max_rel;
+  EXPECT_EQ(c.max_rel, 0.5);
+  c = compare_values("t", std::vector<double>{-inf, 3.5}, std::vector<double>{-inf, 2}, 0.5);
+  EXPECT_FALSE(c.pass);
+  EXPECT_TRUE(c.note.starts_with("worst at flat index 1:")) << c.note;
+}
