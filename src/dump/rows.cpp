@@ -503,12 +503,11 @@ query_result row_reference::queries(const attention_variant& v, const std::vecto
           P(i, j) = seen ? std::exp(P(i, j) - L(i)) : 0.0;
           M(i, j) = seen ? 1.0 : 0.0;
         }
-      const mat dP = dO * V.transpose();
-      mat dS = P.cwiseProduct(dP.colwise() - Dv);
+      const mat dP_D = (dO * V.transpose()).colwise() - Dv;  // dP − D
+      mat dS = P.cwiseProduct(dP_D);
       if (v.softcap > 0) dS = dS.cwiseProduct(slope);
-      ZK +=
-          underflow_reach(M, (dP.colwise() - Dv).cwiseAbs(), slope, v.softcap > 0).rowwise().sum() *
-          K.cwiseAbs().colwise().maxCoeff();
+      ZK += underflow_reach(M, dP_D.cwiseAbs(), slope, v.softcap > 0).rowwise().sum() *
+            K.cwiseAbs().colwise().maxCoeff();
       if (v.other_block_dq_factor != 1) {
         // Keys of another ring rank than the query's: their dQ terms scaled by the factor.
         mat f = mat::Ones(n, c);
@@ -690,8 +689,8 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
             M(a, i) = vis ? 1.0 : 0.0;
           }
         }
-        const mat dP = V * dO.transpose();
-        mat dS = P.cwiseProduct(dP.rowwise() - Dv.transpose());
+        const mat dP_D = (V * dO.transpose()).rowwise() - Dv.transpose();  // dP − D
+        mat dS = P.cwiseProduct(dP_D);
         if (v.softcap > 0) dS = dS.cwiseProduct(slope);
         dk.noalias() += dS * Q;
         dv.noalias() += P * dO;
@@ -700,10 +699,7 @@ key_result row_reference::keys(const attention_variant& v, const std::vector<key
         ak.noalias() += dSw * Qa + P * mat(Qa.array().colwise() * E.array());
         av.noalias() += P * mat(dO.cwiseAbs().array().colwise() * w.array());
         const double uw = underflow_weight(u_);
-        ak += uw *
-              underflow_reach(M, (dP.rowwise() - Dv.transpose()).cwiseAbs(), slope, v.softcap > 0)
-                  .rowwise()
-                  .sum() *
+        ak += uw * underflow_reach(M, dP_D.cwiseAbs(), slope, v.softcap > 0).rowwise().sum() *
               Qa.colwise().maxCoeff();
         av += uw * M.rowwise().sum() * dO.cwiseAbs().colwise().maxCoeff();
       }
