@@ -52,6 +52,32 @@ def load_catalogue(paths):
     return mutants
 
 
+def check_text(tree, m):
+    """A mutant names one place: its text occurs exactly once in its file."""
+    path = os.path.join(tree, m["file"])
+    if not os.path.isfile(path):
+        sys.exit(f"mutate: mutant {m['id']}: its file {m['file']} does not exist")
+    with open(path) as f:
+        n = f.read().count(m["find"])
+    if n != 1:
+        sys.exit(f"mutate: mutant {m['id']}: its text occurs {n} times in {m['file']} "
+                 f"(want once): {m['find']!r}")
+
+
+def check_tests(build, mutants):
+    """Every meson test a mutant names exists in BUILD: a name meson does not know would make
+    `meson test` write no log, which is no kill; a pytest entry's file exists."""
+    with open(os.path.join(build, "meson-info", "intro-tests.json")) as f:
+        test_names = {t["name"] for t in json.load(f)}
+    for m in mutants:
+        unknown = [t for t in m["tests"] if not t.startswith("pytest:") and t not in test_names]
+        unknown += [t for t in m["tests"] if t.startswith("pytest:") and not os.path.isfile(
+            os.path.join(ROOT, t[len("pytest:"):].split("::", 1)[0]))]
+        if unknown:
+            sys.exit(f"mutate: mutant {m['id']} names tests that do not exist: {unknown} "
+                     f"(meson test -C {build} --list shows the names)")
+
+
 def copy_tree(scratch):
     tree = os.path.join(scratch, "tree")
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
@@ -200,6 +226,11 @@ def main():
                     help="the mutants made by rule from bench/mutants/places.json (bench/mutagen.py) "
                          "instead of the hand-written catalogue")
     ap.add_argument("--list", action="store_true", help="list the mutants and stop")
+    ap.add_argument("--validate", metavar="BUILD", default="",
+                    help="check that every mutant's text occurs once in this checkout and every "
+                         "test it names exists in BUILD (a configured build directory), then stop "
+                         "(the `mutant_catalogues` test: a catalogue gone stale fails CI, not the "
+                         "next full run)")
     ap.add_argument("--only", nargs="*", default=[])
     ap.add_argument("--sample", type=int, default=0, help="run N mutants drawn at random")
     ap.add_argument("--seed", type=int, default=None, help="the draw's seed (printed)")
@@ -228,6 +259,13 @@ def main():
     # Known survivors are run when asked for by id or area (--only), not otherwise.
     mutants = [m for m in mutants if not m.get("equivalent")
                and (not m.get("known_survivor") or a.only)]
+    if a.validate:
+        for m in mutants + equivalent + [k for k in known if k not in mutants]:
+            check_text(ROOT, m)
+        check_tests(a.validate, mutants + known)
+        print(f"mutate: {len(mutants) + len(equivalent) + len(known)} mutants, each text found "
+              f"once and each named test known")
+        return
     if a.list:
         for m in mutants + equivalent + [k for k in known if k not in mutants]:
             tag = ("equivalent: " + m["equivalent"] if m.get("equivalent") else
@@ -251,26 +289,14 @@ def main():
         restore_leftover(build)
     # Every mutant must name one place: checked before anything is built.
     for m in mutants:
-        text = open(os.path.join(tree, m["file"])).read()
-        n = text.count(m["find"])
-        if n != 1:
-            sys.exit(f"mutate: mutant {m['id']}: its text occurs {n} times in {m['file']} "
-                     f"(want once): {m['find']!r}")
+        check_text(tree, m)
     if not a.in_place and not os.path.exists(os.path.join(build, "build.ninja")):
         subprocess.run(["meson", "setup", build, tree, "-Dgpu=disabled", "-Ddebug=false"],
                        check=True, capture_output=True)
     t_start = time.monotonic()
     print(f"mutate: building the unmutated tree in {build}", flush=True)
     subprocess.run(["ninja", "-C", build], check=True, capture_output=True)
-    # Every meson test a mutant names must exist: a name meson does not know would make
-    # `meson test` write no log, which is no kill.
-    with open(os.path.join(build, "meson-info", "intro-tests.json")) as f:
-        test_names = {t["name"] for t in json.load(f)}
-    for m in mutants:
-        unknown = [t for t in m["tests"] if not t.startswith("pytest:") and t not in test_names]
-        if unknown:
-            sys.exit(f"mutate: mutant {m['id']} names tests meson does not have: {unknown} "
-                     f"(meson test -C {build} --list shows the names)")
+    check_tests(build, mutants)
     if not a.in_place:  # the CI sample trusts the suite that just passed
         tests = sorted({t for m in mutants for t in m["tests"]})
         failed, secs = run_tests(build, tests, a.timeout * 2, tree)
