@@ -134,8 +134,11 @@ struct block_softmax {
 
 /// The attention probabilities of the query rows at document positions [b0, b0 + rows) of the
 /// query heads of one KV group, stacked head by head (row j·rows + r: head j of the group,
-/// position b0 + r), over the keys at positions [k0, k0 + keys.rows()) of a document of n
-/// tokens, into `out` (block_softmax): each row is the softmax, over the keys it sees
+/// position b0 + r), over the keys at positions [k0, k0 + keys_t.cols()) of a document of n
+/// tokens, into `out` (block_softmax). `keys_t` holds those keys transposed, [head_dim, keys]
+/// row-major (a slice of its item's keys transposed once: the product's right side is then
+/// packed by plain row copies, not transposed again for every block — the same packed values,
+/// so the same scores bit for bit): each row is the softmax, over the keys it sees
 /// (key_span: one interval per position) and, with sinks, its head's sink logit `sinks[j]` as
 /// one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when capped); 0 for the
 /// keys it must not see. `query` holds the rows already multiplied by score_factor(rule,
@@ -143,14 +146,14 @@ struct block_softmax {
 /// its own. The mask is applied by intervals: each row's visible keys are one contiguous span
 /// of the (row-major) scores, exponentiated with Eigen's vectorised exp; the keys outside it
 /// are set to 0 as whole runs. No work per (query, key) pair beyond the product and one exp.
-template <class Keys>
-void block_probs(const matrix& query, Eigen::Index rows, const Keys& keys,
+template <class KeysT>
+void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
                  const attention_rule& rule, Eigen::Index b0, Eigen::Index k0, Eigen::Index n,
                  const double* sinks, bool want_slope, block_softmax& out) {
-  const Eigen::Index stacked = query.rows(), len = keys.rows();
+  const Eigen::Index stacked = query.rows(), len = keys_t.cols();
   matrix& p = out.e;
   p.resize(stacked, len);
-  p.noalias() = query * keys.transpose();
+  p.noalias() = query * keys_t;
   if (want_slope) out.slope.resize(stacked, len);
   out.inv_z.resize(stacked);
   if (rule.sinks) out.sink_p.resize(stacked);
@@ -187,14 +190,14 @@ void block_probs(const matrix& query, Eigen::Index rows, const Keys& keys,
 }
 
 /// The rows [b0, b0 + rows) of the query heads [h0, h0 + group) of x [tokens, heads·d],
-/// stacked head by head into [group·rows, d], times `factor`.
-matrix stack_heads(const matrix& x, Eigen::Index b0, Eigen::Index rows, int h0, int group,
-                   int head_dim, double factor = 1.0) {
-  matrix s(rows * group, head_dim);
+/// stacked head by head into s [group·rows, d] (its storage reused from block to block), times
+/// `factor`.
+void stack_heads(const matrix& x, Eigen::Index b0, Eigen::Index rows, int h0, int group,
+                 int head_dim, double factor, matrix& s) {
+  s.resize(rows * group, head_dim);
   for (int j = 0; j < group; ++j)
     s.middleRows(j * rows, rows) =
         factor * x.block(b0, Eigen::Index{h0 + j} * head_dim, rows, head_dim);
-  return s;
 }
 
 /// What block_probs' queries are multiplied by: the scores' scale, and 1/softcap when capped
@@ -268,13 +271,15 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
         const Eigen::Index kc = Eigen::Index{g} * head_dim;
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
+        const auto [first, last] = keys_of(items[t]);  // the item's keys, transposed once
+        const matrix kt = k.block(a + first, kc, last - first, head_dim).transpose();
         block_softmax sm;
-        matrix o;
+        matrix query, o;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step);
           const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
-          block_probs(stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale)),
-                      b1 - b0, k.block(a + k0, kc, k1 - k0, head_dim), rule, b0 - a, k0, e - a,
+          stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale), query);
+          block_probs(query, b1 - b0, kt.middleCols(k0 - first, k1 - k0), rule, b0 - a, k0, e - a,
                       sinks, false, sm);
           o.noalias() = sm.e * v.block(a + k0, kc, k1 - k0, head_dim);
           o = sm.inv_z.asDiagonal() * o;  // the softmax's normalisation, on [rows, head_dim]
@@ -350,22 +355,24 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const Eigen::Index kc = Eigen::Index{g} * head_dim;
         const auto [first, last] = keys_of(items[t]);  // the item's keys
         const Eigen::Index n = last - first;
-        const matrix kg = k.block(a + first, kc, n, head_dim);
-        const matrix vg = v.block(a + first, kc, n, head_dim);
+        // K and V of the item's keys: K as it is (dq's product), both transposed once (the
+        // scores' and dp's products, block by block)
+        const auto kg = k.block(a + first, kc, n, head_dim);
+        const matrix kt = kg.transpose(), vt = v.block(a + first, kc, n, head_dim).transpose();
         matrix dkg = matrix::Zero(n, head_dim), dvg = matrix::Zero(n, head_dim);
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
         const double factor = score_factor(rule, scale);
         double* dsink = dsink_part.data() + t * static_cast<std::size_t>(group);
         block_softmax sm;
-        matrix d_os, ds, dqs;
+        matrix query, d_o, d_os, ds, dqs;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step), rows = b1 - b0;
           const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
           const Eigen::Index off = k0 - first, len = k1 - k0;
-          const matrix query = stack_heads(q, b0, rows, h0, group, head_dim, factor);
-          const matrix d_o = stack_heads(dout, b0, rows, h0, group, head_dim);
-          block_probs(query, rows, kg.middleRows(off, len), rule, b0 - a, k0, e - a, sinks,
+          stack_heads(q, b0, rows, h0, group, head_dim, factor, query);
+          stack_heads(dout, b0, rows, h0, group, head_dim, 1.0, d_o);
+          block_probs(query, rows, kt.middleCols(off, len), rule, b0 - a, k0, e - a, sinks,
                       rule.softcap > 0, sm);
           // Per row, with p = e·inv_z: o = pᵀV: dV += p·do = e·(inv_z·do), dp = V·doᵀ;
           // softmax: ds = p∘(dp − pᵀdp) (the sink column's dp is 0: it reaches no value, and
@@ -374,7 +381,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           // stacked `query`): dK += dsᵀ·q', dq = factor·ds·K. ds is 0 off each row's span.
           d_os.noalias() = sm.inv_z.asDiagonal() * d_o;
           dvg.middleRows(off, len).noalias() += sm.e.transpose() * d_os;
-          ds.noalias() = d_o * vg.middleRows(off, len).transpose();  // dp, made ds row by row
+          ds.noalias() = d_o * vt.middleCols(off, len);  // dp, made ds row by row
           for (Eigen::Index r = 0; r < ds.rows(); ++r) {
             const auto [lo, hi] = sm.span[static_cast<std::size_t>(r)];
             const double inv_z = sm.inv_z(r);
