@@ -16,7 +16,11 @@ run at the other seeds — and each framework finding (FINDINGS: the frameworks'
 property failing on it) at every seed.
 
     SEQPAR=build/tools/seqpar .venv/bin/python bench/budgets.py [--seeds 0 1 2 3 4]
-        [--only attention|step|frameworks] [--cap 200] [--out bench/results/DATE/budgets.json]
+        [--only attention|step|frameworks] [--space NAME] [--cap 200]
+        [--out bench/results/DATE/budgets.json]
+
+--space (with --only frameworks): the spaces, and the findings, whose names contain NAME
+(e.g. yunchang).
 """
 import argparse
 import importlib.util
@@ -89,6 +93,8 @@ def main(argv=None):
     ap.add_argument("--cap", type=int, default=200,
                     help="examples a planted mistake gets in a framework's space")
     ap.add_argument("--out", default="")
+    ap.add_argument("--space", default="",
+                    help="frameworks: only the spaces (and findings) whose name contains this")
     a = ap.parse_args(argv)
     import seqpar.testing as spt
 
@@ -112,6 +118,8 @@ def main(argv=None):
         broken = os.path.join(TESTS, "broken_attention.py")
         example = os.path.join(ROOT, "python", "examples", "zigzag_ring_attention.py")
         for space, supports in tf.HEALTHY_SPACES.items():
+            if a.space not in space:
+                continue
             # The mistakes are planted in the worked example: a space where the example itself
             # fails (a contiguous layout: it implements zigzag) measures nothing about them.
             stats = {}
@@ -130,6 +138,8 @@ def main(argv=None):
                 rows.append(("in " + space, v, tf.N, run))
                 once.add(len(rows) - 1)
         for finding, (path, supports, world) in tf.FINDINGS.items():
+            if a.space and a.space.split()[0].lower() not in finding:
+                continue
             def run(seed, stats, ref=tf.REF + ":" + path, supports=supports, world=world):
                 spt.check(ref, max_world=world, supports=supports, max_examples=a.cap, seed=seed,
                           stats=stats, settings=no_shrink())

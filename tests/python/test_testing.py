@@ -190,6 +190,27 @@ def test_options_are_drawn_and_shrink_toward_causal():
                for s in plain)
 
 
+def test_code_without_padding_is_given_rows_that_need_none():
+    """supports padding=False draws rows that seqpar's layout does not pad (not rows it pads,
+    refused one by one), Ulysses and hybrid layouts among them as often as elsewhere."""
+    from hypothesis import given, settings
+    from seqpar.testing.scenario import find_seqpar, layout
+    seqpar_bin = find_seqpar()
+    seen = []
+
+    @settings(max_examples=100, database=None, derandomize=True)
+    @given(spt.scenarios(max_world=4, supports=dict(padding=False)))
+    def collect(scn):
+        seen.append(scn)
+    collect()
+    padded = [s.describe() for s in seen if layout(s, seqpar_bin).padded_length != s.tokens]
+    assert not padded, padded[:3]
+    assert sum(s.ulysses > 1 for s in seen) >= len(seen) // 3
+    assert any(s.ulysses > 1 and s.ring > 1 for s in seen)
+    assert any(s.ring > 1 and s.layout == "contiguous" for s in seen)
+    assert any(len(s.docs) > 1 for s in seen)
+
+
 # The document mask of the ring's steps off the own block, dropped as rings are written: xorl's
 # sections (zigzag), and a plain whole-block ring in either layout, forward and backward alone.
 # (variant, layout) -> the cause the report must name.
