@@ -137,10 +137,11 @@ struct block_softmax {
 /// position b0 + r), over the keys at positions [k0, k0 + keys_t.cols()) of a document of n
 /// tokens, into `out` (block_softmax). `keys_t` holds those keys transposed, [head_dim, keys]
 /// row-major (a slice of its item's keys transposed once: the product's right side is then
-/// packed by plain row copies, not transposed again for every block — the same packed values,
-/// so the same scores bit for bit): each row is the softmax, over the keys it sees
-/// (key_span: one interval per position) and, with sinks, its head's sink logit `sinks[j]` as
-/// one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when capped); 0 for the
+/// packed by plain row copies, not transposed again for every block — Eigen's GEMM packs the
+/// same values, so the scores are the same bit for bit; blocks of a few rows, which Eigen
+/// multiplies by other kernels, may round differently): each row is the softmax, over the keys
+/// it sees (key_span: one interval per position) and, with sinks, its head's sink logit
+/// `sinks[j]` as one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when capped); 0 for the
 /// keys it must not see. `query` holds the rows already multiplied by score_factor(rule,
 /// scale), so that the product gives the scores (or their argument of tanh) with no pass of
 /// its own. The mask is applied by intervals: each row's visible keys are one contiguous span
