@@ -141,8 +141,8 @@ struct block_softmax {
 /// same values, so the scores are the same bit for bit; blocks of a few rows, which Eigen
 /// multiplies by other kernels, may round differently): each row is the softmax, over the keys
 /// it sees (key_span: one interval per position) and, with sinks, its head's sink logit
-/// `sinks[j]` as one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when capped); 0 for the
-/// keys it must not see. `query` holds the rows already multiplied by score_factor(rule,
+/// `sinks[j]` as one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when capped); 0
+/// for the keys it must not see. `query` holds the rows already multiplied by score_factor(rule,
 /// scale), so that the product gives the scores (or their argument of tanh) with no pass of
 /// its own. The mask is applied by intervals: each row's visible keys are one contiguous span
 /// of the (row-major) scores, exponentiated with Eigen's vectorised exp; the keys outside it
