@@ -259,15 +259,16 @@ def main():
     # Known survivors are run when asked for by id or area (--only), not otherwise.
     mutants = [m for m in mutants if not m.get("equivalent")
                and (not m.get("known_survivor") or a.only)]
+    every = mutants + equivalent + [k for k in known if k not in mutants]
     if a.validate:
-        for m in mutants + equivalent + [k for k in known if k not in mutants]:
+        for m in every:
             check_text(ROOT, m)
         check_tests(a.validate, mutants + known)
-        print(f"mutate: {len(mutants) + len(equivalent) + len(known)} mutants, each text found "
+        print(f"mutate: {len(every)} mutants, each text found "
               f"once and each named test known")
         return
     if a.list:
-        for m in mutants + equivalent + [k for k in known if k not in mutants]:
+        for m in every:
             tag = ("equivalent: " + m["equivalent"] if m.get("equivalent") else
                    "known survivor: " + m["known_survivor"] if m.get("known_survivor") else "")
             print(f"{m['id']:60} {m['file']}:{m.get('line', '')} {tag}")
