@@ -17,8 +17,9 @@
 // ratio = the oracle's GFLOP/s / Eigen's 1024³ GEMM GFLOP/s on 1 thread (same run).
 // check_s = the whole `seqpar check` (U 2 × R 2, 1 thread: setup, SP step, oracle, compare) of
 // the same shape and option; #wrong = a check that failed, or a non-finite gradient.
-// The notes give the exponentials' bound on the ratio from Eigen's exp measured in the same run:
-// at small d the two exps per (pair, query head) cost as much as the 14·d FLOP of the products.
+// The notes give the exponentials' bound on the ratio from the oracle's exp (ref::ops::exp_shifted)
+// measured in the same run, Eigen's beside it: at small d the two exps per (pair, query head)
+// cost a large part of what the 14·d FLOP of the products do.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -53,15 +54,21 @@ constexpr option_case cases[] = {
 constexpr int Hq = 8, Hkv = 2;
 int D = 16;  // --head-dim
 
-/// Nanoseconds per value of Eigen's vectorised exp over rows of 128 scores in cache (the
-/// oracle's softmax), the best of 10 runs of 20,000 rows.
-double exp_ns_per_value() {
+/// Nanoseconds per value of an exp over rows of 128 scores in cache (the oracle's softmax), the
+/// best of 10 runs of 20,000 rows: the oracle's own (ref::ops::exp_shifted) or Eigen's
+/// vectorised one, which the oracle used before 2026-11-30.
+double exp_ns_per_value(bool eigen) {
   Eigen::ArrayXd x = Eigen::ArrayXd::Random(128) * 8.0 - 8.0, y(128);
   double best = 1e30;
   for (int run = 0; run < 10; ++run) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 20000; ++i) {
-      y = x.exp();
+      if (eigen) {
+        y = x.exp();
+      } else {
+        y = x;
+        ref::ops::exp_shifted(y.data(), y.size(), 0.0);
+      }
       x(0) = -y(1) * 1e-9;  // each row depends on the last: not hoisted
     }
     best = std::min(best,
@@ -189,20 +196,21 @@ struct oracle_options {
     o.ratio_meaning = "the oracle attention's GFLOP/s / native f64 GEMM GFLOP/s (same run)";
     // The exponentials' floor: two per (pair, query head) — the forward's softmax and the
     // backward's recomputed one — against 14·d FLOP per (pair, query head) at the GEMM rate.
-    const double exp_ns = exp_ns_per_value(), gemm = bench::eigen_gemm_gflops("double", 1024);
+    const double exp_ns = exp_ns_per_value(false), eigen_exp_ns = exp_ns_per_value(true);
+    const double gemm = bench::eigen_gemm_gflops("double", 1024);
     const double product_ns = 14.0 * D / gemm;
-    o.notes = {
-        fmt::format("Hq=8 Hkv=2 d={}, documents 2:1:1, 1 thread; window 128, chunk 256, "
-                    "softcap 30",
-                    D),
-        fmt::format("exp bound: Eigen's vectorised exp takes {:.2f} ns per value here, the "
-                    "oracle two per (pair, query head), whose 14·d = {} FLOP take {:.2f} "
-                    "ns at {:.1f} GFLOP/s: the exponentials alone hold the ratio at ≤ "
-                    "{:.2f} at d {}, with every product at the GEMM rate",
-                    exp_ns, 14 * D, product_ns, gemm, product_ns / (product_ns + 2 * exp_ns), D),
-        "FLOP: 14·visible pairs·Hq·d per fwd+bwd (FlashAttention's convention)",
-        "check_s / ref_s: the whole seqpar check (U 2 × R 2, --threads 1) and its oracle "
-        "phase; #wrong: a failing check or non-finite gradients"};
+    o.notes = {fmt::format("Hq=8 Hkv=2 d={}, documents 2:1:1, 1 thread; window 128, chunk 256, "
+                           "softcap 30",
+                           D),
+               fmt::format("exp bound: the oracle's exp takes {:.2f} ns per value here (Eigen's "
+                           "{:.2f}), two per (pair, query head), whose 14·d = {} FLOP take {:.2f} "
+                           "ns at {:.1f} GFLOP/s: the exponentials alone hold the ratio at ≤ "
+                           "{:.2f} at d {}, with every product at the GEMM rate",
+                           exp_ns, eigen_exp_ns, 14 * D, product_ns, gemm,
+                           product_ns / (product_ns + 2 * exp_ns), D),
+               "FLOP: 14·visible pairs·Hq·d per fwd+bwd (FlashAttention's convention)",
+               "check_s / ref_s: the whole seqpar check (U 2 × R 2, --threads 1) and its oracle "
+               "phase; #wrong: a failing check or non-finite gradients"};
     return o;
   }
   double check_seconds = 0, reference_seconds = 0;

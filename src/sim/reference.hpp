@@ -13,6 +13,7 @@
 // and tests/unit/reference_independence-test.sh fails if it includes any other project header or
 // needs any other seqpar symbol.
 #include <Eigen/Core>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -119,6 +120,12 @@ std::vector<std::pair<Eigen::Index, Eigen::Index>> documents(
 /// heads and chunks) are added in a fixed order afterwards: every result is bitwise identical
 /// at any thread count.
 namespace ops {
+
+/// x[i] = e^(x[i] − m) for i < n, vectorised: the softmax's exponentials (arguments ≤ 0: scores
+/// less their row's largest). Within 1 ulp of glibc's exp over [−708, 0]; 0 below −708 (e^x <
+/// 4e-308: nothing beside a row's largest term, 1), NaN stays NaN; each value's result does not
+/// depend on its place in the span.
+void exp_shifted(double* x, std::ptrdiff_t n, double m);
 
 /// y[i] = table[ids[i]].
 matrix embedding(const matrix& table, std::span<const std::int64_t> ids);
