@@ -23,22 +23,6 @@ using namespace detail;
 
 namespace ops {
 
-namespace {
-
-/// The lanes exp_shifted computes at once: the ISA's widest vector of doubles (GCC's and clang's
-/// vector extensions; casts between same-sized vector types reinterpret the bits).
-#if defined(__AVX512F__)
-constexpr int exp_lanes = 8;
-#elif defined(__AVX__)
-constexpr int exp_lanes = 4;
-#else
-constexpr int exp_lanes = 2;
-#endif
-using lanes_f64 = double __attribute__((vector_size(8 * exp_lanes)));
-using lanes_i64 = std::int64_t __attribute__((vector_size(8 * exp_lanes)));
-
-}  // namespace
-
 // exp_shifted (reference.hpp): x − m = k·ln2 + r, |r| ≤ ln2/2 (k rounded by adding 1.5·2^52;
 // ln2 in two parts, Cephes' C1 + C2, so that k·C1 is exact), e^r by its Taylor polynomial to
 // degree 13 (truncation below 4e-18 relative), and k added to the result's exponent bits.
@@ -47,6 +31,17 @@ using lanes_i64 = std::int64_t __attribute__((vector_size(8 * exp_lanes)));
 // the same operations whatever its place in the span (the tail is a whole vector padded with
 // zeros), so results do not depend on where a span starts or ends.
 void exp_shifted(double* x, std::ptrdiff_t n, double m) {
+  // The lanes computed at once: the ISA's widest vector of doubles (GCC's and clang's vector
+  // extensions; casts between same-sized vector types reinterpret the bits).
+#if defined(__AVX512F__)
+  constexpr int exp_lanes = 8;
+#elif defined(__AVX__)
+  constexpr int exp_lanes = 4;
+#else
+  constexpr int exp_lanes = 2;
+#endif
+  using lanes_f64 = double __attribute__((vector_size(8 * exp_lanes)));
+  using lanes_i64 = std::int64_t __attribute__((vector_size(8 * exp_lanes)));
   constexpr double log2e = 1.4426950408889634074, round_shift = 0x1.8p52;
   constexpr double ln2_hi = 0.693145751953125, ln2_lo = 1.42860682030941723212e-6;
   constexpr double lowest = -708.0, highest = 709.0;
