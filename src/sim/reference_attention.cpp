@@ -4,12 +4,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,6 +25,23 @@ using namespace detail;
 
 namespace ops {
 
+namespace {
+
+// The lanes the oracle's vector code (exp_shifted, product) computes at once: the ISA's widest
+// vector of doubles, as GCC's and clang's vector extensions (casts between same-sized vector
+// types reinterpret the bits; a scalar in an operation with a vector is broadcast).
+#if defined(__AVX512F__)
+constexpr int lanes = 8;
+#elif defined(__AVX__)
+constexpr int lanes = 4;
+#else
+constexpr int lanes = 2;
+#endif
+using lanes_f64 = double __attribute__((vector_size(8 * lanes)));
+using lanes_i64 = std::int64_t __attribute__((vector_size(8 * lanes)));
+
+}  // namespace
+
 // exp_shifted (reference.hpp): x − m = k·ln2 + r, |r| ≤ ln2/2 (k rounded by adding 1.5·2^52;
 // ln2 in two parts, Cephes' C1 + C2, so that k·C1 is exact), e^r by its Taylor polynomial to
 // degree 13 (truncation below 4e-18 relative), and k added to the result's exponent bits.
@@ -31,17 +50,6 @@ namespace ops {
 // the same operations whatever its place in the span (the tail is a whole vector padded with
 // zeros), so results do not depend on where a span starts or ends.
 void exp_shifted(double* x, std::ptrdiff_t n, double m) {
-  // The lanes computed at once: the ISA's widest vector of doubles (GCC's and clang's vector
-  // extensions; casts between same-sized vector types reinterpret the bits).
-#if defined(__AVX512F__)
-  constexpr int exp_lanes = 8;
-#elif defined(__AVX__)
-  constexpr int exp_lanes = 4;
-#else
-  constexpr int exp_lanes = 2;
-#endif
-  using lanes_f64 = double __attribute__((vector_size(8 * exp_lanes)));
-  using lanes_i64 = std::int64_t __attribute__((vector_size(8 * exp_lanes)));
   constexpr double log2e = 1.4426950408889634074, round_shift = 0x1.8p52;
   constexpr double ln2_hi = 0.693145751953125, ln2_lo = 1.42860682030941723212e-6;
   constexpr double lowest = -708.0, highest = 709.0;
@@ -69,7 +77,7 @@ void exp_shifted(double* x, std::ptrdiff_t n, double m) {
     return v < lowest ? 0.0 : (v != v ? v : e);
   };
   std::ptrdiff_t i = 0;
-  for (; i + exp_lanes <= n; i += exp_lanes) {
+  for (; i + lanes <= n; i += lanes) {
     lanes_f64 v;
     std::memcpy(&v, x + i, sizeof v);
     v = block(v);
@@ -96,6 +104,113 @@ void check_attention_shapes(const matrix& q, const matrix& k, const matrix& v, i
         "positions, heads={} kv_heads={} head_dim={}",
         q.rows(), q.cols(), k.rows(), k.cols(), v.rows(), v.cols(), positions, heads, kv_heads,
         head_dim);
+}
+
+/// The oracle's products, c [m × n] = a [m × k] · b [k × n] (or c += a · b), for the shapes of
+/// its attention: one side of every product is head_dim wide (16 in the scenarios) or a block
+/// of a few dozen stacked query rows, the other the block's keys. A general GEMM (Eigen's) packs
+/// both operands into panels and clears c before it adds, which at these depths cost a third
+/// of the products' time; here b and c are read in place, as vectors along their rows, and
+/// a's entries are broadcast from where they are, so aᵀ costs nothing (a(i, l) = a[i·a_row +
+/// l·a_col]). A tile of `rows` rows × `vecs` vectors of c stays in registers while l runs over k
+/// in order: every entry of c is the sum Σ_l a(i,l)·b(l,j) from l = 0 up (from c's value when
+/// adding), the same operations wherever the entry lies in its tile, its block or its item.
+struct product_operands {
+  Eigen::Index k;
+  const double* a;
+  Eigen::Index a_row, a_col;
+  const double* b;
+  Eigen::Index ldb;
+  double* c;
+  Eigen::Index ldc;
+  bool add;
+};
+
+template <int rows, int vecs>
+void product_tile(const product_operands& o, Eigen::Index i0, Eigen::Index j0) {
+  lanes_f64 acc[rows][vecs];
+  _Pragma("GCC unroll 24") for (int i = 0; i < rows; ++i)
+      _Pragma("GCC unroll 3") for (int v = 0; v < vecs; ++v) {
+    acc[i][v] = lanes_f64{};
+    if (o.add) std::memcpy(&acc[i][v], o.c + (i0 + i) * o.ldc + j0 + v * lanes, sizeof(lanes_f64));
+  }
+  const double* a = o.a + i0 * o.a_row;
+  for (Eigen::Index l = 0; l < o.k; ++l) {
+    lanes_f64 bl[vecs];
+    _Pragma("GCC unroll 3") for (int v = 0; v < vecs; ++v)
+        std::memcpy(&bl[v], o.b + l * o.ldb + j0 + v * lanes, sizeof(lanes_f64));
+    _Pragma("GCC unroll 24") for (int i = 0; i < rows; ++i) {
+      const double ail = a[i * o.a_row + l * o.a_col];
+      _Pragma("GCC unroll 3") for (int v = 0; v < vecs; ++v) acc[i][v] += ail * bl[v];
+    }
+  }
+  _Pragma("GCC unroll 24") for (int i = 0; i < rows; ++i)
+      _Pragma("GCC unroll 3") for (int v = 0; v < vecs; ++v)
+          std::memcpy(o.c + (i0 + i) * o.ldc + j0 + v * lanes, &acc[i][v], sizeof(lanes_f64));
+}
+
+/// Rows [i0, i1) of the columns [j0, j0 + vecs·lanes): tiles of `most` rows, then one of the
+/// rows left (a switch over the smaller tiles, each compiled with its loops unrolled).
+template <int vecs, int most>
+void product_columns(const product_operands& o, Eigen::Index i0, Eigen::Index i1, Eigen::Index j0) {
+  for (; i0 + most <= i1; i0 += most) product_tile<most, vecs>(o, i0, j0);
+  [&]<int... r>(std::integer_sequence<int, r...>) {
+    ((i1 - i0 == r + 1 ? product_tile<r + 1, vecs>(o, i0, j0) : void()), ...);
+  }
+  (std::make_integer_sequence<int, most - 1>{});
+}
+
+void product(Eigen::Index m, Eigen::Index n, const product_operands& o) {
+  // Tiles of rows × vectors within the registers: 32 vector registers at AVX-512 (24 for c), 16
+  // below it (12 for c); column blocks of 3 vectors, the rest by 2 or 1.
+  constexpr int budget = lanes == 8 ? 24 : 12;
+  Eigen::Index j = 0;
+  for (; j + 3 * lanes <= n; j += 3 * lanes) product_columns<3, budget / 3>(o, 0, m, j);
+  if (j + 2 * lanes <= n) {
+    product_columns<2, std::min(budget / 2, 8)>(o, 0, m, j);
+    j += 2 * lanes;
+  }
+  if (j + lanes <= n) {
+    product_columns<1, 8>(o, 0, m, j);
+    j += lanes;
+  }
+  if (j == n) return;
+  // The last n mod lanes columns: one vector wide, through copies of their b and c padded
+  // with zeros (the same sums; the padding's columns are dropped).
+  const Eigen::Index w = n - j;
+  thread_local std::vector<double> b_pad, c_pad;
+  b_pad.assign(static_cast<std::size_t>(o.k * lanes), 0.0);
+  c_pad.assign(static_cast<std::size_t>(m * lanes), 0.0);
+  const auto bytes = static_cast<std::size_t>(w) * sizeof(double);
+  for (Eigen::Index l = 0; l < o.k; ++l)
+    std::memcpy(b_pad.data() + l * lanes, o.b + l * o.ldb + j, bytes);
+  if (o.add)
+    for (Eigen::Index i = 0; i < m; ++i)
+      std::memcpy(c_pad.data() + i * lanes, o.c + i * o.ldc + j, bytes);
+  product_columns<1, 8>(
+      {o.k, o.a, o.a_row, o.a_col, b_pad.data(), lanes, c_pad.data(), lanes, o.add}, 0, m, 0);
+  for (Eigen::Index i = 0; i < m; ++i)
+    std::memcpy(o.c + i * o.ldc + j, c_pad.data() + i * lanes, bytes);
+}
+
+/// c = a·b (c += a·b when `add`), each a row-major block of the oracle's matrices; c sized.
+template <class A, class B, class C>
+void multiply(const A& a, const B& b, C&& c, bool add = false) {
+  static_assert(A::IsRowMajor && B::IsRowMajor && std::decay_t<C>::IsRowMajor);
+  assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
+  product(a.rows(), b.cols(),
+          {a.cols(), a.data(), a.outerStride(), 1, b.data(), b.outerStride(), c.data(),
+           c.outerStride(), add});
+}
+
+/// c += aᵀ·b.
+template <class A, class B, class C>
+void add_transposed_product(const A& a, const B& b, C&& c) {
+  static_assert(A::IsRowMajor && B::IsRowMajor && std::decay_t<C>::IsRowMajor);
+  assert(a.rows() == b.rows() && c.rows() == a.cols() && c.cols() == b.cols());
+  product(a.cols(), b.cols(),
+          {a.rows(), a.data(), 1, a.outerStride(), b.data(), b.outerStride(), c.data(),
+           c.outerStride(), true});
 }
 
 /// Query rows per block of the attention. A block stacks the rows of every query head that
@@ -218,7 +333,7 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
   const Eigen::Index stacked = query.rows(), len = keys_t.cols();
   matrix& p = out.e;
   p.resize(stacked, len);
-  p.noalias() = query * keys_t;
+  multiply(query, keys_t, p);
   if (want_slope) out.slope.resize(stacked, len);
   out.inv_z.resize(stacked);
   if (rule.sinks) out.sink_p.resize(stacked);
@@ -346,7 +461,8 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
           stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale), query);
           block_probs(query, b1 - b0, kt.middleCols(k0 - first, k1 - k0), rule, b0 - a, k0, e - a,
                       sinks, false, sm);
-          o.noalias() = sm.e * v.block(a + k0, kc, k1 - k0, head_dim);
+          o.resize(sm.e.rows(), head_dim);
+          multiply(sm.e, v.block(a + k0, kc, k1 - k0, head_dim), o);
           o = sm.inv_z.asDiagonal() * o;  // the softmax's normalisation, on [rows, head_dim]
           unstack_heads(o, out, b0, h0, group, head_dim);
         }
@@ -445,8 +561,9 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           // so ds ∘= softcap·(1 − tanh²). ds is the gradient of x = q'·k, q' = factor·q (the
           // stacked `query`): dK += dsᵀ·q', dq = factor·ds·K. ds is 0 off each row's span.
           d_os.noalias() = sm.inv_z.asDiagonal() * d_o;
-          dvg.middleRows(off, len).noalias() += sm.e.transpose() * d_os;
-          ds.noalias() = d_o * vt.middleCols(off, len);  // dp, made ds row by row
+          add_transposed_product(sm.e, d_os, dvg.middleRows(off, len));
+          ds.resize(sm.e.rows(), len);
+          multiply(d_o, vt.middleCols(off, len), ds);  // dp, made ds row by row
           for (Eigen::Index r = 0; r < ds.rows(); ++r) {
             const auto [lo, hi] = sm.span[static_cast<std::size_t>(r)];
             const double inv_z = sm.inv_z(r);
@@ -463,9 +580,10 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
             ds.row(r).head(lo).setZero();
             ds.row(r).tail(ds.cols() - hi).setZero();
           }
-          dqs.noalias() = ds * kg.middleRows(off, len);
+          dqs.resize(ds.rows(), head_dim);
+          multiply(ds, kg.middleRows(off, len), dqs);
           unstack_heads(dqs, dq, b0, h0, group, head_dim, factor);
-          dkg.middleRows(off, len).noalias() += ds.transpose() * query;
+          add_transposed_product(ds, query, dkg.middleRows(off, len));
         }
         dk_part[t] = std::move(dkg);
         dv_part[t] = std::move(dvg);
