@@ -124,8 +124,8 @@ namespace ops {
 /// x[i] = e^(x[i] − m) for i < n, vectorised: the softmax's exponentials (arguments ≤ 0: scores
 /// less their row's largest). Within 1 ulp of glibc's exp over [−708, 0]; 0 below −708 (e^x <
 /// 4e-308: nothing beside a row's largest term, 1), NaN stays NaN; each value's result does not
-/// depend on its place in the span.
-void exp_shifted(double* x, std::ptrdiff_t n, double m);
+/// depend on its place in the span. Returns the sum of the n results (the softmax's Σ).
+double exp_shifted(double* x, std::ptrdiff_t n, double m);
 
 /// y[i] = table[ids[i]].
 matrix embedding(const matrix& table, std::span<const std::int64_t> ids);

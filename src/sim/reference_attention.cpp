@@ -40,6 +40,25 @@ constexpr int lanes = 2;
 using lanes_f64 = double __attribute__((vector_size(8 * lanes)));
 using lanes_i64 = std::int64_t __attribute__((vector_size(8 * lanes)));
 
+/// The largest of `init` and x[0, n), by vectors (two accumulators, the rest one by one): a
+/// softmax row's largest score.
+double largest(const double* x, std::ptrdiff_t n, double init) {
+  lanes_f64 m0 = lanes_f64{} + init, m1 = m0;
+  std::ptrdiff_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    lanes_f64 v0, v1;
+    std::memcpy(&v0, x + i, sizeof v0);
+    std::memcpy(&v1, x + i + lanes, sizeof v1);
+    m0 = v0 > m0 ? v0 : m0;
+    m1 = v1 > m1 ? v1 : m1;
+  }
+  m0 = m1 > m0 ? m1 : m0;
+  double m = init;
+  for (int j = 0; j < lanes; ++j) m = std::max(m, m0[j]);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
 }  // namespace
 
 // exp_shifted (reference.hpp): x − m = k·ln2 + r, |r| ≤ ln2/2 (k rounded by adding 1.5·2^52;
@@ -48,8 +67,9 @@ using lanes_i64 = std::int64_t __attribute__((vector_size(8 * lanes)));
 // Eigen's vectorised exp took ~1.5 ns a value on a 2026 Intel Xeon (a rational approximation
 // with a division, and an ldexp that guards every range), this ~0.8. Every value goes through
 // the same operations whatever its place in the span (the tail is a whole vector padded with
-// zeros), so results do not depend on where a span starts or ends.
-void exp_shifted(double* x, std::ptrdiff_t n, double m) {
+// zeros), so results do not depend on where a span starts or ends. The sum is taken on the way,
+// lane by lane over the whole vectors, the lanes then added in order, then the tail's values.
+double exp_shifted(double* x, std::ptrdiff_t n, double m) {
   constexpr double log2e = 1.4426950408889634074, round_shift = 0x1.8p52;
   constexpr double ln2_hi = 0.693145751953125, ln2_lo = 1.42860682030941723212e-6;
   constexpr double lowest = -708.0, highest = 709.0;
@@ -77,19 +97,25 @@ void exp_shifted(double* x, std::ptrdiff_t n, double m) {
     return v < lowest ? 0.0 : (v != v ? v : e);
   };
   std::ptrdiff_t i = 0;
+  lanes_f64 sums{};
   for (; i + lanes <= n; i += lanes) {
     lanes_f64 v;
     std::memcpy(&v, x + i, sizeof v);
     v = block(v);
+    sums += v;
     std::memcpy(x + i, &v, sizeof v);
   }
+  double sum = 0;
+  for (int j = 0; j < lanes; ++j) sum += sums[j];
   if (i < n) {
     lanes_f64 v{};
     const auto bytes = static_cast<std::size_t>(n - i) * sizeof(double);
     std::memcpy(&v, x + i, bytes);
     v = block(v);
     std::memcpy(x + i, &v, bytes);
+    for (; i < n; ++i) sum += x[i];
   }
+  return sum;
 }
 
 namespace {
@@ -355,15 +381,15 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
       seen *= rule.softcap;
     }
     const double sink = rule.sinks ? sinks[row / rows] : 0.0;
-    double m = rule.sinks ? sink : -std::numeric_limits<double>::infinity();
-    if (hi > lo) m = std::max(m, seen.maxCoeff());
+    const double m = largest(seen.data(), seen.size(),
+                             rule.sinks ? sink : -std::numeric_limits<double>::infinity());
     if (hi == lo && !rule.sinks) {  // sees nothing: probabilities 0
       out.inv_z(row) = 0;
       continue;
     }
-    exp_shifted(seen.data(), seen.size(), m);
+    const double sum = exp_shifted(seen.data(), seen.size(), m);
     const double e_sink = rule.sinks ? std::exp(sink - m) : 0.0;
-    const double inv_z = 1.0 / (seen.sum() + e_sink);
+    const double inv_z = 1.0 / (sum + e_sink);
     out.inv_z(row) = inv_z;
     if (rule.sinks) out.sink_p(row) = e_sink * inv_z;
   }
