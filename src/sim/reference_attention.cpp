@@ -180,10 +180,10 @@ void product_tile(const product_operands& o, Eigen::Index i0, Eigen::Index j0) {
 template <int vecs, int most>
 void product_columns(const product_operands& o, Eigen::Index i0, Eigen::Index i1, Eigen::Index j0) {
   for (; i0 + most <= i1; i0 += most) product_tile<most, vecs>(o, i0, j0);
-  [&]<int... r>(std::integer_sequence<int, r...>) {
+  const auto rest = [&]<int... r>(std::integer_sequence<int, r...>) {
     ((i1 - i0 == r + 1 ? product_tile<r + 1, vecs>(o, i0, j0) : void()), ...);
-  }
-  (std::make_integer_sequence<int, most - 1>{});
+  };
+  rest(std::make_integer_sequence<int, most - 1>{});
 }
 
 void product(Eigen::Index m, Eigen::Index n, const product_operands& o) {
