@@ -155,24 +155,34 @@ struct product_operands {
 template <int rows, int vecs>
 void product_tile(const product_operands& o, Eigen::Index i0, Eigen::Index j0) {
   lanes_f64 acc[rows][vecs];
-  _Pragma("GCC unroll 24") for (int i = 0; i < rows; ++i)
-      _Pragma("GCC unroll 3") for (int v = 0; v < vecs; ++v) {
-    acc[i][v] = lanes_f64{};
-    if (o.add) std::memcpy(&acc[i][v], o.c + (i0 + i) * o.ldc + j0 + v * lanes, sizeof(lanes_f64));
-  }
+  // The loops over a tile's rows and vectors are unrolled, so that its accumulators are
+  // registers (GCC left them in memory otherwise).
+#pragma GCC unroll 24
+  for (int i = 0; i < rows; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < vecs; ++v) {
+      acc[i][v] = lanes_f64{};
+      if (o.add)
+        std::memcpy(&acc[i][v], o.c + (i0 + i) * o.ldc + j0 + v * lanes, sizeof(lanes_f64));
+    }
   const double* a = o.a + i0 * o.a_row;
   for (Eigen::Index l = 0; l < o.k; ++l) {
     lanes_f64 bl[vecs];
-    _Pragma("GCC unroll 3") for (int v = 0; v < vecs; ++v)
-        std::memcpy(&bl[v], o.b + l * o.ldb + j0 + v * lanes, sizeof(lanes_f64));
-    _Pragma("GCC unroll 24") for (int i = 0; i < rows; ++i) {
+#pragma GCC unroll 3
+    for (int v = 0; v < vecs; ++v)
+      std::memcpy(&bl[v], o.b + l * o.ldb + j0 + v * lanes, sizeof(lanes_f64));
+#pragma GCC unroll 24
+    for (int i = 0; i < rows; ++i) {
       const double ail = a[i * o.a_row + l * o.a_col];
-      _Pragma("GCC unroll 3") for (int v = 0; v < vecs; ++v) acc[i][v] += ail * bl[v];
+#pragma GCC unroll 3
+      for (int v = 0; v < vecs; ++v) acc[i][v] += ail * bl[v];
     }
   }
-  _Pragma("GCC unroll 24") for (int i = 0; i < rows; ++i)
-      _Pragma("GCC unroll 3") for (int v = 0; v < vecs; ++v)
-          std::memcpy(o.c + (i0 + i) * o.ldc + j0 + v * lanes, &acc[i][v], sizeof(lanes_f64));
+#pragma GCC unroll 24
+  for (int i = 0; i < rows; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < vecs; ++v)
+      std::memcpy(o.c + (i0 + i) * o.ldc + j0 + v * lanes, &acc[i][v], sizeof(lanes_f64));
 }
 
 /// Rows [i0, i1) of the columns [j0, j0 + vecs·lanes): tiles of `most` rows, then one of the
@@ -341,17 +351,16 @@ struct block_softmax {
 /// query heads of one KV group, stacked head by head (row j·rows + r: head j of the group,
 /// position b0 + r), over the keys at positions [k0, k0 + keys_t.cols()) of a document of n
 /// tokens, into `out` (block_softmax). `keys_t` holds those keys transposed, [head_dim, keys]
-/// row-major (a slice of its item's keys transposed once: the product's right side is then
-/// packed by plain row copies, not transposed again for every block — Eigen's GEMM packs the
-/// same values, so the scores are the same bit for bit; blocks of a few rows, which Eigen
-/// multiplies by other kernels, may round differently): each row is the softmax, over the keys
+/// row-major (a slice of its item's keys transposed once: `product` reads its rows in place as
+/// vectors, block after block): each row is the softmax, over the keys
 /// it sees (key_span: one interval per position) and, with sinks, its head's sink logit
 /// `sinks[j]` as one more column, of the scores scale·q·k (softcap·tanh(·/softcap) when capped); 0
 /// for the keys it must not see. `query` holds the rows already multiplied by score_factor(rule,
 /// scale), so that the product gives the scores (or their argument of tanh) with no pass of
 /// its own. The mask is applied by intervals: each row's visible keys are one contiguous span
-/// of the (row-major) scores, exponentiated with Eigen's vectorised exp; the keys outside it
-/// are set to 0 as whole runs. No work per (query, key) pair beyond the product and one exp.
+/// of the (row-major) scores, its largest taken and the span exponentiated and summed by vectors
+/// (largest, exp_shifted); the keys outside it are set to 0 as whole runs. No work per (query, key)
+/// pair beyond the product and one exp.
 template <class KeysT>
 void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
                  const attention_rule& rule, Eigen::Index b0, Eigen::Index k0, Eigen::Index n,
