@@ -229,14 +229,14 @@ void product(Eigen::Index m, Eigen::Index n, const product_operands& o) {
     std::memcpy(o.c + i * o.ldc + j, c_pad.data() + i * lanes, bytes);
 }
 
-/// c = a·b (c += a·b when `add`), each a row-major block of the oracle's matrices; c sized.
+/// c = a·b, each a row-major block of the oracle's matrices; c sized.
 template <class A, class B, class C>
-void multiply(const A& a, const B& b, C&& c, bool add = false) {
+void multiply(const A& a, const B& b, C&& c) {
   static_assert(A::IsRowMajor && B::IsRowMajor && std::decay_t<C>::IsRowMajor);
   assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
   product(a.rows(), b.cols(),
           {a.cols(), a.data(), a.outerStride(), 1, b.data(), b.outerStride(), c.data(),
-           c.outerStride(), add});
+           c.outerStride(), false});
 }
 
 /// c += aᵀ·b.

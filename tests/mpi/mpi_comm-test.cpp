@@ -520,14 +520,20 @@ TEST(mpi_comm, nonblocking_wait_watchdog_names_the_call_and_abandons_it) {
 /// rank starved of its core for longer than half a deadline (its heartbeats late, a busy rank
 /// then reads as silent). A loaded machine gets a slower verdict, not a different one: a
 /// mistake in the watchdog fails at every u, and the last run's failures are the test's.
-/// `scenario(raw, u)` returns what went wrong on this rank ("" when nothing); every rank then
-/// meets the others at a barrier.
+/// Before each run the members of `groups` meet in each of them on the fresh communicator, and
+/// every rank at a world barrier; `scenario(raw, u)` returns what went wrong on this rank (""
+/// when nothing); every rank then meets the others at a barrier.
 void at_growing_time_units(
+    const std::vector<comm_group>& groups,
     const std::function<std::string(mpi::mpi_communicator&, int)>& scenario) {
   for (int u = 1;; u *= 2) {
     std::string problem;
     try {
-      problem = scenario(leaked_communicator(), u);
+      auto& raw = leaked_communicator();
+      for (const auto& g : groups)  // every group's communicator exists before the scenario
+        if (g.index_of(comm().rank()) >= 0) raw.barrier(g);
+      comm().barrier(world_group());
+      problem = scenario(raw, u);
     } catch (const std::exception& e) {
       problem = fmt::format("unexpected error: {}", e.what());
     }
@@ -567,12 +573,9 @@ std::string error_of(Fn fn) {
 TEST(mpi_comm, watchdog_follows_the_wait_chain_to_the_silent_rank) {
   if (comm().world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
   const int me = comm().rank();
-  at_growing_time_units([&](mpi::mpi_communicator& raw, int u) -> std::string {
+  const comm_group x{"t.chain_x", {0, 2}}, y{"t.chain_y", {0, 1}};
+  at_growing_time_units({x, y}, [&](mpi::mpi_communicator& raw, int u) -> std::string {
     const auto ms = [u](int n) { return std::chrono::milliseconds(n * u); };
-    const comm_group x{"t.chain_x", {0, 2}}, y{"t.chain_y", {0, 1}};
-    if (x.index_of(me) >= 0) raw.barrier(x);  // both communicators exist before the test
-    if (y.index_of(me) >= 0) raw.barrier(y);
-    comm().barrier(world_group());
     int value = 1;
     std::string problem;
     if (me == 0) {
@@ -609,12 +612,9 @@ TEST(mpi_comm, watchdog_follows_the_wait_chain_to_the_silent_rank) {
 TEST(mpi_comm, watchdog_names_silent_chain_ends_before_busy_ones) {
   if (comm().world_size() < 4) GTEST_SKIP() << "needs 4 ranks";
   const int me = comm().rank();
-  at_growing_time_units([&](mpi::mpi_communicator& raw, int u) -> std::string {
+  const comm_group x{"t.sx", {0, 1, 2}}, w{"t.sw", {0, 3}};
+  at_growing_time_units({x, w}, [&](mpi::mpi_communicator& raw, int u) -> std::string {
     const auto ms = [u](int n) { return std::chrono::milliseconds(n * u); };
-    const comm_group x{"t.sx", {0, 1, 2}}, w{"t.sw", {0, 3}};
-    if (x.index_of(me) >= 0) raw.barrier(x);
-    if (w.index_of(me) >= 0) raw.barrier(w);
-    comm().barrier(world_group());
     int value = 1;
     std::string problem;
     if (me == 0) {
@@ -652,11 +652,9 @@ TEST(mpi_comm, watchdog_names_silent_chain_ends_before_busy_ones) {
 // Two ranks, each waiting for the other in a different group: a deadlock, named as a cycle.
 TEST(mpi_comm, watchdog_names_a_cycle_of_waits_as_a_deadlock) {
   const int me = comm().rank();
-  at_growing_time_units([&](mpi::mpi_communicator& raw, int u) -> std::string {
-    const comm_group a{"t.cycle_a", {0, 1}}, b{"t.cycle_b", {0, 1}};
+  const comm_group a{"t.cycle_a", {0, 1}}, b{"t.cycle_b", {0, 1}};
+  at_growing_time_units({a, b}, [&](mpi::mpi_communicator& raw, int u) -> std::string {
     if (me >= 2) return "";
-    raw.barrier(a);
-    raw.barrier(b);
     raw.set_timeout(std::chrono::milliseconds(1200 * u));
     int value = 1;
     const auto msg = error_of([&] {
