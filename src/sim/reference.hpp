@@ -127,6 +127,12 @@ namespace ops {
 /// depend on its place in the span. Returns the sum of the n results (the softmax's Σ).
 double exp_shifted(double* x, std::ptrdiff_t n, double m);
 
+/// A capped score row's span, in place: x[i] ← cap·tanh(x[i]) and, unless `slope` is null,
+/// slope[i] ← 1 − tanh(x[i])² (the capping's derivative over cap), for i < n, vectorised:
+/// tanh within 2 ulp of glibc's, ±1 past ±20, NaN stays NaN; each value's result does not
+/// depend on its place in the span.
+void softcap_span(double* x, double* slope, std::ptrdiff_t n, double cap);
+
 /// y[i] = table[ids[i]].
 matrix embedding(const matrix& table, std::span<const std::int64_t> ids);
 /// dtable[ids[i]] += dy[i].

@@ -59,43 +59,46 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
   return m;
 }
 
-}  // namespace
-
-// exp_shifted (reference.hpp): x − m = k·ln2 + r, |r| ≤ ln2/2 (k rounded by adding 1.5·2^52;
-// ln2 in two parts, Cephes' C1 + C2, so that k·C1 is exact), e^r by its Taylor polynomial to
-// degree 13 (truncation below 4e-18 relative), and k added to the result's exponent bits.
-// Eigen's vectorised exp took ~1.5 ns a value on a 2026 Intel Xeon (a rational approximation
-// with a division, and an ldexp that guards every range), this ~0.8. Every value goes through
-// the same operations whatever its place in the span (the tail is a whole vector padded with
-// zeros), so results do not depend on where a span starts or ends. The sum is taken on the way,
-// lane by lane over the whole vectors, the lanes then added in order, then the tail's values.
-double exp_shifted(double* x, std::ptrdiff_t n, double m) {
+/// e^a of every lane: a = k·ln2 + r, |r| ≤ ln2/2 (k rounded by adding 1.5·2^52; ln2 in two
+/// parts, Cephes' C1 + C2, so that k·C1 is exact), e^r by its Taylor polynomial to degree 13
+/// (truncation below 4e-18 relative), and k added to the result's exponent bits; 0 below
+/// −708, e^709 above 709, NaN kept. Eigen's vectorised exp took ~1.5 ns a value on a 2026
+/// Intel Xeon (a rational approximation with a division, and an ldexp that guards every
+/// range), this ~0.8.
+lanes_f64 exp_lanes(lanes_f64 v) {
   constexpr double log2e = 1.4426950408889634074, round_shift = 0x1.8p52;
   constexpr double ln2_hi = 0.693145751953125, ln2_lo = 1.42860682030941723212e-6;
   constexpr double lowest = -708.0, highest = 709.0;
-  const auto block = [m](lanes_f64 v) {
-    v = v - m;
-    const lanes_f64 a = v < lowest ? lowest : (v > highest ? highest : v);
-    const lanes_f64 t = a * log2e + round_shift;  // k in the low bits of t's significand
-    const lanes_f64 k = t - round_shift;
-    const lanes_f64 r = (a - k * ln2_hi) - k * ln2_lo;
-    lanes_f64 p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    // 2^k: k·2^52 added to the bits (modulo 2^64: the shift drops t's exponent and its 2^51)
-    const lanes_f64 e = (lanes_f64)((lanes_i64)p + ((lanes_i64)t << 52));
-    return v < lowest ? 0.0 : (v != v ? v : e);
-  };
+  const lanes_f64 a = v < lowest ? lowest : (v > highest ? highest : v);
+  const lanes_f64 t = a * log2e + round_shift;  // k in the low bits of t's significand
+  const lanes_f64 k = t - round_shift;
+  const lanes_f64 r = (a - k * ln2_hi) - k * ln2_lo;
+  lanes_f64 p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  // 2^k: k·2^52 added to the bits (modulo 2^64: the shift drops t's exponent and its 2^51)
+  const lanes_f64 e = (lanes_f64)((lanes_i64)p + ((lanes_i64)t << 52));
+  return v < lowest ? 0.0 : (v != v ? v : e);
+}
+
+}  // namespace
+
+// exp_shifted (reference.hpp): e^(x − m) by exp_lanes. Every value goes through the same
+// operations whatever its place in the span (the tail is a whole vector padded with zeros), so
+// results do not depend on where a span starts or ends. The sum is taken on the way, lane by
+// lane over the whole vectors, the lanes then added in order, then the tail's values.
+double exp_shifted(double* x, std::ptrdiff_t n, double m) {
+  const auto block = [m](lanes_f64 v) { return exp_lanes(v - m); };
   std::ptrdiff_t i = 0;
   lanes_f64 sums{};
   for (; i + lanes <= n; i += lanes) {
@@ -116,6 +119,63 @@ double exp_shifted(double* x, std::ptrdiff_t n, double m) {
     for (; i < n; ++i) sum += x[i];
   }
   return sum;
+}
+
+namespace {
+
+/// tanh of every lane, without a division where |x| ≤ 0.625 (the common case: capped scores
+/// are mostly far below the cap): there x + x·z·R(z), z = x², R the polynomial of degree 11
+/// that interpolates (tanh(x) − x)/(x·z) at 12 Chebyshev points of z in [0, 0.625²]
+/// (bench/tanh_fit.py; within 1.3 units of 2⁻⁵³ of tanh, as Cephes' rational with its division
+/// is, and within 2 ulp of glibc's tanh). Above 0.625: 1 − 2/(e^{2|x|} + 1) with exp_lanes and
+/// x's sign (the subtraction exact: it keeps at least half of 1; on x itself it would cancel
+/// below −0.625, 3 ulp off), |x| held at 20, past which tanh rounds to 1. A vector whose lanes are
+/// all at most 0.625 computes the polynomial alone; else each lane keeps its own branch. NaN stays
+/// NaN.
+lanes_f64 tanh_lanes(lanes_f64 x) {
+  constexpr double edge = 0.625;
+  const lanes_f64 z = x * x;
+  lanes_f64 r = z * 6.485163482793113e-06 + -3.12011014257974e-05;
+  r = r * z + 9.257116129556769e-05;
+  r = r * z + -0.0002375906496055562;
+  r = r * z + 0.0005896606577757043;
+  r = r * z + -0.0014557754120478055;
+  r = r * z + 0.0035921217511549622;
+  r = r * z + -0.008863235103240878;
+  r = r * z + 0.021869488519008305;
+  r = r * z + -0.05396825396789699;
+  r = r * z + 0.13333333333333042;
+  r = r * z + -0.3333333333333333;
+  const lanes_f64 near = x + x * z * r;
+  const auto far = x > edge || x < -edge;  // lanes of −1 (true) or 0
+  bool any = false;
+  for (int j = 0; j < lanes; ++j) any |= far[j] != 0;
+  if (!any) return near;
+  const lanes_i64 sign = (lanes_i64)x & std::numeric_limits<std::int64_t>::min();
+  const lanes_f64 a = (lanes_f64)((lanes_i64)x ^ sign), c = a > 20.0 ? 20.0 : a;
+  const lanes_f64 t = (lanes_f64)((lanes_i64)(1.0 - 2.0 / (exp_lanes(2.0 * c) + 1.0)) | sign);
+  return far ? t : near;
+}
+
+}  // namespace
+
+// softcap_span (reference.hpp): tanh_lanes on every vector, the tail as a vector padded with
+// zeros.
+void softcap_span(double* x, double* slope, std::ptrdiff_t n, double cap) {
+  const auto one = [&](std::ptrdiff_t i, std::size_t bytes) {
+    lanes_f64 v{};
+    std::memcpy(&v, x + i, bytes);
+    const lanes_f64 t = tanh_lanes(v);
+    if (slope) {
+      const lanes_f64 s = 1.0 - t * t;
+      std::memcpy(slope + i, &s, bytes);
+    }
+    v = cap * t;
+    std::memcpy(x + i, &v, bytes);
+  };
+  std::ptrdiff_t i = 0;
+  for (; i + lanes <= n; i += lanes) one(i, sizeof(lanes_f64));
+  if (i < n) one(i, static_cast<std::size_t>(n - i) * sizeof(double));
 }
 
 namespace {
@@ -298,43 +358,6 @@ Eigen::Index key_extent(const attention_rule& r, Eigen::Index n) {
   return n;
 }
 
-/// tanh of every entry, vectorised: Eigen 3.4 vectorises exp in double but neither tanh nor
-/// select (glibc's scalar tanh per score made soft-capping the oracle's slowest option). Cephes'
-/// two branches: below |x| = 0.625 the rational x + x·z·P(z)/Q(z), z = x² (no cancellation:
-/// within 2 ulp of glibc's tanh), above it 1 − 2/(e^{2|x|} + 1), where the subtraction keeps at
-/// least half of 1. |x| is held at 20, past which tanh rounds to 1. A span whose entries all
-/// fall on one side (the common case: capped scores are mostly far below the cap) computes that
-/// branch alone; a span with both computes both and keeps one per entry by an exact 0/1 weight.
-template <class Array>
-void tanh_in_place(Array&& x) {
-  constexpr double p0 = -9.64399179425052238628e-1, p1 = -9.92877231001918586564e1,
-                   p2 = -1.61468768441708447952e3;
-  constexpr double q1 = 1.12811678491632931402e2, q2 = 2.23548839060100448583e3,
-                   q3 = 4.84406305325125486048e3;
-  constexpr double edge = 0.625;
-  if (x.size() == 0) return;
-  // No sign (Eigen has no packet sign for double, and one scalar node makes the whole
-  // expression scalar): both branches are odd in x as written.
-  const auto rational = [&](const auto& c) {
-    const auto z = c.square();
-    return c + c * z * (((p0 * z + p1) * z + p2) / (((z + q1) * z + q2) * z + q3));
-  };
-  const auto exponential = [](const auto& c) { return 1.0 - 2.0 / ((2.0 * c).exp() + 1.0); };
-  if (x.abs().maxCoeff() <= edge) {
-    x = rational(x);
-    return;
-  }
-  const auto c = x.max(-20.0).min(20.0);
-  if (x.abs().minCoeff() > edge) {
-    x = exponential(c);
-    return;
-  }
-  // 1 where |x| > 0.625, else 0: distinct doubles near 0.625 differ by ≥ 2⁻⁵³, so the product
-  // with 10³⁰⁰ is 0 or far above 1.
-  const auto w = ((c.abs() - edge) * 1e300).max(0.0).min(1.0);
-  x = rational(c) * (1.0 - w) + exponential(c) * w;
-}
-
 /// One block's softmax, left unnormalised: `e` [group·rows, keys] holds exp(score − row max)
 /// on each row's visible keys and 0 elsewhere, `inv_z` each row's 1/Σ (the sink's term
 /// included), so the probabilities are e·inv_z — the products take the factor on their small
@@ -383,12 +406,9 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
     scores.head(lo).setZero();
     scores.tail(len - hi).setZero();
     auto seen = scores.segment(lo, hi - lo);
-    if (rule.softcap > 0) {  // on the row's visible span only, while it is in cache
-      tanh_in_place(seen.array());
-      if (want_slope)
-        out.slope.row(row).segment(lo, hi - lo) = (1.0 - seen.array().square()).matrix();
-      seen *= rule.softcap;
-    }
+    if (rule.softcap > 0)  // on the row's visible span only, while it is in cache
+      softcap_span(seen.data(), want_slope ? out.slope.row(row).data() + lo : nullptr, seen.size(),
+                   rule.softcap);
     const double sink = rule.sinks ? sinks[row / rows] : 0.0;
     const double m = largest(seen.data(), seen.size(),
                              rule.sinks ? sink : -std::numeric_limits<double>::infinity());
@@ -404,6 +424,26 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
   }
 }
 
+/// dst row i = f(i) · src row i for i < rows, `cols` entries each, rows `src_ld` and `dst_ld`
+/// apart: by vectors, the last cols mod lanes one by one (each entry one product, as Eigen's
+/// scalar or diagonal times a block computes it, without its per-row alignment prologue).
+template <class Factor>
+void scaled_rows(const double* src, Eigen::Index src_ld, double* dst, Eigen::Index dst_ld,
+                 Eigen::Index rows, Eigen::Index cols, Factor f) {
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    const double s = f(i), *a = src + i * src_ld;
+    double* b = dst + i * dst_ld;
+    Eigen::Index j = 0;
+    for (; j + lanes <= cols; j += lanes) {
+      lanes_f64 v;
+      std::memcpy(&v, a + j, sizeof v);
+      v = s * v;
+      std::memcpy(b + j, &v, sizeof v);
+    }
+    for (; j < cols; ++j) b[j] = s * a[j];
+  }
+}
+
 /// The rows [b0, b0 + rows) of the query heads [h0, h0 + group) of x [tokens, heads·d],
 /// stacked head by head into s [group·rows, d] (its storage reused from block to block), times
 /// `factor`.
@@ -411,8 +451,9 @@ void stack_heads(const matrix& x, Eigen::Index b0, Eigen::Index rows, int h0, in
                  int head_dim, double factor, matrix& s) {
   s.resize(rows * group, head_dim);
   for (int j = 0; j < group; ++j)
-    s.middleRows(j * rows, rows) =
-        factor * x.block(b0, Eigen::Index{h0 + j} * head_dim, rows, head_dim);
+    scaled_rows(x.data() + b0 * x.outerStride() + Eigen::Index{h0 + j} * head_dim, x.outerStride(),
+                s.data() + j * rows * head_dim, head_dim, rows, head_dim,
+                [factor](Eigen::Index) { return factor; });
 }
 
 /// What block_probs' queries are multiplied by: the scores' scale, and 1/softcap when capped
@@ -421,14 +462,16 @@ double score_factor(const attention_rule& rule, double scale) {
   return rule.softcap > 0 ? scale / rule.softcap : scale;
 }
 
-/// The inverse: the stacked rows of `s`, times `factor`, written to rows [b0, …) of the heads'
-/// columns.
+/// The inverse: the stacked rows of `s` (row i times factor(i)) written to rows [b0, …) of the
+/// heads' columns of x.
+template <class Factor>
 void unstack_heads(const matrix& s, matrix& x, Eigen::Index b0, int h0, int group, int head_dim,
-                   double factor = 1.0) {
+                   Factor factor) {
   const Eigen::Index rows = s.rows() / group;
   for (int j = 0; j < group; ++j)
-    x.block(b0, Eigen::Index{h0 + j} * head_dim, rows, head_dim) =
-        factor * s.middleRows(j * rows, rows);
+    scaled_rows(s.data() + j * rows * head_dim, head_dim,
+                x.data() + b0 * x.outerStride() + Eigen::Index{h0 + j} * head_dim, x.outerStride(),
+                rows, head_dim, [&](Eigen::Index r) { return factor(j * rows + r); });
 }
 
 }  // namespace
@@ -498,8 +541,9 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
                       sinks, false, sm);
           o.resize(sm.e.rows(), head_dim);
           multiply(sm.e, v.block(a + k0, kc, k1 - k0, head_dim), o);
-          o = sm.inv_z.asDiagonal() * o;  // the softmax's normalisation, on [rows, head_dim]
-          unstack_heads(o, out, b0, h0, group, head_dim);
+          // the softmax's normalisation, on [rows, head_dim]
+          unstack_heads(o, out, b0, h0, group, head_dim,
+                        [&](Eigen::Index r) { return sm.inv_z(r); });
         }
       },
       min_parallel_pairs);
@@ -595,7 +639,9 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           // its own ds is −p_sink·pᵀdp); capping: the score is softcap·tanh(x), x = factor·q·k,
           // so ds ∘= softcap·(1 − tanh²). ds is the gradient of x = q'·k, q' = factor·q (the
           // stacked `query`): dK += dsᵀ·q', dq = factor·ds·K. ds is 0 off each row's span.
-          d_os.noalias() = sm.inv_z.asDiagonal() * d_o;
+          d_os.resize(d_o.rows(), head_dim);
+          scaled_rows(d_o.data(), head_dim, d_os.data(), head_dim, d_o.rows(), head_dim,
+                      [&](Eigen::Index r) { return sm.inv_z(r); });
           add_transposed_product(sm.e, d_os, dvg.middleRows(off, len));
           ds.resize(sm.e.rows(), len);
           multiply(d_o, vt.middleCols(off, len), ds);  // dp, made ds row by row
@@ -617,7 +663,8 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           }
           dqs.resize(ds.rows(), head_dim);
           multiply(ds, kg.middleRows(off, len), dqs);
-          unstack_heads(dqs, dq, b0, h0, group, head_dim, factor);
+          unstack_heads(dqs, dq, b0, h0, group, head_dim,
+                        [factor](Eigen::Index) { return factor; });
           add_transposed_product(ds, query, dkg.middleRows(off, len));
         }
         dk_part[t] = std::move(dkg);

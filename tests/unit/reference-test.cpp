@@ -126,6 +126,56 @@ TEST(reference, exp_shifted_is_within_one_ulp_of_glibc_anywhere_in_a_span) {
   EXPECT_TRUE(std::isnan(special[4])) << special[4];
 }
 
+TEST(reference, softcap_span_is_within_two_ulp_of_glibc_tanh_anywhere_in_a_span) {
+  // Arguments on both sides of 0.625 (where the vectorised tanh changes branch), past ±20
+  // (where it holds ±1) and near 0, mixed within one vector or (every fourth span) all below
+  // the branch's edge; cap 1 gives tanh itself, cap 3 the same values times 3.
+  std::mt19937_64 gen(12);
+  std::uniform_real_distribution<double> wide(-25.0, 25.0), edge(-0.7, 0.7), tiny(-1e-3, 1e-3),
+      inside(-0.625, 0.625);
+  std::int64_t worst = 0;
+  for (int len = 1; len <= 67; ++len)
+    for (int rep = 0; rep < 24; ++rep) {
+      const auto n = static_cast<std::size_t>(len);
+      std::vector<double> args(n), t(n), slope(n), capped(n), capped_slope(n);
+      for (std::size_t i = 0; i < n; ++i)
+        args[i] = rep % 4 == 0 ? inside(gen)
+                               : (i % 3 == 0 ? wide(gen)
+                                  : i % 3    ? edge(gen)
+                                             : tiny(gen));
+      t = args;
+      ref::ops::softcap_span(t.data(), slope.data(), len, 1.0);
+      capped = args;
+      ref::ops::softcap_span(capped.data(), capped_slope.data(), len, 3.0);
+      for (std::size_t i = 0; i < n; ++i) {
+        const double want = std::tanh(args[i]);
+        ASSERT_EQ(std::signbit(t[i]), std::signbit(want)) << args[i];
+        worst = std::max<std::int64_t>(worst, std::llabs(std::bit_cast<std::int64_t>(t[i]) -
+                                                         std::bit_cast<std::int64_t>(want)));
+        ASSERT_EQ(capped[i], 3.0 * t[i]) << args[i];
+        ASSERT_EQ(capped_slope[i], slope[i]) << args[i];
+        // t within 2 ulp of tanh moves 1 − t² by up to 2·2·2⁻⁵³ near |t| = 1, and t² and the
+        // difference round, here and in the expectation
+        ASSERT_NEAR(slope[i], 1.0 - want * want, 1e-15) << args[i];
+        double alone = args[i];
+        ref::ops::softcap_span(&alone, nullptr, 1, 1.0);
+        ASSERT_EQ(std::bit_cast<std::int64_t>(alone), std::bit_cast<std::int64_t>(t[i]))
+            << "position " << i << " of " << len;
+      }
+    }
+  EXPECT_LE(worst, 2);
+  const double inf = std::numeric_limits<double>::infinity();
+  double special[] = {0.0, -0.0, 20.5, -30.0, inf, -inf, std::numeric_limits<double>::quiet_NaN()};
+  ref::ops::softcap_span(special, nullptr, 7, 1.0);
+  EXPECT_EQ(special[0], 0.0);
+  EXPECT_EQ(special[1], 0.0);  // of either sign
+  EXPECT_EQ(special[2], 1.0);
+  EXPECT_EQ(special[3], -1.0);
+  EXPECT_EQ(special[4], 1.0);
+  EXPECT_EQ(special[5], -1.0);
+  EXPECT_TRUE(std::isnan(special[6]));
+}
+
 TEST(reference, linear_backward_matches_finite_differences) {
   matrix x = random_matrix(tokens, 5, 1), w = random_matrix(5, 3, 2);
   const matrix r = random_matrix(tokens, 3, 3);
