@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -65,7 +66,7 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
 /// −708, e^709 above 709, NaN kept. Eigen's vectorised exp took ~1.5 ns a value on a 2026
 /// Intel Xeon (a rational approximation with a division, and an ldexp that guards every
 /// range), this ~0.8.
-lanes_f64 exp_lanes(lanes_f64 v) {
+[[gnu::always_inline]] inline lanes_f64 exp_lanes(lanes_f64 v) {
   constexpr double log2e = 1.4426950408889634074, round_shift = 0x1.8p52;
   constexpr double ln2_hi = 0.693145751953125, ln2_lo = 1.42860682030941723212e-6;
   constexpr double lowest = -708.0, highest = 709.0;
@@ -129,10 +130,11 @@ namespace {
 /// (bench/tanh_fit.py; within 1.3 units of 2⁻⁵³ of tanh, as Cephes' rational with its division
 /// is, and within 2 ulp of glibc's tanh). Above 0.625: 1 − 2/(e^{2|x|} + 1) with exp_lanes and
 /// x's sign (the subtraction exact: it keeps at least half of 1; on x itself it would cancel
-/// below −0.625, 3 ulp off), |x| held at 20, past which tanh rounds to 1. A vector whose lanes are
-/// all at most 0.625 computes the polynomial alone; else each lane keeps its own branch. NaN stays
-/// NaN.
-lanes_f64 tanh_lanes(lanes_f64 x) {
+/// below −0.625, 3 ulp off), |x| held at 20, past which tanh rounds to 1. `near_only`: the
+/// caller knows every lane is within 0.625, and the polynomial alone is computed; else each
+/// lane keeps its own branch. NaN stays NaN.
+template <bool near_only>
+[[gnu::always_inline]] inline lanes_f64 tanh_lanes(lanes_f64 x) {
   constexpr double edge = 0.625;
   const lanes_f64 z = x * x;
   lanes_f64 r = z * 6.485163482793113e-06 + -3.12011014257974e-05;
@@ -147,35 +149,62 @@ lanes_f64 tanh_lanes(lanes_f64 x) {
   r = r * z + 0.13333333333333042;
   r = r * z + -0.3333333333333333;
   const lanes_f64 near = x + x * z * r;
-  const auto far = x > edge || x < -edge;  // lanes of −1 (true) or 0
-  bool any = false;
-  for (int j = 0; j < lanes; ++j) any |= far[j] != 0;
-  if (!any) return near;
+  if constexpr (near_only) return near;
   const lanes_i64 sign = (lanes_i64)x & std::numeric_limits<std::int64_t>::min();
   const lanes_f64 a = (lanes_f64)((lanes_i64)x ^ sign), c = a > 20.0 ? 20.0 : a;
   const lanes_f64 t = (lanes_f64)((lanes_i64)(1.0 - 2.0 / (exp_lanes(2.0 * c) + 1.0)) | sign);
-  return far ? t : near;
+  return a > edge ? t : near;
+}
+
+/// x[0, n) capped in place (softcap_span), each vector's tanh by tanh_lanes<near_only>.
+template <bool near_only>
+void softcap_lanes(double* x, double* slope, std::ptrdiff_t n, double cap) {
+  std::ptrdiff_t i = 0;
+  lanes_f64 v, t;
+  for (; i + lanes <= n; i += lanes) {
+    std::memcpy(&v, x + i, sizeof v);
+    t = tanh_lanes<near_only>(v);
+    if (slope) {
+      const lanes_f64 s = 1.0 - t * t;
+      std::memcpy(slope + i, &s, sizeof s);
+    }
+    v = cap * t;
+    std::memcpy(x + i, &v, sizeof v);
+  }
+  if (i == n) return;
+  const auto bytes = static_cast<std::size_t>(n - i) * sizeof(double);
+  v = lanes_f64{};
+  std::memcpy(&v, x + i, bytes);
+  t = tanh_lanes<near_only>(v);
+  if (slope) {
+    const lanes_f64 s = 1.0 - t * t;
+    std::memcpy(slope + i, &s, bytes);
+  }
+  v = cap * t;
+  std::memcpy(x + i, &v, bytes);
 }
 
 }  // namespace
 
-// softcap_span (reference.hpp): tanh_lanes on every vector, the tail as a vector padded with
-// zeros.
+// softcap_span (reference.hpp): the span's largest |x| first (by vectors); if it is within
+// 0.625, every vector takes the polynomial alone, else each lane its own branch. Either way a
+// value's result is that of its own branch, wherever it lies.
 void softcap_span(double* x, double* slope, std::ptrdiff_t n, double cap) {
-  const auto one = [&](std::ptrdiff_t i, std::size_t bytes) {
-    lanes_f64 v{};
-    std::memcpy(&v, x + i, bytes);
-    const lanes_f64 t = tanh_lanes(v);
-    if (slope) {
-      const lanes_f64 s = 1.0 - t * t;
-      std::memcpy(slope + i, &s, bytes);
-    }
-    v = cap * t;
-    std::memcpy(x + i, &v, bytes);
-  };
+  lanes_f64 top{};
   std::ptrdiff_t i = 0;
-  for (; i + lanes <= n; i += lanes) one(i, sizeof(lanes_f64));
-  if (i < n) one(i, static_cast<std::size_t>(n - i) * sizeof(double));
+  for (; i + lanes <= n; i += lanes) {
+    lanes_f64 v;
+    std::memcpy(&v, x + i, sizeof v);
+    v = (lanes_f64)((lanes_i64)v & std::numeric_limits<std::int64_t>::max());  // |v|
+    top = v > top ? v : top;
+  }
+  double most = 0;
+  for (int j = 0; j < lanes; ++j) most = std::max(most, top[j]);
+  for (; i < n; ++i) most = std::max(most, std::abs(x[i]));
+  if (most <= 0.625)
+    softcap_lanes<true>(x, slope, n, cap);
+  else
+    softcap_lanes<false>(x, slope, n, cap);
 }
 
 namespace {
@@ -358,6 +387,20 @@ Eigen::Index key_extent(const attention_rule& r, Eigen::Index n) {
   return n;
 }
 
+/// A block's [rows, cols] row-major matrix in storage that only grows, reused from block to
+/// block: a full attention's blocks see more keys one after the other, and a matrix sized anew
+/// for each took fresh pages from the kernel (~5 % of the capped attention's time in clearing
+/// them at 4K tokens). The view's entries are whatever the storage held: every user writes them
+/// before it reads them.
+struct scratch {
+  std::vector<double> store;
+  Eigen::Map<matrix> view(Eigen::Index rows, Eigen::Index cols) {
+    const auto need = static_cast<std::size_t>(rows * cols);
+    if (store.size() < need) store.assign(std::max(need, 2 * store.size()), 0.0);
+    return {store.data(), rows, cols};
+  }
+};
+
 /// One block's softmax, left unnormalised: `e` [group·rows, keys] holds exp(score − row max)
 /// on each row's visible keys and 0 elsewhere, `inv_z` each row's 1/Σ (the sink's term
 /// included), so the probabilities are e·inv_z — the products take the factor on their small
@@ -365,9 +408,15 @@ Eigen::Index key_extent(const attention_rule& r, Eigen::Index n) {
 /// keys [lo, hi) in the block's columns; `slope` (capping only) d(capped)/d(score) = 1 − tanh²
 /// on those spans (not written elsewhere); `sink_p` (sinks only) the sink column's probability.
 struct block_softmax {
-  matrix e, slope;
+  scratch e_store, slope_store;
+  Eigen::Map<matrix> e{nullptr, 0, 0}, slope{nullptr, 0, 0};
   Eigen::VectorXd inv_z, sink_p;
   std::vector<std::pair<Eigen::Index, Eigen::Index>> span;
+  /// e (and slope) [rows, cols], views of their storage.
+  void shape(Eigen::Index rows, Eigen::Index cols, bool want_slope) {
+    new (&e) Eigen::Map<matrix>(e_store.view(rows, cols));  // Eigen's way to re-seat a Map
+    if (want_slope) new (&slope) Eigen::Map<matrix>(slope_store.view(rows, cols));
+  }
 };
 
 /// The attention probabilities of the query rows at document positions [b0, b0 + rows) of the
@@ -389,10 +438,9 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
                  const attention_rule& rule, Eigen::Index b0, Eigen::Index k0, Eigen::Index n,
                  const double* sinks, bool want_slope, block_softmax& out) {
   const Eigen::Index stacked = query.rows(), len = keys_t.cols();
-  matrix& p = out.e;
-  p.resize(stacked, len);
+  out.shape(stacked, len, want_slope);
+  auto& p = out.e;
   multiply(query, keys_t, p);
-  if (want_slope) out.slope.resize(stacked, len);
   out.inv_z.resize(stacked);
   if (rule.sinks) out.sink_p.resize(stacked);
   out.span.resize(static_cast<std::size_t>(stacked));
@@ -625,7 +673,8 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const double factor = score_factor(rule, scale);
         double* dsink = dsink_part.data() + t * static_cast<std::size_t>(group);
         block_softmax sm;
-        matrix query, d_o, d_os, ds, dqs;
+        matrix query, d_o, d_os, dqs;
+        scratch ds_store;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step), rows = b1 - b0;
           const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
@@ -643,7 +692,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           scaled_rows(d_o.data(), head_dim, d_os.data(), head_dim, d_o.rows(), head_dim,
                       [&](Eigen::Index r) { return sm.inv_z(r); });
           add_transposed_product(sm.e, d_os, dvg.middleRows(off, len));
-          ds.resize(sm.e.rows(), len);
+          auto ds = ds_store.view(sm.e.rows(), len);
           multiply(d_o, vt.middleCols(off, len), ds);  // dp, made ds row by row
           for (Eigen::Index r = 0; r < ds.rows(); ++r) {
             const auto [lo, hi] = sm.span[static_cast<std::size_t>(r)];
