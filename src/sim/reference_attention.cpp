@@ -41,6 +41,24 @@ constexpr int lanes = 2;
 using lanes_f64 = double __attribute__((vector_size(8 * lanes)));
 using lanes_i64 = std::int64_t __attribute__((vector_size(8 * lanes)));
 
+/// v with each lane swapped for the one `step` lanes away (step a power of 2 below lanes).
+template <int step, std::size_t... j>
+lanes_f64 swap_lanes(lanes_f64 v, std::index_sequence<j...>) {
+  return __builtin_shufflevector(v, v, static_cast<int>(j ^ step)...);
+}
+
+/// The largest lane of v, by halves in registers (a loop over the lanes went through memory:
+/// half of a window's row maximum at head_dim 16).
+template <int step = lanes / 2>
+double lanes_max(lanes_f64 v) {
+  if constexpr (step == 0) {
+    return v[0];
+  } else {
+    const lanes_f64 w = swap_lanes<step>(v, std::make_index_sequence<lanes>{});
+    return lanes_max<step / 2>(w > v ? w : v);
+  }
+}
+
 /// The largest of `init` and x[0, n), by vectors (two accumulators, the rest one by one): a
 /// softmax row's largest score.
 double largest(const double* x, std::ptrdiff_t n, double init) {
@@ -54,8 +72,7 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
     m1 = v1 > m1 ? v1 : m1;
   }
   m0 = m1 > m0 ? m1 : m0;
-  double m = init;
-  for (int j = 0; j < lanes; ++j) m = std::max(m, m0[j]);
+  double m = lanes_max(m0);  // init is in every lane
   for (; i < n; ++i) m = std::max(m, x[i]);
   return m;
 }
@@ -504,6 +521,52 @@ void stack_heads(const matrix& x, Eigen::Index b0, Eigen::Index rows, int h0, in
                 [factor](Eigen::Index) { return factor; });
 }
 
+/// Σ a[i]·b[i] over i < n, by vectors (one accumulator; the tail as a vector padded with
+/// zeros), the lanes then added in order.
+double dot(const double* a, const double* b, std::ptrdiff_t n) {
+  lanes_f64 acc{}, u, v;
+  std::ptrdiff_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    std::memcpy(&u, a + i, sizeof u);
+    std::memcpy(&v, b + i, sizeof v);
+    acc += u * v;
+  }
+  if (i < n) {
+    const auto bytes = static_cast<std::size_t>(n - i) * sizeof(double);
+    u = v = lanes_f64{};
+    std::memcpy(&u, a + i, bytes);
+    std::memcpy(&v, b + i, bytes);
+    acc += u * v;
+  }
+  double sum = 0;
+  for (int j = 0; j < lanes; ++j) sum += acc[j];
+  return sum;
+}
+
+/// A softmax row's gradient on its span, over dp in place: ds = p∘(dp − c)·k, and ∘ slope
+/// when capped (`capped`: (p∘(dp − c))∘slope·k), each entry by the same operations wherever
+/// it lies.
+template <bool capped>
+void softmax_grad_span(const double* p, double* dp, const double* slope, std::ptrdiff_t n, double c,
+                       double k) {
+  const auto grad = [&](std::ptrdiff_t i, std::size_t bytes) {
+    lanes_f64 pv{}, dv{};
+    std::memcpy(&pv, p + i, bytes);
+    std::memcpy(&dv, dp + i, bytes);
+    dv = pv * (dv - c);
+    if constexpr (capped) {
+      lanes_f64 sv{};
+      std::memcpy(&sv, slope + i, bytes);
+      dv = dv * sv;
+    }
+    dv = dv * k;
+    std::memcpy(dp + i, &dv, bytes);
+  };
+  std::ptrdiff_t i = 0;
+  for (; i + lanes <= n; i += lanes) grad(i, sizeof(lanes_f64));
+  if (i < n) grad(i, static_cast<std::size_t>(n - i) * sizeof(double));
+}
+
 /// What block_probs' queries are multiplied by: the scores' scale, and 1/softcap when capped
 /// (the argument of tanh).
 double score_factor(const attention_rule& rule, double scale) {
@@ -699,14 +762,13 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
             const double inv_z = sm.inv_z(r);
             auto dp = ds.row(r).segment(lo, hi - lo);
             const auto p = sm.e.row(r).segment(lo, hi - lo);
-            const double p_dot_dp = p.dot(dp) * inv_z;
+            const double p_dot_dp = dot(p.data(), dp.data(), hi - lo) * inv_z;
             if (rule.sinks) dsink[r / rows] -= sm.sink_p(r) * p_dot_dp;
             if (rule.softcap > 0)
-              dp = (p.array() * (dp.array() - p_dot_dp) *
-                    sm.slope.row(r).segment(lo, hi - lo).array() * (inv_z * rule.softcap))
-                       .matrix();
+              softmax_grad_span<true>(p.data(), dp.data(), sm.slope.row(r).data() + lo, hi - lo,
+                                      p_dot_dp, inv_z * rule.softcap);
             else
-              dp = (p.array() * (dp.array() - p_dot_dp) * inv_z).matrix();
+              softmax_grad_span<false>(p.data(), dp.data(), nullptr, hi - lo, p_dot_dp, inv_z);
             ds.row(r).head(lo).setZero();
             ds.row(r).tail(ds.cols() - hi).setZero();
           }
