@@ -396,6 +396,20 @@ std::pair<Eigen::Index, Eigen::Index> block_keys(const attention_rule& r, Eigen:
           std::max(key_span(r, b1 - 1, n).second, key_span(r, b0, n).first)};
 }
 
+/// block_keys, widened to a whole number of vectors within the item's keys [first, last) (to
+/// the right, then to the left): the products' last columns then need no padded copy (a
+/// window's block of R rows reads W + R − 1 keys). The keys added are masked as every key
+/// outside a row's span is, and add exact zeros to the products: the results are the same.
+std::pair<Eigen::Index, Eigen::Index> block_keys_whole(const attention_rule& r, Eigen::Index b0,
+                                                       Eigen::Index b1, Eigen::Index n,
+                                                       Eigen::Index first, Eigen::Index last) {
+  auto [k0, k1] = block_keys(r, b0, b1, n);
+  const Eigen::Index want = (k1 - k0 + lanes - 1) / lanes * lanes;
+  k1 = std::min(last, k0 + want);
+  k0 = std::max(first, k1 - want);
+  return {k0, k1};
+}
+
 /// About how many keys a query of a document of n tokens sees: the whole document, or the
 /// window (both sides), or the chunk.
 Eigen::Index key_extent(const attention_rule& r, Eigen::Index n) {
@@ -646,7 +660,7 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
         matrix query, o;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step);
-          const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
+          const auto [k0, k1] = block_keys_whole(rule, b0 - a, b1 - a, e - a, first, last);
           stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale), query);
           block_probs(query, b1 - b0, kt.middleCols(k0 - first, k1 - k0), rule, b0 - a, k0, e - a,
                       sinks, false, sm);
@@ -740,7 +754,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         scratch ds_store;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step), rows = b1 - b0;
-          const auto [k0, k1] = block_keys(rule, b0 - a, b1 - a, e - a);
+          const auto [k0, k1] = block_keys_whole(rule, b0 - a, b1 - a, e - a, first, last);
           const Eigen::Index off = k0 - first, len = k1 - k0;
           stack_heads(q, b0, rows, h0, group, head_dim, factor, query);
           stack_heads(dout, b0, rows, h0, group, head_dim, 1.0, d_o);
