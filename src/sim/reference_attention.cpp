@@ -396,18 +396,30 @@ std::pair<Eigen::Index, Eigen::Index> block_keys(const attention_rule& r, Eigen:
           std::max(key_span(r, b1 - 1, n).second, key_span(r, b0, n).first)};
 }
 
-/// block_keys, widened to a whole number of vectors within the item's keys [first, last) (to
-/// the right, then to the left): the products' last columns then need no padded copy (a
-/// window's block of R rows reads W + R − 1 keys). The keys added are masked as every key
+/// n rounded up to a whole number of vectors.
+Eigen::Index whole(Eigen::Index n) { return (n + lanes - 1) / lanes * lanes; }
+
+/// block_keys, widened within the item's keys [first, last): its first key a whole number of
+/// vectors after the item's first, its count a whole number of vectors (unless the item's keys
+/// end first). The products' last columns then need no padded copy (a window's block of R
+/// rows reads W + R − 1 keys), and the rows of the block's scores and of its keys' transposed
+/// slices (`transposed`) start on a vector's boundary. The keys added are masked as every key
 /// outside a row's span is, and add exact zeros to the products: the results are the same.
 std::pair<Eigen::Index, Eigen::Index> block_keys_whole(const attention_rule& r, Eigen::Index b0,
                                                        Eigen::Index b1, Eigen::Index n,
                                                        Eigen::Index first, Eigen::Index last) {
   auto [k0, k1] = block_keys(r, b0, b1, n);
-  const Eigen::Index want = (k1 - k0 + lanes - 1) / lanes * lanes;
-  k1 = std::min(last, k0 + want);
-  k0 = std::max(first, k1 - want);
-  return {k0, k1};
+  k0 = first + (k0 - first) / lanes * lanes;
+  return {k0, std::min(last, k0 + whole(k1 - k0))};
+}
+
+/// x [n, d] transposed into [d, n] with its rows a whole number of vectors apart (the padding's
+/// columns are never read): the products read them as vectors that do not straddle cache lines.
+template <class X>
+matrix transposed(const X& x) {
+  matrix t(x.cols(), whole(x.rows()));
+  t.leftCols(x.rows()) = x.transpose();
+  return t;
 }
 
 /// About how many keys a query of a document of n tokens sees: the whole document, or the
@@ -422,12 +434,13 @@ Eigen::Index key_extent(const attention_rule& r, Eigen::Index n) {
 /// block: a full attention's blocks see more keys one after the other, and a matrix sized anew
 /// for each took fresh pages from the kernel (~5 % of the capped attention's time in clearing
 /// them at 4K tokens). The view's entries are whatever the storage held: every user writes them
-/// before it reads them.
+/// before it reads them. Its rows start on a cache line where cols is a whole number of
+/// vectors (block_keys_whole), as an Eigen matrix's would: a vector split across two lines
+/// costs two accesses.
 struct scratch {
-  std::vector<double> store;
+  Eigen::VectorXd store;  // aligned as Eigen's matrices are (a vector's whole cache line)
   Eigen::Map<matrix> view(Eigen::Index rows, Eigen::Index cols) {
-    const auto need = static_cast<std::size_t>(rows * cols);
-    if (store.size() < need) store.assign(std::max(need, 2 * store.size()), 0.0);
+    if (store.size() < rows * cols) store.resize(std::max(rows * cols, 2 * store.size()));
     return {store.data(), rows, cols};
   }
 };
@@ -535,25 +548,33 @@ void stack_heads(const matrix& x, Eigen::Index b0, Eigen::Index rows, int h0, in
                 [factor](Eigen::Index) { return factor; });
 }
 
-/// Σ a[i]·b[i] over i < n, by vectors (one accumulator; the tail as a vector padded with
-/// zeros), the lanes then added in order.
+/// Σ a[i]·b[i] over i < n, by vectors: four accumulators over runs of four vectors (one
+/// accumulator waited on each add's latency), then one over the vectors left, the tail as a
+/// vector padded with zeros; the accumulators added pairwise, the lanes then in order.
 double dot(const double* a, const double* b, std::ptrdiff_t n) {
-  lanes_f64 acc{}, u, v;
+  lanes_f64 acc[4] = {}, u, v;
   std::ptrdiff_t i = 0;
+  for (; i + 4 * lanes <= n; i += 4 * lanes)
+    for (int j = 0; j < 4; ++j) {
+      std::memcpy(&u, a + i + j * lanes, sizeof u);
+      std::memcpy(&v, b + i + j * lanes, sizeof v);
+      acc[j] += u * v;
+    }
   for (; i + lanes <= n; i += lanes) {
     std::memcpy(&u, a + i, sizeof u);
     std::memcpy(&v, b + i, sizeof v);
-    acc += u * v;
+    acc[0] += u * v;
   }
   if (i < n) {
     const auto bytes = static_cast<std::size_t>(n - i) * sizeof(double);
     u = v = lanes_f64{};
     std::memcpy(&u, a + i, bytes);
     std::memcpy(&v, b + i, bytes);
-    acc += u * v;
+    acc[1] += u * v;
   }
+  const lanes_f64 all = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   double sum = 0;
-  for (int j = 0; j < lanes; ++j) sum += acc[j];
+  for (int j = 0; j < lanes; ++j) sum += all[j];
   return sum;
 }
 
@@ -655,7 +676,7 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
         const auto [first, last] = keys_of(items[t]);  // the item's keys, transposed once
-        const matrix kt = k.block(a + first, kc, last - first, head_dim).transpose();
+        const matrix kt = transposed(k.block(a + first, kc, last - first, head_dim));
         block_softmax sm;
         matrix query, o;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
@@ -743,7 +764,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         // K and V of the item's keys: K as it is (dq's product), both transposed once (the
         // scores' and dp's products, block by block)
         const auto kg = k.block(a + first, kc, n, head_dim);
-        const matrix kt = kg.transpose(), vt = v.block(a + first, kc, n, head_dim).transpose();
+        const matrix kt = transposed(kg), vt = transposed(v.block(a + first, kc, n, head_dim));
         matrix dkg = matrix::Zero(n, head_dim), dvg = matrix::Zero(n, head_dim);
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
