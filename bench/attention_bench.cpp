@@ -12,6 +12,7 @@
 // counted. GEMM: 2·n³ for an n×n by n×n product. #wrong: sampled forward rows against a direct
 // double-precision softmax (bench/attention_oracle.hpp).
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <cstdint>

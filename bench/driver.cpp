@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -177,45 +178,48 @@ std::int64_t parse_size(const std::string& s) {
 
 driver::driver(std::string program, std::string description, options defaults, options quick)
     : program_(std::move(program)),
-      app_(std::move(description), program_),
+      app_(std::make_unique<CLI::App>(std::move(description), program_)),
       defaults_(std::move(defaults)),
       quick_(std::move(quick)),
       opts_(defaults_) {
-  app_.add_option("-b,--minbytes", min_s_, "smallest size (bytes, K/M/G suffix)")
+  app_->add_option("-b,--minbytes", min_s_, "smallest size (bytes, K/M/G suffix)")
       ->type_name("SIZE");
-  app_.add_option("-e,--maxbytes", max_s_, "largest size (bytes, K/M/G suffix)")->type_name("SIZE");
-  app_.add_option("-f,--stepfactor", opts_.step_factor, "size multiplier between rows")
+  app_->add_option("-e,--maxbytes", max_s_, "largest size (bytes, K/M/G suffix)")
+      ->type_name("SIZE");
+  app_->add_option("-f,--stepfactor", opts_.step_factor, "size multiplier between rows")
       ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 20));
-  app_.add_option("-n,--iters", opts_.iters, "timed iterations per row")
+  app_->add_option("-n,--iters", opts_.iters, "timed iterations per row")
       ->check(CLI::Range(1, 1 << 30));
-  app_.add_option("-w,--warmup_iters", opts_.warmup, "untimed iterations before each row")
+  app_->add_option("-w,--warmup_iters", opts_.warmup, "untimed iterations before each row")
       ->check(CLI::Range(0, 1 << 30));
-  app_.add_option("-c,--check", check_, "verify results from index-derived data (#wrong)")
+  app_->add_option("-c,--check", check_, "verify results from index-derived data (#wrong)")
       ->check(CLI::Range(0, 1));
-  app_.add_option("-J,--json", opts_.json_path, "write the JSON report to FILE ('-': stdout)")
+  app_->add_option("-J,--json", opts_.json_path, "write the JSON report to FILE ('-': stdout)")
       ->type_name("FILE");
-  app_.add_flag("--quick", opts_.quick, "small sizes and few iterations (smoke run)");
+  app_->add_flag("--quick", opts_.quick, "small sizes and few iterations (smoke run)");
 }
 
+driver::~driver() = default;
+
 void driver::add_threads_flag(const std::string& what) {
-  app_.add_option("-t,--nthreads", opts_.threads, what)->check(CLI::Range(1, 1024));
+  app_->add_option("-t,--nthreads", opts_.threads, what)->check(CLI::Range(1, 1024));
 }
 
 std::optional<int> driver::parse(int argc, char** argv) {
   try {
-    app_.parse(argc, argv);
+    app_->parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app_.exit(e);
+    const int code = app_->exit(e);
     return code == 0 ? 0 : 2;
   }
   try {
     // --quick replaces the defaults; flags given explicitly keep their values.
     const options& base = opts_.quick ? quick_ : defaults_;
     opts_.check = check_ != 0;
-    if (!app_.count("-n")) opts_.iters = base.iters;
-    if (!app_.count("-w")) opts_.warmup = base.warmup;
-    if (!app_.count("-f")) opts_.step_factor = base.step_factor;
-    if (app_.get_option_no_throw("-t") && !app_.count("-t")) opts_.threads = base.threads;
+    if (!app_->count("-n")) opts_.iters = base.iters;
+    if (!app_->count("-w")) opts_.warmup = base.warmup;
+    if (!app_->count("-f")) opts_.step_factor = base.step_factor;
+    if (app_->get_option_no_throw("-t") && !app_->count("-t")) opts_.threads = base.threads;
     opts_.min_bytes = min_s_.empty() ? base.min_bytes : parse_size(min_s_);
     opts_.max_bytes = max_s_.empty() ? base.max_bytes : parse_size(max_s_);
     if (!min_s_.empty() && max_s_.empty())

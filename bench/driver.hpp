@@ -7,7 +7,6 @@
 // Flags (every binary): -b/--minbytes -e/--maxbytes -f/--stepfactor -n/--iters
 // -w/--warmup_iters -c/--check 0|1 -J/--json FILE --quick, and -t/--nthreads where the binary
 // runs ranks on threads. Sizes accept K/M/G suffixes (powers of 1024).
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -15,6 +14,10 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace CLI {
+class App;  // CLI11's: the binaries that add flags of their own include it
+}
 
 namespace seqpar::bench {
 
@@ -168,10 +171,11 @@ class driver {
  public:
   /// `defaults` / `quick` are this binary's flag defaults without and with --quick.
   driver(std::string program, std::string description, options defaults, options quick);
+  ~driver();
   /// Registers -t/--nthreads (binaries that run ranks on threads).
   void add_threads_flag(const std::string& what);
   /// For binary-specific flags (e.g. attention tile sizes).
-  CLI::App& app() { return app_; }
+  CLI::App& app() { return *app_; }
   /// Parses argv; returns an exit code when the program should stop (help: 0, bad flags: 2).
   std::optional<int> parse(int argc, char** argv);
   const options& opts() const { return opts_; }
@@ -188,7 +192,7 @@ class driver {
 
  private:
   std::string program_;
-  CLI::App app_;
+  std::unique_ptr<CLI::App> app_;  // CLI11 compiled in driver.cpp (and where app() is used) only
   options defaults_, quick_, opts_;
   std::string min_s_, max_s_;
   int check_ = 1;

@@ -9,6 +9,7 @@
 // forward rows against a direct double softmax on the host (bench/attention_oracle.hpp).
 #include <cuda_runtime.h>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdint>

@@ -21,6 +21,7 @@
 // measured in the same run, Eigen's beside it: at small d the two exps per (pair, query head)
 // cost a large part of what the 14·d FLOP of the products do.
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -13,6 +13,7 @@
 // fits Amdahl's law to each phase: T(n) = T(1)·(s + (1 − s)/n), s the serial fraction (least
 // squares over the thread counts).
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <array>

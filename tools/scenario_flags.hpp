@@ -1,12 +1,15 @@
 #pragma once
 // The scenario flags shared by plan, check, record, validate (DESIGN.md "Scenario flags").
-#include <CLI/CLI.hpp>
-
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/scenario.hpp"
+
+namespace CLI {
+class App;  // CLI11's (add_to's callers include it; the scenario's users need not)
+}
 
 namespace seqpar::cli {
 

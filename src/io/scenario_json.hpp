@@ -1,7 +1,7 @@
 #pragma once
 // The scenario as JSON (check's "scenario" object, --config files, trace meta): shared by the
 // CLI, the trace library and the tests.
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <string>
 

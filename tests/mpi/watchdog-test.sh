@@ -53,9 +53,14 @@ launch() {
 }
 
 # wait_for NAME WORDS RANK: until the job's output has WORDS (none: "") and rank RANK's pid is
-# known.
+# known; 0 then, 1 when the job ends first or after 3× the healthy job's time on this machine
+# (measured below, before the first use) plus 12 s. A loaded machine reaches a phase later: a
+# fixed 12 s once read "the reference never started" beside two CPU hogs and a compiler, where
+# the healthy job took 25 s.
 wait_for() {
-  for _ in $(seq 1 600); do
+  local until=$((SECONDS + 3 * ${healthy:-0} + 12)) alive=1
+  while [ $SECONDS -lt $until ] && [ $alive = 1 ]; do
+    kill -0 "$job" 2> /dev/null || alive=0  # one more look after the job ended
     { [ -z "$2" ] || grep -q "$2" "$tmp/$1.out" 2> /dev/null; } && [ -f "$tmp/$1.pid.$3" ] && return 0
     sleep 0.02
   done
