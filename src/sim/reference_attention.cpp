@@ -176,29 +176,22 @@ template <bool near_only>
 /// x[0, n) capped in place (softcap_span), each vector's tanh by tanh_lanes<near_only>.
 template <bool near_only>
 void softcap_lanes(double* x, double* slope, std::ptrdiff_t n, double cap) {
-  std::ptrdiff_t i = 0;
-  lanes_f64 v, t;
-  for (; i + lanes <= n; i += lanes) {
-    std::memcpy(&v, x + i, sizeof v);
-    t = tanh_lanes<near_only>(v);
+  // One vector at x + i, `bytes` of it real (the tail padded with zeros). Inlined by force: as
+  // a call, its copies of a variable size became calls to memcpy for every vector.
+  const auto one = [&](std::ptrdiff_t i, std::size_t bytes) __attribute__((always_inline)) {
+    lanes_f64 v{};
+    std::memcpy(&v, x + i, bytes);
+    const lanes_f64 t = tanh_lanes<near_only>(v);
     if (slope) {
       const lanes_f64 s = 1.0 - t * t;
-      std::memcpy(slope + i, &s, sizeof s);
+      std::memcpy(slope + i, &s, bytes);
     }
     v = cap * t;
-    std::memcpy(x + i, &v, sizeof v);
-  }
-  if (i == n) return;
-  const auto bytes = static_cast<std::size_t>(n - i) * sizeof(double);
-  v = lanes_f64{};
-  std::memcpy(&v, x + i, bytes);
-  t = tanh_lanes<near_only>(v);
-  if (slope) {
-    const lanes_f64 s = 1.0 - t * t;
-    std::memcpy(slope + i, &s, bytes);
-  }
-  v = cap * t;
-  std::memcpy(x + i, &v, bytes);
+    std::memcpy(x + i, &v, bytes);
+  };
+  std::ptrdiff_t i = 0;
+  for (; i + lanes <= n; i += lanes) one(i, sizeof(lanes_f64));
+  if (i < n) one(i, static_cast<std::size_t>(n - i) * sizeof(double));
 }
 
 }  // namespace
