@@ -12,6 +12,7 @@
 // max_abs or max_rel is not bitwise equal to the 1-thread check's, or that fail). The summary
 // fits Amdahl's law to each phase: T(n) = T(1)·(s + (1 − s)/n), s the serial fraction (least
 // squares over the thread counts).
+// The process runs under the allocator policy seqpar's main applies (sim::keep_freed_memory).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -25,6 +26,7 @@
 
 #include "bench/driver.hpp"
 #include "core/collate.hpp"
+#include "sim/allocator.hpp"
 #include "verify/check.hpp"
 
 namespace {
@@ -254,6 +256,7 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
   if (auto rc = d.parse(argc, argv)) return *rc;
+  sim::keep_freed_memory();  // the allocator policy seqpar's main applies
   return d.guarded([&] {
     reference_scaling r;
     r.whole_check = whole_check;

@@ -716,6 +716,7 @@ struct layer_activations {
   matrix x_in, a, q, k, v, o, x_mid, m, gate, up, act;
   matrix qkv, z, ga, gb, conv, g, beta;
   matrix q_pre, k_pre, attn, gate_pre;  // before q/k norm; before the output gate; its input
+  ops::softmax_rows softmax;            // the attention's rows, for its backward
 };
 
 /// The q/k norm of every head of x [tokens, heads·d] over its d values, weight [1, d]: RMSNorm,
@@ -833,7 +834,8 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
         tap(l, "q", c.q);
         tap(l, "k", c.k);
       }
-      c.attn = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads, ops::layer_rule(s, w, l));
+      c.attn = ops::attention(c.q, c.k, c.v, H, Hkv, D, pos, threads, ops::layer_rule(s, w, l),
+                              &c.softmax);
       if (tap) tap(l, "attn", c.attn);
       c.o = c.attn;
       if (s.output_gate) {  // o ∘ sigmoid(a·wg)
@@ -941,7 +943,7 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     matrix dq, dk, dv;
     matrix dsinks;
     ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv, threads,
-                            ops::layer_rule(s, w, l), s.sinks ? &dsinks : nullptr);
+                            ops::layer_rule(s, w, l), s.sinks ? &dsinks : nullptr, &c.softmax);
     if (s.sinks) gr.at(L(l, "sinks")) += dsinks;
     if (tap) {
       tap(l, "d_q", dq);

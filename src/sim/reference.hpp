@@ -184,6 +184,15 @@ struct attention_rule {
   const matrix* sinks = nullptr;
 };
 
+/// What the forward's softmax leaves for its backward (FlashAttention keeps their log-sum-exp):
+/// each query row's largest score (the sink's logit among them) and 1/Σ of its exponentials
+/// (the sink's term included; 0 for a row that sees nothing), [tokens, heads] each. The
+/// backward given them skips each row's maximum and sum: its results are bitwise those it
+/// computes without them, which are the same operations on the same scores.
+struct softmax_rows {
+  matrix largest, inv_z;
+};
+
 /// Layer l's rule, read from the scenario's plain fields (bidirectional, window, window_right,
 /// chunk, attention_pattern, softcap; sinks from w's "L{l}.sinks" when s.sinks).
 attention_rule layer_rule(const scenario& s, const weights& w, int l);
@@ -193,21 +202,22 @@ attention_rule layer_rule(const scenario& s, const weights& w, int l);
 /// document [a, e): o_i = Σ_{a ≤ j ≤ i} softmax_j(scale·q_i·k_j) v_j, scale = 1/sqrt(head_dim).
 /// Items are (document, query head, tile of query rows); each row is computed on its own and
 /// written to its own place.
-/// With a rule: its mask, capping and sinks in place of the causal mask alone.
+/// With a rule: its mask, capping and sinks in place of the causal mask alone. `keep`: filled
+/// with the rows' softmax_rows, for attention_backward.
 matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
                  int head_dim, std::span<const std::int64_t> position_ids, int threads = 1,
-                 const attention_rule& rule = {});
+                 const attention_rule& rule = {}, softmax_rows* keep = nullptr);
 /// dq, dk, dv (overwritten) from dout. Items are (document, KV head, chunk of query rows),
 /// each computing the query heads of the KV head's group (a long document has up to 4·group
 /// chunks of about equal work): an item writes its dq and keeps its own dK, dV over the keys
 /// it reads; those partials are then added per (document, KV head) in chunk order. Memory: the
 /// partials hold at most ~3·heads·tokens·head_dim values each for dK and dV (linear in the
-/// tokens).
+/// tokens). `saved`: the forward's softmax_rows of the same q, k and rule (attention's `keep`).
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
                         matrix& dv, int threads = 1, const attention_rule& rule = {},
-                        matrix* dsinks = nullptr);
+                        matrix* dsinks = nullptr, const softmax_rows* saved = nullptr);
 
 /// The query-row offsets [0, …, tokens] of the chunks attention_backward cuts a document of
 /// `tokens` into, for a KV head read by `group` query heads: one chunk up to 2^24 causal pairs

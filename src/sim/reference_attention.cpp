@@ -3,6 +3,7 @@
 // query rows at a time; the sinks as one more column, the capping before the mask.
 #include <fmt/format.h>
 
+#include <immintrin.h>
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -77,67 +78,121 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
   return m;
 }
 
+/// The larger of a and b in every lane, b where either is NaN (the instruction's own rule:
+/// `a > b ? a : b`, one operation; the vector extension's select compiled to two compares and
+/// two blends).
+[[gnu::always_inline]] inline lanes_f64 lanes_max_of(lanes_f64 a, lanes_f64 b) {
+#if defined(__AVX512F__)
+  // (masked with every lane on: the unmasked intrinsic's undefined source warns under GCC 12)
+  return (lanes_f64)_mm512_mask_max_pd((__m512d)b, 0xff, (__m512d)a, (__m512d)b);
+#elif defined(__AVX__)
+  return (lanes_f64)_mm256_max_pd((__m256d)a, (__m256d)b);
+#else
+  return (lanes_f64)_mm_max_pd((__m128d)a, (__m128d)b);
+#endif
+}
+
+/// The smaller of a and b in every lane, b where either is NaN (`a < b ? a : b`).
+[[gnu::always_inline]] inline lanes_f64 lanes_min_of(lanes_f64 a, lanes_f64 b) {
+#if defined(__AVX512F__)
+  return (lanes_f64)_mm512_mask_min_pd((__m512d)b, 0xff, (__m512d)a, (__m512d)b);
+#elif defined(__AVX__)
+  return (lanes_f64)_mm256_min_pd((__m256d)a, (__m256d)b);
+#else
+  return (lanes_f64)_mm_min_pd((__m128d)a, (__m128d)b);
+#endif
+}
+
+/// The `count` (1 … lanes) values at x as a vector, its other lanes 0: a span's tail padded
+/// with zeros (AVX-512: a masked load, which reads nothing past the count; else a copy).
+[[gnu::always_inline]] inline lanes_f64 load_lanes(const double* x, std::ptrdiff_t count) {
+  lanes_f64 v{};
+#if defined(__AVX512F__)
+  if (count < lanes) return (lanes_f64)_mm512_maskz_loadu_pd((__mmask8)((1u << count) - 1), x);
+#endif
+  std::memcpy(&v, x, static_cast<std::size_t>(count) * sizeof(double));
+  return v;
+}
+
+/// The first `count` (1 … lanes) lanes of v stored at x, nothing past them.
+[[gnu::always_inline]] inline void store_lanes(double* x, lanes_f64 v, std::ptrdiff_t count) {
+#if defined(__AVX512F__)
+  if (count < lanes) return _mm512_mask_storeu_pd(x, (__mmask8)((1u << count) - 1), (__m512d)v);
+#endif
+  std::memcpy(x, &v, static_cast<std::size_t>(count) * sizeof(double));
+}
+
+/// x[0, n) set to 0 by vectors (a row's few keys outside its span: a call to memset cost more
+/// than the stores).
+[[gnu::always_inline]] inline void zero_span(double* x, std::ptrdiff_t n) {
+  std::ptrdiff_t i = 0;
+  for (; i + lanes <= n; i += lanes) store_lanes(x + i, lanes_f64{}, lanes);
+  if (i < n) store_lanes(x + i, lanes_f64{}, n - i);
+}
+
 /// e^a of every lane: a = k·ln2 + r, |r| ≤ ln2/2 (k rounded by adding 1.5·2^52; ln2 in two
-/// parts, Cephes' C1 + C2, so that k·C1 is exact), e^r by its Taylor polynomial to degree 13
-/// (truncation below 4e-18 relative), and k added to the result's exponent bits; 0 below
-/// −708, e^709 above 709, NaN kept. Eigen's vectorised exp took ~1.5 ns a value on a 2026
-/// Intel Xeon (a rational approximation with a division, and an ldexp that guards every
-/// range), this ~0.8.
+/// parts, Cephes' C1 + C2, so that k·C1 is exact), e^r by a polynomial of degree 11 (below),
+/// times 2^k built in the exponent bits (exact: k ≥ −1021
+/// keeps the result normal); 0 below −708, e^709 above 709, NaN kept (the product of a NaN).
+/// Eigen's vectorised exp took ~1.5 ns a value on a 2026 Intel Xeon (a rational approximation
+/// with a division, and an ldexp that guards every range), this ~0.8.
 [[gnu::always_inline]] inline lanes_f64 exp_lanes(lanes_f64 v) {
   constexpr double log2e = 1.4426950408889634074, round_shift = 0x1.8p52;
   constexpr double ln2_hi = 0.693145751953125, ln2_lo = 1.42860682030941723212e-6;
   constexpr double lowest = -708.0, highest = 709.0;
-  const lanes_f64 a = v < lowest ? lowest : (v > highest ? highest : v);
+  const lanes_f64 a = lanes_min_of(lanes_f64{} + highest, lanes_max_of(lanes_f64{} + lowest, v));
   const lanes_f64 t = a * log2e + round_shift;  // k in the low bits of t's significand
   const lanes_f64 k = t - round_shift;
   const lanes_f64 r = (a - k * ln2_hi) - k * ln2_lo;
-  lanes_f64 p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
+  // e^r = 1 + r·P(r), P of degree 10 interpolating (e^r − 1)/r at 10 Chebyshev points of
+  // [−ln2/2, ln2/2] (bench/exp_fit.py: within 0.08 × 2⁻⁵³ of e^r before rounding, as Taylor's
+  // polynomial of degree 13 is; two multiply-adds fewer per value)
+  lanes_f64 p = r * 2.510520637395701e-08 + 2.7626357241447223e-07;
+  p = p * r + 2.7557255425746435e-06;
+  p = p * r + 2.4801504346997686e-05;
+  p = p * r + 0.00019841269874800493;
+  p = p * r + 0.0013888888932488599;
+  p = p * r + 0.008333333333326141;
+  p = p * r + 0.04166666666657314;
+  p = p * r + 0.1666666666666667;
+  p = p * r + 0.5000000000000006;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  // 2^k: k·2^52 added to the bits (modulo 2^64: the shift drops t's exponent and its 2^51)
-  const lanes_f64 e = (lanes_f64)((lanes_i64)p + ((lanes_i64)t << 52));
-  return v < lowest ? 0.0 : (v != v ? v : e);
+  // 2^k: k + 1023 in the exponent bits (t's bits + 1023, shifted: the shift drops t's own
+  // exponent and its 2^51, modulo 2^64)
+  const lanes_f64 scale = (lanes_f64)(((lanes_i64)t + 1023) << 52);
+  return v < lowest ? 0.0 : p * scale;
+}
+
+/// exp_shifted (reference.hpp): e^(x − m) by exp_lanes. Every value goes through the same
+/// operations whatever its place in the span (the tail is a whole vector padded with zeros), so
+/// results do not depend on where a span starts or ends. The sum is taken on the way, lane by
+/// lane over the whole vectors, the lanes then added in order, then the tail's values (not
+/// `summed`: the values alone). Inlined by force into the softmax's loop over rows, whose rows are
+/// a few vectors long: its constants then stay in registers from row to row.
+template <bool summed = true>
+[[gnu::always_inline]] inline double exp_span(double* x, std::ptrdiff_t n, double m) {
+  std::ptrdiff_t i = 0;
+  lanes_f64 sums{};
+  for (; i + lanes <= n; i += lanes) {
+    const lanes_f64 v = exp_lanes(load_lanes(x + i, lanes) - m);
+    if constexpr (summed) sums += v;
+    store_lanes(x + i, v, lanes);
+  }
+  double sum = 0;
+  if constexpr (summed)
+    for (int j = 0; j < lanes; ++j) sum += sums[j];
+  if (i < n) {
+    store_lanes(x + i, exp_lanes(load_lanes(x + i, n - i) - m), n - i);
+    if constexpr (summed)
+      for (; i < n; ++i) sum += x[i];
+  }
+  return sum;
 }
 
 }  // namespace
 
-// exp_shifted (reference.hpp): e^(x − m) by exp_lanes. Every value goes through the same
-// operations whatever its place in the span (the tail is a whole vector padded with zeros), so
-// results do not depend on where a span starts or ends. The sum is taken on the way, lane by
-// lane over the whole vectors, the lanes then added in order, then the tail's values.
-double exp_shifted(double* x, std::ptrdiff_t n, double m) {
-  const auto block = [m](lanes_f64 v) { return exp_lanes(v - m); };
-  std::ptrdiff_t i = 0;
-  lanes_f64 sums{};
-  for (; i + lanes <= n; i += lanes) {
-    lanes_f64 v;
-    std::memcpy(&v, x + i, sizeof v);
-    v = block(v);
-    sums += v;
-    std::memcpy(x + i, &v, sizeof v);
-  }
-  double sum = 0;
-  for (int j = 0; j < lanes; ++j) sum += sums[j];
-  if (i < n) {
-    lanes_f64 v{};
-    const auto bytes = static_cast<std::size_t>(n - i) * sizeof(double);
-    std::memcpy(&v, x + i, bytes);
-    v = block(v);
-    std::memcpy(x + i, &v, bytes);
-    for (; i < n; ++i) sum += x[i];
-  }
-  return sum;
-}
+double exp_shifted(double* x, std::ptrdiff_t n, double m) { return exp_span(x, n, m); }
 
 namespace {
 
@@ -176,22 +231,16 @@ template <bool near_only>
 /// x[0, n) capped in place (softcap_span), each vector's tanh by tanh_lanes<near_only>.
 template <bool near_only>
 void softcap_lanes(double* x, double* slope, std::ptrdiff_t n, double cap) {
-  // One vector at x + i, `bytes` of it real (the tail padded with zeros). Inlined by force: as
-  // a call, its copies of a variable size became calls to memcpy for every vector.
-  const auto one = [&](std::ptrdiff_t i, std::size_t bytes) __attribute__((always_inline)) {
-    lanes_f64 v{};
-    std::memcpy(&v, x + i, bytes);
-    const lanes_f64 t = tanh_lanes<near_only>(v);
-    if (slope) {
-      const lanes_f64 s = 1.0 - t * t;
-      std::memcpy(slope + i, &s, bytes);
-    }
-    v = cap * t;
-    std::memcpy(x + i, &v, bytes);
+  // One vector at x + i, `count` of its lanes real (the tail padded with zeros). Inlined by
+  // force: as a call, its copies of a variable size became calls to memcpy for every vector.
+  const auto one = [&](std::ptrdiff_t i, std::ptrdiff_t count) __attribute__((always_inline)) {
+    const lanes_f64 t = tanh_lanes<near_only>(load_lanes(x + i, count));
+    if (slope) store_lanes(slope + i, 1.0 - t * t, count);
+    store_lanes(x + i, cap * t, count);
   };
   std::ptrdiff_t i = 0;
-  for (; i + lanes <= n; i += lanes) one(i, sizeof(lanes_f64));
-  if (i < n) one(i, static_cast<std::size_t>(n - i) * sizeof(double));
+  for (; i + lanes <= n; i += lanes) one(i, lanes);
+  if (i < n) one(i, n - i);
 }
 
 }  // namespace
@@ -456,6 +505,27 @@ struct block_softmax {
   }
 };
 
+/// Where a block's rows keep or find their softmax_rows: the entries of its first row's token
+/// and first query head, the stacked row j·rows + r at [r·ld + j] (ld: the heads). `read`: the
+/// backward's, given; else the forward's, written when `largest` is set.
+struct rows_view {
+  double *largest = nullptr, *inv_z = nullptr;
+  Eigen::Index ld = 0;
+  bool read = false;
+  static rows_view at(const softmax_rows* s, Eigen::Index token, int head, bool read) {
+    if (!s) return {};
+    auto& m = const_cast<softmax_rows&>(*s);  // written only through a forward's own `keep`
+    return {m.largest.data() + token * m.largest.cols() + head,
+            m.inv_z.data() + token * m.inv_z.cols() + head, m.largest.cols(), read};
+  }
+  double& largest_of(Eigen::Index row, Eigen::Index rows) const {
+    return largest[row % rows * ld + row / rows];
+  }
+  double& inv_z_of(Eigen::Index row, Eigen::Index rows) const {
+    return inv_z[row % rows * ld + row / rows];
+  }
+};
+
 /// The attention probabilities of the query rows at document positions [b0, b0 + rows) of the
 /// query heads of one KV group, stacked head by head (row j·rows + r: head j of the group,
 /// position b0 + r), over the keys at positions [k0, k0 + keys_t.cols()) of a document of n
@@ -473,7 +543,7 @@ struct block_softmax {
 template <class KeysT>
 void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
                  const attention_rule& rule, Eigen::Index b0, Eigen::Index k0, Eigen::Index n,
-                 const double* sinks, bool want_slope, block_softmax& out) {
+                 const double* sinks, bool want_slope, const rows_view& saved, block_softmax& out) {
   const Eigen::Index stacked = query.rows(), len = keys_t.cols();
   out.shape(stacked, len, want_slope);
   auto& p = out.e;
@@ -481,31 +551,50 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
   out.inv_z.resize(stacked);
   if (rule.sinks) out.sink_p.resize(stacked);
   out.span.resize(static_cast<std::size_t>(stacked));
+  // Two passes over the rows: each row's span, mask, capping and largest score (kept in inv_z
+  // until the second pass), then its exponentials and sum. In one pass each row's work waited on
+  // its own maximum and sum, folded across lanes; rows of a window are a few vectors long.
   for (Eigen::Index row = 0; row < stacked; ++row) {
     const Eigen::Index r = row % rows;
-    auto scores = p.row(row);
+    double* scores = p.row(row).data();
     const auto [first, last] = key_span(rule, b0 + r, n);
     const Eigen::Index lo = std::clamp<Eigen::Index>(first - k0, 0, len);
     const Eigen::Index hi = std::clamp<Eigen::Index>(last - k0, lo, len);
     out.span[static_cast<std::size_t>(row)] = {lo, hi};
-    scores.head(lo).setZero();
-    scores.tail(len - hi).setZero();
-    auto seen = scores.segment(lo, hi - lo);
+    zero_span(scores, lo);
+    zero_span(scores + hi, len - hi);
     if (rule.softcap > 0)  // on the row's visible span only, while it is in cache
-      softcap_span(seen.data(), want_slope ? out.slope.row(row).data() + lo : nullptr, seen.size(),
+      softcap_span(scores + lo, want_slope ? out.slope.row(row).data() + lo : nullptr, hi - lo,
                    rule.softcap);
+    if (saved.read) continue;  // its largest is given
     const double sink = rule.sinks ? sinks[row / rows] : 0.0;
-    const double m = largest(seen.data(), seen.size(),
-                             rule.sinks ? sink : -std::numeric_limits<double>::infinity());
-    if (hi == lo && !rule.sinks) {  // sees nothing: probabilities 0
-      out.inv_z(row) = 0;
+    out.inv_z(row) =
+        largest(scores + lo, hi - lo, rule.sinks ? sink : -std::numeric_limits<double>::infinity());
+  }
+  for (Eigen::Index row = 0; row < stacked; ++row) {
+    const auto [lo, hi] = out.span[static_cast<std::size_t>(row)];
+    double* seen = p.row(row).data() + lo;
+    if (saved.read) {  // the forward's maximum and sum: the exponentials alone
+      const double m = saved.largest_of(row, rows), inv_z = saved.inv_z_of(row, rows);
+      out.inv_z(row) = inv_z;
+      if (hi == lo && !rule.sinks) continue;
+      exp_span<false>(seen, hi - lo, m);
+      if (rule.sinks) out.sink_p(row) = std::exp(sinks[row / rows] - m) * inv_z;
       continue;
     }
-    const double sum = exp_shifted(seen.data(), seen.size(), m);
-    const double e_sink = rule.sinks ? std::exp(sink - m) : 0.0;
-    const double inv_z = 1.0 / (sum + e_sink);
+    const double m = out.inv_z(row);
+    double inv_z = 0;  // a row that sees nothing: probabilities 0
+    if (hi > lo || rule.sinks) {
+      const double sum = exp_span(seen, hi - lo, m);
+      const double e_sink = rule.sinks ? std::exp(sinks[row / rows] - m) : 0.0;
+      inv_z = 1.0 / (sum + e_sink);
+      if (rule.sinks) out.sink_p(row) = e_sink * inv_z;
+    }
     out.inv_z(row) = inv_z;
-    if (rule.sinks) out.sink_p(row) = e_sink * inv_z;
+    if (saved.largest) {
+      saved.largest_of(row, rows) = m;
+      saved.inv_z_of(row, rows) = inv_z;
+    }
   }
 }
 
@@ -558,13 +647,7 @@ double dot(const double* a, const double* b, std::ptrdiff_t n) {
     std::memcpy(&v, b + i, sizeof v);
     acc[0] += u * v;
   }
-  if (i < n) {
-    const auto bytes = static_cast<std::size_t>(n - i) * sizeof(double);
-    u = v = lanes_f64{};
-    std::memcpy(&u, a + i, bytes);
-    std::memcpy(&v, b + i, bytes);
-    acc[1] += u * v;
-  }
+  if (i < n) acc[1] += load_lanes(a + i, n - i) * load_lanes(b + i, n - i);
   const lanes_f64 all = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   double sum = 0;
   for (int j = 0; j < lanes; ++j) sum += all[j];
@@ -577,22 +660,14 @@ double dot(const double* a, const double* b, std::ptrdiff_t n) {
 template <bool capped>
 void softmax_grad_span(const double* p, double* dp, const double* slope, std::ptrdiff_t n, double c,
                        double k) {
-  const auto grad = [&](std::ptrdiff_t i, std::size_t bytes) {
-    lanes_f64 pv{}, dv{};
-    std::memcpy(&pv, p + i, bytes);
-    std::memcpy(&dv, dp + i, bytes);
-    dv = pv * (dv - c);
-    if constexpr (capped) {
-      lanes_f64 sv{};
-      std::memcpy(&sv, slope + i, bytes);
-      dv = dv * sv;
-    }
-    dv = dv * k;
-    std::memcpy(dp + i, &dv, bytes);
+  const auto grad = [&](std::ptrdiff_t i, std::ptrdiff_t count) __attribute__((always_inline)) {
+    lanes_f64 dv = load_lanes(p + i, count) * (load_lanes(dp + i, count) - c);
+    if constexpr (capped) dv = dv * load_lanes(slope + i, count);
+    store_lanes(dp + i, dv * k, count);
   };
   std::ptrdiff_t i = 0;
-  for (; i + lanes <= n; i += lanes) grad(i, sizeof(lanes_f64));
-  if (i < n) grad(i, static_cast<std::size_t>(n - i) * sizeof(double));
+  for (; i + lanes <= n; i += lanes) grad(i, lanes);
+  if (i < n) grad(i, n - i);
 }
 
 /// What block_probs' queries are multiplied by: the scores' scale, and 1/softcap when capped
@@ -636,8 +711,12 @@ attention_rule layer_rule(const scenario& s, const weights& w, int l) {
 
 matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, int kv_heads,
                  int head_dim, std::span<const std::int64_t> position_ids, int threads,
-                 const attention_rule& rule) {
+                 const attention_rule& rule, softmax_rows* keep) {
   check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
+  if (keep) {  // every entry is written below
+    keep->largest.resize(q.rows(), heads);
+    keep->inv_z.resize(q.rows(), heads);
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const int group = heads / kv_heads;
   matrix out(q.rows(), q.cols());  // every row of every head is written below
@@ -677,7 +756,7 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
           const auto [k0, k1] = block_keys_whole(rule, b0 - a, b1 - a, e - a, first, last);
           stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale), query);
           block_probs(query, b1 - b0, kt.middleCols(k0 - first, k1 - k0), rule, b0 - a, k0, e - a,
-                      sinks, false, sm);
+                      sinks, false, rows_view::at(keep, b0, h0, false), sm);
           o.resize(sm.e.rows(), head_dim);
           multiply(sm.e, v.block(a + k0, kc, k1 - k0, head_dim), o);
           // the softmax's normalisation, on [rows, head_dim]
@@ -709,8 +788,16 @@ std::vector<Eigen::Index> attention_backward_chunks(Eigen::Index n, int group) {
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
-                        matrix& dv, int threads, const attention_rule& rule, matrix* dsinks) {
+                        matrix& dv, int threads, const attention_rule& rule, matrix* dsinks,
+                        const softmax_rows* saved) {
   check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
+  if (saved && (saved->largest.rows() != q.rows() || saved->largest.cols() != heads ||
+                saved->inv_z.rows() != q.rows() || saved->inv_z.cols() != heads))
+    fail<shape_error>(
+        "reference: attention_backward's saved softmax rows are [{}, {}] and [{}, {}], not "
+        "[tokens {}, heads {}]: pass the `keep` of the forward of the same q",
+        saved->largest.rows(), saved->largest.cols(), saved->inv_z.rows(), saved->inv_z.cols(),
+        q.rows(), heads);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const int group = heads / kv_heads;
   dq.resize(q.rows(), q.cols());  // every row of every head is written below
@@ -773,7 +860,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           stack_heads(q, b0, rows, h0, group, head_dim, factor, query);
           stack_heads(dout, b0, rows, h0, group, head_dim, 1.0, d_o);
           block_probs(query, rows, kt.middleCols(off, len), rule, b0 - a, k0, e - a, sinks,
-                      rule.softcap > 0, sm);
+                      rule.softcap > 0, rows_view::at(saved, b0, h0, true), sm);
           // Per row, with p = e·inv_z: o = pᵀV: dV += p·do = e·(inv_z·do), dp = V·doᵀ;
           // softmax: ds = p∘(dp − pᵀdp) (the sink column's dp is 0: it reaches no value, and
           // its own ds is −p_sink·pᵀdp); capping: the score is softcap·tanh(x), x = factor·q·k,
@@ -788,17 +875,17 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           for (Eigen::Index r = 0; r < ds.rows(); ++r) {
             const auto [lo, hi] = sm.span[static_cast<std::size_t>(r)];
             const double inv_z = sm.inv_z(r);
-            auto dp = ds.row(r).segment(lo, hi - lo);
-            const auto p = sm.e.row(r).segment(lo, hi - lo);
-            const double p_dot_dp = dot(p.data(), dp.data(), hi - lo) * inv_z;
-            if (rule.sinks) dsink[r / rows] -= sm.sink_p(r) * p_dot_dp;
+            double* dp = ds.row(r).data();
+            const double* p = sm.e.row(r).data() + lo;
+            const double c = dot(p, dp + lo, hi - lo) * inv_z;  // pᵀdp
+            if (rule.sinks) dsink[r / rows] -= sm.sink_p(r) * c;
             if (rule.softcap > 0)
-              softmax_grad_span<true>(p.data(), dp.data(), sm.slope.row(r).data() + lo, hi - lo,
-                                      p_dot_dp, inv_z * rule.softcap);
+              softmax_grad_span<true>(p, dp + lo, sm.slope.row(r).data() + lo, hi - lo, c,
+                                      inv_z * rule.softcap);
             else
-              softmax_grad_span<false>(p.data(), dp.data(), nullptr, hi - lo, p_dot_dp, inv_z);
-            ds.row(r).head(lo).setZero();
-            ds.row(r).tail(ds.cols() - hi).setZero();
+              softmax_grad_span<false>(p, dp + lo, nullptr, hi - lo, c, inv_z);
+            zero_span(dp, lo);
+            zero_span(dp + hi, ds.cols() - hi);
           }
           dqs.resize(ds.rows(), head_dim);
           multiply(ds, kg.middleRows(off, len), dqs);

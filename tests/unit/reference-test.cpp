@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -397,6 +398,61 @@ TEST(reference, attention_backward_under_every_rule_matches_finite_differences_p
         EXPECT_NEAR(dsinks(0, h), want(0, h), fd_tol * want.cwiseAbs().maxCoeff()) << "head " << h;
     }
   }
+}
+
+// The forward's softmax rows (each row's largest score and 1/Σ) handed to the backward change
+// nothing, bit for bit, under every rule: the backward skips its own maxima and sums, which are
+// the same operations on the same scores. The long document is cut into backward chunks
+// (attention_backward_chunks) that start elsewhere than the forward's tiles, so that a row's
+// block differs between the passes (full causal attention takes the same path, with wider
+// spans: left out for its time under the sanitizers). A saved pair of the wrong shape is refused.
+TEST(reference, attention_backward_given_the_forwards_softmax_rows_is_bitwise_the_same) {
+  const int H = 4, Hkv = 2, D = 3;
+  std::vector<std::int64_t> pos;
+  for (int n : {4200, 37, 1})
+    for (int i = 0; i < n; ++i) pos.push_back(i);
+  ASSERT_GT(ops::attention_backward_chunks(4200, H / Hkv).size(), 2u);
+  const auto S = static_cast<Eigen::Index>(pos.size());
+  matrix q = random_matrix(S, H * D, 31, 3.0), k = random_matrix(S, Hkv * D, 32, 3.0),
+         v = random_matrix(S, Hkv * D, 33);
+  matrix sinks = random_matrix(1, H, 34, 2.0);
+  const matrix dout = random_matrix(S, H * D, 35);
+  const std::vector<std::pair<const char*, ops::attention_rule>> rules = {
+      {"window 200, sinks, softcap", {'W', true, 200, 0, 0, 1.5, &sinks}},
+      {"window 64, sinks", {'W', true, 64, 0, 0, 0, &sinks}},
+      {"bidirectional window 5 back 9 ahead, softcap", {'W', false, 5, 9, 0, 2.0, nullptr}},
+      {"chunk 100", {'C', true, 0, 0, 100, 0, nullptr}},
+      {"bidirectional chunk 33, sinks", {'C', false, 0, 0, 33, 0, &sinks}}};
+  const auto bits_equal = [](const matrix& a, const matrix& b) {
+    return a.rows() == b.rows() && a.cols() == b.cols() &&
+           std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(double)) ==
+               0;
+  };
+  for (const auto& [name, rule] : rules) {
+    SCOPED_TRACE(name);
+    ops::softmax_rows kept;
+    const matrix out = ops::attention(q, k, v, H, Hkv, D, pos, 2, rule, &kept);
+    EXPECT_TRUE(bits_equal(out, ops::attention(q, k, v, H, Hkv, D, pos, 1, rule)));
+    ASSERT_EQ(kept.largest.rows(), S);
+    ASSERT_EQ(kept.inv_z.cols(), H);
+    EXPECT_TRUE(kept.largest.allFinite() && (kept.inv_z.array() > 0).all());
+    matrix dq, dk, dv, ds, dq2, dk2, dv2, ds2;
+    matrix* dsinks = rule.sinks ? &ds : nullptr;
+    matrix* dsinks2 = rule.sinks ? &ds2 : nullptr;
+    ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 2, rule, dsinks);
+    ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq2, dk2, dv2, 1, rule, dsinks2, &kept);
+    EXPECT_TRUE(bits_equal(dq, dq2));
+    EXPECT_TRUE(bits_equal(dk, dk2));
+    EXPECT_TRUE(bits_equal(dv, dv2));
+    if (rule.sinks) EXPECT_TRUE(bits_equal(ds, ds2));
+  }
+  ops::softmax_rows wrong;
+  wrong.largest = matrix::Zero(S, H - 1);
+  wrong.inv_z = matrix::Zero(S, H - 1);
+  matrix dq, dk, dv;
+  EXPECT_THROW(
+      ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1, {}, nullptr, &wrong),
+      shape_error);
 }
 
 /// dK and dV of one key j of a single document, by the definition: for every query i ≥ j its
