@@ -505,6 +505,10 @@ struct block_softmax {
   }
 };
 
+/// Rows of a block's scores taken through their product and softmax passes together (two of
+/// the products' tiles of 8 rows: 17 KB of scores at a window of 128).
+constexpr Eigen::Index rows_per_pass = 16;
+
 /// Where a block's rows keep or find their softmax_rows: the entries of its first row's token
 /// and first query head, the stacked row j·rows + r at [r·ld + j] (ld: the heads). `read`: the
 /// backward's, given; else the forward's, written when `largest` is set.
@@ -547,53 +551,58 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
   const Eigen::Index stacked = query.rows(), len = keys_t.cols();
   out.shape(stacked, len, want_slope);
   auto& p = out.e;
-  multiply(query, keys_t, p);
   out.inv_z.resize(stacked);
   if (rule.sinks) out.sink_p.resize(stacked);
   out.span.resize(static_cast<std::size_t>(stacked));
-  // Two passes over the rows: each row's span, mask, capping and largest score (kept in inv_z
-  // until the second pass), then its exponentials and sum. In one pass each row's work waited on
-  // its own maximum and sum, folded across lanes; rows of a window are a few vectors long.
-  for (Eigen::Index row = 0; row < stacked; ++row) {
-    const Eigen::Index r = row % rows;
-    double* scores = p.row(row).data();
-    const auto [first, last] = key_span(rule, b0 + r, n);
-    const Eigen::Index lo = std::clamp<Eigen::Index>(first - k0, 0, len);
-    const Eigen::Index hi = std::clamp<Eigen::Index>(last - k0, lo, len);
-    out.span[static_cast<std::size_t>(row)] = {lo, hi};
-    zero_span(scores, lo);
-    zero_span(scores + hi, len - hi);
-    if (rule.softcap > 0)  // on the row's visible span only, while it is in cache
-      softcap_span(scores + lo, want_slope ? out.slope.row(row).data() + lo : nullptr, hi - lo,
-                   rule.softcap);
-    if (saved.read) continue;  // its largest is given
-    const double sink = rule.sinks ? sinks[row / rows] : 0.0;
-    out.inv_z(row) =
-        largest(scores + lo, hi - lo, rule.sinks ? sink : -std::numeric_limits<double>::infinity());
-  }
-  for (Eigen::Index row = 0; row < stacked; ++row) {
-    const auto [lo, hi] = out.span[static_cast<std::size_t>(row)];
-    double* seen = p.row(row).data() + lo;
-    if (saved.read) {  // the forward's maximum and sum: the exponentials alone
-      const double m = saved.largest_of(row, rows), inv_z = saved.inv_z_of(row, rows);
+  // By groups of rows whose scores stay in the core's first cache from their product through
+  // their passes (a block's whole scores, ~35 KB at a window of 128, did not). Two passes over a
+  // group's rows: each row's span, mask, capping and largest score (kept in inv_z until the
+  // second pass), then its exponentials and sum. In one pass each row's work waited on its own
+  // maximum and sum, folded across lanes; rows of a window are a few vectors long.
+  for (Eigen::Index g0 = 0; g0 < stacked; g0 += rows_per_pass) {
+    const Eigen::Index g1 = std::min(stacked, g0 + rows_per_pass);
+    multiply(query.middleRows(g0, g1 - g0), keys_t, p.middleRows(g0, g1 - g0));
+    for (Eigen::Index row = g0; row < g1; ++row) {
+      const Eigen::Index r = row % rows;
+      double* scores = p.row(row).data();
+      const auto [first, last] = key_span(rule, b0 + r, n);
+      const Eigen::Index lo = std::clamp<Eigen::Index>(first - k0, 0, len);
+      const Eigen::Index hi = std::clamp<Eigen::Index>(last - k0, lo, len);
+      out.span[static_cast<std::size_t>(row)] = {lo, hi};
+      zero_span(scores, lo);
+      zero_span(scores + hi, len - hi);
+      if (rule.softcap > 0)  // on the row's visible span only, while it is in cache
+        softcap_span(scores + lo, want_slope ? out.slope.row(row).data() + lo : nullptr, hi - lo,
+                     rule.softcap);
+      if (saved.read) continue;  // its largest is given
+      const double sink = rule.sinks ? sinks[row / rows] : 0.0;
+      out.inv_z(row) = largest(scores + lo, hi - lo,
+                               rule.sinks ? sink : -std::numeric_limits<double>::infinity());
+    }
+    for (Eigen::Index row = g0; row < g1; ++row) {
+      const auto [lo, hi] = out.span[static_cast<std::size_t>(row)];
+      double* seen = p.row(row).data() + lo;
+      if (saved.read) {  // the forward's maximum and sum: the exponentials alone
+        const double m = saved.largest_of(row, rows), inv_z = saved.inv_z_of(row, rows);
+        out.inv_z(row) = inv_z;
+        if (hi == lo && !rule.sinks) continue;
+        exp_span<false>(seen, hi - lo, m);
+        if (rule.sinks) out.sink_p(row) = std::exp(sinks[row / rows] - m) * inv_z;
+        continue;
+      }
+      const double m = out.inv_z(row);
+      double inv_z = 0;  // a row that sees nothing: probabilities 0
+      if (hi > lo || rule.sinks) {
+        const double sum = exp_span(seen, hi - lo, m);
+        const double e_sink = rule.sinks ? std::exp(sinks[row / rows] - m) : 0.0;
+        inv_z = 1.0 / (sum + e_sink);
+        if (rule.sinks) out.sink_p(row) = e_sink * inv_z;
+      }
       out.inv_z(row) = inv_z;
-      if (hi == lo && !rule.sinks) continue;
-      exp_span<false>(seen, hi - lo, m);
-      if (rule.sinks) out.sink_p(row) = std::exp(sinks[row / rows] - m) * inv_z;
-      continue;
-    }
-    const double m = out.inv_z(row);
-    double inv_z = 0;  // a row that sees nothing: probabilities 0
-    if (hi > lo || rule.sinks) {
-      const double sum = exp_span(seen, hi - lo, m);
-      const double e_sink = rule.sinks ? std::exp(sinks[row / rows] - m) : 0.0;
-      inv_z = 1.0 / (sum + e_sink);
-      if (rule.sinks) out.sink_p(row) = e_sink * inv_z;
-    }
-    out.inv_z(row) = inv_z;
-    if (saved.largest) {
-      saved.largest_of(row, rows) = m;
-      saved.inv_z_of(row, rows) = inv_z;
+      if (saved.largest) {
+        saved.largest_of(row, rows) = m;
+        saved.inv_z_of(row, rows) = inv_z;
+      }
     }
   }
 }
@@ -637,6 +646,7 @@ double dot(const double* a, const double* b, std::ptrdiff_t n) {
   lanes_f64 acc[4] = {}, u, v;
   std::ptrdiff_t i = 0;
   for (; i + 4 * lanes <= n; i += 4 * lanes)
+#pragma GCC unroll 4  // the accumulators in registers (as a loop, GCC kept them in memory)
     for (int j = 0; j < 4; ++j) {
       std::memcpy(&u, a + i + j * lanes, sizeof u);
       std::memcpy(&v, b + i + j * lanes, sizeof v);
