@@ -816,11 +816,12 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
   // Items: (document, KV head, chunk of query rows), each computing the query heads of the KV
   // head's group. An item writes its dq rows of those heads and keeps its own dK, dV (and sink
   // gradients) over the keys its queries read; then the partials of each (document, KV head)
-  // are added in chunk order. Chunks depend on the document's length alone, so the sums are
-  // the same at any thread count.
+  // are added in chunk order (a document's only chunk adds into dK and dV in place). Chunks
+  // depend on the document's length alone, so the sums are the same at any thread count.
   struct item {
     Eigen::Index a, e, i0, i1;
     int g;
+    bool alone;  // its document's only chunk: it adds into dK and dV in place
   };
   const auto docs = documents(position_ids);
   std::vector<item> items;
@@ -830,7 +831,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
     const auto cuts = attention_backward_chunks(e - a, group);
     for (int g = 0; g < kv_heads; ++g)
       for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
-        items.push_back({a, e, a + cuts[c], a + cuts[c + 1], g});
+        items.push_back({a, e, a + cuts[c], a + cuts[c + 1], g, cuts.size() == 2});
   }
   const auto keys_of = [&](const item& it) {
     return block_keys(rule, it.i0 - it.a, it.i1 - it.a, it.e - it.a);
@@ -846,7 +847,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
                group;
       },
       [&](std::size_t t) {
-        const auto& [a, e, i0, i1, g] = items[t];
+        const auto& [a, e, i0, i1, g, alone] = items[t];
         const int h0 = g * group;
         const Eigen::Index kc = Eigen::Index{g} * head_dim;
         const auto [first, last] = keys_of(items[t]);  // the item's keys
@@ -855,7 +856,16 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         // scores' and dp's products, block by block)
         const auto kg = k.block(a + first, kc, n, head_dim);
         const matrix kt = transposed(kg), vt = transposed(v.block(a + first, kc, n, head_dim));
-        matrix dkg = matrix::Zero(n, head_dim), dvg = matrix::Zero(n, head_dim);
+        // dK and dV of the item's keys: its own partials, or (its document's only chunk: no
+        // other item adds to those rows) dK's and dV's rows themselves, 0 until now — the same
+        // sums, without the partials' copy and their addition into dK and dV after.
+        using rows_of = Eigen::Ref<matrix, 0, Eigen::OuterStride<>>;
+        if (!alone) {
+          dk_part[t] = matrix::Zero(n, head_dim);
+          dv_part[t] = matrix::Zero(n, head_dim);
+        }
+        rows_of dkg = alone ? rows_of(dk.block(a + first, kc, n, head_dim)) : rows_of(dk_part[t]);
+        rows_of dvg = alone ? rows_of(dv.block(a + first, kc, n, head_dim)) : rows_of(dv_part[t]);
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
         const double factor = score_factor(rule, scale);
@@ -903,8 +913,6 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
                         [factor](Eigen::Index) { return factor; });
           add_transposed_product(ds, query, dkg.middleRows(off, len));
         }
-        dk_part[t] = std::move(dkg);
-        dv_part[t] = std::move(dvg);
       },
       min_parallel_pairs);
   // The reduction: one item per (document, KV head), its partials in chunk order.
@@ -920,7 +928,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const Eigen::Index kc = Eigen::Index{g} * head_dim;
         const std::size_t end = d + 1 < docs.size() ? first_item[d + 1] : items.size();
         for (std::size_t t = first_item[d]; t < end; ++t) {
-          if (items[t].g != g) continue;
+          if (items[t].g != g || items[t].alone) continue;
           const Eigen::Index n = dk_part[t].rows(), first = keys_of(items[t]).first;
           dk.block(docs[d].first + first, kc, n, head_dim) += dk_part[t];
           dv.block(docs[d].first + first, kc, n, head_dim) += dv_part[t];
