@@ -78,28 +78,19 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
   return m;
 }
 
-/// The larger of a and b in every lane, b where either is NaN (the instruction's own rule:
-/// `a > b ? a : b`, one operation; the vector extension's select compiled to two compares and
-/// two blends).
-[[gnu::always_inline]] inline lanes_f64 lanes_max_of(lanes_f64 a, lanes_f64 b) {
+/// v held to [lo, hi] in every lane, a NaN kept: one `max` and one `min` instruction, whose own
+/// rule hands their second operand through where either is NaN (the vector extension's selects
+/// compiled to two compares and two blends).
+[[gnu::always_inline]] inline lanes_f64 lanes_clamp(lanes_f64 v, double lo, double hi) {
 #if defined(__AVX512F__)
-  // (masked with every lane on: the unmasked intrinsic's undefined source warns under GCC 12)
-  return (lanes_f64)_mm512_mask_max_pd((__m512d)b, 0xff, (__m512d)a, (__m512d)b);
+  // masked with every lane on: the unmasked intrinsics' undefined source warns under GCC 12
+  const __m512d low = _mm512_mask_max_pd((__m512d)v, 0xff, _mm512_set1_pd(lo), (__m512d)v);
+  return (lanes_f64)_mm512_mask_min_pd(low, 0xff, _mm512_set1_pd(hi), low);
 #elif defined(__AVX__)
-  return (lanes_f64)_mm256_max_pd((__m256d)a, (__m256d)b);
+  return (lanes_f64)_mm256_min_pd(_mm256_set1_pd(hi),
+                                  _mm256_max_pd(_mm256_set1_pd(lo), (__m256d)v));
 #else
-  return (lanes_f64)_mm_max_pd((__m128d)a, (__m128d)b);
-#endif
-}
-
-/// The smaller of a and b in every lane, b where either is NaN (`a < b ? a : b`).
-[[gnu::always_inline]] inline lanes_f64 lanes_min_of(lanes_f64 a, lanes_f64 b) {
-#if defined(__AVX512F__)
-  return (lanes_f64)_mm512_mask_min_pd((__m512d)b, 0xff, (__m512d)a, (__m512d)b);
-#elif defined(__AVX__)
-  return (lanes_f64)_mm256_min_pd((__m256d)a, (__m256d)b);
-#else
-  return (lanes_f64)_mm_min_pd((__m128d)a, (__m128d)b);
+  return (lanes_f64)_mm_min_pd(_mm_set1_pd(hi), _mm_max_pd(_mm_set1_pd(lo), (__m128d)v));
 #endif
 }
 
@@ -140,7 +131,7 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
   constexpr double log2e = 1.4426950408889634074, round_shift = 0x1.8p52;
   constexpr double ln2_hi = 0.693145751953125, ln2_lo = 1.42860682030941723212e-6;
   constexpr double lowest = -708.0, highest = 709.0;
-  const lanes_f64 a = lanes_min_of(lanes_f64{} + highest, lanes_max_of(lanes_f64{} + lowest, v));
+  const lanes_f64 a = lanes_clamp(v, lowest, highest);
   const lanes_f64 t = a * log2e + round_shift;  // k in the low bits of t's significand
   const lanes_f64 k = t - round_shift;
   const lanes_f64 r = (a - k * ln2_hi) - k * ln2_lo;
@@ -509,24 +500,17 @@ struct block_softmax {
 /// the products' tiles of 8 rows: 17 KB of scores at a window of 128).
 constexpr Eigen::Index rows_per_pass = 16;
 
-/// Where a block's rows keep or find their softmax_rows: the entries of its first row's token
-/// and first query head, the stacked row j·rows + r at [r·ld + j] (ld: the heads). `read`: the
-/// backward's, given; else the forward's, written when `largest` is set.
+/// Where a block's rows find their softmax_rows (`given`: the backward's) or keep them (`keep`:
+/// the forward's); neither set: the block computes and keeps nothing. The stacked row j·rows + r
+/// is the entry (token + r, head + j).
 struct rows_view {
-  double *largest = nullptr, *inv_z = nullptr;
-  Eigen::Index ld = 0;
-  bool read = false;
-  static rows_view at(const softmax_rows* s, Eigen::Index token, int head, bool read) {
-    if (!s) return {};
-    auto& m = const_cast<softmax_rows&>(*s);  // written only through a forward's own `keep`
-    return {m.largest.data() + token * m.largest.cols() + head,
-            m.inv_z.data() + token * m.inv_z.cols() + head, m.largest.cols(), read};
-  }
-  double& largest_of(Eigen::Index row, Eigen::Index rows) const {
-    return largest[row % rows * ld + row / rows];
-  }
-  double& inv_z_of(Eigen::Index row, Eigen::Index rows) const {
-    return inv_z[row % rows * ld + row / rows];
+  const softmax_rows* given = nullptr;  // the backward's, read
+  softmax_rows* keep = nullptr;         // the forward's, written
+  Eigen::Index token = 0;               // the block's first row's token
+  int head = 0;                         // and its group's first query head
+  /// The (token, head) entry of the stacked row `row` of a block of `rows` rows per head.
+  std::pair<Eigen::Index, Eigen::Index> entry(Eigen::Index row, Eigen::Index rows) const {
+    return {token + row % rows, head + row / rows};
   }
 };
 
@@ -574,7 +558,7 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
       if (rule.softcap > 0)  // on the row's visible span only, while it is in cache
         softcap_span(scores + lo, want_slope ? out.slope.row(row).data() + lo : nullptr, hi - lo,
                      rule.softcap);
-      if (saved.read) continue;  // its largest is given
+      if (saved.given) continue;  // its largest is given
       const double sink = rule.sinks ? sinks[row / rows] : 0.0;
       out.inv_z(row) = largest(scores + lo, hi - lo,
                                rule.sinks ? sink : -std::numeric_limits<double>::infinity());
@@ -582,8 +566,9 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
     for (Eigen::Index row = g0; row < g1; ++row) {
       const auto [lo, hi] = out.span[static_cast<std::size_t>(row)];
       double* seen = p.row(row).data() + lo;
-      if (saved.read) {  // the forward's maximum and sum: the exponentials alone
-        const double m = saved.largest_of(row, rows), inv_z = saved.inv_z_of(row, rows);
+      if (saved.given) {  // the forward's maximum and sum: the exponentials alone
+        const auto [t, h] = saved.entry(row, rows);
+        const double m = saved.given->largest(t, h), inv_z = saved.given->inv_z(t, h);
         out.inv_z(row) = inv_z;
         if (hi == lo && !rule.sinks) continue;
         exp_span<false>(seen, hi - lo, m);
@@ -599,9 +584,10 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
         if (rule.sinks) out.sink_p(row) = e_sink * inv_z;
       }
       out.inv_z(row) = inv_z;
-      if (saved.largest) {
-        saved.largest_of(row, rows) = m;
-        saved.inv_z_of(row, rows) = inv_z;
+      if (saved.keep) {
+        const auto [t, h] = saved.entry(row, rows);
+        saved.keep->largest(t, h) = m;
+        saved.keep->inv_z(t, h) = inv_z;
       }
     }
   }
@@ -766,7 +752,7 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
           const auto [k0, k1] = block_keys_whole(rule, b0 - a, b1 - a, e - a, first, last);
           stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale), query);
           block_probs(query, b1 - b0, kt.middleCols(k0 - first, k1 - k0), rule, b0 - a, k0, e - a,
-                      sinks, false, rows_view::at(keep, b0, h0, false), sm);
+                      sinks, false, rows_view{nullptr, keep, b0, h0}, sm);
           o.resize(sm.e.rows(), head_dim);
           multiply(sm.e, v.block(a + k0, kc, k1 - k0, head_dim), o);
           // the softmax's normalisation, on [rows, head_dim]
@@ -880,7 +866,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           stack_heads(q, b0, rows, h0, group, head_dim, factor, query);
           stack_heads(dout, b0, rows, h0, group, head_dim, 1.0, d_o);
           block_probs(query, rows, kt.middleCols(off, len), rule, b0 - a, k0, e - a, sinks,
-                      rule.softcap > 0, rows_view::at(saved, b0, h0, true), sm);
+                      rule.softcap > 0, rows_view{saved, nullptr, b0, h0}, sm);
           // Per row, with p = e·inv_z: o = pᵀV: dV += p·do = e·(inv_z·do), dp = V·doᵀ;
           // softmax: ds = p∘(dp − pᵀdp) (the sink column's dp is 0: it reaches no value, and
           // its own ds is −p_sink·pᵀdp); capping: the score is softcap·tanh(x), x = factor·q·k,
