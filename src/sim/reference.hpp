@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -130,8 +131,10 @@ double exp_shifted(double* x, std::ptrdiff_t n, double m);
 /// A capped score row's span, in place: x[i] ← cap·tanh(x[i]) and, unless `slope` is null,
 /// slope[i] ← 1 − tanh(x[i])² (the capping's derivative over cap), for i < n, vectorised:
 /// tanh within 2 ulp of glibc's, ±1 past ±20, NaN stays NaN; each value's result does not
-/// depend on its place in the span.
-void softcap_span(double* x, double* slope, std::ptrdiff_t n, double cap);
+/// depend on its place in the span. Returns the largest of `init` and the capped values (a NaN
+/// among them skipped, a NaN `init` returned): a softmax row's maximum, taken on the way.
+double softcap_span(double* x, double* slope, std::ptrdiff_t n, double cap,
+                    double init = -std::numeric_limits<double>::infinity());
 
 /// y[i] = table[ids[i]].
 matrix embedding(const matrix& table, std::span<const std::int64_t> ids);

@@ -78,6 +78,30 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
   return m;
 }
 
+/// Per lane, v if v > m, else m (a NaN v gives m, a NaN m stays): the `max` instruction, whose
+/// rule is that select's (the vector extension's select compiled to a compare and a blend, one
+/// after the other in a loop's chain).
+[[gnu::always_inline]] inline lanes_f64 lanes_larger(lanes_f64 v, lanes_f64 m) {
+#if defined(__AVX512F__)
+  return (lanes_f64)_mm512_mask_max_pd((__m512d)v, 0xff, (__m512d)v, (__m512d)m);
+#elif defined(__AVX__)
+  return (lanes_f64)_mm256_max_pd((__m256d)v, (__m256d)m);
+#else
+  return (lanes_f64)_mm_max_pd((__m128d)v, (__m128d)m);
+#endif
+}
+
+/// Whether any lane of v is above `edge` (a NaN lane is not).
+[[gnu::always_inline]] inline bool any_above(lanes_f64 v, double edge) {
+#if defined(__AVX512F__)
+  return _mm512_cmp_pd_mask((__m512d)v, _mm512_set1_pd(edge), _CMP_GT_OQ) != 0;
+#elif defined(__AVX__)
+  return _mm256_movemask_pd(_mm256_cmp_pd((__m256d)v, _mm256_set1_pd(edge), _CMP_GT_OQ)) != 0;
+#else
+  return _mm_movemask_pd(_mm_cmpgt_pd((__m128d)v, _mm_set1_pd(edge))) != 0;
+#endif
+}
+
 /// v held to [lo, hi] in every lane, a NaN kept: one `max` and one `min` instruction, whose own
 /// rule hands their second operand through where either is NaN (the vector extension's selects
 /// compiled to two compares and two blends).
@@ -187,74 +211,72 @@ double exp_shifted(double* x, std::ptrdiff_t n, double m) { return exp_span(x, n
 
 namespace {
 
-/// tanh of every lane, without a division where |x| ≤ 0.625 (the common case: capped scores
-/// are mostly far below the cap): there x + x·z·R(z), z = x², R the polynomial of degree 11
-/// that interpolates (tanh(x) − x)/(x·z) at 12 Chebyshev points of z in [0, 0.625²]
-/// (bench/tanh_fit.py; within 1.3 units of 2⁻⁵³ of tanh, as Cephes' rational with its division
-/// is, and within 2 ulp of glibc's tanh). Above 0.625: 1 − 2/(e^{2|x|} + 1) with exp_lanes and
-/// x's sign (the subtraction exact: it keeps at least half of 1; on x itself it would cancel
-/// below −0.625, 3 ulp off), |x| held at 20, past which tanh rounds to 1. `near_only`: the
-/// caller knows every lane is within 0.625, and the polynomial alone is computed; else each
-/// lane keeps its own branch. NaN stays NaN.
-template <bool near_only>
-[[gnu::always_inline]] inline lanes_f64 tanh_lanes(lanes_f64 x) {
-  constexpr double edge = 0.625;
+/// Where tanh_lanes changes its formula: |x| ≤ tanh_small, ≤ tanh_edge, beyond.
+constexpr double tanh_small = 0.3125, tanh_edge = 0.625;
+
+/// x + x·z·R(z), z = x², R's coefficients from z⁰ up (Horner's scheme): tanh's two polynomials.
+template <std::size_t degree>
+[[gnu::always_inline]] inline lanes_f64 tanh_poly(lanes_f64 x, const double (&c)[degree + 1]) {
   const lanes_f64 z = x * x;
-  lanes_f64 r = z * 6.485163482793113e-06 + -3.12011014257974e-05;
-  r = r * z + 9.257116129556769e-05;
-  r = r * z + -0.0002375906496055562;
-  r = r * z + 0.0005896606577757043;
-  r = r * z + -0.0014557754120478055;
-  r = r * z + 0.0035921217511549622;
-  r = r * z + -0.008863235103240878;
-  r = r * z + 0.021869488519008305;
-  r = r * z + -0.05396825396789699;
-  r = r * z + 0.13333333333333042;
-  r = r * z + -0.3333333333333333;
-  const lanes_f64 near = x + x * z * r;
-  if constexpr (near_only) return near;
-  const lanes_i64 sign = (lanes_i64)x & std::numeric_limits<std::int64_t>::min();
-  const lanes_f64 a = (lanes_f64)((lanes_i64)x ^ sign), c = a > 20.0 ? 20.0 : a;
-  const lanes_f64 t = (lanes_f64)((lanes_i64)(1.0 - 2.0 / (exp_lanes(2.0 * c) + 1.0)) | sign);
-  return a > edge ? t : near;
+  lanes_f64 r = z * c[degree] + c[degree - 1];
+  for (std::size_t j = degree - 1; j-- > 0;) r = r * z + c[j];
+  return x + x * z * r;
 }
 
-/// x[0, n) capped in place (softcap_span), each vector's tanh by tanh_lanes<near_only>.
-template <bool near_only>
-void softcap_lanes(double* x, double* slope, std::ptrdiff_t n, double cap) {
-  // One vector at x + i, `count` of its lanes real (the tail padded with zeros). Inlined by
-  // force: as a call, its copies of a variable size became calls to memcpy for every vector.
-  const auto one = [&](std::ptrdiff_t i, std::ptrdiff_t count) __attribute__((always_inline)) {
-    const lanes_f64 t = tanh_lanes<near_only>(load_lanes(x + i, count));
-    if (slope) store_lanes(slope + i, 1.0 - t * t, count);
-    store_lanes(x + i, cap * t, count);
-  };
-  std::ptrdiff_t i = 0;
-  for (; i + lanes <= n; i += lanes) one(i, lanes);
-  if (i < n) one(i, n - i);
+/// tanh of every lane, without a division where |x| ≤ 0.625 (the common case: capped scores
+/// are mostly far below the cap). There tanh_poly, whose R interpolates (tanh(x) − x)/(x·z) at
+/// Chebyshev points of z (bench/tanh_fit.py): of degree 7 in [0, 0.3125²] (within 1.05 units of
+/// 2⁻⁵³ of tanh), of degree 11 in [0, 0.625²] (1.3 units, as Cephes' rational with its
+/// division); within 2 ulp of glibc's tanh. Above 0.625: 1 − 2/(e^{2|x|} + 1) with exp_lanes and
+/// x's sign (the subtraction exact: it keeps at least half of 1; on x itself it would cancel
+/// below −0.625, 3 ulp off), |x| held at 20, past which tanh rounds to 1. Each lane takes its
+/// own formula, whatever its neighbours; a vector computes only the formulas its lanes need.
+/// NaN stays NaN.
+[[gnu::always_inline]] inline lanes_f64 tanh_lanes(lanes_f64 x) {
+  static constexpr double small_r[] = {
+      -0.33333333333333326,  0.1333333333332656,    -0.053968253953670074,  0.02186948733777988,
+      -0.008863187073067895, 0.0035910604519715957, -0.0014427196619473466, 0.000504795821235485};
+  static constexpr double near_r[] = {
+      -0.3333333333333333,    0.13333333333333042,   -0.05396825396789699,   0.021869488519008305,
+      -0.008863235103240878,  0.0035921217511549622, -0.0014557754120478055, 0.0005896606577757043,
+      -0.0002375906496055562, 9.257116129556769e-05, -3.12011014257974e-05,  6.485163482793113e-06};
+  const lanes_i64 sign = (lanes_i64)x & std::numeric_limits<std::int64_t>::min();
+  const lanes_f64 a = (lanes_f64)((lanes_i64)x ^ sign);
+  const lanes_f64 small = tanh_poly<7>(x, small_r);
+  if (!any_above(a, tanh_small)) return small;
+  const lanes_f64 near = a > tanh_small ? tanh_poly<11>(x, near_r) : small;
+  if (!any_above(a, tanh_edge)) return near;
+  const lanes_f64 c = a > 20.0 ? 20.0 : a;
+  const lanes_f64 t = (lanes_f64)((lanes_i64)(1.0 - 2.0 / (exp_lanes(2.0 * c) + 1.0)) | sign);
+  return a > tanh_edge ? t : near;
 }
 
 }  // namespace
 
-// softcap_span (reference.hpp): the span's largest |x| first (by vectors); if it is within
-// 0.625, every vector takes the polynomial alone, else each lane its own branch. Either way a
-// value's result is that of its own branch, wherever it lies.
-void softcap_span(double* x, double* slope, std::ptrdiff_t n, double cap) {
-  lanes_f64 top{};
+// softcap_span (reference.hpp): by vectors, each lane's tanh by its own formula (tanh_lanes),
+// so that a value's result does not depend on its place. The largest capped value is taken on
+// the way, as `largest` takes it (a NaN skipped, a NaN `init` kept): the forward's row maximum
+// without a pass of its own.
+double softcap_span(double* x, double* slope, std::ptrdiff_t n, double cap, double init) {
+  lanes_f64 top = lanes_f64{} + init;
+  // One vector at x + i, `count` of its lanes real (the tail padded with zeros); its capped
+  // values returned. Inlined by force: as a call, its copies of a variable size became calls to
+  // memcpy for every vector.
+  const auto one = [&](std::ptrdiff_t i, std::ptrdiff_t count) __attribute__((always_inline)) {
+    const lanes_f64 t = tanh_lanes(load_lanes(x + i, count));
+    if (slope) store_lanes(slope + i, 1.0 - t * t, count);
+    const lanes_f64 capped = cap * t;
+    store_lanes(x + i, capped, count);
+    return capped;
+  };
   std::ptrdiff_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    lanes_f64 v;
-    std::memcpy(&v, x + i, sizeof v);
-    v = (lanes_f64)((lanes_i64)v & std::numeric_limits<std::int64_t>::max());  // |v|
-    top = v > top ? v : top;
+  for (; i + lanes <= n; i += lanes) top = lanes_larger(one(i, lanes), top);
+  double most = lanes_max(top);  // init is in every lane
+  if (i < n) {
+    one(i, n - i);
+    for (; i < n; ++i) most = std::max(most, x[i]);
   }
-  double most = 0;
-  for (int j = 0; j < lanes; ++j) most = std::max(most, top[j]);
-  for (; i < n; ++i) most = std::max(most, std::abs(x[i]));
-  if (most <= 0.625)
-    softcap_lanes<true>(x, slope, n, cap);
-  else
-    softcap_lanes<false>(x, slope, n, cap);
+  return most;
 }
 
 namespace {
@@ -555,13 +577,15 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
       out.span[static_cast<std::size_t>(row)] = {lo, hi};
       zero_span(scores, lo);
       zero_span(scores + hi, len - hi);
-      if (rule.softcap > 0)  // on the row's visible span only, while it is in cache
-        softcap_span(scores + lo, want_slope ? out.slope.row(row).data() + lo : nullptr, hi - lo,
-                     rule.softcap);
-      if (saved.given) continue;  // its largest is given
-      const double sink = rule.sinks ? sinks[row / rows] : 0.0;
-      out.inv_z(row) = largest(scores + lo, hi - lo,
-                               rule.sinks ? sink : -std::numeric_limits<double>::infinity());
+      const double init = rule.sinks ? sinks[row / rows] : -std::numeric_limits<double>::infinity();
+      if (rule.softcap > 0) {  // on the row's visible span only, while it is in cache
+        const double top =
+            softcap_span(scores + lo, want_slope ? out.slope.row(row).data() + lo : nullptr,
+                         hi - lo, rule.softcap, init);
+        if (!saved.given) out.inv_z(row) = top;
+      } else if (!saved.given) {  // else its largest is given
+        out.inv_z(row) = largest(scores + lo, hi - lo, init);
+      }
     }
     for (Eigen::Index row = g0; row < g1; ++row) {
       const auto [lo, hi] = out.span[static_cast<std::size_t>(row)];

@@ -128,26 +128,33 @@ TEST(reference, exp_shifted_is_within_one_ulp_of_glibc_anywhere_in_a_span) {
 }
 
 TEST(reference, softcap_span_is_within_two_ulp_of_glibc_tanh_anywhere_in_a_span) {
-  // Arguments on both sides of 0.625 (where the vectorised tanh changes branch), past ±20
-  // (where it holds ±1) and near 0, mixed within one vector or (every fourth span) all below
-  // the branch's edge; cap 1 gives tanh itself, cap 3 the same values times 3.
+  // Arguments on both sides of 0.3125 and 0.625 (where the vectorised tanh changes formula),
+  // past ±20 (where it holds ±1) and near 0, mixed within one vector or (every fourth span) all
+  // below 0.625, or (the next ones) all below 0.3125; cap 1 gives tanh itself, cap 3 the same
+  // values times 3. The span's largest capped value comes back, as `largest` takes it.
   std::mt19937_64 gen(12);
   std::uniform_real_distribution<double> wide(-25.0, 25.0), edge(-0.7, 0.7), tiny(-1e-3, 1e-3),
-      inside(-0.625, 0.625);
+      inside(-0.625, 0.625), small(-0.3125, 0.3125);
   std::int64_t worst = 0;
   for (int len = 1; len <= 67; ++len)
     for (int rep = 0; rep < 24; ++rep) {
       const auto n = static_cast<std::size_t>(len);
       std::vector<double> args(n), t(n), slope(n), capped(n), capped_slope(n);
       for (std::size_t i = 0; i < n; ++i)
-        args[i] = rep % 4 == 0 ? inside(gen)
-                               : (i % 3 == 0 ? wide(gen)
-                                  : i % 3    ? edge(gen)
-                                             : tiny(gen));
+        args[i] = rep % 4 == 0   ? inside(gen)
+                  : rep % 4 == 1 ? small(gen)
+                                 : (i % 4 == 0   ? wide(gen)
+                                    : i % 4 == 1 ? edge(gen)
+                                    : i % 4 == 2 ? small(gen)
+                                                 : tiny(gen));
       t = args;
-      ref::ops::softcap_span(t.data(), slope.data(), len, 1.0);
+      const double top = ref::ops::softcap_span(t.data(), slope.data(), len, 1.0);
+      EXPECT_EQ(top, *std::max_element(t.begin(), t.end()));
       capped = args;
-      ref::ops::softcap_span(capped.data(), capped_slope.data(), len, 3.0);
+      const double init = rep % 2 ? 2.0 : -2.0;  // above every capped value of the span, or not
+      const double capped_top =
+          ref::ops::softcap_span(capped.data(), capped_slope.data(), len, 3.0, init);
+      EXPECT_EQ(capped_top, std::max(init, *std::max_element(capped.begin(), capped.end())));
       for (std::size_t i = 0; i < n; ++i) {
         const double want = std::tanh(args[i]);
         ASSERT_EQ(std::signbit(t[i]), std::signbit(want)) << args[i];
@@ -166,8 +173,9 @@ TEST(reference, softcap_span_is_within_two_ulp_of_glibc_tanh_anywhere_in_a_span)
     }
   EXPECT_LE(worst, 2);
   const double inf = std::numeric_limits<double>::infinity();
-  double special[] = {0.0, -0.0, 20.5, -30.0, inf, -inf, std::numeric_limits<double>::quiet_NaN()};
-  ref::ops::softcap_span(special, nullptr, 7, 1.0);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  double special[] = {0.0, -0.0, 20.5, -30.0, inf, -inf, nan};
+  EXPECT_EQ(ref::ops::softcap_span(special, nullptr, 7, 1.0), 1.0);  // the NaN skipped
   EXPECT_EQ(special[0], 0.0);
   EXPECT_EQ(special[1], 0.0);  // of either sign
   EXPECT_EQ(special[2], 1.0);
@@ -175,6 +183,10 @@ TEST(reference, softcap_span_is_within_two_ulp_of_glibc_tanh_anywhere_in_a_span)
   EXPECT_EQ(special[4], 1.0);
   EXPECT_EQ(special[5], -1.0);
   EXPECT_TRUE(std::isnan(special[6]));
+  double more[] = {nan, 0.1, nan,  -0.2, 0.3,
+                   nan, 0.2, -0.1, 0.4,  nan};  // a whole vector and a tail
+  EXPECT_EQ(ref::ops::softcap_span(more, nullptr, 10, 1.0), std::tanh(0.4));
+  EXPECT_TRUE(std::isnan(ref::ops::softcap_span(more, nullptr, 10, 1.0, nan)));  // a NaN init kept
 }
 
 TEST(reference, linear_backward_matches_finite_differences) {
