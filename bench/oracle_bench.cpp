@@ -10,7 +10,8 @@
 //   sinks     full causal with gpt-oss's per-head sink logits;
 //   softcap   full causal with Gemma 2's cap·tanh(s/cap), cap 30;
 //   bidir     bidirectional (DiT / encoders): every key of the document.
-// size = bytes of q (S·Hq·d·8), count = S tokens, documents 2:1:1, Hq 8 / Hkv 2, d 16 (the
+// --option NAME... runs those alone (an A/B of one option's change, in less of a noisy host's
+// time). size = bytes of q (S·Hq·d·8), count = S tokens, documents 2:1:1, Hq 8 / Hkv 2, d 16 (the
 // scenario's shape; --head-dim 64 or 128 for today's models).
 // FLOP convention (FlashAttention's, over the pairs a rule lets a query see): forward
 // 4·pairs·Hq·d, backward 2.5× forward: 14·pairs·Hq·d per fwd+bwd; masked work is not counted.
@@ -30,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "bench/driver.hpp"
@@ -128,6 +130,7 @@ struct oracle_options {
   std::vector<std::int64_t> positions;
   ref::ops::attention_rule rule;
   std::size_t variant = 0;
+  std::vector<std::size_t> chosen;  // the cases run (--option), indices into `cases`
   std::int64_t tokens = 0;
   double pairs = 0, seconds = 0;
   int runs = 0;
@@ -137,14 +140,14 @@ struct oracle_options {
     o.name = "the float64 oracle's attention fwd+bwd per option";
     o.backend = "eigen";
     o.kind = bench::table_kind::compute;
-    for (const auto& c : cases) o.variants.push_back({"double", c.name});
+    for (auto i : chosen) o.variants.push_back({"double", cases[i].name});
     o.size = [](std::int64_t bytes, std::size_t, int) {
       std::int64_t t = 0;
       for (auto n : docs_of(bytes / (Hq * D * 8))) t += n;
       return std::pair{t, t * Hq * D * 8};
     };
     o.init = [this](const bench::point& p, std::uint64_t seed) {
-      const auto& c = cases[p.variant];
+      const auto& c = cases[chosen[p.variant]];
       variant = p.variant;
       tokens = p.count;
       positions.clear();
@@ -188,7 +191,7 @@ struct oracle_options {
       verify::check_options opt;
       opt.threads = 1;
       const auto t0 = std::chrono::steady_clock::now();
-      const auto rep = verify::run_check(scenario_of(cases[p.variant], p.count), opt);
+      const auto rep = verify::run_check(scenario_of(cases[chosen[p.variant]], p.count), opt);
       check_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       reference_seconds = rep.reference_seconds;
       for (const auto& r : rep.rows) bad += !r.pass;
@@ -239,10 +242,19 @@ int main(int argc, char** argv) {
   d.app()
       .add_option("--head-dim", D, "head_dim d (the scenario's 16; 64 and 128 are today's models')")
       ->check(CLI::Range(8, 256));
+  std::vector<std::string> names;
+  for (const auto& c : cases) names.emplace_back(c.name);
+  std::vector<std::string> only;
+  d.app()
+      .add_option("--option", only,
+                  "the options to run (several: --option window softcap); every one by default")
+      ->check(CLI::IsMember(names));
   if (auto rc = d.parse(argc, argv)) return *rc;
   sim::keep_freed_memory();  // the allocator policy seqpar's main applies
   return d.guarded([&] {
     oracle_options b;
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (only.empty() || std::ranges::find(only, names[i]) != only.end()) b.chosen.push_back(i);
     auto op = b.op();
     auto group = bench::single_rank();
     const auto rows = d.run(*group, op);
