@@ -129,7 +129,6 @@ struct oracle_options {
   ref::matrix q, k, v, dout, dq, dk, dv, sinks, dsinks;
   std::vector<std::int64_t> positions;
   ref::ops::attention_rule rule;
-  std::size_t variant = 0;
   std::vector<std::size_t> chosen;  // the cases run (--option), indices into `cases`
   std::int64_t tokens = 0;
   double pairs = 0, seconds = 0;
@@ -148,7 +147,6 @@ struct oracle_options {
     };
     o.init = [this](const bench::point& p, std::uint64_t seed) {
       const auto& c = cases[chosen[p.variant]];
-      variant = p.variant;
       tokens = p.count;
       positions.clear();
       pairs = 0;

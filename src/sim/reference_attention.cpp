@@ -48,6 +48,19 @@ lanes_f64 swap_lanes(lanes_f64 v, std::index_sequence<j...>) {
   return __builtin_shufflevector(v, v, static_cast<int>(j ^ step)...);
 }
 
+/// Per lane, v if v > m, else m (a NaN v gives m, a NaN m stays): the `max` instruction, whose
+/// rule is that select's (the vector extension's select compiled to a compare and a blend, one
+/// after the other in a loop's chain).
+[[gnu::always_inline]] inline lanes_f64 lanes_larger(lanes_f64 v, lanes_f64 m) {
+#if defined(__AVX512F__)
+  return (lanes_f64)_mm512_mask_max_pd((__m512d)v, 0xff, (__m512d)v, (__m512d)m);
+#elif defined(__AVX__)
+  return (lanes_f64)_mm256_max_pd((__m256d)v, (__m256d)m);
+#else
+  return (lanes_f64)_mm_max_pd((__m128d)v, (__m128d)m);
+#endif
+}
+
 /// The largest lane of v, by halves in registers (a loop over the lanes went through memory:
 /// half of a window's row maximum at head_dim 16).
 template <int step = lanes / 2>
@@ -56,7 +69,7 @@ double lanes_max(lanes_f64 v) {
     return v[0];
   } else {
     const lanes_f64 w = swap_lanes<step>(v, std::make_index_sequence<lanes>{});
-    return lanes_max<step / 2>(w > v ? w : v);
+    return lanes_max<step / 2>(lanes_larger(w, v));
   }
 }
 
@@ -69,26 +82,13 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
     lanes_f64 v0, v1;
     std::memcpy(&v0, x + i, sizeof v0);
     std::memcpy(&v1, x + i + lanes, sizeof v1);
-    m0 = v0 > m0 ? v0 : m0;
-    m1 = v1 > m1 ? v1 : m1;
+    m0 = lanes_larger(v0, m0);
+    m1 = lanes_larger(v1, m1);
   }
-  m0 = m1 > m0 ? m1 : m0;
+  m0 = lanes_larger(m1, m0);
   double m = lanes_max(m0);  // init is in every lane
   for (; i < n; ++i) m = std::max(m, x[i]);
   return m;
-}
-
-/// Per lane, v if v > m, else m (a NaN v gives m, a NaN m stays): the `max` instruction, whose
-/// rule is that select's (the vector extension's select compiled to a compare and a blend, one
-/// after the other in a loop's chain).
-[[gnu::always_inline]] inline lanes_f64 lanes_larger(lanes_f64 v, lanes_f64 m) {
-#if defined(__AVX512F__)
-  return (lanes_f64)_mm512_mask_max_pd((__m512d)v, 0xff, (__m512d)v, (__m512d)m);
-#elif defined(__AVX__)
-  return (lanes_f64)_mm256_max_pd((__m256d)v, (__m256d)m);
-#else
-  return (lanes_f64)_mm_max_pd((__m128d)v, (__m128d)m);
-#endif
 }
 
 /// Whether any lane of v is above `edge` (a NaN lane is not).
@@ -159,7 +159,7 @@ double largest(const double* x, std::ptrdiff_t n, double init) {
   const lanes_f64 t = a * log2e + round_shift;  // k in the low bits of t's significand
   const lanes_f64 k = t - round_shift;
   const lanes_f64 r = (a - k * ln2_hi) - k * ln2_lo;
-  // e^r = 1 + r·P(r), P of degree 10 interpolating (e^r − 1)/r at 10 Chebyshev points of
+  // e^r = 1 + r·P(r), P of degree 10 interpolating (e^r − 1)/r at 11 Chebyshev points of
   // [−ln2/2, ln2/2] (bench/exp_fit.py: within 0.08 × 2⁻⁵³ of e^r before rounding, as Taylor's
   // polynomial of degree 13 is; two multiply-adds fewer per value)
   lanes_f64 p = r * 2.510520637395701e-08 + 2.7626357241447223e-07;
