@@ -943,7 +943,8 @@ step_result train_step(const scenario& s, const weights& w, const batch& b, int 
     matrix dq, dk, dv;
     matrix dsinks;
     ops::attention_backward(c.q, c.k, c.v, d_o, H, Hkv, D, pos, dq, dk, dv, threads,
-                            ops::layer_rule(s, w, l), s.sinks ? &dsinks : nullptr, &c.softmax);
+                            ops::layer_rule(s, w, l), s.sinks ? &dsinks : nullptr, &c.softmax,
+                            &c.attn);
     if (s.sinks) gr.at(L(l, "sinks")) += dsinks;
     if (tap) {
       tap(l, "d_q", dq);

@@ -215,12 +215,16 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
 /// chunks of about equal work): an item writes its dq and keeps its own dK, dV over the keys
 /// it reads; those partials are then added per (document, KV head) in chunk order. Memory: the
 /// partials hold at most ~3·heads·tokens·head_dim values each for dK and dV (linear in the
-/// tokens). `saved`: the forward's softmax_rows of the same q, k and rule (attention's `keep`).
+/// tokens). `saved` and `out`: the forward's softmax_rows of the same q, k, v and rule
+/// (attention's `keep`) and its output (attention's result), both or neither (then the forward
+/// is run here first). Each row's Σ p·dp is taken as dout·out (the same sum: Σ_j p_j·(dout·v_j)
+/// = dout·Σ_j p_j·v_j), so that a block of rows goes over its keys by panels.
 void attention_backward(const matrix& q, const matrix& k, const matrix& v, const matrix& dout,
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
                         matrix& dv, int threads = 1, const attention_rule& rule = {},
-                        matrix* dsinks = nullptr, const softmax_rows* saved = nullptr);
+                        matrix* dsinks = nullptr, const softmax_rows* saved = nullptr,
+                        const matrix* out = nullptr);
 
 /// The query-row offsets [0, …, tokens] of the chunks attention_backward cuts a document of
 /// `tokens` into, for a KV head read by `group` query heads: one chunk up to 2^24 causal pairs

@@ -400,6 +400,16 @@ void multiply(const A& a, const B& b, C&& c) {
            c.outerStride(), false});
 }
 
+/// c += a·b.
+template <class A, class B, class C>
+void add_product(const A& a, const B& b, C&& c) {
+  static_assert(A::IsRowMajor && B::IsRowMajor && std::decay_t<C>::IsRowMajor);
+  assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
+  product(a.rows(), b.cols(),
+          {a.cols(), a.data(), a.outerStride(), 1, b.data(), b.outerStride(), c.data(),
+           c.outerStride(), true});
+}
+
 /// c += aᵀ·b.
 template <class A, class B, class C>
 void add_transposed_product(const A& a, const B& b, C&& c) {
@@ -809,8 +819,26 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
                         int heads, int kv_heads, int head_dim,
                         std::span<const std::int64_t> position_ids, matrix& dq, matrix& dk,
                         matrix& dv, int threads, const attention_rule& rule, matrix* dsinks,
-                        const softmax_rows* saved) {
+                        const softmax_rows* saved, const matrix* out) {
   check_attention_shapes(q, k, v, heads, kv_heads, head_dim, position_ids.size());
+  if (!saved != !out)
+    fail<shape_error>(
+        "reference: attention_backward was given the forward's {} without its {}: pass both, the "
+        "`keep` and the result of one call of attention (or neither: the forward is run here)",
+        saved ? "softmax rows" : "output", saved ? "output" : "softmax rows");
+  softmax_rows own_rows;
+  matrix own_out;
+  if (!saved) {
+    own_out = attention(q, k, v, heads, kv_heads, head_dim, position_ids, threads, rule, &own_rows);
+    saved = &own_rows;
+    out = &own_out;
+  }
+  if (out->rows() != q.rows() || out->cols() != q.cols())
+    fail<shape_error>(
+        "reference: attention_backward's forward output is [{}, {}], not [tokens {}, "
+        "heads·head_dim "
+        "{}]: pass the result of the forward of the same q",
+        out->rows(), out->cols(), q.rows(), q.cols());
   if (saved && (saved->largest.rows() != q.rows() || saved->largest.cols() != heads ||
                 saved->inv_z.rows() != q.rows() || saved->inv_z.cols() != heads))
     fail<shape_error>(
@@ -882,6 +910,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         double* dsink = dsink_part.data() + t * static_cast<std::size_t>(group);
         block_softmax sm;
         matrix query, d_o, d_os, dqs;
+        Eigen::VectorXd delta;
         scratch ds_store;
         for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
           const Eigen::Index b1 = std::min(i1, b0 + step), rows = b1 - b0;
@@ -889,39 +918,56 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           const Eigen::Index off = k0 - first, len = k1 - k0;
           stack_heads(q, b0, rows, h0, group, head_dim, factor, query);
           stack_heads(dout, b0, rows, h0, group, head_dim, 1.0, d_o);
-          block_probs(query, rows, kt.middleCols(off, len), rule, b0 - a, k0, e - a, sinks,
-                      rule.softcap > 0, rows_view{saved, nullptr, b0, h0}, sm);
+          const rows_view given{saved, nullptr, b0, h0};
           // Per row, with p = e·inv_z: o = pᵀV: dV += p·do = e·(inv_z·do), dp = V·doᵀ;
           // softmax: ds = p∘(dp − pᵀdp) (the sink column's dp is 0: it reaches no value, and
           // its own ds is −p_sink·pᵀdp); capping: the score is softcap·tanh(x), x = factor·q·k,
           // so ds ∘= softcap·(1 − tanh²). ds is the gradient of x = q'·k, q' = factor·q (the
           // stacked `query`): dK += dsᵀ·q', dq = factor·ds·K. ds is 0 off each row's span.
+          // pᵀdp = Σ p·(V·do) = do·o, the forward's output row (`delta`): a row's ds then
+          // needs no other key's, and the block goes over its keys by panels.
+          const auto inv_z_of = [&](Eigen::Index r) {
+            const auto [t, h] = given.entry(r, rows);
+            return saved->inv_z(t, h);
+          };
           d_os.resize(d_o.rows(), head_dim);
-          scaled_rows(d_o.data(), head_dim, d_os.data(), head_dim, d_o.rows(), head_dim,
-                      [&](Eigen::Index r) { return sm.inv_z(r); });
-          add_transposed_product(sm.e, d_os, dvg.middleRows(off, len));
-          auto ds = ds_store.view(sm.e.rows(), len);
-          multiply(d_o, vt.middleCols(off, len), ds);  // dp, made ds row by row
-          for (Eigen::Index r = 0; r < ds.rows(); ++r) {
-            const auto [lo, hi] = sm.span[static_cast<std::size_t>(r)];
-            const double inv_z = sm.inv_z(r);
-            double* dp = ds.row(r).data();
-            const double* p = sm.e.row(r).data() + lo;
-            const double c = dot(p, dp + lo, hi - lo) * inv_z;  // pᵀdp
-            if (rule.sinks) dsink[r / rows] -= sm.sink_p(r) * c;
-            if (rule.softcap > 0)
-              softmax_grad_span<true>(p, dp + lo, sm.slope.row(r).data() + lo, hi - lo, c,
-                                      inv_z * rule.softcap);
-            else
-              softmax_grad_span<false>(p, dp + lo, nullptr, hi - lo, c, inv_z);
-            zero_span(dp, lo);
-            zero_span(dp + hi, ds.cols() - hi);
+          scaled_rows(d_o.data(), head_dim, d_os.data(), head_dim, d_o.rows(), head_dim, inv_z_of);
+          delta.resize(d_o.rows());
+          for (Eigen::Index r = 0; r < d_o.rows(); ++r) {
+            const auto [t, h] = given.entry(r, rows);
+            delta(r) = dot(d_o.row(r).data(), out->data() + t * out->outerStride() + h * head_dim,
+                           head_dim);
           }
-          dqs.resize(ds.rows(), head_dim);
-          multiply(ds, kg.middleRows(off, len), dqs);
+          dqs = matrix::Zero(d_o.rows(), head_dim);  // the panels add into it
+          for (Eigen::Index p0 = 0; p0 < len; p0 += backward_panel_keys) {
+            const Eigen::Index width = std::min(backward_panel_keys, len - p0);
+            block_probs(query, rows, kt.middleCols(off + p0, width), rule, b0 - a, k0 + p0, e - a,
+                        sinks, rule.softcap > 0, given, sm);
+            if (rule.sinks && p0 == 0)
+              for (Eigen::Index r = 0; r < d_o.rows(); ++r)
+                dsink[r / rows] -= sm.sink_p(r) * delta(r);
+            add_transposed_product(sm.e, d_os, dvg.middleRows(off + p0, width));
+            auto ds = ds_store.view(sm.e.rows(), width);
+            multiply(d_o, vt.middleCols(off + p0, width), ds);  // dp, made ds row by row
+            for (Eigen::Index r = 0; r < ds.rows(); ++r) {
+              const auto [lo, hi] = sm.span[static_cast<std::size_t>(r)];
+              const double inv_z = sm.inv_z(r), c = delta(r);
+              double* dp = ds.row(r).data();
+              const double* p = sm.e.row(r).data() + lo;
+              if (rule.softcap > 0)
+                softmax_grad_span<true>(p, dp + lo, sm.slope.row(r).data() + lo, hi - lo, c,
+                                        inv_z * rule.softcap);
+              else
+                softmax_grad_span<false>(p, dp + lo, nullptr, hi - lo, c, inv_z);
+              zero_span(dp, lo);
+              zero_span(dp + hi, ds.cols() - hi);
+            }
+            // dq's sums go on from panel to panel, key after key, as in one product
+            add_product(ds, kg.middleRows(off + p0, width), dqs);
+            add_transposed_product(ds, query, dkg.middleRows(off + p0, width));
+          }
           unstack_heads(dqs, dq, b0, h0, group, head_dim,
                         [factor](Eigen::Index) { return factor; });
-          add_transposed_product(ds, query, dkg.middleRows(off, len));
         }
       },
       min_parallel_pairs);

@@ -61,6 +61,13 @@ inline constexpr double min_parallel_pairs = 16384;
 /// document's prefix it reads: the memory stays linear in the tokens.
 inline constexpr double backward_chunk_pairs = 1 << 24;
 inline constexpr int max_backward_chunks = 4;
+/// Keys per panel of the attention's backward: a block of query rows goes over its keys in
+/// panels of this many (a whole number of vectors), so that the panel's probabilities, capping
+/// slopes and score gradients ([group·rows, 256] each) and its keys' and values' slices stay in
+/// the core's second-level cache however long the document (a whole row of a 4,096-token
+/// document's capped block, ~3.5 MB with its keys and gradients, did not: the capped attention
+/// at 8K tokens ×1.04–1.06 by panels, 2026-12-01).
+inline constexpr Eigen::Index backward_panel_keys = 256;
 
 /// The same for the delta rule's recurrences: tokens of all items.
 inline constexpr double min_parallel_tokens = 1024;

@@ -452,7 +452,8 @@ TEST(reference, attention_backward_given_the_forwards_softmax_rows_is_bitwise_th
     matrix* dsinks = rule.sinks ? &ds : nullptr;
     matrix* dsinks2 = rule.sinks ? &ds2 : nullptr;
     ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 2, rule, dsinks);
-    ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq2, dk2, dv2, 1, rule, dsinks2, &kept);
+    ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq2, dk2, dv2, 1, rule, dsinks2, &kept,
+                            &out);
     EXPECT_TRUE(bits_equal(dq, dq2));
     EXPECT_TRUE(bits_equal(dk, dk2));
     EXPECT_TRUE(bits_equal(dv, dv2));
@@ -462,9 +463,77 @@ TEST(reference, attention_backward_given_the_forwards_softmax_rows_is_bitwise_th
   wrong.largest = matrix::Zero(S, H - 1);
   wrong.inv_z = matrix::Zero(S, H - 1);
   matrix dq, dk, dv;
+  ops::softmax_rows kept;
+  const matrix out = ops::attention(q, k, v, H, Hkv, D, pos, 1, {}, &kept);
+  EXPECT_THROW(ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1, {}, nullptr,
+                                       &wrong, &out),
+               shape_error);
+  // the forward's rows and output go together, the output of q's shape
   EXPECT_THROW(
-      ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1, {}, nullptr, &wrong),
+      ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1, {}, nullptr, &kept),
       shape_error);
+  EXPECT_THROW(ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1, {}, nullptr,
+                                       nullptr, &out),
+               shape_error);
+  const matrix narrow = out.leftCols(out.cols() - 1);
+  EXPECT_THROW(ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1, {}, nullptr,
+                                       &kept, &narrow),
+               shape_error);
+}
+
+// A block of query rows goes over its keys by panels (ops' backward_panel_keys, 256), each row's
+// Σ p·dp taken as dout·out: on a 700-token document every block's rows see up to 700 keys, in
+// three panels. dq (its sums carried from panel to panel), dk, dv and each head's sink gradient
+// (once per row, not per panel) against the definition with every score materialised: capped
+// by glibc's tanh, sinks as one more column, GQA (two query heads per KV head).
+TEST(reference, attention_backward_by_panels_of_keys_equals_the_dense_definition) {
+  const int H = 4, Hkv = 2, D = 4, group = H / Hkv;
+  const Eigen::Index n = 700;
+  const matrix q = random_matrix(n, H * D, 70, 2.0), k = random_matrix(n, Hkv * D, 71, 2.0),
+               v = random_matrix(n, Hkv * D, 72), dout = random_matrix(n, H * D, 73);
+  matrix sinks = random_matrix(1, H, 74, 2.0);
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int64_t>(i);
+  const double scale = 1.0 / std::sqrt(double{D});
+  for (const double cap : {0.0, 2.0}) {
+    SCOPED_TRACE(cap);
+    ops::attention_rule rule;
+    rule.softcap = cap;
+    rule.sinks = &sinks;
+    matrix want_dq = matrix::Zero(n, H * D), want_dk = matrix::Zero(n, Hkv * D),
+           want_dv = matrix::Zero(n, Hkv * D), want_dsinks = matrix::Zero(1, H);
+    for (int h = 0; h < H; ++h) {
+      const int g = h / group;
+      const matrix x = q.middleCols(h * D, D) * k.middleCols(g * D, D).transpose() * scale;
+      matrix s = x, slope = matrix::Ones(n, n);
+      if (cap > 0) {
+        s = x.unaryExpr([cap](double a) { return cap * std::tanh(a / cap); });
+        slope = x.unaryExpr([cap](double a) { return 1.0 - std::pow(std::tanh(a / cap), 2); });
+      }
+      matrix p = matrix::Zero(n, n);
+      Eigen::VectorXd p_sink(n);
+      for (Eigen::Index i = 0; i < n; ++i) {
+        const double m = std::max(s.row(i).head(i + 1).maxCoeff(), sinks(0, h));
+        p.row(i).head(i + 1) = (s.row(i).head(i + 1).array() - m).exp().matrix();
+        const double e_sink = std::exp(sinks(0, h) - m), z = p.row(i).sum() + e_sink;
+        p.row(i) /= z;
+        p_sink(i) = e_sink / z;
+      }
+      const matrix dp = dout.middleCols(h * D, D) * v.middleCols(g * D, D).transpose();
+      const Eigen::VectorXd c = p.cwiseProduct(dp).rowwise().sum();
+      matrix ds = p.cwiseProduct(dp - c.replicate(1, n)).cwiseProduct(slope);
+      want_dq.middleCols(h * D, D) = ds * k.middleCols(g * D, D) * scale;
+      want_dk.middleCols(g * D, D) += ds.transpose() * q.middleCols(h * D, D) * scale;
+      want_dv.middleCols(g * D, D) += p.transpose() * dout.middleCols(h * D, D);
+      want_dsinks(0, h) = -p_sink.dot(c);
+    }
+    matrix dq, dk, dv, dsinks;
+    ops::attention_backward(q, k, v, dout, H, Hkv, D, pos, dq, dk, dv, 1, rule, &dsinks);
+    EXPECT_LT(rel_err(dq, want_dq), 1e-12);
+    EXPECT_LT(rel_err(dk, want_dk), 1e-12);
+    EXPECT_LT(rel_err(dv, want_dv), 1e-12);
+    EXPECT_LT(rel_err(dsinks, want_dsinks), 1e-12);
+  }
 }
 
 /// dK and dV of one key j of a single document, by the definition: for every query i ≥ j its
