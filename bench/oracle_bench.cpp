@@ -174,11 +174,12 @@ struct oracle_options {
     };
     o.run = [this] {
       const auto t0 = std::chrono::steady_clock::now();
-      // as the reference step runs them: the forward's softmax rows kept for the backward
+      // as the reference step runs them: the forward's softmax rows and output kept for the
+      // backward
       ref::ops::softmax_rows kept;
       const ref::matrix out = ref::ops::attention(q, k, v, Hq, Hkv, D, positions, 1, rule, &kept);
       ref::ops::attention_backward(q, k, v, dout, Hq, Hkv, D, positions, dq, dk, dv, 1, rule,
-                                   rule.sinks ? &dsinks : nullptr, &kept);
+                                   rule.sinks ? &dsinks : nullptr, &kept, &out);
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ++runs;
       if (!out.allFinite()) dq.setConstant(std::nan(""));
