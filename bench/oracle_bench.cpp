@@ -61,27 +61,47 @@ constexpr option_case cases[] = {
 constexpr int Hq = 8, Hkv = 2;
 int D = 16;  // --head-dim
 
-/// Nanoseconds per value of an exp over rows of 128 scores in cache (the oracle's softmax), the
-/// best of 10 runs of 20,000 rows: the oracle's own (ref::ops::exp_shifted) or Eigen's
-/// vectorised one, which the oracle used before 2026-11-30.
-double exp_ns_per_value(bool eigen) {
-  Eigen::ArrayXd x = Eigen::ArrayXd::Random(128) * 8.0 - 8.0, y(128);
+/// Nanoseconds per value of `f` over rows of 128 values in cache, the best of 10 runs of 20,000
+/// rows; `f(x, y)` fills y from x (each row's input depends on the last's result: not hoisted).
+template <class F>
+double ns_per_value(Eigen::ArrayXd x, F f) {
+  Eigen::ArrayXd y(x.size());
   double best = 1e30;
   for (int run = 0; run < 10; ++run) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 20000; ++i) {
-      if (eigen) {
-        y = x.exp();
-      } else {
-        y = x;
-        ref::ops::exp_shifted(y.data(), y.size(), 0.0);
-      }
-      x(0) = -y(1) * 1e-9;  // each row depends on the last: not hoisted
+      f(x, y);
+      x(0) = -y(1) * 1e-9;
     }
     best = std::min(best,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  return best / (20000.0 * 128) * 1e9;
+  return best / (20000.0 * static_cast<double>(x.size())) * 1e9;
+}
+
+/// An exp per value over scores less their row's largest (the oracle's softmax): the oracle's
+/// own (ref::ops::exp_shifted) or Eigen's vectorised one, which the oracle used before
+/// 2026-11-30.
+double exp_ns_per_value(bool eigen) {
+  return ns_per_value(Eigen::ArrayXd::Random(128) * 8.0 - 8.0, [eigen](const auto& x, auto& y) {
+    if (eigen) {
+      y = x.exp();
+    } else {
+      y = x;
+      ref::ops::exp_shifted(y.data(), y.size(), 0.0);
+    }
+  });
+}
+
+/// The capping of a score (ref::ops::softcap_span: cap·tanh, and with `slope` its derivative, as
+/// the backward takes it), at arguments of the case's size (scale·q·k/30 with q, k in [−1, 1]).
+double softcap_ns_per_value(bool slope) {
+  Eigen::ArrayXd s(128);
+  return ns_per_value(
+      Eigen::ArrayXd::Random(128) * 0.2, [slope, s](const auto& x, auto& y) mutable {
+        y = x;
+        ref::ops::softcap_span(y.data(), slope ? s.data() : nullptr, y.size(), 30.0);
+      });
 }
 
 std::vector<std::int64_t> docs_of(std::int64_t tokens) {
@@ -206,6 +226,7 @@ struct oracle_options {
     // The exponentials' floor: two per (pair, query head) — the forward's softmax and the
     // backward's recomputed one — against 14·d FLOP per (pair, query head) at the GEMM rate.
     const double exp_ns = exp_ns_per_value(false), eigen_exp_ns = exp_ns_per_value(true);
+    const double cap_fwd_ns = softcap_ns_per_value(false), cap_bwd_ns = softcap_ns_per_value(true);
     const double gemm = bench::eigen_gemm_gflops("double", 1024);
     const double product_ns = 14.0 * D / gemm;
     o.notes = {fmt::format("Hq=8 Hkv=2 d={}, documents 2:1:1, 1 thread; window 128, chunk 256, "
@@ -217,6 +238,11 @@ struct oracle_options {
                            "{:.2f} at d {}, with every product at the GEMM rate",
                            exp_ns, eigen_exp_ns, 14 * D, product_ns, gemm,
                            product_ns / (product_ns + 2 * exp_ns), D),
+               fmt::format("capping bound: the capping takes {:.2f} ns per value in the forward "
+                           "and {:.2f} with its slope in the backward: with the exponentials, "
+                           "soft-capping's ratio is held at ≤ {:.2f} at d {}",
+                           cap_fwd_ns, cap_bwd_ns,
+                           product_ns / (product_ns + 2 * exp_ns + cap_fwd_ns + cap_bwd_ns), D),
                "FLOP: 14·visible pairs·Hq·d per fwd+bwd (FlashAttention's convention)",
                "check_s / ref_s: the whole seqpar check (U 2 × R 2, --threads 1) and its oracle "
                "phase; #wrong: a failing check or non-finite gradients"};
