@@ -97,11 +97,10 @@ double exp_ns_per_value(bool eigen) {
 /// the backward takes it), at arguments of the case's size (scale·q·k/30 with q, k in [−1, 1]).
 double softcap_ns_per_value(bool slope) {
   Eigen::ArrayXd s(128);
-  return ns_per_value(
-      Eigen::ArrayXd::Random(128) * 0.2, [slope, s](const auto& x, auto& y) mutable {
-        y = x;
-        ref::ops::softcap_span(y.data(), slope ? s.data() : nullptr, y.size(), 30.0);
-      });
+  return ns_per_value(Eigen::ArrayXd::Random(128) * 0.2, [slope, &s](const auto& x, auto& y) {
+    y = x;
+    ref::ops::softcap_span(y.data(), slope ? s.data() : nullptr, y.size(), 30.0);
+  });
 }
 
 std::vector<std::int64_t> docs_of(std::int64_t tokens) {
