@@ -15,7 +15,9 @@
 // scenario's shape; --head-dim 64 or 128 for today's models).
 // FLOP convention (FlashAttention's, over the pairs a rule lets a query see): forward
 // 4·pairs·Hq·d, backward 2.5× forward: 14·pairs·Hq·d per fwd+bwd; masked work is not counted.
-// ratio = the oracle's GFLOP/s / Eigen's 1024³ GEMM GFLOP/s on 1 thread (same run).
+// ratio = the oracle's GFLOP/s / Eigen's 1024³ GEMM GFLOP/s on 1 thread, each timed run against
+// the GEMM timed right after it (column gemm), the row's time and ratio its median run's; the
+// baseline before the sweep is the notes' (their bounds).
 // The process runs under the allocator policy seqpar's main applies (sim::keep_freed_memory):
 // freed memory is kept, so the timed runs do not fault their outputs' pages in afresh (~10 %
 // of the windowed attention's time at d 16 on a 2026 Intel Xeon VM under glibc's defaults).
@@ -150,8 +152,10 @@ struct oracle_options {
   ref::ops::attention_rule rule;
   std::vector<std::size_t> chosen;  // the cases run (--option), indices into `cases`
   std::int64_t tokens = 0;
-  double pairs = 0, seconds = 0;
-  int runs = 0;
+  double pairs = 0;
+  int warmup = 0, runs = 0;  // runs of this row so far; the first `warmup` are not timed
+  // each timed run's seconds and the GEMM rate measured right after it (GFLOP/s)
+  std::vector<std::pair<double, double>> timed;
 
   bench::operation op() {
     bench::operation o;
@@ -188,8 +192,8 @@ struct oracle_options {
       rule.chunk = c.chunk;
       rule.softcap = c.softcap;
       rule.sinks = c.sinks ? &sinks : nullptr;
-      seconds = 0;
       runs = 0;
+      timed.clear();
     };
     o.run = [this] {
       const auto t0 = std::chrono::steady_clock::now();
@@ -199,9 +203,10 @@ struct oracle_options {
       const ref::matrix out = ref::ops::attention(q, k, v, Hq, Hkv, D, positions, 1, rule, &kept);
       ref::ops::attention_backward(q, k, v, dout, Hq, Hkv, D, positions, dq, dk, dv, 1, rule,
                                    rule.sinks ? &dsinks : nullptr, &kept, &out);
-      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      ++runs;
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!out.allFinite()) dq.setConstant(std::nan(""));
+      if (++runs > warmup) timed.emplace_back(secs, bench::eigen_gemm_gflops("double", 1024));
     };
     o.check = [this](const bench::point& p, std::uint64_t) -> std::int64_t {
       std::int64_t bad = !dq.allFinite() || !dk.allFinite() || !dv.allFinite();
@@ -215,13 +220,26 @@ struct oracle_options {
       for (const auto& r : rep.rows) bad += !r.pass;
       return bad;
     };
-    o.work = [this](const bench::point&) { return 14.0 * pairs * Hq * D / 1e9; };
-    o.finish = [this](const bench::point&, bench::row& r) {
-      r.extra = {seconds / std::max(runs, 1), check_seconds, reference_seconds};
+    o.work = [this](const bench::point& p) { return work(p); };
+    o.finish = [this](const bench::point& p, bench::row& r) {
+      // Each run against the GEMM timed right after it, the row the median run of that ratio:
+      // a shared host's speed moves by up to 1.5× over seconds and moves both alike (a 2-core
+      // VM, 2026-12-01: runs of 0.77 s beside GEMMs at 57 GFLOP/s, 0.89 s beside 49: ratios
+      // 0.515 and 0.514), where one baseline before the sweep set the ratio by when it ran.
+      if (!timed.empty()) {
+        std::ranges::sort(timed, {}, [&](const auto& t) { return work(p) / t.first / t.second; });
+        const auto [secs, gemm] = timed[timed.size() / 2];
+        r.time_us = secs * 1e6;
+        r.rate = work(p) / secs;
+        r.ratio = r.rate / gemm;
+        r.extra = {secs, gemm, check_seconds, reference_seconds};
+      }
     };
-    o.extra_columns = {"attn_s", "check_s", "ref_s"};
+    o.extra_columns = {"attn_s", "gemm", "check_s", "ref_s"};
     o.measure_baseline = bench::gemm_baseline;
-    o.ratio_meaning = "the oracle attention's GFLOP/s / native f64 GEMM GFLOP/s (same run)";
+    o.ratio_meaning =
+        "the oracle attention's GFLOP/s / native f64 GEMM GFLOP/s timed right after the run "
+        "(the median run of that ratio; gemm: its GEMM's rate)";
     // The exponentials' floor: two per (pair, query head) — the forward's softmax and the
     // backward's recomputed one — against 14·d FLOP per (pair, query head) at the GEMM rate.
     const double exp_ns = exp_ns_per_value(false), eigen_exp_ns = exp_ns_per_value(true);
@@ -248,6 +266,7 @@ struct oracle_options {
     return o;
   }
   double check_seconds = 0, reference_seconds = 0;
+  double work(const bench::point&) const { return 14.0 * pairs * Hq * D / 1e9; }  // GFLOP
 };
 
 }  // namespace
@@ -277,6 +296,7 @@ int main(int argc, char** argv) {
   sim::keep_freed_memory();  // the allocator policy seqpar's main applies
   return d.guarded([&] {
     oracle_options b;
+    b.warmup = d.opts().warmup;
     for (std::size_t i = 0; i < names.size(); ++i)
       if (only.empty() || std::ranges::find(only, names[i]) != only.end()) b.chosen.push_back(i);
     auto op = b.op();
