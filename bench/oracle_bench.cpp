@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
   bench::options defaults;
   defaults.min_bytes = 4 << 20;  // 4K, 8K tokens
   defaults.max_bytes = 8 << 20;
-  defaults.iters = 3;  // after one untimed run: the rate of a warm oracle, its pages touched
+  defaults.iters = 5;  // after one untimed run (a warm oracle, its pages touched): a median of 5
   defaults.warmup = 1;
   bench::options quick = defaults;
   quick.min_bytes = quick.max_bytes = 1 << 20;  // 1K tokens

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
                                         getenv("NOKEEP") ? nullptr : &keep),
                 dq, dk, dv;
     ref::ops::attention_backward(q, k, v, dout, Hq, Hkv, d, pos, dq, dk, dv, 1, r, nullptr,
-                                 getenv("NOKEEP") ? nullptr : &keep);
+                                 getenv("NOKEEP") ? nullptr : &keep,
+                                 getenv("NOKEEP") ? nullptr : &o);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::min(best, s);
     chk = o.sum() + dq.sum() + dk.sum() + dv.sum();
