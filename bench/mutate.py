@@ -10,6 +10,11 @@ search, a contract check of seqpar.testing, the MPI watchdog's chain:
     {"id": "...", "promise": "what the code promises", "file": "src/...", "find": "exact text
      (once in the file)", "replace": "...", "tests": ["meson test names that should kill it"]}
 
+A mutant of code compiled at some vector ISAs only (an `#if defined(__AVX512F__)` branch) says
+so with "isa": "AVX512F" (compiled where the compiler's -march=native defines __AVX512F__) or
+"!AVX512F" (where it does not); elsewhere its text is still checked, but it is listed as "at
+another ISA" and not run: the native build does not compile it, so no test could kill it there.
+
 The tool copies the working tree to a scratch directory, builds it once, checks that every test
 named passes on the unmutated tree, then applies the mutants one at a time: rebuild (a mutant
 that does not build is "stillborn", not counted), run its tests, record which failed (killed) or
@@ -58,10 +63,32 @@ def check_text(tree, m):
     if not os.path.isfile(path):
         sys.exit(f"mutate: mutant {m['id']}: its file {m['file']} does not exist")
     with open(path) as f:
-        n = f.read().count(m["find"])
+        text = f.read()
+    n = text.count(m["find"])
+    macro = "__%s__" % m["isa"].lstrip("!") if m.get("isa") else ""
+    if macro and macro not in text:
+        sys.exit(f"mutate: mutant {m['id']}: its isa {m['isa']!r} names {macro}, which "
+                 f"{m['file']} never tests: give the macro of the #if around its place "
+                 f"(\"AVX512F\" or \"!AVX512F\")")
     if n != 1:
         sys.exit(f"mutate: mutant {m['id']}: its text occurs {n} times in {m['file']} "
                  f"(want once): {m['find']!r}")
+
+
+def native_macros():
+    """The macros the C++ compiler predefines at -march=native (what the native build targets)."""
+    cxx = os.environ.get("CXX", "c++").split()
+    out = subprocess.run([*cxx, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+                         capture_output=True, text=True, check=True).stdout
+    return {line.split()[1] for line in out.splitlines() if line.startswith("#define ")}
+
+
+def compiled_here(m, macros):
+    """Whether the native build compiles the mutant's place (its "isa" condition, if any)."""
+    cond = m.get("isa")
+    if not cond:
+        return True
+    return ("__%s__" % cond.lstrip("!") in macros) != cond.startswith("!")
 
 
 def check_tests(build, mutants):
@@ -260,20 +287,24 @@ def main():
     mutants = [m for m in mutants if not m.get("equivalent")
                and (not m.get("known_survivor") or a.only)]
     every = mutants + equivalent + [k for k in known if k not in mutants]
+    macros = native_macros() if any(m.get("isa") for m in every) else set()
+    other_isa = [m for m in mutants if not compiled_here(m, macros)]
+    mutants = [m for m in mutants if compiled_here(m, macros)]
     if a.validate:
         for m in every:
             check_text(ROOT, m)
-        check_tests(a.validate, mutants + known)
+        check_tests(a.validate, mutants + known + other_isa)
         print(f"mutate: {len(every)} mutants, each text found "
               f"once and each named test known")
         return
     if a.list:
         for m in every:
             tag = ("equivalent: " + m["equivalent"] if m.get("equivalent") else
-                   "known survivor: " + m["known_survivor"] if m.get("known_survivor") else "")
+                   "known survivor: " + m["known_survivor"] if m.get("known_survivor") else
+                   "at another ISA: compiled where " + m["isa"] if m in other_isa else "")
             print(f"{m['id']:60} {m['file']}:{m.get('line', '')} {tag}")
         print(f"{len(mutants)} mutants to run, {len(equivalent)} equivalent, "
-              f"{len(known)} known survivors")
+              f"{len(known)} known survivors, {len(other_isa)} at another ISA")
         return
     if a.sample:
         seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
@@ -333,7 +364,7 @@ def main():
     total = time.monotonic() - t_start
     print(f"\n{killed} of {len(counted)} mutants killed ({100 * killed / max(len(counted), 1):.1f}%), "
           f"{len(results) - len(counted)} stillborn, {len(equivalent)} equivalent and "
-          f"{len(known)} known survivors (not run); "
+          f"{len(known)} known survivors and {len(other_isa)} at another ISA (not run); "
           f"{total / 60:.1f} min on {os.cpu_count()} cores\n")
     if not a.sample:
         print("| mutant | promise | verdict | killed by |")
@@ -346,12 +377,16 @@ def main():
             if all(r["id"] != m["id"] for r in results):
                 print(f"| `{m['id']}` | {m['promise']} | known survivor (not run) | "
                       f"{m['known_survivor']} |")
+        for m in other_isa:
+            print(f"| `{m['id']}` | {m['promise']} | at another ISA (not run) | compiled where "
+                  f"{m['isa']} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"killed": killed, "counted": len(counted), "minutes": round(total / 60, 1),
                        "equivalent": [{"id": m["id"], "why": m["equivalent"]} for m in equivalent],
                        "known_survivors": [{"id": m["id"], "why": m["known_survivor"]}
                                            for m in known],
+                       "other_isa": [{"id": m["id"], "isa": m["isa"]} for m in other_isa],
                        "results": results}, f, indent=1)
     sys.exit(1 if a.in_place and killed < len(counted) else 0)
 

@@ -2,7 +2,8 @@
 hand-written mutant's text occurs once in its file and every test it names exists in the build;
 the mutants made by rule still find theirs. And the check itself fails where it must: a mutant
 whose text is gone, one whose text occurs more than once, one naming a test or a pytest file
-that does not exist.
+that does not exist, one whose isa names a macro its file never tests (a typo would leave it
+unrun at every ISA).
 
     mutant_catalogues-test.py SOURCE_ROOT BUILD_ROOT"""
 import json
@@ -50,6 +51,8 @@ with tempfile.TemporaryDirectory() as tmp:
          catalogue("unknown_test", tests=["no_such_test"]))
     want("a pytest file that does not exist", False, "names tests that do not exist",
          catalogue("unknown_file", tests=["pytest:tests/python/no_such_file.py::x"]))
+    want("an isa its file never tests", False, "never tests",
+         catalogue("unknown_isa", isa="!AVX512"))
 
 for f in failures:
     print("FAIL " + f)
