@@ -88,19 +88,18 @@ inline double largest(const double* x, std::ptrdiff_t n, double init) {
 
 /// v held to [lo, hi] in every lane, a NaN kept: one `max` and one `min` instruction, whose own
 /// rule hands their second operand through where either is NaN (the vector extension's selects
-/// compiled to two compares and two blends).
+/// compiled to two compares and two blends). Below AVX-512 only (exp_lanes': AVX-512 clamps
+/// from above alone).
+#if !defined(__AVX512F__)
 [[gnu::always_inline]] inline lanes_f64 lanes_clamp(lanes_f64 v, double lo, double hi) {
-#if defined(__AVX512F__)
-  // masked with every lane on: the unmasked intrinsics' undefined source warns under GCC 12
-  const __m512d low = _mm512_mask_max_pd((__m512d)v, 0xff, _mm512_set1_pd(lo), (__m512d)v);
-  return (lanes_f64)_mm512_mask_min_pd(low, 0xff, _mm512_set1_pd(hi), low);
-#elif defined(__AVX__)
+#if defined(__AVX__)
   return (lanes_f64)_mm256_min_pd(_mm256_set1_pd(hi),
                                   _mm256_max_pd(_mm256_set1_pd(lo), (__m256d)v));
 #else
   return (lanes_f64)_mm_min_pd(_mm_set1_pd(hi), _mm_max_pd(_mm_set1_pd(lo), (__m128d)v));
 #endif
 }
+#endif
 
 /// The `count` (1 … lanes) values at x as a vector, its other lanes 0: a span's tail padded
 /// with zeros (AVX-512: a masked load, which reads nothing past the count; else a copy).
@@ -143,7 +142,8 @@ inline double largest(const double* x, std::ptrdiff_t n, double init) {
   constexpr double lowest = -708.0, highest = 709.0;
 #if defined(__AVX512F__)
   // only the upper clamp: the lanes below −708 (−∞ included) are zeroed at the end, whatever
-  // their k and r; a NaN stays (min hands its second operand through)
+  // their k and r; a NaN stays (min hands its second operand through). Masked with every lane
+  // on: the unmasked intrinsics' undefined source warns under GCC 12.
   const lanes_f64 a =
       (lanes_f64)_mm512_mask_min_pd((__m512d)v, 0xff, _mm512_set1_pd(highest), (__m512d)v);
 #else
