@@ -65,7 +65,7 @@ def check_text(tree, m):
     with open(path) as f:
         text = f.read()
     n = text.count(m["find"])
-    macro = "__%s__" % m["isa"].lstrip("!") if m.get("isa") else ""
+    macro, _ = isa_macro(m)
     if macro and macro not in text:
         sys.exit(f"mutate: mutant {m['id']}: its isa {m['isa']!r} names {macro}, which "
                  f"{m['file']} never tests: give the macro of the #if around its place "
@@ -73,6 +73,13 @@ def check_text(tree, m):
     if n != 1:
         sys.exit(f"mutate: mutant {m['id']}: its text occurs {n} times in {m['file']} "
                  f"(want once): {m['find']!r}")
+
+
+def isa_macro(m):
+    """The macro a mutant's "isa" names and whether it is negated ("!AVX512F"); ("", False)
+    for a mutant of code compiled at every ISA."""
+    cond = m.get("isa", "")
+    return ("__%s__" % cond.lstrip("!") if cond else ""), cond.startswith("!")
 
 
 def native_macros():
@@ -85,10 +92,8 @@ def native_macros():
 
 def compiled_here(m, macros):
     """Whether the native build compiles the mutant's place (its "isa" condition, if any)."""
-    cond = m.get("isa")
-    if not cond:
-        return True
-    return ("__%s__" % cond.lstrip("!") in macros) != cond.startswith("!")
+    macro, negated = isa_macro(m)
+    return not macro or (macro in macros) != negated
 
 
 def check_tests(build, mutants):
@@ -301,7 +306,8 @@ def main():
         for m in every:
             tag = ("equivalent: " + m["equivalent"] if m.get("equivalent") else
                    "known survivor: " + m["known_survivor"] if m.get("known_survivor") else
-                   "at another ISA: compiled where " + m["isa"] if m in other_isa else "")
+                   "at another ISA: compiled where " + m["isa"]
+                   if not compiled_here(m, macros) else "")
             print(f"{m['id']:60} {m['file']}:{m.get('line', '')} {tag}")
         print(f"{len(mutants)} mutants to run, {len(equivalent)} equivalent, "
               f"{len(known)} known survivors, {len(other_isa)} at another ISA")
