@@ -57,16 +57,16 @@ fetch_cudnn_frontend() {
 }
 # The project venv: torch, Hypothesis, pytest and the SP frameworks users pip-install (DeepSpeed,
 # VeOmni, yunchang, xorl), every version pinned in requirements.txt. Debian's python3 makes it;
-# it is rebuilt only when requirements.txt changes (its hash is kept in .venv/requirements.sha256).
+# it is rebuilt only when requirements.txt changes (its hash is kept in requirements.sha256).
 # The first install downloads ~3.6 GB from PyPI (torch's CUDA 13 wheels: the CPU runs the tests).
-make_venv() {
-  local want have=""
-  want=$(sha256sum requirements.txt | cut -d' ' -f1)
-  [ -f .venv/requirements.sha256 ] && have=$(cat .venv/requirements.sha256)
-  [ "$want" = "$have" ] && [ -x .venv/bin/python ] && return 0
-  echo "setup: installing the Python packages of requirements.txt into .venv (first time: minutes)"
-  [ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
-  local log resolved nodeps
+# It lives outside the checkout, one per hash of requirements.txt under $SEQPAR_VENV_CACHE
+# (default ~/.cache/seqpar-venv/), and .venv is a link to it, so that a second clean clone on the
+# same machine (CI's checkouts) finds it made: unpacking its 5.6 GB from pip's cache took 2.8
+# minutes of every clean clone's set-up, longer than the build it ran beside (2026-12-01). The
+# two newest are kept. A .venv that is a directory of its own (a checkout's from before) is
+# kept and updated in place.
+pip_install_requirements() {  # venv dir: requirements.txt into it (the venv made already)
+  local venv=$1 log resolved nodeps
   log=$(mktemp) resolved=$(mktemp) nodeps=$(mktemp)
   # The lines after requirements.txt's "# --no-deps" marker are installed without their declared
   # dependencies (a package whose declared pins conflict with another's, though the code the
@@ -75,11 +75,11 @@ make_venv() {
   sed -n '/^# --no-deps/,$p' requirements.txt | grep -v '^#' >"$nodeps" || true
   # DeepSpeed ships as an sdist whose setup.py imports torch: wheel and torch first, then the
   # rest without build isolation (DS_BUILD_OPS=0: no C++/CUDA ops are compiled).
-  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check wheel \
+  if ! { "$venv/bin/python" -m pip install -q --disable-pip-version-check wheel \
            "$(grep -E '^torch==' requirements.txt)" -c "$resolved" &&
-         DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check \
+         DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
            --no-build-isolation -r "$resolved" &&
-         { [ ! -s "$nodeps" ] || .venv/bin/python -m pip install -q --disable-pip-version-check \
+         { [ ! -s "$nodeps" ] || "$venv/bin/python" -m pip install -q --disable-pip-version-check \
              --no-deps -r "$nodeps"; }; } >"$log" 2>&1; then
     tail -n 40 "$log"
     rm -f "$log" "$resolved" "$nodeps"
@@ -87,7 +87,44 @@ make_venv() {
     return 1
   fi
   rm -f "$log" "$resolved" "$nodeps"
-  echo "$want" >.venv/requirements.sha256
+}
+make_venv() {
+  local want
+  want=$(sha256sum requirements.txt | cut -d' ' -f1)
+  if [ -d .venv ] && [ ! -L .venv ]; then  # a checkout's own venv, in place
+    [ "$(cat .venv/requirements.sha256 2>/dev/null)" = "$want" ] && [ -x .venv/bin/python ] &&
+      return 0
+    echo "setup: installing the Python packages of requirements.txt into .venv" \
+      "(first time: minutes)"
+    [ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
+    pip_install_requirements .venv || return 1
+    echo "$want" >.venv/requirements.sha256
+    return 0
+  fi
+  local home="${SEQPAR_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/seqpar-venv}"
+  local venv="$home/${want:0:16}"
+  mkdir -p "$home"
+  # One set-up at a time makes or checks a given venv (flock: util-linux, in the base image);
+  # the hash is written last, so a venv without it is an install that did not finish.
+  (
+    flock 9
+    if [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" != "$want" ] ||
+      [ ! -x "$venv/bin/python" ]; then
+      echo "setup: installing the Python packages of requirements.txt into $venv" \
+        "(first time: minutes)"
+      rm -rf "$venv"
+      /usr/bin/python3 -m venv "$venv"
+      pip_install_requirements "$venv" || exit 1
+      echo "$want" >"$venv/requirements.sha256"
+    fi
+    touch "$venv/requirements.sha256"  # the newest in use: the two newest are kept
+    find "$home" -mindepth 2 -maxdepth 2 -name requirements.sha256 -printf '%T@ %h\n' |
+      sort -rn | tail -n +3 | cut -d' ' -f2- | while read -r old; do
+        # one that another set-up is installing or checking (its lock held) stays for now
+        (flock -n 8 && rm -rf "$old" && rm -f "$old.lock") 8>"$old.lock" || true
+      done
+  ) 9>"$venv.lock" || return 1
+  ln -sfn "$venv" .venv
 }
 # It installs (mostly downloading and unpacking) while the build compiles: started here, waited
 # for before the tests.
