@@ -181,8 +181,8 @@ Eigen::Index query_block(Eigen::Index extent, int group) {
 ///   'W' causal: p − window < k ≤ p;   'W' bidirectional: p − window ≤ k ≤ p + right;
 ///   'C': k in p's chunk [⌊p/chunk⌋·chunk, +chunk) (causal: and k ≤ p);
 ///   'F': k ≤ p (causal), every key (bidirectional).
-std::pair<Eigen::Index, Eigen::Index> key_span(const attention_rule& r, Eigen::Index p,
-                                               Eigen::Index n) {
+[[gnu::always_inline]] inline std::pair<Eigen::Index, Eigen::Index> key_span(
+    const attention_rule& r, Eigen::Index p, Eigen::Index n) {
   Eigen::Index lo = 0, hi = r.causal ? p + 1 : n;
   if (r.kind == 'W') {
     lo = r.causal ? p - r.window + 1 : p - r.window;
@@ -221,10 +221,18 @@ std::pair<Eigen::Index, Eigen::Index> block_keys_whole(const attention_rule& r, 
 
 /// x [n, d] transposed into [d, n] with its rows a whole number of vectors apart (the padding's
 /// columns are never read): the products read them as vectors that do not straddle cache lines.
-template <class X>
-matrix transposed(const X& x) {
-  matrix t(x.cols(), whole(x.rows()));
-  t.leftCols(x.rows()) = x.transpose();
+/// By runs of `lanes` rows of x, which stay in the first cache while each row of t takes its
+/// vector of them. (Eigen's assignment went down x's columns one after the other: through the
+/// whole of x once per column, from memory once x outgrew the second cache — every KV head's
+/// keys of a 2K-token document at d 128, 4 MB: full attention 3-5 % slower.)
+matrix transposed(const Eigen::Ref<const matrix, 0, Eigen::OuterStride<>>& x) {
+  const Eigen::Index n = x.rows(), d = x.cols();
+  matrix t(d, whole(n));
+  for (Eigen::Index j0 = 0; j0 < n; j0 += lanes) {
+    const Eigen::Index run = std::min<Eigen::Index>(lanes, n - j0);
+    for (Eigen::Index c = 0; c < d; ++c)
+      for (Eigen::Index j = 0; j < run; ++j) t(c, j0 + j) = x(j0 + j, c);
+  }
   return t;
 }
 
@@ -273,6 +281,21 @@ struct block_softmax {
 /// the products' tiles of 8 rows: 17 KB of scores at a window of 128).
 constexpr Eigen::Index rows_per_pass = 16;
 
+/// Where a stacked row j·rows + r of a block of `rows` rows per head lies: row r of the block,
+/// head j of the group. `next` steps to the stacked row after it, without a division (the
+/// loops over a block's rows took one or two per row: a few per cent of the attention's time
+/// at d 16, where a row is a few vectors long).
+struct stacked_row {
+  Eigen::Index r, j;
+  stacked_row(Eigen::Index row, Eigen::Index rows) : r(row % rows), j(row / rows) {}
+  void next(Eigen::Index rows) {
+    if (++r == rows) {
+      r = 0;
+      ++j;
+    }
+  }
+};
+
 /// Where a block's rows find their softmax_rows (`given`: the backward's) or keep them (`keep`:
 /// the forward's); neither set: the block computes and keeps nothing. The stacked row j·rows + r
 /// is the entry (token + r, head + j).
@@ -281,9 +304,9 @@ struct rows_view {
   softmax_rows* keep = nullptr;         // the forward's, written
   Eigen::Index token = 0;               // the block's first row's token
   int head = 0;                         // and its group's first query head
-  /// The (token, head) entry of the stacked row `row` of a block of `rows` rows per head.
-  std::pair<Eigen::Index, Eigen::Index> entry(Eigen::Index row, Eigen::Index rows) const {
-    return {token + row % rows, head + row / rows};
+  /// The (token, head) entry of a stacked row.
+  std::pair<Eigen::Index, Eigen::Index> entry(const stacked_row& at) const {
+    return {token + at.r, head + at.j};
   }
 };
 
@@ -319,16 +342,16 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
   for (Eigen::Index g0 = 0; g0 < stacked; g0 += rows_per_pass) {
     const Eigen::Index g1 = std::min(stacked, g0 + rows_per_pass);
     multiply(query.middleRows(g0, g1 - g0), keys_t, p.middleRows(g0, g1 - g0));
-    for (Eigen::Index row = g0; row < g1; ++row) {
-      const Eigen::Index r = row % rows;
+    stacked_row at(g0, rows);
+    for (Eigen::Index row = g0; row < g1; ++row, at.next(rows)) {
       double* scores = p.row(row).data();
-      const auto [first, last] = key_span(rule, b0 + r, n);
+      const auto [first, last] = key_span(rule, b0 + at.r, n);
       const Eigen::Index lo = std::clamp<Eigen::Index>(first - k0, 0, len);
       const Eigen::Index hi = std::clamp<Eigen::Index>(last - k0, lo, len);
       out.span[static_cast<std::size_t>(row)] = {lo, hi};
       zero_span(scores, lo);
       zero_span(scores + hi, len - hi);
-      const double init = rule.sinks ? sinks[row / rows] : -std::numeric_limits<double>::infinity();
+      const double init = rule.sinks ? sinks[at.j] : -std::numeric_limits<double>::infinity();
       if (rule.softcap > 0) {  // on the row's visible span only, while it is in cache
         const double top =
             softcap_span(scores + lo, want_slope ? out.slope.row(row).data() + lo : nullptr,
@@ -338,29 +361,30 @@ void block_probs(const matrix& query, Eigen::Index rows, const KeysT& keys_t,
         out.inv_z(row) = largest(scores + lo, hi - lo, init);
       }
     }
-    for (Eigen::Index row = g0; row < g1; ++row) {
+    at = stacked_row(g0, rows);
+    for (Eigen::Index row = g0; row < g1; ++row, at.next(rows)) {
       const auto [lo, hi] = out.span[static_cast<std::size_t>(row)];
       double* seen = p.row(row).data() + lo;
       if (saved.given) {  // the forward's maximum and sum: the exponentials alone
-        const auto [t, h] = saved.entry(row, rows);
+        const auto [t, h] = saved.entry(at);
         const double m = saved.given->largest(t, h), inv_z = saved.given->inv_z(t, h);
         out.inv_z(row) = inv_z;
         if (hi == lo && !rule.sinks) continue;
-        exp_span<false>(seen, hi - lo, m);
-        if (rule.sinks) out.sink_p(row) = std::exp(sinks[row / rows] - m) * inv_z;
+        exp_span<false, true>(seen, hi - lo, m);  // m: the row's largest score
+        if (rule.sinks) out.sink_p(row) = std::exp(sinks[at.j] - m) * inv_z;
         continue;
       }
       const double m = out.inv_z(row);
       double inv_z = 0;  // a row that sees nothing: probabilities 0
       if (hi > lo || rule.sinks) {
-        const double sum = exp_span(seen, hi - lo, m);
-        const double e_sink = rule.sinks ? std::exp(sinks[row / rows] - m) : 0.0;
+        const double sum = exp_span<true, true>(seen, hi - lo, m);
+        const double e_sink = rule.sinks ? std::exp(sinks[at.j] - m) : 0.0;
         inv_z = 1.0 / (sum + e_sink);
         if (rule.sinks) out.sink_p(row) = e_sink * inv_z;
       }
       out.inv_z(row) = inv_z;
       if (saved.keep) {
-        const auto [t, h] = saved.entry(row, rows);
+        const auto [t, h] = saved.entry(at);
         saved.keep->largest(t, h) = m;
         saved.keep->inv_z(t, h) = inv_z;
       }
@@ -459,6 +483,33 @@ void unstack_heads(const matrix& s, matrix& x, Eigen::Index b0, int h0, int grou
                 rows, head_dim, [&](Eigen::Index r) { return factor(j * rows + r); });
 }
 
+/// The order of an item's (block of query rows, KV head) pairs: every KV head of a block before
+/// the next block (`true`), or every block of a KV head before the next KV head. The first
+/// reads and writes a block's rows of q, dout, the output and dq whole, every head's, one
+/// stretch of memory (at d 16 a KV group's share of a row is 512 bytes, and by KV heads every
+/// other 512 bytes came from memory: chunks and windows at 8K tokens 2-3 % slower); the second
+/// keeps a KV head's keys in the core's second cache from block to block, where a block reads
+/// many (full attention by blocks: 2 % slower at d 128, 4K tokens, 5 % at d 16, 8K). So by blocks
+/// where every KV head's keys of a block, K and V, fit in 512 KB: windows, chunks and short
+/// documents. The results are the same either way (each KV head's blocks in order).
+bool heads_within_blocks(Eigen::Index extent, int kv_heads, int head_dim) {
+  return static_cast<double>(extent) * kv_heads * head_dim * 2 * sizeof(double) <= 512 * 1024;
+}
+
+/// fn(b0, g) for the blocks [b0, b0 + step) of [i0, i1) and the KV heads g, in the order
+/// heads_within_blocks chose.
+template <class Fn>
+void for_blocks(Eigen::Index i0, Eigen::Index i1, Eigen::Index step, int kv_heads, bool by_blocks,
+                Fn fn) {
+  if (by_blocks) {
+    for (Eigen::Index b0 = i0; b0 < i1; b0 += step)
+      for (int g = 0; g < kv_heads; ++g) fn(b0, g);
+  } else {
+    for (int g = 0; g < kv_heads; ++g)
+      for (Eigen::Index b0 = i0; b0 < i1; b0 += step) fn(b0, g);
+  }
+}
+
 }  // namespace
 
 attention_rule layer_rule(const scenario& s, const weights& w, int l) {
@@ -491,17 +542,16 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const int group = heads / kv_heads;
   matrix out(q.rows(), q.cols());  // every row of every head is written below
-  // Items: (document, KV head, tile of query rows), each computing the query heads of the KV
-  // head's group; every row is computed on its own, so the result does not depend on the items.
+  // Items: (document, tile of query rows), each computing every query head: its blocks of rows
+  // and the KV heads (the query heads of a group stacked) in the order for_blocks takes them;
+  // every row is computed on its own, so the result does not depend on the items or the order.
   struct item {
     Eigen::Index a, e, i0, i1;
-    int g;
   };
   std::vector<item> items;
   for (const auto& [a, e] : documents(position_ids))
-    for (int g = 0; g < kv_heads; ++g)
-      for (Eigen::Index i0 = a; i0 < e; i0 += row_tile)
-        items.push_back({a, e, i0, std::min(e, i0 + row_tile), g});
+    for (Eigen::Index i0 = a; i0 < e; i0 += row_tile)
+      items.push_back({a, e, i0, std::min(e, i0 + row_tile)});
   const auto keys_of = [&](const item& it) {  // the item's keys, positions in its document
     return block_keys(rule, it.i0 - it.a, it.i1 - it.a, it.e - it.a);
   };
@@ -510,30 +560,33 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
       [&](std::size_t t) {
         const auto [k0, k1] = keys_of(items[t]);
         return static_cast<double>(items[t].i1 - items[t].i0) * static_cast<double>(k1 - k0) *
-               group;
+               heads;
       },
       [&](std::size_t t) {
-        const auto& [a, e, i0, i1, g] = items[t];
-        const int h0 = g * group;
-        const Eigen::Index kc = Eigen::Index{g} * head_dim;
+        const auto& [a, e, i0, i1] = items[t];
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
-        const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
-        const auto [first, last] = keys_of(items[t]);  // the item's keys, transposed once
-        const matrix kt = transposed(k.block(a + first, kc, last - first, head_dim));
+        const bool by_blocks = heads_within_blocks(key_extent(rule, e - a), kv_heads, head_dim);
+        const auto [first, last] = keys_of(items[t]);
+        // the item's keys of every KV head, transposed once: [kv_heads·head_dim, keys], KV
+        // head g's in rows [g·head_dim, +head_dim)
+        const matrix kt = transposed(k.middleRows(a + first, last - first));
         block_softmax sm;
         matrix query, o;
-        for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
+        for_blocks(i0, i1, step, kv_heads, by_blocks, [&](Eigen::Index b0, int g) {
           const Eigen::Index b1 = std::min(i1, b0 + step);
           const auto [k0, k1] = block_keys_whole(rule, b0 - a, b1 - a, e - a, first, last);
+          const int h0 = g * group;
+          const Eigen::Index kc = Eigen::Index{g} * head_dim;
+          const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
           stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale), query);
-          block_probs(query, b1 - b0, kt.middleCols(k0 - first, k1 - k0), rule, b0 - a, k0, e - a,
-                      sinks, false, rows_view{nullptr, keep, b0, h0}, sm);
+          block_probs(query, b1 - b0, kt.block(kc, k0 - first, head_dim, k1 - k0), rule, b0 - a, k0,
+                      e - a, sinks, false, rows_view{nullptr, keep, b0, h0}, sm);
           o.resize(sm.e.rows(), head_dim);
           multiply(sm.e, v.block(a + k0, kc, k1 - k0, head_dim), o);
           // the softmax's normalisation, on [rows, head_dim]
           unstack_heads(o, out, b0, h0, group, head_dim,
                         [&](Eigen::Index r) { return sm.inv_z(r); });
-        }
+        });
       },
       min_parallel_pairs);
   return out;
@@ -592,14 +645,14 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
   dq.resize(q.rows(), q.cols());  // every row of every head is written below
   dk = matrix::Zero(k.rows(), k.cols());
   dv = matrix::Zero(v.rows(), v.cols());
-  // Items: (document, KV head, chunk of query rows), each computing the query heads of the KV
-  // head's group. An item writes its dq rows of those heads and keeps its own dK, dV (and sink
-  // gradients) over the keys its queries read; then the partials of each (document, KV head)
-  // are added in chunk order (a document's only chunk adds into dK and dV in place). Chunks
-  // depend on the document's length alone, so the sums are the same at any thread count.
+  // Items: (document, chunk of query rows), each computing every query head: its blocks of rows
+  // and the KV heads (the query heads of a group stacked) in the order for_blocks takes them,
+  // each KV head's blocks in order. An item writes its dq rows and keeps its own dK, dV (and
+  // sink gradients) over the keys its queries read; then the partials of each (document, KV
+  // head) are added in chunk order (a document's only chunk adds into dK and dV in place).
+  // Chunks depend on the document's length alone, so the sums are the same at any thread count.
   struct item {
     Eigen::Index a, e, i0, i1;
-    int g;
     bool alone;  // its document's only chunk: it adds into dK and dV in place
   };
   const auto docs = documents(position_ids);
@@ -608,88 +661,95 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
   for (const auto& [a, e] : docs) {
     first_item.push_back(items.size());
     const auto cuts = attention_backward_chunks(e - a, group);
-    for (int g = 0; g < kv_heads; ++g)
-      for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
-        items.push_back({a, e, a + cuts[c], a + cuts[c + 1], g, cuts.size() == 2});
+    for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
+      items.push_back({a, e, a + cuts[c], a + cuts[c + 1], cuts.size() == 2});
   }
   const auto keys_of = [&](const item& it) {
     return block_keys(rule, it.i0 - it.a, it.i1 - it.a, it.e - it.a);
   };
+  // an item's dK and dV partials, every KV head's columns (the item not alone)
   std::vector<matrix> dk_part(items.size()), dv_part(items.size());
-  // per item, per head of its group
-  std::vector<double> dsink_part(items.size() * static_cast<std::size_t>(group), 0.0);
+  // per item, per query head
+  std::vector<double> dsink_part(items.size() * static_cast<std::size_t>(heads), 0.0);
   parallel_items(
       items.size(), threads,
       [&](std::size_t t) {
         const auto [k0, k1] = keys_of(items[t]);
         return static_cast<double>(items[t].i1 - items[t].i0) * static_cast<double>(k1 - k0) *
-               group;
+               heads;
       },
       [&](std::size_t t) {
-        const auto& [a, e, i0, i1, g, alone] = items[t];
-        const int h0 = g * group;
-        const Eigen::Index kc = Eigen::Index{g} * head_dim;
+        const auto& [a, e, i0, i1, alone] = items[t];
         const auto [first, last] = keys_of(items[t]);  // the item's keys
         const Eigen::Index n = last - first;
-        // K and V of the item's keys: K as it is (dq's product), both transposed once (the
-        // scores' and dp's products, block by block)
-        const auto kg = k.block(a + first, kc, n, head_dim);
-        const matrix kt = transposed(kg), vt = transposed(v.block(a + first, kc, n, head_dim));
+        // K and V of the item's keys, every KV head's, transposed once (the scores' and dp's
+        // products, block by block; KV head g's in rows [g·head_dim, +head_dim)); dq's product
+        // reads K as it is
+        const matrix kt = transposed(k.middleRows(a + first, n));
+        const matrix vt = transposed(v.middleRows(a + first, n));
         // dK and dV of the item's keys: its own partials, or (its document's only chunk: no
         // other item adds to those rows) dK's and dV's rows themselves, 0 until now — the same
         // sums, without the partials' copy and their addition into dK and dV after.
         using rows_of = Eigen::Ref<matrix, 0, Eigen::OuterStride<>>;
         if (!alone) {
-          dk_part[t] = matrix::Zero(n, head_dim);
-          dv_part[t] = matrix::Zero(n, head_dim);
+          dk_part[t] = matrix::Zero(n, k.cols());
+          dv_part[t] = matrix::Zero(n, v.cols());
         }
-        rows_of dkg = alone ? rows_of(dk.block(a + first, kc, n, head_dim)) : rows_of(dk_part[t]);
-        rows_of dvg = alone ? rows_of(dv.block(a + first, kc, n, head_dim)) : rows_of(dv_part[t]);
+        rows_of dk_all = alone ? rows_of(dk.middleRows(a + first, n)) : rows_of(dk_part[t]);
+        rows_of dv_all = alone ? rows_of(dv.middleRows(a + first, n)) : rows_of(dv_part[t]);
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
-        const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
+        const bool by_blocks = heads_within_blocks(key_extent(rule, e - a), kv_heads, head_dim);
         const double factor = score_factor(rule, scale);
-        double* dsink = dsink_part.data() + t * static_cast<std::size_t>(group);
         block_softmax sm;
         matrix query, d_o, d_os, dqs;
-        Eigen::VectorXd delta;
+        Eigen::VectorXd delta, row_inv_z;
         scratch ds_store;
-        for (Eigen::Index b0 = i0; b0 < i1; b0 += step) {
+        for_blocks(i0, i1, step, kv_heads, by_blocks, [&](Eigen::Index b0, int g) {
           const Eigen::Index b1 = std::min(i1, b0 + step), rows = b1 - b0;
           const auto [k0, k1] = block_keys_whole(rule, b0 - a, b1 - a, e - a, first, last);
           const Eigen::Index off = k0 - first, len = k1 - k0;
+          const int h0 = g * group;
+          const Eigen::Index kc = Eigen::Index{g} * head_dim;
+          const auto kg = k.block(a + first, kc, n, head_dim);
+          auto dkg = dk_all.middleCols(kc, head_dim);
+          auto dvg = dv_all.middleCols(kc, head_dim);
+          const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
+          double* dsink = dsink_part.data() + t * static_cast<std::size_t>(heads) + h0;
           stack_heads(q, b0, rows, h0, group, head_dim, factor, query);
           stack_heads(dout, b0, rows, h0, group, head_dim, 1.0, d_o);
           const rows_view given{saved, nullptr, b0, h0};
           // Per row, with p = e·inv_z: o = pᵀV: dV += p·do = e·(inv_z·do), dp = V·doᵀ;
           // softmax: ds = p∘(dp − pᵀdp) (the sink column's dp is 0: it reaches no value, and
-          // its own ds is −p_sink·pᵀdp); capping: the score is softcap·tanh(x), x = factor·q·k,
-          // so ds ∘= softcap·(1 − tanh²). ds is the gradient of x = q'·k, q' = factor·q (the
-          // stacked `query`): dK += dsᵀ·q', dq = factor·ds·K. ds is 0 off each row's span.
-          // pᵀdp = Σ p·(V·do) = do·o, the forward's output row (`delta`): a row's ds then
-          // needs no other key's, and the block goes over its keys by panels.
-          const auto inv_z_of = [&](Eigen::Index r) {
-            const auto [t, h] = given.entry(r, rows);
-            return saved->inv_z(t, h);
-          };
-          d_os.resize(d_o.rows(), head_dim);
-          scaled_rows(d_o.data(), head_dim, d_os.data(), head_dim, d_o.rows(), head_dim, inv_z_of);
+          // its own ds is −p_sink·pᵀdp); capping: the score is softcap·tanh(x), x =
+          // factor·q·k, so ds ∘= softcap·(1 − tanh²). ds is the gradient of x = q'·k, q' =
+          // factor·q (the stacked `query`): dK += dsᵀ·q', dq = factor·ds·K. ds is 0 off each
+          // row's span. pᵀdp = Σ p·(V·do) = do·o, the forward's output row (`delta`): a row's
+          // ds then needs no other key's, and the block goes over its keys by panels.
           delta.resize(d_o.rows());
-          for (Eigen::Index r = 0; r < d_o.rows(); ++r) {
-            const auto [t, h] = given.entry(r, rows);
+          row_inv_z.resize(d_o.rows());
+          stacked_row at(0, rows);
+          for (Eigen::Index r = 0; r < d_o.rows(); ++r, at.next(rows)) {
+            const auto [t, h] = given.entry(at);
+            row_inv_z(r) = saved->inv_z(t, h);
             delta(r) = dot(d_o.row(r).data(), out->data() + t * out->outerStride() + h * head_dim,
                            head_dim);
           }
+          d_os.resize(d_o.rows(), head_dim);
+          scaled_rows(d_o.data(), head_dim, d_os.data(), head_dim, d_o.rows(), head_dim,
+                      [&](Eigen::Index r) { return row_inv_z(r); });
           dqs = matrix::Zero(d_o.rows(), head_dim);  // the panels add into it
           for (Eigen::Index p0 = 0; p0 < len; p0 += backward_panel_keys) {
             const Eigen::Index width = std::min(backward_panel_keys, len - p0);
-            block_probs(query, rows, kt.middleCols(off + p0, width), rule, b0 - a, k0 + p0, e - a,
-                        sinks, rule.softcap > 0, given, sm);
+            block_probs(query, rows, kt.block(kc, off + p0, head_dim, width), rule, b0 - a, k0 + p0,
+                        e - a, sinks, rule.softcap > 0, given, sm);
             if (rule.sinks && p0 == 0)
-              for (Eigen::Index r = 0; r < d_o.rows(); ++r)
-                dsink[r / rows] -= sm.sink_p(r) * delta(r);
+              for (int j = 0; j < group; ++j)
+                for (Eigen::Index r = j * rows; r < (j + 1) * rows; ++r)
+                  dsink[j] -= sm.sink_p(r) * delta(r);
             add_transposed_product(sm.e, d_os, dvg.middleRows(off + p0, width));
             auto ds = ds_store.view(sm.e.rows(), width);
-            multiply(d_o, vt.middleCols(off + p0, width), ds);  // dp, made ds row by row
+            // dp, made ds row by row
+            multiply(d_o, vt.block(kc, off + p0, head_dim, width), ds);
             for (Eigen::Index r = 0; r < ds.rows(); ++r) {
               const auto [lo, hi] = sm.span[static_cast<std::size_t>(r)];
               const double inv_z = sm.inv_z(r), c = delta(r);
@@ -709,7 +769,7 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           }
           unstack_heads(dqs, dq, b0, h0, group, head_dim,
                         [factor](Eigen::Index) { return factor; });
-        }
+        });
       },
       min_parallel_pairs);
   // The reduction: one item per (document, KV head), its partials in chunk order.
@@ -725,18 +785,18 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const Eigen::Index kc = Eigen::Index{g} * head_dim;
         const std::size_t end = d + 1 < docs.size() ? first_item[d + 1] : items.size();
         for (std::size_t t = first_item[d]; t < end; ++t) {
-          if (items[t].g != g || items[t].alone) continue;
+          if (items[t].alone) continue;
           const Eigen::Index n = dk_part[t].rows(), first = keys_of(items[t]).first;
-          dk.block(docs[d].first + first, kc, n, head_dim) += dk_part[t];
-          dv.block(docs[d].first + first, kc, n, head_dim) += dv_part[t];
+          dk.block(docs[d].first + first, kc, n, head_dim) += dk_part[t].middleCols(kc, head_dim);
+          dv.block(docs[d].first + first, kc, n, head_dim) += dv_part[t].middleCols(kc, head_dim);
         }
       },
       min_parallel_flops);
   if (dsinks) {  // in item order: documents, then chunks, per head
     *dsinks = matrix::Zero(1, heads);
     for (std::size_t t = 0; t < items.size(); ++t)
-      for (int j = 0; j < group; ++j)
-        (*dsinks)(0, items[t].g * group + j) += dsink_part[t * static_cast<std::size_t>(group) + j];
+      for (int h = 0; h < heads; ++h)
+        (*dsinks)(0, h) += dsink_part[t * static_cast<std::size_t>(heads) + h];
   }
 }
 

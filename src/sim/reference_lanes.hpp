@@ -135,7 +135,10 @@ inline double largest(const double* x, std::ptrdiff_t n, double init) {
 /// one `scalef` whose mask zeroes the lanes below −708 (no lower clamp, no blend: ×1.15 per value
 /// on a 2026 Intel Xeon, bitwise the same results). Eigen's vectorised exp took ~1.5 ns a value
 /// there (a rational approximation with a division, and an ldexp that guards every range), this
-/// ~0.6 to 0.8.
+/// ~0.6 to 0.8. `at_most_zero`: every lane is ≤ 0 or NaN (a softmax's scores less their row's
+/// largest), so that AVX-512's clamp from above, which changes nothing there, is left out: one
+/// instruction of the ~20 a vector takes, whose ports the exponentials saturate.
+template <bool at_most_zero = false>
 [[gnu::always_inline]] inline lanes_f64 exp_lanes(lanes_f64 v) {
   constexpr double log2e = 1.4426950408889634074, round_shift = 0x1.8p52;
   constexpr double ln2_hi = 0.693145751953125, ln2_lo = 1.42860682030941723212e-6;
@@ -144,8 +147,9 @@ inline double largest(const double* x, std::ptrdiff_t n, double init) {
   // only the upper clamp: the lanes below −708 (−∞ included) are zeroed at the end, whatever
   // their k and r; a NaN stays (min hands its second operand through). Masked with every lane
   // on: the unmasked intrinsics' undefined source warns under GCC 12.
-  const lanes_f64 a =
-      (lanes_f64)_mm512_mask_min_pd((__m512d)v, 0xff, _mm512_set1_pd(highest), (__m512d)v);
+  const lanes_f64 a = at_most_zero ? v
+                                   : (lanes_f64)_mm512_mask_min_pd(
+                                         (__m512d)v, 0xff, _mm512_set1_pd(highest), (__m512d)v);
 #else
   const lanes_f64 a = lanes_clamp(v, lowest, highest);
 #endif
@@ -183,13 +187,14 @@ inline double largest(const double* x, std::ptrdiff_t n, double init) {
 /// results do not depend on where a span starts or ends. The sum is taken on the way, lane by
 /// lane over the whole vectors, the lanes then added in order, then the tail's values (not
 /// `summed`: the values alone). Inlined by force into the softmax's loop over rows, whose rows are
-/// a few vectors long: its constants then stay in registers from row to row.
-template <bool summed = true>
+/// a few vectors long: its constants then stay in registers from row to row. `at_most_zero`:
+/// m is at least every x (exp_lanes').
+template <bool summed = true, bool at_most_zero = false>
 [[gnu::always_inline]] inline double exp_span(double* x, std::ptrdiff_t n, double m) {
   std::ptrdiff_t i = 0;
   lanes_f64 sums{};
   for (; i + lanes <= n; i += lanes) {
-    const lanes_f64 v = exp_lanes(load_lanes(x + i, lanes) - m);
+    const lanes_f64 v = exp_lanes<at_most_zero>(load_lanes(x + i, lanes) - m);
     if constexpr (summed) sums += v;
     store_lanes(x + i, v, lanes);
   }
@@ -197,7 +202,7 @@ template <bool summed = true>
   if constexpr (summed)
     for (int j = 0; j < lanes; ++j) sum += sums[j];
   if (i < n) {
-    store_lanes(x + i, exp_lanes(load_lanes(x + i, n - i) - m), n - i);
+    store_lanes(x + i, exp_lanes<at_most_zero>(load_lanes(x + i, n - i) - m), n - i);
     if constexpr (summed)
       for (; i < n; ++i) sum += x[i];
   }
