@@ -16,8 +16,8 @@ Today's attention options (ctx): a bidirectional layer sees every key of its doc
 step; windows and chunks mask each block by the rows' positions in their documents; capping
 goes into every block's scores; the sinks of the rank's heads enter once, after the last merge.
 
-    python3 -m seqpar.testing check python/examples/zigzag_ring_attention.py:attention \\
-        --supports '{"layouts": ["zigzag"]}'
+    python3 -m seqpar.testing check python/examples/zigzag_ring_attention.py:attention
+        (SUPPORTS below declares the zigzag layout alone: read where --supports is not given)
     python3 -m seqpar.testing check python/examples/zigzag_ring_attention.py:attention \\
         --supports "$(python3 -c 'import json; print(json.dumps(dict(layouts=["zigzag"],
             bidirectional=True, window=True, chunk=True, sinks=True, softcap=True)))')"

@@ -356,15 +356,21 @@ def test_rerun_command_reproduces_the_shrunk_case(tmp_path):
     assert v.returncode == 1, v.stdout + v.stderr
 
 
-def test_supports_skips_what_is_declared_unsupported():
+def test_supports_skips_what_is_declared_unsupported(capsys):
     # The zigzag-only example is wrong on the contiguous ring layout: drawn, it fails ...
-    report = _fail(EXAMPLE + ":attention", supports=None)
+    report = _fail(EXAMPLE + ":attention", supports={})
     assert "contiguous" in _scenario_of(report).layout
-    # ... declared, it is never drawn.
+    # ... declared, it is never drawn: by supports= ...
     stats = {}
     spt.check(EXAMPLE + ":attention", max_world=3, supports=ZIGZAG, max_examples=60, seed=2,
               stats=stats)
     assert stats["failures"] == 0
+    # ... or by the module's SUPPORTS, read where supports= is not given (and said so).
+    stats = {}
+    spt.check(EXAMPLE + ":attention", max_world=3, max_examples=60, seed=2, stats=stats,
+              progress=60)
+    assert stats["failures"] == 0
+    assert 'supports {"layouts": ["zigzag"]}, as the module of' in capsys.readouterr().err
 
 
 # Bad user code fails on every example and every failing example restarts the pool (its

@@ -82,7 +82,9 @@ def check(impl, *, max_world=4, supports=None, max_examples=100, max_tokens=64, 
 
     impl: the per-rank function `attention(q, k, v, ctx) -> out`, or a reference
       "file.py:NAME" / "module:NAME" (NAME may be a call such as make(bug='x')).
-    supports: a dict or Supports: what is not supported is not drawn.
+    supports: a dict or Supports: what is not supported is not drawn. None: the SUPPORTS that
+      the implementation's module declares at its top level, if it declares one, else
+      everything ({} draws everything whatever the module declares).
     seed: a fixed Hypothesis seed (reproducible runs, e.g. CI); None draws afresh each run.
     deadline: seconds one example may take on the ranks before it is reported as a hang.
     progress: print a progress line to stderr every that many seconds (None: silent).
@@ -91,15 +93,27 @@ def check(impl, *, max_world=4, supports=None, max_examples=100, max_tokens=64, 
       when the first failure came: the budget a mistake like it needs; None without one) and
       seconds per phase.
     """
+    import dataclasses
+    import json
     import os
+    import sys
 
     import hypothesis
     from hypothesis import given, reject
+
+    from .impl_ref import declared_supports
 
     max_examples = int(os.environ.get("SEQPAR_TESTING_EXAMPLES") or max_examples)
 
     runner = _make_runner(impl, seqpar, deadline, start_method, impl_ref, keep, name)
     runner.progress = progress
+    if supports is None:
+        supports = declared_supports(runner.resolved)
+        if supports is not None and progress:
+            shown = supports if isinstance(supports, dict) else dataclasses.asdict(supports)
+            print("seqpar.testing: supports %s, as the module of %s declares (SUPPORTS); "
+                  "supports= or --supports overrides it" % (json.dumps(shown), runner.name),
+                  file=sys.stderr)
     strategy = scenarios(max_world=max_world, supports=supports, max_tokens=max_tokens)
     sup = Supports.of(supports)
     kw = _hypothesis_settings(max_examples, settings)

@@ -30,7 +30,9 @@ def main(argv=None):
     c.add_argument("--examples", type=int, default=100)
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--supports", default=None,
-                   help='JSON, e.g. \'{"ring": false, "dtypes": ["f32"]}\'')
+                   help='JSON, e.g. \'{"ring": false, "dtypes": ["f32"]}\' (default: the '
+                   'SUPPORTS that the implementation\'s module declares, if any; {} draws '
+                   'everything)')
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--progress", type=float, default=10.0,
                    help="seconds between progress lines (0: none)")

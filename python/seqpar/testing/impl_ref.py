@@ -39,6 +39,13 @@ def resolve(ref):
     return fn
 
 
+def declared_supports(fn):
+    """The SUPPORTS that the module defining `fn` declares at its top level (a dict or a
+    Supports), or None where it declares none."""
+    mod = sys.modules.get(getattr(fn, "__module__", None) or "")
+    return getattr(mod, "SUPPORTS", None)
+
+
 def reference_of(fn):
     """A FILE.py:NAME reference for a module-level function, else None."""
     qual = getattr(fn, "__qualname__", None)

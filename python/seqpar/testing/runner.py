@@ -118,8 +118,10 @@ class Runner(object):
         self.impl_ref = impl_ref if impl_ref is not None else (
             impl if isinstance(impl, str) else reference_of(impl))
         self._name = impl if isinstance(impl, str) else getattr(impl, "__name__", "attention")
+        self.resolved = impl  # the callable itself
         if isinstance(impl, str):
             resolved = resolve(impl)  # a reference that names nothing fails here, not in a rank
+            self.resolved = resolved
             if start_method == "fork":
                 impl = resolved
         if start_method != "fork" and not isinstance(impl, str):
