@@ -219,22 +219,23 @@ std::pair<Eigen::Index, Eigen::Index> block_keys_whole(const attention_rule& r, 
   return {k0, std::min(last, k0 + whole(k1 - k0))};
 }
 
-/// x [n, d] transposed into [d, n] with its rows a whole number of vectors apart (the padding's
-/// columns are never read): the products read them as vectors that do not straddle cache lines.
-/// By runs of `lanes` rows of x, which stay in the first cache while each row of t takes its
-/// vector of them. (Eigen's assignment went down x's columns one after the other: through the
-/// whole of x once per column, from memory once x outgrew the second cache — every KV head's
-/// keys of a 2K-token document at d 128, 4 MB: full attention 3-5 % slower.)
-matrix transposed(const Eigen::Ref<const matrix, 0, Eigen::OuterStride<>>& x) {
-  const Eigen::Index n = x.rows(), d = x.cols();
-  matrix t(d, whole(n));
-  for (Eigen::Index j0 = 0; j0 < n; j0 += lanes) {
-    const Eigen::Index run = std::min<Eigen::Index>(lanes, n - j0);
-    for (Eigen::Index c = 0; c < d; ++c)
-      for (Eigen::Index j = 0; j < run; ++j) t(c, j0 + j) = x(j0 + j, c);
+/// An item's keys (or values) of every KV head, transposed: [kv_heads·head_dim, n], KV head g's
+/// in rows [g·head_dim, +head_dim), the rows a whole number of vectors apart (the padding's
+/// columns are never read: the products read the rows as vectors that do not straddle cache
+/// lines). Each KV head's rows are filled (`fill`) when the item's first block of that KV head
+/// comes, so that they are still in cache for its blocks (filled all at once, a long
+/// document's every KV head outgrew the second cache where one KV head's had not: full
+/// attention 2-5 % slower at d 16, 8K tokens, and at d 128, 4K).
+struct transposed_heads {
+  matrix t;
+  transposed_heads(Eigen::Index kv_heads, Eigen::Index head_dim, Eigen::Index n)
+      : t(kv_heads * head_dim, whole(n)) {}
+  /// x [n, head_dim] (KV head g's columns) transposed into KV head g's rows.
+  template <class X>
+  void fill(const X& x, Eigen::Index row) {
+    t.block(row, 0, x.cols(), x.rows()) = x.transpose();
   }
-  return t;
-}
+};
 
 /// About how many keys a query of a document of n tokens sees: the whole document, or the
 /// window (both sides), or the chunk.
@@ -567,9 +568,9 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const bool by_blocks = heads_within_blocks(key_extent(rule, e - a), kv_heads, head_dim);
         const auto [first, last] = keys_of(items[t]);
-        // the item's keys of every KV head, transposed once: [kv_heads·head_dim, keys], KV
-        // head g's in rows [g·head_dim, +head_dim)
-        const matrix kt = transposed(k.middleRows(a + first, last - first));
+        // the item's keys of every KV head, transposed (each KV head's at its first block)
+        transposed_heads keys(kv_heads, head_dim, last - first);
+        const matrix& kt = keys.t;
         block_softmax sm;
         matrix query, o;
         for_blocks(i0, i1, step, kv_heads, by_blocks, [&](Eigen::Index b0, int g) {
@@ -577,6 +578,7 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
           const auto [k0, k1] = block_keys_whole(rule, b0 - a, b1 - a, e - a, first, last);
           const int h0 = g * group;
           const Eigen::Index kc = Eigen::Index{g} * head_dim;
+          if (b0 == i0) keys.fill(k.block(a + first, kc, last - first, head_dim), kc);
           const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
           stack_heads(q, b0, b1 - b0, h0, group, head_dim, score_factor(rule, scale), query);
           block_probs(query, b1 - b0, kt.block(kc, k0 - first, head_dim, k1 - k0), rule, b0 - a, k0,
@@ -667,8 +669,12 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
   const auto keys_of = [&](const item& it) {
     return block_keys(rule, it.i0 - it.a, it.i1 - it.a, it.e - it.a);
   };
-  // an item's dK and dV partials, every KV head's columns (the item not alone)
-  std::vector<matrix> dk_part(items.size()), dv_part(items.size());
+  // an item's dK and dV partials (the item not alone), per KV head: item t's of KV head g at
+  // t·kv_heads + g
+  const auto part = [&](std::size_t t, int g) {
+    return t * static_cast<std::size_t>(kv_heads) + g;
+  };
+  std::vector<matrix> dk_part(part(items.size(), 0)), dv_part(part(items.size(), 0));
   // per item, per query head
   std::vector<double> dsink_part(items.size() * static_cast<std::size_t>(heads), 0.0);
   parallel_items(
@@ -682,21 +688,19 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const auto& [a, e, i0, i1, alone] = items[t];
         const auto [first, last] = keys_of(items[t]);  // the item's keys
         const Eigen::Index n = last - first;
-        // K and V of the item's keys, every KV head's, transposed once (the scores' and dp's
-        // products, block by block; KV head g's in rows [g·head_dim, +head_dim)); dq's product
-        // reads K as it is
-        const matrix kt = transposed(k.middleRows(a + first, n));
-        const matrix vt = transposed(v.middleRows(a + first, n));
+        // K and V of the item's keys, every KV head's, transposed (the scores' and dp's products,
+        // block by block; each KV head's at its first block); dq's product reads K as it is
+        transposed_heads keys(kv_heads, head_dim, n), values(kv_heads, head_dim, n);
+        const matrix &kt = keys.t, &vt = values.t;
         // dK and dV of the item's keys: its own partials, or (its document's only chunk: no
         // other item adds to those rows) dK's and dV's rows themselves, 0 until now — the same
         // sums, without the partials' copy and their addition into dK and dV after.
         using rows_of = Eigen::Ref<matrix, 0, Eigen::OuterStride<>>;
-        if (!alone) {
-          dk_part[t] = matrix::Zero(n, k.cols());
-          dv_part[t] = matrix::Zero(n, v.cols());
-        }
-        rows_of dk_all = alone ? rows_of(dk.middleRows(a + first, n)) : rows_of(dk_part[t]);
-        rows_of dv_all = alone ? rows_of(dv.middleRows(a + first, n)) : rows_of(dv_part[t]);
+        if (!alone)
+          for (int g = 0; g < kv_heads; ++g) {
+            dk_part[part(t, g)] = matrix::Zero(n, head_dim);
+            dv_part[part(t, g)] = matrix::Zero(n, head_dim);
+          }
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const bool by_blocks = heads_within_blocks(key_extent(rule, e - a), kv_heads, head_dim);
         const double factor = score_factor(rule, scale);
@@ -710,9 +714,15 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
           const Eigen::Index off = k0 - first, len = k1 - k0;
           const int h0 = g * group;
           const Eigen::Index kc = Eigen::Index{g} * head_dim;
+          if (b0 == i0) {  // its first block: the KV head's keys and values transposed
+            keys.fill(k.block(a + first, kc, n, head_dim), kc);
+            values.fill(v.block(a + first, kc, n, head_dim), kc);
+          }
           const auto kg = k.block(a + first, kc, n, head_dim);
-          auto dkg = dk_all.middleCols(kc, head_dim);
-          auto dvg = dv_all.middleCols(kc, head_dim);
+          rows_of dkg =
+              alone ? rows_of(dk.block(a + first, kc, n, head_dim)) : rows_of(dk_part[part(t, g)]);
+          rows_of dvg =
+              alone ? rows_of(dv.block(a + first, kc, n, head_dim)) : rows_of(dv_part[part(t, g)]);
           const double* sinks = rule.sinks ? rule.sinks->data() + h0 : nullptr;
           double* dsink = dsink_part.data() + t * static_cast<std::size_t>(heads) + h0;
           stack_heads(q, b0, rows, h0, group, head_dim, factor, query);
@@ -786,9 +796,9 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const std::size_t end = d + 1 < docs.size() ? first_item[d + 1] : items.size();
         for (std::size_t t = first_item[d]; t < end; ++t) {
           if (items[t].alone) continue;
-          const Eigen::Index n = dk_part[t].rows(), first = keys_of(items[t]).first;
-          dk.block(docs[d].first + first, kc, n, head_dim) += dk_part[t].middleCols(kc, head_dim);
-          dv.block(docs[d].first + first, kc, n, head_dim) += dv_part[t].middleCols(kc, head_dim);
+          const Eigen::Index n = dk_part[part(t, g)].rows(), first = keys_of(items[t]).first;
+          dk.block(docs[d].first + first, kc, n, head_dim) += dk_part[part(t, g)];
+          dv.block(docs[d].first + first, kc, n, head_dim) += dv_part[part(t, g)];
         }
       },
       min_parallel_flops);
