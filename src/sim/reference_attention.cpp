@@ -569,7 +569,8 @@ matrix attention(const matrix& q, const matrix& k, const matrix& v, int heads, i
         const Eigen::Index a = items[t].a, e = items[t].e, i0 = items[t].i0, i1 = items[t].i1;
         const Eigen::Index step = query_block(key_extent(rule, e - a), group);
         const bool by_blocks = heads_within_blocks(key_extent(rule, e - a), kv_heads, head_dim);
-        const Eigen::Index first = keys_of(items[t]).first, last = keys_of(items[t]).second;
+        const auto keys_span = keys_of(items[t]);
+        const Eigen::Index first = keys_span.first, last = keys_span.second;
         // the item's keys of every KV head, transposed (each KV head's at its first block)
         transposed_heads keys(kv_heads, head_dim, last - first);
         const matrix& kt = keys.t;
@@ -691,7 +692,8 @@ void attention_backward(const matrix& q, const matrix& k, const matrix& v, const
         const Eigen::Index a = items[t].a, e = items[t].e, i0 = items[t].i0, i1 = items[t].i1;
         const bool alone = items[t].alone;
         // the item's keys
-        const Eigen::Index first = keys_of(items[t]).first, last = keys_of(items[t]).second;
+        const auto keys_span = keys_of(items[t]);
+        const Eigen::Index first = keys_span.first, last = keys_span.second;
         const Eigen::Index n = last - first;
         // K and V of the item's keys, every KV head's, transposed (the scores' and dp's products,
         // block by block; each KV head's at its first block); dq's product reads K as it is
