@@ -373,6 +373,26 @@ def test_supports_skips_what_is_declared_unsupported(capsys):
     assert 'supports {"layouts": ["zigzag"]}, as the module of' in capsys.readouterr().err
 
 
+def test_invalid_module_supports_is_named_at_its_source(tmp_path):
+    # A module whose SUPPORTS misspells a key: the error names the file that declares it, before
+    # any example runs; supports= overrides the module's declaration.
+    mod = tmp_path / "misspelt_supports.py"
+    mod.write_text("import sys\nsys.path.insert(0, %r)\n"
+                   "import zigzag_ring_attention\n"
+                   "SUPPORTS = {'layout': ['zigzag']}\n"
+                   "def attention(*args, **kwargs):\n"
+                   "    return zigzag_ring_attention.attention(*args, **kwargs)\n"
+                   % os.path.dirname(EXAMPLE))
+    with pytest.raises(ValueError) as e:
+        spt.check(str(mod) + ":attention", max_world=2, max_examples=2)
+    assert str(mod) in str(e.value) and "unknown keys ['layout']" in str(e.value), e.value
+    assert not _children()
+    stats = {}
+    spt.check(str(mod) + ":attention", max_world=2, max_examples=3, seed=1,
+              supports={"layouts": ["zigzag"]}, stats=stats)
+    assert stats["failures"] == 0
+
+
 # Bad user code fails on every example and every failing example restarts the pool (its
 # collectives may be out of step): shrinking it would take minutes and prove nothing more about
 # the words of the report, so these tests stop at the first failing example.
