@@ -108,16 +108,11 @@ def check(impl, *, max_world=4, supports=None, max_examples=100, max_tokens=64, 
     runner = _make_runner(impl, seqpar, deadline, start_method, impl_ref, keep, name)
     runner.progress = progress
     if supports is None:
-        supports = declared_supports(runner.resolved)
-        if supports is not None:
-            try:
-                Supports.of(supports)
-            except (TypeError, ValueError) as e:
-                runner.close()
-                mod = getattr(runner.resolved, "__module__", None) or "?"
-                where = getattr(sys.modules.get(mod), "__file__", None) or mod
-                raise ValueError("the SUPPORTS that %s declares is not valid: %s; fix it there, "
-                                 "or give supports= (--supports) to override it" % (where, e))
+        try:
+            supports = declared_supports(runner.resolved)
+        except ValueError:
+            runner.close()
+            raise
         if supports is not None and progress:
             shown = supports if isinstance(supports, dict) else dataclasses.asdict(supports)
             print("seqpar.testing: supports %s, as the module of %s declares (SUPPORTS); "

@@ -41,9 +41,20 @@ def resolve(ref):
 
 def declared_supports(fn):
     """The SUPPORTS that the module defining `fn` declares at its top level (a dict or a
-    Supports), or None where it declares none."""
+    Supports), or None where it declares none. One that is not valid is refused naming the file
+    that declares it."""
+    from .scenario import Supports
+
     mod = sys.modules.get(getattr(fn, "__module__", None) or "")
-    return getattr(mod, "SUPPORTS", None)
+    declared = getattr(mod, "SUPPORTS", None)
+    if declared is not None:
+        try:
+            Supports.of(declared)
+        except (TypeError, ValueError) as e:
+            where = getattr(mod, "__file__", None) or fn.__module__
+            raise ValueError("the SUPPORTS that %s declares is not valid: %s; fix it there, or "
+                             "give supports= (--supports) to override it" % (where, e))
+    return declared
 
 
 def reference_of(fn):
