@@ -310,7 +310,22 @@ case "${1:-}" in
     # comparisons, family lists): a random draw of them, each applied to this checkout in turn,
     # build/ rebuilt, its tests run until one fails; a mutant no test kills fails the run. The
     # seed is printed (rerun one draw with --seed); every file is restored and build/ rebuilt.
-    python3 bench/mutate.py --generated --sample 2 --budget 360 --in-place build
+    # It runs beside the sanitizers' tests below: they run their own builds' binaries
+    # (--no-rebuild) and read no file a mutant edits (the places are in src/core, src/dump,
+    # src/trace, src/verify and python/seqpar; of suite 'sanitize' only reference_independence
+    # reads sources, the oracle's in src/sim), and the draw's killing test often runs alone
+    # (trace_cli, ~90 s of one core). Its output comes after theirs. (Before 2026-12-02 they ran
+    # one after the other: ~100 s of the draw, then ~140 s of sanitizers.) A failing sanitizer
+    # run ends this script; the EXIT trap then stops the draw, which puts its file back on
+    # SIGTERM.
+    mutate_log=$(mktemp)
+    python3 bench/mutate.py --generated --sample 2 --budget 360 --in-place build >"$mutate_log" 2>&1 &
+    mutate_pid=$!
+    trap 'kill "$mutate_pid" 2>/dev/null && wait "$mutate_pid" 2>/dev/null; rm -f "$mutate_log"
+          kill -- -"$sanitizer_pid" 2>/dev/null || kill "$sanitizer_pid" 2>/dev/null || true
+          rm -f "$sanitizer_log"
+          if [[ $tests_green == 1 ]]; then rm -rf "$tests_tmp"
+          else echo "setup: the tests'"'"' temporary files are kept in $tests_tmp" >&2; fi' EXIT
     # The ASan+UBSan build's tests (suite 'sanitize'), then TSan's. Their time limits in the
     # meson.build files are ≥ 3× the main build's quiet times; a sanitizer build at the x86-64
     # baseline runs the same test up to ~11× slower (2026-11-30, 2 cores, quiet: `attention`
@@ -325,6 +340,10 @@ case "${1:-}" in
     cp build-tsan/meson-logs/testlog.json build-tsan/meson-logs/testlog-comm.json
     TSAN_OPTIONS="halt_on_error=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
       --timeout-multiplier 3 --test-args='--gtest_filter=*step*thread_count*' reference
+    mutate_rc=0
+    wait "$mutate_pid" || mutate_rc=$?
+    cat "$mutate_log"
+    [ "$mutate_rc" = 0 ] || { echo "setup: the mutation draw failed (above)" >&2; exit 1; }
     ccache_said
     # One closing line over the four runs (meson prints its own summary per run above).
     python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
