@@ -321,7 +321,8 @@ case "${1:-}" in
     mutate_log=$(mktemp)
     python3 bench/mutate.py --generated --sample 2 --budget 360 --in-place build >"$mutate_log" 2>&1 &
     mutate_pid=$!
-    trap 'kill "$mutate_pid" 2>/dev/null && wait "$mutate_pid" 2>/dev/null; rm -f "$mutate_log"
+    trap '[ -z "$mutate_pid" ] || { kill "$mutate_pid" && wait "$mutate_pid"; } 2>/dev/null || true
+          rm -f "$mutate_log"
           kill -- -"$sanitizer_pid" 2>/dev/null || kill "$sanitizer_pid" 2>/dev/null || true
           rm -f "$sanitizer_log"
           if [[ $tests_green == 1 ]]; then rm -rf "$tests_tmp"
@@ -342,6 +343,7 @@ case "${1:-}" in
       --timeout-multiplier 3 --test-args='--gtest_filter=*step*thread_count*' reference
     mutate_rc=0
     wait "$mutate_pid" || mutate_rc=$?
+    mutate_pid=""  # reaped: the EXIT trap must not signal a pid the system may give out again
     cat "$mutate_log"
     [ "$mutate_rc" = 0 ] || { echo "setup: the mutation draw failed (above)" >&2; exit 1; }
     ccache_said
