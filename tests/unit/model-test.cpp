@@ -25,6 +25,7 @@
 #include "sim/eigen_compute.hpp"
 #include "sim/inproc_comm.hpp"
 #include "support/bugs.hpp"
+#include "under_asan.hpp"
 
 namespace {
 
@@ -41,17 +42,6 @@ mat<T> filled(Eigen::Index r, Eigen::Index c, std::uint64_t stream, double amp =
     m.data()[e] = static_cast<T>(amp * uniform_pm1(99, stream, static_cast<std::uint64_t>(e)));
   return m;
 }
-
-// Under AddressSanitizer (build-asan: -O1 at the x86-64 baseline, ~10× slower) the whole step's
-// finite differences take a sample of each parameter's elements, where build/ checks every one:
-// the same code runs for every element, so the sanitizers see all of it either way.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool under_asan = true;
-#elif defined(__has_feature)
-constexpr bool under_asan = __has_feature(address_sanitizer);
-#else
-constexpr bool under_asan = false;
-#endif
 
 /// Central difference with one Richardson step: (4·D(h/2) − D(h))/3, truncation O(h⁴).
 double richardson(const std::function<double(double)>& f, double h) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "under_asan.hpp"
 
 namespace {
 
@@ -70,17 +71,6 @@ matrix numeric_grad(const std::function<double()>& f, matrix& x, double h = 1e-5
 
 /// Central differences have O(h²) truncation and O(eps/h) rounding error: ~1e-9 relative here.
 constexpr double fd_tol = 1e-7;
-
-// Under AddressSanitizer (build-asan: -O1 at the x86-64 baseline, ~10× slower) the whole step's
-// finite differences take a sample of each parameter's elements, where build/ checks every one:
-// the same code runs for every element, so the sanitizers see all of it either way.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool under_asan = true;
-#elif defined(__has_feature)
-constexpr bool under_asan = __has_feature(address_sanitizer);
-#else
-constexpr bool under_asan = false;
-#endif
 
 // Two documents (positions restart at 0) and a lone one-token document.
 const std::vector<std::int64_t> positions = {0, 1, 2, 3, 4, 0, 1, 2, 0};
