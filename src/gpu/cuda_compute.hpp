@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "core/compute.hpp"
 
@@ -31,6 +33,15 @@ std::string device_name(int device);
 /// (gpu/fused_attention.hpp) for bfloat16 where cuDNN loads and takes the shape, the SIMT kernels
 /// otherwise (float32 always); cudnn: cuDNN or an error saying why not; simt: the SIMT kernels.
 enum class attention_engine : std::uint8_t { automatic, cudnn, simt };
+
+/// The engine a flag names: "auto", "cudnn" or "simt"; nullopt for any other name (the caller
+/// says which flag was wrong).
+inline std::optional<attention_engine> attention_engine_named(std::string_view name) {
+  if (name == "auto") return attention_engine::automatic;
+  if (name == "cudnn") return attention_engine::cudnn;
+  if (name == "simt") return attention_engine::simt;
+  return std::nullopt;
+}
 
 /// `compute` on one CUDA device. Tensors are device memory (cudaMalloc'd, freed by the last
 /// tensor sharing the storage); every kernel runs on this object's stream, in call order;

@@ -9,17 +9,6 @@
 
 namespace seqpar::verify {
 
-namespace {
-
-gpu::attention_engine engine_of(const std::string& name) {
-  if (name == "auto") return gpu::attention_engine::automatic;
-  if (name == "cudnn") return gpu::attention_engine::cudnn;
-  if (name == "simt") return gpu::attention_engine::simt;
-  fail<config_error>("--attention-engine '{}' is unknown; use auto, cudnn or simt", name);
-}
-
-}  // namespace
-
 check_report run_check_gpu(const scenario& s, check_options opt, const gpu_check_settings& g) {
   if (opt.type != dtype::f32 && opt.type != dtype::bf16)
     fail<config_error>(
@@ -30,7 +19,11 @@ check_report run_check_gpu(const scenario& s, check_options opt, const gpu_check
     fail<config_error>(
         "--fault corrupts host buffers and runs on --backend sim or mpi; drop it for --backend "
         "gpu");
-  const auto engine = engine_of(g.attention_engine);
+  const auto named = gpu::attention_engine_named(g.attention_engine);
+  if (!named)
+    fail<config_error>("--attention-engine '{}' is unknown; use auto, cudnn or simt",
+                       g.attention_engine);
+  const gpu::attention_engine engine = *named;
   std::string why;
   const int n = gpu::device_count(&why);
   if (n <= 0)

@@ -105,10 +105,8 @@ namespace {
 
 using capture = std::map<std::string, std::vector<double>>;
 
-attention_engine engine_of(const std::string& name) {
-  if (name == "auto") return attention_engine::automatic;
-  if (name == "cudnn") return attention_engine::cudnn;
-  if (name == "simt") return attention_engine::simt;
+attention_engine validate_engine(const std::string& name) {
+  if (const auto e = attention_engine_named(name)) return *e;
   fail<config_error>("validate: attention engine '{}' is not one of auto, cudnn, simt", name);
 }
 
@@ -269,7 +267,7 @@ validate_report run_validate_local(const scenario& s, const validate_options& op
         s.cp(), opt.device,
         [&](communicator& comm, cuda_compute& c) {
           comm.set_flight_recorder(&flight);
-          c.set_attention_engine(engine_of(opt.attention_engine));
+          c.set_attention_engine(validate_engine(opt.attention_engine));
           run_rank(comm, c, s, cb, opt.type, opt.type, got[static_cast<std::size_t>(comm.rank())]);
           if (comm.rank() == 0) rep.attention_engine = c.attention_engine_used();
         },
@@ -377,7 +375,7 @@ validate_report run_validate_mpi(const scenario& s, const validate_options& opt,
   capture got;
   {
     cuda_compute c(device, rank);
-    c.set_attention_engine(engine_of(opt.attention_engine));
+    c.set_attention_engine(validate_engine(opt.attention_engine));
     auto comm = nccl_communicator::from_mpi(
         device, c.stream(), opt.timeout.count() > 0 ? opt.timeout : std::chrono::seconds(60));
     const auto groups = attention_groups(s);
