@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "io/batch_json.hpp"
+#include "support/source_dir.hpp"
 
 namespace {
 
@@ -16,8 +17,8 @@ using nlohmann::json;
 
 std::vector<fs::path> fixtures(const char* folder = "collate") {
   std::vector<fs::path> out;
-  for (const auto& e :
-       fs::directory_iterator(fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data" / folder))
+  for (const auto& e : fs::directory_iterator(fs::path(seqpar::test::source_dir()) /
+                                              "tests/equivalence/data" / folder))
     if (e.path().extension() == ".json") out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;

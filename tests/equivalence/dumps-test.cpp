@@ -21,6 +21,7 @@
 #include "io/file.hpp"
 #include "io/safetensors.hpp"
 #include "sim/attention.hpp"
+#include "support/source_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace seqpar;
@@ -28,7 +29,7 @@ using namespace seqpar::verify;
 
 namespace {
 
-const fs::path dumps = fs::path(SEQPAR_SOURCE_DIR) / "tests/equivalence/data/dumps";
+const fs::path dumps = fs::path(test::source_dir()) / "tests/equivalence/data/dumps";
 
 nlohmann::json expected() {
   return nlohmann::json::parse(io::read_file((dumps / "expected.json").string()));

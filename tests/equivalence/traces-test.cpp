@@ -15,6 +15,7 @@
 #include "core/scenario.hpp"
 #include "io/scenario_json.hpp"
 #include "scenario_flags.hpp"
+#include "support/source_dir.hpp"
 #include "trace/import/chrome_scan.hpp"
 #include "trace/import/import.hpp"
 #include "trace/replay.hpp"
@@ -25,7 +26,7 @@ using namespace seqpar;
 
 namespace {
 
-const std::string root = SEQPAR_SOURCE_DIR;
+const std::string root = test::source_dir();
 
 replay::report replay_file(const std::string& name) {
   auto in = trace::reader::open(root + "/traces/" + name);

@@ -1,0 +1,7 @@
+#include "support/source_dir.hpp"
+
+namespace seqpar::test {
+
+const char* source_dir() { return SEQPAR_SOURCE_DIR; }
+
+}  // namespace seqpar::test
