@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "build_info.hpp"
 #include "cli.hpp"
 #include "core/error.hpp"
 #include "core/launcher.hpp"
 #include "sim/allocator.hpp"
 #include "sim/isa.hpp"
 #include "trace/flight.hpp"
-#include "version.hpp"
 
 int main(int argc, char** argv) {
   using namespace seqpar;
@@ -27,9 +27,9 @@ int main(int argc, char** argv) {
       "Exit codes: 0 ok, 1 a check found a difference, 2 invalid input."};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] {
-    return fmt::format("seqpar {}\ngit:  {}\ncpu:  {}\nmpi:  {}\ncuda: {}\nbuild: {}",
-                       SEQPAR_VERSION, SEQPAR_GIT, sim::cpu_isa(), SEQPAR_MPI, SEQPAR_CUDA,
-                       SEQPAR_BUILD);
+    const cli::build_info b = cli::this_build();
+    return fmt::format("seqpar {}\ngit:  {}\ncpu:  {}\nmpi:  {}\ncuda: {}\nbuild: {}", b.version,
+                       b.git, sim::cpu_isa(), b.mpi, b.cuda, b.build);
   });
   std::map<CLI::App*, cli::action> actions;
   auto add = [&](cli::action (*adder)(CLI::App&)) {
