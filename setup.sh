@@ -236,12 +236,8 @@ build_sanitizers() {
   # also builds the project with a second compiler; a build-asan made with g++ is made again.
   # A unity build (8 sources per unit, as the wheel's): it is built once per run, never
   # rebuilt file by file, and compiles in 20 CPU-minutes against 27 file by file.
-  # Two cuts of its compile time that keep every check (meson.build says more): the readers and
-  # parsers (src/io, src/trace, the CLI's flags) and the tests that run only them are compiled at
-  # -O0 (-Doptimize_readers=false), the numeric code and the SP step's at -O1; and UBSan leaves
-  # Eigen's own kernels uninstrumented (tests/sanitizers/ubsan-ignore.txt), ASan does not. The
-  # 18 test programs cold, clang 14 on 2 cores: 742 CPU-s before, 574 after; their tests 146
-  # CPU-s before, 122 after (2026-12-02).
+  # Its readers and parsers are compiled at -O0 (-Doptimize_readers=false; meson.build says which
+  # and why, docs/development.md what it saves), and UBSan leaves Eigen's kernels uninstrumented.
   if [ -f build-asan/build.ninja ] &&
     ! grep -Eq '"command": "(ccache )?clang' build-asan/compile_commands.json 2>/dev/null; then
     rm -rf build-asan
