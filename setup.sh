@@ -242,14 +242,19 @@ build_sanitizers() {
     ! grep -Eq '"command": "(ccache )?clang' build-asan/compile_commands.json 2>/dev/null; then
     rm -rf build-asan
   fi
+  # The options a build-asan of an earlier checkout may lack: set again when one differs.
+  local asan_opts=(-Dcpu=generic -Dunity=on -Dunity_size=8 -Doptimize_readers=false)
   if [ ! -f build-asan/build.ninja ]; then
     echo "setup: configuring build-asan (clang)"
     CC="${ccache_cxx}clang" CXX="${ccache_cxx}clang++" meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
       -Dgpu=disabled -Dmpi=disabled -Doptimization=1 -Ddebug=false -Drc_params=max_success=30 \
-      -Dcpu=generic -Dunity=on -Dunity_size=8 -Doptimize_readers=false
+      "${asan_opts[@]}"
   elif meson introspect build-asan --buildoptions 2>/dev/null |
-    python3 -c 'import json,sys; o={o["name"]: o["value"] for o in json.load(sys.stdin)}; sys.exit(0 if (o.get("cpu"), o.get("unity"), o.get("unity_size"), o.get("optimize_readers")) != ("generic", "on", 8, False) else 1)'; then
-    meson configure build-asan -Dcpu=generic -Dunity=on -Dunity_size=8 -Doptimize_readers=false >/dev/null
+    python3 -c 'import json, sys
+have = {o["name"]: str(o["value"]).lower() for o in json.load(sys.stdin)}
+want = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+sys.exit(0 if any(have.get(k) != v for k, v in want.items()) else 1)' "${asan_opts[@]}"; then
+    meson configure build-asan "${asan_opts[@]}" >/dev/null
   fi
   # The tests of suite 'sanitize' (tests/unit, tests/property/meson.build,
   # tests/equivalence/meson.build) and their programs.
